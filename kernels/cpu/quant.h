@@ -1,0 +1,26 @@
+// CPU reference for the GGUF weight formats: dequantize, dot with f32 activations, quantize.
+// One table entry per format (see ggml_types.h for block sizes); block layouts: spec/model.md §10.
+// All functions take n = number of elements, a multiple of the type's block size (callers check).
+#pragma once
+#include <cstdint>
+
+#include "common/gguf/ggml_types.h"
+
+namespace ds::cpu {
+
+// dst[0..n) = dequantized row.
+void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n);
+
+// sum_i dequant(row)[i] * x[i], accumulated in f32 per block and summed in f64-free order that is
+// deterministic for a given (type, n). This is the reference used by matmul.
+float DotRow(GgmlType type, const void* row, const float* x, int64_t n);
+
+// Quantize a row (reference quality: nearest-value search with per-block scale fitting, used by
+// gguf-synth and tests). Supported for every type with GgmlInfo(type).supported.
+void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
+
+// The IQ4_NL / IQ4_XS non-linear codebook.
+inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+}  // namespace ds::cpu

@@ -1,0 +1,85 @@
+// The one narrow interface between the worker and a compute backend (CPU reference or CUDA).
+//
+// A backend owns the weights and the per-slot sequence state (conv + recurrent state of the GDN
+// layers, K/V of the attention layers) for `n_slots` slots of up to `slot_ctx` tokens each.
+// The scheduler decides which slot runs which tokens; a Forward() call is one step of continuous
+// batching: any mix of prefill chunks and single decode tokens over distinct slots.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/util/status.h"
+#include "worker/model/config.h"
+
+namespace ds {
+
+// One sequence's share of a step.
+struct SeqStep {
+  int slot = 0;                  // state slot, [0, n_slots)
+  int32_t pos0 = 0;              // position of tokens[0]; must equal the slot's current length
+  std::vector<int32_t> tokens;   // [n] tokens to append (n >= 1)
+  bool all_logits = false;       // true: logits for every token; false: only for the last one
+};
+
+struct StepOutput {
+  // [n_rows, n_vocab]; rows in batch order: every token of an all_logits sequence, else its last.
+  std::vector<float> logits;
+  // [n_rows, n_embd] final-normed hidden states of the same rows (input of the MTP head), filled
+  // only when StepOptions::want_hidden.
+  std::vector<float> hidden;
+  int n_rows = 0;
+  double forward_seconds = 0;    // measured by the backend
+};
+
+struct StepOptions {
+  bool want_hidden = false;
+};
+
+// Opaque copy of one slot's state (GDN conv + recurrent state and the attention KV up to n_past).
+struct SlotSnapshot {
+  int32_t n_past = 0;
+  std::vector<uint8_t> bytes;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;               // "cpu", "cuda:0", ...
+  virtual const ModelConfig& config() const = 0;
+  virtual int n_slots() const = 0;
+  virtual int slot_ctx() const = 0;
+
+  // Runs one step. Validates slots (distinct, in range), positions, token ids and capacity first
+  // and returns InvalidArgument / OutOfRange without touching any state on error.
+  virtual absl::Status Forward(std::span<const SeqStep> batch, const StepOptions& opts,
+                               StepOutput* out) = 0;
+
+  virtual void ResetSlot(int slot) = 0;               // back to an empty sequence
+  virtual int32_t SlotLength(int slot) const = 0;     // tokens currently in the slot
+  virtual absl::StatusOr<SlotSnapshot> Snapshot(int slot) const = 0;
+  virtual absl::Status Restore(int slot, const SlotSnapshot& snap) = 0;
+
+  // MTP draft step (spec §8.2) for one slot's MTP KV; hidden = [n_embd] final-normed main-model
+  // state at position pos, token = the token following it. Writes [n_vocab] logits and the
+  // draft hidden state [n_embd]. Unimplemented backends return Unimplemented.
+  virtual absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
+                               std::vector<float>* logits, std::vector<float>* hidden_out) {
+    return absl::UnimplementedError("MTP not implemented by backend " + name());
+  }
+};
+
+struct BackendOptions {
+  int n_slots = 1;
+  int slot_ctx = 4096;
+  int n_threads = 0;             // CPU: 0 = all cores
+  int device = 0;                // CUDA device ordinal
+};
+
+// Opens the model file and creates the CPU reference backend.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const std::string& model_path,
+                                                          const BackendOptions& opts);
+
+}  // namespace ds
