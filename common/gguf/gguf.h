@@ -41,6 +41,16 @@ struct Value {
   bool is_float() const;  // F32 / F64
 };
 
+// Validation limits shared by the reader and the writer.
+inline constexpr int kMaxArrayDepth = 8;               // arrays nested at most this deep
+inline constexpr uint64_t kMaxKeyBytes = 65535;        // metadata key length
+inline constexpr uint64_t kMaxTensorNameBytes = 256;   // spec says <= 64; third-party files exceed it
+inline constexpr uint32_t kDefaultAlignment = 32;
+
+// Structural equality: same declared types, same numbers (integers compared by value whatever the
+// variant alternative holding them), NaN equals NaN, arrays element-wise.
+bool SameValue(const Value& a, const Value& b);
+
 struct TensorInfo {
   std::string name;
   int n_dims = 0;
@@ -62,6 +72,8 @@ class File {
   // Parses an in-memory image (not copied: `data` must outlive the File). Used by the fuzzer.
   static absl::StatusOr<std::unique_ptr<File>> Parse(const uint8_t* data, size_t size);
   ~File();
+  File(const File&) = delete;  // owns the mapping
+  File& operator=(const File&) = delete;
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
@@ -138,7 +150,13 @@ class Writer {
     GgmlType type;
     uint64_t nbytes;
     Fill fill;
+    int64_t given_bytes = -1;  // AddTensorBytes: size of the supplied bytes, checked at write time
   };
+  struct Layout;
+  absl::StatusOr<Layout> Plan() const;
+  // Streams the file through `sink` (called with large chunks, in file order).
+  absl::Status WriteTo(const Layout& layout,
+                       const std::function<absl::Status(const uint8_t*, size_t)>& sink) const;
   uint32_t alignment_ = 32;
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;

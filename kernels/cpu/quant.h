@@ -2,6 +2,7 @@
 // One table entry per format (see ggml_types.h for block sizes); block layouts: spec/model.md §10.
 // All functions take n = number of elements, a multiple of the type's block size (callers check).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "common/gguf/ggml_types.h"
@@ -18,6 +19,15 @@ float DotRow(GgmlType type, const void* row, const float* x, int64_t n);
 // Quantize a row (reference quality: nearest-value search with per-block scale fitting, used by
 // gguf-synth and tests). Supported for every type with GgmlInfo(type).supported.
 void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
+
+// out[r] = DotRow(type, rows + r * row_stride_bytes, x, n) for r in [0, n_rows): one matrix-vector
+// product over n_rows weight rows (bit-identical to calling DotRow per row).
+void DotRows(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n_rows,
+             const float* x, int64_t n, float* out);
+
+// True when the three functions above implement `type` (same set as GgmlInfo(type).supported).
+// For other types DequantizeRow writes NaN, DotRow returns NaN and QuantizeRow zero-fills.
+bool QuantTypeSupported(GgmlType type);
 
 // The IQ4_NL / IQ4_XS non-linear codebook.
 inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -1,0 +1,39 @@
+// deltaserve: one binary, several roles. See README.md for the contract of each subcommand.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/cli/commands.h"
+
+namespace {
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: deltaserve <command> [flags]\n"
+               "commands:\n"
+               "  gguf-synth  write a random-weight qwen35 GGUF (--preset tiny|27b --out FILE)\n"
+               "  logits      --model FILE --prompt-ids 1,2,3 --out FILE.f32\n"
+               "  generate    --model FILE (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+               "  info        --model FILE: print the model's configuration\n"
+               "  bench       GPU benchmark (CUDA builds)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    Usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  int sub_argc = argc - 2;
+  char** sub_argv = argv + 2;
+  if (cmd == "gguf-synth") return ds::cli::CmdSynth(sub_argc, sub_argv);
+  if (cmd == "logits") return ds::cli::CmdLogits(sub_argc, sub_argv);
+  if (cmd == "generate") return ds::cli::CmdGenerate(sub_argc, sub_argv);
+  if (cmd == "info") return ds::cli::CmdInfo(sub_argc, sub_argv);
+  if (cmd == "bench") return ds::cli::CmdBench(sub_argc, sub_argv);
+  std::fprintf(stderr, "deltaserve: unknown command '%s'\n", cmd.c_str());
+  Usage();
+  return 2;
+}

