@@ -133,3 +133,50 @@ std::optional<std::string> Gpt2ToBytes(std::string_view text) {
 }
 
 }  // namespace ds::tok
+
+namespace ds::tok {
+
+size_t AppendSanitizedUtf8(std::string_view in, bool final, std::string* out) {
+  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
+  size_t i = 0;
+  while (i < in.size()) {
+    const int len = ValidUtf8SeqLen(in, i);
+    if (len > 0) {
+      out->append(in.substr(i, static_cast<size_t>(len)));
+      i += static_cast<size_t>(len);
+      continue;
+    }
+    // Length of the maximal subpart: how many bytes form a valid prefix of some sequence.
+    const uint8_t c0 = static_cast<uint8_t>(in[i]);
+    int need = 0;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c0 >= 0xC2 && c0 <= 0xDF) {
+      need = 2;
+    } else if (c0 >= 0xE0 && c0 <= 0xEF) {
+      need = 3;
+      if (c0 == 0xE0) lo = 0xA0;
+      if (c0 == 0xED) hi = 0x9F;
+    } else if (c0 >= 0xF0 && c0 <= 0xF4) {
+      need = 4;
+      if (c0 == 0xF0) lo = 0x90;
+      if (c0 == 0xF4) hi = 0x8F;
+    }
+    size_t k = 1;
+    if (need > 0) {
+      while (k < static_cast<size_t>(need) && i + k < in.size()) {
+        const uint8_t c = static_cast<uint8_t>(in[i + k]);
+        const bool ok = (k == 1) ? (c >= lo && c <= hi) : ((c & 0xC0) == 0x80);
+        if (!ok) break;
+        ++k;
+      }
+      if (i + k == in.size() && k < static_cast<size_t>(need) && !final) {
+        return i;  // incomplete but still valid: wait for more bytes
+      }
+    }
+    out->append(kReplacement);
+    i += k;
+  }
+  return i;
+}
+
+}  // namespace ds::tok

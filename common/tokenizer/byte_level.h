@@ -32,3 +32,12 @@ int ValidUtf8SeqLen(std::string_view s, size_t i);
 uint32_t DecodeUtf8(std::string_view s, size_t i, int len);
 
 }  // namespace ds::tok
+
+namespace ds::tok {
+
+// Appends `in` to `out` as well-formed UTF-8, replacing each maximal ill-formed subpart (Unicode
+// §3.9 "U+FFFD substitution of maximal subparts") with U+FFFD. When `final` is false a trailing
+// sequence that is a valid but incomplete prefix is not consumed. Returns bytes consumed.
+size_t AppendSanitizedUtf8(std::string_view in, bool final, std::string* out);
+
+}  // namespace ds::tok

@@ -1,6 +1,7 @@
 // Gated attention CPU reference (see attention.h; spec/model.md §6.2).
 #include "kernels/cpu/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>

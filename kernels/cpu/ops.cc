@@ -25,8 +25,8 @@ void MatMul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
           for (int64_t t = 0; t < T; ++t) {
             const float* xt = x + t * w.cols;  // [cols]
             float* yt = y + t * w.rows;        // [rows]
-            for (int64_t r = rb; r < re; ++r)
-              yt[r] = DotRow(w.type, base + r * row_bytes, xt, w.cols);
+            // DotRows == DotRow per row, bit for bit (quant.h contract).
+            DotRows(w.type, base + rb * row_bytes, row_bytes, re - rb, xt, w.cols, yt + rb);
           }
         }
       },

@@ -17,7 +17,10 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n);
 float DotRow(GgmlType type, const void* row, const float* x, int64_t n);
 
 // Quantize a row (reference quality: nearest-value search with per-block scale fitting, used by
-// gguf-synth and tests). Supported for every type with GgmlInfo(type).supported.
+// gguf-synth and tests). Supported for every type with GgmlInfo(type).supported. Deterministic;
+// finite inputs always give finite outputs: fp16 scales and F16/BF16 values saturate at the largest
+// finite value instead of rounding to inf. In block formats NaN inputs count as 0 and +-inf as
+// +-FLT_MAX; F32/F16/BF16 keep NaN/inf. Block formats are slow (IQ4_* ~2M elements/s).
 void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
 
 // out[r] = DotRow(type, rows + r * row_stride_bytes, x, n) for r in [0, n_rows): one matrix-vector

@@ -16,9 +16,9 @@ namespace ds::cpu {
 static_assert(std::endian::native == std::endian::little,
               "GGUF blocks are little-endian and read by memcpy");
 
-inline constexpr int kQK8_0 = 32;    // Q8_0 elements per block
-inline constexpr int kQK4_NL = 32;   // IQ4_NL elements per block
-inline constexpr int kQK_K = 256;    // K-quant / IQ4_XS super-block
+inline constexpr int kQK8_0 = 32;        // Q8_0 elements per block
+inline constexpr int kQK4_NL = 32;       // IQ4_NL elements per block
+inline constexpr int kQK_K = 256;        // K-quant / IQ4_XS super-block
 inline constexpr int kKScaleBytes = 12;  // packed 6-bit scales + mins of Q4_K / Q5_K
 
 // x[j] = d * qs[j]

@@ -26,7 +26,7 @@ class RequestQueue {
   };
 
   void Push(const Key& k);
-  bool Remove(const Key& k);          // false when absent
+  bool Remove(const Key& k);  // false when absent
   bool empty() const { return keys_.empty(); }
   int size() const { return static_cast<int>(keys_.size()); }
   const Key& front() const { return *keys_.begin(); }

@@ -2,13 +2,14 @@
 // every call that needs time takes `now`). One loop thread owns it (scheduler/README.md).
 //
 // Cycle:   plan = Schedule(now)  ->  worker runs plan  ->  events = Apply(plan, results, now)
-// At most one plan is in flight: Schedule() while one is in flight is FailedPrecondition. Add, Abort,
-// Finish, Requeue, SetSlots, SetContextPolicy and Drain may be called at any time; what they do to a
-// request of the in-flight plan takes effect when that plan's results are applied ("between steps").
+// At most one plan is in flight: Schedule() while one is in flight is FailedPrecondition. Add,
+// Abort, Finish, Requeue, SetSlots, SetContextPolicy and Drain may be called at any time; what they
+// do to a request of the in-flight plan takes effect when that plan's results are applied ("between
+// steps").
 //
-// Events produced outside Apply (an abort of a queued request, deadline expiry in Schedule, requests
-// that no longer fit after a policy change) wait in an outbox that the next Apply() returns first, or
-// that TakeEvents() drains.
+// Events produced outside Apply (an abort of a queued request, deadline expiry in Schedule,
+// requests that no longer fit after a policy change) wait in an outbox that the next Apply()
+// returns first, or that TakeEvents() drains.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -42,7 +43,8 @@ class Scheduler {
   // the in-flight plan: released now. In the in-flight plan: released when its results are applied,
   // and its result is ignored. NotFound when unknown or already finished.
   absl::Status Abort(RequestId id, std::string_view why);
-  // Same as Abort with another reason: the gateway matched a stop string (kStop) or failed (kError).
+  // Same as Abort with another reason: the gateway matched a stop string (kStop) or failed
+  // (kError).
   absl::Status Finish(RequestId id, FinishReason reason, std::string_view detail = {});
 
   // Takes a running request off its slot and puts it back in the queue at its original place, with
@@ -51,13 +53,13 @@ class Scheduler {
   // was already accepted). Queued: no-op. NotFound when unknown.
   absl::Status Requeue(RequestId id);
 
-  // Builds the next step. FailedPrecondition if a plan is in flight. An empty plan (step_id 0) means
-  // nothing can run; it does not count as in flight.
+  // Builds the next step. FailedPrecondition if a plan is in flight. An empty plan (step_id 0)
+  // means nothing can run; it does not count as in flight.
   absl::StatusOr<StepPlan> Schedule(absl::Time now);
 
   // Applies the worker's results of the in-flight plan and returns the events (outbox first).
-  // FailedPrecondition: no plan in flight or another step id. InvalidArgument: results.status OK but
-  // tokens.size() != plan.n_sampled. On error nothing changes and the plan stays in flight.
+  // FailedPrecondition: no plan in flight or another step id. InvalidArgument: results.status OK
+  // but tokens.size() != plan.n_sampled. On error nothing changes and the plan stays in flight.
   absl::StatusOr<std::vector<Event>> Apply(const StepPlan& plan, const StepResults& results,
                                            absl::Time now);
 
@@ -87,13 +89,13 @@ class Scheduler {
   enum class Pending : uint8_t { kNone, kFinish, kRequeue };
 
   struct Seq {
-    Request req;                    // prompt/generated moved into `tokens`
-    std::vector<int32_t> tokens;    // [n_prompt + n_generated] full history
+    Request req;                  // prompt/generated moved into `tokens`
+    std::vector<int32_t> tokens;  // [n_prompt + n_generated] full history
     int32_t n_prompt = 0;
-    int32_t computed = 0;           // positions in the slot state
-    int slot = -1;                  // -1 while queued
-    int64_t reserved = 0;           // positions reserved while running
-    uint64_t seq = 0;               // acceptance order
+    int32_t computed = 0;  // positions in the slot state
+    int slot = -1;         // -1 while queued
+    int64_t reserved = 0;  // positions reserved while running
+    uint64_t seq = 0;      // acceptance order
     bool in_plan = false;
     Pending pending = Pending::kNone;
     FinishReason pending_reason = FinishReason::kAborted;
@@ -127,16 +129,17 @@ class Scheduler {
   SchedulerConfig config_;
   absl::flat_hash_map<RequestId, std::unique_ptr<Seq>> seqs_;
   RequestQueue queue_;
-  std::vector<Seq*> running_;       // admission order: the order decodes and chunks are planned in
-  std::vector<Seq*> slot_owner_;    // [max(target, highest busy + 1)]; nullptr = free
+  std::vector<Seq*> running_;     // admission order: the order decodes and chunks are planned in
+  std::vector<Seq*> slot_owner_;  // [max(target, highest busy + 1)]; nullptr = free
   int64_t reserved_total_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t next_step_ = 1;
-  uint64_t in_flight_step_ = 0;     // 0: none
+  uint64_t in_flight_step_ = 0;  // 0: none
   uint64_t steps_applied_ = 0;
   bool draining_ = false;
   absl::Time last_now_ = absl::InfinitePast();  // for events emitted outside a timed call
   std::vector<Event> outbox_;
+  std::vector<int> released_;  // slots freed since the last issued plan
 };
 
 }  // namespace ds::sched

@@ -17,9 +17,9 @@ using RequestId = uint64_t;
 // One generation request as the gateway hands it over (already tokenized and validated for shape).
 struct Request {
   RequestId id = 0;
-  std::vector<int32_t> prompt;     // [n_prompt] token ids, n_prompt >= 1
-  // Tokens this request already generated on another worker (failover replay): they are re-prefilled
-  // after the prompt and count toward max_new_tokens. Empty for a fresh request.
+  std::vector<int32_t> prompt;  // [n_prompt] token ids, n_prompt >= 1
+  // Tokens this request already generated on another worker (failover replay): they are
+  // re-prefilled after the prompt and count toward max_new_tokens. Empty for a fresh request.
   std::vector<int32_t> generated;  // [n_generated]
   int32_t max_new_tokens = 1;      // generated tokens in total, including `generated`
   int priority = 0;                // higher is admitted first; FIFO within a priority
@@ -37,10 +37,10 @@ enum class FinishReason : uint8_t {
 const char* FinishReasonName(FinishReason r);
 
 struct RequestTimings {
-  absl::Time arrival;                            // Request::arrival
-  absl::Time admitted = absl::InfinitePast();    // bound to a slot (last time, after a requeue)
-  absl::Time first_token = absl::InfinitePast(); // first token sampled by this scheduler
-  absl::Time last_token = absl::InfinitePast();  // latest token sampled
+  absl::Time arrival;                             // Request::arrival
+  absl::Time admitted = absl::InfinitePast();     // bound to a slot (last time, after a requeue)
+  absl::Time first_token = absl::InfinitePast();  // first token sampled by this scheduler
+  absl::Time last_token = absl::InfinitePast();   // latest token sampled
   absl::Time finished = absl::InfinitePast();
 };
 
@@ -50,39 +50,49 @@ struct Event {
   enum class Kind : uint8_t { kStarted, kToken, kFinished };
   Kind kind = Kind::kToken;
   RequestId id = 0;
-  int slot = -1;                 // kStarted: the slot it was bound to
-  int32_t token = -1;            // kToken: the sampled id
+  int slot = -1;                                // kStarted: the slot it was bound to
+  int32_t token = -1;                           // kToken: the sampled id
   FinishReason reason = FinishReason::kLength;  // kFinished
-  std::string detail;            // kFinished: why (abort reason, error message); may be empty
-  int32_t n_prompt = 0;          // kFinished: prompt tokens
-  int32_t n_generated = 0;       // kFinished: generated tokens, including replayed ones
-  RequestTimings timings;        // kFinished
+  std::string detail;       // kFinished: why (abort reason, error message); may be empty
+  int32_t n_prompt = 0;     // kFinished: prompt tokens
+  int32_t n_generated = 0;  // kFinished: generated tokens, including replayed ones
+  RequestTimings timings;   // kStarted (arrival, admitted) and kFinished (all)
 };
 
-// One sequence's share of a step: the scheduler-side twin of worker SeqStep (worker/model/backend.h)
-// plus the request id and whether a token is sampled.
+// One sequence's share of a step: the scheduler-side twin of worker SeqStep
+// (worker/model/backend.h) plus the request id and whether a token is sampled.
 struct PlanEntry {
   RequestId id = 0;
-  int slot = 0;                  // bound to this request for its life on this worker
-  int32_t pos0 = 0;              // position of tokens[0] == tokens already computed in the slot
-  std::vector<int32_t> tokens;   // [n] tokens to append, 1 <= n <= max_chunk
-  bool reset = false;            // pos0 == 0: the worker empties the slot before appending
-  bool sample = false;           // the chunk reaches the end of the known tokens: sample one token
+  int slot = 0;                 // bound to this request for its life on this worker
+  int32_t pos0 = 0;             // position of tokens[0] == tokens already computed in the slot
+  std::vector<int32_t> tokens;  // [n] tokens to append, 1 <= n <= max_chunk
+  bool reset = false;           // pos0 == 0: the worker empties the slot before appending
+  bool sample = false;          // the chunk reaches the end of the known tokens: sample one token
+};
+
+// Full data of a sequence bound to a slot in this plan: everything the worker needs once (prompt,
+// plus generated tokens when replaying); later steps only name the slot (proto SequenceStart).
+struct SeqStart {
+  RequestId id = 0;
+  int slot = 0;
+  std::vector<int32_t> tokens;  // [n_known] prompt + generated so far
 };
 
 struct StepPlan {
-  uint64_t step_id = 0;          // 0: empty plan (nothing to run); otherwise unique and increasing
+  uint64_t step_id = 0;           // 0: empty plan (nothing to run); otherwise unique and increasing
+  std::vector<int> released;      // slots freed since the previous issued plan: reset them first
+  std::vector<SeqStart> started;  // sequences bound to a slot by this plan (entries with reset)
   std::vector<PlanEntry> entries;  // distinct slots; decodes first, then prefill chunks
-  int32_t n_tokens = 0;          // sum of entries[i].tokens.size() <= max_num_batched_tokens
-  int32_t n_sampled = 0;         // entries with sample == true
+  int32_t n_tokens = 0;            // sum of entries[i].tokens.size() <= max_num_batched_tokens
+  int32_t n_sampled = 0;           // entries with sample == true
   bool empty() const { return entries.empty(); }
 };
 
 struct StepResults {
-  uint64_t step_id = 0;          // StepPlan::step_id it answers
-  absl::Status status;           // not OK: the worker failed the step (every entry finishes kError)
-  std::vector<int32_t> tokens;   // [plan.n_sampled] sampled ids, in plan order of sampled entries
-  double forward_seconds = 0;    // as measured by the worker (for metrics; unused here)
+  uint64_t step_id = 0;         // StepPlan::step_id it answers
+  absl::Status status;          // not OK: the worker failed the step (every entry finishes kError)
+  std::vector<int32_t> tokens;  // [plan.n_sampled] sampled ids, in plan order of sampled entries
+  double forward_seconds = 0;   // as measured by the worker (for metrics; unused here)
 };
 
 // How the context (KV positions) of a worker is divided between its slots.
@@ -96,14 +106,14 @@ struct ContextPolicy {
   };
   Kind kind = Kind::kPool;
   int64_t n_ctx = 0;     // total positions of the worker, > 0
-  int32_t slot_cap = 0;  // kPool: most positions one slot may hold, > 0; ignored by kStatic
+  int32_t slot_cap = 0;  // kPool: most positions one slot may hold; 0 = n_ctx. kStatic: ignored
 };
 
 struct SchedulerConfig {
-  int n_slots = 1;                         // >= 1; SetSlots() changes it at run time
-  int32_t max_num_batched_tokens = 2048;   // token budget of one step, >= 1 (keep >= n_slots)
-  int32_t max_chunk = 512;                 // largest prefill chunk of one sequence in one step
-  int32_t max_queue = 256;                 // waiting (not yet admitted) requests; Add fails beyond
+  int n_slots = 1;                        // >= 1; SetSlots() changes it at run time
+  int32_t max_num_batched_tokens = 2048;  // token budget of one step, >= 1 (keep >= n_slots)
+  int32_t max_chunk = 512;                // largest prefill chunk of one sequence in one step
+  int32_t max_queue = 256;                // waiting (not yet admitted) requests; Add fails beyond
   ContextPolicy context;
 };
 
@@ -111,23 +121,23 @@ struct SchedulerConfig {
 struct SlotStatus {
   int slot = 0;
   bool busy = false;
-  bool retiring = false;          // index >= target slot count: removed once freed
-  RequestId id = 0;               // when busy
-  int32_t ctx_used = 0;           // positions computed in the slot
-  int64_t ctx_reserved = 0;       // positions reserved at admission
+  bool retiring = false;     // index >= target slot count: removed once freed
+  RequestId id = 0;          // when busy
+  int32_t ctx_used = 0;      // positions computed in the slot
+  int64_t ctx_reserved = 0;  // positions reserved at admission
 };
 
 struct SchedulerStatus {
-  int n_slots_target = 0;                         // SetSlots() value
-  std::vector<SlotStatus> slots;                  // every slot that exists (target + retiring)
+  int n_slots_target = 0;         // SetSlots() value
+  std::vector<SlotStatus> slots;  // every slot that exists (target + retiring)
   std::vector<std::pair<int, int>> queued_by_priority;  // (priority, count), priority descending
   int queued = 0;
   int running = 0;
-  int64_t pool_total = 0;         // policy n_ctx
-  int64_t pool_reserved = 0;      // sum of running reservations (may exceed pool_total briefly
-                                  // after a policy shrink; see README)
-  int64_t pool_used = 0;          // sum of computed positions
-  int64_t per_slot_cap = 0;       // kStatic: n_ctx / n_slots; kPool: min(slot_cap, n_ctx)
+  int64_t pool_total = 0;     // policy n_ctx
+  int64_t pool_reserved = 0;  // sum of running reservations (may exceed pool_total briefly
+                              // after a policy shrink; see README)
+  int64_t pool_used = 0;      // sum of computed positions
+  int64_t per_slot_cap = 0;   // kStatic: n_ctx / n_slots; kPool: min(slot_cap, n_ctx)
   ContextPolicy policy;
   bool draining = false;
   bool plan_in_flight = false;
@@ -143,8 +153,8 @@ struct RequestInfo {
   int priority = 0;
   int32_t n_prompt = 0;
   int32_t max_new_tokens = 0;
-  std::vector<int32_t> tokens;    // [n_prompt + n_generated]: prompt then every generated token
-  int32_t computed = 0;           // positions in the slot's state
+  std::vector<int32_t> tokens;  // [n_prompt + n_generated]: prompt then every generated token
+  int32_t computed = 0;         // positions in the slot's state
   int64_t reserved = 0;
   bool in_flight = false;
   RequestTimings timings;

@@ -1,0 +1,258 @@
+// Attention kernels (see attention.cuh).
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
+
+namespace ds::cuda {
+namespace {
+
+__device__ __forceinline__ int64_t KvRow(const KvCacheView& kv, int slot, int pos) {
+  const int page = kv.block_table[slot * kv.max_pages + pos / kv.page_size];
+  return (static_cast<int64_t>(page) * kv.page_size + pos % kv.page_size) * kv.n_kv;
+}
+
+// One block per token; warp w handles heads w, w+nw, ... (query heads, then key heads, then
+// value heads). RoPE angles are computed once per token in double (f32 angles lose ~1e-2 rad at
+// positions ~2.6e5), then shared by all heads.
+__global__ void __launch_bounds__(256) QkvPrepKernel(const QkvPrepArgs a) {
+  extern __shared__ float smem[];  // [n_rot/2] cos, [n_rot/2] sin, [nw][hd] head staging
+  const AttnShape& s = a.shape;
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int half = s.n_rot / 2, hd = s.hd;
+  float* cs = smem;
+  float* sn = smem + half;
+  float* stage = smem + 2 * half + warp * hd;
+  const int pos = a.tok_pos[t], slot = a.tok_slot[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double inv_freq = pow(static_cast<double>(s.rope_base), -2.0 * i / s.n_rot);
+    double sd, cd;
+    sincos(static_cast<double>(pos) * inv_freq, &sd, &cd);
+    cs[i] = static_cast<float>(cd);
+    sn[i] = static_cast<float>(sd);
+  }
+  __syncthreads();
+  const int64_t kvrow = KvRow(a.kv, slot, pos);
+  const int n_heads_total = s.n_head + 2 * s.n_kv;
+  for (int head = warp; head < n_heads_total; head += nw) {
+    const float* src;
+    const float* nw_w = nullptr;
+    if (head < s.n_head) {
+      src = a.qg + static_cast<int64_t>(t) * s.n_head * 2 * hd + head * 2 * hd;
+      nw_w = a.q_norm;
+    } else if (head < s.n_head + s.n_kv) {
+      src = a.k + static_cast<int64_t>(t) * s.n_kv * hd + (head - s.n_head) * hd;
+      nw_w = a.k_norm;
+    } else {
+      src = a.v + static_cast<int64_t>(t) * s.n_kv * hd + (head - s.n_head - s.n_kv) * hd;
+    }
+    float ss = 0.f;
+    for (int e = lane; e < hd; e += 32) ss += src[e] * src[e];
+    ss = WarpSum(ss);
+    const float inv = nw_w ? rsqrtf(ss / hd + s.eps) : 1.f;
+    for (int e = lane; e < hd; e += 32) stage[e] = nw_w ? src[e] * inv * nw_w[e] : src[e];
+    __syncwarp();
+    for (int e = lane; e < hd; e += 32) {
+      float val = stage[e];
+      if (nw_w && e < s.n_rot) {
+        if (e < half) val = stage[e] * cs[e] - stage[e + half] * sn[e];
+        else val = stage[e - half] * sn[e - half] + stage[e] * cs[e - half];
+      }
+      if (head < s.n_head) {
+        const int64_t qi = static_cast<int64_t>(t) * s.n_head * hd + head * hd + e;
+        a.q_out[qi] = val;
+        if (a.q16) a.q16[qi] = __half_as_ushort(__float2half_rn(val));
+      } else if (head < s.n_head + s.n_kv) {
+        a.kv.k[(kvrow + head - s.n_head) * hd + e] = __half_as_ushort(__float2half_rn(val));
+      } else {
+        a.kv.v[(kvrow + head - s.n_head - s.n_kv) * hd + e] = __half_as_ushort(__float2half_rn(val));
+      }
+    }
+    __syncwarp();
+  }
+}
+
+constexpr int kDecWarps = 8;
+constexpr int kMaxGroup = 8;
+
+// Grid (n_kv, n_splits, n_seqs). Warp w of split s walks tokens start+w, start+w+8, ... of the
+// split's range keeping an online softmax per query head of the GQA group; every warp writes its
+// own partial (m, l, acc) so no cross-warp combine is needed here.
+template <int D>  // dims per lane: hd = 32 * D
+__global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDecodeArgs a) {
+  const AttnShape& s = a.shape;
+  const int kvh = blockIdx.x, split = blockIdx.y, i = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int G = s.n_head / s.n_kv, hd = 32 * D;
+  const int len = a.pos[i] + 1, slot = a.slots[i], row = a.rows[i];
+  const int chunk = (len + a.n_splits - 1) / a.n_splits;
+  const int start = split * chunk, end = min(len, start + chunk);
+  const float scale = rsqrtf(static_cast<float>(hd));
+
+  float q[kMaxGroup][D], acc[kMaxGroup][D], m[kMaxGroup], l[kMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      acc[g][d] = 0.f;
+      q[g][d] = g < G ? a.q[static_cast<int64_t>(row) * s.n_head * hd + (kvh * G + g) * hd + lane * D + d] * scale : 0.f;
+    }
+  }
+  for (int tok = start + warp; tok < end; tok += kDecWarps) {
+    const int64_t base = (KvRow(a.kv, slot, tok) + kvh) * hd + lane * D;
+    float kf[D], vf[D];
+#pragma unroll
+    for (int d = 0; d < D; d += 2) {
+      const __half2 k2 = *reinterpret_cast<const __half2*>(a.kv.k + base + d);
+      const __half2 v2 = *reinterpret_cast<const __half2*>(a.kv.v + base + d);
+      const float2 kk = __half22float2(k2), vv = __half22float2(v2);
+      kf[d] = kk.x; kf[d + 1] = kk.y;
+      vf[d] = vv.x; vf[d + 1] = vv.y;
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= G) break;
+      float sc = 0.f;
+#pragma unroll
+      for (int d = 0; d < D; ++d) sc = fmaf(q[g][d], kf[d], sc);
+      sc = WarpSum(sc);
+      const float mn = fmaxf(m[g], sc);
+      const float c = __expf(m[g] - mn), p = __expf(sc - mn);
+      l[g] = l[g] * c + p;
+#pragma unroll
+      for (int d = 0; d < D; ++d) acc[g][d] = fmaf(acc[g][d], c, p * vf[d]);
+      m[g] = mn;
+    }
+  }
+  const int n_part = a.n_splits * kDecWarps, part = split * kDecWarps + warp;
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= G) break;
+    const int h = kvh * G + g;
+    float* dst = a.partials + ((static_cast<int64_t>(i) * s.n_head + h) * n_part + part) * (hd + 2);
+#pragma unroll
+    for (int d = 0; d < D; ++d) dst[lane * D + d] = acc[g][d];
+    if (lane == 0) {
+      dst[hd] = m[g];
+      dst[hd + 1] = l[g];
+    }
+  }
+}
+
+// Grid (n_head, n_seqs), hd threads: merge the partials and apply the sigmoid output gate.
+__global__ void AttnCombineKernel(const AttnDecodeArgs a) {
+  const AttnShape& s = a.shape;
+  const int h = blockIdx.x, i = blockIdx.y, j = threadIdx.x, hd = s.hd;
+  const int n_part = a.n_splits * kDecWarps;
+  const float* p = a.partials + (static_cast<int64_t>(i) * s.n_head + h) * n_part * (hd + 2);
+  float M = -INFINITY;
+  for (int k = 0; k < n_part; ++k) M = fmaxf(M, p[k * (hd + 2) + hd]);
+  float L = 0.f, o = 0.f;
+  for (int k = 0; k < n_part; ++k) {
+    const float mk = p[k * (hd + 2) + hd];
+    if (mk == -INFINITY) continue;
+    const float w = __expf(mk - M);
+    L += w * p[k * (hd + 2) + hd + 1];
+    o += w * p[k * (hd + 2) + j];
+  }
+  const int row = a.rows[i];
+  const float gate = a.qg[static_cast<int64_t>(row) * s.n_head * 2 * hd + h * 2 * hd + hd + j];
+  a.out[static_cast<int64_t>(row) * s.n_head * hd + h * hd + j] = (L > 0.f ? o / L : 0.f) * Sigmoid(gate);
+}
+
+// Copies cache rows [0, L) of one slot into contiguous [L, n_kv*hd] buffers for cuBLAS.
+__global__ void GatherKvKernel(const KvCacheView kv, int slot, int L, uint16_t* __restrict__ k,
+                               uint16_t* __restrict__ v) {
+  const int width = kv.n_kv * kv.hd;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(L) * width) return;
+  const int pos = static_cast<int>(i / width), e = static_cast<int>(i % width);
+  const int64_t src = KvRow(kv, slot, pos) * kv.hd + e;
+  k[i] = kv.k[src];
+  v[i] = kv.v[src];
+}
+
+// Causal softmax over rows of scores [G, tq, L]: row (g, t) sees columns <= q0 + t; writes f16
+// probabilities (0 past the causal bound). One block per row.
+__global__ void CausalSoftmaxKernel(const float* __restrict__ S, uint16_t* __restrict__ P, int tq,
+                                    int L, int q0) {
+  __shared__ float scratch[32];
+  const int r = blockIdx.x;  // g * tq + t
+  const int t = r % tq;
+  const int limit = min(L, q0 + t + 1);
+  const float* sr = S + static_cast<int64_t>(r) * L;
+  uint16_t* pr = P + static_cast<int64_t>(r) * L;
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < limit; c += blockDim.x) mx = fmaxf(mx, sr[c]);
+  mx = BlockMax(mx, scratch);
+  float sum = 0.f;
+  for (int c = threadIdx.x; c < limit; c += blockDim.x) sum += __expf(sr[c] - mx);
+  sum = BlockSum(sum, scratch);
+  const float inv = 1.f / sum;
+  for (int c = threadIdx.x; c < L; c += blockDim.x)
+    pr[c] = __half_as_ushort(__float2half_rn(c < limit ? __expf(sr[c] - mx) * inv : 0.f));
+}
+
+}  // namespace
+
+absl::Status QkvPrep(const QkvPrepArgs& a, cudaStream_t stream) {
+  if (a.T == 0) return absl::OkStatus();
+  const int nw = 8;
+  const size_t smem = sizeof(float) * (a.shape.n_rot + nw * a.shape.hd);
+  QkvPrepKernel<<<a.T, nw * 32, smem, stream>>>(a);
+  return LastLaunchStatus("QkvPrep");
+}
+
+int64_t AttnDecodePartialFloats(const AttnShape& s, int n_seqs, int n_splits) {
+  return static_cast<int64_t>(n_seqs) * s.n_head * n_splits * kDecWarps * (s.hd + 2);
+}
+
+absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream) {
+  const AttnShape& s = a.shape;
+  if (a.n_seqs == 0) return absl::OkStatus();
+  if (s.n_head % s.n_kv != 0 || s.n_head / s.n_kv > kMaxGroup)
+    return absl::UnimplementedError(absl::StrCat("AttnDecode: GQA group ", s.n_head / s.n_kv, " > ", kMaxGroup));
+  const dim3 grid(s.n_kv, a.n_splits, a.n_seqs);
+  switch (s.hd) {
+    case 64: AttnDecodeKernel<2><<<grid, kDecWarps * 32, 0, stream>>>(a); break;
+    case 128: AttnDecodeKernel<4><<<grid, kDecWarps * 32, 0, stream>>>(a); break;
+    case 256: AttnDecodeKernel<8><<<grid, kDecWarps * 32, 0, stream>>>(a); break;
+    default: return absl::UnimplementedError(absl::StrCat("AttnDecode: head_dim ", s.hd, " not in {64,128,256}"));
+  }
+  DS_RETURN_IF_ERROR(LastLaunchStatus("AttnDecode"));
+  AttnCombineKernel<<<dim3(s.n_head, a.n_seqs), s.hd, 0, stream>>>(a);
+  return LastLaunchStatus("AttnCombine");
+}
+
+absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_t stream) {
+  const AttnShape& s = a.shape;
+  if (a.T == 0) return absl::OkStatus();
+  const int L = a.pos0 + a.T, G = s.n_head / s.n_kv, hd = s.hd;
+  const int64_t width = static_cast<int64_t>(s.n_kv) * hd;
+  GatherKvKernel<<<CeilDiv(L * width, 256), 256, 0, stream>>>(a.kv, a.slot, L, a.k_tmp, a.v_tmp);
+  DS_RETURN_IF_ERROR(LastLaunchStatus("GatherKv"));
+  const float scale = 1.f / sqrtf(static_cast<float>(hd));
+  for (int t0 = 0; t0 < a.T; t0 += a.tq) {
+    const int tqc = std::min(a.tq, a.T - t0);
+    const int Lc = a.pos0 + t0 + tqc;  // keys visible to the last query of the chunk
+    for (int j = 0; j < s.n_kv; ++j) {
+      const int64_t qoff = (static_cast<int64_t>(t0) * s.n_head + j * G) * hd;
+      DS_RETURN_IF_ERROR(gemm->BatchedF16(a.q16 + qoff, s.n_head * hd, hd, a.k_tmp + j * hd, width, 0,
+                                          /*b_is_kn=*/false, a.scores, Lc,
+                                          static_cast<int64_t>(tqc) * Lc, /*c_f32=*/true, tqc, Lc,
+                                          hd, G, scale, stream));
+      CausalSoftmaxKernel<<<G * tqc, 256, 0, stream>>>(a.scores, a.probs, tqc, Lc, a.pos0 + t0);
+      DS_RETURN_IF_ERROR(LastLaunchStatus("CausalSoftmax"));
+      DS_RETURN_IF_ERROR(gemm->BatchedF16(a.probs, Lc, static_cast<int64_t>(tqc) * Lc,
+                                          a.v_tmp + j * hd, width, 0, /*b_is_kn=*/true,
+                                          a.out + qoff, s.n_head * hd, hd, /*c_f32=*/true, tqc, hd,
+                                          Lc, G, 1.f, stream));
+    }
+  }
+  return SigmoidGateMul(a.out, a.qg, a.T, s.n_head, hd, stream);
+}
+
+}  // namespace ds::cuda

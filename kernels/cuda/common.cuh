@@ -1,0 +1,97 @@
+// Shared CUDA helpers for deltaserve kernels: error checks, warp/block reductions, half/bf16 loads.
+// Everything here works on sm_70+; faster sm_80+/sm_90 paths are guarded by __CUDA_ARCH__.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "common/util/status.h"
+
+namespace ds::cuda {
+
+// For tests/bench mains: print the failing statement, file and line, then exit(1).
+#define DS_CUDA_CHECK(expr)                                                                   \
+  do {                                                                                        \
+    cudaError_t ds_err_ = (expr);                                                             \
+    if (ds_err_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(ds_err_),       \
+                   __FILE__, __LINE__, #expr);                                                \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+// For library code: turn a CUDA error into an absl::Status naming the statement.
+#define DS_CUDA_RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                        \
+    cudaError_t ds_err_ = (expr);                                                             \
+    if (ds_err_ != cudaSuccess)                                                               \
+      return ::absl::InternalError(::absl::StrCat("CUDA error ", cudaGetErrorString(ds_err_), \
+                                                  " at ", __FILE__, ":", __LINE__, ": ",      \
+                                                  #expr));                                    \
+  } while (0)
+
+inline absl::Status LastLaunchStatus(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return absl::InternalError(absl::StrCat("kernel launch ", what, ": ", cudaGetErrorString(e)));
+  return absl::OkStatus();
+}
+
+inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+#ifdef __CUDACC__
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the whole block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `scratch` must hold 32 floats; the call contains two __syncthreads.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? scratch[lane] : 0.f;
+  return WarpSum(t);
+}
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? scratch[lane] : -INFINITY;
+  return WarpMax(t);
+}
+
+__device__ __forceinline__ float Bf16BitsToF32(uint32_t bits16) {
+  return __uint_as_float(bits16 << 16);
+}
+__device__ __forceinline__ float HalfBitsToF32(uint16_t bits) {
+  return __half2float(__ushort_as_half(bits));
+}
+__device__ __forceinline__ float Silu(float x) { return x / (1.f + __expf(-x)); }
+__device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
+
+// Round-to-nearest-even f32 -> bf16 bits without needing sm_80 intrinsics.
+__device__ __forceinline__ uint16_t F32ToBf16Bits(float f) {
+  uint32_t b = __float_as_uint(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+#endif  // __CUDACC__
+
+}  // namespace ds::cuda

@@ -1,0 +1,56 @@
+// Embedding lookup (see embed.cuh): one warp per 256-element unit of a looked-up row.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/quant_decode.cuh"
+
+namespace ds::cuda {
+namespace {
+
+template <GgmlType T>
+__global__ void EmbedUnitKernel(const uint8_t* __restrict__ table, int n_embd,
+                                const int32_t* __restrict__ ids, int n_tok, float* __restrict__ out) {
+  const int units = n_embd / kUnitElems;
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (gw >= static_cast<int64_t>(n_tok) * units) return;
+  const int t = static_cast<int>(gw / units), u = static_cast<int>(gw % units);
+  const int lane = threadIdx.x & 31;
+  const uint8_t* row = table + static_cast<int64_t>(ids[t]) * GgmlRowBytes(T, n_embd);
+  float v[8];
+  DecodeLane8<T>(row + u * UnitBytes(T), lane, v);
+  float4* o = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * n_embd + u * 256 + lane * 8);
+  o[0] = make_float4(v[0], v[1], v[2], v[3]);
+  o[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+template <GgmlType T>
+__global__ void EmbedElemKernel(const uint8_t* __restrict__ table, int n_embd,
+                                const int32_t* __restrict__ ids, int n_tok, float* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(n_tok) * n_embd) return;
+  const int t = static_cast<int>(i / n_embd);
+  const uint8_t* row = table + static_cast<int64_t>(ids[t]) * GgmlRowBytes(T, n_embd);
+  out[i] = DecodeElem<T>(row, i % n_embd);
+}
+
+}  // namespace
+
+absl::Status EmbedRows(GgmlType type, const void* table, int n_embd, const int32_t* ids, int T,
+                       float* out, cudaStream_t stream) {
+  if (UnitBytes(type) == 0)
+    return absl::UnimplementedError(
+        absl::StrCat("EmbedRows: type ", std::string(GgmlInfo(type).name), " not supported"));
+  if (T == 0) return absl::OkStatus();
+  const auto* tab = static_cast<const uint8_t*>(table);
+  DispatchType(type, [&]<GgmlType Ty>() {
+    if (n_embd % kUnitElems == 0) {
+      const int64_t warps = static_cast<int64_t>(T) * (n_embd / kUnitElems);
+      EmbedUnitKernel<Ty><<<CeilDiv(warps * 32, 256), 256, 0, stream>>>(tab, n_embd, ids, T, out);
+    } else {
+      EmbedElemKernel<Ty><<<CeilDiv(static_cast<int64_t>(T) * n_embd, 256), 256, 0, stream>>>(
+          tab, n_embd, ids, T, out);
+    }
+  });
+  return LastLaunchStatus("EmbedRows");
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,244 @@
+// Gated DeltaNet kernels (see gdn.cuh). Thread j of a block owns value column j of one head's
+// state S[h] (dk x dv), so the delta rule needs no cross-thread reduction: only q/k l2norm and the
+// gated RMSNorm reduce over the block.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gdn.cuh"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kConvK = 4;
+
+__device__ __forceinline__ int Mod(int a, int m) { return ((a % m) + m) % m; }
+
+template <int DK>
+__global__ void __launch_bounds__(256) GdnDecodeKernel(const GdnDecodeArgs a) {
+  __shared__ float qs[DK], ks[DK], scratch[32];
+  const GdnShape& d = a.shape;
+  const int h = blockIdx.x, i = blockIdx.y, j = threadIdx.x;
+  const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
+  const int kh = h % d.k_heads;
+  const int row = a.rows[i], slot = a.slots[i], p = a.pos[i];
+  const float* m = a.mixed + static_cast<int64_t>(row) * C;
+  float* ring = a.conv_ring + static_cast<int64_t>(slot) * kConvK * C;
+  const int cur_row = Mod(p, kConvK);
+
+  // Causal conv over the ring (rows p-3..p-1) plus the current pre-conv value; the owner block
+  // stores the current value into ring row p % K.
+  auto conv = [&](int c, bool owner) {
+    const float cur = m[c];
+    const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
+    float acc = w[kConvK - 1] * cur;
+#pragma unroll
+    for (int tap = 0; tap < kConvK - 1; ++tap)
+      acc += w[tap] * ring[Mod(p - (kConvK - 1) + tap, kConvK) * C + c];
+    if (owner) ring[cur_row * C + c] = cur;
+    return Silu(acc);
+  };
+
+  float qv = 0.f, kv = 0.f;
+  if (j < DK) {
+    const bool owner = h < d.k_heads;  // exactly one block per key head writes its q/k channels
+    qv = conv(kh * DK + j, owner);
+    kv = conv(Kw + kh * DK + j, owner);
+  }
+  const float vv = conv(2 * Kw + h * dv + j, true);
+  const float qss = BlockSum(qv * qv, scratch);
+  const float kss = BlockSum(kv * kv, scratch);
+  if (j < DK) {
+    qs[j] = qv * rsqrtf(qss + a.p.eps) * rsqrtf(static_cast<float>(DK));
+    ks[j] = kv * rsqrtf(kss + a.p.eps);
+  }
+  __syncthreads();
+
+  const float beta = Sigmoid(a.b[static_cast<int64_t>(row) * Hv + h]);
+  const float g = a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
+  const float decay = __expf(g);
+
+  // Two passes over the state column instead of holding it in registers: the second read hits
+  // L1/L2 (64 KiB per block), HBM still sees one read and one write of the state.
+  float* S = a.state + (static_cast<int64_t>(slot) * Hv + h) * DK * dv + j;
+  float u = 0.f;
+#pragma unroll 16
+  for (int k = 0; k < DK; ++k) u = fmaf(S[k * dv] * decay, ks[k], u);
+  const float delta = beta * (vv - u);
+  float o = 0.f;
+#pragma unroll 16
+  for (int k = 0; k < DK; ++k) {
+    const float sk = fmaf(ks[k], delta, S[k * dv] * decay);
+    o = fmaf(sk, qs[k], o);
+    S[k * dv] = sk;
+  }
+
+  const float oss = BlockSum(o * o, scratch);
+  const int64_t oi = static_cast<int64_t>(row) * Hv * dv + h * dv + j;
+  a.out[oi] = o * rsqrtf(oss / dv + a.p.eps) * a.p.norm_w[j] * Silu(a.z[oi]);
+}
+
+// One thread per channel walks the T tokens with the last K-1 pre-conv values in registers.
+__global__ void GdnConvPrefillKernel(const GdnPrefillArgs a) {
+  const int C = a.shape.channels();
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* ring = a.conv_ring + static_cast<int64_t>(a.slot) * kConvK * C;
+  float w[kConvK], hist[kConvK - 1];
+#pragma unroll
+  for (int tap = 0; tap < kConvK; ++tap) w[tap] = a.p.conv_w[static_cast<int64_t>(c) * kConvK + tap];
+#pragma unroll
+  for (int i = 0; i < kConvK - 1; ++i) hist[i] = ring[Mod(a.pos0 - (kConvK - 1) + i, kConvK) * C + c];
+  for (int t = 0; t < a.T; ++t) {
+    const float cur = a.mixed[static_cast<int64_t>(t) * C + c];
+    float acc = w[kConvK - 1] * cur;
+#pragma unroll
+    for (int i = 0; i < kConvK - 1; ++i) acc += w[i] * hist[i];
+    a.y[static_cast<int64_t>(t) * C + c] = Silu(acc);
+#pragma unroll
+    for (int i = 0; i < kConvK - 2; ++i) hist[i] = hist[i + 1];
+    hist[kConvK - 2] = cur;
+  }
+  // hist now holds positions pos0+T-3 .. pos0+T-1 (older ones from the ring when T < 3).
+#pragma unroll
+  for (int i = 0; i < kConvK - 1; ++i)
+    ring[Mod(a.pos0 + a.T - (kConvK - 1) + i, kConvK) * C + c] = hist[i];
+}
+
+// Per token: l2-normalise the q and k heads in place (one warp per head) and compute the gates.
+__global__ void GdnPrepKernel(const GdnPrefillArgs a) {
+  const GdnShape& d = a.shape;
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int C = d.channels();
+  float* yt = a.y + static_cast<int64_t>(t) * C;
+  const float qscale = rsqrtf(static_cast<float>(d.k_dim));
+  for (int head = warp; head < 2 * d.k_heads; head += nw) {
+    float* v = yt + head * d.k_dim;  // q heads first, then k heads (channel order of §5.2)
+    float ss = 0.f;
+    for (int e = lane; e < d.k_dim; e += 32) ss += v[e] * v[e];
+    ss = WarpSum(ss);
+    const float sc = rsqrtf(ss + a.p.eps) * (head < d.k_heads ? qscale : 1.f);
+    for (int e = lane; e < d.k_dim; e += 32) v[e] *= sc;
+  }
+  for (int h = threadIdx.x; h < d.v_heads; h += blockDim.x) {
+    const int64_t gi = static_cast<int64_t>(t) * d.v_heads + h;
+    a.beta[gi] = Sigmoid(a.b[gi]);
+    a.g[gi] = a.p.ssm_a[h] * Softplus(a.alpha[gi] + a.p.dt_bias[h]);
+  }
+}
+
+template <int DK>
+__global__ void __launch_bounds__(128, 1) GdnScanKernel(const GdnPrefillArgs a) {
+  __shared__ float qs[2][DK], ks[2][DK];
+  const GdnShape& d = a.shape;
+  const int h = blockIdx.x, j = threadIdx.x;
+  const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
+  const int kh = h % d.k_heads;
+  float* S = a.state + (static_cast<int64_t>(a.slot) * Hv + h) * DK * dv + j;
+  float s[DK];
+#pragma unroll
+  for (int k = 0; k < DK; ++k) s[k] = S[k * dv];
+  if (j < DK) {
+    qs[0][j] = a.y[kh * DK + j];
+    ks[0][j] = a.y[Kw + kh * DK + j];
+  }
+  float vv = a.y[2 * Kw + h * dv + j], beta = a.beta[h], g = a.g[h];
+  __syncthreads();
+  for (int t = 0; t < a.T; ++t) {
+    const int buf = t & 1;
+    // Prefetch token t+1 while computing token t (its q/k go to the other smem buffer, which
+    // every thread finished reading before the barrier that ended iteration t-1).
+    float vn = 0.f, bn = 0.f, gn = 0.f;
+    if (t + 1 < a.T) {
+      const float* yn = a.y + static_cast<int64_t>(t + 1) * C;
+      if (j < DK) {
+        qs[buf ^ 1][j] = yn[kh * DK + j];
+        ks[buf ^ 1][j] = yn[Kw + kh * DK + j];
+      }
+      vn = yn[2 * Kw + h * dv + j];
+      bn = a.beta[static_cast<int64_t>(t + 1) * Hv + h];
+      gn = a.g[static_cast<int64_t>(t + 1) * Hv + h];
+    }
+    const float decay = __expf(g);
+    float u = 0.f;
+#pragma unroll
+    for (int k = 0; k < DK; ++k) {
+      s[k] *= decay;
+      u = fmaf(s[k], ks[buf][k], u);
+    }
+    const float delta = beta * (vv - u);
+    float o = 0.f;
+#pragma unroll
+    for (int k = 0; k < DK; ++k) {
+      s[k] = fmaf(ks[buf][k], delta, s[k]);
+      o = fmaf(s[k], qs[buf][k], o);
+    }
+    a.out[static_cast<int64_t>(t) * Hv * dv + h * dv + j] = o;
+    vv = vn;
+    beta = bn;
+    g = gn;
+    __syncthreads();
+  }
+#pragma unroll
+  for (int k = 0; k < DK; ++k) S[k * dv] = s[k];
+}
+
+// out[t, h*dv + j] = rmsnorm(o[t, h, :])[j] * w[j] * silu(z[t, h*dv + j]), in place.
+__global__ void GatedNormKernel(float* __restrict__ o, const float* __restrict__ z,
+                                const float* __restrict__ w, int dv, float eps) {
+  __shared__ float scratch[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;
+  const int j = threadIdx.x;
+  const float v = o[base + j];
+  const float ss = BlockSum(v * v, scratch);
+  o[base + j] = v * rsqrtf(ss / dv + eps) * w[j] * Silu(z[base + j]);
+}
+
+template <typename F>
+bool DispatchDk(int dk, F&& f) {
+  switch (dk) {
+    case 32: f.template operator()<32>(); return true;
+    case 64: f.template operator()<64>(); return true;
+    case 128: f.template operator()<128>(); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+absl::Status GdnShapeSupported(const GdnShape& s) {
+  if (s.k_dim != 32 && s.k_dim != 64 && s.k_dim != 128)
+    return absl::UnimplementedError(absl::StrCat("GDN on CUDA: ssm.state_size ", s.k_dim, " not in {32,64,128}"));
+  if (s.v_dim % 32 != 0 || s.v_dim < s.k_dim || s.v_dim > 128)
+    return absl::UnimplementedError(absl::StrCat("GDN on CUDA: value head dim ", s.v_dim, " unsupported"));
+  if (s.conv_kernel != kConvK)
+    return absl::UnimplementedError(absl::StrCat("GDN on CUDA: ssm.conv_kernel ", s.conv_kernel, " != 4"));
+  if (s.k_heads <= 0 || s.v_heads % s.k_heads != 0)
+    return absl::InvalidArgumentError("GDN: value heads must be a multiple of key heads");
+  return absl::OkStatus();
+}
+
+absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
+  DS_RETURN_IF_ERROR(GdnShapeSupported(a.shape));
+  if (a.n_seqs == 0) return absl::OkStatus();
+  DispatchDk(a.shape.k_dim, [&]<int DK>() {
+    GdnDecodeKernel<DK><<<dim3(a.shape.v_heads, a.n_seqs), a.shape.v_dim, 0, stream>>>(a);
+  });
+  return LastLaunchStatus("GdnDecode");
+}
+
+absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream) {
+  DS_RETURN_IF_ERROR(GdnShapeSupported(a.shape));
+  if (a.T == 0) return absl::OkStatus();
+  const int C = a.shape.channels();
+  GdnConvPrefillKernel<<<CeilDiv(C, 128), 128, 0, stream>>>(a);
+  DS_RETURN_IF_ERROR(LastLaunchStatus("GdnConvPrefill"));
+  GdnPrepKernel<<<a.T, 512, 0, stream>>>(a);
+  DS_RETURN_IF_ERROR(LastLaunchStatus("GdnPrep"));
+  DispatchDk(a.shape.k_dim, [&]<int DK>() {
+    GdnScanKernel<DK><<<a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a);
+  });
+  DS_RETURN_IF_ERROR(LastLaunchStatus("GdnScan"));
+  GatedNormKernel<<<a.T * a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a.out, a.z, a.p.norm_w,
+                                                                      a.shape.v_dim, a.p.eps);
+  return LastLaunchStatus("GatedNorm");
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,79 @@
+// Gated DeltaNet mixer core on the GPU (spec §5.2 steps 2-8): causal conv + SiLU, q/k l2norm,
+// gates, delta-rule update, gated RMSNorm with silu(z). Projections are done by the caller.
+//
+// State layout (ours, not the CPU backend's):
+//   conv ring  [n_slots, K, C]      pre-conv row of position p lives in ring row p % K, so a
+//                                   decode step reads rows p-K+1..p-1 and writes row p: no two
+//                                   blocks of one launch ever read a row another one writes.
+//                                   A fresh slot is all zeros (rows of negative positions).
+//   delta rule [n_slots, Hv, dk, dv] fp32 (dv contiguous: a block's threads j read S[k][j]
+//                                   coalesced and keep column j in registers).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/util/status.h"
+
+namespace ds::cuda {
+
+struct GdnShape {
+  int k_heads = 0;      // Hk
+  int v_heads = 0;      // Hv; value head h reads key head h % Hk (tiled order, §5.3)
+  int k_dim = 0;        // dk: 32, 64 or 128
+  int v_dim = 0;        // dv: multiple of 32, >= dk, <= 128
+  int conv_kernel = 0;  // K: 4
+  constexpr int channels() const { return 2 * k_heads * k_dim + v_heads * v_dim; }
+};
+
+struct GdnLayerParams {
+  const float* conv_w = nullptr;   // [C, K] taps, tap K-1 multiplies the current row
+  const float* ssm_a = nullptr;    // [Hv] = -exp(A_log)
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* norm_w = nullptr;   // [dv]
+  float eps = 1e-6f;               // rms eps, also used inside the l2norm rsqrt(Σx² + eps)
+};
+
+// Decode: one token for each of n_seqs sequences, fully fused (one launch per layer).
+struct GdnDecodeArgs {
+  GdnShape shape;
+  GdnLayerParams p;
+  int n_seqs = 0;
+  const int32_t* rows = nullptr;   // [n_seqs] device: row of the sequence's token in the buffers
+  const int32_t* slots = nullptr;  // [n_seqs] device
+  const int32_t* pos = nullptr;    // [n_seqs] device: position of the token
+  const float* mixed = nullptr;    // [T, C]     W_qkv·a
+  const float* z = nullptr;        // [T, Hv*dv] W_gate·a
+  const float* b = nullptr;        // [T, Hv]    W_beta·a
+  const float* alpha = nullptr;    // [T, Hv]    W_alpha·a
+  float* conv_ring = nullptr;      // [n_slots, K, C]
+  float* state = nullptr;          // [n_slots, Hv, dk, dv]
+  float* out = nullptr;            // [T, Hv*dv]  rows as above
+};
+absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream);
+
+// Prefill of T tokens of one sequence (rows 0..T-1 of the given buffers). Per-token recurrence
+// with the state in registers (one block per value head), as llama.cpp's fused op does.
+struct GdnPrefillArgs {
+  GdnShape shape;
+  GdnLayerParams p;
+  int T = 0;
+  int slot = 0;
+  int pos0 = 0;
+  const float* mixed = nullptr;  // [T, C]
+  const float* z = nullptr;      // [T, Hv*dv]
+  const float* b = nullptr;      // [T, Hv]
+  const float* alpha = nullptr;  // [T, Hv]
+  float* conv_ring = nullptr;    // [n_slots, K, C]
+  float* state = nullptr;        // [n_slots, Hv, dk, dv]
+  float* y = nullptr;            // [T, C] scratch (conv output, q/k normalised in place)
+  float* g = nullptr;            // [T, Hv] scratch
+  float* beta = nullptr;         // [T, Hv] scratch
+  float* out = nullptr;          // [T, Hv*dv]
+};
+absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream);
+
+// Host-side check of the supported shapes.
+absl::Status GdnShapeSupported(const GdnShape& s);
+
+}  // namespace ds::cuda

@@ -1,0 +1,50 @@
+// Quantized matrix-vector products for decode: y[c, M] = W[M, K] · x[c, K] for c < nc <= 8.
+//
+// W stays in its GGUF block format on the GPU. Quantized formats take int8 activations
+// (QuantizeActivations: per 32-element block, scale = amax/127, as ggml's q8_1) and use dp4a;
+// float formats take the f32 activations. The weights are read once for all nc columns.
+// Shapes whose K is not a multiple of 256 take a slow per-element path (no model matrix does).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/gguf/ggml_types.h"
+#include "common/util/status.h"
+
+namespace ds::cuda {
+
+constexpr int kGemvMaxCols = 8;
+
+// x: [nc, K] f32 -> xq: [nc, K] int8, xd: [nc, K/32] f32 scales. K % 32 == 0.
+absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, float* xd,
+                                 cudaStream_t stream);
+
+enum class GemvEpilogue {
+  kStore,       // y = W x
+  kAccumulate,  // y += W x          (residual add fused into the output projection)
+  kSiluMul,     // y = silu(W x) * (W2 x)   (FFN gate/up pair; W2 has W's shape and type)
+};
+
+struct GemvArgs {
+  GgmlType type = GgmlType::F32;
+  const void* w = nullptr;     // [M, K] raw GGUF rows
+  const void* w2 = nullptr;    // [M, K] second matrix for kSiluMul
+  int M = 0, K = 0;
+  int nc = 1;                  // columns (activation vectors), 1..kGemvMaxCols
+  const float* x = nullptr;    // [nc, K] f32 (float formats and the fallback path)
+  const int8_t* xq = nullptr;  // [nc, K] int8 (quantized formats)
+  const float* xd = nullptr;   // [nc, K/32]
+  float* y = nullptr;          // y[c * ldy + r]
+  int64_t ldy = 0;             // defaults to M when 0
+  GemvEpilogue epilogue = GemvEpilogue::kStore;
+};
+
+// True when Gemv can run this format (any K that is a multiple of the block size).
+bool GemvSupported(GgmlType t);
+// True when the format needs xq/xd (quantized activations) rather than x.
+bool GemvWantsQuantizedX(GgmlType t, int K);
+
+absl::Status Gemv(const GemvArgs& args, cudaStream_t stream);
+
+}  // namespace ds::cuda

@@ -1,0 +1,16 @@
+// Row RMSNorm (spec §3.1): out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, computed in fp32.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/util/status.h"
+
+namespace ds::cuda {
+
+// x: [T, n] rows at row stride ldx (elements); optional `rows` [T] (device) picks input row
+// rows[t] for output row t (used to norm only the rows that need logits). w: [n]; out: [T, n].
+absl::Status RmsNormRows(const float* x, int64_t ldx, const int32_t* rows, const float* w,
+                         float* out, int T, int n, float eps, cudaStream_t stream);
+
+}  // namespace ds::cuda

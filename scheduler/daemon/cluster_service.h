@@ -1,0 +1,51 @@
+// gRPC edge of the scheduler daemon: translates cluster.proto messages to plain structs, pushes
+// commands to the SchedulerLoop and writes what comes back. Never touches scheduler state.
+#pragma once
+#include <atomic>
+
+#include <grpcpp/grpcpp.h>
+
+#include "deltaserve/internal/cluster.grpc.pb.h"
+#include "scheduler/daemon/scheduler_loop.h"
+
+namespace ds::sched {
+
+// The one place internal errors become gRPC codes (absl and gRPC share code numbers).
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
+class ClusterService final : public deltaserve::internal::Scheduler::Service {
+ public:
+  explicit ClusterService(SchedulerLoop* loop) : loop_(loop) {}
+
+  grpc::Status WorkerSession(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<deltaserve::internal::SchedulerMessage,
+                               deltaserve::internal::WorkerMessage>* stream) override;
+  grpc::Status Submit(grpc::ServerContext* ctx, const deltaserve::internal::SubmitRequest* req,
+                      grpc::ServerWriter<deltaserve::internal::RequestEvent>* writer) override;
+  grpc::Status Finish(grpc::ServerContext* ctx, const deltaserve::internal::FinishRequest* req,
+                      deltaserve::internal::FinishResponse* resp) override;
+  grpc::Status GetClusterStatus(grpc::ServerContext* ctx,
+                                const deltaserve::v1::GetClusterStatusRequest* req,
+                                deltaserve::v1::ClusterStatus* resp) override;
+  grpc::Status SetSlots(grpc::ServerContext* ctx, const deltaserve::v1::SetSlotsRequest* req,
+                        deltaserve::v1::ClusterStatus* resp) override;
+  grpc::Status SetContextPolicy(grpc::ServerContext* ctx,
+                                const deltaserve::v1::SetContextPolicyRequest* req,
+                                deltaserve::v1::ClusterStatus* resp) override;
+  grpc::Status Drain(grpc::ServerContext* ctx, const deltaserve::v1::DrainRequest* req,
+                     deltaserve::v1::ClusterStatus* resp) override;
+  grpc::Status GetStepStats(grpc::ServerContext* ctx,
+                            const deltaserve::internal::StepStatsRequest* req,
+                            deltaserve::internal::StepStats* resp) override;
+
+ private:
+  grpc::Status Admin(AdminCmd cmd, deltaserve::v1::ClusterStatus* resp,
+                     ClusterSnapshot* snap_out = nullptr);
+
+  SchedulerLoop* loop_;
+  // Ids for requests submitted without one (the gateway normally assigns them).
+  std::atomic<uint64_t> next_auto_id_{uint64_t{1} << 62};
+};
+
+}  // namespace ds::sched

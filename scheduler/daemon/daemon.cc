@@ -1,0 +1,146 @@
+#include "scheduler/daemon/daemon.h"
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "scheduler/daemon/cluster_service.h"
+
+namespace ds {
+namespace {
+
+void Log(const std::string& msg) {
+  std::fprintf(stderr, "[scheduler] %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+bool IsLoopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr.rfind("localhost:", 0) == 0 ||
+         addr.rfind("[::1]:", 0) == 0 || addr.rfind("unix:", 0) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv) {
+  static const std::set<std::string> kFlags = {
+      "--listen",     "--port-file", "--slots",          "--ctx",       "--split",
+      "--slot-cap",   "--max-queue", "--max-batch-tokens", "--max-chunk", "--max-slots",
+      "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval"};
+  std::map<std::string, std::string> m;
+  for (int i = 0; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (!kFlags.count(f)) return absl::InvalidArgumentError("unknown flag '" + f + "'");
+    if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
+    m[f] = argv[++i];
+  }
+  SchedulerDaemonOptions o;
+  sched::LoopOptions& l = o.loop;
+  l.core.n_slots = 4;
+  l.core.context.kind = sched::ContextPolicy::Kind::kPool;
+  l.core.context.n_ctx = 4096;
+  auto integer = [&](const char* f, auto* v) -> absl::Status {
+    if (!m.count(f)) return absl::OkStatus();
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(m[f], &x) || x < 0)
+      return absl::InvalidArgumentError(absl::StrCat(f, " expects an integer >= 0, got '", m[f], "'"));
+    *v = static_cast<std::remove_reference_t<decltype(*v)>>(x);
+    return absl::OkStatus();
+  };
+  auto real = [&](const char* f, double* v) -> absl::Status {
+    if (m.count(f) && (!absl::SimpleAtod(m[f], v) || *v < 0))
+      return absl::InvalidArgumentError(absl::StrCat(f, " expects a number >= 0, got '", m[f], "'"));
+    return absl::OkStatus();
+  };
+  if (m.count("--listen")) o.listen = m["--listen"];
+  if (m.count("--port-file")) o.port_file = m["--port-file"];
+  DS_RETURN_IF_ERROR(integer("--slots", &l.core.n_slots));
+  DS_RETURN_IF_ERROR(integer("--ctx", &l.core.context.n_ctx));
+  DS_RETURN_IF_ERROR(integer("--slot-cap", &l.core.context.slot_cap));
+  DS_RETURN_IF_ERROR(integer("--max-queue", &l.core.max_queue));
+  DS_RETURN_IF_ERROR(integer("--max-batch-tokens", &l.core.max_num_batched_tokens));
+  DS_RETURN_IF_ERROR(integer("--max-chunk", &l.core.max_chunk));
+  DS_RETURN_IF_ERROR(integer("--max-slots", &l.max_slots));
+  DS_RETURN_IF_ERROR(integer("--slot-ctx", &l.slot_ctx));
+  DS_RETURN_IF_ERROR(integer("--warmup-tokens", &l.warmup_tokens));
+  DS_RETURN_IF_ERROR(real("--step-timeout", &l.step_timeout_s));
+  DS_RETURN_IF_ERROR(real("--log-interval", &l.log_interval_s));
+  if (m.count("--split")) {
+    if (m["--split"] == "static") {
+      l.core.context.kind = sched::ContextPolicy::Kind::kStatic;
+    } else if (m["--split"] == "pool") {
+      l.core.context.kind = sched::ContextPolicy::Kind::kPool;
+    } else {
+      return absl::InvalidArgumentError("--split expects static or pool, got '" + m["--split"] + "'");
+    }
+  }
+  if (l.max_slots > 0 && l.core.n_slots > l.max_slots)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slots ", l.core.n_slots, " > --max-slots ", l.max_slots));
+  return o;
+}
+
+int RunSchedulerDaemon(int argc, char** argv) {
+  auto o = ParseSchedulerFlags(argc, argv);
+  if (!o.ok()) {
+    std::fprintf(stderr,
+                 "deltaserve scheduler: %s\nusage: deltaserve scheduler [--listen 127.0.0.1:PORT] "
+                 "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
+                 "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
+                 "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S]\n",
+                 std::string(o.status().message()).c_str());
+    return 2;
+  }
+  // Signals are taken synchronously by this thread (sigwait); every thread started from here on
+  // inherits the blocked mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  auto loop = sched::SchedulerLoop::Create(o->loop);
+  if (!loop.ok()) {
+    Log("error: " + loop.status().ToString());
+    return 1;
+  }
+  if (!IsLoopback(o->listen))
+    Log("warning: listening on non-loopback " + o->listen +
+        " (the internal protocol has no authentication)");
+  sched::ClusterService service(loop->get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o->listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterService(&service);
+  (*loop)->Start();
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    Log("error: cannot listen on " + o->listen);
+    (*loop)->Stop();
+    return 1;
+  }
+  const std::string host = o->listen.substr(0, o->listen.rfind(':'));
+  Log(absl::StrCat("listening on ", host, ":", port));
+  if (!o->port_file.empty()) {
+    // Written then renamed so a reader never sees a partial file.
+    const std::string tmp = o->port_file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::rename(tmp.c_str(), o->port_file.c_str());
+  }
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  Log(absl::StrCat("signal ", sig, ": shutting down"));
+  (*loop)->Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  return 0;
+}
+
+}  // namespace ds

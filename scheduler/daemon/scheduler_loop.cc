@@ -1,0 +1,413 @@
+#include "scheduler/daemon/scheduler_loop.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status.h"
+#include "deltaserve/internal/cluster.pb.h"
+
+namespace ds::sched {
+namespace {
+
+namespace pb = deltaserve::internal;
+
+double SteadySeconds(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+double Micros(SteadyClock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+SteadyClock::time_point After(double seconds) {
+  return SteadyClock::now() +
+         std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
+}
+
+void Log(const std::string& msg) {
+  std::fprintf(stderr, "[scheduler] %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+void ToProto(const sampling::SamplingParams& s, deltaserve::v1::SamplingParams* p) {
+  p->set_temperature(s.temperature);
+  p->set_top_k(s.top_k);
+  p->set_top_p(s.top_p);
+  p->set_min_p(s.min_p);
+  p->set_repetition_penalty(s.repetition_penalty);
+  p->set_presence_penalty(s.presence_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  p->set_seed(s.seed);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SchedulerLoop>> SchedulerLoop::Create(const LoopOptions& opts) {
+  if (opts.step_timeout_s <= 0) return absl::InvalidArgumentError("step timeout must be > 0");
+  DS_ASSIGN_OR_RETURN(auto core, Scheduler::Create(opts.core));
+  return std::unique_ptr<SchedulerLoop>(new SchedulerLoop(opts, std::move(core)));
+}
+
+SchedulerLoop::SchedulerLoop(const LoopOptions& opts, std::unique_ptr<Scheduler> core)
+    : opts_(opts), core_(std::move(core)), last_log_(SteadyClock::now()) {}
+
+SchedulerLoop::~SchedulerLoop() { Stop(); }
+
+void SchedulerLoop::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void SchedulerLoop::Stop() {
+  if (!thread_.joinable()) return;
+  stopped_.store(true, std::memory_order_release);
+  Push(StopCmd{});
+  thread_.join();
+}
+
+void SchedulerLoop::Run() {
+  std::vector<Command> cmds;
+  while (!stop_) {
+    // Block on the command queue: forever when there is nothing to do, until the step / warmup
+    // deadline while the worker computes, not at all when the core has runnable work.
+    auto until = SteadyClock::time_point::max();
+    if (plan_ || state_ == WorkerState::kWarming) {
+      until = deadline_;
+    } else if (state_ == WorkerState::kReady && !core_->Idle()) {
+      // An empty plan with requests present: only queued deadlines can change that without a
+      // command, so a coarse timer is enough.
+      until = last_plan_empty_ ? SteadyClock::now() + std::chrono::milliseconds(20)
+                               : SteadyClock::now();
+    }
+    commands_.PopAll(&cmds, until);
+    if (!cmds.empty()) last_plan_empty_ = false;
+    for (Command& c : cmds) std::visit([this](auto& x) { Handle(x); }, c);
+    if (stop_) break;
+    if ((plan_ || state_ == WorkerState::kWarming) && SteadyClock::now() >= deadline_)
+      LoseWorker(absl::StrCat("no answer within ", opts_.step_timeout_s, " s"));
+    if (state_ == WorkerState::kReady && !plan_) ScheduleAndSend();
+    // Events produced outside Apply (aborts of queued requests, expired deadlines).
+    Route(core_->TakeEvents(), nullptr, false);
+
+    if (opts_.log_interval_s > 0 && stats_.steps() > steps_at_last_log_ &&
+        SteadyClock::now() - last_log_ >= std::chrono::duration<double>(opts_.log_interval_s)) {
+      Log(stats_.Snapshot().ToString());
+      last_log_ = SteadyClock::now();
+      steps_at_last_log_ = stats_.steps();
+    }
+  }
+  FailAll("scheduler shutting down", /*unavailable=*/true);
+  if (stats_.steps() > 0) Log(stats_.Snapshot().ToString());
+  if (worker_) {
+    pb::SchedulerMessage m;
+    m.mutable_shutdown();
+    worker_->Send(m);
+  }
+}
+
+// ---- commands ----
+
+void SchedulerLoop::Handle(AddCmd& c) {
+  auto reject = [&](absl::Status s) {
+    RequestEventItem item;
+    item.reject = std::move(s);
+    c.side.channel->Push(std::move(item));
+  };
+  if (state_ != WorkerState::kReady)
+    return reject(absl::UnavailableError("no worker is ready (cluster not serving)"));
+  const int n_vocab = worker_info_.n_vocab;
+  for (size_t i = 0; i < c.request.prompt.size(); ++i)
+    if (c.request.prompt[i] >= n_vocab)
+      return reject(absl::InvalidArgumentError(absl::StrCat("prompt token id ", c.request.prompt[i],
+                                                            " at index ", i,
+                                                            " is outside the vocabulary (",
+                                                            n_vocab, ")")));
+  const RequestId id = c.request.id;
+  if (absl::Status s = core_->Add(std::move(c.request)); !s.ok()) return reject(s);
+  side_[id] = std::move(c.side);
+}
+
+void SchedulerLoop::Handle(AbortCmd& c) {
+  // NotFound: it finished meanwhile; nothing to do.
+  core_->Abort(c.id, c.why).IgnoreError();
+}
+
+void SchedulerLoop::Handle(FinishCmd& c) { c.done->set_value(core_->Finish(c.id, c.reason, c.detail)); }
+
+int64_t SchedulerLoop::PerSlotCapFor(int n_slots, const ContextPolicy& p) const {
+  if (p.kind == ContextPolicy::Kind::kStatic) return p.n_ctx / std::max(1, n_slots);
+  return p.slot_cap > 0 ? std::min<int64_t>(p.slot_cap, p.n_ctx) : p.n_ctx;
+}
+
+void SchedulerLoop::Handle(AdminCmd& c) {
+  absl::Status s;
+  const SchedulerStatus st = core_->Status();
+  switch (c.op) {
+    case AdminCmd::Op::kStatus:
+      break;
+    case AdminCmd::Op::kSetSlots: {
+      // Slots are the scheduler's concept; the worker's backend was configured once with
+      // worker_slots_ (--max-slots) slots of worker_slot_ctx_ positions, which bound them.
+      const int bound = worker_slots_ > 0 ? worker_slots_ : opts_.max_slots;
+      if (c.n_slots < 1) {
+        s = absl::InvalidArgumentError("slots must be >= 1");
+      } else if (bound > 0 && c.n_slots > bound) {
+        s = absl::OutOfRangeError(absl::StrCat("slots ", c.n_slots, " exceeds the worker's ", bound,
+                                               " configured slots (scheduler --max-slots)"));
+      } else if (worker_slot_ctx_ > 0 && PerSlotCapFor(c.n_slots, st.policy) > worker_slot_ctx_) {
+        s = absl::OutOfRangeError(absl::StrCat("slots ", c.n_slots, " would give each slot ",
+                                               PerSlotCapFor(c.n_slots, st.policy),
+                                               " positions, more than the worker's slot_ctx ",
+                                               worker_slot_ctx_, " (scheduler --slot-ctx)"));
+      } else {
+        s = core_->SetSlots(c.n_slots);
+      }
+      break;
+    }
+    case AdminCmd::Op::kSetPolicy:
+      if (worker_slot_ctx_ > 0 && PerSlotCapFor(st.n_slots_target, c.policy) > worker_slot_ctx_) {
+        s = absl::OutOfRangeError(absl::StrCat(
+            "the policy gives a slot up to ", PerSlotCapFor(st.n_slots_target, c.policy),
+            " positions, more than the worker's slot_ctx ", worker_slot_ctx_,
+            " (scheduler --slot-ctx)"));
+      } else {
+        s = core_->SetContextPolicy(c.policy);
+      }
+      break;
+    case AdminCmd::Op::kDrain:
+      core_->Drain();
+      break;
+    case AdminCmd::Op::kResume:
+      core_->Resume();
+      break;
+    case AdminCmd::Op::kStatsReset: {
+      ClusterSnapshot snap = Snapshot();
+      stats_.Reset();
+      steps_at_last_log_ = 0;
+      c.done->set_value(std::move(snap));
+      return;
+    }
+  }
+  if (!s.ok()) {
+    c.done->set_value(s);
+  } else {
+    c.done->set_value(Snapshot());
+  }
+}
+
+void SchedulerLoop::Handle(WorkerJoinCmd& c) {
+  if (worker_) {
+    Log(absl::StrCat("refusing worker ", c.info.id, ": worker ", worker_info_.id,
+                     " is already attached"));
+    c.link->Close(absl::AlreadyExistsError(
+        absl::StrCat("worker ", worker_info_.id,
+                     " is already attached (one worker per scheduler until worker groups land)")));
+    return;
+  }
+  const SchedulerStatus st = core_->Status();
+  const int slots = opts_.max_slots > 0 ? opts_.max_slots
+                                        : (c.info.device.rfind("cuda", 0) == 0 ? 64 : 8);
+  const int64_t cap = PerSlotCapFor(st.n_slots_target, st.policy);
+  const int64_t slot_ctx = opts_.slot_ctx > 0 ? opts_.slot_ctx : st.policy.n_ctx;
+  if (slot_ctx < cap) {
+    c.link->Close(absl::FailedPreconditionError(
+        absl::StrCat("--slot-ctx ", slot_ctx, " is below the per-slot cap ", cap)));
+    return;
+  }
+  worker_ = c.link;
+  worker_info_ = c.info;
+  worker_slots_ = slots;
+  worker_slot_ctx_ = static_cast<int>(slot_ctx);
+  if (st.n_slots_target > slots) {
+    Log(absl::StrCat("slots ", st.n_slots_target, " -> ", slots, " (the worker's slot count)"));
+    core_->SetSlots(slots).IgnoreError();
+  }
+  state_ = WorkerState::kWarming;
+  deadline_ = After(opts_.step_timeout_s);
+  Log(absl::StrCat("worker ", c.info.id, " registered: ", c.info.device, ", model ",
+                   c.info.model_fingerprint, ", vocab ", c.info.n_vocab, "; configuring ", slots,
+                   " slots x ", slot_ctx, " positions"));
+  pb::SchedulerMessage cf;
+  cf.mutable_configure()->set_n_slots(static_cast<uint32_t>(slots));
+  cf.mutable_configure()->set_slot_ctx(static_cast<uint32_t>(slot_ctx));
+  pb::SchedulerMessage wu;
+  wu.mutable_warmup()->set_tokens(static_cast<uint32_t>(opts_.warmup_tokens));
+  if (!worker_->Send(cf) || !worker_->Send(wu)) LoseWorker("stream closed during configure");
+}
+
+void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
+  if (c.link != worker_ || state_ != WorkerState::kWarming) return;
+  warmup_ = c.info;
+  state_ = WorkerState::kReady;
+  n_vocab_.store(worker_info_.n_vocab, std::memory_order_release);
+  Log(absl::StrCat("worker ", worker_info_.id, " ready: warmup prefill ",
+                   static_cast<int>(c.info.prefill_tps), " tok/s, decode ",
+                   static_cast<int>(c.info.decode_tps), " tok/s; serving"));
+}
+
+void SchedulerLoop::Handle(WorkerStepCmd& c) {
+  const auto t_recv = SteadyClock::now();
+  if (c.link != worker_ || !plan_) return;  // a stale answer of a lost worker
+  const WorkerStepResult& wr = c.result;
+  if (wr.step_id != plan_->step_id)
+    return LoseWorker(absl::StrCat("protocol error: result for step ", wr.step_id, ", expected ",
+                                   plan_->step_id));
+  StepResults r;
+  r.step_id = wr.step_id;
+  r.forward_seconds = wr.forward_seconds;
+  absl::flat_hash_map<RequestId, TokenLogprobInfo> lps;
+  if (!wr.error.empty()) {
+    r.status = absl::InternalError("worker step failed: " + wr.error);
+  } else {
+    // The worker answers per slot; the core wants plan order of the sampled entries.
+    absl::flat_hash_map<int, const WorkerSampled*> by_slot;
+    for (const WorkerSampled& t : wr.tokens) by_slot[t.slot] = &t;
+    for (const PlanEntry& e : plan_->entries) {
+      if (!e.sample) continue;
+      auto it = by_slot.find(e.slot);
+      if (it == by_slot.end()) {
+        r.status = absl::InternalError(absl::StrCat("worker returned no token for slot ", e.slot));
+        r.tokens.clear();
+        break;
+      }
+      r.tokens.push_back(it->second->token);
+      if (it->second->logprob) lps[e.id] = *it->second->logprob;
+    }
+  }
+  auto events = core_->Apply(*plan_, r, absl::Now());
+  if (!events.ok()) return LoseWorker("cannot apply the step result: " + events.status().ToString());
+  StepTiming t;
+  t.n_tokens = plan_->n_tokens;
+  t.n_seqs = static_cast<int>(plan_->entries.size());
+  plan_.reset();
+  Route(std::move(*events), &lps, false);
+  const auto t_end = SteadyClock::now();
+  t.total_us = Micros(t_end - plan_t0_);
+  t.worker_us = (wr.forward_seconds + wr.sample_seconds) * 1e6;
+  t.schedule_us = plan_schedule_us_;
+  t.apply_us = Micros(t_end - t_recv);
+  stats_.Record(t);
+}
+
+void SchedulerLoop::Handle(WorkerGoneCmd& c) {
+  if (c.link == worker_) LoseWorker(c.why);
+}
+
+void SchedulerLoop::Handle(StopCmd&) { stop_ = true; }
+
+// ---- steps ----
+
+void SchedulerLoop::ScheduleAndSend() {
+  const auto t0 = SteadyClock::now();
+  auto plan = core_->Schedule(absl::Now());
+  if (!plan.ok()) {
+    Log("schedule failed: " + plan.status().ToString());
+    return;
+  }
+  if (plan->empty()) {
+    last_plan_empty_ = true;
+    return;
+  }
+  // Full data for sequences bound by this plan, diffs (slot, pos0, n) for everything else.
+  pb::SchedulerMessage msg;
+  pb::Step* step = msg.mutable_step();
+  step->set_step_id(plan->step_id);
+  for (int s : plan->released) step->add_released(static_cast<uint32_t>(s));
+  for (const SeqStart& st : plan->started) {
+    pb::SequenceStart* q = step->add_started();
+    q->set_request_id(st.id);
+    q->set_slot(static_cast<uint32_t>(st.slot));
+    q->mutable_tokens()->Add(st.tokens.begin(), st.tokens.end());
+    auto it = side_.find(st.id);
+    if (it != side_.end()) {
+      ToProto(it->second.sampling, q->mutable_sampling());
+      q->set_logprobs(static_cast<uint32_t>(it->second.logprobs));
+    }
+  }
+  for (const PlanEntry& e : plan->entries) {
+    pb::SlotWork* w = step->add_work();
+    w->set_slot(static_cast<uint32_t>(e.slot));
+    w->set_pos0(static_cast<uint32_t>(e.pos0));
+    w->set_n_tokens(static_cast<uint32_t>(e.tokens.size()));
+    w->set_sample(e.sample);
+  }
+  plan_ = std::move(*plan);
+  plan_t0_ = t0;
+  deadline_ = After(opts_.step_timeout_s);
+  if (!worker_->Send(msg)) return LoseWorker("stream closed while sending a step");
+  plan_schedule_us_ = Micros(SteadyClock::now() - t0);
+}
+
+void SchedulerLoop::Route(std::vector<Event> events,
+                          const absl::flat_hash_map<RequestId, TokenLogprobInfo>* lps,
+                          bool unavailable) {
+  for (Event& e : events) {
+    auto it = side_.find(e.id);
+    if (it == side_.end()) continue;
+    RequestEventItem item;
+    item.unavailable = unavailable;
+    if (e.kind == Event::Kind::kToken && lps) {
+      auto lp = lps->find(e.id);
+      if (lp != lps->end()) item.logprob = lp->second;
+    }
+    std::shared_ptr<EventChannel> ch = it->second.channel;
+    if (e.kind == Event::Kind::kFinished) side_.erase(it);
+    item.event = std::move(e);
+    ch->Push(std::move(item));
+  }
+}
+
+void SchedulerLoop::FailAll(const std::string& why, bool unavailable) {
+  if (plan_) {
+    StepResults r;
+    r.step_id = plan_->step_id;
+    r.status = absl::UnavailableError(why);
+    auto events = core_->Apply(*plan_, r, absl::Now());
+    plan_.reset();
+    if (events.ok()) Route(std::move(*events), nullptr, unavailable);
+  }
+  std::vector<RequestId> ids;
+  for (const auto& [id, side] : side_) ids.push_back(id);
+  for (RequestId id : ids) core_->Finish(id, FinishReason::kError, why).IgnoreError();
+  Route(core_->TakeEvents(), nullptr, unavailable);
+  // Anything the core no longer knew (cannot happen unless the core and side table disagree).
+  for (auto& [id, side] : side_) {
+    RequestEventItem item;
+    item.unavailable = unavailable;
+    item.event.kind = Event::Kind::kFinished;
+    item.event.id = id;
+    item.event.reason = FinishReason::kError;
+    item.event.detail = why;
+    side.channel->Push(std::move(item));
+  }
+  side_.clear();
+}
+
+void SchedulerLoop::LoseWorker(const std::string& why) {
+  if (!worker_) return;
+  Log(absl::StrCat("worker ", worker_info_.id, " lost: ", why, "; failing ", side_.size(),
+                   " requests; NOT_SERVING"));
+  FailAll("worker lost: " + why, /*unavailable=*/true);
+  worker_->Close(absl::UnavailableError("worker lost: " + why));
+  worker_.reset();
+  state_ = WorkerState::kNone;
+  n_vocab_.store(0, std::memory_order_release);
+  worker_slots_ = 0;
+  worker_slot_ctx_ = 0;
+}
+
+ClusterSnapshot SchedulerLoop::Snapshot() const {
+  ClusterSnapshot s;
+  s.core = core_->Status();
+  s.serving = state_ == WorkerState::kReady;  // draining is reported on its own
+  s.has_worker = worker_ != nullptr;
+  s.worker_ready = state_ == WorkerState::kReady;
+  s.worker = worker_info_;
+  s.warmup = warmup_;
+  if (worker_) {
+    const double hb = worker_->last_heartbeat.load();
+    s.heartbeat_age_s = hb > 0 ? SteadySeconds(SteadyClock::now()) - hb : -1;
+  }
+  s.worker_slots = worker_slots_;
+  s.worker_slot_ctx = worker_slot_ctx_;
+  s.max_queue = opts_.core.max_queue;
+  s.stats = stats_.Snapshot();
+  return s;
+}
+
+}  // namespace ds::sched

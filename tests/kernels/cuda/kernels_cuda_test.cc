@@ -1,0 +1,554 @@
+// CUDA kernels vs the CPU reference (kernels/cpu). Random inputs in realistic ranges, odd shapes
+// and the 27B shapes, outputs poisoned with NaN before every run. Needs a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/util/half.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/sampling.cuh"
+
+namespace ds::cuda {
+namespace {
+
+#define CK(expr) DS_CUDA_CHECK(expr)
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    absl::Status st_ = (expr);                   \
+    ASSERT_TRUE(st_.ok()) << st_.ToString();     \
+  } while (0)
+
+// Device buffer of T with host round trips; filled with NaN bytes (0xFF) on creation.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+    Poison();
+  }
+  Dev(const std::vector<T>& h) : Dev(h.size()) { Up(h); }
+  ~Dev() { cudaFree(p); }
+  void Poison() { CK(cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T))); }
+  void Up(const std::vector<T>& h) { CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> Down() const {
+    std::vector<T> h(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::mt19937& Rng() {
+  static std::mt19937 rng(1234);
+  return rng;
+}
+std::vector<float> RandVec(size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(Rng());
+  return v;
+}
+
+// Random raw blocks: every quant bit pattern appears; the fp16 scale fields are set to sane
+// values so the dequantized weights are in a realistic range (|w| ~ 1e-2..1).
+std::vector<uint8_t> RandomWeights(GgmlType t, int64_t rows, int64_t K) {
+  const auto& info = GgmlInfo(t);
+  const int64_t nblk = rows * (K / info.block_elems);
+  std::vector<uint8_t> w(nblk * info.block_bytes);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(2e-4f, 4e-3f), val(-1.f, 1.f);
+  auto put16 = [&](uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); };
+  for (int64_t b = 0; b < nblk; ++b) {
+    uint8_t* p = w.data() + b * info.block_bytes;
+    switch (t) {
+      case GgmlType::F32: { const float f = val(Rng()); std::memcpy(p, &f, 4); break; }
+      case GgmlType::F16: put16(p, F32ToF16(val(Rng()))); break;
+      case GgmlType::BF16: put16(p, F32ToBf16(val(Rng()))); break;
+      default:
+        for (int i = 0; i < info.block_bytes; ++i) p[i] = static_cast<uint8_t>(byte(Rng()));
+        if (t == GgmlType::Q6_K) put16(p + 208, F32ToF16(sc(Rng())));
+        else if (t == GgmlType::Q8_0 || t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS) put16(p, F32ToF16(sc(Rng()) * 2));
+        else {  // Q4_K / Q5_K: d and dmin
+          put16(p, F32ToF16(sc(Rng())));
+          put16(p + 2, F32ToF16(sc(Rng())));
+        }
+    }
+  }
+  return w;
+}
+
+std::vector<float> DequantAll(GgmlType t, const std::vector<uint8_t>& w, int64_t rows, int64_t K) {
+  std::vector<float> out(rows * K);
+  const uint64_t rb = GgmlRowBytes(t, K);
+  for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRow(t, w.data() + r * rb, out.data() + r * K, K);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV
+
+struct GemvCase {
+  GgmlType type;
+  int M, K, nc;
+  GemvEpilogue ep;
+};
+
+void RunGemvCase(const GemvCase& c) {
+  SCOPED_TRACE(::testing::Message() << GgmlInfo(c.type).name << " M=" << c.M << " K=" << c.K
+                                    << " nc=" << c.nc << " ep=" << static_cast<int>(c.ep));
+  const bool pair = c.ep == GemvEpilogue::kSiluMul;
+  auto w = RandomWeights(c.type, c.M, c.K);
+  std::vector<uint8_t> w2 = pair ? RandomWeights(c.type, c.M, c.K) : std::vector<uint8_t>();
+  auto x = RandVec(static_cast<size_t>(c.nc) * c.K, -2.f, 2.f);
+  auto y0 = RandVec(static_cast<size_t>(c.nc) * c.M, -1.f, 1.f);  // for kAccumulate
+  Dev<uint8_t> dw(w), dw2(pair ? w2 : std::vector<uint8_t>(1));
+  Dev<float> dx(x), dy(static_cast<size_t>(c.nc) * c.M);
+  Dev<int8_t> dxq(static_cast<size_t>(c.nc) * c.K);
+  Dev<float> dxd(static_cast<size_t>(c.nc) * c.K / 32 + 1);
+  if (c.ep == GemvEpilogue::kAccumulate) dy.Up(y0);
+  const bool qx = GemvWantsQuantizedX(c.type, c.K);
+  if (qx) ASSERT_OK(QuantizeActivations(dx.p, c.nc, c.K, dxq.p, dxd.p, nullptr));
+  GemvArgs a;
+  a.type = c.type;
+  a.w = dw.p;
+  a.w2 = pair ? dw2.p : nullptr;
+  a.M = c.M;
+  a.K = c.K;
+  a.nc = c.nc;
+  a.x = dx.p;
+  a.xq = qx ? dxq.p : nullptr;
+  a.xd = qx ? dxd.p : nullptr;
+  a.y = dy.p;
+  a.epilogue = c.ep;
+  ASSERT_OK(Gemv(a, nullptr));
+  CK(cudaDeviceSynchronize());
+  const auto y = dy.Down();
+  const auto W = DequantAll(c.type, w, c.M, c.K);
+  const auto W2 = pair ? DequantAll(c.type, w2, c.M, c.K) : std::vector<float>();
+  // With int8 activations the error of one dot is sum_i w_i e_i, e_i uniform in +-d/2 of its
+  // 32-block: bound it by 6 standard deviations; f32 paths get a tight relative bound.
+  std::vector<float> xd(qx ? dxd.Down() : std::vector<float>());
+  double max_ratio = 0;
+  int bad = 0;
+  for (int col = 0; col < c.nc; ++col)
+    for (int r = 0; r < c.M; ++r) {
+      double ref = 0, ref2 = 0, abs_sum = 0, var = 0, var2 = 0;
+      for (int i = 0; i < c.K; ++i) {
+        const double xv = x[static_cast<size_t>(col) * c.K + i];
+        const double wv = W[static_cast<size_t>(r) * c.K + i];
+        ref += wv * xv;
+        abs_sum += std::fabs(wv * xv);
+        const double d = qx ? xd[static_cast<size_t>(col) * c.K / 32 + i / 32] : 0.0;
+        var += wv * wv * d * d / 12.0;
+        if (pair) {
+          const double w2v = W2[static_cast<size_t>(r) * c.K + i];
+          ref2 += w2v * xv;
+          var2 += w2v * w2v * d * d / 12.0;
+        }
+      }
+      double tol = 6 * std::sqrt(var) + 2e-5 * abs_sum + 1e-6;
+      double expect = ref;
+      if (pair) {
+        // d(silu(a)*b) = silu'(a) b da + silu(a) db; silu' <= 1.1.
+        const double sa = ref / (1 + std::exp(-ref));
+        expect = sa * ref2;
+        tol = 1.1 * std::fabs(ref2) * tol + std::fabs(sa) * (6 * std::sqrt(var2) + 2e-5 * abs_sum) + 1e-6;
+      } else if (c.ep == GemvEpilogue::kAccumulate) {
+        expect += y0[static_cast<size_t>(col) * c.M + r];
+      }
+      const double got = y[static_cast<size_t>(col) * c.M + r];
+      const double err = std::fabs(got - expect);
+      if (!(err <= tol)) {
+        if (bad++ < 5)
+          ADD_FAILURE() << "row " << r << " col " << col << ": got " << got << " want " << expect
+                        << " tol " << tol;
+      }
+      max_ratio = std::max(max_ratio, err / tol);
+    }
+  EXPECT_EQ(bad, 0);
+  std::printf("  gemv %-6s M=%6d K=%6d nc=%d ep=%d: max err/tol %.3f\n",
+              std::string(GgmlInfo(c.type).name).c_str(), c.M, c.K, c.nc, static_cast<int>(c.ep), max_ratio);
+}
+
+const GgmlType kTypes[] = {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                           GgmlType::IQ4_XS, GgmlType::IQ4_NL, GgmlType::F16, GgmlType::BF16,
+                           GgmlType::F32};
+
+TEST(Gemv, AllTypesOddShapes) {
+  for (GgmlType t : kTypes)
+    for (int nc : {1, 2, 3, 5, 8}) RunGemvCase({t, 37, 768, nc, GemvEpilogue::kStore});
+}
+
+TEST(Gemv, Epilogues) {
+  for (GgmlType t : kTypes) {
+    RunGemvCase({t, 129, 512, 1, GemvEpilogue::kAccumulate});
+    RunGemvCase({t, 67, 1024, 3, GemvEpilogue::kSiluMul});
+  }
+}
+
+TEST(Gemv, FallbackKNotMultipleOf256) {
+  RunGemvCase({GgmlType::Q8_0, 45, 96, 2, GemvEpilogue::kStore});
+  RunGemvCase({GgmlType::IQ4_NL, 33, 160, 1, GemvEpilogue::kAccumulate});
+  RunGemvCase({GgmlType::F32, 19, 100, 3, GemvEpilogue::kStore});
+  RunGemvCase({GgmlType::F16, 21, 50, 1, GemvEpilogue::kSiluMul});
+}
+
+TEST(Gemv, ModelShapes27B) {
+  // ffn_up / ffn_down / attn_qkv / ssm_beta of the 27B model.
+  RunGemvCase({GgmlType::Q6_K, 17408, 5120, 1, GemvEpilogue::kStore});
+  RunGemvCase({GgmlType::Q6_K, 5120, 17408, 4, GemvEpilogue::kAccumulate});
+  RunGemvCase({GgmlType::Q6_K, 10240, 5120, 8, GemvEpilogue::kStore});
+  RunGemvCase({GgmlType::Q4_K, 48, 5120, 1, GemvEpilogue::kStore});
+  RunGemvCase({GgmlType::Q8_0, 17408, 5120, 2, GemvEpilogue::kSiluMul});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequant + cuBLAS GEMM
+
+TEST(Dequant, MatchesCpuAllTypes) {
+  for (GgmlType t : kTypes)
+    for (int K : {256, 1280}) {
+      const int rows = 23;
+      auto w = RandomWeights(t, rows, K);
+      Dev<uint8_t> dw(w);
+      Dev<uint16_t> out(static_cast<size_t>(rows) * K);
+      ASSERT_OK(DequantizeRows(t, dw.p, rows, K, out.p, /*bf16=*/true, nullptr));
+      const auto got = out.Down();
+      const auto ref = DequantAll(t, w, rows, K);
+      int bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i)
+        if (got[i] != F32ToBf16(ref[i]) && bad++ < 5)
+          ADD_FAILURE() << GgmlInfo(t).name << " elem " << i << ": " << Bf16ToF32(got[i]) << " vs " << ref[i];
+      EXPECT_EQ(bad, 0) << GgmlInfo(t).name;
+    }
+}
+
+TEST(Gemm, CublasBf16MatchesCpu) {
+  const int M = 300, K = 512, T = 70;
+  auto w = RandomWeights(GgmlType::Q6_K, M, K);
+  auto x = RandVec(static_cast<size_t>(T) * K, -2.f, 2.f);
+  auto y0 = RandVec(static_cast<size_t>(T) * M, -1.f, 1.f);
+  Dev<uint8_t> dw(w);
+  Dev<uint16_t> wh(static_cast<size_t>(M) * K), xh(static_cast<size_t>(T) * K);
+  Dev<float> dx(x), dy(y0);
+  auto gemm_or = CublasGemm::Create();
+  ASSERT_TRUE(gemm_or.ok());
+  std::unique_ptr<CublasGemm> gemm(*gemm_or);
+  ASSERT_OK(DequantizeRows(GgmlType::Q6_K, dw.p, M, K, wh.p, true, nullptr));
+  ASSERT_OK(ConvertF32ToHalf(dx.p, static_cast<int64_t>(T) * K, xh.p, true, nullptr));
+  ASSERT_OK(gemm->Run(wh.p, xh.p, dy.p, M, K, T, M, true, /*beta=*/1.f, nullptr));
+  const auto y = dy.Down();
+  const auto W = DequantAll(GgmlType::Q6_K, w, M, K);
+  double num = 0, den = 0;
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < M; ++r) {
+      double ref = y0[static_cast<size_t>(t) * M + r];
+      for (int i = 0; i < K; ++i) ref += double(W[static_cast<size_t>(r) * K + i]) * x[static_cast<size_t>(t) * K + i];
+      const double d = y[static_cast<size_t>(t) * M + r] - ref;
+      ASSERT_FALSE(std::isnan(y[static_cast<size_t>(t) * M + r]));
+      num += d * d;
+      den += ref * ref;
+    }
+  const double rel = std::sqrt(num / den);
+  std::printf("  gemm bf16 rel err %.2e\n", rel);
+  EXPECT_LT(rel, 1e-2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Norm, embedding, element-wise, argmax
+
+TEST(Ops, RmsNormRowsWithRowPick) {
+  const int T = 5, n = 5120;
+  auto x = RandVec(static_cast<size_t>(T) * n, -3.f, 3.f);
+  auto w = RandVec(n, 0.5f, 1.5f);
+  std::vector<int32_t> rows = {4, 0, 2};
+  Dev<float> dx(x), dw(w), out(rows.size() * n);
+  Dev<int32_t> dr(rows);
+  ASSERT_OK(RmsNormRows(dx.p, n, dr.p, dw.p, out.p, 3, n, 1e-6f, nullptr));
+  const auto got = out.Down();
+  std::vector<float> ref(n);
+  for (int i = 0; i < 3; ++i) {
+    cpu::RmsNorm(x.data() + static_cast<size_t>(rows[i]) * n, w.data(), n, 1e-6f, ref.data());
+    for (int j = 0; j < n; ++j) ASSERT_NEAR(got[static_cast<size_t>(i) * n + j], ref[j], 1e-4f * (1 + std::fabs(ref[j])));
+  }
+}
+
+TEST(Ops, EmbedRows) {
+  for (GgmlType t : {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32}) {
+    const int vocab = 77, n = 512;
+    auto w = RandomWeights(t, vocab, n);
+    std::vector<int32_t> ids = {76, 0, 13, 13, 41};
+    Dev<uint8_t> dw(w);
+    Dev<int32_t> did(ids);
+    Dev<float> out(ids.size() * n);
+    ASSERT_OK(EmbedRows(t, dw.p, n, did.p, static_cast<int>(ids.size()), out.p, nullptr));
+    const auto got = out.Down();
+    const auto W = DequantAll(t, w, vocab, n);
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (int j = 0; j < n; ++j)
+        ASSERT_NEAR(got[i * n + j], W[static_cast<size_t>(ids[i]) * n + j], 1e-6f * (1 + std::fabs(W[static_cast<size_t>(ids[i]) * n + j])));
+  }
+}
+
+TEST(Ops, SiluMulAndGate) {
+  const int T = 3, nh = 4, hd = 64;
+  auto g = RandVec(1000, -6.f, 6.f), u = RandVec(1000, -2.f, 2.f);
+  Dev<float> dg(g), du(u), o(1000);
+  ASSERT_OK(SiluMul(dg.p, du.p, o.p, 1000, nullptr));
+  auto got = o.Down();
+  for (int i = 0; i < 1000; ++i) ASSERT_NEAR(got[i], cpu::Silu(g[i]) * u[i], 1e-5f);
+  auto qg = RandVec(static_cast<size_t>(T) * nh * 2 * hd, -4.f, 4.f);
+  auto ov = RandVec(static_cast<size_t>(T) * nh * hd, -1.f, 1.f);
+  Dev<float> dqg(qg), dov(ov);
+  ASSERT_OK(SigmoidGateMul(dov.p, dqg.p, T, nh, hd, nullptr));
+  got = dov.Down();
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < nh; ++h)
+      for (int d = 0; d < hd; ++d) {
+        const size_t i = (static_cast<size_t>(t) * nh + h) * hd + d;
+        ASSERT_NEAR(got[i], ov[i] * cpu::Sigmoid(qg[(static_cast<size_t>(t) * nh + h) * 2 * hd + hd + d]), 1e-5f);
+      }
+}
+
+TEST(Ops, ArgmaxKnownAnswer) {
+  const int n = 248320, rows = 3;
+  auto l = RandVec(static_cast<size_t>(rows) * n, -10.f, 10.f);
+  l[0 * n + 248319] = 50.f;                 // last element
+  l[1 * n + 7] = 40.f;                      // tie: lowest index wins
+  l[1 * n + 9000] = 40.f;
+  l[2 * n + 123456] = 30.f;
+  l[2 * n + 5] = std::nanf("");             // NaN ignored
+  Dev<float> dl(l);
+  Dev<int32_t> out(rows);
+  ASSERT_OK(ArgmaxRows(dl.p, n, rows, n, out.p, nullptr));
+  const auto got = out.Down();
+  EXPECT_EQ(got[0], 248319);
+  EXPECT_EQ(got[1], 7);
+  EXPECT_EQ(got[2], 123456);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet: prefill then decode steps vs cpu::GdnSequence (recurrent form).
+
+struct GdnCase {
+  int hk, hv, dk, dv, T_prefill, n_decode;
+};
+
+void RunGdnCase(const GdnCase& gc) {
+  SCOPED_TRACE(::testing::Message() << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk
+                                    << " T=" << gc.T_prefill << " decode=" << gc.n_decode);
+  GdnShape s{gc.hk, gc.hv, gc.dk, gc.dv, 4};
+  cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
+  const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
+  const int n_slots = 2, slot = 1;  // use slot 1 so slot indexing is exercised
+  auto conv_w = RandVec(static_cast<size_t>(C) * K, -0.5f, 0.5f);
+  std::vector<float> ssm_a(gc.hv), dt(gc.hv);
+  for (int h = 0; h < gc.hv; ++h) {
+    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
+    dt[h] = RandVec(1, -2.f, 2.f)[0];
+  }
+  auto norm_w = RandVec(gc.dv, 0.5f, 1.5f);
+  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
+  GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
+  Dev<float> ring(static_cast<size_t>(n_slots) * K * C), state(static_cast<size_t>(n_slots) * gc.hv * gc.dk * gc.dv);
+  CK(cudaMemset(ring.p, 0, ring.n * sizeof(float)));
+  CK(cudaMemset(state.p, 0, state.n * sizeof(float)));
+  std::vector<float> cpu_conv(static_cast<size_t>(K - 1) * C, 0.f), cpu_state(static_cast<size_t>(gc.hv) * gc.dk * gc.dv, 0.f);
+
+  // Inputs: alpha chosen so g = ssm_a*softplus(alpha+dt) spans [-20, 0) ; beta logits in [-4, 4].
+  auto make_inputs = [&](int T, std::vector<float>& mixed, std::vector<float>& z, std::vector<float>& b,
+                         std::vector<float>& al) {
+    mixed = RandVec(static_cast<size_t>(T) * C, -2.f, 2.f);
+    z = RandVec(static_cast<size_t>(T) * Vw, -3.f, 3.f);
+    b = RandVec(static_cast<size_t>(T) * gc.hv, -4.f, 4.f);
+    al = RandVec(static_cast<size_t>(T) * gc.hv, -6.f, 3.f);
+  };
+  auto compare = [&](const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
+    double num = 0, den = 0, mx = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << what << " NaN at " << i;
+      const double d = got[i] - ref[i];
+      num += d * d;
+      den += double(ref[i]) * ref[i];
+      mx = std::max(mx, std::fabs(d));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    std::printf("  gdn %-8s rel %.2e max abs %.2e\n", what, rel, mx);
+    EXPECT_LT(rel, 2e-4) << what;
+  };
+
+  int pos = 0;
+  if (gc.T_prefill > 0) {
+    const int T = gc.T_prefill;
+    std::vector<float> mixed, z, b, al;
+    make_inputs(T, mixed, z, b, al);
+    Dev<float> dm(mixed), dz(z), db(b), dal(al), y(static_cast<size_t>(T) * C), g(static_cast<size_t>(T) * gc.hv),
+        beta(static_cast<size_t>(T) * gc.hv), out(static_cast<size_t>(T) * Vw);
+    GdnPrefillArgs a;
+    a.shape = s; a.p = p; a.T = T; a.slot = slot; a.pos0 = 0;
+    a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
+    a.conv_ring = ring.p; a.state = state.p; a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p;
+    ASSERT_OK(GdnPrefill(a, nullptr));
+    std::vector<float> ref(static_cast<size_t>(T) * Vw);
+    cpu::GdnSeqArgs c;
+    c.dims = cd; c.T = T; c.eps = 1e-6f; c.mixed = mixed.data(); c.z = z.data(); c.b = b.data();
+    c.alpha = al.data(); c.conv_w = conv_w.data(); c.ssm_a = ssm_a.data(); c.dt_bias = dt.data();
+    c.norm_w = norm_w.data(); c.conv_state = cpu_conv.data(); c.state = cpu_state.data(); c.out = ref.data();
+    cpu::GdnSequence(c);
+    compare(out.Down(), ref, "prefill");
+    pos = T;
+  }
+  // Decode: batch of 2 sequences in one launch, sequence 0 is the tracked one (slot 1), sequence 1
+  // uses slot 0 with its own rows to check that slots/rows are respected.
+  for (int step = 0; step < gc.n_decode; ++step, ++pos) {
+    std::vector<float> mixed, z, b, al;
+    make_inputs(2, mixed, z, b, al);
+    Dev<float> dm(mixed), dz(z), db(b), dal(al), out(static_cast<size_t>(2) * Vw);
+    // Row 1 belongs to the tracked sequence, row 0 to the other one.
+    Dev<int32_t> rows(std::vector<int32_t>{1, 0}), slots(std::vector<int32_t>{slot, 0}), poss(std::vector<int32_t>{pos, step});
+    GdnDecodeArgs a;
+    a.shape = s; a.p = p; a.n_seqs = 2; a.rows = rows.p; a.slots = slots.p; a.pos = poss.p;
+    a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.out = out.p;
+    ASSERT_OK(GdnDecode(a, nullptr));
+    std::vector<float> ref(Vw);
+    cpu::GdnSeqArgs c;
+    c.dims = cd; c.T = 1; c.eps = 1e-6f; c.mixed = mixed.data() + C; c.z = z.data() + Vw; c.b = b.data() + gc.hv;
+    c.alpha = al.data() + gc.hv; c.conv_w = conv_w.data(); c.ssm_a = ssm_a.data(); c.dt_bias = dt.data();
+    c.norm_w = norm_w.data(); c.conv_state = cpu_conv.data(); c.state = cpu_state.data(); c.out = ref.data();
+    cpu::GdnSequence(c);
+    const auto all = out.Down();
+    compare(std::vector<float>(all.begin() + Vw, all.end()), ref, "decode");
+  }
+  // Final recurrent state of the tracked slot.
+  const auto st = state.Down();
+  const size_t per = static_cast<size_t>(gc.hv) * gc.dk * gc.dv;
+  compare(std::vector<float>(st.begin() + slot * per, st.begin() + (slot + 1) * per), cpu_state, "state");
+}
+
+TEST(Gdn, SmallShapes) {
+  RunGdnCase({2, 6, 32, 32, 37, 3});
+  RunGdnCase({2, 6, 64, 64, 1, 2});
+  RunGdnCase({2, 4, 32, 64, 2, 5});
+  RunGdnCase({1, 3, 32, 32, 0, 6});
+}
+
+TEST(Gdn, Shape27B) { RunGdnCase({16, 48, 128, 128, 70, 3}); }
+
+// ---------------------------------------------------------------------------------------------
+// Attention: QkvPrep + prefill (cuBLAS) + decode (split-K) vs cpu::GatedAttention.
+
+void RunAttnCase(int n_head, int n_kv, int hd, int n_rot, int T_prefill, int n_decode, int page,
+                 int n_splits) {
+  SCOPED_TRACE(::testing::Message() << "heads " << n_head << "/" << n_kv << " hd " << hd << " T " << T_prefill);
+  AttnShape s{n_head, n_kv, hd, n_rot, 1e7f, 1e-6f};
+  const int max_len = T_prefill + n_decode, n_slots = 2, slot = 1;
+  const int max_pages = (max_len + page - 1) / page;
+  // Pages of slot 1 are handed out in reverse order to exercise the block table.
+  std::vector<int32_t> table(static_cast<size_t>(n_slots) * max_pages);
+  for (int i = 0; i < max_pages; ++i) {
+    table[i] = max_pages + i;
+    table[max_pages + i] = max_pages - 1 - i;
+  }
+  const int n_pages = n_slots * max_pages;
+  const size_t kv_elems = static_cast<size_t>(n_pages) * page * n_kv * hd;
+  Dev<uint16_t> kc(kv_elems), vc(kv_elems);
+  Dev<int32_t> dtable(table);
+  KvCacheView kv{kc.p, vc.p, dtable.p, page, max_pages, n_kv, hd};
+  auto qn = RandVec(hd, 0.5f, 1.5f), kn = RandVec(hd, 0.5f, 1.5f);
+  Dev<float> dqn(qn), dkn(kn);
+  std::vector<float> cpu_k(static_cast<size_t>(max_len) * n_kv * hd), cpu_v(cpu_k.size());
+  const int qgw = n_head * 2 * hd, kvw = n_kv * hd, ow = n_head * hd;
+  auto compare = [&](const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << what << " NaN at " << i;
+      num += double(got[i] - ref[i]) * (got[i] - ref[i]);
+      den += double(ref[i]) * ref[i];
+    }
+    const double rel = std::sqrt(num / den);
+    std::printf("  attn %-8s rel %.2e\n", what, rel);
+    EXPECT_LT(rel, 5e-3) << what;  // f16 K/V/Q and probabilities
+  };
+  auto cpu_run = [&](int T, int pos0, const std::vector<float>& qg, const std::vector<float>& k,
+                     const std::vector<float>& v) {
+    std::vector<float> out(static_cast<size_t>(T) * ow);
+    cpu::AttnArgs c;
+    c.n_head = n_head; c.n_head_kv = n_kv; c.head_dim = hd; c.n_rot = n_rot; c.rope_base = 1e7f;
+    c.eps = 1e-6f; c.T = T; c.pos0 = pos0; c.qg = qg.data(); c.k = k.data(); c.v = v.data();
+    c.q_norm = qn.data(); c.k_norm = kn.data(); c.k_cache = cpu_k.data(); c.v_cache = cpu_v.data();
+    c.out = out.data();
+    cpu::GatedAttention(c);
+    return out;
+  };
+  auto gemm_or = CublasGemm::Create();
+  ASSERT_TRUE(gemm_or.ok());
+  std::unique_ptr<CublasGemm> gemm(*gemm_or);
+  int pos = 0;
+  if (T_prefill > 0) {
+    const int T = T_prefill;
+    auto qg = RandVec(static_cast<size_t>(T) * qgw, -2.f, 2.f), k = RandVec(static_cast<size_t>(T) * kvw, -2.f, 2.f),
+         v = RandVec(static_cast<size_t>(T) * kvw, -2.f, 2.f);
+    std::vector<int32_t> tslot(T, slot), tpos(T);
+    for (int t = 0; t < T; ++t) tpos[t] = t;
+    Dev<float> dqg(qg), dk(k), dv(v), q(static_cast<size_t>(T) * ow), out(static_cast<size_t>(T) * ow);
+    Dev<uint16_t> q16(static_cast<size_t>(T) * ow);
+    Dev<int32_t> ds(tslot), dp(tpos);
+    QkvPrepArgs pa;
+    pa.shape = s; pa.T = T; pa.tok_slot = ds.p; pa.tok_pos = dp.p; pa.qg = dqg.p; pa.k = dk.p; pa.v = dv.p;
+    pa.q_norm = dqn.p; pa.k_norm = dkn.p; pa.q_out = q.p; pa.q16 = q16.p; pa.kv = kv;
+    ASSERT_OK(QkvPrep(pa, nullptr));
+    const int G = n_head / n_kv, tq = 48;
+    Dev<uint16_t> kt(static_cast<size_t>(T) * kvw), vt(static_cast<size_t>(T) * kvw), probs(static_cast<size_t>(G) * tq * T);
+    Dev<float> scores(static_cast<size_t>(G) * tq * T);
+    AttnPrefillArgs a;
+    a.shape = s; a.T = T; a.pos0 = 0; a.slot = slot; a.q16 = q16.p; a.qg = dqg.p; a.kv = kv;
+    a.k_tmp = kt.p; a.v_tmp = vt.p; a.scores = scores.p; a.probs = probs.p; a.tq = tq; a.out = out.p;
+    ASSERT_OK(AttnPrefill(a, gemm.get(), nullptr));
+    compare(out.Down(), cpu_run(T, 0, qg, k, v), "prefill");
+    pos = T;
+  }
+  for (int step = 0; step < n_decode; ++step, ++pos) {
+    // Two rows: row 0 is a dummy sequence in slot 0 at position 0, row 1 the tracked one.
+    auto qg = RandVec(static_cast<size_t>(2) * qgw, -2.f, 2.f), k = RandVec(static_cast<size_t>(2) * kvw, -2.f, 2.f),
+         v = RandVec(static_cast<size_t>(2) * kvw, -2.f, 2.f);
+    Dev<float> dqg(qg), dk(k), dv(v), q(static_cast<size_t>(2) * ow), out(static_cast<size_t>(2) * ow);
+    Dev<int32_t> ds(std::vector<int32_t>{0, slot}), dp(std::vector<int32_t>{0, pos}), rows(std::vector<int32_t>{0, 1});
+    QkvPrepArgs pa;
+    pa.shape = s; pa.T = 2; pa.tok_slot = ds.p; pa.tok_pos = dp.p; pa.qg = dqg.p; pa.k = dk.p; pa.v = dv.p;
+    pa.q_norm = dqn.p; pa.k_norm = dkn.p; pa.q_out = q.p; pa.kv = kv;
+    ASSERT_OK(QkvPrep(pa, nullptr));
+    Dev<float> parts(AttnDecodePartialFloats(s, 2, n_splits));
+    AttnDecodeArgs a;
+    a.shape = s; a.n_seqs = 2; a.rows = rows.p; a.slots = ds.p; a.pos = dp.p; a.q = q.p; a.qg = dqg.p;
+    a.kv = kv; a.n_splits = n_splits; a.partials = parts.p; a.out = out.p;
+    ASSERT_OK(AttnDecode(a, nullptr));
+    const auto all = out.Down();
+    std::vector<float> qg1(qg.begin() + qgw, qg.end()), k1(k.begin() + kvw, k.end()), v1(v.begin() + kvw, v.end());
+    compare(std::vector<float>(all.begin() + ow, all.end()), cpu_run(1, pos, qg1, k1, v1), "decode");
+  }
+}
+
+TEST(Attention, Small) { RunAttnCase(4, 2, 64, 16, 53, 3, 16, 3); }
+TEST(Attention, Shape27B) { RunAttnCase(24, 4, 256, 64, 300, 2, 64, 5); }
+TEST(Attention, DecodeOnlyManySplits) { RunAttnCase(6, 1, 128, 32, 0, 4, 16, 9); }
+
+}  // namespace
+}  // namespace ds::cuda

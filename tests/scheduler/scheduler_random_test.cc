@@ -1,0 +1,199 @@
+// Randomized workloads (seeded): invariants after every step, and determinism (same script, same
+// plans and events, byte for byte).
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/scheduler/test_util.h"
+
+namespace ds::sched::testing {
+namespace {
+
+struct Tracked {
+  int32_t max_new = 0;
+  std::vector<int32_t> stop;
+  int tokens = 0;  // Token events seen
+  bool started = false;
+  bool finished = false;
+};
+
+// Runs a random script of Add / Abort / Finish / Requeue / SetSlots / SetContextPolicy / steps and
+// returns a trace of every plan and event. Checks invariants as it goes.
+// `seen` counts what the script exercised (finish reasons, add status codes, in-flight aborts).
+std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::string, int>* seen) {
+  std::mt19937 rng(seed);
+  auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const ContextPolicy policy = kind == ContextPolicy::Kind::kPool ? Pool(400, 120) : Static(480);
+  SchedulerConfig cfg = Config(4, 48, 16, policy, /*max_queue=*/12);
+  auto s = Make(cfg);
+  FakeWorker w;
+  std::map<RequestId, Tracked> reqs;
+  std::string trace;
+  RequestId next_id = 1;
+  int policy_shrinks = 0;
+
+  for (int step = 0; step < 400; ++step) {
+    const absl::Time now = T(step);
+    // Arrivals.
+    for (int k = rnd(0, 2); k > 0; --k) {
+      Request r = Req(next_id++, rnd(1, 70), rnd(1, 40), rnd(0, 2));
+      if (rnd(0, 3) == 0) r.stop_ids = {FakeToken(r.id, rnd(2, 100))};
+      absl::Status st = s->Add(r);
+      absl::StrAppend(&trace, "add ", r.id, " ", st.code(), "\n");
+      ++(*seen)[absl::StrCat("add ", absl::StatusCodeToString(st.code()))];
+      if (st.ok()) reqs[r.id] = {r.max_new_tokens, r.stop_ids};
+    }
+    // Control actions, some while nothing is in flight, some between Schedule and Apply below.
+    auto control = [&] {
+      const int a = rnd(0, 30);
+      if (a == 0 && !reqs.empty()) {
+        RequestId id = std::next(reqs.begin(), rnd(0, static_cast<int>(reqs.size()) - 1))->first;
+        if (s->Get(id).ok() && s->Get(id)->in_flight) ++(*seen)["abort in flight"];
+        absl::StrAppend(&trace, "abort ", id, " ", s->Abort(id, "test").code(), "\n");
+      } else if (a == 1 && !reqs.empty()) {
+        RequestId id = std::next(reqs.begin(), rnd(0, static_cast<int>(reqs.size()) - 1))->first;
+        if (s->Get(id).ok() && s->Get(id)->in_flight) ++(*seen)["requeue in flight"];
+        absl::StrAppend(&trace, "requeue ", id, " ", s->Requeue(id).code(), "\n");
+      } else if (a == 2) {
+        const int n = rnd(1, 6);
+        absl::StrAppend(&trace, "slots ", n, " ", s->SetSlots(n).code(), "\n");
+      } else if (a == 3 && kind == ContextPolicy::Kind::kPool) {
+        const int n_ctx = rnd(150, 500);
+        ++policy_shrinks;
+        absl::StrAppend(&trace, "pool ", n_ctx, " ", s->SetContextPolicy(Pool(n_ctx, 120)).code(),
+                        "\n");
+      }
+    };
+    control();
+
+    absl::StatusOr<StepPlan> plan = s->Schedule(now);
+    if (!plan.ok()) {
+      ADD_FAILURE() << plan.status();
+      break;
+    }
+    const SchedulerStatus st = s->Status();
+    // Budget, chunking, and slots admissible for new work.
+    EXPECT_LE(plan->n_tokens, cfg.max_num_batched_tokens);
+    bool seen_multi = false;
+    for (const PlanEntry& e : plan->entries) {
+      EXPECT_LE(static_cast<int32_t>(e.tokens.size()), cfg.max_chunk);
+      EXPECT_LE(e.slot, st.slots.back().slot);
+      if (e.reset) {
+        EXPECT_LT(e.slot, st.n_slots_target) << "new work on a retiring slot";
+      }
+      // A decode (running sequence, one token, sampled) never comes after a prefill chunk.
+      const bool decode = !e.reset && e.tokens.size() == 1 && e.sample;
+      if (decode) {
+        EXPECT_FALSE(seen_multi) << "decode of " << e.id << " after a prefill chunk";
+      }
+      if (e.tokens.size() > 1) seen_multi = true;
+    }
+    if (policy_shrinks == 0) {
+      EXPECT_LE(st.pool_reserved, st.pool_total);
+    }
+    for (const SlotStatus& ss : st.slots) {
+      if (ss.busy) {
+        EXPECT_LE(ss.ctx_used, ss.ctx_reserved) << "slot " << ss.slot;
+      }
+    }
+    absl::StrAppend(&trace, "plan ", plan->step_id, ":");
+    for (const E& e : Entries(*plan))
+      absl::StrAppend(&trace, " ", e.id, "@", e.slot, "/", e.pos0, "+", e.n, e.sample ? "s" : "");
+    absl::StrAppend(&trace, "\n");
+
+    std::vector<Event> events;
+    if (plan->empty()) {
+      events = s->TakeEvents();
+    } else {
+      control();  // between steps
+      StepResults res = w.Run(*plan);
+      absl::StatusOr<std::vector<Event>> ev = s->Apply(*plan, res, now + absl::Milliseconds(1));
+      if (!ev.ok()) {
+        ADD_FAILURE() << ev.status();
+        break;
+      }
+      events = std::move(*ev);
+    }
+    for (const Event& e : events) {
+      absl::StrAppend(&trace, Str(e), "\n");
+      auto it = reqs.find(e.id);
+      if (it == reqs.end()) {
+        ADD_FAILURE() << "event for unknown request " << e.id;
+        continue;
+      }
+      Tracked& t = it->second;
+      EXPECT_FALSE(t.finished) << "event after Finished: " << Str(e);
+      if (e.kind == Event::Kind::kStarted) t.started = true;
+      if (e.kind == Event::Kind::kToken) {
+        EXPECT_TRUE(t.started);
+        ++t.tokens;
+      }
+      if (e.kind == Event::Kind::kFinished) {
+        ++(*seen)[FinishReasonName(e.reason)];
+        t.finished = true;
+        EXPECT_EQ(e.n_generated, t.tokens);
+        EXPECT_LE(e.n_generated, t.max_new);
+        // Never truncated: a request that ends on its own ends with all its tokens or a stop id.
+        if (e.reason == FinishReason::kLength) {
+          EXPECT_EQ(e.n_generated, t.max_new);
+        }
+        // The only error here: a queued request that a slot-count change made too big to fit.
+        if (e.reason == FinishReason::kError) {
+          EXPECT_NE(e.detail.find("per-slot context"), std::string::npos) << Str(e);
+        }
+        reqs.erase(it);
+      }
+    }
+  }
+  // Let everything finish: no request is lost or stuck.
+  s->Drain();
+  for (int step = 0; step < 2000 && !s->Idle(); ++step) {
+    std::vector<Event> ev;
+    Step(*s, w, T(100000 + step), &ev);
+    for (const Event& e : ev) {
+      absl::StrAppend(&trace, Str(e), "\n");
+      if (e.kind == Event::Kind::kFinished) {
+        EXPECT_TRUE(e.reason == FinishReason::kLength || e.reason == FinishReason::kStop) << Str(e);
+        reqs.erase(e.id);
+      }
+    }
+  }
+  EXPECT_TRUE(s->Idle());
+  EXPECT_TRUE(reqs.empty()) << reqs.size() << " requests never finished";
+  return trace;
+}
+
+TEST(SchedulerRandom, InvariantsAndDeterminismPool) {
+  std::map<std::string, int> seen, again;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const std::string a = RunScript(seed, ContextPolicy::Kind::kPool, &seen);
+    const std::string b = RunScript(seed, ContextPolicy::Kind::kPool, &again);
+    EXPECT_EQ(a, b) << "seed " << seed;
+  }
+  EXPECT_EQ(seen, again);
+  // The script must have reached every path it claims to test.
+  for (const char* k : {"length", "stop", "aborted", "add OK", "add RESOURCE_EXHAUSTED",
+                        "abort in flight", "requeue in flight"}) {
+    EXPECT_GT(seen[k], 0) << k;
+  }
+  EXPECT_EQ(seen["error"], 0);  // the pool cap never changes here
+}
+
+TEST(SchedulerRandom, InvariantsAndDeterminismStatic) {
+  std::map<std::string, int> seen, again;
+  for (uint32_t seed : {4u, 5u, 6u}) {
+    EXPECT_EQ(RunScript(seed, ContextPolicy::Kind::kStatic, &seen),
+              RunScript(seed, ContextPolicy::Kind::kStatic, &again))
+        << "seed " << seed;
+  }
+  for (const char* k : {"length", "aborted", "add OK", "add INVALID_ARGUMENT"}) {
+    EXPECT_GT(seen[k], 0) << k;
+  }
+}
+
+}  // namespace
+}  // namespace ds::sched::testing

@@ -1,0 +1,176 @@
+// Helpers for the scheduler tests: request builders, a fake worker that enforces the backend
+// contract (worker/model/backend.h: pos0 == slot length, distinct slots) and fabricates tokens, and
+// a compact form of plan entries for iteration tables.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "scheduler/core/scheduler.h"
+
+namespace ds::sched::testing {
+
+inline absl::Time T(int64_t ms) { return absl::FromUnixMillis(1'700'000'000'000 + ms); }
+
+// Prompt tokens are distinct per request so a misplaced chunk shows up in the fake worker.
+inline Request Req(RequestId id, int prompt_len, int max_new, int priority = 0,
+                   std::vector<int32_t> stop = {}) {
+  Request r;
+  r.id = id;
+  for (int i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(id * 1000 + i));
+  r.max_new_tokens = max_new;
+  r.priority = priority;
+  r.stop_ids = std::move(stop);
+  r.arrival = T(0);
+  return r;
+}
+
+inline ContextPolicy Pool(int64_t n_ctx, int32_t slot_cap) {
+  return {ContextPolicy::Kind::kPool, n_ctx, slot_cap};
+}
+inline ContextPolicy Static(int64_t n_ctx) { return {ContextPolicy::Kind::kStatic, n_ctx, 0}; }
+
+inline SchedulerConfig Config(int n_slots, int32_t budget, int32_t max_chunk, ContextPolicy ctx,
+                              int32_t max_queue = 64) {
+  SchedulerConfig c;
+  c.n_slots = n_slots;
+  c.max_num_batched_tokens = budget;
+  c.max_chunk = max_chunk;
+  c.max_queue = max_queue;
+  c.context = ctx;
+  return c;
+}
+
+inline std::unique_ptr<Scheduler> Make(const SchedulerConfig& c) {
+  auto s = Scheduler::Create(c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(s).value();
+}
+
+// The token the fake worker samples for request `id` at position `pos`; >= 10 so that stop ids
+// below 10 only appear when a test asks for them.
+inline int32_t FakeToken(RequestId id, int32_t pos) {
+  return static_cast<int32_t>((id * 31 + static_cast<uint64_t>(pos) * 7) % 1000 + 10);
+}
+
+// Mirrors what a worker keeps per slot and checks every plan against it. Like the proto worker
+// (cluster.proto), it learns a slot's known tokens only from `started` and from what it samples,
+// and checks that each entry's tokens are exactly the next known ones.
+class FakeWorker {
+ public:
+  StepResults Run(const StepPlan& plan) {
+    StepResults r;
+    r.step_id = plan.step_id;
+    for (int slot : plan.released) {
+      state_.erase(slot);
+      known_.erase(slot);
+    }
+    for (const SeqStart& st : plan.started) {
+      EXPECT_EQ(known_.count(st.slot), 0u) << "slot " << st.slot << " started but not released";
+      known_[st.slot] = st.tokens;
+      state_[st.slot].clear();
+    }
+    std::set<int> seen;
+    int32_t n_tokens = 0;
+    for (const PlanEntry& e : plan.entries) {
+      EXPECT_TRUE(seen.insert(e.slot).second)
+          << "slot " << e.slot << " twice in step " << plan.step_id;
+      EXPECT_GE(e.tokens.size(), 1u);
+      EXPECT_EQ(known_.count(e.slot), 1u) << "slot " << e.slot << " has no sequence";
+      std::vector<int32_t>& st = state_[e.slot];
+      const std::vector<int32_t>& kn = known_[e.slot];
+      if (e.reset) {
+        EXPECT_TRUE(st.empty()) << "reset entry on a slot that was not restarted";
+      }
+      EXPECT_EQ(e.pos0, static_cast<int32_t>(st.size()))
+          << "request " << e.id << " slot " << e.slot << " step " << plan.step_id;
+      EXPECT_LE(e.pos0 + e.tokens.size(), kn.size());
+      if (e.pos0 + e.tokens.size() <= kn.size()) {
+        EXPECT_TRUE(std::equal(e.tokens.begin(), e.tokens.end(), kn.begin() + e.pos0))
+            << "request " << e.id << " chunk differs from its known tokens";
+        EXPECT_EQ(e.sample, e.pos0 + e.tokens.size() == kn.size());
+      }
+      st.insert(st.end(), e.tokens.begin(), e.tokens.end());
+      n_tokens += static_cast<int32_t>(e.tokens.size());
+      if (e.sample) {
+        r.tokens.push_back(FakeToken(e.id, static_cast<int32_t>(st.size())));
+        known_[e.slot].push_back(r.tokens.back());
+      }
+    }
+    EXPECT_EQ(n_tokens, plan.n_tokens);
+    EXPECT_EQ(static_cast<int32_t>(r.tokens.size()), plan.n_sampled);
+    return r;
+  }
+
+ private:
+  std::map<int, std::vector<int32_t>> state_;  // tokens in the slot's state
+  std::map<int, std::vector<int32_t>> known_;  // tokens the worker knows for the slot
+};
+
+// Compact plan entry for iteration tables.
+struct E {
+  RequestId id;
+  int slot;
+  int32_t pos0;
+  int32_t n;
+  bool sample;
+  bool operator==(const E&) const = default;
+};
+inline std::ostream& operator<<(std::ostream& os, const E& e) {
+  return os << "{id " << e.id << " slot " << e.slot << " pos0 " << e.pos0 << " n " << e.n
+            << (e.sample ? " sample}" : "}");
+}
+inline std::vector<E> Entries(const StepPlan& p) {
+  std::vector<E> out;
+  for (const PlanEntry& e : p.entries) {
+    out.push_back({e.id, e.slot, e.pos0, static_cast<int32_t>(e.tokens.size()), e.sample});
+  }
+  return out;
+}
+
+inline std::string Str(const Event& e) {
+  switch (e.kind) {
+    case Event::Kind::kStarted:
+      return absl::StrCat("start ", e.id, "@", e.slot);
+    case Event::Kind::kToken:
+      return absl::StrCat("tok ", e.id, ":", e.token);
+    case Event::Kind::kFinished:
+      return absl::StrCat("fin ", e.id, " ", FinishReasonName(e.reason), " gen ", e.n_generated,
+                          e.detail.empty() ? "" : " (" + e.detail + ")");
+  }
+  return "?";
+}
+
+// Finished events among `events`, id -> event.
+inline std::map<RequestId, Event> Finished(const std::vector<Event>& events) {
+  std::map<RequestId, Event> out;
+  for (const Event& e : events) {
+    if (e.kind == Event::Kind::kFinished) out[e.id] = e;
+  }
+  return out;
+}
+
+// Drives Schedule -> FakeWorker -> Apply, one step; returns the plan, appends events.
+inline StepPlan Step(Scheduler& s, FakeWorker& w, absl::Time now, std::vector<Event>* events) {
+  absl::StatusOr<StepPlan> plan = s.Schedule(now);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return {};
+  if (plan->empty()) {
+    std::vector<Event> ev = s.TakeEvents();
+    if (events) events->insert(events->end(), ev.begin(), ev.end());
+    return *plan;
+  }
+  absl::StatusOr<std::vector<Event>> ev = s.Apply(*plan, w.Run(*plan), now);
+  EXPECT_TRUE(ev.ok()) << ev.status();
+  if (ev.ok() && events) events->insert(events->end(), ev->begin(), ev->end());
+  return *plan;
+}
+
+}  // namespace ds::sched::testing

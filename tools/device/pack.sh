@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries here (sm_90a) and packs them with the shared libraries they need
+# (everything `ldd` lists except glibc and the driver's libcuda) into .devcarry/, which the
+# device tool carries to the GPU machine. Usage: tools/device/pack.sh [target ...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TARGETS=${*:-deltaserve kernels_cuda_test}
+cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=90a \
+  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
+cmake --build build-dev -j"${DS_JOBS:-2}" --target $TARGETS
+rm -rf .devcarry && mkdir -p .devcarry/bin .devcarry/lib
+for t in $TARGETS; do
+  f=$(find build-dev -type f -name "$t" -perm -u+x | head -1)
+  [ -n "$f" ] || { echo "pack: target $t not built" >&2; exit 1; }
+  cp "$f" .devcarry/bin/
+  ldd "$f" | awk '/=> \//{print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
+      *) cp -Ln "$lib" .devcarry/lib/ ;;
+    esac
+  done
+done
+cp -L /usr/local/cuda/lib64/libnccl.so.2 .devcarry/lib/ 2>/dev/null || true
+du -sh .devcarry

@@ -1,0 +1,159 @@
+#include "worker/process/step_executor.h"
+
+#include <chrono>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace ds::worker {
+namespace {
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+sampling::SamplingParams ToSamplingParams(const deltaserve::v1::SamplingParams& p,
+                                          int n_logprobs) {
+  sampling::SamplingParams s;
+  s.temperature = p.temperature();
+  s.top_k = p.top_k();
+  s.top_p = (p.top_p() <= 0.0f || p.top_p() >= 1.0f) ? 1.0f : p.top_p();
+  s.min_p = p.min_p();
+  s.repetition_penalty = p.repetition_penalty() <= 0.0f ? 1.0f : p.repetition_penalty();
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  s.seed = p.seed();
+  if (s.seed == 0) {
+    // 0 = random: two draws from the OS entropy source, so concurrent workers never collide.
+    std::random_device rd;
+    s.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (s.seed == 0) s.seed = 1;
+  }
+  s.n_logprobs = std::min(n_logprobs, sampling::kMaxLogprobs);
+  return s;
+}
+
+StepExecutor::StepExecutor(Backend* backend, int n_usable)
+    : backend_(backend), slots_(static_cast<size_t>(n_usable)) {}
+
+absl::Status StepExecutor::Validate(const internal::Step& step) const {
+  const int n = static_cast<int>(slots_.size());
+  for (uint32_t s : step.released())
+    if (s >= static_cast<uint32_t>(n))
+      return absl::InvalidArgumentError(absl::StrCat("released slot ", s, " >= n_slots ", n));
+  std::vector<bool> started(n, false);
+  for (const auto& st : step.started()) {
+    if (st.slot() >= static_cast<uint32_t>(n))
+      return absl::InvalidArgumentError(absl::StrCat("started slot ", st.slot(), " >= n_slots ", n));
+    if (st.tokens().empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", st.request_id(), " started with no tokens"));
+    started[st.slot()] = true;
+  }
+  std::vector<bool> seen(n, false);
+  for (const auto& w : step.work()) {
+    if (w.slot() >= static_cast<uint32_t>(n))
+      return absl::InvalidArgumentError(absl::StrCat("work slot ", w.slot(), " >= n_slots ", n));
+    if (seen[w.slot()])
+      return absl::InvalidArgumentError(absl::StrCat("slot ", w.slot(), " twice in one step"));
+    seen[w.slot()] = true;
+    const bool active = started[w.slot()] || slots_[w.slot()].active;
+    if (!active) return absl::InvalidArgumentError(absl::StrCat("work for idle slot ", w.slot()));
+    // Known length after this step's starts (a start replaces the slot's tokens).
+    size_t n_known = slots_[w.slot()].known.size();
+    if (started[w.slot()])
+      for (const auto& st : step.started())
+        if (st.slot() == w.slot()) n_known = st.tokens_size();
+    if (w.n_tokens() == 0 || uint64_t{w.pos0()} + w.n_tokens() > n_known)
+      return absl::InvalidArgumentError(absl::StrCat("slot ", w.slot(), " work [", w.pos0(), ", ",
+                                                     w.pos0() + w.n_tokens(), ") outside its ",
+                                                     n_known, " known tokens"));
+    if (w.sample() && uint64_t{w.pos0()} + w.n_tokens() != n_known)
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", w.slot(), " asks to sample before the end of its known tokens"));
+  }
+  return absl::OkStatus();
+}
+
+internal::StepResult StepExecutor::Run(const internal::Step& step) {
+  internal::StepResult result;
+  result.set_step_id(step.step_id());
+  if (absl::Status s = Validate(step); !s.ok()) {
+    result.set_error(std::string(s.message()));
+    return result;
+  }
+  // Releases first: a slot freed and re-bound in the same step is reset exactly once here.
+  for (uint32_t s : step.released()) {
+    backend_->ResetSlot(static_cast<int>(s));
+    slots_[s] = SlotState{};
+  }
+  for (const auto& st : step.started()) {
+    SlotState& slot = slots_[st.slot()];
+    backend_->ResetSlot(static_cast<int>(st.slot()));
+    slot = SlotState{};
+    slot.active = true;
+    slot.request_id = st.request_id();
+    slot.known.assign(st.tokens().begin(), st.tokens().end());
+    slot.want_logprob = st.logprobs() > 0;
+    // The public API's `logprobs = n` asks for the chosen token's logprob plus the top n.
+    slot.sampler.emplace(ToSamplingParams(st.sampling(), static_cast<int>(st.logprobs())));
+  }
+  if (step.work().empty()) return result;
+  const int n_vocab = backend_->config().n_vocab;
+
+  batch_.resize(static_cast<size_t>(step.work_size()));
+  for (int i = 0; i < step.work_size(); ++i) {
+    const auto& w = step.work(i);
+    const std::vector<int32_t>& known = slots_[w.slot()].known;
+    SeqStep& q = batch_[i];
+    q.slot = static_cast<int>(w.slot());
+    q.pos0 = static_cast<int32_t>(w.pos0());
+    q.tokens.assign(known.begin() + w.pos0(), known.begin() + w.pos0() + w.n_tokens());
+    q.all_logits = false;
+  }
+  StepOutput out;
+  const double t0 = SteadySeconds();
+  absl::Status fs = backend_->Forward(batch_, StepOptions{}, &out);
+  const double t1 = SteadySeconds();
+  result.set_forward_seconds(t1 - t0);
+  if (!fs.ok()) {
+    result.set_error(absl::StrCat("backend ", backend_->name(), ": ", fs.ToString()));
+    return result;
+  }
+  if (out.n_rows != step.work_size() ||
+      out.logits.size() != static_cast<size_t>(out.n_rows) * n_vocab) {
+    result.set_error(absl::StrCat("backend returned ", out.n_rows, " logit rows for ",
+                                  step.work_size(), " sequences"));
+    return result;
+  }
+  for (int i = 0; i < step.work_size(); ++i) {
+    const auto& w = step.work(i);
+    if (!w.sample()) continue;
+    SlotState& slot = slots_[w.slot()];
+    std::span<const float> row(out.logits.data() + static_cast<size_t>(i) * n_vocab,
+                               static_cast<size_t>(n_vocab));  // [n_vocab]
+    const sampling::SampleResult r = slot.sampler->Sample(row, slot.known);
+    slot.known.push_back(r.token);
+    internal::SampledToken* t = result.add_tokens();
+    t->set_slot(w.slot());
+    t->set_token(r.token);
+    if (slot.want_logprob) {
+      deltaserve::v1::TokenLogprob* lp = t->mutable_logprob();
+      lp->set_token_id(r.token);
+      lp->set_logprob(r.logprob);
+      for (const auto& [id, l] : r.top_logprobs) {
+        deltaserve::v1::TopLogprob* top = lp->add_top();
+        top->set_token_id(id);
+        top->set_logprob(l);
+      }
+    }
+  }
+  result.set_sample_seconds(SteadySeconds() - t1);
+  return result;
+}
+
+}  // namespace ds::worker

@@ -1,0 +1,56 @@
+// The worker side of the scheduler -> worker protocol (proto/deltaserve/internal/cluster.proto):
+// keeps every active slot's known tokens and sampler, turns one `Step` (releases, starts, slot
+// work diffs) into one Backend::Forward and samples where asked.
+//
+// The scheduler sends a sequence's full tokens once (SequenceStart); afterwards a SlotWork only
+// names [pos0, pos0 + n_tokens) of the slot's known tokens, and the tokens this executor samples
+// are appended to them (the scheduler appends the same ids on its side when it applies the result).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "common/sampling/sampler.h"
+#include "deltaserve/internal/cluster.pb.h"
+#include "worker/model/backend.h"
+
+namespace ds::worker {
+
+// SamplingParams of the public proto -> the sampler's, with the proto's "0 = disabled"
+// conventions (top_p 0, repetition_penalty 0) mapped to the sampler's neutral values.
+// seed 0 = a random seed.
+sampling::SamplingParams ToSamplingParams(const deltaserve::v1::SamplingParams& p, int n_logprobs);
+
+class StepExecutor {
+ public:
+  // `backend` must outlive the executor. Slots [0, n_usable) are the scheduler's; any slot above
+  // (the warmup scratch slot) is never touched by Run().
+  StepExecutor(Backend* backend, int n_usable);
+
+  // Applies released -> started -> work. A malformed step (unknown slot, a range outside the known
+  // tokens) or a backend error answers with StepResult.error and leaves every slot as it was
+  // before the Forward (the backend validates before it touches state).
+  internal::StepResult Run(const internal::Step& step);
+
+  // Tokens the worker knows for a slot (for tests); empty when the slot is free.
+  const std::vector<int32_t>& known(int slot) const { return slots_[slot].known; }
+  bool active(int slot) const { return slots_[slot].active; }
+
+ private:
+  struct SlotState {
+    bool active = false;
+    uint64_t request_id = 0;
+    std::vector<int32_t> known;  // [n_known] prompt + generated so far
+    std::optional<sampling::Sampler> sampler;
+    int n_logprobs = 0;  // 0: no logprob; >= 1: chosen token's logprob + (n_logprobs) top
+    bool want_logprob = false;
+  };
+
+  absl::Status Validate(const internal::Step& step) const;
+
+  Backend* backend_;
+  std::vector<SlotState> slots_;  // [n_usable]
+  std::vector<SeqStep> batch_;    // reused between steps
+};
+
+}  // namespace ds::worker
