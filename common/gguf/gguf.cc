@@ -33,8 +33,9 @@ constexpr size_t kWriteBufferBytes = 8u << 20;
 constexpr uint32_t kMaxValueType = static_cast<uint32_t>(ValueType::F64);
 
 // Smallest possible encodings; used to reject counts that cannot fit before allocating anything.
-constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;              // key length, 1-byte key, type, 1-byte value
-constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name, n_dims, one ne, type, offset
+constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;  // key length, 1-byte key, type, 1-byte value
+constexpr uint64_t kMinTensorInfoBytes =
+    8 + 1 + 4 + 8 + 4 + 8;  // name, n_dims, one ne, type, offset
 
 // Debian's abseil is built with its own absl::string_view (not std::string_view): convert.
 absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
@@ -90,8 +91,12 @@ std::string TypeDescription(const Value& v) {
   return std::string(ValueTypeName(v.type));
 }
 
-bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
-bool AddOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+bool AddOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_add_overflow(a, b, out);
+}
 
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }  // callers keep x+a small
 
@@ -104,9 +109,9 @@ class Cursor {
 
   absl::Status Need(uint64_t bytes, std::string_view what) const {
     if (bytes > remaining()) {
-      return Malformed(absl::StrFormat(
-          "truncated GGUF: %s needs %d bytes at offset %d but only %d remain", what, bytes, pos_,
-          remaining()));
+      return Malformed(
+          absl::StrFormat("truncated GGUF: %s needs %d bytes at offset %d but only %d remain", what,
+                          bytes, pos_, remaining()));
     }
     return absl::OkStatus();
   }
@@ -125,8 +130,8 @@ class Cursor {
                                          uint64_t max_len = std::numeric_limits<uint64_t>::max()) {
     DS_ASSIGN_OR_RETURN(uint64_t len, Read<uint64_t>(absl::StrCat(AV(what), " length")));
     if (len > max_len) {
-      return Malformed(absl::StrFormat("%s length %d exceeds the limit of %d bytes", what, len,
-                                       max_len));
+      return Malformed(
+          absl::StrFormat("%s length %d exceeds the limit of %d bytes", what, len, max_len));
     }
     if (len > remaining()) {
       return Malformed(absl::StrFormat(
@@ -220,7 +225,7 @@ absl::Status ReadValue(Cursor& c, ValueType t, int depth, Value* out) {
       DS_ASSIGN_OR_RETURN(uint64_t count, c.Read<uint64_t>("array count"));
       // Every element takes at least MinEncodedBytes, so this bounds the allocation below by the
       // file size (times sizeof(Value)).
-      if (false) {
+      if (count > c.remaining() / MinEncodedBytes(elem_type)) {
         return Malformed(absl::StrFormat(
             "array of %d %s elements cannot fit in the %d bytes remaining at offset %d", count,
             TN(elem_type), c.remaining(), c.pos()));
@@ -254,9 +259,8 @@ std::string Int128Str(__int128 x) {
 absl::StatusOr<uint64_t> AsUInt(const Value& v, std::string_view key) {
   std::optional<__int128> x = v.is_integer() ? IntegerPayload(v) : std::nullopt;
   if (!x) {
-    return absl::InvalidArgumentError(absl::StrCat("GGUF key ", Q(key), " has type ",
-                                                   TypeDescription(v),
-                                                   ", expected an unsigned integer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GGUF key ", Q(key), " has type ", TypeDescription(v), ", expected an unsigned integer"));
   }
   if (*x < 0) {
     return absl::InvalidArgumentError(absl::StrCat("GGUF key ", Q(key), " (", TN(v.type),
@@ -289,19 +293,32 @@ absl::Status WrongType(std::string_view key, const Value& v, std::string_view ex
 
 std::string_view ValueTypeName(ValueType t) {
   switch (t) {
-    case ValueType::U8: return "u8";
-    case ValueType::I8: return "i8";
-    case ValueType::U16: return "u16";
-    case ValueType::I16: return "i16";
-    case ValueType::U32: return "u32";
-    case ValueType::I32: return "i32";
-    case ValueType::F32: return "f32";
-    case ValueType::BOOL: return "bool";
-    case ValueType::STRING: return "string";
-    case ValueType::ARRAY: return "array";
-    case ValueType::U64: return "u64";
-    case ValueType::I64: return "i64";
-    case ValueType::F64: return "f64";
+    case ValueType::U8:
+      return "u8";
+    case ValueType::I8:
+      return "i8";
+    case ValueType::U16:
+      return "u16";
+    case ValueType::I16:
+      return "i16";
+    case ValueType::U32:
+      return "u32";
+    case ValueType::I32:
+      return "i32";
+    case ValueType::F32:
+      return "f32";
+    case ValueType::BOOL:
+      return "bool";
+    case ValueType::STRING:
+      return "string";
+    case ValueType::ARRAY:
+      return "array";
+    case ValueType::U64:
+      return "u64";
+    case ValueType::I64:
+      return "i64";
+    case ValueType::F64:
+      return "f64";
   }
   return "unknown";
 }
@@ -391,7 +408,8 @@ absl::Status File::ParseImpl() {
   // Header.
   DS_ASSIGN_OR_RETURN(uint32_t magic, c.Read<uint32_t>("header magic"));
   if (magic != kMagic) {
-    return Malformed(absl::StrFormat("bad magic 0x%08x (expected 0x%08x, \"GGUF\")", magic, kMagic));
+    return Malformed(
+        absl::StrFormat("bad magic 0x%08x (expected 0x%08x, \"GGUF\")", magic, kMagic));
   }
   DS_ASSIGN_OR_RETURN(version_, c.Read<uint32_t>("header version"));
   if (version_ != 2 && version_ != 3) {
@@ -404,8 +422,8 @@ absl::Status File::ParseImpl() {
   DS_ASSIGN_OR_RETURN(uint64_t n_tensors, c.Read<uint64_t>("header tensor count"));
   DS_ASSIGN_OR_RETURN(uint64_t n_kv, c.Read<uint64_t>("header metadata count"));
   if (n_kv > c.remaining() / kMinKvBytes) {
-    return Malformed(absl::StrFormat("header metadata count %d cannot fit in the %d bytes remaining",
-                                     n_kv, c.remaining()));
+    return Malformed(absl::StrFormat(
+        "header metadata count %d cannot fit in the %d bytes remaining", n_kv, c.remaining()));
   }
 
   // Metadata.
@@ -444,14 +462,15 @@ absl::Status File::ParseImpl() {
 
   // Tensor infos.
   if (n_tensors > c.remaining() / kMinTensorInfoBytes) {
-    return Malformed(absl::StrFormat("header tensor count %d cannot fit in the %d bytes remaining after the metadata",
-                                     n_tensors, c.remaining()));
+    return Malformed(absl::StrFormat(
+        "header tensor count %d cannot fit in the %d bytes remaining after the metadata", n_tensors,
+        c.remaining()));
   }
   tensors_.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
     TensorInfo t;
-    DS_ASSIGN_OR_RETURN(t.name, c.ReadString(absl::StrCat("tensor #", i, " name"),
-                                             kMaxTensorNameBytes));
+    DS_ASSIGN_OR_RETURN(t.name,
+                        c.ReadString(absl::StrCat("tensor #", i, " name"), kMaxTensorNameBytes));
     if (t.name.empty()) return Malformed(absl::StrCat("tensor #", i, " has an empty name"));
     if (tensor_index_.count(t.name) != 0) {
       return Malformed(absl::StrCat("duplicate tensor name ", Q(t.name)));
@@ -467,8 +486,8 @@ absl::Status File::ParseImpl() {
       if (!ne.ok()) return Prefixed(ne.status(), where);
       if (*ne == 0) return Malformed(absl::StrCat(where, "ne[", d, "] is 0"));
       if (*ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return Malformed(absl::StrCat(where, "ne[", d, "] is negative (",
-                                      static_cast<int64_t>(*ne), ")"));
+        return Malformed(
+            absl::StrCat(where, "ne[", d, "] is negative (", static_cast<int64_t>(*ne), ")"));
       }
       if (MulOverflows(n_elements, *ne, &n_elements) ||
           n_elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -520,14 +539,14 @@ absl::Status File::ParseImpl() {
     std::vector<size_t> order(tensors_.size());
     std::iota(order.begin(), order.end(), size_t{0});
     std::stable_sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
+                     [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
     for (size_t k = 1; k < order.size(); ++k) {
       const TensorInfo& prev = tensors_[order[k - 1]];
       const TensorInfo& cur = tensors_[order[k]];
-      if (false) {  // no overflow: both lie inside the file
-        return Malformed(absl::StrFormat(
-            "tensors %s (offset %d, %d bytes) and %s (offset %d) overlap", Q(prev.name),
-            prev.offset, prev.nbytes, Q(cur.name), cur.offset));
+      if (cur.offset < prev.offset + prev.nbytes) {  // no overflow: both lie inside the file
+        return Malformed(
+            absl::StrFormat("tensors %s (offset %d, %d bytes) and %s (offset %d) overlap",
+                            Q(prev.name), prev.offset, prev.nbytes, Q(cur.name), cur.offset));
       }
     }
   }
@@ -716,19 +735,39 @@ absl::Status ValidateValue(const Value& v, int depth) {
     if (!x) return Malformed(absl::StrCat(TN(v.type), " value holds no integer"));
     __int128 lo = 0, hi = 0;
     switch (v.type) {
-      case ValueType::U8: hi = 0xFF; break;
-      case ValueType::U16: hi = 0xFFFF; break;
-      case ValueType::U32: hi = 0xFFFFFFFFu; break;
-      case ValueType::U64: hi = std::numeric_limits<uint64_t>::max(); break;
-      case ValueType::I8: lo = -128; hi = 127; break;
-      case ValueType::I16: lo = -32768; hi = 32767; break;
-      case ValueType::I32: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); break;
-      case ValueType::I64: lo = std::numeric_limits<int64_t>::min(); hi = std::numeric_limits<int64_t>::max(); break;
-      default: break;
+      case ValueType::U8:
+        hi = 0xFF;
+        break;
+      case ValueType::U16:
+        hi = 0xFFFF;
+        break;
+      case ValueType::U32:
+        hi = 0xFFFFFFFFu;
+        break;
+      case ValueType::U64:
+        hi = std::numeric_limits<uint64_t>::max();
+        break;
+      case ValueType::I8:
+        lo = -128;
+        hi = 127;
+        break;
+      case ValueType::I16:
+        lo = -32768;
+        hi = 32767;
+        break;
+      case ValueType::I32:
+        lo = std::numeric_limits<int32_t>::min();
+        hi = std::numeric_limits<int32_t>::max();
+        break;
+      case ValueType::I64:
+        lo = std::numeric_limits<int64_t>::min();
+        hi = std::numeric_limits<int64_t>::max();
+        break;
+      default:
+        break;
     }
     if (*x < lo || *x > hi) {
-      return Malformed(absl::StrCat("value ", Int128Str(*x), " does not fit in ",
-                                    TN(v.type)));
+      return Malformed(absl::StrCat("value ", Int128Str(*x), " does not fit in ", TN(v.type)));
     }
     return absl::OkStatus();
   }
@@ -743,7 +782,8 @@ absl::Status ValidateValue(const Value& v, int depth) {
       if (!std::holds_alternative<bool>(v.v)) return Malformed("bool value holds no bool");
       return absl::OkStatus();
     case ValueType::STRING:
-      if (!std::holds_alternative<std::string>(v.v)) return Malformed("string value holds no string");
+      if (!std::holds_alternative<std::string>(v.v))
+        return Malformed("string value holds no string");
       return absl::OkStatus();
     case ValueType::ARRAY: {
       const Array* a = std::get_if<Array>(&v.v);
@@ -752,8 +792,8 @@ absl::Status ValidateValue(const Value& v, int depth) {
         return Malformed(absl::StrCat("arrays nested more than ", kMaxArrayDepth, " levels deep"));
       }
       if (static_cast<uint32_t>(a->elem_type) > kMaxValueType) {
-        return Malformed(absl::StrCat("unknown array element type ",
-                                      static_cast<uint32_t>(a->elem_type)));
+        return Malformed(
+            absl::StrCat("unknown array element type ", static_cast<uint32_t>(a->elem_type)));
       }
       for (size_t i = 0; i < a->items.size(); ++i) {
         const Value& item = a->items[i];
@@ -775,18 +815,42 @@ absl::Status ValidateValue(const Value& v, int depth) {
 void PutPayload(OutBuffer& out, const Value& v) {
   const __int128 x = v.is_integer() ? *IntegerPayload(v) : 0;
   switch (v.type) {
-    case ValueType::U8: out.PutScalar(static_cast<uint8_t>(x)); return;
-    case ValueType::I8: out.PutScalar(static_cast<int8_t>(x)); return;
-    case ValueType::U16: out.PutScalar(static_cast<uint16_t>(x)); return;
-    case ValueType::I16: out.PutScalar(static_cast<int16_t>(x)); return;
-    case ValueType::U32: out.PutScalar(static_cast<uint32_t>(x)); return;
-    case ValueType::I32: out.PutScalar(static_cast<int32_t>(x)); return;
-    case ValueType::U64: out.PutScalar(static_cast<uint64_t>(x)); return;
-    case ValueType::I64: out.PutScalar(static_cast<int64_t>(x)); return;
-    case ValueType::F32: out.PutScalar(static_cast<float>(std::get<double>(v.v))); return;
-    case ValueType::F64: out.PutScalar(std::get<double>(v.v)); return;
-    case ValueType::BOOL: out.PutScalar<uint8_t>(std::get<bool>(v.v) ? 1 : 0); return;
-    case ValueType::STRING: out.PutString(std::get<std::string>(v.v)); return;
+    case ValueType::U8:
+      out.PutScalar(static_cast<uint8_t>(x));
+      return;
+    case ValueType::I8:
+      out.PutScalar(static_cast<int8_t>(x));
+      return;
+    case ValueType::U16:
+      out.PutScalar(static_cast<uint16_t>(x));
+      return;
+    case ValueType::I16:
+      out.PutScalar(static_cast<int16_t>(x));
+      return;
+    case ValueType::U32:
+      out.PutScalar(static_cast<uint32_t>(x));
+      return;
+    case ValueType::I32:
+      out.PutScalar(static_cast<int32_t>(x));
+      return;
+    case ValueType::U64:
+      out.PutScalar(static_cast<uint64_t>(x));
+      return;
+    case ValueType::I64:
+      out.PutScalar(static_cast<int64_t>(x));
+      return;
+    case ValueType::F32:
+      out.PutScalar(static_cast<float>(std::get<double>(v.v)));
+      return;
+    case ValueType::F64:
+      out.PutScalar(std::get<double>(v.v));
+      return;
+    case ValueType::BOOL:
+      out.PutScalar<uint8_t>(std::get<bool>(v.v) ? 1 : 0);
+      return;
+    case ValueType::STRING:
+      out.PutString(std::get<std::string>(v.v));
+      return;
     case ValueType::ARRAY: {
       const Array& a = std::get<Array>(v.v);
       out.PutScalar(static_cast<uint32_t>(a.elem_type));
@@ -861,7 +925,8 @@ void Writer::AddTensorBytes(std::string name, std::vector<int64_t> ne, GgmlType 
   Fill fill = [shared](uint8_t* dst, uint64_t nbytes) {
     std::memcpy(dst, shared->data(), std::min<uint64_t>(nbytes, shared->size()));
   };
-  tensors_.push_back(PendingTensor{std::move(name), std::move(ne), type, 0, std::move(fill), given});
+  tensors_.push_back(
+      PendingTensor{std::move(name), std::move(ne), type, 0, std::move(fill), given});
 }
 
 absl::StatusOr<Writer::Layout> Writer::Plan() const {
@@ -874,7 +939,8 @@ absl::StatusOr<Writer::Layout> Writer::Plan() const {
   bool has_alignment_key = false;
   for (size_t i = 0; i < kv_.size(); ++i) {
     const auto& [key, v] = kv_[i];
-    if (key.empty()) return absl::InvalidArgumentError(absl::StrCat("metadata entry #", i, " has an empty key"));
+    if (key.empty())
+      return absl::InvalidArgumentError(absl::StrCat("metadata entry #", i, " has an empty key"));
     if (key.size() > kMaxKeyBytes) {
       return absl::InvalidArgumentError(absl::StrCat("GGUF key ", Q(key.substr(0, 64)), "... is ",
                                                      key.size(), " bytes, limit ", kMaxKeyBytes));
@@ -908,7 +974,8 @@ absl::StatusOr<Writer::Layout> Writer::Plan() const {
       return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name ", Q(t.name)));
     }
     if (t.ne.empty() || t.ne.size() > 4) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "n_dims ", t.ne.size(), " not in 1..4"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "n_dims ", t.ne.size(), " not in 1..4"));
     }
     const GgmlTypeInfo* info = FindGgmlType(static_cast<uint32_t>(t.type));
     if (info == nullptr) {
@@ -918,7 +985,8 @@ absl::StatusOr<Writer::Layout> Writer::Plan() const {
     uint64_t n_elements = 1;
     for (size_t d = 0; d < t.ne.size(); ++d) {
       if (t.ne[d] <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(where, "ne[", d, "] = ", t.ne[d], " is not positive"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "ne[", d, "] = ", t.ne[d], " is not positive"));
       }
       if (MulOverflows(n_elements, static_cast<uint64_t>(t.ne[d]), &n_elements) ||
           n_elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -938,9 +1006,9 @@ absl::StatusOr<Writer::Layout> Writer::Plan() const {
     }
     if (!t.fill) return absl::InvalidArgumentError(absl::StrCat(where, "no fill callback"));
     if (t.given_bytes >= 0 && static_cast<uint64_t>(t.given_bytes) != nbytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, t.given_bytes, " bytes supplied, shape ",
-                                                     absl::StrJoin(t.ne, "x"), " of ", AV(info->name),
-                                                     " needs ", nbytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, t.given_bytes, " bytes supplied, shape ", absl::StrJoin(t.ne, "x"),
+                       " of ", AV(info->name), " needs ", nbytes));
     }
     layout.nbytes.push_back(nbytes);
     layout.offsets.push_back(offset);

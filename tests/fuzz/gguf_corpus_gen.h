@@ -51,7 +51,8 @@ inline std::vector<std::pair<std::string, std::vector<uint8_t>>> MakeGgufCorpus(
   }
   {
     Writer w;
-    w.AddValue("a.u8", A(ValueType::U8, {V(ValueType::U8, uint64_t{1}), V(ValueType::U8, uint64_t{2})}));
+    w.AddValue("a.u8",
+               A(ValueType::U8, {V(ValueType::U8, uint64_t{1}), V(ValueType::U8, uint64_t{2})}));
     w.AddValue("a.i16", A(ValueType::I16, {V(ValueType::I16, int64_t{-7})}));
     w.AddI32Array("a.i32", {11, 11, 10, 0});
     w.AddF32Array("a.f32", {0.5f, -1.0f});
@@ -59,8 +60,9 @@ inline std::vector<std::pair<std::string, std::vector<uint8_t>>> MakeGgufCorpus(
     w.AddStringArray("a.string", {"a", "", "Ġb"});
     w.AddValue("a.u64", A(ValueType::U64, {V(ValueType::U64, uint64_t{1} << 63)}));
     w.AddValue("a.f64", A(ValueType::F64, {}));
-    w.AddValue("a.nested", A(ValueType::ARRAY, {A(ValueType::STRING, {V(ValueType::STRING, std::string("x"))}),
-                                                A(ValueType::ARRAY, {A(ValueType::I8, {})})}));
+    w.AddValue("a.nested",
+               A(ValueType::ARRAY, {A(ValueType::STRING, {V(ValueType::STRING, std::string("x"))}),
+                                    A(ValueType::ARRAY, {A(ValueType::I8, {})})}));
     out.emplace_back("valid_arrays.gguf", MustWrite(w));
   }
   {
@@ -125,7 +127,8 @@ inline std::vector<std::pair<std::string, std::vector<uint8_t>>> MakeGgufCorpus(
   }
 
   const auto& qwen = out[6].second;
-  out.emplace_back("bad_truncated_header.gguf", std::vector<uint8_t>(qwen.begin(), qwen.begin() + 13));
+  out.emplace_back("bad_truncated_header.gguf",
+                   std::vector<uint8_t>(qwen.begin(), qwen.begin() + 13));
   out.emplace_back("bad_truncated_metadata.gguf",
                    std::vector<uint8_t>(qwen.begin(), qwen.begin() + qwen.size() / 3));
   out.emplace_back("bad_truncated_data.gguf", std::vector<uint8_t>(qwen.begin(), qwen.end() - 1));

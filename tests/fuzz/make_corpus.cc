@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   for (const auto& [name, bytes] : ds::gguf::testing::MakeGgufCorpus()) {
     const std::string path = std::string(argv[1]) + "/" + name;
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     if (!out) {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
       return 1;

@@ -1,10 +1,10 @@
 // Regression over the committed fuzz corpus (tests/fuzz/corpus/gguf): nothing may crash, valid_*
 // files must parse, bad_* files must be rejected, and the committed seeds must match the generator.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "common/gguf/gguf.h"
 #include "tests/fuzz/gguf_corpus_gen.h"
@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 
 std::vector<uint8_t> ReadAll(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
 }
 
 TEST(GgufCorpus, EveryFileParsesWithoutCrashing) {

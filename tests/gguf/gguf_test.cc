@@ -1,14 +1,13 @@
 // GGUF writer -> reader round trips, typed getters, and writer-side validation.
 #include "common/gguf/gguf.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
-
-#include <gtest/gtest.h>
 
 #include "tests/gguf/raw_gguf.h"
 
@@ -60,14 +59,17 @@ std::vector<std::pair<std::string, Value>> AllValues() {
   kv.emplace_back("t.f64_nan", FV(ValueType::F64, std::nan("")));
   kv.emplace_back("t.arr_u8", ArrV(ValueType::U8, {UV(ValueType::U8, 0), UV(ValueType::U8, 9)}));
   kv.emplace_back("t.arr_i8", ArrV(ValueType::I8, {SV(ValueType::I8, -1)}));
-  kv.emplace_back("t.arr_u16", ArrV(ValueType::U16, {UV(ValueType::U16, 1), UV(ValueType::U16, 2)}));
+  kv.emplace_back("t.arr_u16",
+                  ArrV(ValueType::U16, {UV(ValueType::U16, 1), UV(ValueType::U16, 2)}));
   kv.emplace_back("t.arr_i16", ArrV(ValueType::I16, {SV(ValueType::I16, -2)}));
   kv.emplace_back("t.arr_u32", ArrV(ValueType::U32, {UV(ValueType::U32, 7)}));
-  kv.emplace_back("t.arr_i32", ArrV(ValueType::I32, {SV(ValueType::I32, 11), SV(ValueType::I32, 11),
-                                                      SV(ValueType::I32, 10), SV(ValueType::I32, 0)}));
-  kv.emplace_back("t.arr_f32", ArrV(ValueType::F32, {FV(ValueType::F32, 0.5), FV(ValueType::F32, -2)}));
+  kv.emplace_back("t.arr_i32",
+                  ArrV(ValueType::I32, {SV(ValueType::I32, 11), SV(ValueType::I32, 11),
+                                        SV(ValueType::I32, 10), SV(ValueType::I32, 0)}));
+  kv.emplace_back("t.arr_f32",
+                  ArrV(ValueType::F32, {FV(ValueType::F32, 0.5), FV(ValueType::F32, -2)}));
   kv.emplace_back("t.arr_bool", ArrV(ValueType::BOOL, {Value{ValueType::BOOL, true},
-                                                        Value{ValueType::BOOL, false}}));
+                                                       Value{ValueType::BOOL, false}}));
   kv.emplace_back("t.arr_string", ArrV(ValueType::STRING, {StrV("a b"), StrV(""), StrV("Ġhello")}));
   kv.emplace_back("t.arr_u64", ArrV(ValueType::U64, {UV(ValueType::U64, 1ull << 63)}));
   kv.emplace_back("t.arr_i64", ArrV(ValueType::I64, {SV(ValueType::I64, -(1ll << 40))}));
@@ -153,7 +155,8 @@ void CheckAll(const File& f, uint64_t alignment) {
     ASSERT_EQ(ti.n_dims, static_cast<int>(s.ne.size()));
     for (int d = 0; d < 4; ++d) EXPECT_EQ(ti.ne[d], d < ti.n_dims ? s.ne[d] : 1) << s.name;
     const auto& info = GgmlInfo(s.type);
-    EXPECT_EQ(ti.nbytes, static_cast<uint64_t>(ti.n_elements() / info.block_elems * info.block_bytes));
+    EXPECT_EQ(ti.nbytes,
+              static_cast<uint64_t>(ti.n_elements() / info.block_elems * info.block_bytes));
     EXPECT_EQ(ti.nbytes, ti.row_bytes() * ti.n_rows());
     EXPECT_EQ(ti.offset % alignment, 0u);
     ASSERT_NE(ti.data, nullptr);
@@ -212,7 +215,8 @@ TEST(GgufRoundTrip, ExplicitAlignmentKeyMatchingWriterIsWrittenOnce) {
 TEST(GgufRoundTrip, FileOnDiskMatchesMemoryImage) {
   Writer w;
   AddAll(w);
-  const std::string path = ::testing::TempDir() + "/gguf_roundtrip_" + std::to_string(getpid()) + ".gguf";
+  const std::string path =
+      ::testing::TempDir() + "/gguf_roundtrip_" + std::to_string(getpid()) + ".gguf";
   ASSERT_TRUE(w.WriteFile(path).ok());
   auto mem = w.WriteToMemory();
   ASSERT_TRUE(mem.ok());
@@ -343,7 +347,8 @@ class GgufGetters : public ::testing::Test {
 
 void ExpectInvalid(const absl::Status& s, std::vector<std::string> needles) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  for (const auto& n : needles) EXPECT_NE(s.message().find(n), std::string::npos) << s << " / " << n;
+  for (const auto& n : needles)
+    EXPECT_NE(s.message().find(n), std::string::npos) << s << " / " << n;
 }
 
 TEST_F(GgufGetters, UIntAcceptsAnyNonNegativeInteger) {
@@ -379,7 +384,8 @@ TEST_F(GgufGetters, BoolStringAndTypeMismatch) {
   EXPECT_EQ(*f_->GetBool("flag"), false);
   EXPECT_EQ(*f_->GetString("name"), "model");
   ExpectInvalid(f_->GetBool("u8").status(), {"'u8'", "u8", "bool"});
-  ExpectInvalid(f_->GetString("tokens").status(), {"'tokens'", "array of string", "expected string"});
+  ExpectInvalid(f_->GetString("tokens").status(),
+                {"'tokens'", "array of string", "expected string"});
 }
 
 TEST_F(GgufGetters, Arrays) {
@@ -550,7 +556,8 @@ TEST(GgufOpen, ErrorsNamePath) {
   EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(f.status().message().find(missing), std::string::npos) << f.status();
 
-  const std::string bad = ::testing::TempDir() + "/gguf_badmagic_" + std::to_string(getpid()) + ".gguf";
+  const std::string bad =
+      ::testing::TempDir() + "/gguf_badmagic_" + std::to_string(getpid()) + ".gguf";
   {
     std::ofstream out(bad, std::ios::binary);
     out << "GGUX and some more bytes to make it long enough";
@@ -560,9 +567,7 @@ TEST(GgufOpen, ErrorsNamePath) {
   EXPECT_EQ(f.status().message().rfind(bad + ": ", 0), 0u) << f.status();
   EXPECT_NE(f.status().message().find("bad magic"), std::string::npos);
 
-  {
-    std::ofstream out(bad, std::ios::binary | std::ios::trunc);
-  }
+  { std::ofstream out(bad, std::ios::binary | std::ios::trunc); }
   f = File::Open(bad);
   ASSERT_FALSE(f.ok());
   EXPECT_NE(f.status().message().find(bad), std::string::npos);

@@ -1,9 +1,9 @@
 // Reader validation: each rule is exercised by a hand-built or corrupted image, and every error
 // must be a clean InvalidArgument naming the key/tensor (never a crash or a huge allocation).
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <limits>
-
-#include <gtest/gtest.h>
 
 #include "common/gguf/gguf.h"
 #include "tests/gguf/raw_gguf.h"
@@ -29,8 +29,8 @@ void ExpectError(const std::vector<uint8_t>& img, std::vector<std::string> needl
   ASSERT_FALSE(s.ok()) << "expected failure containing " << needles[0];
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   for (const auto& n : needles) {
-    EXPECT_NE(s.message().find(n), std::string::npos) << "message: " << s.message()
-                                                      << "\nmissing: " << n;
+    EXPECT_NE(s.message().find(n), std::string::npos)
+        << "message: " << s.message() << "\nmissing: " << n;
   }
 }
 
@@ -106,7 +106,8 @@ TEST(GgufValidation, TruncationMessagesSayWhere) {
   // Inside the second key's value.
   const size_t second_key_value = 24 + (8 + 20 + 4 + 8 + 6) + (8 + 5 + 4);
   s = ParseStatus(img, second_key_value + 2);
-  EXPECT_NE(s.message().find("GGUF key 'a.u32': truncated GGUF: u32 value"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("GGUF key 'a.u32': truncated GGUF: u32 value"), std::string::npos)
+      << s;
   // Data section cut short.
   s = ParseStatus(img, img.size() - 1);
   EXPECT_NE(s.message().find("tensor 't1'"), std::string::npos) << s;
@@ -139,8 +140,9 @@ TEST(GgufValidation, ImpossibleCountsAreRejectedBeforeAllocating) {
   b.n_tensors = ~0ull;
   ExpectError(b.Build(), {"tensor count", "cannot fit"});
   // 2^60 u32 elements: would be 2^60 Values if allocated.
-  ExpectError(OneKey([](RawGguf& r) { r.Key("arr", kTypeArray).U32(kTypeU32).U64(1ull << 60).U32(1); }),
-              {"GGUF key 'arr'", "array of 1152921504606846976 u32 elements cannot fit"});
+  ExpectError(
+      OneKey([](RawGguf& r) { r.Key("arr", kTypeArray).U32(kTypeU32).U64(1ull << 60).U32(1); }),
+      {"GGUF key 'arr'", "array of 1152921504606846976 u32 elements cannot fit"});
   // Count whose byte size would overflow 64 bits.
   ExpectError(OneKey([](RawGguf& r) { r.Key("arr", kTypeArray).U32(kTypeU64).U64(~0ull >> 1); }),
               {"GGUF key 'arr'", "cannot fit"});
@@ -158,11 +160,11 @@ TEST(GgufValidation, ImpossibleCountsAreRejectedBeforeAllocating) {
 TEST(GgufValidation, StringLengths) {
   ExpectError(OneKey([](RawGguf& r) { r.Key("s", kTypeString).U64(1ull << 62).U32(0); }),
               {"GGUF key 's'", "string value length 4611686018427387904 exceeds"});
-  ExpectError(OneKey([](RawGguf& r) { r.U64(~0ull).U32(0).U64(0); }), {"metadata entry #0 key length"});
-  ExpectError(OneKey([](RawGguf& r) {
-                r.Str(std::string(kMaxKeyBytes + 1, 'k')).U32(kTypeU32).U32(1);
-              }),
-              {"metadata entry #0 key length 65536 exceeds the limit"});
+  ExpectError(OneKey([](RawGguf& r) { r.U64(~0ull).U32(0).U64(0); }),
+              {"metadata entry #0 key length"});
+  ExpectError(
+      OneKey([](RawGguf& r) { r.Str(std::string(kMaxKeyBytes + 1, 'k')).U32(kTypeU32).U32(1); }),
+      {"metadata entry #0 key length 65536 exceeds the limit"});
   ExpectError(OneKey([](RawGguf& r) { r.Key("", kTypeU32).U32(1); }), {"empty key"});
   ExpectError(OneKey([](RawGguf& r) {
                 r.Key("arr", kTypeArray).U32(kTypeString).U64(2).Str("ok").U64(100).Put("abc", 3);
@@ -223,7 +225,8 @@ TEST(GgufValidation, Shapes) {
   ExpectError(dims({1ull << 32, 1ull << 32}), {"tensor 'w'", "element count overflows"});
   ExpectError(dims({1ull << 40, 1ull << 20, 1ull << 3}), {"tensor 'w'", "element count overflows"});
   ExpectError(dims({1ull << 62}), {"tensor 'w'", "byte size overflows"});
-  ExpectError(dims({33}, kQ8_0), {"tensor 'w'", "ne[0] = 33 is not a multiple of the Q8_0 block size 32"});
+  ExpectError(dims({33}, kQ8_0),
+              {"tensor 'w'", "ne[0] = 33 is not a multiple of the Q8_0 block size 32"});
   ExpectError(dims({256}, 99), {"tensor 'w'", "unknown ggml type id 99"});
   ExpectError(dims({256}, 4), {"tensor 'w'", "unknown ggml type id 4"});
   EXPECT_TRUE(ParseStatus(dims({4, 2, 1, 1})).ok());

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -12,11 +13,29 @@
 
 namespace ds::testing {
 
+namespace {
+// Files created by this process, removed at exit so repeated runs do not fill the temp dir.
+struct TempFiles {
+  std::mutex mu;
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    for (const auto& p : paths) std::remove(p.c_str());
+  }
+};
+TempFiles& Temps() {
+  static TempFiles t;
+  return t;
+}
+}  // namespace
+
 std::string TempPath(const std::string& name) {
   const char* d = std::getenv("TEST_TMPDIR");
   std::string dir = d ? d : ::testing::TempDir();
   if (!dir.empty() && dir.back() != '/') dir += '/';
-  return dir + "ds_model_test_" + std::to_string(::getpid()) + "_" + name;
+  std::string p = dir + "ds_model_test_" + std::to_string(::getpid()) + "_" + name;
+  std::lock_guard<std::mutex> lock(Temps().mu);
+  Temps().paths.push_back(p);
+  return p;
 }
 
 std::string SynthPath(const std::string& name, const SynthOptions& o) {

@@ -17,11 +17,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "common/gguf/gguf.h"
 #include "kernels/cpu/quant.h"
@@ -276,6 +278,8 @@ class ReferenceTest : public ::testing::Test {
     setup_ = new absl::Status(PrepareData());
   }
   static void TearDownTestSuite() {
+    std::error_code ec;
+    if (!tmp_.empty()) fs::remove_all(tmp_, ec);
     delete setup_;
     setup_ = nullptr;
     delete ref_;
@@ -288,7 +292,8 @@ class ReferenceTest : public ::testing::Test {
     DS_ASSIGN_OR_RETURN(Reference r, LoadReference(data));
     ref_ = new Reference(std::move(r));
     original_ = data / ref_->meta.at("gguf").get<std::string>();
-    tmp_ = fs::path(::testing::TempDir()) / "ds_reference_test";
+    // Per process: ctest -j runs every test of this binary in its own process at the same time.
+    tmp_ = fs::path(::testing::TempDir()) / ("ds_reference_test_" + std::to_string(getpid()));
     std::error_code ec;
     fs::create_directories(tmp_, ec);
     DS_ASSIGN_OR_RETURN(auto file, gguf::File::Open(original_.string()));
@@ -487,17 +492,22 @@ TEST_F(ReferenceTest, StoredQ8_0FileMatchesHf) {
   }
 }
 
-// Quantized variants. Bounds vs HF are the measured worst prompt (README.md) times ~2-3.
+// Quantized variants. Bounds vs HF: the measured worst prompt (README.md, CPU backend) times ~2.
+// The tiny random model amplifies weight noise ~6-7x into max-relative logit error and its logits
+// are nearly flat (small top-1 margins), so these bounds say nothing about real-model quality;
+// they catch a broken format path. Weight noise of QuantizeRow on N(0, 0.02) rows (relative RMS):
+// F16 2.1e-4, Q8_0 5.4e-3, Q6_K 1.75e-2, Q4_K 7.2e-2. Q8_0 is ~exact here: the weights are
+// already on the Q8_0 grid.
 struct QuantCase {
   GgmlType type;
   double bound_vs_hf;       // relative, per prompt, prefill and MTP logits
   double min_top1;          // fraction of prefill rows whose argmax equals HF's
 };
 constexpr QuantCase kQuantCases[] = {
-    {GgmlType::F16, 2e-3, 0.99},
-    {GgmlType::Q8_0, 5e-3, 0.97},
-    {GgmlType::Q6_K, 3e-2, 0.90},
-    {GgmlType::Q4_K, 1e-1, 0.75},
+    {GgmlType::F16, 3e-3, 0.97},    // measured 1.32e-3 / mtp 1.04e-3, top-1 138/138
+    {GgmlType::Q8_0, 1e-4, 0.97},   // measured 1.7e-6 / 1.4e-6, top-1 138/138
+    {GgmlType::Q6_K, 0.25, 0.70},   // measured 0.124 / 0.100, top-1 117/138
+    {GgmlType::Q4_K, 0.8, 0.30},    // measured 0.419 / 0.388, top-1 67/138
 };
 
 TEST_F(ReferenceTest, QuantizedVariants) {
@@ -546,7 +556,7 @@ TEST_F(ReferenceTest, QuantizedVariants) {
     }
     const double top1 = static_cast<double>(agree) / rows;
     std::printf("[quant %-5s] vs dequantized %.3g (bound %.0e) | vs HF prefill %.3g, mtp %.3g "
-                "(bound %.0e) | top-1 agreement %lld/%lld = %.3f (min %.2f)\n",
+                "(bound %.2g) | top-1 agreement %lld/%lld = %.3f (min %.2f)\n",
                 tname.c_str(), worst_deq, kF32Bound, worst_hf, worst_mtp_hf, qc.bound_vs_hf,
                 static_cast<long long>(agree), static_cast<long long>(rows), top1, qc.min_top1);
     EXPECT_GE(top1, qc.min_top1);

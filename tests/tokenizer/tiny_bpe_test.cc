@@ -69,6 +69,8 @@ TEST(TinyBpe, LayoutAndLimits) {
   EXPECT_EQ(d.eos_id, static_cast<int32_t>(n - 1));
   EXPECT_EQ(d.pad_id, static_cast<int32_t>(n - 3));
   EXPECT_FALSE(d.add_bos);
+  std::printf("[tiny] MakeTinyBpe(%d): %zu tokens, %zu merges\n", kMaxTinyMerges, n,
+              d.merges.size());
   std::set<std::string> uniq(d.tokens.begin(), d.tokens.end());
   EXPECT_EQ(uniq.size(), n) << "duplicate token strings";
   EXPECT_EQ(MakeTinyBpe(100000).merges.size(), static_cast<size_t>(kMaxTinyMerges));

@@ -3,7 +3,9 @@
 #include <cstring>
 #include <string>
 
+#include "scheduler/daemon/daemon.h"
 #include "tools/cli/commands.h"
+#include "worker/process/worker_process.h"
 
 namespace {
 
@@ -15,7 +17,9 @@ void Usage() {
                "  logits      --model FILE --prompt-ids 1,2,3 --out FILE.f32\n"
                "  generate    --model FILE (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
                "  info        --model FILE: print the model's configuration\n"
-               "  bench       GPU benchmark (CUDA builds)\n");
+               "  bench       GPU benchmark (CUDA builds)\n"
+               "  scheduler   scheduler daemon (--listen 127.0.0.1:PORT --slots N --ctx N ...)\n"
+               "  worker      worker process (--scheduler HOST:PORT --model FILE --backend ...)\n");
 }
 
 }  // namespace
@@ -33,6 +37,8 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return ds::cli::CmdGenerate(sub_argc, sub_argv);
   if (cmd == "info") return ds::cli::CmdInfo(sub_argc, sub_argv);
   if (cmd == "bench") return ds::cli::CmdBench(sub_argc, sub_argv);
+  if (cmd == "scheduler") return ds::RunSchedulerDaemon(sub_argc, sub_argv);
+  if (cmd == "worker") return ds::RunWorkerProcess(sub_argc, sub_argv);
   std::fprintf(stderr, "deltaserve: unknown command '%s'\n", cmd.c_str());
   Usage();
   return 2;

@@ -40,7 +40,7 @@ sampling::SamplingParams ToSamplingParams(const deltaserve::v1::SamplingParams& 
 StepExecutor::StepExecutor(Backend* backend, int n_usable)
     : backend_(backend), slots_(static_cast<size_t>(n_usable)) {}
 
-absl::Status StepExecutor::Validate(const internal::Step& step) const {
+absl::Status StepExecutor::Validate(const deltaserve::internal::Step& step) const {
   const int n = static_cast<int>(slots_.size());
   for (uint32_t s : step.released())
     if (s >= static_cast<uint32_t>(n))
@@ -79,8 +79,8 @@ absl::Status StepExecutor::Validate(const internal::Step& step) const {
   return absl::OkStatus();
 }
 
-internal::StepResult StepExecutor::Run(const internal::Step& step) {
-  internal::StepResult result;
+deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::Step& step) {
+  deltaserve::internal::StepResult result;
   result.set_step_id(step.step_id());
   if (absl::Status s = Validate(step); !s.ok()) {
     result.set_error(std::string(s.message()));
@@ -138,7 +138,7 @@ internal::StepResult StepExecutor::Run(const internal::Step& step) {
                                static_cast<size_t>(n_vocab));  // [n_vocab]
     const sampling::SampleResult r = slot.sampler->Sample(row, slot.known);
     slot.known.push_back(r.token);
-    internal::SampledToken* t = result.add_tokens();
+    deltaserve::internal::SampledToken* t = result.add_tokens();
     t->set_slot(w.slot());
     t->set_token(r.token);
     if (slot.want_logprob) {

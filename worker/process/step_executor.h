@@ -30,7 +30,7 @@ class StepExecutor {
   // Applies released -> started -> work. A malformed step (unknown slot, a range outside the known
   // tokens) or a backend error answers with StepResult.error and leaves every slot as it was
   // before the Forward (the backend validates before it touches state).
-  internal::StepResult Run(const internal::Step& step);
+  deltaserve::internal::StepResult Run(const deltaserve::internal::Step& step);
 
   // Tokens the worker knows for a slot (for tests); empty when the slot is free.
   const std::vector<int32_t>& known(int slot) const { return slots_[slot].known; }
@@ -46,7 +46,7 @@ class StepExecutor {
     bool want_logprob = false;
   };
 
-  absl::Status Validate(const internal::Step& step) const;
+  absl::Status Validate(const deltaserve::internal::Step& step) const;
 
   Backend* backend_;
   std::vector<SlotState> slots_;  // [n_usable]

@@ -258,7 +258,7 @@ class Session {
           if (!executor_) return Fatal(absl::FailedPreconditionError("Step before Configure"));
           pb::WorkerMessage m;
           *m.mutable_step_result() = executor_->Run(msg.step());
-          if (m.step_result().has_error())
+          if (!m.step_result().error().empty())
             Log(o_.worker_id, absl::StrCat("step ", msg.step().step_id(),
                                            " failed: ", m.step_result().error()));
           if (!Write(m)) return absl::UnavailableError("write");

@@ -1,0 +1,159 @@
+#include "gateway/generation_service.h"
+
+#include <unistd.h>
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "gateway/output_stream.h"
+#include "gateway/proto_convert.h"
+#include "gateway/status_map.h"
+
+namespace ds::gw {
+namespace v1 = deltaserve::v1;
+
+absl::Status CheckAuth(const grpc::ServerContext& ctx, const KeySet& keys) {
+  if (keys.open()) return absl::OkStatus();
+  std::vector<std::string_view> values;
+  const auto& md = ctx.client_metadata();
+  for (auto [it, end] = md.equal_range("authorization"); it != end; ++it)
+    values.emplace_back(it->second.data(), it->second.size());
+  return keys.Check(values);
+}
+
+GenerationService::GenerationService(ServedModel model, SchedulerClient* scheduler,
+                                     HealthMonitor* health, Admission* admission,
+                                     const KeySet* keys)
+    : model_(model),
+      scheduler_(scheduler),
+      health_(health),
+      admission_(admission),
+      keys_(keys),
+      next_id_((static_cast<uint64_t>(getpid()) << 32) + 1) {}
+
+ModelView GenerationService::View() const {
+  ModelView v;
+  v.tokenizer = model_.tokenizer;
+  v.n_vocab = model_.n_vocab;
+  v.slot_context = health_->view().slot_context;
+  return v;
+}
+
+grpc::Status GenerationService::Tokenize(grpc::ServerContext* ctx, const v1::TokenizeRequest* req,
+                                         v1::TokenizeResponse* resp) {
+  if (absl::Status s = CheckAuth(*ctx, *keys_); !s.ok()) return ToPublicStatus(s);
+  absl::StatusOr<std::vector<int32_t>> ids = TokenizePrompt(FromProto(*req), View());
+  if (!ids.ok()) return ToPublicStatus(ids.status());
+  resp->mutable_ids()->Add(ids->begin(), ids->end());
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (absl::Status s = CheckAuth(*ctx, *keys_); !s.ok()) return ToPublicStatus(s);
+  const GenerateInput in = FromProto(*req);
+  absl::StatusOr<PreparedRequest> prepared = Prepare(in, View());
+  if (!prepared.ok()) return ToPublicStatus(prepared.status());
+
+  std::optional<Admission::Permit> permit = admission_->TryAcquire();
+  if (!permit)
+    return ToPublicStatus(absl::ResourceExhaustedError(
+        absl::StrCat("server overloaded: ", admission_->in_flight(), " requests in flight (limit ",
+                     admission_->capacity(), "); retry with backoff")));
+
+  const uint64_t id = next_id_.fetch_add(1);
+  const std::string public_id = in.request_id.empty() ? absl::StrCat("gw-", id) : in.request_id;
+  std::unique_ptr<SchedulerClient::SubmitCall> call = scheduler_->Submit(id, *prepared, ctx);
+  OutputStream out(model_.tokenizer, *prepared);
+
+  v1::GenerateResponse msg;
+  auto write = [&](auto fill) {
+    msg.Clear();
+    msg.set_request_id(public_id);
+    fill(&msg);
+    return writer->Write(msg);
+  };
+  auto client_gone = [&]() {
+    call->Cancel();
+    call->Finish().IgnoreError();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  };
+
+  std::optional<InternalEvent> finished;
+  InternalEvent ev;
+  while (call->Next(&ev)) {
+    if (ev.kind == InternalEvent::Kind::kAdmitted) {
+      if (!write([&](v1::GenerateResponse* m) {
+            m->mutable_started()->set_prompt_tokens(
+                static_cast<uint32_t>(prepared->prompt_ids.size()));
+          }))
+        return client_gone();
+    } else if (ev.kind == InternalEvent::Kind::kToken) {
+      if (out.stopped()) continue;  // tokens already in flight when the stop string matched
+      OutputChunk c = out.Push(ev.token, ev.has_logprob ? &ev.logprob : nullptr);
+      if (!c.empty() &&
+          !write([&](v1::GenerateResponse* m) { ToProto(c, m->mutable_chunk()); }))
+        return client_gone();
+      if (out.stopped()) {
+        // The scheduler ends the request within a step; its `finished` event (with timings)
+        // still comes through this stream. A failure here (request already finished) is benign.
+        scheduler_->Finish(id, FinishReason::kStop).IgnoreError();
+      }
+    } else {
+      finished = ev;
+      break;
+    }
+  }
+  const absl::Status internal = call->Finish();
+  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  if (!finished) {
+    // The stream ended without `finished`: rejected (validation, queue full, draining, no
+    // worker) or the scheduler went away.
+    if (internal.ok())
+      return ToPublicStatus(absl::UnavailableError("scheduler ended the request without a result"));
+    if (internal.code() == absl::StatusCode::kCancelled ||
+        internal.code() == absl::StatusCode::kUnknown)
+      return ToPublicStatus(absl::UnavailableError(
+          absl::StrCat("scheduler connection lost: ", internal.message())));
+    return ToPublicStatus(internal);
+  }
+
+  FinishInfo fin;
+  fin.prompt_tokens = static_cast<uint32_t>(prepared->prompt_ids.size());
+  fin.completion_tokens = out.n_tokens();
+  fin.timings = finished->timings;
+  if (out.stopped()) {
+    fin.reason = FinishReason::kStop;
+    fin.stop_string = out.stop_string();
+  } else {
+    fin.reason = finished->reason;
+    if (finished->reason != FinishReason::kError) {
+      OutputChunk tail = out.Finish();
+      if (out.stopped()) {
+        fin.reason = FinishReason::kStop;
+        fin.stop_string = out.stop_string();
+      }
+      if (!tail.empty() &&
+          !write([&](v1::GenerateResponse* m) { ToProto(tail, m->mutable_chunk()); }))
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+  }
+  if (!write([&](v1::GenerateResponse* m) { ToProto(fin, m->mutable_finished()); }))
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+
+  switch (fin.reason) {
+    case FinishReason::kError:
+      // UNAVAILABLE (retryable) when the scheduler says the worker was lost.
+      if (!internal.ok()) return ToPublicStatus(internal);
+      return ToPublicStatus(absl::InternalError(finished->error));
+    case FinishReason::kCancelled:
+      // Aborted by the scheduler: the deadline passed there (the client's own cancel returned
+      // above).
+      return ToPublicStatus(absl::DeadlineExceededError(
+          finished->error.empty() ? "deadline exceeded" : finished->error));
+    default:
+      return grpc::Status::OK;
+  }
+}
+
+}  // namespace ds::gw

@@ -1,0 +1,85 @@
+#include "gateway/health.h"
+
+#include <cstdio>
+
+namespace ds::gw {
+
+HealthMonitor::HealthMonitor(SchedulerClient* scheduler, std::chrono::milliseconds interval)
+    : scheduler_(scheduler), interval_(interval) {}
+
+HealthMonitor::~HealthMonitor() { Stop(); }
+
+void HealthMonitor::Attach(grpc::Server* server) {
+  std::lock_guard<std::mutex> l(mu_);
+  servers_.push_back(server);
+  // grpc++'s default health service starts at SERVING for "": correct it before anyone asks twice.
+  if (auto* h = server->GetHealthCheckService()) {
+    h->SetServingStatus(serving_.load());
+    h->SetServingStatus("deltaserve.v1.Generation", serving_.load());
+  }
+}
+
+void HealthMonitor::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void HealthMonitor::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+ClusterView HealthMonitor::view() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return view_;
+}
+
+void HealthMonitor::Publish(bool serving) {
+  std::lock_guard<std::mutex> l(mu_);
+  const bool changed = !published_ || serving_.load() != serving;
+  serving_.store(serving, std::memory_order_release);
+  published_ = true;
+  if (!changed) return;
+  for (grpc::Server* s : servers_) {
+    if (auto* h = s->GetHealthCheckService()) {
+      h->SetServingStatus(serving);
+      h->SetServingStatus("deltaserve.v1.Generation", serving);
+    }
+  }
+  std::fprintf(stderr, "[gateway] health: %s\n", serving ? "SERVING" : "NOT_SERVING");
+  std::fflush(stderr);
+}
+
+void HealthMonitor::PollOnce() {
+  // A poll slower than the interval counts as unreachable: health must not lag the cluster.
+  absl::StatusOr<ClusterView> v = scheduler_->Poll(std::max(interval_, std::chrono::milliseconds(300)));
+  if (v.ok()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      view_ = *v;
+    }
+    Publish(v->serving);
+  } else {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      view_.reachable = false;
+      view_.serving = false;  // slot_context kept: still the best estimate for validation
+    }
+    Publish(false);
+  }
+}
+
+void HealthMonitor::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    l.unlock();
+    PollOnce();
+    l.lock();
+    cv_.wait_for(l, interval_, [this] { return stop_; });
+  }
+}
+
+}  // namespace ds::gw

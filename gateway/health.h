@@ -1,0 +1,50 @@
+// Health that does not lie: the gateway reports SERVING (grpc.health.v1, service "" and
+// "deltaserve.v1.Generation") only while the scheduler answers and says serving=true, i.e. a
+// worker completed its warmup. Polled every `interval`; an unreachable scheduler or a lost worker
+// flips it to NOT_SERVING at the next poll.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "gateway/scheduler_client.h"
+
+namespace ds::gw {
+
+class HealthMonitor {
+ public:
+  HealthMonitor(SchedulerClient* scheduler, std::chrono::milliseconds interval);
+  ~HealthMonitor();
+
+  // Servers whose health service mirrors the cluster state (set NOT_SERVING right away).
+  void Attach(grpc::Server* server);
+  void Start();
+  void Stop();
+
+  bool serving() const { return serving_.load(std::memory_order_acquire); }
+  ClusterView view() const;
+  // Polls once now (used at startup and by tests of the monitor).
+  void PollOnce();
+
+ private:
+  void Run();
+  void Publish(bool serving);
+
+  SchedulerClient* scheduler_;
+  std::chrono::milliseconds interval_;
+  std::atomic<bool> serving_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool published_ = false;
+  ClusterView view_;
+  std::vector<grpc::Server*> servers_;
+  std::thread thread_;
+};
+
+}  // namespace ds::gw

@@ -1,0 +1,158 @@
+#include "gateway/prepare.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+
+namespace ds::gw {
+namespace {
+
+template <typename... Parts>
+absl::Status Bad(const Parts&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+// ChatML delimiters: content carrying them would forge turns, so it is refused rather than
+// silently encoded as plain text the model would read as a delimiter-lookalike.
+constexpr std::string_view kChatDelimiters[] = {"<|im_start|>", "<|im_end|>"};
+constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
+
+absl::Status CheckChat(const std::vector<ChatMessage>& chat) {
+  if (chat.empty()) return Bad("chat.messages is empty: the prompt needs at least one message");
+  for (size_t i = 0; i < chat.size(); ++i) {
+    const ChatMessage& m = chat[i];
+    if (std::find(std::begin(kRoles), std::end(kRoles), m.role) == std::end(kRoles))
+      return Bad("chat.messages[", i, "].role '", m.role,
+                 "' is not one of system, user, assistant, tool");
+    for (std::string_view d : kChatDelimiters)
+      if (m.content.find(d) != std::string::npos)
+        return Bad("chat.messages[", i, "].content contains the ChatML delimiter '", d, "'");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+sampling::SamplingParams ToSamplerParams(const SamplingInput& s) {
+  sampling::SamplingParams p;
+  p.temperature = s.temperature;
+  p.top_k = s.top_k;
+  // Public convention: 0 or 1 disable top_p; anything else must lie in (0, 1) and is checked by
+  // Validate as given.
+  p.top_p = (s.top_p == 0.0f || s.top_p == 1.0f) ? 1.0f : s.top_p;
+  p.min_p = s.min_p;
+  p.repetition_penalty = s.repetition_penalty == 0.0f ? 1.0f : s.repetition_penalty;
+  p.presence_penalty = s.presence_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  p.seed = s.seed;
+  return p;
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, const ModelView& m) {
+  const Tokenizer& tok = *m.tokenizer;
+  switch (in.kind) {
+    case PromptKind::kNone:
+      return Bad("prompt is missing: set one of text, chat or token_ids");
+    case PromptKind::kText: {
+      if (in.text.empty()) return Bad("text is empty");
+      if (!tok.has_vocab())
+        return Bad("text: the model has no vocabulary (tokenizer.ggml.model = none); "
+                   "send token_ids instead");
+      auto ids = tok.Encode(in.text, /*parse_special=*/false);
+      if (!ids.ok()) return Bad("text: ", ids.status().message());
+      return ids;
+    }
+    case PromptKind::kChat: {
+      DS_RETURN_IF_ERROR(CheckChat(in.chat));
+      if (!tok.has_vocab())
+        return Bad("chat: the model has no vocabulary (tokenizer.ggml.model = none); "
+                   "send token_ids instead");
+      auto text = FormatChatML(in.chat, /*add_generation_prompt=*/true);
+      if (!text.ok()) return Bad("chat.messages: ", text.status().message());
+      // Special-token parsing is safe here: CheckChat refused content carrying the delimiters,
+      // so only the template's own markers become control tokens.
+      auto ids = tok.Encode(*text, /*parse_special=*/true);
+      if (!ids.ok()) return Bad("chat: ", ids.status().message());
+      return ids;
+    }
+    case PromptKind::kIds: {
+      if (in.ids.empty()) return Bad("token_ids.ids is empty");
+      for (size_t i = 0; i < in.ids.size(); ++i) {
+        if (in.ids[i] < 0 || in.ids[i] >= m.n_vocab)
+          return Bad("token_ids.ids[", i, "] = ", in.ids[i], " is outside the vocabulary [0, ",
+                     m.n_vocab, ")");
+      }
+      return in.ids;
+    }
+  }
+  return Bad("prompt is missing");
+}
+
+absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView& m) {
+  PreparedRequest p;
+  DS_ASSIGN_OR_RETURN(p.prompt_ids, TokenizePrompt(in, m));
+  if (p.prompt_ids.empty()) return Bad("prompt encodes to zero tokens");
+
+  if (in.logprobs > static_cast<uint32_t>(sampling::kMaxLogprobs))
+    return Bad("logprobs must be in [0, ", sampling::kMaxLogprobs, "], got ", in.logprobs);
+  if (in.priority < kMinPriority || in.priority > kMaxPriority)
+    return Bad("priority must be in [", kMinPriority, ", ", kMaxPriority, "], got ", in.priority);
+  if (in.stop.size() > sampling::kMaxStopStrings)
+    return Bad("stop has ", in.stop.size(), " entries, at most ", sampling::kMaxStopStrings,
+               " allowed");
+  for (size_t i = 0; i < in.stop.size(); ++i) {
+    if (in.stop[i].empty()) return Bad("stop[", i, "] is empty");
+    if (in.stop[i].size() > sampling::kMaxStopStringBytes)
+      return Bad("stop[", i, "] is ", in.stop[i].size(), " bytes, at most ",
+                 sampling::kMaxStopStringBytes, " allowed");
+  }
+  for (size_t i = 0; i < in.stop_token_ids.size(); ++i) {
+    const int32_t id = in.stop_token_ids[i];
+    if (id < 0 || id >= m.n_vocab)
+      return Bad("stop_token_ids[", i, "] = ", id, " is outside the vocabulary [0, ", m.n_vocab,
+                 ")");
+  }
+
+  sampling::SamplingParams sp = ToSamplerParams(in.sampling);
+  sp.n_logprobs = static_cast<int>(in.logprobs);
+  sp.stop_ids = in.stop_token_ids;
+  sp.stop_strings = in.stop;
+  if (absl::Status s = sampling::Validate(sp, m.n_vocab); !s.ok())
+    return Bad("sampling: ", s.message());
+
+  // max_tokens against the slot context (prompt + generated must fit one slot).
+  const uint64_t n_prompt = p.prompt_ids.size();
+  if (in.max_tokens == 0) {
+    p.max_tokens = kDefaultMaxTokens;
+    // The default shrinks to what fits; an explicit value never does.
+    if (m.slot_context > 0 && n_prompt + p.max_tokens > m.slot_context) {
+      if (n_prompt >= m.slot_context)
+        return Bad("prompt (", n_prompt, " tokens) leaves no room in the slot context (",
+                   m.slot_context, " tokens)");
+      p.max_tokens = static_cast<uint32_t>(m.slot_context - n_prompt);
+    }
+  } else {
+    p.max_tokens = in.max_tokens;
+    if (m.slot_context > 0 && n_prompt + p.max_tokens > m.slot_context)
+      return Bad("max_tokens: prompt (", n_prompt, " tokens) + max_tokens (", in.max_tokens,
+                 ") = ", n_prompt + in.max_tokens, " exceeds the slot context (", m.slot_context,
+                 " tokens)");
+  }
+
+  p.sampling = in.sampling;
+  p.stop_strings = in.stop;
+  p.logprobs = in.logprobs;
+  p.priority = in.priority;
+  p.ignore_eos = in.ignore_eos;
+  p.stop_ids = in.stop_token_ids;
+  if (!in.ignore_eos) {
+    for (int32_t e : m.tokenizer->eos_ids())
+      if (e >= 0 && e < m.n_vocab &&
+          std::find(p.stop_ids.begin(), p.stop_ids.end(), e) == p.stop_ids.end())
+        p.stop_ids.push_back(e);
+  }
+  return p;
+}
+
+}  // namespace ds::gw

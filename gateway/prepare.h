@@ -1,0 +1,35 @@
+// Validation and tokenization of a generation request: the part of the gateway that decides
+// whether a request may reach the scheduler. Pure functions of (request, model, slot context);
+// every rejection is InvalidArgument naming the public field at fault.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer/tokenizer.h"
+#include "common/util/status.h"
+#include "gateway/request.h"
+
+namespace ds::gw {
+
+// What validation needs to know about the served model and cluster.
+struct ModelView {
+  const Tokenizer* tokenizer = nullptr;  // never null
+  int32_t n_vocab = 0;                   // rows of token_embd (may exceed the tokenizer's size)
+  // Per-slot context of the cluster (from the scheduler's status); 0 = not known yet, in which
+  // case the scheduler checks it.
+  uint32_t slot_context = 0;
+};
+
+// prompt (text / chat / ids) -> token ids. Text and chat content never produce special tokens
+// (chat is ChatML-formatted around the content). InvalidArgument names the field.
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, const ModelView& m);
+
+// Full validation: prompt, ids, max_tokens against the slot context, sampling (through
+// ds::sampling::Validate), stop strings / ids, logprobs, priority.
+absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView& m);
+
+// The sampler's view of the public sampling fields (0 = disabled mapped to neutral values).
+sampling::SamplingParams ToSamplerParams(const SamplingInput& s);
+
+}  // namespace ds::gw

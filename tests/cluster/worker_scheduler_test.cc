@@ -1,0 +1,503 @@
+// Cluster tests.
+//  - StepExecutor against a fake backend: diffs, releases, validation, sampling.
+//  - Real processes on loopback: `deltaserve scheduler` + `deltaserve worker` children with a tiny
+//    synthesized model, a client calling Scheduler.Submit directly; outputs are compared with
+//    single-process `deltaserve generate --json` (greedy).
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "deltaserve/internal/cluster.grpc.pb.h"
+#include "tools/synth/synth.h"
+#include "worker/process/step_executor.h"
+
+extern char** environ;
+
+namespace ds {
+namespace {
+
+namespace pb = deltaserve::internal;
+namespace v1 = deltaserve::v1;
+using namespace std::chrono_literals;
+
+// ===================== StepExecutor with a fake backend =====================
+
+// Logits: one-hot at (sum of the slot's tokens) % V, so the sampled token depends on every token
+// the slot has seen (catches a wrong diff range). Validates like the real backend.
+class FakeBackend final : public Backend {
+ public:
+  FakeBackend(int n_slots, int slot_ctx) : n_slots_(n_slots), slot_ctx_(slot_ctx), hist_(n_slots) {
+    cfg_.n_vocab = 32;
+  }
+  std::string name() const override { return "fake"; }
+  const ModelConfig& config() const override { return cfg_; }
+  int n_slots() const override { return n_slots_; }
+  int slot_ctx() const override { return slot_ctx_; }
+  absl::Status Forward(std::span<const SeqStep> batch, const StepOptions&,
+                       StepOutput* out) override {
+    ++forwards;
+    if (fail_next) {
+      fail_next = false;
+      return absl::InternalError("injected failure");
+    }
+    for (const SeqStep& s : batch)
+      if (s.pos0 != static_cast<int32_t>(hist_[s.slot].size()))
+        return absl::InvalidArgumentError("pos0 mismatch");
+    out->n_rows = static_cast<int>(batch.size());
+    out->logits.assign(batch.size() * cfg_.n_vocab, 0.f);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto& h = hist_[batch[i].slot];
+      h.insert(h.end(), batch[i].tokens.begin(), batch[i].tokens.end());
+      int64_t sum = 0;
+      for (int32_t t : h) sum += t;
+      out->logits[i * cfg_.n_vocab + sum % cfg_.n_vocab] = 10.f;
+    }
+    return absl::OkStatus();
+  }
+  void ResetSlot(int slot) override { hist_[slot].clear(); }
+  int32_t SlotLength(int slot) const override { return static_cast<int32_t>(hist_[slot].size()); }
+  absl::StatusOr<SlotSnapshot> Snapshot(int) const override { return absl::UnimplementedError(""); }
+  absl::Status Restore(int, const SlotSnapshot&) override { return absl::UnimplementedError(""); }
+
+  int forwards = 0;
+  bool fail_next = false;
+  std::vector<std::vector<int32_t>> hist_;
+
+ private:
+  ModelConfig cfg_;
+  int n_slots_, slot_ctx_;
+};
+
+pb::Step MakeStep(uint64_t id) {
+  pb::Step s;
+  s.set_step_id(id);
+  return s;
+}
+void AddStart(pb::Step& s, uint64_t req, uint32_t slot, std::vector<int32_t> toks, uint32_t lp = 0) {
+  auto* st = s.add_started();
+  st->set_request_id(req);
+  st->set_slot(slot);
+  for (int32_t t : toks) st->add_tokens(t);
+  st->mutable_sampling()->set_temperature(0);
+  st->set_logprobs(lp);
+}
+void AddWork(pb::Step& s, uint32_t slot, uint32_t pos0, uint32_t n, bool sample) {
+  auto* w = s.add_work();
+  w->set_slot(slot);
+  w->set_pos0(pos0);
+  w->set_n_tokens(n);
+  w->set_sample(sample);
+}
+
+TEST(StepExecutor, ChunkedPrefillThenDecodeUsesKnownTokens) {
+  FakeBackend be(3, 64);
+  worker::StepExecutor ex(&be, 2);
+  pb::Step s1 = MakeStep(1);
+  AddStart(s1, 7, 0, {1, 2, 3, 4, 5});
+  AddWork(s1, 0, 0, 3, false);  // first chunk: no sample
+  pb::StepResult r1 = ex.Run(s1);
+  ASSERT_EQ(r1.error(), "");
+  EXPECT_EQ(r1.step_id(), 1u);
+  EXPECT_EQ(r1.tokens_size(), 0);
+
+  pb::Step s2 = MakeStep(2);
+  AddWork(s2, 0, 3, 2, true);  // rest of the prompt, then sample
+  pb::StepResult r2 = ex.Run(s2);
+  ASSERT_EQ(r2.error(), "");
+  ASSERT_EQ(r2.tokens_size(), 1);
+  EXPECT_EQ(r2.tokens(0).slot(), 0u);
+  EXPECT_EQ(r2.tokens(0).token(), 15);  // 1+2+3+4+5
+  EXPECT_FALSE(r2.tokens(0).has_logprob());
+  EXPECT_EQ(ex.known(0), (std::vector<int32_t>{1, 2, 3, 4, 5, 15}));
+
+  pb::Step s3 = MakeStep(3);
+  AddWork(s3, 0, 5, 1, true);  // decode the sampled token
+  AddStart(s3, 8, 1, {9}, /*lp=*/2);
+  AddWork(s3, 1, 0, 1, true);
+  pb::StepResult r3 = ex.Run(s3);
+  ASSERT_EQ(r3.error(), "");
+  ASSERT_EQ(r3.tokens_size(), 2);
+  EXPECT_EQ(r3.tokens(0).token(), 30 % 32);
+  EXPECT_EQ(r3.tokens(1).token(), 9);
+  ASSERT_TRUE(r3.tokens(1).has_logprob());
+  EXPECT_EQ(r3.tokens(1).logprob().token_id(), 9);
+  EXPECT_EQ(r3.tokens(1).logprob().top_size(), 2);
+  EXPECT_EQ(be.forwards, 3);  // one Forward per step
+}
+
+TEST(StepExecutor, ReleaseAndRebindInOneStepResets) {
+  FakeBackend be(2, 64);
+  worker::StepExecutor ex(&be, 1);
+  pb::Step s1 = MakeStep(1);
+  AddStart(s1, 1, 0, {3, 3});
+  AddWork(s1, 0, 0, 2, true);
+  ASSERT_EQ(ex.Run(s1).error(), "");
+  pb::Step s2 = MakeStep(2);
+  s2.add_released(0);
+  AddStart(s2, 2, 0, {4});
+  AddWork(s2, 0, 0, 1, true);
+  pb::StepResult r = ex.Run(s2);
+  ASSERT_EQ(r.error(), "");
+  EXPECT_EQ(r.tokens(0).token(), 4);
+  EXPECT_EQ(be.hist_[0], (std::vector<int32_t>{4}));
+}
+
+TEST(StepExecutor, MalformedStepsAndBackendErrorsFailTheStepOnly) {
+  FakeBackend be(2, 64);
+  worker::StepExecutor ex(&be, 1);
+  pb::Step bad = MakeStep(1);
+  AddWork(bad, 0, 0, 1, true);  // idle slot
+  EXPECT_NE(ex.Run(bad).error(), "");
+  pb::Step out_of_range = MakeStep(2);
+  AddStart(out_of_range, 1, 0, {1, 2});
+  AddWork(out_of_range, 0, 0, 3, true);  // beyond the known tokens
+  EXPECT_NE(ex.Run(out_of_range).error(), "");
+  pb::Step slot_range = MakeStep(3);
+  slot_range.add_released(5);
+  EXPECT_NE(ex.Run(slot_range).error(), "");
+  EXPECT_EQ(be.forwards, 0);
+
+  pb::Step ok = MakeStep(4);
+  AddStart(ok, 1, 0, {1, 2});
+  AddWork(ok, 0, 0, 2, true);
+  be.fail_next = true;
+  pb::StepResult r = ex.Run(ok);
+  EXPECT_NE(r.error().find("injected failure"), std::string::npos);
+  EXPECT_EQ(ex.known(0), (std::vector<int32_t>{1, 2}));  // nothing sampled
+}
+
+// ===================== real processes =====================
+
+const char* kBin = DS_DELTASERVE_BIN;
+
+struct Child {
+  pid_t pid = -1;
+  std::string log;
+  void Kill(int sig = SIGKILL) {
+    if (pid > 0) {
+      kill(pid, sig);
+      int st = 0;
+      waitpid(pid, &st, 0);
+      pid = -1;
+    }
+  }
+  ~Child() { Kill(); }
+};
+
+std::unique_ptr<Child> Spawn(const std::vector<std::string>& args, const std::string& log) {
+  auto c = std::make_unique<Child>();
+  c->log = log;
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  const int rc = posix_spawn(&c->pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) c->pid = -1;
+  return c;
+}
+
+std::string ReadFile(const std::string& p) {
+  std::ifstream f(p);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string Join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// Greedy single-process reference: `deltaserve generate --json`.
+std::vector<int32_t> Reference(const std::string& model, const std::vector<int32_t>& prompt,
+                               int max_tokens) {
+  const std::string cmd = std::string(kBin) + " generate --backend cpu --threads 1 --model " +
+                          model + " --prompt-ids " + Join(prompt) + " --max-tokens " +
+                          std::to_string(max_tokens) + " --temperature 0 --ignore-eos --json";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (j.is_discarded() || !j.contains("tokens")) {
+    ADD_FAILURE() << "generate failed: " << cmd << "\n" << out;
+    return {};
+  }
+  return j["tokens"].get<std::vector<int32_t>>();
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  bool admitted = false;
+  bool finished = false;
+  v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  std::string error;
+  grpc::Status status;
+};
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 11 + 5) % 200 + 1);
+  return p;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(std::filesystem::temp_directory_path() /
+                           ("ds_cluster_test_" + std::to_string(getpid())));
+    std::filesystem::create_directories(*dir_);
+    model_ = new std::string(*dir_ + "/tiny.gguf");
+    SynthOptions o = SynthOptions::Tiny();
+    o.n_threads = 1;
+    absl::Status s = SynthesizeGguf(o, *model_);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+    delete model_;
+  }
+  void TearDown() override {
+    if (worker_) worker_->Kill();
+    if (sched_) sched_->Kill();
+    if (HasFailure()) {
+      if (sched_) std::fprintf(stderr, "--- scheduler log ---\n%s\n", ReadFile(sched_->log).c_str());
+      if (worker_) std::fprintf(stderr, "--- worker log ---\n%s\n", ReadFile(worker_->log).c_str());
+    }
+  }
+
+  // Starts the scheduler (on a free port it picks itself) and one CPU worker; waits until serving.
+  void StartCluster(std::vector<std::string> sched_flags) {
+    const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    const std::string port_file = *dir_ + "/" + tag + ".port";
+    std::vector<std::string> args = {kBin, "scheduler", "--listen", "127.0.0.1:0", "--port-file",
+                                     port_file, "--step-timeout", "60", "--log-interval", "0"};
+    args.insert(args.end(), sched_flags.begin(), sched_flags.end());
+    sched_ = Spawn(args, *dir_ + "/" + tag + ".scheduler.log");
+    ASSERT_GT(sched_->pid, 0);
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!std::filesystem::exists(port_file)) {
+      ASSERT_LT(std::chrono::steady_clock::now(), until) << "scheduler did not start";
+      std::this_thread::sleep_for(20ms);
+    }
+    addr_ = "127.0.0.1:" + std::to_string(std::stoi(ReadFile(port_file)));
+    worker_ = Spawn({kBin, "worker", "--scheduler", addr_, "--model", *model_, "--backend", "cpu",
+                     "--threads", "1", "--worker-id", "w0"},
+                    *dir_ + "/" + tag + ".worker.log");
+    ASSERT_GT(worker_->pid, 0);
+    channel_ = grpc::CreateChannel(addr_, grpc::InsecureChannelCredentials());
+    stub_ = pb::Scheduler::NewStub(channel_);
+    while (!Status().serving()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), until) << "cluster never became serving";
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+
+  v1::ClusterStatus Status() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    v1::ClusterStatus st;
+    v1::GetClusterStatusRequest req;
+    stub_->GetClusterStatus(&ctx, req, &st);
+    return st;
+  }
+
+  // Runs one Submit call to the end. `on_token` may cancel the context.
+  Outcome Submit(uint64_t id, const std::vector<int32_t>& prompt, int max_tokens,
+                 grpc::ClientContext* ctx = nullptr, std::atomic<int>* progress = nullptr) {
+    grpc::ClientContext local;
+    if (!ctx) ctx = &local;
+    pb::SubmitRequest req;
+    req.set_request_id(id);
+    for (int32_t t : prompt) req.add_prompt_ids(t);
+    req.set_max_tokens(static_cast<uint32_t>(max_tokens));
+    req.mutable_sampling()->set_temperature(0);
+    req.set_ignore_eos(true);
+    auto reader = stub_->Submit(ctx, req);
+    Outcome o;
+    pb::RequestEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_admitted()) o.admitted = true;
+      if (ev.has_token()) {
+        o.tokens.push_back(ev.token().id());
+        if (progress) progress->fetch_add(1);
+      }
+      if (ev.has_finished()) {
+        o.finished = true;
+        o.reason = ev.finished().reason();
+        o.error = ev.finished().error();
+      }
+    }
+    o.status = reader->Finish();
+    return o;
+  }
+
+  static std::string* dir_;
+  static std::string* model_;
+  std::unique_ptr<Child> sched_, worker_;
+  std::string addr_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::Scheduler::Stub> stub_;
+};
+std::string* ClusterTest::dir_ = nullptr;
+std::string* ClusterTest::model_ = nullptr;
+
+TEST_F(ClusterTest, ConcurrentIdenticalGreedyRequestsMatchSingleProcess) {
+  StartCluster({"--slots", "4", "--ctx", "1024"});
+  const std::vector<int32_t> prompt = Prompt(12, 1);
+  const int kTokens = 24;
+  const std::vector<int32_t> ref = Reference(*model_, prompt, kTokens);
+  ASSERT_EQ(ref.size(), static_cast<size_t>(kTokens));
+  constexpr int kN = 4;
+  std::vector<Outcome> out(kN);
+  std::vector<std::thread> th;
+  for (int i = 0; i < kN; ++i)
+    th.emplace_back([&, i] { out[i] = Submit(100 + i, prompt, kTokens); });
+  for (auto& t : th) t.join();
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_TRUE(out[i].status.ok()) << out[i].status.error_message();
+    EXPECT_TRUE(out[i].admitted);
+    EXPECT_TRUE(out[i].finished);
+    EXPECT_EQ(out[i].reason, v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(out[i].tokens, ref) << "request " << i;
+  }
+}
+
+TEST_F(ClusterTest, MixedPromptsUnderChunkedPrefillMatchEachAlone) {
+  // Small chunks and token budget: long prompts are prefilled over several steps, batched with
+  // other sequences' decodes.
+  StartCluster({"--slots", "4", "--ctx", "2048", "--max-chunk", "16", "--max-batch-tokens", "24"});
+  const std::vector<std::pair<std::vector<int32_t>, int>> cases = {
+      {Prompt(150, 2), 12}, {Prompt(3, 3), 20}, {Prompt(57, 4), 16}, {Prompt(1, 5), 10},
+      {Prompt(33, 6), 18}};
+  std::vector<std::vector<int32_t>> refs;
+  for (const auto& [p, n] : cases) refs.push_back(Reference(*model_, p, n));
+  std::vector<Outcome> out(cases.size());
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < cases.size(); ++i)
+    th.emplace_back([&, i] { out[i] = Submit(200 + i, cases[i].first, cases[i].second); });
+  for (auto& t : th) t.join();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_TRUE(out[i].status.ok()) << out[i].status.error_message();
+    EXPECT_EQ(out[i].tokens, refs[i]) << "case " << i << " (prompt " << cases[i].first.size()
+                                      << " tokens)";
+  }
+}
+
+TEST_F(ClusterTest, CancellingASubmitFreesItsSlot) {
+  StartCluster({"--slots", "2", "--ctx", "8192", "--split", "pool"});
+  grpc::ClientContext long_ctx;
+  std::atomic<int> progress{0};
+  Outcome cancelled;
+  std::thread t([&] { cancelled = Submit(300, Prompt(8, 7), 4000, &long_ctx, &progress); });
+  while (progress.load() < 3) std::this_thread::sleep_for(1ms);
+  // The slot is busy with request 300.
+  bool busy = false;
+  for (const auto& s : Status().slots()) busy |= s.request_id() == 300;
+  EXPECT_TRUE(busy);
+  long_ctx.TryCancel();
+  t.join();
+  EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_LT(cancelled.tokens.size(), 4000u);
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (true) {
+    v1::ClusterStatus st = Status();
+    bool still = false;
+    for (const auto& s : st.slots()) still |= s.request_id() == 300;
+    if (!still && st.running_requests() == 0) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), until) << "slot not freed: " << st.DebugString();
+    std::this_thread::sleep_for(5ms);
+  }
+  // Other requests still complete, greedy and correct.
+  const std::vector<int32_t> p = Prompt(6, 8);
+  Outcome ok = Submit(301, p, 8);
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens, Reference(*model_, p, 8));
+}
+
+TEST_F(ClusterTest, KillingTheWorkerFailsInFlightStreamsAndStopsServing) {
+  StartCluster({"--slots", "2", "--ctx", "8192"});
+  std::atomic<int> progress{0};
+  std::vector<Outcome> out(3);
+  std::vector<std::thread> th;
+  for (int i = 0; i < 3; ++i)  // 2 running + 1 queued
+    th.emplace_back([&, i] { out[i] = Submit(400 + i, Prompt(5, i), 4000, nullptr, &progress); });
+  while (progress.load() < 4) std::this_thread::sleep_for(1ms);
+  worker_->Kill(SIGKILL);
+  for (auto& t : th) t.join();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[i].status.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << i << ": " << out[i].status.error_message();
+    EXPECT_TRUE(out[i].finished) << i;
+    EXPECT_EQ(out[i].reason, v1::FINISH_REASON_ERROR) << i;
+    EXPECT_NE(out[i].error.find("worker lost"), std::string::npos) << out[i].error;
+  }
+  v1::ClusterStatus st = Status();
+  EXPECT_FALSE(st.serving());
+  EXPECT_EQ(st.running_requests(), 0u);
+  EXPECT_EQ(st.waiting_requests(), 0u);
+  // New requests are refused at once while not serving.
+  Outcome refused = Submit(500, Prompt(3, 1), 4);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// Control overhead per step at batch 1 (scheduler + RPC + worker bookkeeping, excluding the
+// worker's forward + sample). Prints the numbers docs/perf/cluster.md records.
+TEST_F(ClusterTest, StepOverheadAtBatchOne) {
+  StartCluster({"--slots", "1", "--ctx", "4096"});
+  Submit(600, Prompt(4, 1), 16);  // warm the path
+  {
+    grpc::ClientContext ctx;
+    pb::StepStatsRequest req;
+    req.set_reset(true);
+    pb::StepStats st;
+    ASSERT_TRUE(stub_->GetStepStats(&ctx, req, &st).ok());
+  }
+  const int kTokens = 512;
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = Submit(601, Prompt(4, 2), kTokens);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(o.status.ok());
+  ASSERT_EQ(o.tokens.size(), static_cast<size_t>(kTokens));
+  grpc::ClientContext ctx;
+  pb::StepStats st;
+  ASSERT_TRUE(stub_->GetStepStats(&ctx, pb::StepStatsRequest(), &st).ok());
+  EXPECT_EQ(st.steps(), static_cast<uint64_t>(kTokens));
+  std::printf(
+      "batch-1 steps: %llu | control overhead us: mean %.1f p50 %.1f p90 %.1f p99 %.1f max %.1f | "
+      "worker compute mean %.1f us | schedule+send %.1f us | apply+route %.1f us | "
+      "client wall %.1f us/token\n",
+      static_cast<unsigned long long>(st.steps()), st.mean_us(), st.p50_us(), st.p90_us(),
+      st.p99_us(), st.max_us(), st.mean_worker_us(), st.mean_schedule_us(), st.mean_apply_us(),
+      wall * 1e6 / kTokens);
+  // Generous bound for a loaded shared 2-core VM; the design goal (150 us) is tracked in
+  // docs/perf/cluster.md, not asserted.
+  EXPECT_LT(st.p50_us(), 5000.0);
+}
+
+}  // namespace
+}  // namespace ds

@@ -1,0 +1,333 @@
+// Benchmark driver (see bench.h). All timing is wall clock around synchronous backend steps
+// (every step ends in a device sync inside the backend), after warm-up steps that include graph
+// capture and cuBLAS handle setup.
+#include "tools/bench/bench.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "worker/cuda/cuda_backend.h"
+
+namespace ds {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+#define BENCH_CHECK(expr)                                                                    \
+  do {                                                                                       \
+    absl::Status st_ = (expr);                                                               \
+    if (!st_.ok()) {                                                                         \
+      std::fprintf(stderr, "bench: %s failed: %s\n", #expr, st_.ToString().c_str());       \
+      return 1;                                                                              \
+    }                                                                                        \
+  } while (0)
+
+// Device-to-device copy of 4 GiB; bandwidth counts bytes read + written. Median of 7.
+double MeasureCopyBandwidth(int device) {
+  const size_t bytes = 4ull << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&a, bytes) != cudaSuccess ||
+      cudaMalloc(&b, bytes) != cudaSuccess) {
+    std::fprintf(stderr, "bench: could not allocate 8 GiB for the bandwidth probe\n");
+    cudaFree(a);
+    return 0;
+  }
+  cudaMemset(a, 0x5A, bytes);  // non-zero data
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int i = 0; i < 9; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (i >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  if (cudaGetLastError() != cudaSuccess) return 0;
+  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);
+}
+
+std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> d(0, std::max(1, std::min(vocab, 248000)) - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+struct Row {
+  std::string test;
+  double tok_s = 0;
+  double gbs = 0;   // weight bytes / step time (decode rows)
+  double pct = 0;   // of measured copy bandwidth
+  std::string note;
+};
+
+void PrintRow(const Row& r) {
+  std::printf("%-34s %12.1f %10.1f %7.1f%%  %s\n", r.test.c_str(), r.tok_s, r.gbs, r.pct, r.note.c_str());
+  std::fflush(stdout);
+}
+
+// Decodes `steps` tokens for every slot in `slots` (one batched step per token), feeding back the
+// greedy tokens. Returns seconds.
+absl::StatusOr<double> DecodeLoop(cuda::CudaBackendApi& be, const std::vector<int>& slots,
+                                  std::vector<int32_t> last, int steps) {
+  const auto t0 = Clock::now();
+  std::vector<SeqStep> batch(slots.size());
+  std::vector<int32_t> out;
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      batch[i].slot = slots[i];
+      batch[i].pos0 = be.SlotLength(slots[i]);
+      batch[i].tokens.assign(1, last[i]);
+    }
+    DS_RETURN_IF_ERROR(be.ForwardGreedy(batch, &out, nullptr));
+    last = out;
+  }
+  return Since(t0);
+}
+
+}  // namespace
+
+int RunBench(const BenchOptions& o) {
+  if (o.model.empty()) {
+    std::fprintf(stderr, "bench: --model is required\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, o.device) != cudaSuccess) {
+    std::fprintf(stderr, "bench: no CUDA device %d\n", o.device);
+    return 1;
+  }
+  const double bw = MeasureCopyBandwidth(o.device);
+  std::printf("device %d: %s, %d SMs, %.1f GiB; measured copy bandwidth %.0f GB/s (read+write)\n",
+              o.device, prop.name, prop.multiProcessorCount,
+              static_cast<double>(prop.totalGlobalMem) / (1ull << 30), bw * 1e-9);
+  std::mt19937 rng(42);
+  std::vector<Row> rows;
+  auto pct = [&](double gbs) { return bw > 0 ? 100.0 * gbs * 1e9 / bw : 0.0; };
+
+  // ---- one long slot: prefill and single-stream decode ----
+  {
+    int max_p = 0;
+    for (int p : o.prefill) max_p = std::max(max_p, p);
+    BackendOptions bo;
+    bo.device = o.device;
+    bo.n_slots = 1;
+    bo.slot_ctx = std::max({max_p, o.depth, 1}) + o.decode_tokens + 64;
+    CudaBackendOptions co;
+    co.max_step_tokens = o.max_step_tokens;
+    const auto tl = Clock::now();
+    auto be_or = cuda::CreateCudaBackendApi(o.model, bo, co);
+    if (!be_or.ok()) {
+      std::fprintf(stderr, "bench: %s\n", be_or.status().ToString().c_str());
+      return 1;
+    }
+    auto& be = **be_or;
+    const double wbytes = static_cast<double>(be.StepWeightBytes());
+    std::printf("loaded in %.1f s; memory plan: %s\nweight bytes per forward step: %.2f GB\n",
+                Since(tl), be.memory_plan().ToString().c_str(), wbytes * 1e-9);
+    if (bw > 0) std::printf("speed of light (weights only): %.1f tok/s single stream\n", bw / wbytes);
+    const int vocab = be.config().n_vocab;
+    std::vector<int32_t> out;
+    // Warm-up: a short prefill and a few decode steps (graph capture, cuBLAS init).
+    be.ResetSlot(0);
+    {
+      std::vector<SeqStep> b(1);
+      b[0].tokens = RandomTokens(96, vocab, rng);
+      BENCH_CHECK(be.ForwardGreedy(b, &out, nullptr));
+      auto d = DecodeLoop(be, {0}, out, 4);
+      BENCH_CHECK(d.status());
+    }
+    std::printf("\n%-34s %12s %10s %8s\n", "test", "tok/s", "GB/s", "of BW");
+    for (int p : o.prefill) {
+      be.ResetSlot(0);
+      std::vector<SeqStep> b(1);
+      b[0].tokens = RandomTokens(p, vocab, rng);
+      double secs = 0;
+      BENCH_CHECK(be.ForwardGreedy(b, &out, &secs));
+      Row r{"prefill pp" + std::to_string(p), p / secs, 0, 0, ""};
+      char note[96];
+      std::snprintf(note, sizeof note, "%.3f s", secs);
+      r.note = note;
+      PrintRow(r);
+      rows.push_back(r);
+    }
+    auto decode_at = [&](int depth, const std::string& name) -> int {
+      be.ResetSlot(0);
+      std::vector<int32_t> last = {1};
+      if (depth > 0) {
+        std::vector<SeqStep> b(1);
+        b[0].tokens = RandomTokens(depth, vocab, rng);
+        double secs = 0;
+        BENCH_CHECK(be.ForwardGreedy(b, &out, &secs));
+        std::printf("  (filled %d tokens of context in %.2f s)\n", depth, secs);
+        last = out;
+      }
+      auto d = DecodeLoop(be, {0}, last, o.decode_tokens);
+      BENCH_CHECK(d.status());
+      const double tps = o.decode_tokens / *d;
+      const double gbs = wbytes * tps * 1e-9;
+      Row r{name, tps, gbs, pct(gbs), ""};
+      char note[96];
+      std::snprintf(note, sizeof note, "%.2f ms/token", 1e3 / tps);
+      r.note = note;
+      if (bw > 0 && gbs * 1e9 > bw * 1.02) r.note += "  WARNING: exceeds measured bandwidth";
+      PrintRow(r);
+      rows.push_back(r);
+      return 0;
+    };
+    if (decode_at(0, "decode tg" + std::to_string(o.decode_tokens) + " @0") != 0) return 1;
+    if (o.depth > 0 && decode_at(o.depth, "decode tg" + std::to_string(o.decode_tokens) + " @" + std::to_string(o.depth)) != 0)
+      return 1;
+
+    if (o.profile) {
+      // Profiling pass: every op class bracketed by events, graphs off (so times include launch
+      // gaps the graph would hide; compare the total with the decode row above).
+      be.ResetSlot(0);
+      be.SetProfiling(true);
+      be.ResetProfile();
+      const int steps = 16;
+      auto d = DecodeLoop(be, {0}, {1}, steps);
+      BENCH_CHECK(d.status());
+      be.SetProfiling(false);
+      std::printf("\nper-op-class time, single-stream decode at depth ~0 (profiling pass, no graphs):\n");
+      double total = 0;
+      for (auto& [cls, ms] : be.ProfileTotals()) total += ms;
+      for (auto& [cls, ms] : be.ProfileTotals())
+        std::printf("  %-12s %8.3f ms/token  %5.1f%%\n", cls.c_str(), ms / steps, 100.0 * ms / std::max(total, 1e-9));
+      std::printf("  %-12s %8.3f ms/token (wall %.3f ms/token)\n", "sum", total / steps, 1e3 * *d / steps);
+      // Same for one prefill of 512 tokens.
+      be.ResetSlot(0);
+      be.SetProfiling(true);
+      be.ResetProfile();
+      std::vector<SeqStep> b(1);
+      b[0].tokens = RandomTokens(512, vocab, rng);
+      BENCH_CHECK(be.ForwardGreedy(b, &out, nullptr));
+      be.SetProfiling(false);
+      std::printf("per-op-class time, prefill of 512 tokens:\n");
+      for (auto& [cls, ms] : be.ProfileTotals()) std::printf("  %-12s %8.2f ms\n", cls.c_str(), ms);
+    }
+  }
+
+  // ---- concurrent sequences ----
+  if (!o.concurrency.empty()) {
+    int max_b = 0;
+    for (int b : o.concurrency) max_b = std::max(max_b, b);
+    BackendOptions bo;
+    bo.device = o.device;
+    bo.n_slots = max_b;
+    bo.slot_ctx = o.conc_prompt + o.conc_gen + 64;
+    CudaBackendOptions co;
+    co.max_step_tokens = o.max_step_tokens;
+    auto be_or = cuda::CreateCudaBackendApi(o.model, bo, co);
+    if (!be_or.ok()) {
+      std::fprintf(stderr, "bench: %s\n", be_or.status().ToString().c_str());
+      return 1;
+    }
+    auto& be = **be_or;
+    const double wbytes = static_cast<double>(be.StepWeightBytes());
+    const int vocab = be.config().n_vocab;
+    std::printf("\n%-34s %12s %10s %8s\n", "test", "tok/s", "GB/s", "of BW");
+    for (int B : o.concurrency) {
+      std::vector<int> slots(B);
+      std::vector<SeqStep> batch(B);
+      for (int i = 0; i < B; ++i) {
+        slots[i] = i;
+        be.ResetSlot(i);
+        batch[i].slot = i;
+        batch[i].tokens = RandomTokens(o.conc_prompt, vocab, rng);
+      }
+      std::vector<int32_t> first;
+      double psecs = 0;
+      BENCH_CHECK(be.ForwardGreedy(batch, &first, &psecs));
+      // Warm-up decode steps for this batch size (graph capture), not timed.
+      auto w = DecodeLoop(be, slots, first, 2);
+      BENCH_CHECK(w.status());
+      auto d = DecodeLoop(be, slots, first, o.conc_gen - 2);
+      BENCH_CHECK(d.status());
+      const int gen = o.conc_gen - 2;
+      const double tps = static_cast<double>(B) * gen / *d;
+      const double gbs = wbytes * (gen / *d) * 1e-9;
+      Row r{"aggregate decode x" + std::to_string(B), tps, gbs, pct(gbs), ""};
+      char note[128];
+      std::snprintf(note, sizeof note, "%.2f ms/step; prompts %.2f s (%.0f tok/s)", 1e3 * *d / gen,
+                    psecs, B * o.conc_prompt / psecs);
+      r.note = note;
+      PrintRow(r);
+      rows.push_back(r);
+    }
+  }
+
+  std::printf("\n==== bench summary (%s) ====\n", prop.name);
+  std::printf("%-34s %12s %10s %8s\n", "test", "tok/s", "GB/s", "of BW");
+  for (const Row& r : rows) PrintRow(r);
+  return 0;
+}
+
+int BenchMain(int argc, char** argv) {
+  BenchOptions o;
+  auto ints = [](const char* s) {
+    std::vector<int> v;
+    for (const char* p = s; *p;) {
+      v.push_back(std::atoi(p));
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+    return v;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench: %s needs a value\n", a.c_str());
+        std::exit(1);
+      }
+      return argv[++i];
+    };
+    if (a == "--model" || a == "-m") o.model = next();
+    else if (a == "--device") o.device = std::atoi(next());
+    else if (a == "--prefill") o.prefill = ints(next());
+    else if (a == "--decode") o.decode_tokens = std::atoi(next());
+    else if (a == "--depth") o.depth = std::atoi(next());
+    else if (a == "--conc") o.concurrency = ints(next());
+    else if (a == "--conc-prompt") o.conc_prompt = std::atoi(next());
+    else if (a == "--conc-gen") o.conc_gen = std::atoi(next());
+    else if (a == "--max-step-tokens") o.max_step_tokens = std::atoi(next());
+    else if (a == "--no-profile") o.profile = false;
+    else if (a == "--quick") {
+      o.prefill = {512};
+      o.decode_tokens = 32;
+      o.depth = 4096;
+      o.concurrency = {1, 4};
+      o.conc_gen = 16;
+    } else if (a == "--help" || a == "-h") {
+      std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
+                  "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
+                  "[--conc-gen 128] [--max-step-tokens 4096] [--no-profile] [--quick]\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "bench: unknown argument %s\n", a.c_str());
+      return 1;
+    }
+  }
+  return RunBench(o);
+}
+
+}  // namespace ds

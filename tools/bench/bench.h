@@ -1,0 +1,30 @@
+// `deltaserve bench`: GPU benchmark of the CUDA backend on a GGUF file. Prints tok/s next to the
+// weight bytes read per step, achieved GB/s and % of the measured device-to-device copy bandwidth,
+// plus a per-op-class time breakdown from a profiling pass.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ds {
+
+struct BenchOptions {
+  std::string model;                         // GGUF path (required)
+  int device = 0;
+  std::vector<int> prefill = {512, 2048, 8192};
+  int decode_tokens = 128;
+  int depth = 32768;                         // context filled before the second decode run (0: skip)
+  std::vector<int> concurrency = {1, 4, 16, 64};
+  int conc_prompt = 512;
+  int conc_gen = 128;
+  bool profile = true;
+  int max_step_tokens = 4096;
+};
+
+// Runs the benchmark; returns 0 on success, 1 on any error (printed to stderr).
+int RunBench(const BenchOptions& opts);
+
+// argv parsing for the CLI: --model PATH [--device N] [--prefill 512,2048] [--decode N]
+// [--depth N] [--conc 1,4,16] [--conc-prompt N] [--conc-gen N] [--no-profile] [--quick].
+int BenchMain(int argc, char** argv);
+
+}  // namespace ds

@@ -1,0 +1,67 @@
+#include "tools/deltactl/flags.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace ds::ctl {
+
+absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, const std::set<std::string>& valued,
+                                   const std::set<std::string>& switches) {
+  Flags fl;
+  for (int i = 0; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (switches.count(f)) {
+      fl.values_[f].push_back("1");
+    } else if (valued.count(f)) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
+      fl.values_[f].push_back(argv[++i]);
+    } else {
+      return absl::InvalidArgumentError("unknown flag '" + f + "'");
+    }
+  }
+  return fl;
+}
+
+std::string Flags::Str(const std::string& f, const std::string& dflt) const {
+  auto it = values_.find(f);
+  return it == values_.end() ? dflt : it->second.back();
+}
+
+std::vector<std::string> Flags::All(const std::string& f) const {
+  auto it = values_.find(f);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
+}
+
+absl::StatusOr<int64_t> Flags::Int(const std::string& f, int64_t dflt) const {
+  if (!Has(f)) return dflt;
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(Str(f), &v))
+    return absl::InvalidArgumentError(absl::StrCat(f, ": not an integer: '", Str(f), "'"));
+  return v;
+}
+
+absl::StatusOr<double> Flags::Float(const std::string& f, double dflt) const {
+  if (!Has(f)) return dflt;
+  double v = 0;
+  if (!absl::SimpleAtod(Str(f), &v))
+    return absl::InvalidArgumentError(absl::StrCat(f, ": not a number: '", Str(f), "'"));
+  return v;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& s) {
+  std::vector<int32_t> ids;
+  int i = 0;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
+    int32_t v = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v))
+      return absl::InvalidArgumentError(absl::StrCat("id list element ", i, " ('", part,
+                                                     "') is not an integer"));
+    ids.push_back(v);
+    ++i;
+  }
+  return ids;
+}
+
+}  // namespace ds::ctl

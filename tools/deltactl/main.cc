@@ -1,0 +1,320 @@
+// deltactl: command-line client of a deltaserve cluster (public Generation API and Admin API).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "deltaserve/v1/deltaserve.grpc.pb.h"
+#include "gateway/client.h"
+#include "tools/deltactl/flags.h"
+#include "tools/loadgen/loadgen.h"
+
+namespace {
+
+namespace v1 = deltaserve::v1;
+using ds::ctl::Flags;
+
+constexpr const char* kDefaultAddr = "127.0.0.1:50051";
+constexpr const char* kDefaultAdminAddr = "127.0.0.1:50052";
+
+void Usage() {
+  std::fprintf(
+      stderr,
+      "usage: deltactl <command> [flags]\n"
+      "commands:\n"
+      "  generate    --addr A (--prompt TEXT | --prompt-ids 1,2,3 | --chat-user TEXT [--chat-system "
+      "TEXT])\n"
+      "              [--max-tokens N --temperature T --top-k K --top-p P --min-p P --seed S\n"
+      "               --stop S (repeatable) --stop-id N (repeatable) --logprobs N --priority N\n"
+      "               --ignore-eos --timeout SECONDS --api-key K]\n"
+      "  tokenize    --addr A (--prompt TEXT | --chat-user TEXT)\n"
+      "  health      --addr A: grpc.health.v1 status\n"
+      "  status      --admin-addr A: workers, slots, queue and context pool\n"
+      "  set-slots   N --admin-addr A\n"
+      "  set-context --split static|pool --total N [--slot-cap N] --admin-addr A\n"
+      "  drain       [--resume] --admin-addr A\n"
+      "  load        --addr A --concurrency C --requests N --prompt-len L --max-tokens M [--seed S "
+      "--vocab V --no-ignore-eos --timeout SECONDS]\n");
+}
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "deltactl: %s\n", what.c_str());
+  return 1;
+}
+int Fail(const absl::Status& s) { return Fail(std::string(s.message())); }
+int Fail(const grpc::Status& s) {
+  return Fail(absl::StrFormat("%s (gRPC code %d)", s.error_message(),
+                              static_cast<int>(s.error_code())));
+}
+
+void AddAuth(const Flags& f, grpc::ClientContext* ctx) {
+  if (f.Has("--api-key")) ctx->AddMetadata("authorization", "Bearer " + f.Str("--api-key"));
+}
+
+void PrintStatus(const v1::ClusterStatus& s) {
+  std::printf("model: %s | serving: %s | draining: %s\n", s.model().c_str(),
+              s.serving() ? "yes" : "no", s.draining() ? "yes" : "no");
+  std::printf("queue: %u waiting (capacity %u), %u running\n", s.waiting_requests(),
+              s.queue_capacity(), s.running_requests());
+  const v1::ContextPolicy& p = s.context_policy();
+  std::printf("context: %s, total %u, slot cap %u | reserved %llu / %llu tokens\n",
+              p.split() == v1::CONTEXT_SPLIT_STATIC ? "static" : "pool", p.total_context(),
+              p.slot_cap(), static_cast<unsigned long long>(s.context_reserved()),
+              static_cast<unsigned long long>(s.context_total()));
+  std::printf("\nWORKER                 DEVICE                 READY  HEARTBEAT  WEIGHTS MiB  KV MiB  "
+              "STATE MiB  WARMUP tok/s\n");
+  for (const v1::WorkerStatus& w : s.workers())
+    std::printf("%-22s %-22s %-6s %8.2fs  %11.1f  %6.1f  %9.1f  %12.1f\n", w.id().c_str(),
+                w.device().c_str(), w.ready() ? "yes" : "no", w.heartbeat_age_seconds(),
+                w.weights_bytes() / 1048576.0, w.kv_bytes() / 1048576.0,
+                w.state_bytes() / 1048576.0, w.warmup_decode_tokens_per_second());
+  if (s.workers().empty()) std::printf("(no worker)\n");
+  std::printf("\nSLOT  REQUEST               USED  RESERVED    CAP  STATE\n");
+  for (const v1::SlotStatus& sl : s.slots())
+    std::printf("%4u  %-20llu %5u  %8u  %5u  %s\n", sl.index(),
+                static_cast<unsigned long long>(sl.request_id()), sl.context_used(),
+                sl.context_reserved(), sl.context_cap(),
+                sl.retiring() ? "retiring" : (sl.request_id() ? "busy" : "idle"));
+}
+
+int CmdGenerate(int argc, char** argv) {
+  auto f = Flags::Parse(argc, argv,
+                        {"--addr", "--prompt", "--prompt-ids", "--chat-user", "--chat-system",
+                         "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--seed",
+                         "--stop", "--stop-id", "--logprobs", "--priority", "--timeout",
+                         "--api-key", "--request-id"},
+                        {"--ignore-eos", "--show-ids"});
+  if (!f.ok()) return Fail(f.status());
+  const int n_prompts = f->Has("--prompt") + f->Has("--prompt-ids") + f->Has("--chat-user");
+  if (n_prompts != 1) return Fail("give exactly one of --prompt, --prompt-ids, --chat-user");
+  v1::GenerateRequest req;
+  if (f->Has("--prompt")) {
+    req.set_text(f->Str("--prompt"));
+  } else if (f->Has("--prompt-ids")) {
+    auto ids = ds::ctl::ParseIds(f->Str("--prompt-ids"));
+    if (!ids.ok()) return Fail(ids.status());
+    req.mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+  } else {
+    if (f->Has("--chat-system")) {
+      auto* m = req.mutable_chat()->add_messages();
+      m->set_role("system");
+      m->set_content(f->Str("--chat-system"));
+    }
+    auto* m = req.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(f->Str("--chat-user"));
+  }
+  auto max_tokens = f->Int("--max-tokens", 0);
+  auto temp = f->Float("--temperature", 0);
+  auto top_k = f->Int("--top-k", 0);
+  auto top_p = f->Float("--top-p", 0);
+  auto min_p = f->Float("--min-p", 0);
+  auto seed = f->Int("--seed", 0);
+  auto logprobs = f->Int("--logprobs", 0);
+  auto priority = f->Int("--priority", 0);
+  auto timeout = f->Float("--timeout", 600);
+  for (const absl::Status& s :
+       {max_tokens.status(), temp.status(), top_k.status(), top_p.status(), min_p.status(),
+        seed.status(), logprobs.status(), priority.status(), timeout.status()})
+    if (!s.ok()) return Fail(s);
+  // Range checks are the gateway's job (it names the field); only the wire types are checked here.
+  if (*max_tokens < 0 || *logprobs < 0 || *seed < 0)
+    return Fail("--max-tokens, --logprobs and --seed must not be negative");
+  req.set_max_tokens(static_cast<uint32_t>(*max_tokens));
+  req.mutable_sampling()->set_temperature(static_cast<float>(*temp));
+  req.mutable_sampling()->set_top_k(static_cast<int32_t>(*top_k));
+  req.mutable_sampling()->set_top_p(static_cast<float>(*top_p));
+  req.mutable_sampling()->set_min_p(static_cast<float>(*min_p));
+  req.mutable_sampling()->set_seed(static_cast<uint64_t>(*seed));
+  for (const std::string& s : f->All("--stop")) req.add_stop(s);
+  for (const std::string& s : f->All("--stop-id")) {
+    auto ids = ds::ctl::ParseIds(s);
+    if (!ids.ok()) return Fail(ids.status());
+    for (int32_t id : *ids) req.add_stop_token_ids(id);
+  }
+  req.set_logprobs(static_cast<uint32_t>(*logprobs));
+  req.set_priority(static_cast<int32_t>(*priority));
+  req.set_ignore_eos(f->Has("--ignore-eos"));
+  req.set_request_id(f->Str("--request-id"));
+  const bool show_ids = f->Has("--show-ids");
+
+  auto stub = v1::Generation::NewStub(ds::gw::MakeChannel(f->Str("--addr", kDefaultAddr)));
+  grpc::ClientContext ctx;
+  AddAuth(*f, &ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1e3)));
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    if (msg.has_chunk()) {
+      const auto& c = msg.chunk();
+      if (!c.text().empty()) std::fwrite(c.text().data(), 1, c.text().size(), stdout);
+      if (show_ids) {
+        for (int32_t id : c.token_ids()) std::printf("[%d]", id);
+      }
+      for (const v1::TokenLogprob& lp : c.logprobs()) {
+        std::fprintf(stderr, "\n  logprob id %d = %.4f top:", lp.token_id(), lp.logprob());
+        for (const auto& t : lp.top()) std::fprintf(stderr, " %d:%.3f", t.token_id(), t.logprob());
+      }
+      std::fflush(stdout);
+    } else if (msg.has_finished()) {
+      const auto& fin = msg.finished();
+      std::printf("\n");
+      std::fprintf(stderr,
+                   "[%s] %s%s%s | prompt %u tok, generated %u tok | server: queue %.1f ms, TTFT "
+                   "%.1f ms, mean inter-token %.2f ms, total %.1f ms\n",
+                   msg.request_id().c_str(), v1::FinishReason_Name(fin.reason()).c_str(),
+                   fin.stop_string().empty() ? "" : " on ",
+                   fin.stop_string().empty() ? "" : ("'" + fin.stop_string() + "'").c_str(),
+                   fin.usage().prompt_tokens(), fin.usage().completion_tokens(),
+                   fin.timings().queue_seconds() * 1e3,
+                   fin.timings().time_to_first_token_seconds() * 1e3,
+                   fin.timings().mean_inter_token_seconds() * 1e3,
+                   fin.timings().total_seconds() * 1e3);
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Fail(s);
+  return 0;
+}
+
+int CmdTokenize(int argc, char** argv) {
+  auto f = Flags::Parse(argc, argv, {"--addr", "--prompt", "--chat-user", "--api-key"}, {});
+  if (!f.ok()) return Fail(f.status());
+  v1::TokenizeRequest req;
+  if (f->Has("--prompt")) {
+    req.set_text(f->Str("--prompt"));
+  } else if (f->Has("--chat-user")) {
+    auto* m = req.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(f->Str("--chat-user"));
+  } else {
+    return Fail("give --prompt or --chat-user");
+  }
+  auto stub = v1::Generation::NewStub(ds::gw::MakeChannel(f->Str("--addr", kDefaultAddr)));
+  grpc::ClientContext ctx;
+  AddAuth(*f, &ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::TokenizeResponse resp;
+  grpc::Status s = stub->Tokenize(&ctx, req, &resp);
+  if (!s.ok()) return Fail(s);
+  for (int i = 0; i < resp.ids_size(); ++i) std::printf("%s%d", i ? "," : "", resp.ids(i));
+  std::printf("\n");
+  return 0;
+}
+
+int CmdHealth(int argc, char** argv) {
+  auto f = Flags::Parse(argc, argv, {"--addr"}, {});
+  if (!f.ok()) return Fail(f.status());
+  auto ch = ds::gw::MakeChannel(f->Str("--addr", kDefaultAddr));
+  const ds::gw::Health h = ds::gw::CheckHealth(ch.get(), std::chrono::seconds(5));
+  std::printf("%s\n", ds::gw::HealthName(h));
+  return h == ds::gw::Health::kServing ? 0 : 1;
+}
+
+// status / set-slots / set-context / drain: one admin call, then the status table.
+int CmdAdmin(const std::string& cmd, int argc, char** argv) {
+  std::string positional;
+  if (cmd == "set-slots" && argc > 0 && std::strncmp(argv[0], "--", 2) != 0) {
+    positional = argv[0];
+    --argc;
+    ++argv;
+  }
+  auto f = Flags::Parse(argc, argv,
+                        {"--admin-addr", "--slots", "--split", "--total", "--slot-cap", "--api-key"},
+                        {"--resume"});
+  if (!f.ok()) return Fail(f.status());
+  auto stub = v1::Admin::NewStub(ds::gw::MakeChannel(f->Str("--admin-addr", kDefaultAdminAddr)));
+  grpc::ClientContext ctx;
+  AddAuth(*f, &ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ClusterStatus st;
+  grpc::Status s;
+  if (cmd == "status") {
+    s = stub->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &st);
+  } else if (cmd == "set-slots") {
+    const std::string n = positional.empty() ? f->Str("--slots") : positional;
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(n, &v) || v < 0) return Fail("set-slots needs a slot count N >= 0");
+    v1::SetSlotsRequest req;
+    req.set_slots(static_cast<uint32_t>(v));
+    s = stub->SetSlots(&ctx, req, &st);
+  } else if (cmd == "set-context") {
+    v1::SetContextPolicyRequest req;
+    const std::string split = f->Str("--split");
+    if (split == "static") {
+      req.mutable_policy()->set_split(v1::CONTEXT_SPLIT_STATIC);
+    } else if (split == "pool") {
+      req.mutable_policy()->set_split(v1::CONTEXT_SPLIT_POOL);
+    } else {
+      return Fail("set-context needs --split static|pool");
+    }
+    auto total = f->Int("--total", 0);
+    auto cap = f->Int("--slot-cap", 0);
+    if (!total.ok()) return Fail(total.status());
+    if (!cap.ok()) return Fail(cap.status());
+    if (*total <= 0) return Fail("set-context needs --total N > 0");
+    if (*cap < 0) return Fail("--slot-cap must not be negative");
+    req.mutable_policy()->set_total_context(static_cast<uint32_t>(*total));
+    req.mutable_policy()->set_slot_cap(static_cast<uint32_t>(*cap));
+    s = stub->SetContextPolicy(&ctx, req, &st);
+  } else {
+    v1::DrainRequest req;
+    req.set_resume(f->Has("--resume"));
+    s = stub->Drain(&ctx, req, &st);
+  }
+  if (!s.ok()) return Fail(s);
+  PrintStatus(st);
+  return 0;
+}
+
+int CmdLoad(int argc, char** argv) {
+  auto f = Flags::Parse(argc, argv,
+                        {"--addr", "--concurrency", "--requests", "--prompt-len", "--max-tokens",
+                         "--seed", "--vocab", "--timeout", "--api-key"},
+                        {"--no-ignore-eos"});
+  if (!f.ok()) return Fail(f.status());
+  ds::loadgen::LoadOptions o;
+  o.addr = f->Str("--addr", kDefaultAddr);
+  auto c = f->Int("--concurrency", 1), n = f->Int("--requests", 16), l = f->Int("--prompt-len", 32),
+       m = f->Int("--max-tokens", 32), seed = f->Int("--seed", 1), vocab = f->Int("--vocab", 256);
+  auto timeout = f->Float("--timeout", 300);
+  for (const absl::Status& s : {c.status(), n.status(), l.status(), m.status(), seed.status(),
+                                vocab.status(), timeout.status()})
+    if (!s.ok()) return Fail(s);
+  o.concurrency = static_cast<int>(*c);
+  o.requests = static_cast<int>(*n);
+  o.prompt_len = static_cast<int>(*l);
+  o.max_tokens = static_cast<int>(*m);
+  o.seed = static_cast<uint64_t>(*seed);
+  o.vocab = static_cast<int>(*vocab);
+  o.timeout_s = *timeout;
+  o.ignore_eos = !f->Has("--no-ignore-eos");
+  o.api_key = f->Str("--api-key");
+  auto r = ds::loadgen::RunLoad(o);
+  if (!r.ok()) return Fail(r.status());
+  std::printf("%s", ds::loadgen::FormatReport(*r).c_str());
+  return r->ok > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    Usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "generate") return CmdGenerate(argc - 2, argv + 2);
+  if (cmd == "tokenize") return CmdTokenize(argc - 2, argv + 2);
+  if (cmd == "health") return CmdHealth(argc - 2, argv + 2);
+  if (cmd == "status" || cmd == "set-slots" || cmd == "set-context" || cmd == "drain")
+    return CmdAdmin(cmd, argc - 2, argv + 2);
+  if (cmd == "load") return CmdLoad(argc - 2, argv + 2);
+  std::fprintf(stderr, "deltactl: unknown command '%s'\n", cmd.c_str());
+  Usage();
+  return 2;
+}

@@ -1,0 +1,210 @@
+#include "tools/loadgen/loadgen.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "deltaserve/v1/deltaserve.grpc.pb.h"
+
+namespace ds::loadgen {
+namespace {
+
+namespace v1 = deltaserve::v1;
+using Clock = std::chrono::steady_clock;
+
+double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+const char* CodeName(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    default: return "OTHER";
+  }
+}
+
+struct Samples {
+  std::mutex mu;
+  std::vector<double> ttft, itl, e2e, srv_queue, srv_ttft, srv_itl, srv_total;
+  int ok = 0, rejected = 0;
+  std::map<std::string, int> errors;
+  uint64_t generated = 0, prompt = 0;
+};
+
+void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* out) {
+  // One channel (one HTTP/2 connection) per client, as separate clients would have.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt("deltactl.load.client", client);
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateCustomChannel(o.addr, grpc::InsecureChannelCredentials(), args));
+  std::mt19937_64 rng(o.seed * 1000003 + static_cast<uint64_t>(client));
+  std::uniform_int_distribution<int32_t> id(0, std::max(1, o.vocab) - 1);
+  std::vector<double> itl;
+  while (true) {
+    const int i = next->fetch_add(1);
+    if (i >= o.requests) return;
+    v1::GenerateRequest req;
+    for (int k = 0; k < o.prompt_len; ++k) req.mutable_token_ids()->add_ids(id(rng));
+    req.set_max_tokens(static_cast<uint32_t>(o.max_tokens));
+    req.set_ignore_eos(o.ignore_eos);
+    req.mutable_sampling()->set_seed(o.seed + static_cast<uint64_t>(i));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1e3)));
+    if (!o.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + o.api_key);
+
+    const Clock::time_point t0 = Clock::now();
+    Clock::time_point last{};
+    bool first = true;
+    double ttft = 0;
+    uint32_t n_tokens = 0;
+    itl.clear();
+    v1::GenerateResponse msg;
+    v1::GenerateResponse::Finished fin;
+    bool have_fin = false;
+    auto reader = stub->Generate(&ctx, req);
+    while (reader->Read(&msg)) {
+      if (msg.has_chunk() && msg.chunk().token_ids_size() > 0) {
+        const Clock::time_point t = Clock::now();
+        const int n = msg.chunk().token_ids_size();
+        if (first) {
+          ttft = Sec(t - t0);
+          first = false;
+          // Extra tokens in the first chunk arrived together: zero gaps.
+          for (int k = 1; k < n; ++k) itl.push_back(0);
+        } else {
+          itl.push_back(Sec(t - last) / n);
+          for (int k = 1; k < n; ++k) itl.push_back(Sec(t - last) / n);
+        }
+        last = t;
+        n_tokens += static_cast<uint32_t>(n);
+      } else if (msg.has_finished()) {
+        fin = msg.finished();
+        have_fin = true;
+      }
+    }
+    const grpc::Status s = reader->Finish();
+    const double e2e = Sec(Clock::now() - t0);
+    std::lock_guard<std::mutex> l(out->mu);
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++out->rejected;
+      continue;
+    }
+    if (!s.ok() || !have_fin) {
+      ++out->errors[CodeName(s.error_code())];
+      continue;
+    }
+    ++out->ok;
+    out->generated += n_tokens;
+    out->prompt += fin.usage().prompt_tokens();
+    if (!first) out->ttft.push_back(ttft);
+    out->itl.insert(out->itl.end(), itl.begin(), itl.end());
+    out->e2e.push_back(e2e);
+    out->srv_queue.push_back(fin.timings().queue_seconds());
+    out->srv_ttft.push_back(fin.timings().time_to_first_token_seconds());
+    if (fin.usage().completion_tokens() > 1)
+      out->srv_itl.push_back(fin.timings().mean_inter_token_seconds());
+    out->srv_total.push_back(fin.timings().total_seconds());
+  }
+}
+
+}  // namespace
+
+Percentiles Summarize(std::vector<double> v) {
+  Percentiles p;
+  p.n = v.size();
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto rank = [&](double q) {
+    const size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
+  };
+  double sum = 0;
+  for (double x : v) sum += x;
+  p.mean = sum / static_cast<double>(v.size());
+  p.p50 = rank(0.50);
+  p.p90 = rank(0.90);
+  p.p99 = rank(0.99);
+  p.max = v.back();
+  return p;
+}
+
+absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o) {
+  if (o.concurrency < 1) return absl::InvalidArgumentError("--concurrency must be >= 1");
+  if (o.requests < 1) return absl::InvalidArgumentError("--requests must be >= 1");
+  if (o.prompt_len < 1) return absl::InvalidArgumentError("--prompt-len must be >= 1");
+  if (o.max_tokens < 1) return absl::InvalidArgumentError("--max-tokens must be >= 1");
+  if (o.vocab < 1) return absl::InvalidArgumentError("--vocab must be >= 1");
+  Samples s;
+  std::atomic<int> next{0};
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::thread> clients;
+  for (int c = 0; c < o.concurrency; ++c)
+    clients.emplace_back([&, c] { Client(o, c, &next, &s); });
+  for (std::thread& t : clients) t.join();
+  LoadReport r;
+  r.opts = o;
+  r.wall_s = Sec(Clock::now() - t0);
+  r.ok = s.ok;
+  r.rejected = s.rejected;
+  r.errors = s.errors;
+  r.generated_tokens = s.generated;
+  r.prompt_tokens = s.prompt;
+  r.ttft = Summarize(s.ttft);
+  r.itl = Summarize(s.itl);
+  r.e2e = Summarize(s.e2e);
+  r.srv_queue = Summarize(s.srv_queue);
+  r.srv_ttft = Summarize(s.srv_ttft);
+  r.srv_itl = Summarize(s.srv_itl);
+  r.srv_total = Summarize(s.srv_total);
+  return r;
+}
+
+std::string FormatReport(const LoadReport& r) {
+  auto row = [](const char* name, const Percentiles& p) {
+    return absl::StrFormat("  %-26s %9.2f %9.2f %9.2f %9.2f %9.2f  (n=%zu)\n", name, p.p50 * 1e3,
+                           p.p90 * 1e3, p.p99 * 1e3, p.mean * 1e3, p.max * 1e3, p.n);
+  };
+  std::string out = absl::StrFormat(
+      "load: %s | concurrency %d, %d requests, prompt %d random ids, max_tokens %d%s\n",
+      r.opts.addr, r.opts.concurrency, r.opts.requests, r.opts.prompt_len, r.opts.max_tokens,
+      r.opts.ignore_eos ? " (ignore_eos)" : "");
+  absl::StrAppendFormat(&out, "requests: %d ok, %d rejected (RESOURCE_EXHAUSTED)", r.ok, r.rejected);
+  for (const auto& [code, n] : r.errors) absl::StrAppendFormat(&out, ", %d %s", n, code);
+  absl::StrAppendFormat(&out, " | wall %.2f s\n", r.wall_s);
+  absl::StrAppendFormat(&out,
+                        "client throughput: %.1f generated tok/s, %.2f req/s (%llu generated, "
+                        "%llu prompt tokens)\n",
+                        r.wall_s > 0 ? r.generated_tokens / r.wall_s : 0,
+                        r.wall_s > 0 ? r.ok / r.wall_s : 0,
+                        static_cast<unsigned long long>(r.generated_tokens),
+                        static_cast<unsigned long long>(r.prompt_tokens));
+  absl::StrAppendFormat(&out, "  %-26s %9s %9s %9s %9s %9s\n", "(milliseconds)", "p50", "p90",
+                        "p99", "mean", "max");
+  out += "client-side (measured by deltactl, incl. gateway + network):\n";
+  out += row("TTFT", r.ttft);
+  out += row("inter-token latency", r.itl);
+  out += row("end-to-end latency", r.e2e);
+  out += "server-side (Finished.timings, measured by the scheduler):\n";
+  out += row("queue time", r.srv_queue);
+  out += row("TTFT (admission->1st tok)", r.srv_ttft);
+  out += row("mean inter-token (per req)", r.srv_itl);
+  out += row("total (admission->last)", r.srv_total);
+  return out;
+}
+
+}  // namespace ds::loadgen

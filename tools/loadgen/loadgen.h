@@ -1,0 +1,53 @@
+// Closed-loop load generator for the public Generation API (`deltactl load`). `concurrency`
+// clients each send one request, wait for its end, and send the next, until `requests` were sent.
+// Prompts are random token ids, so any model (with or without a tokenizer) can be loaded.
+//
+// Two sets of figures are kept apart: client-side (measured here, including the network and the
+// gateway) and server-side (Finished.timings, measured by the scheduler).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/util/status.h"
+
+namespace ds::loadgen {
+
+struct LoadOptions {
+  std::string addr = "127.0.0.1:50051";
+  int concurrency = 1;
+  int requests = 16;
+  int prompt_len = 32;
+  int max_tokens = 32;
+  int vocab = 256;  // prompt ids are drawn from [0, vocab)
+  uint64_t seed = 1;
+  bool ignore_eos = true;  // every request generates exactly max_tokens
+  double timeout_s = 300;
+  std::string api_key;
+};
+
+struct Percentiles {
+  size_t n = 0;
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
+};
+Percentiles Summarize(std::vector<double> v);  // nearest-rank percentiles
+
+struct LoadReport {
+  LoadOptions opts;
+  int ok = 0;
+  int rejected = 0;  // RESOURCE_EXHAUSTED (admission)
+  std::map<std::string, int> errors;  // other failures by status code name
+  double wall_s = 0;
+  uint64_t generated_tokens = 0;
+  uint64_t prompt_tokens = 0;
+  // Client-side (seconds).
+  Percentiles ttft, itl, e2e;
+  // Server-side, from Finished.timings (seconds).
+  Percentiles srv_queue, srv_ttft, srv_itl, srv_total;
+};
+
+absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o);
+std::string FormatReport(const LoadReport& r);
+
+}  // namespace ds::loadgen

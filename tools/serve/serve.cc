@@ -1,0 +1,294 @@
+#include "tools/serve/serve.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "deltaserve/v1/deltaserve.grpc.pb.h"
+#include "gateway/client.h"
+#include "gateway/gateway.h"
+#include "tools/serve/children.h"
+
+namespace ds {
+namespace {
+
+namespace v1 = deltaserve::v1;
+using serve::Child;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kStartTimeout{30'000};   // a role's port file
+constexpr milliseconds kServingTimeout{300'000};  // worker load + warmup (27B on a GPU: minutes)
+constexpr milliseconds kStopGrace{10'000};
+
+struct ServeOptions {
+  std::string model;
+  int workers = 1;
+  int slots = 4;
+  int ctx = 4096;
+  std::string split = "pool";
+  std::string backend = "auto";
+  int port = 50051;
+  int max_inflight = 64;
+  int threads = 0;
+  bool demo = false;
+  std::string demo_prompt;
+  int demo_max_tokens = 48;
+};
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: deltaserve serve --model FILE [--workers 1] [--slots N] [--ctx N] "
+               "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
+               "[--threads N] [--demo PROMPT [--demo-max-tokens N]]\n"
+               "  starts scheduler, worker and gateway as child processes; the gateway listens on "
+               "127.0.0.1:P (admin P+1; --port 0 picks free ports)\n");
+}
+
+absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
+  static const std::set<std::string> kFlags = {"--model",  "--workers", "--slots", "--ctx",
+                                               "--split",  "--backend", "--port",  "--max-inflight",
+                                               "--threads", "--demo",   "--demo-max-tokens"};
+  std::map<std::string, std::string> m;
+  for (int i = 0; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (!kFlags.count(f)) return absl::InvalidArgumentError("unknown flag '" + f + "'");
+    if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
+    m[f] = argv[++i];
+  }
+  ServeOptions o;
+  if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
+  o.model = m["--model"];
+  auto integer = [&](const char* f, int* v, int lo) -> absl::Status {
+    if (m.count(f) && (!absl::SimpleAtoi(m[f], v) || *v < lo))
+      return absl::InvalidArgumentError(absl::StrCat(f, " expects an integer >= ", lo, ", got '",
+                                                     m[f], "'"));
+    return absl::OkStatus();
+  };
+  DS_RETURN_IF_ERROR(integer("--workers", &o.workers, 1));
+  DS_RETURN_IF_ERROR(integer("--slots", &o.slots, 1));
+  DS_RETURN_IF_ERROR(integer("--ctx", &o.ctx, 1));
+  DS_RETURN_IF_ERROR(integer("--port", &o.port, 0));
+  DS_RETURN_IF_ERROR(integer("--max-inflight", &o.max_inflight, 1));
+  DS_RETURN_IF_ERROR(integer("--threads", &o.threads, 0));
+  DS_RETURN_IF_ERROR(integer("--demo-max-tokens", &o.demo_max_tokens, 1));
+  if (o.port > 65534) return absl::InvalidArgumentError("--port must be <= 65534 (admin is P+1)");
+  if (o.workers != 1)
+    return absl::UnimplementedError(
+        "--workers: the scheduler drives one worker (group) today; run more clusters instead");
+  if (m.count("--split")) o.split = m["--split"];
+  if (o.split != "static" && o.split != "pool")
+    return absl::InvalidArgumentError("--split expects static or pool, got '" + o.split + "'");
+  if (m.count("--backend")) o.backend = m["--backend"];
+  if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "auto")
+    return absl::InvalidArgumentError("--backend expects cpu, cuda or auto, got '" + o.backend + "'");
+  if (m.count("--demo")) {
+    o.demo = true;
+    o.demo_prompt = m["--demo"];
+  }
+  if (!std::filesystem::exists(o.model))
+    return absl::NotFoundError("--model: no such file '" + o.model + "'");
+  return o;
+}
+
+// One streamed Generate through the gateway, text to stdout as it arrives.
+int RunDemo(const std::string& addr, const ServeOptions& o) {
+  auto stub = v1::Generation::NewStub(gw::MakeChannel(addr));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+  v1::GenerateRequest req;
+  req.set_text(o.demo_prompt);
+  req.set_max_tokens(static_cast<uint32_t>(o.demo_max_tokens));
+  req.mutable_sampling()->set_temperature(0.8f);
+  req.mutable_sampling()->set_seed(7);
+  std::printf("prompt: %s\n", o.demo_prompt.c_str());
+  std::fflush(stdout);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  v1::GenerateResponse::Finished fin;
+  bool have_fin = false;
+  while (reader->Read(&msg)) {
+    if (msg.has_chunk()) {
+      std::fwrite(msg.chunk().text().data(), 1, msg.chunk().text().size(), stdout);
+      std::fflush(stdout);
+    } else if (msg.has_finished()) {
+      fin = msg.finished();
+      have_fin = true;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  std::printf("\n");
+  if (!s.ok()) {
+    std::fprintf(stderr, "deltaserve serve: demo request failed: %s: %s\n",
+                 std::to_string(s.error_code()).c_str(), s.error_message().c_str());
+    return 1;
+  }
+  if (have_fin) {
+    const v1::Timings& t = fin.timings();
+    std::fprintf(stderr,
+                 "[demo] %s | prompt %u tok, generated %u tok | server: queue %.1f ms, TTFT %.1f "
+                 "ms, mean inter-token %.1f ms, total %.1f ms\n",
+                 v1::FinishReason_Name(fin.reason()).c_str(), fin.usage().prompt_tokens(),
+                 fin.usage().completion_tokens(), t.queue_seconds() * 1e3,
+                 t.time_to_first_token_seconds() * 1e3, t.mean_inter_token_seconds() * 1e3,
+                 t.total_seconds() * 1e3);
+  }
+  return 0;
+}
+
+int ReadPort(const std::string& text, int index) {
+  std::istringstream in(text);
+  int p = 0;
+  for (int i = 0; i <= index; ++i)
+    if (!(in >> p)) return 0;
+  return p;
+}
+
+}  // namespace
+
+int RunGateway(int argc, char** argv) { return gw::RunGatewayMain(argc, argv); }
+
+int RunServe(int argc, char** argv) {
+  absl::StatusOr<ServeOptions> o = Parse(argc, argv);
+  if (!o.ok()) {
+    std::fprintf(stderr, "deltaserve serve: %s\n", std::string(o.status().message()).c_str());
+    Usage();
+    return 2;
+  }
+  // SIGINT/SIGTERM are taken with sigtimedwait between child checks (children unblock them).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  char dir_template[] = "/tmp/deltaserve-serve-XXXXXX";
+  if (!mkdtemp(dir_template)) {
+    std::perror("deltaserve serve: mkdtemp");
+    return 1;
+  }
+  const std::string dir = dir_template;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<Child> children;  // start order: scheduler, worker, gateway
+  auto stop_all = [&]() {
+    // Gateway first (no new requests), then the scheduler, which fails what is left and sends the
+    // worker its Shutdown; the worker is signalled last only if it is still there.
+    for (size_t i : {size_t{2}, size_t{0}, size_t{1}})
+      if (i < children.size()) serve::Stop(&children[i], kStopGrace);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  };
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "deltaserve serve: %s\n", why.c_str());
+    stop_all();
+    return 1;
+  };
+  auto dead_child = [&]() -> Child* {
+    for (Child& c : children)
+      if (serve::Reap(&c)) return &c;
+    return nullptr;
+  };
+
+  // 1. scheduler (port from its port file)
+  const std::string sched_port_file = dir + "/scheduler.port";
+  children.push_back(serve::Spawn(
+      "scheduler", exe,
+      {"--listen", "127.0.0.1:0", "--port-file", sched_port_file, "--slots",
+       std::to_string(o->slots), "--ctx", std::to_string(o->ctx), "--split", o->split}));
+  if (children.back().pid < 0) return fail("cannot start the scheduler");
+  const int sched_port = ReadPort(serve::WaitForFile(sched_port_file, &children.back(), kStartTimeout), 0);
+  if (sched_port == 0) {
+    Child& c = children.back();
+    return fail(c.exited ? "scheduler " + serve::DescribeExit(c) + " during startup"
+                         : "scheduler did not report its port");
+  }
+  const std::string sched_addr = absl::StrCat("127.0.0.1:", sched_port);
+
+  // 2. worker
+  std::vector<std::string> wargs = {"--scheduler", sched_addr, "--model", o->model, "--backend",
+                                    o->backend};
+  if (o->threads > 0) {
+    wargs.push_back("--threads");
+    wargs.push_back(std::to_string(o->threads));
+  }
+  children.push_back(serve::Spawn("worker", exe, wargs));
+  if (children.back().pid < 0) return fail("cannot start the worker");
+
+  // 3. gateway
+  const std::string gw_port_file = dir + "/gateway.port";
+  const int admin_port_req = o->port == 0 ? 0 : o->port + 1;
+  children.push_back(serve::Spawn(
+      "gateway", exe,
+      {"--listen", absl::StrCat("127.0.0.1:", o->port), "--admin-listen",
+       absl::StrCat("127.0.0.1:", admin_port_req), "--scheduler", sched_addr, "--model", o->model,
+       "--max-inflight", std::to_string(o->max_inflight), "--port-file", gw_port_file}));
+  if (children.back().pid < 0) return fail("cannot start the gateway");
+  const std::string ports = serve::WaitForFile(gw_port_file, &children.back(), kStartTimeout);
+  const int gw_port = ReadPort(ports, 0), admin_port = ReadPort(ports, 1);
+  if (gw_port == 0 || admin_port == 0) {
+    if (Child* d = dead_child()) return fail(d->role + " " + serve::DescribeExit(*d) + " during startup");
+    return fail("gateway did not report its ports");
+  }
+  const std::string gw_addr = absl::StrCat("127.0.0.1:", gw_port);
+  const std::string admin_addr = absl::StrCat("127.0.0.1:", admin_port);
+
+  // 4. health SERVING = a worker finished warmup behind the scheduler behind the gateway.
+  auto channel = gw::MakeChannel(gw_addr);
+  bool interrupted = false;
+  absl::Status ready = gw::WaitServing(channel.get(), kServingTimeout, [&] {
+    timespec zero{0, 0};
+    if (sigtimedwait(&sigs, nullptr, &zero) > 0) interrupted = true;
+    return !interrupted && dead_child() == nullptr;
+  });
+  if (interrupted) return stop_all(), 130;
+  if (Child* d = dead_child()) return fail(d->role + " (pid " + std::to_string(d->pid) + ") " +
+                                           serve::DescribeExit(*d) + " before the cluster served");
+  if (!ready.ok()) return fail("gateway " + std::string(ready.message()));
+
+  std::printf("deltaserve serve: cluster SERVING\n"
+              "  generation  %s   (deltaserve.v1.Generation, grpc.health.v1)\n"
+              "  admin       %s   (deltaserve.v1.Admin)\n"
+              "  scheduler   %s   (internal)\n"
+              "  pids        scheduler %d, worker %d, gateway %d\n",
+              gw_addr.c_str(), admin_addr.c_str(), sched_addr.c_str(), children[0].pid,
+              children[1].pid, children[2].pid);
+  std::fflush(stdout);
+
+  if (o->demo) {
+    const int rc = RunDemo(gw_addr, *o);
+    if (Child* d = dead_child())
+      return fail(d->role + " (pid " + std::to_string(d->pid) + ") " + serve::DescribeExit(*d));
+    stop_all();
+    for (const Child& c : children)
+      if (!(WIFEXITED(c.wait_status) && WEXITSTATUS(c.wait_status) == 0))
+        std::fprintf(stderr, "deltaserve serve: %s %s at shutdown\n", c.role.c_str(),
+                     serve::DescribeExit(c).c_str());
+    return rc;
+  }
+
+  std::printf("deltaserve serve: ^C or SIGTERM stops the cluster\n");
+  std::fflush(stdout);
+  while (true) {
+    timespec tick{0, 200'000'000};
+    const int sig = sigtimedwait(&sigs, nullptr, &tick);
+    if (sig > 0) {
+      std::fprintf(stderr, "deltaserve serve: signal %d: stopping the cluster\n", sig);
+      stop_all();
+      return 0;
+    }
+    if (Child* d = dead_child())
+      return fail(d->role + " (pid " + std::to_string(d->pid) + ") " + serve::DescribeExit(*d) +
+                  "; stopping the cluster");
+  }
+}
+
+}  // namespace ds

@@ -1,0 +1,979 @@
+// CudaBackend (see cuda_backend.h). One stream; host work per step is building small index
+// arrays; every tensor op is a kernel from kernels/cuda.
+#include "worker/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "common/gguf/gguf.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/sampling.cuh"
+#include "worker/model/weights.h"
+
+namespace ds {
+
+std::string CudaMemoryPlan::ToString() const {
+  auto gib = [](uint64_t b) { return static_cast<double>(b) / (1ull << 30); };
+  return absl::StrFormat("weights %.2f GiB + KV cache %.2f GiB + recurrent state %.2f GiB + "
+                         "workspace %.2f GiB = %.2f GiB",
+                         gib(weights), gib(kv_cache), gib(recurrent), gib(workspace), gib(total()));
+}
+
+namespace cuda {
+namespace {
+
+constexpr uint64_t kAlign = 256;
+uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+struct DMat {
+  GgmlType type = GgmlType::F32;
+  const void* d = nullptr;  // [rows, row_bytes] on the device
+  int rows = 0, cols = 0;
+  uint64_t bytes = 0;
+};
+
+struct DLayer {
+  bool rec = false;
+  const float* attn_norm = nullptr;  // [H]
+  const float* post_norm = nullptr;  // [H]
+  // GDN
+  DMat qkv, gate, beta, alpha, ssm_out;
+  GdnLayerParams gdn;
+  float* ring = nullptr;   // [n_slots, 4, C]
+  float* state = nullptr;  // [n_slots, Hv, dk, dv]
+  // attention
+  DMat q, k, v, o;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  uint16_t* kc = nullptr;  // [n_pages, page, n_kv, hd]
+  uint16_t* vc = nullptr;
+  // FFN
+  DMat ffn_gate, ffn_up, ffn_down;
+};
+
+// Bump allocator over one cudaMalloc.
+struct Arena {
+  uint8_t* base = nullptr;
+  uint64_t size = 0, used = 0;
+  template <typename T>
+  T* Take(uint64_t count) {
+    T* p = reinterpret_cast<T*>(base + used);
+    used += AlignUp(count * sizeof(T));
+    return p;
+  }
+};
+
+class CudaBackend final : public CudaBackendApi {
+ public:
+  ~CudaBackend() override;
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const std::string& path,
+                                                             const BackendOptions& opts,
+                                                             const CudaBackendOptions& copts);
+
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
+  const ModelConfig& config() const override { return cfg_; }
+  int n_slots() const override { return n_slots_; }
+  int slot_ctx() const override { return slot_ctx_; }
+  absl::Status Forward(std::span<const SeqStep> batch, const StepOptions& opts,
+                       StepOutput* out) override;
+  void ResetSlot(int slot) override;
+  int32_t SlotLength(int slot) const override { return slot >= 0 && slot < n_slots_ ? len_[slot] : 0; }
+  absl::StatusOr<SlotSnapshot> Snapshot(int slot) const override;
+  absl::Status Restore(int slot, const SlotSnapshot& snap) override;
+
+  absl::Status ForwardGreedy(std::span<const SeqStep> batch, std::vector<int32_t>* tokens,
+                             double* seconds) override;
+  const CudaMemoryPlan& memory_plan() const override { return plan_; }
+  uint64_t StepWeightBytes() const override { return step_weight_bytes_; }
+  void SetProfiling(bool on) override { profiling_ = on; }
+  void ResetProfile() override { prof_ms_.clear(); }
+  std::vector<std::pair<std::string, double>> ProfileTotals() const override {
+    return {prof_ms_.begin(), prof_ms_.end()};
+  }
+
+ private:
+  CudaBackend() = default;
+  absl::Status Init(const std::string& path, const BackendOptions& opts,
+                    const CudaBackendOptions& copts);
+  absl::Status Validate(std::span<const SeqStep> batch) const;
+
+  // One micro-step: a list of (seq, token range) pieces with <= max_step_tokens rows.
+  struct Piece {
+    int seq;     // index into the caller's batch
+    int t0, n;   // token range of that sequence
+    bool last;   // contains the sequence's last token
+  };
+  // Runs the micro-step; logits of `n_logit_rows` rows end in logits_ (device).
+  absl::Status RunMicro(std::span<const SeqStep> batch, const std::vector<Piece>& pieces,
+                        int* n_logit_rows);
+  absl::Status Layers(int R, bool pure_decode);
+  absl::Status Head(int n_logit_rows);
+  absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
+  absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
+  absl::Status EnsureQuantized(const float* x, int R, int K);
+  absl::Status EnsureHalf(const float* x, int R, int K);
+  // The int8 / 16-bit copies of an activation are reused by the matmuls that share it; call this
+  // whenever a buffer that may be cached gets new contents.
+  void InvalidateX() {
+    xq_src_ = nullptr;
+    xh_src_ = nullptr;
+  }
+  void ProfBegin(const char* cls);
+  void ProfEnd();
+  absl::Status FlushProfile();
+  int AttnSplits(int n_dec) const;
+
+  ModelConfig cfg_;
+  std::unique_ptr<gguf::File> file_;
+  int device_ = 0, n_slots_ = 0, slot_ctx_ = 0;
+  CudaBackendOptions copts_;
+  bool bf16_ = true;  // 16-bit GEMM operand type: bf16 on sm_80+, f16 below
+  CudaMemoryPlan plan_;
+  uint64_t step_weight_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasGemm> gemm_;
+  void* weights_mem_ = nullptr;
+  void* state_mem_ = nullptr;
+  void* work_mem_ = nullptr;
+
+  DMat token_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<DLayer> layers_;
+  GdnShape gdn_shape_;
+  AttnShape attn_shape_;
+  KvCacheView kv_base_;  // k/v set per layer
+  int max_pages_ = 0;
+  std::vector<int32_t> len_;
+
+  // Workspace (device), sized for max_step_tokens rows.
+  int T_max_ = 0, max_k_ = 0, logit_rows_max_ = 64;
+  int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
+  int32_t* d_logit_rows_ = nullptr;  // [T_max]
+  int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
+  int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ + d_logit_rows_
+  float* h_ = nullptr;      // [T, H] residual stream
+  float* a_ = nullptr;      // [T, H] normed
+  float* mixed_ = nullptr;  // [T, C]   (also attention qg [T, 2*n_head*hd])
+  float* z_ = nullptr;      // [T, Hv*dv]
+  float* gb_ = nullptr;     // [T, Hv]
+  float* ga_ = nullptr;     // [T, Hv]
+  float* gy_ = nullptr;     // [T, C]
+  float* gg_ = nullptr;     // [T, Hv]
+  float* gbeta_ = nullptr;  // [T, Hv]
+  float* mix_out_ = nullptr;  // [T, max(Hv*dv, n_head*hd)]
+  float* kx_ = nullptr;     // [T, n_kv*hd]
+  float* vx_ = nullptr;     // [T, n_kv*hd]
+  float* q_ = nullptr;      // [T, n_head*hd]
+  uint16_t* q16_ = nullptr;  // [T, n_head*hd]
+  float* ffa_ = nullptr;    // [T, n_ff]
+  float* ffb_ = nullptr;    // [T, n_ff]
+  int8_t* xq_ = nullptr;    // [gemv_max_rows, max_k]
+  float* xd_ = nullptr;     // [gemv_max_rows, max_k/32]
+  uint16_t* xh_ = nullptr;  // [T, max_k]
+  uint16_t* wh_ = nullptr;  // [wh_elems] dequantized weight scratch
+  uint64_t wh_elems_ = 0;
+  uint16_t* kt_ = nullptr;  // [slot_ctx, n_kv*hd]
+  uint16_t* vt_ = nullptr;
+  float* scores_ = nullptr;    // [G, tq, slot_ctx]
+  uint16_t* probs_ = nullptr;  // [G, tq, slot_ctx]
+  int attn_tq_ = 256;
+  float* partials_ = nullptr;  // decode attention partials
+  int64_t partial_floats_ = 0;
+  float* hn_ = nullptr;      // [logit_rows_max, H]
+  float* logits_ = nullptr;  // [logit_rows_max, n_vocab]
+  const float* xq_src_ = nullptr;  // activation currently in xq_/xd_
+  int xq_rows_ = 0;
+  const float* xh_src_ = nullptr;  // activation currently in xh_
+  int xh_rows_ = 0;
+
+  // Current micro-step description (host).
+  int n_dec_ = 0;
+  struct PrefillSeq {
+    int row0, n, slot, pos0;
+  };
+  std::vector<PrefillSeq> prefill_;
+
+  std::map<int, cudaGraphExec_t> graphs_;  // pure-decode batch size -> graph
+  std::map<int, bool> graph_failed_;
+
+  bool profiling_ = false;
+  std::map<std::string, double> prof_ms_;
+  std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> prof_events_;
+  std::vector<cudaEvent_t> event_pool_;
+  size_t event_next_ = 0;
+};
+
+CudaBackend::~CudaBackend() {
+  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
+  if (h_ints_) cudaFreeHost(h_ints_);
+  cudaFree(weights_mem_);
+  cudaFree(state_mem_);
+  cudaFree(work_mem_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const std::string& path,
+                                                                 const BackendOptions& opts,
+                                                                 const CudaBackendOptions& copts) {
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  DS_RETURN_IF_ERROR(b->Init(path, opts, copts));
+  return b;
+}
+
+absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& opts,
+                               const CudaBackendOptions& copts) {
+  if (opts.n_slots < 1 || opts.slot_ctx < 1)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend: n_slots=", opts.n_slots,
+                                                   " slot_ctx=", opts.slot_ctx, " must be >= 1"));
+  copts_ = copts;
+  device_ = opts.device;
+  n_slots_ = opts.n_slots;
+  slot_ctx_ = opts.slot_ctx;
+  DS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  cudaDeviceProp prop;
+  DS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+  bf16_ = prop.major >= 8;
+
+  DS_ASSIGN_OR_RETURN(file_, gguf::File::Open(path));
+  DS_ASSIGN_OR_RETURN(cfg_, ModelConfig::FromGguf(*file_));
+  DS_ASSIGN_OR_RETURN(ModelWeights mw, ModelWeights::Load(*file_, cfg_));
+  const ModelConfig& c = cfg_;
+  gdn_shape_ = GdnShape{c.gdn_k_heads, c.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim, c.conv_kernel};
+  if (c.n_recurrent() > 0) DS_RETURN_IF_ERROR(GdnShapeSupported(gdn_shape_));
+  attn_shape_ = AttnShape{c.n_head, c.n_head_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
+  if (c.n_attention() > 0 && (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
+    return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {64,128,256}"));
+
+  // ---- memory plan (before any allocation) ----
+  std::vector<std::pair<std::string, const cpu::WeightView*>> mats;
+  auto add_mat = [&](const std::string& n, const cpu::WeightView& w) { mats.push_back({n, &w}); };
+  add_mat("token_embd", mw.token_embd);
+  add_mat("output", mw.output);
+  uint64_t small_floats = c.n_embd;  // output_norm
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = mw.layers[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    small_floats += 2 * c.n_embd;
+    if (L.recurrent) {
+      add_mat(p + "attn_qkv", L.gdn.qkv);
+      add_mat(p + "attn_gate", L.gdn.gate);
+      add_mat(p + "ssm_beta", L.gdn.beta);
+      add_mat(p + "ssm_alpha", L.gdn.alpha);
+      add_mat(p + "ssm_out", L.gdn.out);
+      small_floats += L.gdn.conv.size() + L.gdn.ssm_a.size() + L.gdn.dt_bias.size() + L.gdn.norm.size() + 64;
+    } else {
+      add_mat(p + "attn_q", L.attn.q);
+      add_mat(p + "attn_k", L.attn.k);
+      add_mat(p + "attn_v", L.attn.v);
+      add_mat(p + "attn_output", L.attn.out);
+      small_floats += L.attn.q_norm.size() + L.attn.k_norm.size() + 64;
+    }
+    add_mat(p + "ffn_gate", L.ffn_gate);
+    add_mat(p + "ffn_up", L.ffn_up);
+    add_mat(p + "ffn_down", L.ffn_down);
+  }
+  uint64_t max_mat_elems = 0;
+  for (auto& [n, w] : mats) {
+    if (!GemvSupported(w->type))
+      return absl::UnimplementedError(absl::StrCat("CUDA backend: tensor ", n, " has type ",
+                                                   std::string(GgmlInfo(w->type).name),
+                                                   " which the CUDA kernels do not support"));
+    plan_.weights += AlignUp(GgmlRowBytes(w->type, w->cols) * w->rows);
+    max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));
+    if (w != &mw.output && w != &mw.token_embd)
+      max_mat_elems = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(w->rows) * w->cols);
+  }
+  plan_.weights += small_floats * 4 + 64 * kAlign * c.n_layer;
+  for (auto& [n, w] : mats)
+    if (w != &mw.token_embd) step_weight_bytes_ += GgmlRowBytes(w->type, w->cols) * w->rows;
+
+  max_pages_ = (slot_ctx_ + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int n_pages = max_pages_ * n_slots_;
+  const uint64_t kv_layer = static_cast<uint64_t>(n_pages) * copts_.kv_page_size * c.n_head_kv * c.head_dim * 2;
+  plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(static_cast<uint64_t>(n_pages) * 4);
+  const int C = c.n_recurrent() > 0 ? c.gdn_conv_channels() : 0;
+  const uint64_t ring_bytes = static_cast<uint64_t>(n_slots_) * 4 * C * 4;
+  const uint64_t st_bytes = static_cast<uint64_t>(n_slots_) * c.gdn_v_heads * c.gdn_k_dim * c.gdn_v_dim * 4;
+  plan_.recurrent = c.n_recurrent() * (AlignUp(ring_bytes) + AlignUp(st_bytes));
+
+  T_max_ = std::max(1, copts_.max_step_tokens);
+  const uint64_t T = T_max_, H = c.n_embd;
+  const uint64_t Vw = static_cast<uint64_t>(c.gdn_v_heads) * c.gdn_v_dim;
+  const uint64_t qgw = 2ull * c.n_head * c.head_dim, ow = static_cast<uint64_t>(c.n_head) * c.head_dim;
+  const uint64_t kvw = static_cast<uint64_t>(c.n_head_kv) * c.head_dim;
+  const int G = c.n_head_kv > 0 ? c.n_head / c.n_head_kv : 1;
+  partial_floats_ = AttnDecodePartialFloats(attn_shape_, T_max_, AttnSplits(1));
+  wh_elems_ = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(c.n_embd) * 4096);
+  struct Buf {
+    void** p;
+    uint64_t bytes;
+  };
+  std::vector<Buf> bufs = {
+      {reinterpret_cast<void**>(&d_ints_), 6 * T * 4},
+      {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
+      {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
+      {reinterpret_cast<void**>(&h_), T * H * 4},
+      {reinterpret_cast<void**>(&a_), T * H * 4},
+      {reinterpret_cast<void**>(&mixed_), T * std::max<uint64_t>(C, qgw) * 4},
+      {reinterpret_cast<void**>(&z_), T * Vw * 4},
+      {reinterpret_cast<void**>(&gb_), T * c.gdn_v_heads * 4ull},
+      {reinterpret_cast<void**>(&ga_), T * c.gdn_v_heads * 4ull},
+      {reinterpret_cast<void**>(&gy_), T * C * 4},
+      {reinterpret_cast<void**>(&gg_), T * c.gdn_v_heads * 4ull},
+      {reinterpret_cast<void**>(&gbeta_), T * c.gdn_v_heads * 4ull},
+      {reinterpret_cast<void**>(&mix_out_), T * std::max(Vw, ow) * 4},
+      {reinterpret_cast<void**>(&kx_), T * kvw * 4},
+      {reinterpret_cast<void**>(&vx_), T * kvw * 4},
+      {reinterpret_cast<void**>(&q_), T * ow * 4},
+      {reinterpret_cast<void**>(&q16_), T * ow * 2},
+      {reinterpret_cast<void**>(&ffa_), T * c.n_ff * 4ull},
+      {reinterpret_cast<void**>(&ffb_), T * c.n_ff * 4ull},
+      {reinterpret_cast<void**>(&xq_), static_cast<uint64_t>(copts_.gemv_max_rows) * max_k_},
+      {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(copts_.gemv_max_rows) * max_k_ / 32 * 4 + 4},
+      {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
+      {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
+      {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
+      {reinterpret_cast<void**>(&vt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
+      {reinterpret_cast<void**>(&scores_), static_cast<uint64_t>(G) * attn_tq_ * slot_ctx_ * 4},
+      {reinterpret_cast<void**>(&probs_), static_cast<uint64_t>(G) * attn_tq_ * slot_ctx_ * 2},
+      {reinterpret_cast<void**>(&partials_), static_cast<uint64_t>(partial_floats_) * 4},
+      {reinterpret_cast<void**>(&hn_), static_cast<uint64_t>(logit_rows_max_) * H * 4},
+      {reinterpret_cast<void**>(&logits_), static_cast<uint64_t>(logit_rows_max_) * c.n_vocab * 4},
+  };
+  for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
+  plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
+
+  size_t free_b = 0, total_b = 0;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  if (plan_.total() > free_b)
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "CUDA backend: model needs %s but device %d has %.2f GiB free (n_slots=%d, slot_ctx=%d); "
+        "lower --slots/--ctx or --max-step-tokens",
+        plan_.ToString(), device_, static_cast<double>(free_b) / (1ull << 30), n_slots_, slot_ctx_));
+
+  // ---- allocate and upload ----
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DS_ASSIGN_OR_RETURN(CublasGemm * g, CublasGemm::Create());
+  gemm_.reset(g);
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&weights_mem_, plan_.weights));
+  Arena wa{static_cast<uint8_t*>(weights_mem_), plan_.weights, 0};
+  auto up_mat = [&](const cpu::WeightView& w, DMat* m) -> absl::Status {
+    m->type = w.type;
+    m->rows = static_cast<int>(w.rows);
+    m->cols = static_cast<int>(w.cols);
+    m->bytes = GgmlRowBytes(w.type, w.cols) * w.rows;
+    uint8_t* d = wa.Take<uint8_t>(m->bytes);
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, w.data, m->bytes, cudaMemcpyHostToDevice));
+    m->d = d;
+    return absl::OkStatus();
+  };
+  auto up_vec = [&](const std::vector<float>& v) -> absl::StatusOr<const float*> {
+    float* d = wa.Take<float>(v.size());
+    if (!v.empty()) DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+  };
+  DS_RETURN_IF_ERROR(up_mat(mw.token_embd, &token_embd_));
+  if (mw.tied_output) output_ = token_embd_;
+  else DS_RETURN_IF_ERROR(up_mat(mw.output, &output_));
+  DS_ASSIGN_OR_RETURN(output_norm_, up_vec(mw.output_norm));
+  layers_.resize(c.n_layer);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = mw.layers[l];
+    DLayer& D = layers_[l];
+    D.rec = L.recurrent;
+    DS_ASSIGN_OR_RETURN(D.attn_norm, up_vec(L.attn_norm));
+    DS_ASSIGN_OR_RETURN(D.post_norm, up_vec(L.post_norm));
+    if (L.recurrent) {
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.qkv, &D.qkv));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.gate, &D.gate));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.beta, &D.beta));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.alpha, &D.alpha));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.out, &D.ssm_out));
+      DS_ASSIGN_OR_RETURN(D.gdn.conv_w, up_vec(L.gdn.conv));
+      DS_ASSIGN_OR_RETURN(D.gdn.ssm_a, up_vec(L.gdn.ssm_a));
+      DS_ASSIGN_OR_RETURN(D.gdn.dt_bias, up_vec(L.gdn.dt_bias));
+      DS_ASSIGN_OR_RETURN(D.gdn.norm_w, up_vec(L.gdn.norm));
+      D.gdn.eps = c.rms_eps;
+    } else {
+      DS_RETURN_IF_ERROR(up_mat(L.attn.q, &D.q));
+      DS_RETURN_IF_ERROR(up_mat(L.attn.k, &D.k));
+      DS_RETURN_IF_ERROR(up_mat(L.attn.v, &D.v));
+      DS_RETURN_IF_ERROR(up_mat(L.attn.out, &D.o));
+      DS_ASSIGN_OR_RETURN(D.q_norm, up_vec(L.attn.q_norm));
+      DS_ASSIGN_OR_RETURN(D.k_norm, up_vec(L.attn.k_norm));
+    }
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_gate, &D.ffn_gate));
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_up, &D.ffn_up));
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_down, &D.ffn_down));
+  }
+
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&state_mem_, plan_.kv_cache + plan_.recurrent));
+  Arena sa{static_cast<uint8_t*>(state_mem_), plan_.kv_cache + plan_.recurrent, 0};
+  int32_t* table = sa.Take<int32_t>(n_pages);
+  {
+    std::vector<int32_t> t(n_pages);
+    for (int i = 0; i < n_pages; ++i) t[i] = i;  // slot s owns pages [s*max_pages, (s+1)*max_pages)
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(table, t.data(), n_pages * 4, cudaMemcpyHostToDevice));
+  }
+  kv_base_ = KvCacheView{nullptr, nullptr, table, copts_.kv_page_size, max_pages_, c.n_head_kv, c.head_dim};
+  for (DLayer& D : layers_) {
+    if (D.rec) {
+      D.ring = sa.Take<float>(ring_bytes / 4);
+      D.state = sa.Take<float>(st_bytes / 4);
+    } else {
+      D.kc = sa.Take<uint16_t>(kv_layer / 2);
+      D.vc = sa.Take<uint16_t>(kv_layer / 2);
+    }
+  }
+  DS_CUDA_RETURN_IF_ERROR(cudaMemset(state_mem_, 0, plan_.kv_cache + plan_.recurrent));
+
+  uint64_t work_bytes = 0;
+  for (auto& b : bufs) work_bytes += AlignUp(b.bytes);
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&work_mem_, work_bytes));
+  Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
+  for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
+  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_ints_, 7 * T * 4));
+  len_.assign(n_slots_, 0);
+  return absl::OkStatus();
+}
+
+int CudaBackend::AttnSplits(int n_dec) const {
+  // Enough blocks to fill ~2 waves of 132 SMs, but no split shorter than 256 tokens.
+  const int want = std::max(1, 264 / std::max(1, cfg_.n_head_kv * n_dec));
+  return std::min(want, std::max(1, (slot_ctx_ + 255) / 256));
+}
+
+void CudaBackend::ProfBegin(const char* cls) {
+  if (!profiling_) return;
+  if (event_next_ + 2 > event_pool_.size()) {
+    for (int i = 0; i < 64; ++i) {
+      cudaEvent_t e;
+      cudaEventCreate(&e);
+      event_pool_.push_back(e);
+    }
+  }
+  cudaEvent_t a = event_pool_[event_next_++], b = event_pool_[event_next_++];
+  cudaEventRecord(a, stream_);
+  prof_events_.push_back({cls, {a, b}});
+}
+void CudaBackend::ProfEnd() {
+  if (!profiling_ || prof_events_.empty()) return;
+  cudaEventRecord(prof_events_.back().second.second, stream_);
+}
+absl::Status CudaBackend::FlushProfile() {
+  if (prof_events_.empty()) return absl::OkStatus();
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (auto& [cls, ev] : prof_events_) {
+    float ms = 0;
+    DS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev.first, ev.second));
+    prof_ms_[cls] += ms;
+  }
+  prof_events_.clear();
+  event_next_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnsureQuantized(const float* x, int R, int K) {
+  if (xq_src_ == x && xq_rows_ == R) return absl::OkStatus();
+  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_));
+  xq_src_ = x;
+  xq_rows_ = R;
+  return absl::OkStatus();
+}
+absl::Status CudaBackend::EnsureHalf(const float* x, int R, int K) {
+  if (xh_src_ == x && xh_rows_ == R) return absl::OkStatus();
+  DS_RETURN_IF_ERROR(ConvertF32ToHalf(x, static_cast<int64_t>(R) * K, xh_, bf16_, stream_));
+  xh_src_ = x;
+  xh_rows_ = R;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
+  if (R <= copts_.gemv_max_rows) {
+    const bool qx = GemvWantsQuantizedX(w.type, w.cols);
+    if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, w.cols));
+    for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
+      GemvArgs a;
+      a.type = w.type;
+      a.w = w.d;
+      a.M = w.rows;
+      a.K = w.cols;
+      a.nc = std::min(kGemvMaxCols, R - c0);
+      a.x = x + static_cast<int64_t>(c0) * w.cols;
+      if (qx) {
+        a.xq = xq_ + static_cast<int64_t>(c0) * w.cols;
+        a.xd = xd_ + static_cast<int64_t>(c0) * (w.cols / 32);
+      }
+      a.y = y + static_cast<int64_t>(c0) * w.rows;
+      a.epilogue = accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore;
+      DS_RETURN_IF_ERROR(Gemv(a, stream_));
+    }
+    return absl::OkStatus();
+  }
+  DS_RETURN_IF_ERROR(EnsureHalf(x, R, w.cols));
+  const uint64_t rb = GgmlRowBytes(w.type, w.cols);
+  const int chunk = static_cast<int>(std::min<uint64_t>(w.rows, wh_elems_ / w.cols));
+  for (int m0 = 0; m0 < w.rows; m0 += chunk) {
+    const int mc = std::min(chunk, w.rows - m0);
+    DS_RETURN_IF_ERROR(DequantizeRows(w.type, static_cast<const uint8_t*>(w.d) + m0 * rb, mc,
+                                      w.cols, wh_, bf16_, stream_));
+    DS_RETURN_IF_ERROR(gemm_->Run(wh_, xh_, y + m0, mc, w.cols, R, w.rows, bf16_,
+                                  accumulate ? 1.f : 0.f, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R,
+                                         float* y) {
+  if (R <= copts_.gemv_max_rows && g.type == u.type) {
+    const bool qx = GemvWantsQuantizedX(g.type, g.cols);
+    if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, g.cols));
+    for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
+      GemvArgs a;
+      a.type = g.type;
+      a.w = g.d;
+      a.w2 = u.d;
+      a.M = g.rows;
+      a.K = g.cols;
+      a.nc = std::min(kGemvMaxCols, R - c0);
+      a.x = x + static_cast<int64_t>(c0) * g.cols;
+      if (qx) {
+        a.xq = xq_ + static_cast<int64_t>(c0) * g.cols;
+        a.xd = xd_ + static_cast<int64_t>(c0) * (g.cols / 32);
+      }
+      a.y = y + static_cast<int64_t>(c0) * g.rows;
+      a.epilogue = GemvEpilogue::kSiluMul;
+      DS_RETURN_IF_ERROR(Gemv(a, stream_));
+    }
+    return absl::OkStatus();
+  }
+  DS_RETURN_IF_ERROR(Linear(g, x, R, y, false));
+  DS_RETURN_IF_ERROR(Linear(u, x, R, ffb_, false));
+  return SiluMul(y, ffb_, y, static_cast<int64_t>(R) * g.rows, stream_);
+}
+
+absl::Status CudaBackend::Layers(int R, bool pure_decode) {
+  const ModelConfig& c = cfg_;
+  const int H = c.n_embd;
+  const int32_t* d_ids = d_ints_;
+  const int32_t* d_tok_slot = d_ints_ + T_max_;
+  const int32_t* d_tok_pos = d_ints_ + 2 * T_max_;
+  const int32_t* d_dec_rows = d_ints_ + 3 * T_max_;
+  const int32_t* d_dec_slots = d_ints_ + 4 * T_max_;
+  const int32_t* d_dec_pos = d_ints_ + 5 * T_max_;
+  InvalidateX();
+  ProfBegin("embed");
+  DS_RETURN_IF_ERROR(EmbedRows(token_embd_.type, token_embd_.d, H, d_ids, R, h_, stream_));
+  ProfEnd();
+  const int n_splits = AttnSplits(std::max(1, n_dec_));
+  for (const DLayer& L : layers_) {
+    ProfBegin("norm");
+    DS_RETURN_IF_ERROR(RmsNormRows(h_, H, nullptr, L.attn_norm, a_, R, H, c.rms_eps, stream_));
+    InvalidateX();
+    ProfEnd();
+    if (L.rec) {
+      const GdnShape& s = gdn_shape_;
+      const int C = s.channels(), Vw = s.v_heads * s.v_dim;
+      ProfBegin("gdn_proj");
+      DS_RETURN_IF_ERROR(Linear(L.qkv, a_, R, mixed_, false));
+      DS_RETURN_IF_ERROR(Linear(L.gate, a_, R, z_, false));
+      DS_RETURN_IF_ERROR(Linear(L.beta, a_, R, gb_, false));
+      DS_RETURN_IF_ERROR(Linear(L.alpha, a_, R, ga_, false));
+      ProfEnd();
+      ProfBegin("gdn_core");
+      if (n_dec_ > 0) {
+        GdnDecodeArgs a;
+        a.shape = s; a.p = L.gdn; a.n_seqs = n_dec_;
+        a.rows = d_dec_rows; a.slots = d_dec_slots; a.pos = d_dec_pos;
+        a.mixed = mixed_; a.z = z_; a.b = gb_; a.alpha = ga_;
+        a.conv_ring = L.ring; a.state = L.state; a.out = mix_out_;
+        DS_RETURN_IF_ERROR(GdnDecode(a, stream_));
+      }
+      for (const PrefillSeq& p : prefill_) {
+        GdnPrefillArgs a;
+        a.shape = s; a.p = L.gdn; a.T = p.n; a.slot = p.slot; a.pos0 = p.pos0;
+        a.mixed = mixed_ + static_cast<int64_t>(p.row0) * C;
+        a.z = z_ + static_cast<int64_t>(p.row0) * Vw;
+        a.b = gb_ + static_cast<int64_t>(p.row0) * s.v_heads;
+        a.alpha = ga_ + static_cast<int64_t>(p.row0) * s.v_heads;
+        a.conv_ring = L.ring; a.state = L.state;
+        a.y = gy_; a.g = gg_; a.beta = gbeta_;
+        a.out = mix_out_ + static_cast<int64_t>(p.row0) * Vw;
+        DS_RETURN_IF_ERROR(GdnPrefill(a, stream_));
+      }
+      ProfEnd();
+      ProfBegin("gdn_proj");
+      InvalidateX();
+      DS_RETURN_IF_ERROR(Linear(L.ssm_out, mix_out_, R, h_, true));
+      ProfEnd();
+    } else {
+      const AttnShape& s = attn_shape_;
+      ProfBegin("attn_proj");
+      DS_RETURN_IF_ERROR(Linear(L.q, a_, R, mixed_, false));
+      DS_RETURN_IF_ERROR(Linear(L.k, a_, R, kx_, false));
+      DS_RETURN_IF_ERROR(Linear(L.v, a_, R, vx_, false));
+      ProfEnd();
+      ProfBegin("attn_core");
+      KvCacheView kv = kv_base_;
+      kv.k = L.kc;
+      kv.v = L.vc;
+      QkvPrepArgs pa;
+      pa.shape = s; pa.T = R; pa.tok_slot = d_tok_slot; pa.tok_pos = d_tok_pos;
+      pa.qg = mixed_; pa.k = kx_; pa.v = vx_; pa.q_norm = L.q_norm; pa.k_norm = L.k_norm;
+      pa.q_out = q_; pa.q16 = prefill_.empty() ? nullptr : q16_; pa.kv = kv;
+      DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
+      if (n_dec_ > 0) {
+        AttnDecodeArgs a;
+        a.shape = s; a.n_seqs = n_dec_; a.rows = d_dec_rows; a.slots = d_dec_slots; a.pos = d_dec_pos;
+        a.q = q_; a.qg = mixed_; a.kv = kv; a.n_splits = n_splits; a.partials = partials_;
+        a.out = mix_out_;
+        DS_RETURN_IF_ERROR(AttnDecode(a, stream_));
+      }
+      const int64_t ow = static_cast<int64_t>(s.n_head) * s.hd, qgw = 2 * ow;
+      for (const PrefillSeq& p : prefill_) {
+        AttnPrefillArgs a;
+        a.shape = s; a.T = p.n; a.pos0 = p.pos0; a.slot = p.slot;
+        a.q16 = q16_ + p.row0 * ow; a.qg = mixed_ + p.row0 * qgw; a.kv = kv;
+        a.k_tmp = kt_; a.v_tmp = vt_; a.scores = scores_; a.probs = probs_; a.tq = attn_tq_;
+        a.out = mix_out_ + p.row0 * ow;
+        DS_RETURN_IF_ERROR(AttnPrefill(a, gemm_.get(), stream_));
+      }
+      ProfEnd();
+      ProfBegin("attn_proj");
+      InvalidateX();
+      DS_RETURN_IF_ERROR(Linear(L.o, mix_out_, R, h_, true));
+      ProfEnd();
+    }
+    ProfBegin("norm");
+    DS_RETURN_IF_ERROR(RmsNormRows(h_, H, nullptr, L.post_norm, a_, R, H, c.rms_eps, stream_));
+    InvalidateX();
+    ProfEnd();
+    ProfBegin("ffn");
+    DS_RETURN_IF_ERROR(LinearSiluPair(L.ffn_gate, L.ffn_up, a_, R, ffa_));
+    InvalidateX();
+    DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, true));
+    ProfEnd();
+  }
+  (void)pure_decode;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Head(int n_logit_rows) {
+  ProfBegin("lm_head");
+  DS_RETURN_IF_ERROR(RmsNormRows(h_, cfg_.n_embd, d_logit_rows_, output_norm_, hn_, n_logit_rows,
+                                 cfg_.n_embd, cfg_.rms_eps, stream_));
+  InvalidateX();
+  DS_RETURN_IF_ERROR(Linear(output_, hn_, n_logit_rows, logits_, false));
+  ProfEnd();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Validate(std::span<const SeqStep> batch) const {
+  if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
+  std::vector<bool> seen(n_slots_, false);
+  for (const SeqStep& s : batch) {
+    if (s.slot < 0 || s.slot >= n_slots_)
+      return absl::InvalidArgumentError(absl::StrCat("Forward: slot ", s.slot, " outside [0, ", n_slots_, ")"));
+    if (seen[s.slot]) return absl::InvalidArgumentError(absl::StrCat("Forward: slot ", s.slot, " appears twice"));
+    seen[s.slot] = true;
+    if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("Forward: slot ", s.slot, " has no tokens"));
+    if (s.pos0 != len_[s.slot])
+      return absl::InvalidArgumentError(absl::StrCat("Forward: slot ", s.slot, " pos0 ", s.pos0,
+                                                     " != slot length ", len_[s.slot]));
+    if (static_cast<int64_t>(s.pos0) + s.tokens.size() > static_cast<uint64_t>(slot_ctx_))
+      return absl::OutOfRangeError(absl::StrCat("Forward: slot ", s.slot, " would hold ",
+                                                s.pos0 + s.tokens.size(), " tokens > slot_ctx ", slot_ctx_));
+    for (int32_t t : s.tokens)
+      if (t < 0 || t >= cfg_.n_vocab)
+        return absl::InvalidArgumentError(absl::StrCat("Forward: token id ", t, " outside [0, ", cfg_.n_vocab, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunMicro(std::span<const SeqStep> batch, const std::vector<Piece>& pieces,
+                                   int* n_logit_rows) {
+  // Host index arrays: token rows in piece order; decode = pieces of one token.
+  int32_t* ids = h_ints_;
+  int32_t* tslot = h_ints_ + T_max_;
+  int32_t* tpos = h_ints_ + 2 * T_max_;
+  int32_t* drow = h_ints_ + 3 * T_max_;
+  int32_t* dslot = h_ints_ + 4 * T_max_;
+  int32_t* dpos = h_ints_ + 5 * T_max_;
+  int32_t* lrows = h_ints_ + 6 * T_max_;
+  int R = 0, nl = 0;
+  n_dec_ = 0;
+  prefill_.clear();
+  bool pure_decode = true;
+  for (const Piece& p : pieces) {
+    const SeqStep& s = batch[p.seq];
+    const int slot = s.slot, pos0 = s.pos0 + p.t0;
+    for (int t = 0; t < p.n; ++t) {
+      ids[R + t] = s.tokens[p.t0 + t];
+      tslot[R + t] = slot;
+      tpos[R + t] = pos0 + t;
+      if (s.all_logits || (p.last && t == p.n - 1)) lrows[nl++] = R + t;
+    }
+    if (p.n == 1) {
+      drow[n_dec_] = R;
+      dslot[n_dec_] = slot;
+      dpos[n_dec_] = pos0;
+      ++n_dec_;
+    } else {
+      prefill_.push_back({R, p.n, slot, pos0});
+      pure_decode = false;
+    }
+    if (s.all_logits || !p.last) pure_decode = false;
+    R += p.n;
+  }
+  if (nl > logit_rows_max_)
+    return absl::UnimplementedError(absl::StrCat("Forward: ", nl, " logit rows in one micro-step > ", logit_rows_max_));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, h_ints_, 6ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_logit_rows_, lrows, static_cast<size_t>(std::max(nl, 1)) * 4,
+                                          cudaMemcpyHostToDevice, stream_));
+  *n_logit_rows = nl;
+
+  const bool graph = pure_decode && copts_.use_graphs && !profiling_ && !graph_failed_[R];
+  if (graph) {
+    auto it = graphs_.find(R);
+    if (it == graphs_.end()) {
+      cudaGraph_t g = nullptr;
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      absl::Status st = Layers(R, true);
+      if (st.ok()) st = Head(nl);
+      cudaError_t e = cudaStreamEndCapture(stream_, &g);
+      cudaGraphExec_t exec = nullptr;
+      if (st.ok() && e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
+        it = graphs_.emplace(R, exec).first;
+      } else {
+        std::fprintf(stderr, "cuda backend: graph capture for batch %d failed (%s); running eagerly\n",
+                     R, st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
+        cudaGetLastError();
+        graph_failed_[R] = true;
+      }
+      if (g) cudaGraphDestroy(g);
+    }
+    if (it != graphs_.end()) {
+      DS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+      return absl::OkStatus();
+    }
+  }
+  DS_RETURN_IF_ERROR(Layers(R, pure_decode));
+  return Head(nl);
+}
+
+absl::Status CudaBackend::Forward(std::span<const SeqStep> batch, const StepOptions& opts,
+                                  StepOutput* out) {
+  DS_RETURN_IF_ERROR(Validate(batch));
+  const auto t0 = std::chrono::steady_clock::now();
+  out->logits.clear();
+  out->hidden.clear();
+  out->n_rows = 0;
+  std::vector<Piece> pieces;
+  int rows = 0;
+  auto flush = [&]() -> absl::Status {
+    if (pieces.empty()) return absl::OkStatus();
+    int nl = 0;
+    DS_RETURN_IF_ERROR(RunMicro(batch, pieces, &nl));
+    if (nl > 0) {
+      const size_t old = out->logits.size();
+      out->logits.resize(old + static_cast<size_t>(nl) * cfg_.n_vocab);
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->logits.data() + old, logits_,
+                                              static_cast<size_t>(nl) * cfg_.n_vocab * 4,
+                                              cudaMemcpyDeviceToHost, stream_));
+      if (opts.want_hidden) {
+        const size_t oh = out->hidden.size();
+        out->hidden.resize(oh + static_cast<size_t>(nl) * cfg_.n_embd);
+        DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->hidden.data() + oh, hn_,
+                                                static_cast<size_t>(nl) * cfg_.n_embd * 4,
+                                                cudaMemcpyDeviceToHost, stream_));
+      }
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      out->n_rows += nl;
+    }
+    DS_RETURN_IF_ERROR(FlushProfile());
+    pieces.clear();
+    rows = 0;
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < static_cast<int>(batch.size()); ++i) {
+    const int n = static_cast<int>(batch[i].tokens.size());
+    // all_logits rows are limited by the logits buffer: cap pieces at logit_rows_max_ then.
+    const int cap = batch[i].all_logits ? logit_rows_max_ : T_max_;
+    for (int t0 = 0; t0 < n;) {
+      int take = std::min({n - t0, cap, T_max_ - rows});
+      if (batch[i].all_logits) {
+        int logit_rows_now = 0;
+        for (const Piece& p : pieces) logit_rows_now += batch[p.seq].all_logits ? p.n : (p.last ? 1 : 0);
+        take = std::min(take, logit_rows_max_ - logit_rows_now);
+      }
+      if (take <= 0) {
+        DS_RETURN_IF_ERROR(flush());
+        continue;
+      }
+      pieces.push_back({i, t0, take, t0 + take == n});
+      rows += take;
+      t0 += take;
+      if (rows == T_max_) DS_RETURN_IF_ERROR(flush());
+    }
+  }
+  DS_RETURN_IF_ERROR(flush());
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+  out->forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ForwardGreedy(std::span<const SeqStep> batch, std::vector<int32_t>* tokens,
+                                        double* seconds) {
+  DS_RETURN_IF_ERROR(Validate(batch));
+  for (const SeqStep& s : batch)
+    if (s.all_logits) return absl::InvalidArgumentError("ForwardGreedy: all_logits not supported");
+  const auto t0 = std::chrono::steady_clock::now();
+  tokens->clear();
+  std::vector<Piece> pieces;
+  int rows = 0;
+  auto flush = [&]() -> absl::Status {
+    if (pieces.empty()) return absl::OkStatus();
+    int nl = 0;
+    DS_RETURN_IF_ERROR(RunMicro(batch, pieces, &nl));
+    if (nl > 0) {
+      ProfBegin("sample");
+      DS_RETURN_IF_ERROR(ArgmaxRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, d_argmax_, stream_));
+      ProfEnd();
+      const size_t old = tokens->size();
+      tokens->resize(old + nl);
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens->data() + old, d_argmax_, nl * 4ull,
+                                              cudaMemcpyDeviceToHost, stream_));
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
+    DS_RETURN_IF_ERROR(FlushProfile());
+    pieces.clear();
+    rows = 0;
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < static_cast<int>(batch.size()); ++i) {
+    const int n = static_cast<int>(batch[i].tokens.size());
+    for (int t0 = 0; t0 < n;) {
+      const int take = std::min(n - t0, T_max_ - rows);
+      if (take <= 0 || (static_cast<int>(pieces.size()) >= logit_rows_max_)) {
+        DS_RETURN_IF_ERROR(flush());
+        continue;
+      }
+      pieces.push_back({i, t0, take, t0 + take == n});
+      rows += take;
+      t0 += take;
+      if (rows == T_max_) DS_RETURN_IF_ERROR(flush());
+    }
+  }
+  DS_RETURN_IF_ERROR(flush());
+  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+  if (seconds) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return absl::OkStatus();
+}
+
+void CudaBackend::ResetSlot(int slot) {
+  if (slot < 0 || slot >= n_slots_) return;
+  const int C = gdn_shape_.channels();
+  const size_t ring = 4ull * C, st = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim;
+  for (DLayer& L : layers_) {
+    if (!L.rec) continue;
+    cudaMemsetAsync(L.ring + slot * ring, 0, ring * 4, stream_);
+    cudaMemsetAsync(L.state + slot * st, 0, st * 4, stream_);
+  }
+  cudaStreamSynchronize(stream_);
+  len_[slot] = 0;
+}
+
+absl::StatusOr<SlotSnapshot> CudaBackend::Snapshot(int slot) const {
+  if (slot < 0 || slot >= n_slots_) return absl::InvalidArgumentError(absl::StrCat("Snapshot: bad slot ", slot));
+  SlotSnapshot snap;
+  snap.n_past = len_[slot];
+  const int C = gdn_shape_.channels();
+  const size_t ring = 4ull * C * 4, st = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim * 4;
+  const size_t kv_row = static_cast<size_t>(cfg_.n_head_kv) * cfg_.head_dim * 2;
+  const size_t page_bytes = kv_row * copts_.kv_page_size;
+  const int pages = (snap.n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  size_t total = 0;
+  for (const DLayer& L : layers_) total += L.rec ? ring + st : 2 * pages * page_bytes;
+  snap.bytes.resize(total);
+  uint8_t* p = snap.bytes.data();
+  for (const DLayer& L : layers_) {
+    if (L.rec) {
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.ring) + slot * ring, ring, cudaMemcpyDeviceToHost));
+      p += ring;
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.state) + slot * st, st, cudaMemcpyDeviceToHost));
+      p += st;
+    } else {
+      // Slot pages are contiguous (identity block table): copy the used pages of K then V.
+      const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.kc) + off, pages * page_bytes, cudaMemcpyDeviceToHost));
+      p += pages * page_bytes;
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.vc) + off, pages * page_bytes, cudaMemcpyDeviceToHost));
+      p += pages * page_bytes;
+    }
+  }
+  return snap;
+}
+
+absl::Status CudaBackend::Restore(int slot, const SlotSnapshot& snap) {
+  if (slot < 0 || slot >= n_slots_) return absl::InvalidArgumentError(absl::StrCat("Restore: bad slot ", slot));
+  if (snap.n_past < 0 || snap.n_past > slot_ctx_)
+    return absl::InvalidArgumentError(absl::StrCat("Restore: n_past ", snap.n_past, " outside [0, ", slot_ctx_, "]"));
+  const int C = gdn_shape_.channels();
+  const size_t ring = 4ull * C * 4, st = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim * 4;
+  const size_t page_bytes = static_cast<size_t>(cfg_.n_head_kv) * cfg_.head_dim * 2 * copts_.kv_page_size;
+  const int pages = (snap.n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  size_t total = 0;
+  for (const DLayer& L : layers_) total += L.rec ? ring + st : 2 * pages * page_bytes;
+  if (snap.bytes.size() != total)
+    return absl::InvalidArgumentError(absl::StrCat("Restore: snapshot has ", snap.bytes.size(), " bytes, expected ", total));
+  const uint8_t* p = snap.bytes.data();
+  for (DLayer& L : layers_) {
+    if (L.rec) {
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.ring) + slot * ring, p, ring, cudaMemcpyHostToDevice));
+      p += ring;
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.state) + slot * st, p, st, cudaMemcpyHostToDevice));
+      p += st;
+    } else {
+      const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.kc) + off, p, pages * page_bytes, cudaMemcpyHostToDevice));
+      p += pages * page_bytes;
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.vc) + off, p, pages * page_bytes, cudaMemcpyHostToDevice));
+      p += pages * page_bytes;
+    }
+  }
+  len_[slot] = snap.n_past;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackendApi>> CreateCudaBackendApi(
+    const std::string& path, const BackendOptions& opts, const CudaBackendOptions& copts) {
+  DS_ASSIGN_OR_RETURN(auto b, CudaBackend::Create(path, opts, copts));
+  return std::unique_ptr<CudaBackendApi>(std::move(b));
+}
+
+}  // namespace cuda
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const std::string& path,
+                                                           const BackendOptions& opts) {
+  DS_ASSIGN_OR_RETURN(auto b, cuda::CreateCudaBackendApi(path, opts));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace ds
