@@ -2,8 +2,8 @@
 
 #include <fstream>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
+#include <cctype>
+
 #include "absl/strings/str_cat.h"
 
 namespace ds::gw {
@@ -21,6 +21,21 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+std::string_view Strip(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(s[i])) !=
+        std::tolower(static_cast<unsigned char>(prefix[i])))
+      return false;
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<KeySet> KeySet::FromFile(const std::string& path) {
@@ -29,7 +44,7 @@ absl::StatusOr<KeySet> KeySet::FromFile(const std::string& path) {
   std::vector<std::string> tokens;
   std::string line;
   while (std::getline(in, line)) {
-    std::string_view t = absl::StripAsciiWhitespace(line);
+    std::string_view t = Strip(line);
     if (t.empty() || t[0] == '#') continue;
     tokens.emplace_back(t);
   }
@@ -49,8 +64,8 @@ absl::Status KeySet::Check(const std::vector<std::string_view>& values) const {
   if (values.empty())
     return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
   for (std::string_view v : values) {
-    if (!absl::StartsWithIgnoreCase(v, "bearer ")) continue;
-    std::string_view token = absl::StripAsciiWhitespace(v.substr(7));
+    if (!StartsWithNoCase(v, "bearer ")) continue;
+    std::string_view token = Strip(v.substr(7));
     bool ok = false;
     for (const std::string& t : tokens_) ok |= ConstantTimeEqual(token, t);
     if (ok) return absl::OkStatus();

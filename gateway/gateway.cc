@@ -110,9 +110,12 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   model.n_vocab = static_cast<int32_t>(emb->ne[1]);
   if (model.n_vocab <= 0)
     return absl::InvalidArgumentError("token_embd.weight has no rows: cannot bound token ids");
-  if (!opts.api_key_file.empty()) DS_ASSIGN_OR_RETURN(g.api_keys, KeySet::FromFile(opts.api_key_file));
-  if (!opts.admin_key_file.empty())
+  if (!opts.api_key_file.empty()) {
+    DS_ASSIGN_OR_RETURN(g.api_keys, KeySet::FromFile(opts.api_key_file));
+  }
+  if (!opts.admin_key_file.empty()) {
     DS_ASSIGN_OR_RETURN(g.admin_keys, KeySet::FromFile(opts.admin_key_file));
+  }
 
   g.scheduler = std::make_unique<SchedulerClient>(opts.scheduler);
   g.admission = std::make_unique<Admission>(opts.max_inflight);

@@ -27,7 +27,7 @@ absl::Status CheckChat(const std::vector<ChatMessage>& chat) {
                  "' is not one of system, user, assistant, tool");
     for (std::string_view d : kChatDelimiters)
       if (m.content.find(d) != std::string::npos)
-        return Bad("chat.messages[", i, "].content contains the ChatML delimiter '", d, "'");
+        return Bad("chat.messages[", i, "].content contains the ChatML delimiter '", std::string(d), "'");
   }
   return absl::OkStatus();
 }
@@ -106,6 +106,7 @@ absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView
     if (in.stop[i].size() > sampling::kMaxStopStringBytes)
       return Bad("stop[", i, "] is ", in.stop[i].size(), " bytes, at most ",
                  sampling::kMaxStopStringBytes, " allowed");
+    if (!sampling::IsValidUtf8(in.stop[i])) return Bad("stop[", i, "] is not valid UTF-8");
   }
   for (size_t i = 0; i < in.stop_token_ids.size(); ++i) {
     const int32_t id = in.stop_token_ids[i];

@@ -10,6 +10,9 @@ PKGS=(
   libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3
+  # operations tests: Prometheus + promtool (tests/ops/prometheus_test.sh), systemd-analyze
+  # (unit verification), openssl (TLS test certificates), curl (scrapes)
+  prometheus systemd openssl curl
 )
 # Node.js (with npm) is needed for the tokenizer cross-check; some images ship it from another
 # Debian-format source, so only ask apt for it when no npm is on PATH.

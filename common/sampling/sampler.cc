@@ -98,28 +98,24 @@ bool Sampler::ApplyPenalties(std::span<const int32_t> history) {
   return any;
 }
 
-void Sampler::FinishExplicit(double mass) {
-  // Steps 6-7 on explicit candidates holding weights (max weight exactly 1). `mass` is the weight
-  // of the whole distribution the candidates were taken from (< 0: the candidates are all of it).
-  size_t keep = cand_.size();
-  if (params_.top_p < 1.0f) {
+void Sampler::FinishExplicit(bool apply_top_p) {
+  // Steps 6-7 on explicit candidates holding weights (max weight exactly 1).
+  if (apply_top_p && params_.top_p < 1.0f) {
     std::sort(cand_.begin(), cand_.end(), Better);
-    double total = mass;
-    if (total < 0.0) {
-      total = 0.0;
-      for (const Candidate& c : cand_) total += c.v;
-    }
+    double total = 0.0;
+    for (const Candidate& c : cand_) total += c.v;
     const double target = static_cast<double>(std::max(params_.top_p, 0.0f)) * total;
     double cum = 0.0;
     for (size_t i = 0; i < cand_.size(); ++i) {
       cum += cand_[i].v;
       if (cum >= target) {
-        keep = i + 1;
+        cand_.resize(i + 1);
         break;
       }
     }
-    cand_.resize(keep);
   }
+  // Both filters keep a most-likely prefix, so applying min-p to the nucleus in any order gives
+  // the same set.
   const float min_p = std::clamp(params_.min_p, 0.0f, 1.0f);
   std::erase_if(cand_, [&](const Candidate& c) { return !(c.v > 0.0f) || c.v < min_p; });
   total_ = 0.0;
@@ -128,9 +124,11 @@ void Sampler::FinishExplicit(double mass) {
 }
 
 void Sampler::TopPFullVocab() {
-  // work_ holds weights in [0, 1]. Histogram their mass by float bits, find the highest bin b*
-  // at which the cumulative mass from the top reaches top_p, then collect and sort only tokens in
-  // bins >= b*: the nucleus plus the rest of one bin (an eighth of an octave wide).
+  // work_ holds weights in [0, 1]; positive floats order like their bit patterns. Radix select on
+  // the bits: histogram the mass by bits >> 20 (8 bins per octave), find the bin where the mass
+  // accumulated from the top reaches top_p. Tokens in higher bins are all in the nucleus (no
+  // sorting needed); only the boundary bin is refined, by the next 8 bits, then the next 8, and
+  // what is left is sorted. So a flat distribution with a 200k-token nucleus sorts a few tokens.
   const size_t n = work_.size();
   hist_.assign(kHistCopies * kHistBins, 0.0);
   for (size_t i = 0; i < n; ++i) {
@@ -142,25 +140,54 @@ void Sampler::TopPFullVocab() {
     for (size_t c = 1; c < kHistCopies; ++c) hist_[b] += hist_[c * kHistBins + b];
     total += hist_[b];
   }
-  const double target = static_cast<double>(params_.top_p) * total;
-  size_t bstar = 0;
-  double cum = 0.0;
-  for (size_t b = kHistBins; b-- > 0;) {
-    cum += hist_[b];
-    if (cum >= target) {
+  // Mass still needed from the boundary bin and below; stays > 0 because a bin is chosen as the
+  // boundary only when the mass above it falls short.
+  double need = static_cast<double>(params_.top_p) * total;
+  uint32_t bstar = 0;
+  for (uint32_t b = kHistBins; b-- > 0;) {
+    if (hist_[b] >= need || b == 0) {
       bstar = b;
       break;
     }
+    need -= hist_[b];
   }
-  const uint32_t thr_bits = static_cast<uint32_t>(bstar) << kHistShift;
   cand_.clear();
+  boundary_.clear();
   for (size_t i = 0; i < n; ++i) {
     const float w = work_[i];
-    if (std::bit_cast<uint32_t>(w) >= thr_bits && w > 0.0f) {
-      cand_.push_back({w, static_cast<int32_t>(i)});
-    }
+    const uint32_t b = std::bit_cast<uint32_t>(w) >> kHistShift;
+    if (b < bstar || !(w > 0.0f)) continue;
+    (b > bstar ? cand_ : boundary_).push_back({w, static_cast<int32_t>(i)});
   }
-  FinishExplicit(total);
+  for (int shift : {12, 4}) {
+    if (boundary_.size() <= 64) break;
+    const uint32_t mask = 0xFF;
+    double sub[256] = {};
+    for (const Candidate& c : boundary_) sub[(std::bit_cast<uint32_t>(c.v) >> shift) & mask] += c.v;
+    uint32_t sstar = 0;
+    for (uint32_t b = 256; b-- > 0;) {
+      if (sub[b] >= need || b == 0) {
+        sstar = b;
+        break;
+      }
+      need -= sub[b];
+    }
+    size_t keep = 0;
+    for (const Candidate& c : boundary_) {
+      const uint32_t b = (std::bit_cast<uint32_t>(c.v) >> shift) & mask;
+      if (b > sstar) cand_.push_back(c);
+      if (b == sstar) boundary_[keep++] = c;
+    }
+    boundary_.resize(keep);
+  }
+  std::sort(boundary_.begin(), boundary_.end(), Better);
+  double cum = 0.0;
+  for (const Candidate& c : boundary_) {
+    cand_.push_back(c);
+    cum += c.v;
+    if (cum >= need) break;
+  }
+  FinishExplicit(/*apply_top_p=*/false);
 }
 
 int32_t Sampler::Filter(float raw_max, std::span<const int32_t> history) {
@@ -178,7 +205,7 @@ int32_t Sampler::Filter(float raw_max, std::span<const int32_t> history) {
     for (const Candidate& c : cand_) m = std::max(m, c.v);
     if (!(m > kNegInf)) return FirstIndexOf(work_, m);
     for (Candidate& c : cand_) c.v = internal::Exp((c.v - m) * inv_t);
-    FinishExplicit(-1.0);
+    FinishExplicit(/*apply_top_p=*/true);
     return -1;
   }
   const float m = penalized ? internal::Max(work_.data(), n) : raw_max;
@@ -193,7 +220,7 @@ int32_t Sampler::Filter(float raw_max, std::span<const int32_t> history) {
     for (size_t i = 0; i < n; ++i) {
       if (work_[i] >= min_p && work_[i] > 0.0f) cand_.push_back({work_[i], static_cast<int32_t>(i)});
     }
-    FinishExplicit(-1.0);
+    FinishExplicit(/*apply_top_p=*/true);
   } else {
     explicit_ = false;
   }

@@ -78,7 +78,7 @@ class Sampler {
   int32_t Filter(float raw_max, std::span<const int32_t> history);
   bool ApplyPenalties(std::span<const int32_t> history);
   void TopPFullVocab();
-  void FinishExplicit(double mass);
+  void FinishExplicit(bool apply_top_p);
   int32_t Draw(double u) const;
   static void SelectTopK(const float* x, size_t n, size_t k, std::vector<Candidate>& out);
   static bool Better(const Candidate& a, const Candidate& b) {
@@ -91,7 +91,8 @@ class Sampler {
   std::vector<int32_t> counts_;     // [V] zero between calls; penalty occurrence counts
   std::vector<double> block_sums_;  // [ceil(V / kSumBlock)] weight sums (whole-vocab mode)
   std::vector<double> hist_;        // [4 * 1024] top-p weight-mass histograms
-  std::vector<Candidate> cand_;     // [<= V] explicit candidates
+  std::vector<Candidate> cand_;      // [<= V] explicit candidates
+  std::vector<Candidate> boundary_;  // [<= V] top-p: tokens of the bin where the nucleus ends
   std::vector<Candidate> lp_cand_;  // [<= kMaxLogprobs] raw top logprobs
   bool explicit_ = false;
   double total_ = 0.0;  // sum of the weights the draw sees

@@ -142,7 +142,7 @@ TEST(SamplerStats, FullSizeVocabTopPDraws) {
   for (const float top_p : {1.0f, 0.9f}) {
     Sampler s({.temperature = 1.0f, .top_p = top_p, .seed = 11});
     std::vector<int64_t> cells(5, 0);
-    const int draws = 5000;
+    const int draws = 3000;
     for (int i = 0; i < draws; ++i) {
       const int32_t t = s.Sample(logits, {}).token;
       int cell = 4;

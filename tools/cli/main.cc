@@ -5,6 +5,7 @@
 
 #include "scheduler/daemon/daemon.h"
 #include "tools/cli/commands.h"
+#include "tools/serve/serve.h"
 #include "worker/process/worker_process.h"
 
 namespace {
@@ -19,7 +20,9 @@ void Usage() {
                "  info        --model FILE: print the model's configuration\n"
                "  bench       GPU benchmark (CUDA builds)\n"
                "  scheduler   scheduler daemon (--listen 127.0.0.1:PORT --slots N --ctx N ...)\n"
-               "  worker      worker process (--scheduler HOST:PORT --model FILE --backend ...)\n");
+               "  worker      worker process (--scheduler HOST:PORT --model FILE --backend ...)\n"
+               "  gateway     public gRPC gateway (--listen A --admin-listen A --scheduler A --model FILE)\n"
+               "  serve       all roles locally (--model FILE [--slots N --ctx N --port P] [--demo PROMPT])\n");
 }
 
 }  // namespace
@@ -39,6 +42,8 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return ds::cli::CmdBench(sub_argc, sub_argv);
   if (cmd == "scheduler") return ds::RunSchedulerDaemon(sub_argc, sub_argv);
   if (cmd == "worker") return ds::RunWorkerProcess(sub_argc, sub_argv);
+  if (cmd == "gateway") return ds::RunGateway(sub_argc, sub_argv);
+  if (cmd == "serve") return ds::RunServe(sub_argc, sub_argv);
   std::fprintf(stderr, "deltaserve: unknown command '%s'\n", cmd.c_str());
   Usage();
   return 2;

@@ -9,7 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/gguf/gguf.h"
-#include "common/sampling/sampling.h"
+#include "common/sampling/sampler.h"
+#include "common/sampling/sampling_params.h"
+#include "common/tokenizer/chat_format.h"
+#include "common/tokenizer/incremental_decoder.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
@@ -17,6 +20,10 @@
 
 namespace ds::cli {
 namespace {
+
+using sampling::Sampler;
+using sampling::SampleResult;
+using sampling::SamplingParams;
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "deltaserve: error: %s\n", std::string(s.message()).c_str());
@@ -131,7 +138,11 @@ int CmdGenerate(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError(
           "model has no vocabulary (tokenizer.ggml.model = none); use --prompt-ids"));
     std::string text = args->Str("--prompt");
-    if (args->Has("--chat")) text = FormatChatML({{"user", text}}, /*add_generation_prompt=*/true);
+    if (args->Has("--chat")) {
+      auto chat = FormatChatML({{"user", text}}, /*add_generation_prompt=*/true);
+      if (!chat.ok()) return Fail(chat.status());
+      text = *chat;
+    }
     auto enc = tok->Encode(text, /*parse_special=*/args->Has("--chat"));
     if (!enc.ok()) return Fail(enc.status());
     prompt = *enc;
@@ -151,7 +162,7 @@ int CmdGenerate(int argc, char** argv) {
   if (!be_or.ok()) return Fail(be_or.status());
   Backend& be = **be_or;
   const int n_vocab = be.config().n_vocab;
-  if (auto s = Validate(sp, n_vocab); !s.ok()) return Fail(s);
+  if (auto s = sampling::Validate(sp, n_vocab); !s.ok()) return Fail(s);
   for (int32_t id : prompt)
     if (id < 0 || id >= n_vocab)
       return Fail(absl::InvalidArgumentError("token id " + std::to_string(id) +
@@ -164,7 +175,7 @@ int CmdGenerate(int argc, char** argv) {
   std::vector<int32_t> history = prompt;
   std::vector<int32_t> generated;
   std::string text;
-  IncrementalDecoder detok(*tok);
+  IncrementalDecoder detok(&*tok);
 
   const double t0 = Now();
   std::vector<float> logits;
@@ -175,12 +186,14 @@ int CmdGenerate(int argc, char** argv) {
     const SampleResult r = sampler.Sample(logits, history);
     generated.push_back(r.token);
     history.push_back(r.token);
-    if (!ignore_eos && tok->is_eos(r.token)) {
+    if (!ignore_eos && tok->IsEos(r.token)) {
       finish = "stop";
       break;
     }
     if (tok->has_vocab()) {
-      const std::string delta = detok.Push(r.token);
+      auto delta_or = detok.Feed(r.token);
+      if (!delta_or.ok()) return Fail(delta_or.status());
+      const std::string& delta = *delta_or;
       text += delta;
       if (!json) {
         std::fwrite(delta.data(), 1, delta.size(), stdout);

@@ -208,6 +208,7 @@ class CudaBackend final : public CudaBackendApi {
 
   std::map<int, cudaGraphExec_t> graphs_;  // pure-decode batch size -> graph
   std::map<int, bool> graph_failed_;
+  std::map<int, int> decode_runs_;  // eager pure-decode runs per batch size (capture on the 2nd)
 
   bool profiling_ = false;
   std::map<std::string, double> prof_ms_;
@@ -746,7 +747,10 @@ absl::Status CudaBackend::RunMicro(std::span<const SeqStep> batch, const std::ve
                                           cudaMemcpyHostToDevice, stream_));
   *n_logit_rows = nl;
 
-  const bool graph = pure_decode && copts_.use_graphs && !profiling_ && !graph_failed_[R];
+  // The first pure-decode step of a batch size runs eagerly so that lazy library state (cuBLAS
+  // workspaces for the R > gemv_max_rows path) exists before capture; the second one captures.
+  const bool graph = pure_decode && copts_.use_graphs && !profiling_ && !graph_failed_[R] &&
+                     decode_runs_[R]++ > 0;
   if (graph) {
     auto it = graphs_.find(R);
     if (it == graphs_.end()) {

@@ -16,6 +16,8 @@
 
 namespace ds {
 
+class Collective;
+
 // One sequence's share of a step.
 struct SeqStep {
   int slot = 0;                  // state slot, [0, n_slots)
@@ -26,12 +28,15 @@ struct SeqStep {
 
 struct StepOutput {
   // [n_rows, n_vocab]; rows in batch order: every token of an all_logits sequence, else its last.
+  // Tensor parallel with the lm_head on rank 0 only (BackendOptions::tp_lm_head_rank0): empty on
+  // the other ranks.
   std::vector<float> logits;
   // [n_rows, n_embd] final-normed hidden states of the same rows (input of the MTP head), filled
   // only when StepOptions::want_hidden.
   std::vector<float> hidden;
   int n_rows = 0;
   double forward_seconds = 0;    // measured by the backend
+  double comm_seconds = 0;       // of which inside TP collectives (0 without TP)
 };
 
 struct StepOptions {
@@ -76,6 +81,14 @@ struct BackendOptions {
   int slot_ctx = 4096;
   int n_threads = 0;             // CPU: 0 = all cores
   int device = 0;                // CUDA device ordinal
+  // Tensor parallelism (docs/tp.md). With tp_world > 1 the backend loads only rank tp_rank's
+  // shard and runs the sharded forward: one all-reduce after the mixer output projection and one
+  // after ffn_down per layer, over `collective` (caller-owned, rank/world must match).
+  int tp_rank = 0;
+  int tp_world = 1;
+  std::vector<double> tp_split;  // [tp_world] share weights (e.g. 1,2); empty = even
+  bool tp_lm_head_rank0 = false; // false: vocab-parallel lm_head + all-gather; true: rank 0 only
+  Collective* collective = nullptr;
 };
 
 // Opens the model file and creates the CPU reference backend.

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/collective/collective.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/ops.h"
@@ -32,11 +33,41 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::unique_ptr<g
   if (opts.slot_ctx < 1)
     return absl::InvalidArgumentError(absl::StrCat("BackendOptions.slot_ctx = ", opts.slot_ctx,
                                                    " must be >= 1"));
+  if (opts.tp_world < 1 || opts.tp_rank < 0 || opts.tp_rank >= opts.tp_world)
+    return absl::InvalidArgumentError(absl::StrCat("BackendOptions: tp_rank ", opts.tp_rank,
+                                                   " not in a tp_world of ", opts.tp_world));
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->file_ = std::move(file);
   DS_ASSIGN_OR_RETURN(b->cfg_, ModelConfig::FromGguf(*b->file_));
-  DS_ASSIGN_OR_RETURN(b->w_, ModelWeights::Load(*b->file_, b->cfg_));
   const ModelConfig& c = b->cfg_;
+  b->lc_ = {c.n_head, c.n_head_kv, c.gdn_k_heads, c.gdn_v_heads, c.n_ff, c.n_vocab};
+  if (opts.tp_world > 1) {
+    if (!opts.collective || opts.collective->world() != opts.tp_world ||
+        opts.collective->rank() != opts.tp_rank)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BackendOptions: tp_world ", opts.tp_world, " needs a collective of that world with rank ",
+          opts.tp_rank, opts.collective ? "" : " (collective is null)"));
+    std::vector<double> split = opts.tp_split;
+    if (split.empty()) split.assign(opts.tp_world, 1.0);
+    if (static_cast<int>(split.size()) != opts.tp_world)
+      return absl::InvalidArgumentError(absl::StrCat("BackendOptions.tp_split has ", split.size(),
+                                                     " weights for tp_world ", opts.tp_world));
+    DS_ASSIGN_OR_RETURN(const int64_t granule, tp::FfnGranule(*b->file_, c));
+    DS_ASSIGN_OR_RETURN(b->plan_, tp::Plan::Make(c, split, granule,
+                                                 opts.tp_lm_head_rank0 ? tp::LmHead::kRank0
+                                                                       : tp::LmHead::kVocabParallel));
+    b->tp_rank_ = opts.tp_rank;
+    b->tp_world_ = opts.tp_world;
+    b->coll_ = opts.collective;
+    b->lm_head_rank0_ = opts.tp_lm_head_rank0;
+    const tp::Plan& p = b->plan_;
+    const int r = opts.tp_rank;
+    b->lc_ = {p.q_heads(r), p.kv_heads(r), p.gdn_k(r), p.gdn_v(r), p.ranks[r].ffn.size(),
+              p.ranks[r].vocab.size()};
+    DS_ASSIGN_OR_RETURN(b->w_, ModelWeights::Load(*b->file_, c, &b->plan_, r));
+  } else {
+    DS_ASSIGN_OR_RETURN(b->w_, ModelWeights::Load(*b->file_, c));
+  }
   b->slot_ctx_ = opts.slot_ctx;
   b->gdn_index_.assign(c.n_layer, -1);
   b->attn_index_.assign(c.n_layer, -1);
@@ -46,9 +77,12 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::unique_ptr<g
     else
       b->attn_index_[i] = b->n_attn_++;
   }
-  b->conv_elems_ = static_cast<int64_t>(c.conv_kernel - 1) * c.gdn_conv_channels();
-  b->ssm_elems_ = static_cast<int64_t>(c.gdn_v_heads) * c.gdn_k_dim * c.gdn_v_dim;
-  b->kv_width_ = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  // State and KV of this rank's heads only (all heads without TP).
+  const Local& lc = b->lc_;
+  b->conv_elems_ = static_cast<int64_t>(c.conv_kernel - 1) *
+                   (2LL * lc.gdn_k_heads * c.gdn_k_dim + static_cast<int64_t>(lc.gdn_v_heads) * c.gdn_v_dim);
+  b->ssm_elems_ = static_cast<int64_t>(lc.gdn_v_heads) * c.gdn_k_dim * c.gdn_v_dim;
+  b->kv_width_ = static_cast<int64_t>(lc.n_head_kv) * c.head_dim;
   b->slots_.resize(opts.n_slots);
   for (Slot& s : b->slots_) {
     s.conv.assign(b->n_gdn_ * b->conv_elems_, 0.f);
@@ -88,15 +122,19 @@ int32_t CpuBackend::SlotLength(int slot) const {
 void CpuBackend::AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
                            const std::vector<SeqRun>& seqs, float* y) {
   const ModelConfig& c = cfg_;
-  const int64_t qgw = 2LL * c.n_head * c.head_dim, ow = static_cast<int64_t>(c.n_head) * c.head_dim;
+  if (lc_.n_head_kv == 0) {  // TP rank without attention heads: contributes zeros
+    std::fill(y, y + N * c.n_embd, 0.f);
+    return;
+  }
+  const int64_t qgw = 2LL * lc_.n_head * c.head_dim, ow = static_cast<int64_t>(lc_.n_head) * c.head_dim;
   std::vector<float> qg(N * qgw), k(N * kv_width_), v(N * kv_width_), o(N * ow);  // [N, ·]
   cpu::MatMul(w.q, a, N, qg.data(), pool_);
   cpu::MatMul(w.k, a, N, k.data(), pool_);
   cpu::MatMul(w.v, a, N, v.data(), pool_);
   for (const SeqRun& s : seqs) {
     cpu::AttnArgs aa;
-    aa.n_head = c.n_head;
-    aa.n_head_kv = c.n_head_kv;
+    aa.n_head = lc_.n_head;
+    aa.n_head_kv = lc_.n_head_kv;
     aa.head_dim = c.head_dim;
     aa.n_rot = c.n_rot;
     aa.rope_base = c.rope_base;
@@ -119,12 +157,24 @@ void CpuBackend::AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
 }
 
 void CpuBackend::Mlp(const LayerWeights& w, const float* f, int64_t N, float* y) {
-  const int64_t ff = cfg_.n_ff;
+  const int64_t ff = lc_.n_ff;
+  if (ff == 0) {  // TP rank without FFN columns
+    std::fill(y, y + N * cfg_.n_embd, 0.f);
+    return;
+  }
   std::vector<float> g(N * ff), u(N * ff);  // [N, n_ff]
   cpu::MatMul(w.ffn_gate, f, N, g.data(), pool_);
   cpu::MatMul(w.ffn_up, f, N, u.data(), pool_);
   for (int64_t i = 0; i < N * ff; ++i) g[i] = cpu::Silu(g[i]) * u[i];
   cpu::MatMul(w.ffn_down, g.data(), N, y, pool_);
+}
+
+absl::Status CpuBackend::AllReduce(float* y, int64_t n) {
+  if (tp_world_ == 1) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = coll_->AllReduceSum(y, static_cast<size_t>(n));
+  step_comm_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
 }
 
 absl::Status CpuBackend::Forward(std::span<const SeqStep> batch, const StepOptions& opts,
@@ -180,12 +230,18 @@ absl::Status CpuBackend::Forward(std::span<const SeqStep> batch, const StepOptio
     for (int64_t t = 0; t < runs[i].n; ++t)
       cpu::GetRow(w_.token_embd, batch[i].tokens[t], h.data() + (runs[i].row0 + t) * H);
 
-  const int C = c.gdn_conv_channels(), Vw = c.gdn_value_width(), Hv = c.gdn_v_heads;
-  const cpu::GdnDims dims{c.gdn_k_heads, c.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim, c.conv_kernel};
+  // This rank's GDN heads (all of them without TP): local value head j reads local key head
+  // j mod Hk' — the tiled rule survives the sharding (worker/tp/plan.h).
+  const int Hv = lc_.gdn_v_heads, Vw = Hv * c.gdn_v_dim,
+            C = 2 * lc_.gdn_k_heads * c.gdn_k_dim + Vw;
+  const cpu::GdnDims dims{lc_.gdn_k_heads, lc_.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim, c.conv_kernel};
+  step_comm_ = 0;
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = w_.layers[l];
     cpu::RmsNormRows(h.data(), L.attn_norm.data(), N, H, c.rms_eps, a.data());
-    if (L.recurrent) {
+    if (L.recurrent && Hv == 0) {
+      std::fill(y.begin(), y.end(), 0.f);  // TP rank without GDN heads
+    } else if (L.recurrent) {
       const int gi = gdn_index_[l];
       std::vector<float> mixed(N * C), z(N * Vw), b(N * Hv), al(N * Hv), o(N * Vw);
       cpu::MatMul(L.gdn.qkv, a.data(), N, mixed.data(), pool_);   // [N, C]
@@ -225,9 +281,11 @@ absl::Status CpuBackend::Forward(std::span<const SeqStep> batch, const StepOptio
       }
       AttnMixer(L.attn, a.data(), N, runs, y.data());
     }
+    DS_RETURN_IF_ERROR(AllReduce(y.data(), N * H));  // row-parallel mixer output: Σ over ranks
     for (int64_t i = 0; i < N * H; ++i) h[i] += y[i];
     cpu::RmsNormRows(h.data(), L.post_norm.data(), N, H, c.rms_eps, a.data());
     Mlp(L, a.data(), N, y.data());
+    DS_RETURN_IF_ERROR(AllReduce(y.data(), N * H));  // row-parallel ffn_down: Σ over ranks
     for (int64_t i = 0; i < N * H; ++i) h[i] += y[i];
   }
 
@@ -243,8 +301,35 @@ absl::Status CpuBackend::Forward(std::span<const SeqStep> batch, const StepOptio
     }
   }
   out->n_rows = static_cast<int>(n_rows);
-  out->logits.assign(n_rows * static_cast<int64_t>(c.n_vocab), 0.f);
-  cpu::MatMul(w_.output, hn.data(), n_rows, out->logits.data(), pool_);
+  if (tp_world_ == 1) {
+    out->logits.assign(n_rows * static_cast<int64_t>(c.n_vocab), 0.f);
+    cpu::MatMul(w_.output, hn.data(), n_rows, out->logits.data(), pool_);
+  } else if (lm_head_rank0_) {
+    // Whole lm_head on rank 0; the others produce no logits (sampling happens on rank 0).
+    out->logits.clear();
+    if (tp_rank_ == 0) {
+      out->logits.assign(n_rows * static_cast<int64_t>(c.n_vocab), 0.f);
+      cpu::MatMul(w_.output, hn.data(), n_rows, out->logits.data(), pool_);
+    }
+  } else {
+    // Vocab-parallel lm_head: local logits [n_rows, V_r] of rows [v0_r, v1_r), all-gathered
+    // rank-major ([r][n_rows][V_r]) and interleaved back into [n_rows, V].
+    std::vector<float> part(n_rows * lc_.n_vocab);  // [n_rows, V_r]
+    cpu::MatMul(w_.output, hn.data(), n_rows, part.data(), pool_);
+    std::vector<size_t> counts(tp_world_);
+    for (int r = 0; r < tp_world_; ++r) counts[r] = n_rows * plan_.ranks[r].vocab.size();
+    std::vector<float> all(n_rows * static_cast<int64_t>(c.n_vocab));  // [world][n_rows][V_r]
+    const auto t0 = std::chrono::steady_clock::now();
+    DS_RETURN_IF_ERROR(coll_->AllGatherV(part.data(), counts, all.data()));
+    step_comm_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out->logits.assign(n_rows * static_cast<int64_t>(c.n_vocab), 0.f);
+    const float* src = all.data();
+    for (int r = 0; r < tp_world_; ++r) {
+      const tp::Range v = plan_.ranks[r].vocab;
+      for (int64_t row = 0; row < n_rows; ++row, src += v.size())
+        std::copy(src, src + v.size(), out->logits.data() + row * c.n_vocab + v.begin);
+    }
+  }
   if (opts.want_hidden)
     out->hidden = std::move(hn);
   else
@@ -252,12 +337,15 @@ absl::Status CpuBackend::Forward(std::span<const SeqStep> batch, const StepOptio
   for (const SeqStep& s : batch) slots_[s.slot].n_past += static_cast<int32_t>(s.tokens.size());
   out->forward_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  out->comm_seconds = step_comm_;
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                                  std::vector<float>* logits, std::vector<float>* hidden_out) {
   const ModelConfig& c = cfg_;
+  if (tp_world_ > 1)
+    return absl::UnimplementedError("MtpStep: the MTP block is not sharded under tensor parallelism");
   if (!w_.has_mtp)
     return absl::UnimplementedError("MtpStep: the model file has no MTP block (nextn_predict_layers = 0)");
   if (slot < 0 || slot >= n_slots())

@@ -5,6 +5,13 @@
 // attention K/V [n_attn][slot_ctx][n_kv*hd] (f32, post-norm/rope K), and the MTP layer's own K/V
 // [slot_ctx][n_kv*hd] with a per-row validity mask.
 //
+// Tensor parallelism (BackendOptions::tp_world > 1, docs/tp.md): the backend holds rank tp_rank's
+// shard (worker/tp/plan.h): its attention q/kv heads, GDN key heads with their tiled value heads,
+// FFN columns and lm_head rows, and only the state/KV of those heads. Each layer's mixer output
+// projection and ffn_down produce partial sums that are all-reduced (two all-reduces per layer);
+// the residual stream, norms and embedding lookup are replicated. MTP is not sharded yet
+// (MtpStep returns Unimplemented under TP).
+//
 // MTP position convention (spec §8.3, vLLM style): MtpStep(slot, x_{t+1}, t, h_t) pairs the
 // main-model hidden state at position t with the token that follows it and stores the MTP K/V row
 // at index t, with RoPE position t; draft step j uses position t + j. Writing row t discards all MTP
@@ -18,6 +25,7 @@
 #include "common/util/thread_pool.h"
 #include "worker/model/backend.h"
 #include "worker/model/weights.h"
+#include "worker/tp/plan.h"
 
 namespace ds {
 
@@ -48,6 +56,9 @@ class CpuBackend final : public Backend {
   void set_gdn_chunk(int chunk) { gdn_chunk_ = chunk; }
   const ModelWeights& weights() const { return w_; }
   const gguf::File& file() const { return *file_; }
+  // TP: the plan this rank was loaded with (nullptr without TP) and its rank.
+  const tp::Plan* tp_plan() const { return tp_world_ > 1 ? &plan_ : nullptr; }
+  int tp_rank() const { return tp_rank_; }
 
  private:
   struct Slot {
@@ -69,7 +80,15 @@ class CpuBackend final : public Backend {
     const uint8_t* valid = nullptr;
   };
 
+  // This rank's head / column counts (the config's own without TP).
+  struct Local {
+    int n_head = 0, n_head_kv = 0, gdn_k_heads = 0, gdn_v_heads = 0;
+    int64_t n_ff = 0, n_vocab = 0;
+  };
+
   CpuBackend() = default;
+  // Sums a partial [n] result over the TP group (no-op without TP); adds the time to step_comm_.
+  absl::Status AllReduce(float* y, int64_t n);
   void AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
                  const std::vector<SeqRun>& seqs, float* y);
   void Mlp(const LayerWeights& w, const float* f, int64_t N, float* y);
@@ -84,6 +103,12 @@ class CpuBackend final : public Backend {
   int n_gdn_ = 0, n_attn_ = 0;
   int64_t conv_elems_ = 0, ssm_elems_ = 0, kv_width_ = 0;  // per GDN layer / per KV row
   std::vector<Slot> slots_;
+  Local lc_;
+  int tp_rank_ = 0, tp_world_ = 1;
+  bool lm_head_rank0_ = false;
+  tp::Plan plan_;
+  Collective* coll_ = nullptr;
+  double step_comm_ = 0;  // seconds inside collectives during the current Forward
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_ = nullptr;
 };

@@ -58,56 +58,83 @@ absl::StatusOr<std::vector<float>> Floats(const gguf::File& f, const std::string
   return out;
 }
 
+// Applies a rank's cut (no plan: the full tensor) to every tensor as it is bound.
+struct Sharder {
+  const ModelConfig* c = nullptr;
+  const tp::Plan* plan = nullptr;
+  int rank = 0;
+  ModelWeights* w = nullptr;
+  absl::StatusOr<cpu::WeightView> M(const gguf::File& f, const std::string& pre,
+                                    const std::string& suffix, int64_t cols, int64_t rows) const {
+    DS_ASSIGN_OR_RETURN(cpu::WeightView v, Matrix(f, pre + suffix, cols, rows));
+    if (!plan) return v;
+    return tp::CutMatrix(v, tp::CutFor(*c, *plan, rank, suffix), pre + suffix, &w->shard_store,
+                         &w->dequantized_bytes);
+  }
+  absl::StatusOr<std::vector<float>> F(const gguf::File& f, const std::string& pre,
+                                       const std::string& suffix,
+                                       const std::vector<int64_t>& ne) const {
+    DS_ASSIGN_OR_RETURN(std::vector<float> v, Floats(f, pre + suffix, ne));
+    if (!plan) return v;
+    return tp::CutFloats(v, ne[0], tp::CutFor(*c, *plan, rank, suffix), pre + suffix);
+  }
+};
+
 absl::Status LoadAttention(const gguf::File& f, const ModelConfig& c, const std::string& pre,
-                           AttnLayerWeights* w) {
+                           const Sharder& sh, AttnLayerWeights* w) {
   const int64_t H = c.n_embd, hd = c.head_dim;
-  DS_ASSIGN_OR_RETURN(w->q, Matrix(f, pre + "attn_q.weight", H, 2 * c.n_head * hd));
-  DS_ASSIGN_OR_RETURN(w->k, Matrix(f, pre + "attn_k.weight", H, c.n_head_kv * hd));
-  DS_ASSIGN_OR_RETURN(w->v, Matrix(f, pre + "attn_v.weight", H, c.n_head_kv * hd));
-  DS_ASSIGN_OR_RETURN(w->out, Matrix(f, pre + "attn_output.weight", c.n_head * hd, H));
-  DS_ASSIGN_OR_RETURN(w->q_norm, Floats(f, pre + "attn_q_norm.weight", {hd}));
-  DS_ASSIGN_OR_RETURN(w->k_norm, Floats(f, pre + "attn_k_norm.weight", {hd}));
+  DS_ASSIGN_OR_RETURN(w->q, sh.M(f, pre, "attn_q.weight", H, 2 * c.n_head * hd));
+  DS_ASSIGN_OR_RETURN(w->k, sh.M(f, pre, "attn_k.weight", H, c.n_head_kv * hd));
+  DS_ASSIGN_OR_RETURN(w->v, sh.M(f, pre, "attn_v.weight", H, c.n_head_kv * hd));
+  DS_ASSIGN_OR_RETURN(w->out, sh.M(f, pre, "attn_output.weight", c.n_head * hd, H));
+  DS_ASSIGN_OR_RETURN(w->q_norm, sh.F(f, pre, "attn_q_norm.weight", {hd}));
+  DS_ASSIGN_OR_RETURN(w->k_norm, sh.F(f, pre, "attn_k_norm.weight", {hd}));
   return absl::OkStatus();
 }
 
 absl::Status LoadGdn(const gguf::File& f, const ModelConfig& c, const std::string& pre,
-                     GdnLayerWeights* w) {
+                     const Sharder& sh, GdnLayerWeights* w) {
   const int64_t H = c.n_embd, C = c.gdn_conv_channels(), Vw = c.gdn_value_width(),
                 Hv = c.gdn_v_heads;
-  DS_ASSIGN_OR_RETURN(w->qkv, Matrix(f, pre + "attn_qkv.weight", H, C));
-  DS_ASSIGN_OR_RETURN(w->gate, Matrix(f, pre + "attn_gate.weight", H, Vw));
-  DS_ASSIGN_OR_RETURN(w->beta, Matrix(f, pre + "ssm_beta.weight", H, Hv));
-  DS_ASSIGN_OR_RETURN(w->alpha, Matrix(f, pre + "ssm_alpha.weight", H, Hv));
-  DS_ASSIGN_OR_RETURN(w->out, Matrix(f, pre + "ssm_out.weight", Vw, H));
-  DS_ASSIGN_OR_RETURN(w->conv, Floats(f, pre + "ssm_conv1d.weight", {c.conv_kernel, C}));
-  DS_ASSIGN_OR_RETURN(w->ssm_a, Floats(f, pre + "ssm_a", {Hv}));
-  DS_ASSIGN_OR_RETURN(w->dt_bias, Floats(f, pre + "ssm_dt.bias", {Hv}));
-  DS_ASSIGN_OR_RETURN(w->norm, Floats(f, pre + "ssm_norm.weight", {c.gdn_v_dim}));
+  DS_ASSIGN_OR_RETURN(w->qkv, sh.M(f, pre, "attn_qkv.weight", H, C));
+  DS_ASSIGN_OR_RETURN(w->gate, sh.M(f, pre, "attn_gate.weight", H, Vw));
+  DS_ASSIGN_OR_RETURN(w->beta, sh.M(f, pre, "ssm_beta.weight", H, Hv));
+  DS_ASSIGN_OR_RETURN(w->alpha, sh.M(f, pre, "ssm_alpha.weight", H, Hv));
+  DS_ASSIGN_OR_RETURN(w->out, sh.M(f, pre, "ssm_out.weight", Vw, H));
+  DS_ASSIGN_OR_RETURN(w->conv, sh.F(f, pre, "ssm_conv1d.weight", {c.conv_kernel, C}));
+  DS_ASSIGN_OR_RETURN(w->ssm_a, sh.F(f, pre, "ssm_a", {Hv}));
+  DS_ASSIGN_OR_RETURN(w->dt_bias, sh.F(f, pre, "ssm_dt.bias", {Hv}));
+  DS_ASSIGN_OR_RETURN(w->norm, sh.F(f, pre, "ssm_norm.weight", {c.gdn_v_dim}));
   return absl::OkStatus();
 }
 
 absl::Status LoadLayer(const gguf::File& f, const ModelConfig& c, int i, bool recurrent,
-                       LayerWeights* w) {
+                       const Sharder& sh, LayerWeights* w) {
   const std::string pre = absl::StrCat("blk.", i, ".");
   const int64_t H = c.n_embd;
   w->recurrent = recurrent;
   DS_ASSIGN_OR_RETURN(w->attn_norm, Floats(f, pre + "attn_norm.weight", {H}));
   DS_ASSIGN_OR_RETURN(w->post_norm, Floats(f, pre + "post_attention_norm.weight", {H}));
   if (recurrent) {
-    DS_RETURN_IF_ERROR(LoadGdn(f, c, pre, &w->gdn));
+    DS_RETURN_IF_ERROR(LoadGdn(f, c, pre, sh, &w->gdn));
   } else {
-    DS_RETURN_IF_ERROR(LoadAttention(f, c, pre, &w->attn));
+    DS_RETURN_IF_ERROR(LoadAttention(f, c, pre, sh, &w->attn));
   }
-  DS_ASSIGN_OR_RETURN(w->ffn_gate, Matrix(f, pre + "ffn_gate.weight", H, c.n_ff));
-  DS_ASSIGN_OR_RETURN(w->ffn_up, Matrix(f, pre + "ffn_up.weight", H, c.n_ff));
-  DS_ASSIGN_OR_RETURN(w->ffn_down, Matrix(f, pre + "ffn_down.weight", c.n_ff, H));
+  DS_ASSIGN_OR_RETURN(w->ffn_gate, sh.M(f, pre, "ffn_gate.weight", H, c.n_ff));
+  DS_ASSIGN_OR_RETURN(w->ffn_up, sh.M(f, pre, "ffn_up.weight", H, c.n_ff));
+  DS_ASSIGN_OR_RETURN(w->ffn_down, sh.M(f, pre, "ffn_down.weight", c.n_ff, H));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::File& f, const ModelConfig& c) {
+absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::File& f, const ModelConfig& c,
+                                                const tp::Plan* plan, int tp_rank) {
   ModelWeights w;
+  if (plan && (tp_rank < 0 || tp_rank >= plan->world))
+    return absl::InvalidArgumentError(
+        absl::StrCat("TP rank ", tp_rank, " not in a world of ", plan->world));
+  const Sharder sh{&c, plan, tp_rank, &w};
   const int64_t H = c.n_embd, V = c.n_vocab;
   DS_ASSIGN_OR_RETURN(w.token_embd, Matrix(f, "token_embd.weight", H, V));
   DS_ASSIGN_OR_RETURN(w.output_norm, Floats(f, "output_norm.weight", {H}));
@@ -117,13 +144,17 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::File& f, const Model
     w.output = w.token_embd;  // tied embeddings (small Qwen3.5 models)
     w.tied_output = true;
   }
+  if (plan) {  // lm_head shard: vocabulary rows (the embedding itself stays whole, see docs/tp.md)
+    DS_ASSIGN_OR_RETURN(w.output, tp::CutMatrix(w.output, tp::CutFor(c, *plan, tp_rank, "output.weight"),
+                                                "output.weight", &w.shard_store));
+  }
   w.layers.resize(c.n_layer);
   for (int i = 0; i < c.n_layer; ++i)
-    DS_RETURN_IF_ERROR(LoadLayer(f, c, i, c.is_recurrent[i], &w.layers[i]));
-  if (c.n_nextn == 1) {
+    DS_RETURN_IF_ERROR(LoadLayer(f, c, i, c.is_recurrent[i], sh, &w.layers[i]));
+  if (c.n_nextn == 1 && !plan) {
     const int i = c.n_layer;
     const std::string pre = absl::StrCat("blk.", i, ".");
-    DS_RETURN_IF_ERROR(LoadLayer(f, c, i, /*recurrent=*/false, &w.mtp.layer));
+    DS_RETURN_IF_ERROR(LoadLayer(f, c, i, /*recurrent=*/false, sh, &w.mtp.layer));
     DS_ASSIGN_OR_RETURN(w.mtp.eh_proj, Matrix(f, pre + "nextn.eh_proj.weight", 2 * H, H));
     DS_ASSIGN_OR_RETURN(w.mtp.enorm, Floats(f, pre + "nextn.enorm.weight", {H}));
     DS_ASSIGN_OR_RETURN(w.mtp.hnorm, Floats(f, pre + "nextn.hnorm.weight", {H}));

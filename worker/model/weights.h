@@ -9,6 +9,7 @@
 #include "common/util/status.h"
 #include "kernels/cpu/ops.h"
 #include "worker/model/config.h"
+#include "worker/tp/shard.h"
 
 namespace ds {
 
@@ -61,8 +62,16 @@ struct ModelWeights {
   bool has_mtp = false;
   MtpWeights mtp;
 
+  // Tensor-parallel shard (Load with a plan): the views above hold only rank `tp_rank`'s rows /
+  // columns (worker/tp/plan.h CutFor), so their rows/cols are the local sizes; bytes that could
+  // not stay in the mapping live in shard_store. The MTP block is not loaded under TP.
+  tp::ShardStore shard_store;
+  uint64_t dequantized_bytes = 0;   // f32 copies of unaligned column slices (worker/tp/shard.h)
+
   // Binds every tensor. Errors name the tensor and give expected vs actual ne / the bad type.
-  static absl::StatusOr<ModelWeights> Load(const gguf::File& f, const ModelConfig& c);
+  // With `plan` (TP), binds only rank `tp_rank`'s shard of every tensor.
+  static absl::StatusOr<ModelWeights> Load(const gguf::File& f, const ModelConfig& c,
+                                           const tp::Plan* plan = nullptr, int tp_rank = 0);
 };
 
 // Number of tensors a complete file of this config holds (§9.4): 3 (+ output) globals,

@@ -234,8 +234,11 @@ TEST(Dequant, MatchesCpuAllTypes) {
       const auto got = out.Down();
       const auto ref = DequantAll(t, w, rows, K);
       int bad = 0;
+      // Exact bf16 of the reference, or one bf16 step away when the f32 products round
+      // differently (d*sc*q evaluated in another order) right at a bf16 rounding boundary.
       for (size_t i = 0; i < ref.size(); ++i)
-        if (got[i] != F32ToBf16(ref[i]) && bad++ < 5)
+        if (got[i] != F32ToBf16(ref[i]) &&
+            !(std::fabs(Bf16ToF32(got[i]) - ref[i]) <= std::fabs(ref[i]) * (1.f / 128)) && bad++ < 5)
           ADD_FAILURE() << GgmlInfo(t).name << " elem " << i << ": " << Bf16ToF32(got[i]) << " vs " << ref[i];
       EXPECT_EQ(bad, 0) << GgmlInfo(t).name;
     }

@@ -1,0 +1,102 @@
+#include "common/auth/bearer.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ds::auth {
+
+bool ConstantTimeEquals(std::string_view given, std::string_view expected) {
+  // The loop runs over `expected` only; bytes past the end of `given` compare against 0 and a
+  // length difference is folded in without branching.
+  volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    diff = diff | static_cast<unsigned char>(g ^ static_cast<unsigned char>(expected[i]));
+  }
+  return diff == 0;
+}
+
+absl::StatusOr<TokenSet> TokenSet::FromTokens(std::vector<std::string> tokens) {
+  if (tokens.empty()) return absl::InvalidArgumentError("no token given");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& t = tokens[i];
+    if (t.size() < kMinTokenLength)
+      return absl::InvalidArgumentError(absl::StrCat("token ", i + 1, " is ", t.size(),
+                                                     " characters; use at least ",
+                                                     kMinTokenLength, " (e.g. openssl rand -hex 32)"));
+    for (unsigned char c : t)
+      if (c <= ' ' || c >= 0x7f)
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", i + 1, " has a space or non-printable character"));
+  }
+  TokenSet s;
+  s.tokens_ = std::move(tokens);
+  return s;
+}
+
+absl::StatusOr<TokenSet> TokenSet::FromFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0)
+    return absl::NotFoundError(absl::StrCat("token file ", path, " does not exist"));
+  if (!S_ISREG(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is not a regular file"));
+  if (st.st_mode & S_IROTH)
+    return absl::PermissionDeniedError(absl::StrCat(
+        "token file ", path, " is readable by everyone; chmod 0640 (owner root, group deltaserve)"));
+  std::ifstream in(path);
+  if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot read token file ", path));
+  std::vector<std::string> tokens;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    std::string_view t = absl::StripAsciiWhitespace(line);
+    if (t.empty() || t[0] == '#') continue;
+    tokens.emplace_back(t);
+  }
+  if (tokens.empty())
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds no token"));
+  absl::StatusOr<TokenSet> s = FromTokens(std::move(tokens));
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.status().message()));
+  return s;
+}
+
+bool TokenSet::Matches(std::string_view token) const {
+  bool ok = false;
+  for (const std::string& t : tokens_) ok |= ConstantTimeEquals(token, t);
+  return ok;
+}
+
+absl::Status CheckBearer(const TokenSet& tokens, std::span<const std::string_view> values) {
+  if (tokens.open()) return absl::OkStatus();
+  if (values.empty())
+    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
+  if (values.size() > 1)
+    return absl::UnauthenticatedError("more than one 'authorization' metadata value");
+  std::string_view v = values[0];
+  if (!absl::StartsWithIgnoreCase(v, "bearer "))
+    return absl::UnauthenticatedError("authorization metadata is not 'Bearer <token>'");
+  if (!tokens.Matches(absl::StripAsciiWhitespace(v.substr(7))))
+    return absl::UnauthenticatedError("invalid bearer token");
+  return absl::OkStatus();
+}
+
+grpc::Status Check(const grpc::ServerContext& ctx, const TokenSet& tokens) {
+  if (tokens.open()) return grpc::Status::OK;
+  std::vector<std::string_view> values;
+  const auto& md = ctx.client_metadata();
+  for (auto [it, end] = md.equal_range("authorization"); it != end; ++it)
+    values.emplace_back(it->second.data(), it->second.size());
+  absl::Status s = CheckBearer(tokens, values);
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(s.message()));
+}
+
+}  // namespace ds::auth

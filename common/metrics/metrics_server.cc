@@ -1,0 +1,109 @@
+#include "common/metrics/metrics_server.h"
+
+#include <ctime>
+#include <exception>
+#include <sstream>
+
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/text_serializer.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ds::metrics {
+
+// The exposer collects from this wrapper: hooks first, then the registry, under one lock so two
+// concurrent scrapes never interleave hook updates.
+class MetricsServer::HookedRegistry : public prometheus::Collectable {
+ public:
+  explicit HookedRegistry(std::shared_ptr<prometheus::Registry> r) : registry_(std::move(r)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& h : hooks_) h();
+    return registry_->Collect();
+  }
+
+  void AddHook(std::function<void()> fn) {
+    std::lock_guard<std::mutex> l(mu_);
+    hooks_.push_back(std::move(fn));
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  mutable std::mutex mu_;
+  std::vector<std::function<void()>> hooks_;
+};
+
+MetricsServer::MetricsServer() : registry_(std::make_shared<prometheus::Registry>()) {
+  collectable_ = std::make_shared<HookedRegistry>(registry_);
+}
+
+MetricsServer::~MetricsServer() = default;
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
+                                                                    const std::string& component) {
+  std::unique_ptr<MetricsServer> s(new MetricsServer());
+  prometheus::BuildGauge()
+      .Name("deltaserve_build_info")
+      .Help("Always 1; labels identify the component of this process")
+      .Register(*s->registry_)
+      .Add({{"component", component}})
+      .Set(1);
+  prometheus::BuildGauge()
+      .Name("deltaserve_start_time_seconds")
+      .Help("Unix time this process started (restarts show as changes)")
+      .Register(*s->registry_)
+      .Add({})
+      .Set(static_cast<double>(std::time(nullptr)));
+  if (listen.empty()) return s;
+  if (listen.rfind(':') == std::string::npos)
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics listen address '", listen, "' is not HOST:PORT"));
+  try {
+    // Two threads: Prometheus scrapes one request at a time; the second serves a curl meanwhile.
+    s->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+  }
+  s->exposer_->RegisterCollectable(s->collectable_);
+  const std::vector<int> ports = s->exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError("metrics exposer on " + listen + " has no port");
+  s->port_ = ports.front();
+  return s;
+}
+
+void MetricsServer::AddCollectHook(std::function<void()> fn) { collectable_->AddHook(std::move(fn)); }
+
+std::string MetricsServer::Scrape() {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, collectable_->Collect());
+  return out.str();
+}
+
+absl::Status CheckMetricName(const std::string& name, bool is_counter, bool is_histogram) {
+  if (!absl::StartsWith(name, "deltaserve_"))
+    return absl::InvalidArgumentError(name + ": missing the deltaserve_ prefix");
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
+      return absl::InvalidArgumentError(name + ": only [a-z0-9_] allowed");
+  if (is_counter != absl::EndsWith(name, "_total"))
+    return absl::InvalidArgumentError(
+        name + (is_counter ? ": counters end in _total" : ": only counters end in _total"));
+  if (is_histogram) {
+    static const char* kUnits[] = {"_seconds", "_bytes", "_tokens", "_sequences", "_ratio"};
+    bool ok = false;
+    for (const char* u : kUnits) ok |= absl::EndsWith(name, u);
+    if (!ok) return absl::InvalidArgumentError(name + ": histogram without a unit suffix");
+  }
+  for (const char* bad : {"_milliseconds", "_ms", "_us", "_microseconds", "_kb", "_mb", "_mib",
+                          "_gib", "_percent"})
+    if (absl::EndsWith(name, bad) || absl::StrContains(name, std::string(bad) + "_"))
+      return absl::InvalidArgumentError(name + ": use base units (seconds, bytes, ratio)");
+  return absl::OkStatus();
+}
+
+}  // namespace ds::metrics

@@ -1,0 +1,267 @@
+// ds_tp_rank: runs ONE rank of a CPU tensor-parallel group (one process per rank; the ranks meet
+// through a Gloo FileStore directory). Used by tests/tp (TP = 1..4 must agree) and for the
+// communication measurements in docs/perf/tp.md.
+//
+//   ds_tp_rank --model M.gguf --rank R --world W --store DIR [--split 1,2 | --split mem]
+//              [--free-gib X] [--lm-head vocab|rank0] [--prompt 24] [--prompt2 9] [--gen 8]
+//              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
+//   ds_tp_rank --make-model M.gguf --shape tp|perf [--type Q8_0] [--seed 1]
+//
+// The run: one prefill step with two sequences (slot 0: --prompt tokens, all logits; slot 1:
+// --prompt2 tokens, last logits), then --gen greedy decode steps of both sequences. Rank 0 picks
+// the tokens (argmax of the gathered logits) and broadcasts them, so every rank feeds the same
+// batch. Rank 0 writes the JSON result: tokens, logits (unless --no-logits), per-step forward
+// and communication seconds, the plan and the memory report.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+
+#include "common/collective/gloo_collective.h"
+#include "nlohmann/json.hpp"
+#include "tools/synth/synth.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/tp/plan.h"
+
+namespace ds {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "ds_tp_rank: error: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+// The test shape: every TP degree 1..4 divides something interesting. 12 q heads / 4 KV heads
+// (units of 3 q + 1 kv), GDN 4 key heads / 12 value heads (units of 1 key head + its 3 tiled
+// value heads), FFN 384 = 12 Q8_0 blocks; dv = 16 makes ssm_out column slices unaligned to Q8_0
+// blocks (exercises the dequantize-at-load path), head_dim 32 keeps attn_output aligned.
+SynthOptions TpTestShape() {
+  SynthOptions o;
+  o.n_layer = 4;
+  o.n_embd = 128;
+  o.n_ff = 384;
+  o.n_head = 12;
+  o.n_head_kv = 4;
+  o.head_dim = 32;
+  o.n_rot = 8;
+  o.gdn_k_heads = 4;
+  o.gdn_v_heads = 12;
+  o.gdn_k_dim = 16;
+  o.gdn_v_dim = 16;
+  o.with_mtp = false;
+  o.tokenizer = SynthTokenizer::kNone;
+  o.n_vocab = 256;
+  o.weight_type = GgmlType::Q8_0;
+  o.quant_mode = SynthQuantMode::kQuantizeFloats;
+  return o;
+}
+
+// A model big enough that compute per step is measurable on a laptop-class CPU: 27B-like ratios
+// at 1/5 width (hidden 1024, 24/4 heads of 64 → units of 6 q + 1 kv; GDN 16/48 heads of 32),
+// 8 layers, vocab 32768, Q8_0.
+SynthOptions PerfShape() {
+  SynthOptions o = TpTestShape();
+  o.n_layer = 8;
+  o.n_embd = 1024;
+  o.n_ff = 3584;
+  o.n_head = 24;
+  o.n_head_kv = 4;
+  o.head_dim = 64;
+  o.n_rot = 16;
+  o.gdn_k_heads = 16;
+  o.gdn_v_heads = 48;
+  o.gdn_k_dim = 32;
+  o.gdn_v_dim = 32;
+  o.n_vocab = 32768;
+  o.quant_mode = SynthQuantMode::kAuto;
+  return o;
+}
+
+double MemAvailableGiB() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  while (f >> key >> kb) {
+    if (key == "MemAvailable:") return kb / 1048576.0;
+    f.ignore(256, '\n');
+  }
+  return 1.0;
+}
+
+int Main(int argc, char** argv) {
+  std::map<std::string, std::string> a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k.rfind("--", 0) != 0) return Fail(absl::InvalidArgumentError("unexpected argument " + k));
+    if (k == "--no-logits") {
+      a[k] = "1";
+      continue;
+    }
+    if (i + 1 >= argc) return Fail(absl::InvalidArgumentError(k + " needs a value"));
+    a[k] = argv[++i];
+  }
+  auto str = [&](const std::string& k, const std::string& d) { return a.count(k) ? a[k] : d; };
+  auto num = [&](const std::string& k, int d) { return a.count(k) ? std::atoi(a[k].c_str()) : d; };
+
+  if (a.count("--make-model")) {
+    const std::string shape = str("--shape", "tp");
+    SynthOptions o = shape == "perf" ? PerfShape() : TpTestShape();
+    if (a.count("--type")) {
+      auto t = GgmlTypeFromName(a["--type"]);
+      if (!t) return Fail(absl::InvalidArgumentError("unknown --type " + a["--type"]));
+      o.weight_type = *t;
+    }
+    o.seed = num("--seed", 1);
+    absl::Status st = SynthesizeGguf(o, a["--make-model"]);
+    return st.ok() ? 0 : Fail(st);
+  }
+
+  if (!a.count("--model")) return Fail(absl::InvalidArgumentError("--model is required"));
+  const int rank = num("--rank", 0), world = num("--world", 1);
+  std::unique_ptr<Collective> coll;
+  if (world > 1) {
+    GlooOptions go;
+    go.rank = rank;
+    go.world = world;
+    go.store_dir = str("--store", "");
+    go.prefix = str("--prefix", "tp");
+    go.iface = str("--iface", "");
+    auto g = GlooCollective::Create(go);
+    if (!g.ok()) return Fail(g.status());
+    coll = std::move(*g);
+  }
+
+  // Split: explicit weights, or each rank's free memory gathered over the group.
+  std::vector<double> split;
+  const std::string split_arg = str("--split", "");
+  if (split_arg == "mem") {
+    float mine = a.count("--free-gib") ? std::strtof(a["--free-gib"].c_str(), nullptr)
+                                       : static_cast<float>(MemAvailableGiB());
+    std::vector<float> all(world, mine);
+    if (coll) {
+      absl::Status st = coll->AllGather(&mine, 1, all.data());
+      if (!st.ok()) return Fail(st);
+    }
+    split = tp::SplitFromFreeBytes(std::vector<double>(all.begin(), all.end()));
+  } else if (!split_arg.empty()) {
+    auto s = tp::ParseSplit(split_arg);
+    if (!s.ok()) return Fail(s.status());
+    split = *s;
+  }
+
+  BackendOptions bo;
+  bo.n_slots = 2;
+  bo.slot_ctx = 256;
+  bo.n_threads = num("--threads", 1);
+  bo.tp_rank = rank;
+  bo.tp_world = world;
+  bo.tp_split = split;
+  bo.tp_lm_head_rank0 = str("--lm-head", "vocab") == "rank0";
+  bo.collective = coll.get();
+  auto be = CpuBackend::Create(a["--model"], bo);
+  if (!be.ok()) return Fail(be.status());
+  CpuBackend& b = **be;
+  const ModelConfig& c = b.config();
+
+  nlohmann::json res;
+  res["rank"] = rank;
+  res["world"] = world;
+  if (const tp::Plan* p = b.tp_plan()) {
+    auto mem = tp::PlanMemory(b.file(), c, *p);
+    if (!mem.ok()) return Fail(mem.status());
+    res["plan"] = p->ToString();
+    res["memory"] = tp::MemoryReport(*p, *mem, bo.slot_ctx);
+    res["dequantized_bytes"] = b.weights().dequantized_bytes;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < p->world; ++r)
+      ranks.push_back({{"attn", {p->ranks[r].attn_units.begin, p->ranks[r].attn_units.end}},
+                       {"gdn", {p->ranks[r].gdn_units.begin, p->ranks[r].gdn_units.end}},
+                       {"ffn", {p->ranks[r].ffn.begin, p->ranks[r].ffn.end}},
+                       {"vocab", {p->ranks[r].vocab.begin, p->ranks[r].vocab.end}},
+                       {"weight_bytes", (*mem)[r].weight_bytes}});
+    res["ranks"] = ranks;
+    if (rank == 0) std::fprintf(stderr, "%s%s", p->ToString().c_str(), res["memory"].get<std::string>().c_str());
+  }
+
+  std::mt19937 rng(num("--seed", 1));
+  auto toks = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = static_cast<int32_t>(rng() % c.n_vocab);
+    return t;
+  };
+  const bool keep_logits = !a.count("--no-logits");
+  std::vector<SeqStep> batch = {{0, 0, toks(num("--prompt", 24)), true},
+                                {1, 0, toks(num("--prompt2", 9)), false}};
+  nlohmann::json steps = nlohmann::json::array(), logits = nlohmann::json::array();
+  std::vector<std::vector<int32_t>> gen(2);
+  const int n_gen = num("--gen", 8);
+  for (int step = 0; step <= n_gen; ++step) {
+    StepOutput out;
+    absl::Status st = b.Forward(batch, StepOptions{}, &out);
+    if (!st.ok()) return Fail(st);
+    steps.push_back({{"n_tokens", batch[0].tokens.size() + batch[1].tokens.size()},
+                     {"forward_s", out.forward_seconds},
+                     {"comm_s", out.comm_seconds}});
+    int32_t next[2] = {0, 0};
+    if (rank == 0) {
+      if (out.logits.size() != static_cast<size_t>(out.n_rows) * c.n_vocab)
+        return Fail(absl::InternalError("rank 0 got no logits"));
+      if (keep_logits) logits.push_back(out.logits);
+      // Rows: slot 0's rows (all of them at prefill), then slot 1's last row.
+      for (int s = 0; s < 2; ++s) {
+        const float* row = out.logits.data() + static_cast<size_t>(s == 0 ? out.n_rows - 2 : out.n_rows - 1) * c.n_vocab;
+        next[s] = static_cast<int32_t>(std::max_element(row, row + c.n_vocab) - row);
+      }
+    }
+    if (coll) {
+      absl::Status bs = coll->Broadcast(next, sizeof(next), 0);
+      if (!bs.ok()) return Fail(bs);
+    }
+    for (int s = 0; s < 2; ++s) {
+      gen[s].push_back(next[s]);
+      batch[s] = {s, b.SlotLength(s), {next[s]}, false};
+    }
+  }
+  res["tokens"] = gen;
+  res["steps"] = steps;
+  if (keep_logits) res["logits"] = logits;
+  // Summary over the decode steps (step 0 is the prefill).
+  double fwd = 0, comm = 0;
+  for (int s = 1; s <= n_gen; ++s) {
+    fwd += steps[s]["forward_s"].get<double>();
+    comm += steps[s]["comm_s"].get<double>();
+  }
+  if (n_gen > 0) {
+    res["decode_forward_ms"] = 1e3 * fwd / n_gen;
+    res["decode_comm_ms"] = 1e3 * comm / n_gen;
+  }
+  res["prefill_forward_ms"] = 1e3 * steps[0]["forward_s"].get<double>();
+  res["prefill_comm_ms"] = 1e3 * steps[0]["comm_s"].get<double>();
+  std::fprintf(stderr,
+               "rank %d/%d: prefill %.2f ms (comm %.2f ms), decode %.2f ms/step (comm %.2f ms, "
+               "%.1f%%)\n",
+               rank, world, res["prefill_forward_ms"].get<double>(), res["prefill_comm_ms"].get<double>(),
+               n_gen ? 1e3 * fwd / n_gen : 0.0, n_gen ? 1e3 * comm / n_gen : 0.0,
+               fwd > 0 ? 100.0 * comm / fwd : 0.0);
+  const std::string out_path = str("--out", "");
+  if (!out_path.empty()) {
+    std::string p = out_path;
+    if (rank != 0) p += "." + std::to_string(rank);
+    std::ofstream f(p);
+    f << res.dump();
+    if (!f) return Fail(absl::InternalError("cannot write " + p));
+  }
+  if (coll) {
+    absl::Status st = coll->Barrier();  // nobody tears the mesh down while a peer still reads
+    if (!st.ok()) return Fail(st);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ds
+
+int main(int argc, char** argv) { return ds::Main(argc, argv); }
