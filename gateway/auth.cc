@@ -1,8 +1,7 @@
 #include "gateway/auth.h"
 
-#include <fstream>
-
 #include <cctype>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 

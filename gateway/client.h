@@ -1,11 +1,11 @@
 // Small client helpers shared by `deltaserve serve`, deltactl, the load generator and the tests:
 // channel creation and the grpc.health.v1 check of a gateway.
 #pragma once
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "common/util/status.h"
 

@@ -1,13 +1,13 @@
 #include "gateway/gateway.h"
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
-
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,8 +32,9 @@ std::string HostOf(const std::string& addr) { return addr.substr(0, addr.rfind('
 
 absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
-      "--listen",       "--admin-listen",   "--scheduler", "--model",          "--max-inflight",
-      "--api-key-file", "--admin-key-file", "--port-file", "--health-interval-ms"};
+      "--listen",         "--admin-listen", "--scheduler",
+      "--model",          "--max-inflight", "--api-key-file",
+      "--admin-key-file", "--port-file",    "--health-interval-ms"};
   std::map<std::string, std::string> m;
   for (int i = 0; i < argc; ++i) {
     const std::string f = argv[i];
@@ -43,7 +44,8 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   }
   GatewayOptions o;
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
-  if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
+  if (!m.count("--scheduler"))
+    return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   o.model = m["--model"];
   o.scheduler = m["--scheduler"];
   if (m.count("--listen")) o.listen = m["--listen"];
@@ -54,7 +56,8 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   auto positive = [&](const char* f, int* v) -> absl::Status {
     if (!m.count(f)) return absl::OkStatus();
     if (!absl::SimpleAtoi(m[f], v) || *v < 1)
-      return absl::InvalidArgumentError(absl::StrCat(f, " expects an integer >= 1, got '", m[f], "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, " expects an integer >= 1, got '", m[f], "'"));
     return absl::OkStatus();
   };
   DS_RETURN_IF_ERROR(positive("--max-inflight", &o.max_inflight));

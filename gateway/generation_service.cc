@@ -91,8 +91,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
     } else if (ev.kind == InternalEvent::Kind::kToken) {
       if (out.stopped()) continue;  // tokens already in flight when the stop string matched
       OutputChunk c = out.Push(ev.token, ev.has_logprob ? &ev.logprob : nullptr);
-      if (!c.empty() &&
-          !write([&](v1::GenerateResponse* m) { ToProto(c, m->mutable_chunk()); }))
+      if (!c.empty() && !write([&](v1::GenerateResponse* m) { ToProto(c, m->mutable_chunk()); }))
         return client_gone();
       if (out.stopped()) {
         // The scheduler ends the request within a step; its `finished` event (with timings)
@@ -105,7 +104,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
     }
   }
   const absl::Status internal = call->Finish();
-  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  if (ctx->IsCancelled())
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
   if (!finished) {
     // The stream ended without `finished`: rejected (validation, queue full, draining, no
     // worker) or the scheduler went away.
@@ -113,8 +113,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
       return ToPublicStatus(absl::UnavailableError("scheduler ended the request without a result"));
     if (internal.code() == absl::StatusCode::kCancelled ||
         internal.code() == absl::StatusCode::kUnknown)
-      return ToPublicStatus(absl::UnavailableError(
-          absl::StrCat("scheduler connection lost: ", internal.message())));
+      return ToPublicStatus(
+          absl::UnavailableError(absl::StrCat("scheduler connection lost: ", internal.message())));
     return ToPublicStatus(internal);
   }
 

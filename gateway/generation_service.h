@@ -1,10 +1,10 @@
 // deltaserve.v1.Generation on the public listener. Each call runs on a gRPC thread that only
 // parses, validates, tokenizes and formats; generation itself happens in the scheduler daemon.
 #pragma once
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <cstdint>
-
-#include <grpcpp/grpcpp.h>
 
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/admission.h"

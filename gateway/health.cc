@@ -55,7 +55,8 @@ void HealthMonitor::Publish(bool serving) {
 
 void HealthMonitor::PollOnce() {
   // A poll slower than the interval counts as unreachable: health must not lag the cluster.
-  absl::StatusOr<ClusterView> v = scheduler_->Poll(std::max(interval_, std::chrono::milliseconds(300)));
+  absl::StatusOr<ClusterView> v =
+      scheduler_->Poll(std::max(interval_, std::chrono::milliseconds(300)));
   if (v.ok()) {
     {
       std::lock_guard<std::mutex> l(mu_);

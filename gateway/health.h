@@ -3,14 +3,14 @@
 // worker completed its warmup. Polled every `interval`; an unreachable scheduler or a lost worker
 // flips it to NOT_SERVING at the next poll.
 #pragma once
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "gateway/scheduler_client.h"
 

@@ -27,7 +27,8 @@ absl::Status CheckChat(const std::vector<ChatMessage>& chat) {
                  "' is not one of system, user, assistant, tool");
     for (std::string_view d : kChatDelimiters)
       if (m.content.find(d) != std::string::npos)
-        return Bad("chat.messages[", i, "].content contains the ChatML delimiter '", std::string(d), "'");
+        return Bad("chat.messages[", i, "].content contains the ChatML delimiter '", std::string(d),
+                   "'");
   }
   return absl::OkStatus();
 }
@@ -57,8 +58,9 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
     case PromptKind::kText: {
       if (in.text.empty()) return Bad("text is empty");
       if (!tok.has_vocab())
-        return Bad("text: the model has no vocabulary (tokenizer.ggml.model = none); "
-                   "send token_ids instead");
+        return Bad(
+            "text: the model has no vocabulary (tokenizer.ggml.model = none); "
+            "send token_ids instead");
       auto ids = tok.Encode(in.text, /*parse_special=*/false);
       if (!ids.ok()) return Bad("text: ", ids.status().message());
       return ids;
@@ -66,8 +68,9 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
     case PromptKind::kChat: {
       DS_RETURN_IF_ERROR(CheckChat(in.chat));
       if (!tok.has_vocab())
-        return Bad("chat: the model has no vocabulary (tokenizer.ggml.model = none); "
-                   "send token_ids instead");
+        return Bad(
+            "chat: the model has no vocabulary (tokenizer.ggml.model = none); "
+            "send token_ids instead");
       auto text = FormatChatML(in.chat, /*add_generation_prompt=*/true);
       if (!text.ok()) return Bad("chat.messages: ", text.status().message());
       // Special-token parsing is safe here: CheckChat refused content carrying the delimiters,

@@ -29,9 +29,9 @@ struct SamplingInput {
 
 struct GenerateInput {
   PromptKind kind = PromptKind::kNone;
-  std::string text;                // kText
-  std::vector<ChatMessage> chat;   // kChat
-  std::vector<int32_t> ids;        // kIds
+  std::string text;               // kText
+  std::vector<ChatMessage> chat;  // kChat
+  std::vector<int32_t> ids;       // kIds
   SamplingInput sampling;
   uint32_t max_tokens = 0;  // 0 = kDefaultMaxTokens
   std::vector<std::string> stop;
@@ -51,8 +51,8 @@ inline constexpr int32_t kMaxPriority = 10;
 struct PreparedRequest {
   std::vector<int32_t> prompt_ids;
   uint32_t max_tokens = kDefaultMaxTokens;
-  SamplingInput sampling;  // as given (the scheduler maps 0 = disabled itself)
-  std::vector<int32_t> stop_ids;       // sent to the scheduler
+  SamplingInput sampling;                 // as given (the scheduler maps 0 = disabled itself)
+  std::vector<int32_t> stop_ids;          // sent to the scheduler
   std::vector<std::string> stop_strings;  // matched here
   uint32_t logprobs = 0;
   int32_t priority = 0;

@@ -144,8 +144,8 @@ absl::Status SchedulerClient::SubmitCall::Finish() {
 }
 
 std::unique_ptr<SchedulerClient::SubmitCall> SchedulerClient::Submit(uint64_t request_id,
-                                                                      const PreparedRequest& req,
-                                                                      grpc::ServerContext* client) {
+                                                                     const PreparedRequest& req,
+                                                                     grpc::ServerContext* client) {
   std::unique_ptr<SubmitCall> call(new SubmitCall());
   pb::SubmitRequest m;
   m.set_request_id(request_id);
@@ -201,7 +201,8 @@ absl::StatusOr<ClusterView> SchedulerClient::Poll(std::chrono::milliseconds time
   v.serving = st.serving();
   v.slots = static_cast<uint32_t>(st.slots_size());
   for (const v1::SlotStatus& s : st.slots())
-    if (!s.retiring() && s.context_cap() > 0) v.slot_context = std::max(v.slot_context, s.context_cap());
+    if (!s.retiring() && s.context_cap() > 0)
+      v.slot_context = std::max(v.slot_context, s.context_cap());
   return v;
 }
 

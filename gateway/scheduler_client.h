@@ -4,6 +4,8 @@
 // with a watchdog that calls TryCancel on it as soon as the client's call is cancelled, so the
 // scheduler frees the slot within one step even if propagation were lost.
 #pragma once
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -11,8 +13,6 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
-
-#include <grpcpp/grpcpp.h>
 
 #include "common/util/status.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"

@@ -1,10 +1,9 @@
 #include "common/auth/bearer.h"
 
+#include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
 #include <fstream>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -29,8 +28,8 @@ absl::StatusOr<TokenSet> TokenSet::FromTokens(std::vector<std::string> tokens) {
     const std::string& t = tokens[i];
     if (t.size() < kMinTokenLength)
       return absl::InvalidArgumentError(absl::StrCat("token ", i + 1, " is ", t.size(),
-                                                     " characters; use at least ",
-                                                     kMinTokenLength, " (e.g. openssl rand -hex 32)"));
+                                                     " characters; use at least ", kMinTokenLength,
+                                                     " (e.g. openssl rand -hex 32)"));
     for (unsigned char c : t)
       if (c <= ' ' || c >= 0x7f)
         return absl::InvalidArgumentError(
@@ -48,8 +47,9 @@ absl::StatusOr<TokenSet> TokenSet::FromFile(const std::string& path) {
   if (!S_ISREG(st.st_mode))
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is not a regular file"));
   if (st.st_mode & S_IROTH)
-    return absl::PermissionDeniedError(absl::StrCat(
-        "token file ", path, " is readable by everyone; chmod 0640 (owner root, group deltaserve)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("token file ", path,
+                     " is readable by everyone; chmod 0640 (owner root, group deltaserve)"));
   std::ifstream in(path);
   if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot read token file ", path));
   std::vector<std::string> tokens;
@@ -57,9 +57,9 @@ absl::StatusOr<TokenSet> TokenSet::FromFile(const std::string& path) {
   int n = 0;
   while (std::getline(in, line)) {
     ++n;
-    std::string_view t = absl::StripAsciiWhitespace(line);
+    absl::string_view t = absl::StripAsciiWhitespace(line);
     if (t.empty() || t[0] == '#') continue;
-    tokens.emplace_back(t);
+    tokens.emplace_back(t.data(), t.size());
   }
   if (tokens.empty())
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds no token"));
@@ -80,10 +80,11 @@ absl::Status CheckBearer(const TokenSet& tokens, std::span<const std::string_vie
     return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
   if (values.size() > 1)
     return absl::UnauthenticatedError("more than one 'authorization' metadata value");
-  std::string_view v = values[0];
+  const absl::string_view v(values[0].data(), values[0].size());
   if (!absl::StartsWithIgnoreCase(v, "bearer "))
     return absl::UnauthenticatedError("authorization metadata is not 'Bearer <token>'");
-  if (!tokens.Matches(absl::StripAsciiWhitespace(v.substr(7))))
+  const absl::string_view token = absl::StripAsciiWhitespace(v.substr(7));
+  if (!tokens.Matches(std::string_view(token.data(), token.size())))
     return absl::UnauthenticatedError("invalid bearer token");
   return absl::OkStatus();
 }

@@ -1,8 +1,5 @@
 #include "common/auth/tls.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
@@ -11,14 +8,16 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace ds::auth {
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what,
-                                    const char* marker) {
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, const char* marker) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " file ", path));
   std::ostringstream ss;
@@ -49,14 +48,19 @@ absl::Status CheckCertificateAndKey(const std::string& cert_file, const std::str
     s = absl::InvalidArgumentError(
         absl::StrCat("TLS certificate ", cert_file, " cannot be loaded: ", OpenSslError()));
   } else if (SSL_CTX_use_PrivateKey_file(ctx, key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    // OpenSSL checks the pair while loading the key ("key values mismatch").
+    const std::string e = OpenSslError();
     s = absl::InvalidArgumentError(
-        absl::StrCat("TLS key ", key_file, " cannot be loaded: ", OpenSslError()));
+        absl::StrContains(e, "mismatch")
+            ? absl::StrCat("TLS key ", key_file, " does not match the certificate ", cert_file)
+            : absl::StrCat("TLS key ", key_file, " cannot be loaded: ", e));
   } else if (SSL_CTX_check_private_key(ctx) != 1) {
-    s = absl::InvalidArgumentError(absl::StrCat("TLS key ", key_file,
-                                                " does not match the certificate ", cert_file));
+    s = absl::InvalidArgumentError(
+        absl::StrCat("TLS key ", key_file, " does not match the certificate ", cert_file));
   } else if (X509* leaf = SSL_CTX_get0_certificate(ctx)) {
     if (X509_cmp_current_time(X509_get0_notAfter(leaf)) <= 0)
-      s = absl::FailedPreconditionError(absl::StrCat("TLS certificate ", cert_file, " has expired"));
+      s = absl::FailedPreconditionError(
+          absl::StrCat("TLS certificate ", cert_file, " has expired"));
     else if (X509_cmp_current_time(X509_get0_notBefore(leaf)) > 0)
       s = absl::FailedPreconditionError(
           absl::StrCat("TLS certificate ", cert_file, " is not valid yet"));
@@ -75,7 +79,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   }
   if (f.cert_file.empty()) return absl::InvalidArgumentError("TLS key given without a certificate");
   if (f.key_file.empty()) return absl::InvalidArgumentError("TLS certificate given without a key");
-  DS_ASSIGN_OR_RETURN(std::string cert, ReadPem(f.cert_file, "TLS certificate", "CERTIFICATE-----"));
+  DS_ASSIGN_OR_RETURN(std::string cert,
+                      ReadPem(f.cert_file, "TLS certificate", "CERTIFICATE-----"));
   DS_ASSIGN_OR_RETURN(std::string key, ReadPem(f.key_file, "TLS key", "PRIVATE KEY-----"));
   DS_RETURN_IF_ERROR(CheckCertificateAndKey(f.cert_file, f.key_file));
   grpc::SslServerCredentialsOptions opts;
@@ -92,8 +97,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     const ClientTlsFiles& f) {
   if (!f.tls) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions opts;
-  if (!f.ca_file.empty())
+  if (!f.ca_file.empty()) {
     DS_ASSIGN_OR_RETURN(opts.pem_root_certs, ReadPem(f.ca_file, "TLS CA", "CERTIFICATE-----"));
+  }
   if (!f.cert_file.empty() || !f.key_file.empty()) {
     if (f.cert_file.empty() || f.key_file.empty())
       return absl::InvalidArgumentError("a TLS client certificate needs both cert and key");

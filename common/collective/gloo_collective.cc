@@ -6,12 +6,13 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "gloo/allgather.h"
-#include "gloo/allgatherv.h"
-#include "gloo/allreduce.h"
-#include "gloo/barrier.h"
-#include "gloo/broadcast.h"
-#include "gloo/math.h"
+#include <algorithm>
+#include <cstring>
+
+#include "gloo/allgather_ring.h"
+#include "gloo/allreduce_ring.h"
+#include "gloo/barrier_all_to_all.h"
+#include "gloo/broadcast_one_to_all.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -93,15 +94,59 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Glo
   return c;
 }
 
+namespace {
+// Size bucket: ≥ n, 4 per octave, at least 256 elements.
+size_t Bucket(size_t n) {
+  if (n <= 256) return 256;
+  size_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  const size_t step = p / 4;
+  return (n + step - 1) / step * step;
+}
+}  // namespace
+
+GlooCollective::Op* GlooCollective::GetOp(Kind kind, size_t cap, int root) {
+  auto& slot = ops_[{static_cast<int>(kind) * world_ + root, cap}];
+  if (slot) return slot.get();
+  auto op = std::make_unique<Op>();
+  switch (kind) {
+    case kAllReduce: {
+      op->in.assign(cap, 0.f);
+      std::vector<float*> p = {op->in.data()};
+      op->alg = std::make_unique<gloo::AllreduceRing<float>>(ctx_, p, static_cast<int>(cap));
+      break;
+    }
+    case kAllGather: {
+      op->in.assign(cap, 0.f);
+      op->out.assign(cap * world_, 0.f);
+      std::vector<const float*> p = {op->in.data()};
+      op->alg = std::make_unique<gloo::AllgatherRing<float>>(ctx_, p, op->out.data(),
+                                                             static_cast<int>(cap));
+      break;
+    }
+    case kBroadcast: {
+      op->bytes.assign(cap, 0);
+      std::vector<uint8_t*> p = {op->bytes.data()};
+      op->alg = std::make_unique<gloo::BroadcastOneToAll<uint8_t>>(ctx_, p, cap, root);
+      break;
+    }
+    case kBarrier:
+      op->alg = std::make_unique<gloo::BarrierAllToAll>(ctx_);
+      break;
+  }
+  slot = std::move(op);
+  return slot.get();
+}
+
 absl::Status GlooCollective::AllReduceSum(float* data, size_t n) {
   if (n == 0 || world_ == 1) return absl::OkStatus();
   try {
-    gloo::AllreduceOptions opts(ctx_);
-    opts.setOutput(data, n);  // in place: the output doubles as the input
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(tag_++);
-    gloo::allreduce(opts);
+    // The padding tail of the staging buffer carries whatever the last call left: its sums are
+    // never read.
+    Op* op = GetOp(kAllReduce, Bucket(n), 0);
+    std::memcpy(op->in.data(), data, n * sizeof(float));
+    op->alg->run();
+    std::memcpy(data, op->in.data(), n * sizeof(float));
   } catch (const std::exception& e) {
     return Failed("allreduce", e);
   }
@@ -111,29 +156,39 @@ absl::Status GlooCollective::AllReduceSum(float* data, size_t n) {
 absl::Status GlooCollective::AllGather(const float* in, size_t n, float* out) {
   if (n == 0) return absl::OkStatus();
   try {
-    gloo::AllgatherOptions opts(ctx_);
-    opts.setInput(const_cast<float*>(in), n);  // gloo only reads the input
-    opts.setOutput(out, n * world_);
-    opts.setTag(tag_++);
-    gloo::allgather(opts);
+    const size_t cap = Bucket(n);
+    Op* op = GetOp(kAllGather, cap, gather_parity_);
+    gather_parity_ ^= 1;
+    std::memcpy(op->in.data(), in, n * sizeof(float));
+    op->alg->run();
+    for (int r = 0; r < world_; ++r)
+      std::memcpy(out + r * n, op->out.data() + r * cap, n * sizeof(float));
   } catch (const std::exception& e) {
     return Failed("allgather", e);
   }
   return absl::OkStatus();
 }
 
+// Uneven all-gather as an all-gather of blocks padded to the largest count (every rank knows all
+// counts), compacted afterwards.
 absl::Status GlooCollective::AllGatherV(const float* in, std::span<const size_t> counts,
                                         float* out) {
   if (static_cast<int>(counts.size()) != world_)
     return absl::InvalidArgumentError(
         absl::StrCat("AllGatherV: ", counts.size(), " counts for a world of ", world_));
-  if (std::accumulate(counts.begin(), counts.end(), size_t{0}) == 0) return absl::OkStatus();
+  const size_t mx = *std::max_element(counts.begin(), counts.end());
+  if (mx == 0) return absl::OkStatus();
   try {
-    gloo::AllgathervOptions opts(ctx_);
-    opts.setInput(const_cast<float*>(in), counts[rank_]);
-    opts.setOutput(out, std::vector<size_t>(counts.begin(), counts.end()));
-    opts.setTag(tag_++);
-    gloo::allgatherv(opts);
+    const size_t cap = Bucket(mx);
+    Op* op = GetOp(kAllGather, cap, gather_parity_);
+    gather_parity_ ^= 1;
+    if (counts[rank_]) std::memcpy(op->in.data(), in, counts[rank_] * sizeof(float));
+    op->alg->run();
+    size_t off = 0;
+    for (int r = 0; r < world_; ++r) {
+      if (counts[r]) std::memcpy(out + off, op->out.data() + r * cap, counts[r] * sizeof(float));
+      off += counts[r];
+    }
   } catch (const std::exception& e) {
     return Failed("allgatherv", e);
   }
@@ -146,11 +201,10 @@ absl::Status GlooCollective::Broadcast(void* data, size_t bytes, int root) {
         absl::StrCat("Broadcast: root ", root, " not in a world of ", world_));
   if (bytes == 0 || world_ == 1) return absl::OkStatus();
   try {
-    gloo::BroadcastOptions opts(ctx_);
-    opts.setOutput(static_cast<uint8_t*>(data), bytes);
-    opts.setRoot(root);
-    opts.setTag(tag_++);
-    gloo::broadcast(opts);
+    Op* op = GetOp(kBroadcast, Bucket(bytes), root);
+    if (rank_ == root) std::memcpy(op->bytes.data(), data, bytes);
+    op->alg->run();
+    if (rank_ != root) std::memcpy(data, op->bytes.data(), bytes);
   } catch (const std::exception& e) {
     return Failed("broadcast", e);
   }
@@ -160,9 +214,7 @@ absl::Status GlooCollective::Broadcast(void* data, size_t bytes, int root) {
 absl::Status GlooCollective::Barrier() {
   if (world_ == 1) return absl::OkStatus();
   try {
-    gloo::BarrierOptions opts(ctx_);
-    opts.setTag(tag_++);
-    gloo::barrier(opts);
+    GetOp(kBarrier, 0, 0)->alg->run();
   } catch (const std::exception& e) {
     return Failed("barrier", e);
   }

@@ -4,16 +4,26 @@
 // every other rank (full mesh). The store is either a directory on a shared filesystem
 // (gloo::rendezvous::FileStore; tests and single-host runs) or any RendezvousStore the caller
 // provides (the scheduler will hand one out over gRPC; see docs/tp.md).
+//
+// Performance note (measured, docs/perf/tp.md): Gloo's one-shot API (gloo::allreduce with unbound
+// buffers) costs 2–8 ms per small call on loopback here, its pre-bound algorithm classes
+// (AllreduceRing, AllgatherRing, BroadcastOneToAll, BarrierAllToAll) ~0.1–0.3 ms. So each call
+// stages through a persistent buffer owned by a cached algorithm instance, keyed by a size bucket
+// (4 buckets per octave: at most 25% padding). Every rank makes the same calls in the same order,
+// so every rank creates the same instances in the same order (Gloo pairs them by creation slot).
 #pragma once
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/collective/collective.h"
 
 namespace gloo {
 class Context;
+class Algorithm;
 }
 
 namespace ds {
@@ -58,9 +68,24 @@ class GlooCollective final : public Collective {
 
  private:
   GlooCollective() = default;
+  // A cached algorithm with its staging buffers.
+  struct Op {
+    std::vector<float> in, out;   // [cap] / [cap·world] (all-gather) staging
+    std::vector<uint8_t> bytes;   // [cap] broadcast staging
+    std::unique_ptr<gloo::Algorithm> alg;
+  };
+  enum Kind { kAllReduce, kAllGather, kBroadcast, kBarrier };
+  Op* GetOp(Kind kind, size_t cap, int root);
+
   std::shared_ptr<gloo::Context> ctx_;
   int rank_ = 0, world_ = 1;
-  uint32_t tag_ = 0;  // one tag per call: consecutive collectives never share a tag
+  std::map<std::pair<int, size_t>, std::unique_ptr<Op>> ops_;  // (kind·world + root, cap)
+  // AllgatherRing writes straight into the peers' output buffers with no clear-to-send
+  // handshake, so a fast rank's next gather could overwrite a slow rank's result before it is
+  // copied out. Alternating between two instances prevents that: finishing gather k+1 needs every
+  // rank to have started it, i.e. to have copied out gather k, before gather k+2 reuses k's
+  // buffers. (AllreduceRing and BroadcastOneToAll handshake themselves.)
+  int gather_parity_ = 0;
 };
 
 }  // namespace ds

@@ -20,7 +20,7 @@ bool ValidKey(std::string_view k) {
 }
 
 // A quoted value: "..." with \" and \\ escapes; anything after the closing quote must be a comment.
-absl::StatusOr<std::string> Unquote(std::string_view v, const std::string& where) {
+absl::StatusOr<std::string> Unquote(absl::string_view v, const std::string& where) {
   std::string out;
   size_t i = 1;
   for (; i < v.size(); ++i) {
@@ -33,7 +33,7 @@ absl::StatusOr<std::string> Unquote(std::string_view v, const std::string& where
     }
   }
   if (i >= v.size()) return absl::InvalidArgumentError(where + ": unterminated quoted value");
-  std::string_view rest = absl::StripAsciiWhitespace(v.substr(i + 1));
+  absl::string_view rest = absl::StripAsciiWhitespace(v.substr(i + 1));
   if (!rest.empty() && rest[0] != '#')
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": unexpected text after the quoted value: '", rest, "'"));
@@ -43,7 +43,7 @@ absl::StatusOr<std::string> Unquote(std::string_view v, const std::string& where
 }  // namespace
 
 std::string FlagForKey(std::string_view key) {
-  return "--" + absl::StrReplaceAll(key, {{"_", "-"}});
+  return "--" + absl::StrReplaceAll(absl::string_view(key.data(), key.size()), {{"_", "-"}});
 }
 
 absl::StatusOr<ConfigFile> Parse(std::string_view text, const std::string& path) {
@@ -56,14 +56,14 @@ absl::StatusOr<ConfigFile> Parse(std::string_view text, const std::string& path)
   while (std::getline(in, raw)) {
     ++line_no;
     const std::string where = absl::StrCat(path, ":", line_no);
-    std::string_view line = absl::StripAsciiWhitespace(raw);
+    absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line[0] == '#') continue;
     const size_t eq = line.find('=');
-    if (eq == std::string_view::npos)
+    if (eq == absl::string_view::npos)
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": expected 'key = value', got '", line, "'"));
     const std::string key(absl::StripAsciiWhitespace(line.substr(0, eq)));
-    std::string_view rawv = absl::StripAsciiWhitespace(line.substr(eq + 1));
+    absl::string_view rawv = absl::StripAsciiWhitespace(line.substr(eq + 1));
     if (!ValidKey(key))
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": bad key '", key, "' (lower case letters, digits and '_', e.g. max_inflight)"));
@@ -72,7 +72,7 @@ absl::StatusOr<ConfigFile> Parse(std::string_view text, const std::string& path)
       DS_ASSIGN_OR_RETURN(value, Unquote(rawv, where));
     } else {
       // An unquoted value ends at " #" (a trailing comment).
-      if (size_t c = rawv.find(" #"); c != std::string_view::npos)
+      if (size_t c = rawv.find(" #"); c != absl::string_view::npos)
         rawv = absl::StripAsciiWhitespace(rawv.substr(0, c));
       value = std::string(rawv);
       if (value.empty())
@@ -100,6 +100,7 @@ absl::StatusOr<Args> Args::Expand(int argc, char** argv) {
     const std::string f = argv[i];
     if (f != "--config") {
       a.args_.push_back(f);
+      a.origin_of_.push_back(-1);
       continue;
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError("flag --config needs a file");
@@ -109,13 +110,35 @@ absl::StatusOr<Args> Args::Expand(int argc, char** argv) {
       if (flag == "--config")
         return absl::InvalidArgumentError(
             absl::StrCat(cf.path, ":", e.line, ": config files do not include other files"));
-      a.origins_.push_back({flag, e.key, absl::StrCat(cf.path, ":", e.line), a.args_.size()});
+      const int origin = static_cast<int>(a.origins_.size());
+      a.origins_.push_back({e.key, absl::StrCat(cf.path, ":", e.line)});
       a.args_.push_back(flag);
       a.args_.push_back(e.value);
+      a.origin_of_.push_back(origin);
+      a.origin_of_.push_back(origin);
     }
   }
   a.Rebuild();
   return a;
+}
+
+absl::StatusOr<std::optional<std::string>> Args::Take(const std::string& flag) {
+  std::optional<std::string> value;
+  std::vector<std::string> args;
+  std::vector<int> origin_of;
+  for (size_t i = 0; i < args_.size(); ++i) {
+    if (args_[i] != flag) {
+      args.push_back(args_[i]);
+      origin_of.push_back(origin_of_[i]);
+      continue;
+    }
+    if (i + 1 >= args_.size()) return absl::InvalidArgumentError("flag " + flag + " needs a value");
+    value = args_[++i];
+  }
+  args_ = std::move(args);
+  origin_of_ = std::move(origin_of);
+  Rebuild();
+  return value;
 }
 
 void Args::Rebuild() {
@@ -126,24 +149,26 @@ void Args::Rebuild() {
 absl::Status Args::Explain(const absl::Status& s) const {
   if (s.ok() || origins_.empty()) return s;
   const std::string msg(s.message());
-  // The latest origin of a flag wins, as in the role parsers (last value of a flag counts).
-  for (auto it = origins_.rbegin(); it != origins_.rend(); ++it) {
-    const Origin& o = *it;
-    // Only when the value in force came from the file (a later command-line flag overrides it).
-    size_t last = o.index;
-    for (size_t i = o.index + 2; i < args_.size(); ++i)
-      if (args_[i] == o.flag) last = i;
-    if (last != o.index) continue;
-    if (msg == absl::StrCat("unknown flag '", o.flag, "'"))
+  // Candidate flags: every flag position (a value never starts with "--" in our configs' keys).
+  // The value in force is the last occurrence, as in the role parsers; only when that one came
+  // from a file is the error rewritten.
+  for (size_t i = args_.size(); i-- > 0;) {
+    const std::string& flag = args_[i];
+    if (flag.rfind("--", 0) != 0) continue;
+    bool later = false;
+    for (size_t j = i + 1; j < args_.size(); ++j) later |= args_[j] == flag;
+    if (later || origin_of_[i] < 0) continue;
+    const Origin& o = origins_[static_cast<size_t>(origin_of_[i])];
+    if (msg == absl::StrCat("unknown flag '", flag, "'"))
       return absl::Status(s.code(), absl::StrCat(o.where, ": unknown key '", o.key, "'"));
     // Exact flag name followed by a non-name character (so --slot does not match --slots).
-    for (size_t p = msg.find(o.flag); p != std::string::npos; p = msg.find(o.flag, p + 1)) {
-      const size_t end = p + o.flag.size();
-      if (end < msg.size() && (absl::ascii_isalnum(static_cast<unsigned char>(msg[end])) ||
-                               msg[end] == '-'))
+    for (size_t p = msg.find(flag); p != std::string::npos; p = msg.find(flag, p + 1)) {
+      const size_t end = p + flag.size();
+      if (end < msg.size() &&
+          (absl::ascii_isalnum(static_cast<unsigned char>(msg[end])) || msg[end] == '-'))
         continue;
       const std::string named =
-          absl::StrReplaceAll(msg, {{o.flag, absl::StrCat("key '", o.key, "'")}});
+          absl::StrReplaceAll(msg, {{flag, absl::StrCat("key '", o.key, "'")}});
       return absl::Status(s.code(), absl::StrCat(o.where, ": ", named));
     }
   }

@@ -11,6 +11,7 @@
 // where it stands, so flags after it override it (roles keep the last value of a flag). Errors name
 // the file and line; errors of the role's own flag parser are rewritten to name them too.
 #pragma once
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,11 @@ class Args {
   // Expands argv[0..argc) (a role's flags, without the program and role names).
   static absl::StatusOr<Args> Expand(int argc, char** argv);
 
+  // Removes every `flag value` pair (command line or config file) and returns the last value,
+  // nullopt when absent: for flags every role shares (--log-level, --metrics-listen), handled
+  // before the role's own parser sees the rest.
+  absl::StatusOr<std::optional<std::string>> Take(const std::string& flag);
+
   int argc() const { return static_cast<int>(ptrs_.size()); }
   char** argv() { return ptrs_.data(); }
   const std::vector<std::string>& args() const { return args_; }
@@ -56,12 +62,12 @@ class Args {
 
  private:
   struct Origin {
-    std::string flag, key, where;  // "--max-inflight", "max_inflight", "/etc/...:7"
-    size_t index = 0;              // position of the flag in args_
+    std::string key, where;  // "max_inflight", "/etc/deltaserve/gateway.conf:7"
   };
   void Rebuild();
 
   std::vector<std::string> args_;
+  std::vector<int> origin_of_;  // parallel to args_: index into origins_, -1 = command line
   std::vector<char*> ptrs_;
   std::vector<Origin> origins_;
 };

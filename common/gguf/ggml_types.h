@@ -63,10 +63,46 @@ constexpr std::optional<GgmlType> GgmlTypeFromName(std::string_view name) {
     if (t.name == name) return t.type;
   return std::nullopt;
 }
+// Block geometry as switches (no table reads), so the same functions work in CUDA device code,
+// where the host table kGgmlTypes does not exist. Checked against the table below.
+constexpr int GgmlBlockElems(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: return 1;
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
+    case GgmlType::Q8_0: case GgmlType::IQ4_NL: return 32;
+    default: return 256;  // K-quants, IQ4_XS
+  }
+}
+constexpr int GgmlBlockBytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return 4;
+    case GgmlType::F16: case GgmlType::BF16: return 2;
+    case GgmlType::Q4_0: return 18;
+    case GgmlType::Q4_1: return 20;
+    case GgmlType::Q5_0: return 22;
+    case GgmlType::Q5_1: return 24;
+    case GgmlType::Q8_0: return 34;
+    case GgmlType::IQ4_NL: return 18;
+    case GgmlType::Q2_K: return 84;
+    case GgmlType::Q3_K: return 110;
+    case GgmlType::Q4_K: return 144;
+    case GgmlType::Q5_K: return 176;
+    case GgmlType::Q6_K: return 210;
+    case GgmlType::IQ4_XS: return 136;
+  }
+  return 0;
+}
+constexpr bool GgmlGeometryMatchesTable() {
+  for (const auto& t : kGgmlTypes)
+    if (GgmlBlockElems(t.type) != t.block_elems || GgmlBlockBytes(t.type) != t.block_bytes)
+      return false;
+  return true;
+}
+static_assert(GgmlGeometryMatchesTable());
+
 // Bytes of one row of n elements (n must be a multiple of the block size).
 constexpr uint64_t GgmlRowBytes(GgmlType t, int64_t n) {
-  const auto& i = GgmlInfo(t);
-  return static_cast<uint64_t>(n / i.block_elems) * i.block_bytes;
+  return static_cast<uint64_t>(n / GgmlBlockElems(t)) * GgmlBlockBytes(t);
 }
 
 }  // namespace ds

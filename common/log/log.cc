@@ -47,10 +47,14 @@ bool StderrIsJournal() {
 
 int SyslogPriority(Level l) {
   switch (l) {
-    case Level::kDebug: return 7;
-    case Level::kInfo: return 6;
-    case Level::kWarning: return 4;
-    case Level::kError: return 3;
+    case Level::kDebug:
+      return 7;
+    case Level::kInfo:
+      return 6;
+    case Level::kWarning:
+      return 4;
+    case Level::kError:
+      return 3;
   }
   return 6;
 }
@@ -82,11 +86,21 @@ void AppendValue(std::string* out, std::string_view v) {
   out->push_back('"');
   for (unsigned char c : v) {
     switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char buf[8];
@@ -101,11 +115,12 @@ void AppendValue(std::string* out, std::string_view v) {
 }
 
 void AppendTime(std::string* out, std::chrono::system_clock::time_point t) {
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
   const time_t secs = static_cast<time_t>(us / 1000000);
   struct tm tm;
   gmtime_r(&secs, &tm);
-  char buf[40];
+  char buf[64];
   std::snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%06" PRId64 "Z", tm.tm_year + 1900,
                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                 static_cast<int64_t>(us % 1000000));
@@ -135,21 +150,30 @@ Field::Field(std::string_view k, double v) : key(k) {
 
 const char* LevelName(Level l) {
   switch (l) {
-    case Level::kDebug: return "debug";
-    case Level::kInfo: return "info";
-    case Level::kWarning: return "warning";
-    case Level::kError: return "error";
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarning:
+      return "warning";
+    case Level::kError:
+      return "error";
   }
   return "info";
 }
 
 bool ParseLevel(std::string_view s, Level* out) {
-  const std::string v = absl::AsciiStrToLower(s);
-  if (v == "debug") *out = Level::kDebug;
-  else if (v == "info") *out = Level::kInfo;
-  else if (v == "warning" || v == "warn") *out = Level::kWarning;
-  else if (v == "error") *out = Level::kError;
-  else return false;
+  const std::string v = absl::AsciiStrToLower(std::string(s));
+  if (v == "debug")
+    *out = Level::kDebug;
+  else if (v == "info")
+    *out = Level::kInfo;
+  else if (v == "warning" || v == "warn")
+    *out = Level::kWarning;
+  else if (v == "error")
+    *out = Level::kError;
+  else
+    return false;
   return true;
 }
 
@@ -176,9 +200,7 @@ void SetMinLevelFromEnv() {
   }
 }
 
-bool Enabled(Level l) {
-  return static_cast<int>(l) >= g_min_level.load(std::memory_order_relaxed);
-}
+bool Enabled(Level l) { return static_cast<int>(l) >= g_min_level.load(std::memory_order_relaxed); }
 
 void AppendField(std::string* out, std::string_view key, std::string_view value) {
   out->push_back(' ');
@@ -187,9 +209,8 @@ void AppendField(std::string* out, std::string_view key, std::string_view value)
   AppendValue(out, value);
 }
 
-std::string FormatLine(std::chrono::system_clock::time_point t, Level l,
-                       std::string_view component, std::string_view event,
-                       std::initializer_list<Field> fields) {
+std::string FormatLine(std::chrono::system_clock::time_point t, Level l, std::string_view component,
+                       std::string_view event, std::initializer_list<Field> fields) {
   std::string line;
   line.reserve(160);
   line.append("ts=");

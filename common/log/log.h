@@ -43,8 +43,9 @@ struct Field {
   Field(std::string_view k, const std::string& v) : key(k), value(v) {}
   Field(std::string_view k, bool v) : key(k), value(v ? "true" : "false") {}
   template <typename T>
-    requires(std::integral<T> && !std::same_as<T, bool> && !std::same_as<T, char>)
-  Field(std::string_view k, T v) : key(k), value(absl::StrCat(v)) {}
+  requires(std::integral<T> && !std::same_as<T, bool> && !std::same_as<T, char>)
+      Field(std::string_view k, T v)
+      : key(k), value(absl::StrCat(v)) {}
   Field(std::string_view k, double v);
   Field(std::string_view k, float v) : Field(k, static_cast<double>(v)) {}
   // Durations are written in seconds (base unit), like the metrics.
@@ -68,9 +69,8 @@ bool Enabled(Level l);
 void Emit(Level l, std::string_view event, std::initializer_list<Field> fields = {});
 
 // The line Emit writes (without the trailing newline), for a given time. Exposed for tests.
-std::string FormatLine(std::chrono::system_clock::time_point t, Level l,
-                       std::string_view component, std::string_view event,
-                       std::initializer_list<Field> fields);
+std::string FormatLine(std::chrono::system_clock::time_point t, Level l, std::string_view component,
+                       std::string_view event, std::initializer_list<Field> fields);
 // Appends ` key=value` with logfmt quoting to `out`.
 void AppendField(std::string* out, std::string_view key, std::string_view value);
 
@@ -79,8 +79,8 @@ void SetSinkForTesting(std::function<void(std::string_view line)> sink);
 
 }  // namespace ds::log
 
-#define DS_LOG(LEVEL, EVENT, ...)                                                      \
-  do {                                                                                 \
-    if (::ds::log::Enabled(::ds::log::severity::LEVEL))                                \
+#define DS_LOG(LEVEL, EVENT, ...)                                                     \
+  do {                                                                                \
+    if (::ds::log::Enabled(::ds::log::severity::LEVEL))                               \
       ::ds::log::Emit(::ds::log::severity::LEVEL, (EVENT)__VA_OPT__(, ) __VA_ARGS__); \
   } while (0)

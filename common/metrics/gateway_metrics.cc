@@ -6,31 +6,47 @@ namespace ds::metrics {
 
 const char* OutcomeName(Outcome o) {
   switch (o) {
-    case Outcome::kSuccess: return "success";
-    case Outcome::kCancelled: return "cancelled";
-    case Outcome::kDeadlineExceeded: return "deadline_exceeded";
-    case Outcome::kRejected: return "rejected";
-    case Outcome::kInvalidArgument: return "invalid_argument";
-    case Outcome::kUnauthenticated: return "unauthenticated";
-    case Outcome::kUnavailable: return "unavailable";
-    case Outcome::kError: return "error";
+    case Outcome::kSuccess:
+      return "success";
+    case Outcome::kCancelled:
+      return "cancelled";
+    case Outcome::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case Outcome::kRejected:
+      return "rejected";
+    case Outcome::kInvalidArgument:
+      return "invalid_argument";
+    case Outcome::kUnauthenticated:
+      return "unauthenticated";
+    case Outcome::kUnavailable:
+      return "unavailable";
+    case Outcome::kError:
+      return "error";
   }
   return "error";
 }
 
 Outcome OutcomeFromStatus(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kOk: return Outcome::kSuccess;
-    case absl::StatusCode::kCancelled: return Outcome::kCancelled;
-    case absl::StatusCode::kDeadlineExceeded: return Outcome::kDeadlineExceeded;
-    case absl::StatusCode::kResourceExhausted: return Outcome::kRejected;
+    case absl::StatusCode::kOk:
+      return Outcome::kSuccess;
+    case absl::StatusCode::kCancelled:
+      return Outcome::kCancelled;
+    case absl::StatusCode::kDeadlineExceeded:
+      return Outcome::kDeadlineExceeded;
+    case absl::StatusCode::kResourceExhausted:
+      return Outcome::kRejected;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition: return Outcome::kInvalidArgument;
+    case absl::StatusCode::kFailedPrecondition:
+      return Outcome::kInvalidArgument;
     case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied: return Outcome::kUnauthenticated;
-    case absl::StatusCode::kUnavailable: return Outcome::kUnavailable;
-    default: return Outcome::kError;
+    case absl::StatusCode::kPermissionDenied:
+      return Outcome::kUnauthenticated;
+    case absl::StatusCode::kUnavailable:
+      return Outcome::kUnavailable;
+    default:
+      return Outcome::kError;
   }
 }
 

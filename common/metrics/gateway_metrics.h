@@ -2,13 +2,13 @@
 // totals and the request latency histograms (time to first token, inter-token latency, queue wait,
 // end-to-end), measured where the response is written.
 #pragma once
-#include <chrono>
-#include <cstdint>
-
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <chrono>
+#include <cstdint>
 
 #include "absl/status/status.h"
 

@@ -1,13 +1,13 @@
 #include "common/metrics/metrics_server.h"
 
-#include <ctime>
-#include <exception>
-#include <sstream>
-
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/text_serializer.h>
+
+#include <ctime>
+#include <exception>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -66,8 +66,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
     // Two threads: Prometheus scrapes one request at a time; the second serves a curl meanwhile.
     s->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
   }
   s->exposer_->RegisterCollectable(s->collectable_);
   const std::vector<int> ports = s->exposer_->GetListeningPorts();
@@ -76,7 +75,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   return s;
 }
 
-void MetricsServer::AddCollectHook(std::function<void()> fn) { collectable_->AddHook(std::move(fn)); }
+void MetricsServer::AddCollectHook(std::function<void()> fn) {
+  collectable_->AddHook(std::move(fn));
+}
 
 std::string MetricsServer::Scrape() {
   std::ostringstream out;
@@ -99,8 +100,8 @@ absl::Status CheckMetricName(const std::string& name, bool is_counter, bool is_h
     for (const char* u : kUnits) ok |= absl::EndsWith(name, u);
     if (!ok) return absl::InvalidArgumentError(name + ": histogram without a unit suffix");
   }
-  for (const char* bad : {"_milliseconds", "_ms", "_us", "_microseconds", "_kb", "_mb", "_mib",
-                          "_gib", "_percent"})
+  for (const char* bad :
+       {"_milliseconds", "_ms", "_us", "_microseconds", "_kb", "_mb", "_mib", "_gib", "_percent"})
     if (absl::EndsWith(name, bad) || absl::StrContains(name, std::string(bad) + "_"))
       return absl::InvalidArgumentError(name + ": use base units (seconds, bytes, ratio)");
   return absl::OkStatus();

@@ -6,13 +6,13 @@
 // `_total` for counters, small closed label sets (label values are created up front so every
 // series exists from the first scrape).
 #pragma once
+#include <prometheus/registry.h>
+
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <prometheus/registry.h>
 
 #include "common/util/status.h"
 

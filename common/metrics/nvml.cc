@@ -109,9 +109,11 @@ absl::StatusOr<GpuSample> Nvml::Sample(int index) {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<GpuSampler>> GpuSampler::Start(
-    prometheus::Registry& registry, const std::vector<int>& gpus, const prometheus::Labels& labels,
-    std::chrono::milliseconds period, const std::string& library) {
+absl::StatusOr<std::unique_ptr<GpuSampler>> GpuSampler::Start(prometheus::Registry& registry,
+                                                              const std::vector<int>& gpus,
+                                                              const prometheus::Labels& labels,
+                                                              std::chrono::milliseconds period,
+                                                              const std::string& library) {
   if (gpus.empty()) return absl::InvalidArgumentError("no GPU to sample");
   DS_ASSIGN_OR_RETURN(std::unique_ptr<Nvml> nvml, Nvml::Load(library));
   // Every GPU must answer once before any family is registered: a half-exported set would make

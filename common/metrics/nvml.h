@@ -2,6 +2,9 @@
 // the CUDA toolkit, so deltaserve neither links it nor needs it to build. Where the library (or a
 // GPU) is absent, Load() says why and the GPU metrics are simply not exported.
 #pragma once
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -10,9 +13,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <prometheus/gauge.h>
-#include <prometheus/registry.h>
 
 #include "common/util/status.h"
 
@@ -28,7 +28,8 @@ class Nvml {
  public:
   // dlopen(`library`) + nvmlInit_v2. Fails (without side effects) when the library, a symbol, or
   // the driver is missing.
-  static absl::StatusOr<std::unique_ptr<Nvml>> Load(const std::string& library = "libnvidia-ml.so.1");
+  static absl::StatusOr<std::unique_ptr<Nvml>> Load(
+      const std::string& library = "libnvidia-ml.so.1");
   ~Nvml();  // nvmlShutdown + dlclose
 
   absl::StatusOr<int> DeviceCount();

@@ -18,8 +18,8 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& r) {
                           "Most requests the queue holds (--max-queue); more are rejected");
   slots_ = Gauge(r, "deltaserve_slots", "Parallel sequence slots (target of SetSlots)");
   slots_busy_ = Gauge(r, "deltaserve_slots_busy", "Slots bound to a request");
-  ctx_used_ = Gauge(r, "deltaserve_context_used_tokens",
-                    "Context positions computed, summed over slots");
+  ctx_used_ =
+      Gauge(r, "deltaserve_context_used_tokens", "Context positions computed, summed over slots");
   ctx_reserved_ = Gauge(r, "deltaserve_context_reserved_tokens",
                         "Context positions reserved by running requests (prompt + max tokens)");
   ctx_capacity_ = Gauge(r, "deltaserve_context_capacity_tokens",
@@ -89,9 +89,8 @@ void SchedulerMetrics::Update(const SchedulerGaugeState& s) {
   ctx_used_->Set(static_cast<double>(s.context_used));
   ctx_reserved_->Set(static_cast<double>(s.context_reserved));
   ctx_capacity_->Set(static_cast<double>(s.context_capacity));
-  ctx_ratio_->Set(s.context_capacity > 0
-                      ? static_cast<double>(s.context_reserved) / s.context_capacity
-                      : 0.0);
+  ctx_ratio_->Set(
+      s.context_capacity > 0 ? static_cast<double>(s.context_reserved) / s.context_capacity : 0.0);
   draining_->Set(s.draining ? 1 : 0);
   serving_->Set(s.serving ? 1 : 0);
   // Slots come and go with SetSlots; their series follow (label `slot` stays below the

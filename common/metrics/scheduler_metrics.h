@@ -5,17 +5,17 @@
 // The daemon's loop thread is the only writer: it fills a SchedulerGaugeState from the core's
 // status after every batch of commands and step (cheap: a few dozen gauge stores).
 #pragma once
-#include <cstdint>
-#include <map>
-#include <memory>
-#include <string>
-#include <vector>
-
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 namespace ds::metrics {
 

@@ -6,10 +6,14 @@ namespace ds::metrics {
 
 const char* MemoryKindName(MemoryKind k) {
   switch (k) {
-    case MemoryKind::kWeights: return "weights";
-    case MemoryKind::kKv: return "kv";
-    case MemoryKind::kRecurrentState: return "recurrent_state";
-    case MemoryKind::kWorkspace: return "workspace";
+    case MemoryKind::kWeights:
+      return "weights";
+    case MemoryKind::kKv:
+      return "kv";
+    case MemoryKind::kRecurrentState:
+      return "recurrent_state";
+    case MemoryKind::kWorkspace:
+      return "workspace";
   }
   return "workspace";
 }
@@ -83,8 +87,8 @@ void WorkerMetrics::OnStep(double forward_seconds, double sample_seconds, int to
 absl::Status WorkerMetrics::StartGpuSampling(const std::vector<int>& gpus,
                                              std::chrono::milliseconds period,
                                              const std::string& library) {
-  DS_ASSIGN_OR_RETURN(gpu_, GpuSampler::Start(registry_, gpus, {{"worker", worker_id_}}, period,
-                                              library));
+  DS_ASSIGN_OR_RETURN(
+      gpu_, GpuSampler::Start(registry_, gpus, {{"worker", worker_id_}}, period, library));
   return absl::OkStatus();
 }
 

@@ -3,15 +3,15 @@
 // memory (nvml.h). Every series carries `worker="<id>"`, the id the scheduler labels
 // deltaserve_worker_up with, so the two sides join.
 #pragma once
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
-
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "common/metrics/nvml.h"
 

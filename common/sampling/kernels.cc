@@ -182,6 +182,48 @@ float Max(const float* x, size_t n) {
   return m;
 }
 
+void MassHistogram(const float* w, size_t n, double* hist, size_t stride) {
+  size_t i = 0;
+#if DS_SAMPLING_AVX2
+  // Converting with vcvtps2pd writes whole registers; a scalar float->double conversion would
+  // merge into the previous iteration's register and chain every iteration through the adds.
+  alignas(32) double d[8];
+  alignas(32) uint32_t bins[8];
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(w + i);
+    _mm256_store_pd(d, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    _mm256_store_pd(d + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bins),
+                       _mm256_srli_epi32(_mm256_castps_si256(v), 20));
+    for (size_t j = 0; j < 4; ++j) {
+      hist[j * stride + bins[j]] += d[j];
+      hist[j * stride + bins[j + 4]] += d[j + 4];
+    }
+  }
+#endif
+  for (; i < n; ++i) hist[(i & 3) * stride + (std::bit_cast<uint32_t>(w[i]) >> 20)] += w[i];
+}
+
+void CollectAtLeast(const float* x, size_t n, float thr, std::vector<int32_t>& out) {
+  const float t = thr > 0.0f ? thr : std::numeric_limits<float>::denorm_min();
+  size_t i = 0;
+#if DS_SAMPLING_AVX2
+  // Most of the vocabulary is below the threshold: one compare + movemask per 8 tokens.
+  const __m256 vt = _mm256_set1_ps(t);
+  for (; i + 8 <= n; i += 8) {
+    unsigned mask = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vt, _CMP_GE_OQ)));
+    while (mask != 0) {
+      out.push_back(static_cast<int32_t>(i + std::countr_zero(mask)));
+      mask &= mask - 1;
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    if (x[i] >= t) out.push_back(static_cast<int32_t>(i));
+  }
+}
+
 double ExpSumScalar(const float* x, size_t n, float shift, float scale, float* out,
                     double* block_sums) {
   return out != nullptr ? ExpSumScalarImpl<true>(x, n, shift, scale, out, block_sums)

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace ds::sampling::internal {
 
@@ -30,5 +31,13 @@ float Max(const float* x, size_t n);
 double ExpSum(const float* x, size_t n, float shift, float scale, float* out, double* block_sums);
 double ExpSumScalar(const float* x, size_t n, float shift, float scale, float* out,
                     double* block_sums);
+
+// hist[(i % 4) * stride + (bits(w[i]) >> 20)] += w[i] for w: [n], w[i] in [0, 1];
+// hist: [4, stride], stride >= 1024. Four interleaved copies break the load-add-store chain on a
+// hot bin; the caller sums them.
+void MassHistogram(const float* w, size_t n, double* hist, size_t stride);
+
+// Appends to `out` the indices i (ascending) with x[i] >= thr and x[i] > 0; x: [n] without NaN.
+void CollectAtLeast(const float* x, size_t n, float thr, std::vector<int32_t>& out);
 
 }  // namespace ds::sampling::internal

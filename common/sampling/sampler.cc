@@ -17,7 +17,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // is monotone in the weight; weights are in [0, 1] so bins stay <= 0x3F8.
 constexpr int kHistShift = 20;
 constexpr size_t kHistBins = 1024;
-constexpr size_t kHistCopies = 4;  // interleaved copies break the store->load chain on one bin
+constexpr size_t kHistCopies = 4;  // interleaved copies break the load-add-store chain on hot bins
+// Copies are not 4 KiB apart: a store to bin b of one copy would otherwise falsely alias (4K
+// aliasing) the load of bin b of the next copy and serialize the loop.
+constexpr size_t kHistStride = kHistBins + 16;
 
 inline float SanitizeOne(float v) { return std::isnan(v) ? kNegInf : std::min(v, FLT_MAX); }
 
@@ -130,14 +133,11 @@ void Sampler::TopPFullVocab() {
   // sorting needed); only the boundary bin is refined, by the next 8 bits, then the next 8, and
   // what is left is sorted. So a flat distribution with a 200k-token nucleus sorts a few tokens.
   const size_t n = work_.size();
-  hist_.assign(kHistCopies * kHistBins, 0.0);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t b = std::bit_cast<uint32_t>(work_[i]) >> kHistShift;
-    hist_[(i & (kHistCopies - 1)) * kHistBins + b] += work_[i];
-  }
+  hist_.assign(kHistCopies * kHistStride, 0.0);
+  internal::MassHistogram(work_.data(), n, hist_.data(), kHistStride);
   double total = 0.0;
   for (size_t b = 0; b < kHistBins; ++b) {
-    for (size_t c = 1; c < kHistCopies; ++c) hist_[b] += hist_[c * kHistBins + b];
+    for (size_t c = 1; c < kHistCopies; ++c) hist_[b] += hist_[c * kHistStride + b];
     total += hist_[b];
   }
   // Mass still needed from the boundary bin and below; stays > 0 because a bin is chosen as the
@@ -153,11 +153,11 @@ void Sampler::TopPFullVocab() {
   }
   cand_.clear();
   boundary_.clear();
-  for (size_t i = 0; i < n; ++i) {
+  idx_.clear();
+  internal::CollectAtLeast(work_.data(), n, std::bit_cast<float>(bstar << kHistShift), idx_);
+  for (int32_t i : idx_) {
     const float w = work_[i];
-    const uint32_t b = std::bit_cast<uint32_t>(w) >> kHistShift;
-    if (b < bstar || !(w > 0.0f)) continue;
-    (b > bstar ? cand_ : boundary_).push_back({w, static_cast<int32_t>(i)});
+    (std::bit_cast<uint32_t>(w) >> kHistShift > bstar ? cand_ : boundary_).push_back({w, i});
   }
   for (int shift : {12, 4}) {
     if (boundary_.size() <= 64) break;
@@ -216,10 +216,10 @@ int32_t Sampler::Filter(float raw_max, std::span<const int32_t> history) {
     TopPFullVocab();
   } else if (p.min_p > 0.0f) {
     const float min_p = std::min(p.min_p, 1.0f);
+    idx_.clear();
+    internal::CollectAtLeast(work_.data(), n, min_p, idx_);
     cand_.clear();
-    for (size_t i = 0; i < n; ++i) {
-      if (work_[i] >= min_p && work_[i] > 0.0f) cand_.push_back({work_[i], static_cast<int32_t>(i)});
-    }
+    for (int32_t i : idx_) cand_.push_back({work_[i], i});
     FinishExplicit(/*apply_top_p=*/true);
   } else {
     explicit_ = false;

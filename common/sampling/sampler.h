@@ -22,8 +22,10 @@
 //
 // Cost for a vocabulary V: a few vectorized O(V) passes (copy+max, exp-sum for the raw
 // log-normalizer, exp for the weights); top-k is a buffered threshold selection (O(V), no sort of
-// the vocabulary); top-p without top-k bins the weights by their float bits (8 bins per octave),
-// finds the bin where the nucleus ends and sorts only the tokens at or above it.
+// the vocabulary); top-p without top-k is a radix select on the weights' float bits: a mass
+// histogram (8 bins per octave) finds the bin where the nucleus ends, tokens above it are kept
+// unsorted, and only the boundary bin is refined and sorted. Measured on one loaded core
+// (sampling_bench, CPU time): greedy ~0.24 ms, top-k 40 ~0.27 ms, top-p 0.95 ~0.73 ms per call.
 //
 // Degenerate input: NaN logits are treated as -inf and +inf as FLT_MAX; if every logit is -inf
 // the distribution is undefined and token 0 is returned with logprob -inf. History ids outside
@@ -87,13 +89,14 @@ class Sampler {
 
   SamplingParams params_;
   Rng rng_;
-  std::vector<float> work_;         // [V] sanitized logits -> penalized logits -> weights
-  std::vector<int32_t> counts_;     // [V] zero between calls; penalty occurrence counts
-  std::vector<double> block_sums_;  // [ceil(V / kSumBlock)] weight sums (whole-vocab mode)
-  std::vector<double> hist_;        // [4 * 1024] top-p weight-mass histograms
+  std::vector<float> work_;          // [V] sanitized logits -> penalized logits -> weights
+  std::vector<int32_t> counts_;      // [V] zero between calls; penalty occurrence counts
+  std::vector<double> block_sums_;   // [ceil(V / kSumBlock)] weight sums (whole-vocab mode)
+  std::vector<double> hist_;         // [4, 1040] top-p weight-mass histograms (padded copies)
   std::vector<Candidate> cand_;      // [<= V] explicit candidates
   std::vector<Candidate> boundary_;  // [<= V] top-p: tokens of the bin where the nucleus ends
-  std::vector<Candidate> lp_cand_;  // [<= kMaxLogprobs] raw top logprobs
+  std::vector<int32_t> idx_;         // [<= V] token ids passing a weight threshold
+  std::vector<Candidate> lp_cand_;   // [<= kMaxLogprobs] raw top logprobs
   bool explicit_ = false;
   double total_ = 0.0;  // sum of the weights the draw sees
 };

@@ -15,10 +15,10 @@ inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopStringBytes = 256;
 
 struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy
-  int top_k = 0;             // 0 = off; >= vocab size is also off
-  float top_p = 1.0f;        // 1 = off
-  float min_p = 0.0f;        // 0 = off
+  float temperature = 1.0f;         // 0 = greedy
+  int top_k = 0;                    // 0 = off; >= vocab size is also off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;

@@ -25,17 +25,17 @@ bool UnderSystemd() {
 
 void NotifyReady(std::string_view status) {
   if (!UnderSystemd()) return;
-  Send(status.empty() ? std::string("READY=1") : absl::StrCat("READY=1\nSTATUS=", status));
+  Send(status.empty() ? std::string("READY=1") : "READY=1\nSTATUS=" + std::string(status));
 }
 
 void NotifyStatus(std::string_view status) {
   if (!UnderSystemd()) return;
-  Send(absl::StrCat("STATUS=", status));
+  Send("STATUS=" + std::string(status));
 }
 
 void NotifyStopping(std::string_view status) {
   if (!UnderSystemd()) return;
-  Send(status.empty() ? std::string("STOPPING=1") : absl::StrCat("STOPPING=1\nSTATUS=", status));
+  Send(status.empty() ? std::string("STOPPING=1") : "STOPPING=1\nSTATUS=" + std::string(status));
 }
 
 void NotifyExtendTimeout(std::chrono::microseconds more) {

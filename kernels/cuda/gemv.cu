@@ -179,6 +179,7 @@ absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, floa
                                  cudaStream_t stream) {
   if (K % 32 != 0) return absl::InvalidArgumentError(absl::StrCat("QuantizeActivations: K=", K, " not a multiple of 32"));
   const int nb = nc * (K / 32);
+  if (nb == 0) return absl::OkStatus();
   QuantizeActKernel<<<CeilDiv(nb, 8), 256, 0, stream>>>(x, nb, xq, xd);
   return LastLaunchStatus("QuantizeActKernel");
 }

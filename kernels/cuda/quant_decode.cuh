@@ -37,7 +37,7 @@ constexpr bool IsFloatType(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
 }
 // Element granularity a row length must respect for the fallback (non-unit) paths.
-constexpr int BlockElems(GgmlType t) { return GgmlInfo(t).block_elems; }
+constexpr int BlockElems(GgmlType t) { return GgmlBlockElems(t); }
 
 #ifdef __CUDACC__
 

@@ -293,12 +293,12 @@ TEST(StatusMap, InternalErrorsBecomePublicCodes) {
   EXPECT_EQ(ToPublicStatus(absl::DeadlineExceededError("x")).error_code(), C::DEADLINE_EXCEEDED);
   EXPECT_TRUE(ToPublicStatus(absl::OkStatus()).ok());
   // Transport failure of the internal channel keeps its code through the round trip.
-  EXPECT_EQ(ToPublicStatus(FromInternal(grpc::Status(C::UNAVAILABLE, "connection refused")))
-                .error_code(),
-            C::UNAVAILABLE);
-  EXPECT_EQ(ToPublicStatus(FromInternal(grpc::Status(C::UNIMPLEMENTED, "no such method")))
-                .error_code(),
-            C::INTERNAL);
+  EXPECT_EQ(
+      ToPublicStatus(FromInternal(grpc::Status(C::UNAVAILABLE, "connection refused"))).error_code(),
+      C::UNAVAILABLE);
+  EXPECT_EQ(
+      ToPublicStatus(FromInternal(grpc::Status(C::UNIMPLEMENTED, "no such method"))).error_code(),
+      C::INTERNAL);
 }
 
 TEST(Auth, BearerTokens) {

@@ -5,7 +5,7 @@
 //    single-process `deltaserve generate --json` (greedy).
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,7 +43,7 @@ using namespace std::chrono_literals;
 // the slot has seen (catches a wrong diff range). Validates like the real backend.
 class FakeBackend final : public Backend {
  public:
-  FakeBackend(int n_slots, int slot_ctx) : n_slots_(n_slots), slot_ctx_(slot_ctx), hist_(n_slots) {
+  FakeBackend(int n_slots, int slot_ctx) : hist_(n_slots), n_slots_(n_slots), slot_ctx_(slot_ctx) {
     cfg_.n_vocab = 32;
   }
   std::string name() const override { return "fake"; }
@@ -185,7 +185,9 @@ TEST(StepExecutor, MalformedStepsAndBackendErrorsFailTheStepOnly) {
 
 // ===================== real processes =====================
 
-const char* kBin = DS_DELTASERVE_BIN;
+// The built binary (CMake passes its path); DS_DELTASERVE_BIN in the environment overrides it when
+// the tests run from a copied tree.
+const char* const kBin = getenv("DS_DELTASERVE_BIN") ? getenv("DS_DELTASERVE_BIN") : DS_DELTASERVE_BIN;
 
 struct Child {
   pid_t pid = -1;
@@ -207,13 +209,22 @@ std::unique_ptr<Child> Spawn(const std::vector<std::string>& args, const std::st
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  const int rc = posix_spawn(&c->pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) c->pid = -1;
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // The child dies with the test binary, even when the binary itself is killed.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execve(argv[0], argv.data(), environ);
+    _exit(127);
+  }
+  c->pid = pid;
   return c;
 }
 
@@ -413,11 +424,17 @@ TEST_F(ClusterTest, CancellingASubmitFreesItsSlot) {
   grpc::ClientContext long_ctx;
   std::atomic<int> progress{0};
   Outcome cancelled;
-  std::thread t([&] { cancelled = Submit(300, Prompt(8, 7), 4000, &long_ctx, &progress); });
-  while (progress.load() < 3) std::this_thread::sleep_for(1ms);
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    cancelled = Submit(300, Prompt(8, 7), 4000, &long_ctx, &progress);
+    done = true;
+  });
+  while (progress.load() < 3 && !done) std::this_thread::sleep_for(1ms);
+  ASSERT_FALSE(done) << cancelled.status.error_message() << " " << cancelled.error;
   // The slot is busy with request 300.
   bool busy = false;
-  for (const auto& s : Status().slots()) busy |= s.request_id() == 300;
+  const v1::ClusterStatus before = Status();
+  for (const auto& s : before.slots()) busy |= s.request_id() == 300;
   EXPECT_TRUE(busy);
   long_ctx.TryCancel();
   t.join();
@@ -446,7 +463,10 @@ TEST_F(ClusterTest, KillingTheWorkerFailsInFlightStreamsAndStopsServing) {
   std::vector<std::thread> th;
   for (int i = 0; i < 3; ++i)  // 2 running + 1 queued
     th.emplace_back([&, i] { out[i] = Submit(400 + i, Prompt(5, i), 4000, nullptr, &progress); });
-  while (progress.load() < 4) std::this_thread::sleep_for(1ms);
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (progress.load() < 4 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_GE(progress.load(), 4) << "requests did not start";
   worker_->Kill(SIGKILL);
   for (auto& t : th) t.join();
   for (int i = 0; i < 3; ++i) {

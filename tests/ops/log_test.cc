@@ -1,13 +1,13 @@
 // common/log: logfmt formatting, quoting, levels, and whole lines under concurrency.
 #include "common/log/log.h"
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace ds::log {
 namespace {
@@ -33,7 +33,8 @@ std::map<std::string, std::string> ParseLogfmt(std::string_view line, bool* ok) 
         if (line[i] == '\\' && i + 1 < line.size()) {
           const char c = line[++i];
           if (c == 'x' && i + 2 < line.size()) {
-            v.push_back(static_cast<char>(std::stoi(std::string(line.substr(i + 1, 2)), nullptr, 16)));
+            v.push_back(
+                static_cast<char>(std::stoi(std::string(line.substr(i + 1, 2)), nullptr, 16)));
             i += 2;
           } else {
             v.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c);
@@ -108,8 +109,12 @@ TEST_F(LogTest, QuotesAndEscapesSoEveryLineParsesBack) {
 
 TEST_F(LogTest, TypedValues) {
   DS_LOG(ERROR, "types",
-         {{"t", true}, {"f", false}, {"neg", -7}, {"big", uint64_t{18446744073709551615ull}},
-          {"dur", std::chrono::milliseconds(1500)}, {"st", absl::UnavailableError("no worker")}});
+         {{"t", true},
+          {"f", false},
+          {"neg", -7},
+          {"big", uint64_t{18446744073709551615ull}},
+          {"dur", std::chrono::milliseconds(1500)},
+          {"st", absl::UnavailableError("no worker")}});
   ASSERT_EQ(lines_.size(), 1u);
   bool ok = false;
   auto kv = ParseLogfmt(lines_[0], &ok);

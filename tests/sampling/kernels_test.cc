@@ -1,11 +1,11 @@
 #include "common/sampling/kernels.h"
 
+#include <gtest/gtest.h>
+
 #include <bit>
 #include <cfloat>
 #include <cmath>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/sampling/rng.h"
 
@@ -62,6 +62,31 @@ TEST(SamplingKernels, VectorAndScalarAreBitIdentical) {
     EXPECT_NEAR(ta, ref, ref * 1e-6);
     // Without the output array the total is unchanged.
     EXPECT_EQ(ExpSum(a.data(), n, ma, 1.0f / 0.7f, nullptr, nullptr), ta);
+  }
+}
+
+TEST(SamplingKernels, CollectAndHistogramMatchBruteForce) {
+  for (size_t n : {3u, 8u, 1001u}) {
+    Rng rng(n + 1);
+    std::vector<float> w(n);
+    for (float& v : w) v = static_cast<float>(rng.NextDouble());
+    w[1] = 0.0f;
+    std::vector<int32_t> got;
+    CollectAtLeast(w.data(), n, 0.5f, got);
+    std::vector<int32_t> want;
+    for (size_t i = 0; i < n; ++i) {
+      if (w[i] >= 0.5f) want.push_back(static_cast<int32_t>(i));
+    }
+    EXPECT_EQ(got, want);
+    got.clear();
+    CollectAtLeast(w.data(), n, 0.0f, got);  // threshold 0 still excludes zero weights
+    EXPECT_EQ(got.size(), n - 1);
+    const size_t stride = 1040;
+    std::vector<double> h(4 * stride, 0.0), ref(4 * stride, 0.0);
+    MassHistogram(w.data(), n, h.data(), stride);
+    for (size_t i = 0; i < n; ++i)
+      ref[(i & 3) * stride + (std::bit_cast<uint32_t>(w[i]) >> 20)] += w[i];
+    EXPECT_EQ(h, ref);
   }
 }
 

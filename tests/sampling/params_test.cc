@@ -1,9 +1,9 @@
-#include "common/sampling/sampling_params.h"
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 
-#include <gtest/gtest.h>
+#include "common/sampling/sampling_params.h"
 
 namespace ds::sampling {
 namespace {

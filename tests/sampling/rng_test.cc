@@ -1,8 +1,8 @@
 #include "common/sampling/rng.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace ds::sampling {
 namespace {

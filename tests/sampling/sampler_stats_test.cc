@@ -2,10 +2,10 @@
 // with a Pearson chi-square bound at significance 1e-4 (ChiSquareCritical). Each test also checks
 // that tokens outside the allowed set are never drawn. A power check makes sure the bound would
 // catch a wrong distribution.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/sampling/rng.h"
 #include "common/sampling/sampler.h"

@@ -1,9 +1,9 @@
 #include "common/sampling/stop_matcher.h"
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/sampling/rng.h"
 
@@ -139,8 +139,8 @@ TEST(StopMatcher, RandomSplitsAgreeWithWholeStringSearch) {
   // Property: for any split of the text into deltas, emitted text equals the text before the
   // earliest stop (or the whole text), and the reported stop index agrees.
   const std::vector<std::string> stops = {"<|im_end|>", "\n\nUser:", "ééé", "aaa"};
-  const std::vector<std::string> pieces = {"a", "é", "<|", "im_", "end|>", "\n", "User:", "x",
-                                           "<|im", "aa", "ée", " "};
+  const std::vector<std::string> pieces = {"a",     "é", "<|",   "im_", "end|>", "\n",
+                                           "User:", "x", "<|im", "aa",  "ée",    " "};
   Rng rng(77);
   for (int iter = 0; iter < 2000; ++iter) {
     std::string text;

@@ -24,6 +24,9 @@ std::string FreshDir(const std::string& name) {
 // Runs fn(rank, collective) on `world` threads, each with its own GlooCollective.
 void RunGroup(int world, const std::string& name, const std::function<void(int, Collective&)>& fn) {
   const std::string dir = FreshDir(name);
+  // The collectives outlive every thread: a rank that closed its sockets while a peer is still
+  // inside the last collective would make that peer fail ("connection closed by peer").
+  std::vector<std::unique_ptr<GlooCollective>> coll(world);
   std::vector<std::thread> th;
   for (int r = 0; r < world; ++r)
     th.emplace_back([&, r] {
@@ -34,8 +37,9 @@ void RunGroup(int world, const std::string& name, const std::function<void(int, 
       o.prefix = name;
       auto c = GlooCollective::Create(o);
       ASSERT_TRUE(c.ok()) << c.status();
-      fn(r, **c);
-      EXPECT_TRUE((*c)->Barrier().ok());
+      coll[r] = std::move(*c);
+      fn(r, *coll[r]);
+      EXPECT_TRUE(coll[r]->Barrier().ok());
     });
   for (auto& t : th) t.join();
 }

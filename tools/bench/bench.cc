@@ -281,6 +281,7 @@ int RunBench(const BenchOptions& o) {
   return 0;
 }
 
+// argv holds only the subcommand's flags (no program name).
 int BenchMain(int argc, char** argv) {
   BenchOptions o;
   auto ints = [](const char* s) {
@@ -292,7 +293,7 @@ int BenchMain(int argc, char** argv) {
     }
     return v;
   };
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
       if (i + 1 >= argc) {

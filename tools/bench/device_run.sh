@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after tools/device/pack.sh carried the binaries (.devcarry/bin, lib):
 #   1. kernels_cuda_test (every CUDA kernel vs the CPU reference; PASS/FAIL per test)
-#   2. the 27B-shape random Q6_K model from `deltaserve synth` (skipped when MODEL already exists)
+#   2. the 27B-shape random Q6_K model from `deltaserve gguf-synth` (skipped when MODEL already exists)
 #   3. `deltaserve bench` (prefill, decode @0 and @depth, aggregate decode, per-op breakdown)
 # and prints a short summary last. Env: MODEL (default /tmp/q6k-27b.gguf),
 # BENCH_ARGS (extra bench flags, e.g. --quick), SKIP_TESTS=1, SKIP_BENCH=1.
@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-.devcarry/bin}
-export LD_LIBRARY_PATH="$PWD/.devcarry/lib:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 LOG=${OUT:-/tmp}/device_run
 mkdir -p "$LOG"
 MODEL=${MODEL:-/tmp/q6k-27b.gguf}  # outside $OUT: 21 GB must not be carried back
@@ -29,7 +29,7 @@ bench_status="skipped"
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   if [ ! -f "$MODEL" ]; then
     echo "== synth $MODEL =="
-    "$BIN/deltaserve" synth --out "$MODEL" --preset 27b --type Q6_K 2>&1 | tail -3
+    "$BIN/deltaserve" gguf-synth --out "$MODEL" --preset 27b --type Q6_K 2>&1 | tail -3
   fi
   echo "== bench =="
   if "$BIN/deltaserve" bench --model "$MODEL" ${BENCH_ARGS:-} 2>&1 | tee "$LOG/bench.log"; then

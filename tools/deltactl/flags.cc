@@ -56,8 +56,8 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& s) {
   for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
     int32_t v = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v))
-      return absl::InvalidArgumentError(absl::StrCat("id list element ", i, " ('", part,
-                                                     "') is not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("id list element ", i, " ('", part, "') is not an integer"));
     ids.push_back(v);
     ++i;
   }

@@ -1,5 +1,5 @@
-// "--flag value" / "--switch" parsing for deltactl; repeatable flags keep every value. Unknown flags
-// are errors so a typo never falls back to a default.
+// "--flag value" / "--switch" parsing for deltactl; repeatable flags keep every value. Unknown
+// flags are errors so a typo never falls back to a default.
 #pragma once
 #include <cstdint>
 #include <map>

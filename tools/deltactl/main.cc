@@ -1,9 +1,10 @@
 // deltactl: command-line client of a deltaserve cluster (public Generation API and Admin API).
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -25,7 +26,8 @@ void Usage() {
       stderr,
       "usage: deltactl <command> [flags]\n"
       "commands:\n"
-      "  generate    --addr A (--prompt TEXT | --prompt-ids 1,2,3 | --chat-user TEXT [--chat-system "
+      "  generate    --addr A (--prompt TEXT | --prompt-ids 1,2,3 | --chat-user TEXT "
+      "[--chat-system "
       "TEXT])\n"
       "              [--max-tokens N --temperature T --top-k K --top-p P --min-p P --seed S\n"
       "               --stop S (repeatable) --stop-id N (repeatable) --logprobs N --priority N\n"
@@ -37,7 +39,7 @@ void Usage() {
       "  set-context --split static|pool --total N [--slot-cap N] --admin-addr A\n"
       "  drain       [--resume] --admin-addr A\n"
       "  load        --addr A --concurrency C --requests N --prompt-len L --max-tokens M [--seed S "
-      "--vocab V --no-ignore-eos --timeout SECONDS]\n");
+      "--vocab V --no-ignore-eos --timeout SECONDS --reject-backoff-ms MS]\n");
 }
 
 int Fail(const std::string& what) {
@@ -46,8 +48,8 @@ int Fail(const std::string& what) {
 }
 int Fail(const absl::Status& s) { return Fail(std::string(s.message())); }
 int Fail(const grpc::Status& s) {
-  return Fail(absl::StrFormat("%s (gRPC code %d)", s.error_message(),
-                              static_cast<int>(s.error_code())));
+  return Fail(
+      absl::StrFormat("%s (gRPC code %d)", s.error_message(), static_cast<int>(s.error_code())));
 }
 
 void AddAuth(const Flags& f, grpc::ClientContext* ctx) {
@@ -64,8 +66,9 @@ void PrintStatus(const v1::ClusterStatus& s) {
               p.split() == v1::CONTEXT_SPLIT_STATIC ? "static" : "pool", p.total_context(),
               p.slot_cap(), static_cast<unsigned long long>(s.context_reserved()),
               static_cast<unsigned long long>(s.context_total()));
-  std::printf("\nWORKER                 DEVICE                 READY  HEARTBEAT  WEIGHTS MiB  KV MiB  "
-              "STATE MiB  WARMUP tok/s\n");
+  std::printf(
+      "\nWORKER                 DEVICE                 READY  HEARTBEAT  WEIGHTS MiB  KV MiB  "
+      "STATE MiB  WARMUP tok/s\n");
   for (const v1::WorkerStatus& w : s.workers())
     std::printf("%-22s %-22s %-6s %8.2fs  %11.1f  %6.1f  %9.1f  %12.1f\n", w.id().c_str(),
                 w.device().c_str(), w.ready() ? "yes" : "no", w.heartbeat_age_seconds(),
@@ -81,12 +84,12 @@ void PrintStatus(const v1::ClusterStatus& s) {
 }
 
 int CmdGenerate(int argc, char** argv) {
-  auto f = Flags::Parse(argc, argv,
-                        {"--addr", "--prompt", "--prompt-ids", "--chat-user", "--chat-system",
-                         "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--seed",
-                         "--stop", "--stop-id", "--logprobs", "--priority", "--timeout",
-                         "--api-key", "--request-id"},
-                        {"--ignore-eos", "--show-ids"});
+  auto f = Flags::Parse(
+      argc, argv,
+      {"--addr", "--prompt", "--prompt-ids", "--chat-user", "--chat-system", "--max-tokens",
+       "--temperature", "--top-k", "--top-p", "--min-p", "--seed", "--stop", "--stop-id",
+       "--logprobs", "--priority", "--timeout", "--api-key", "--request-id"},
+      {"--ignore-eos", "--show-ids"});
   if (!f.ok()) return Fail(f.status());
   const int n_prompts = f->Has("--prompt") + f->Has("--prompt-ids") + f->Has("--chat-user");
   if (n_prompts != 1) return Fail("give exactly one of --prompt, --prompt-ids, --chat-user");
@@ -163,17 +166,16 @@ int CmdGenerate(int argc, char** argv) {
     } else if (msg.has_finished()) {
       const auto& fin = msg.finished();
       std::printf("\n");
-      std::fprintf(stderr,
-                   "[%s] %s%s%s | prompt %u tok, generated %u tok | server: queue %.1f ms, TTFT "
-                   "%.1f ms, mean inter-token %.2f ms, total %.1f ms\n",
-                   msg.request_id().c_str(), v1::FinishReason_Name(fin.reason()).c_str(),
-                   fin.stop_string().empty() ? "" : " on ",
-                   fin.stop_string().empty() ? "" : ("'" + fin.stop_string() + "'").c_str(),
-                   fin.usage().prompt_tokens(), fin.usage().completion_tokens(),
-                   fin.timings().queue_seconds() * 1e3,
-                   fin.timings().time_to_first_token_seconds() * 1e3,
-                   fin.timings().mean_inter_token_seconds() * 1e3,
-                   fin.timings().total_seconds() * 1e3);
+      std::fprintf(
+          stderr,
+          "[%s] %s%s%s | prompt %u tok, generated %u tok | server: queue %.1f ms, TTFT "
+          "%.1f ms, mean inter-token %.2f ms, total %.1f ms\n",
+          msg.request_id().c_str(), v1::FinishReason_Name(fin.reason()).c_str(),
+          fin.stop_string().empty() ? "" : " on ",
+          fin.stop_string().empty() ? "" : ("'" + fin.stop_string() + "'").c_str(),
+          fin.usage().prompt_tokens(), fin.usage().completion_tokens(),
+          fin.timings().queue_seconds() * 1e3, fin.timings().time_to_first_token_seconds() * 1e3,
+          fin.timings().mean_inter_token_seconds() * 1e3, fin.timings().total_seconds() * 1e3);
     }
   }
   grpc::Status s = reader->Finish();
@@ -223,9 +225,9 @@ int CmdAdmin(const std::string& cmd, int argc, char** argv) {
     --argc;
     ++argv;
   }
-  auto f = Flags::Parse(argc, argv,
-                        {"--admin-addr", "--slots", "--split", "--total", "--slot-cap", "--api-key"},
-                        {"--resume"});
+  auto f = Flags::Parse(
+      argc, argv, {"--admin-addr", "--slots", "--split", "--total", "--slot-cap", "--api-key"},
+      {"--resume"});
   if (!f.ok()) return Fail(f.status());
   auto stub = v1::Admin::NewStub(ds::gw::MakeChannel(f->Str("--admin-addr", kDefaultAdminAddr)));
   grpc::ClientContext ctx;
@@ -274,7 +276,7 @@ int CmdAdmin(const std::string& cmd, int argc, char** argv) {
 int CmdLoad(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv,
                         {"--addr", "--concurrency", "--requests", "--prompt-len", "--max-tokens",
-                         "--seed", "--vocab", "--timeout", "--api-key"},
+                         "--seed", "--vocab", "--timeout", "--api-key", "--reject-backoff-ms"},
                         {"--no-ignore-eos"});
   if (!f.ok()) return Fail(f.status());
   ds::loadgen::LoadOptions o;
@@ -282,8 +284,9 @@ int CmdLoad(int argc, char** argv) {
   auto c = f->Int("--concurrency", 1), n = f->Int("--requests", 16), l = f->Int("--prompt-len", 32),
        m = f->Int("--max-tokens", 32), seed = f->Int("--seed", 1), vocab = f->Int("--vocab", 256);
   auto timeout = f->Float("--timeout", 300);
+  auto backoff = f->Int("--reject-backoff-ms", 20);
   for (const absl::Status& s : {c.status(), n.status(), l.status(), m.status(), seed.status(),
-                                vocab.status(), timeout.status()})
+                                vocab.status(), timeout.status(), backoff.status()})
     if (!s.ok()) return Fail(s);
   o.concurrency = static_cast<int>(*c);
   o.requests = static_cast<int>(*n);
@@ -292,6 +295,7 @@ int CmdLoad(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(*seed);
   o.vocab = static_cast<int>(*vocab);
   o.timeout_s = *timeout;
+  o.reject_backoff_ms = static_cast<int>(std::max<int64_t>(0, *backoff));
   o.ignore_eos = !f->Has("--no-ignore-eos");
   o.api_key = f->Str("--api-key");
   auto r = ds::loadgen::RunLoad(o);

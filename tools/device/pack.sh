@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA binaries here (sm_90a) and packs them with the shared libraries they need
-# (everything `ldd` lists except glibc and the driver's libcuda) into .devcarry/, which the
-# device tool carries to the GPU machine. Usage: tools/device/pack.sh [target ...]
+# (everything `ldd` lists except glibc, the driver's libcuda and the CUDA toolkit's own libraries,
+# which the device image has) into .devcarry/, which the device tool carries to the GPU machine. Usage: tools/device/pack.sh [target ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGETS=${*:-deltaserve kernels_cuda_test}
@@ -15,10 +15,12 @@ for t in $TARGETS; do
   cp "$f" .devcarry/bin/
   ldd "$f" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
+      # glibc and the driver are the machine's; the CUDA toolkit libraries (cudart, cublas,
+      # cublasLt: ~700 MB) are on the device image under /usr/local/cuda/lib64.
       libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
+      libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*) ;;
       *) cp -Ln "$lib" .devcarry/lib/ ;;
     esac
   done
 done
-cp -L /usr/local/cuda/lib64/libnccl.so.2 .devcarry/lib/ 2>/dev/null || true
 du -sh .devcarry

@@ -1,5 +1,7 @@
 #include "tools/loadgen/loadgen.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -7,8 +9,6 @@
 #include <mutex>
 #include <random>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,15 +24,24 @@ double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count();
 
 const char* CodeName(grpc::StatusCode c) {
   switch (c) {
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    default: return "OTHER";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    default:
+      return "OTHER";
   }
 }
 
@@ -99,11 +108,15 @@ void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* o
     }
     const grpc::Status s = reader->Finish();
     const double e2e = Sec(Clock::now() - t0);
-    std::lock_guard<std::mutex> l(out->mu);
     if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      ++out->rejected;
+      {
+        std::lock_guard<std::mutex> l(out->mu);
+        ++out->rejected;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.reject_backoff_ms));
       continue;
     }
+    std::lock_guard<std::mutex> l(out->mu);
     if (!s.ok() || !have_fin) {
       ++out->errors[CodeName(s.error_code())];
       continue;
@@ -153,8 +166,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o) {
   std::atomic<int> next{0};
   const Clock::time_point t0 = Clock::now();
   std::vector<std::thread> clients;
-  for (int c = 0; c < o.concurrency; ++c)
-    clients.emplace_back([&, c] { Client(o, c, &next, &s); });
+  for (int c = 0; c < o.concurrency; ++c) clients.emplace_back([&, c] { Client(o, c, &next, &s); });
   for (std::thread& t : clients) t.join();
   LoadReport r;
   r.opts = o;
@@ -183,7 +195,8 @@ std::string FormatReport(const LoadReport& r) {
       "load: %s | concurrency %d, %d requests, prompt %d random ids, max_tokens %d%s\n",
       r.opts.addr, r.opts.concurrency, r.opts.requests, r.opts.prompt_len, r.opts.max_tokens,
       r.opts.ignore_eos ? " (ignore_eos)" : "");
-  absl::StrAppendFormat(&out, "requests: %d ok, %d rejected (RESOURCE_EXHAUSTED)", r.ok, r.rejected);
+  absl::StrAppendFormat(&out, "requests: %d ok, %d rejected (RESOURCE_EXHAUSTED)", r.ok,
+                        r.rejected);
   for (const auto& [code, n] : r.errors) absl::StrAppendFormat(&out, ", %d %s", n, code);
   absl::StrAppendFormat(&out, " | wall %.2f s\n", r.wall_s);
   absl::StrAppendFormat(&out,
@@ -199,11 +212,11 @@ std::string FormatReport(const LoadReport& r) {
   out += row("TTFT", r.ttft);
   out += row("inter-token latency", r.itl);
   out += row("end-to-end latency", r.e2e);
-  out += "server-side (Finished.timings, measured by the scheduler):\n";
+  out += "server-side (Finished.timings, measured by the scheduler from request arrival):\n";
   out += row("queue time", r.srv_queue);
-  out += row("TTFT (admission->1st tok)", r.srv_ttft);
+  out += row("TTFT (arrival->1st token)", r.srv_ttft);
   out += row("mean inter-token (per req)", r.srv_itl);
-  out += row("total (admission->last)", r.srv_total);
+  out += row("total (arrival->last token)", r.srv_total);
   return out;
 }
 

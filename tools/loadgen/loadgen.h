@@ -24,6 +24,9 @@ struct LoadOptions {
   uint64_t seed = 1;
   bool ignore_eos = true;  // every request generates exactly max_tokens
   double timeout_s = 300;
+  // A client whose request was rejected (RESOURCE_EXHAUSTED) waits this long before its next one,
+  // as the public API asks ("retry later with backoff"); the rejected request is not retried.
+  int reject_backoff_ms = 20;
   std::string api_key;
 };
 
@@ -36,7 +39,7 @@ Percentiles Summarize(std::vector<double> v);  // nearest-rank percentiles
 struct LoadReport {
   LoadOptions opts;
   int ok = 0;
-  int rejected = 0;  // RESOURCE_EXHAUSTED (admission)
+  int rejected = 0;                   // RESOURCE_EXHAUSTED (admission)
   std::map<std::string, int> errors;  // other failures by status code name
   double wall_s = 0;
   uint64_t generated_tokens = 0;

@@ -40,7 +40,8 @@ Child Spawn(const std::string& role, const std::string& exe, const std::vector<s
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execv(exe.c_str(), argv.data());
-    std::fprintf(stderr, "deltaserve serve: exec %s failed: %s\n", exe.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "deltaserve serve: exec %s failed: %s\n", exe.c_str(),
+                 std::strerror(errno));
     _exit(127);
   }
   c.pid = pid;

@@ -26,7 +26,7 @@ namespace v1 = deltaserve::v1;
 using serve::Child;
 using std::chrono::milliseconds;
 
-constexpr milliseconds kStartTimeout{30'000};   // a role's port file
+constexpr milliseconds kStartTimeout{30'000};     // a role's port file
 constexpr milliseconds kServingTimeout{300'000};  // worker load + warmup (27B on a GPU: minutes)
 constexpr milliseconds kStopGrace{10'000};
 
@@ -55,9 +55,9 @@ void Usage() {
 }
 
 absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
-  static const std::set<std::string> kFlags = {"--model",  "--workers", "--slots", "--ctx",
-                                               "--split",  "--backend", "--port",  "--max-inflight",
-                                               "--threads", "--demo",   "--demo-max-tokens"};
+  static const std::set<std::string> kFlags = {
+      "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
+      "--port",  "--max-inflight", "--threads", "--demo", "--demo-max-tokens"};
   std::map<std::string, std::string> m;
   for (int i = 0; i < argc; ++i) {
     const std::string f = argv[i];
@@ -70,8 +70,8 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   o.model = m["--model"];
   auto integer = [&](const char* f, int* v, int lo) -> absl::Status {
     if (m.count(f) && (!absl::SimpleAtoi(m[f], v) || *v < lo))
-      return absl::InvalidArgumentError(absl::StrCat(f, " expects an integer >= ", lo, ", got '",
-                                                     m[f], "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, " expects an integer >= ", lo, ", got '", m[f], "'"));
     return absl::OkStatus();
   };
   DS_RETURN_IF_ERROR(integer("--workers", &o.workers, 1));
@@ -90,10 +90,13 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     return absl::InvalidArgumentError("--split expects static or pool, got '" + o.split + "'");
   if (m.count("--backend")) o.backend = m["--backend"];
   if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "auto")
-    return absl::InvalidArgumentError("--backend expects cpu, cuda or auto, got '" + o.backend + "'");
+    return absl::InvalidArgumentError("--backend expects cpu, cuda or auto, got '" + o.backend +
+                                      "'");
   if (m.count("--demo")) {
     o.demo = true;
     o.demo_prompt = m["--demo"];
+    // A demo is a one-shot run: free ports unless asked, so it never collides with a server.
+    if (!m.count("--port")) o.port = 0;
   }
   if (!std::filesystem::exists(o.model))
     return absl::NotFoundError("--model: no such file '" + o.model + "'");
@@ -205,7 +208,8 @@ int RunServe(int argc, char** argv) {
       {"--listen", "127.0.0.1:0", "--port-file", sched_port_file, "--slots",
        std::to_string(o->slots), "--ctx", std::to_string(o->ctx), "--split", o->split}));
   if (children.back().pid < 0) return fail("cannot start the scheduler");
-  const int sched_port = ReadPort(serve::WaitForFile(sched_port_file, &children.back(), kStartTimeout), 0);
+  const int sched_port =
+      ReadPort(serve::WaitForFile(sched_port_file, &children.back(), kStartTimeout), 0);
   if (sched_port == 0) {
     Child& c = children.back();
     return fail(c.exited ? "scheduler " + serve::DescribeExit(c) + " during startup"
@@ -214,8 +218,8 @@ int RunServe(int argc, char** argv) {
   const std::string sched_addr = absl::StrCat("127.0.0.1:", sched_port);
 
   // 2. worker
-  std::vector<std::string> wargs = {"--scheduler", sched_addr, "--model", o->model, "--backend",
-                                    o->backend};
+  std::vector<std::string> wargs = {"--scheduler", sched_addr,  "--model",
+                                    o->model,      "--backend", o->backend};
   if (o->threads > 0) {
     wargs.push_back("--threads");
     wargs.push_back(std::to_string(o->threads));
@@ -235,7 +239,8 @@ int RunServe(int argc, char** argv) {
   const std::string ports = serve::WaitForFile(gw_port_file, &children.back(), kStartTimeout);
   const int gw_port = ReadPort(ports, 0), admin_port = ReadPort(ports, 1);
   if (gw_port == 0 || admin_port == 0) {
-    if (Child* d = dead_child()) return fail(d->role + " " + serve::DescribeExit(*d) + " during startup");
+    if (Child* d = dead_child())
+      return fail(d->role + " " + serve::DescribeExit(*d) + " during startup");
     return fail("gateway did not report its ports");
   }
   const std::string gw_addr = absl::StrCat("127.0.0.1:", gw_port);
@@ -250,17 +255,19 @@ int RunServe(int argc, char** argv) {
     return !interrupted && dead_child() == nullptr;
   });
   if (interrupted) return stop_all(), 130;
-  if (Child* d = dead_child()) return fail(d->role + " (pid " + std::to_string(d->pid) + ") " +
-                                           serve::DescribeExit(*d) + " before the cluster served");
+  if (Child* d = dead_child())
+    return fail(d->role + " (pid " + std::to_string(d->pid) + ") " + serve::DescribeExit(*d) +
+                " before the cluster served");
   if (!ready.ok()) return fail("gateway " + std::string(ready.message()));
 
-  std::printf("deltaserve serve: cluster SERVING\n"
-              "  generation  %s   (deltaserve.v1.Generation, grpc.health.v1)\n"
-              "  admin       %s   (deltaserve.v1.Admin)\n"
-              "  scheduler   %s   (internal)\n"
-              "  pids        scheduler %d, worker %d, gateway %d\n",
-              gw_addr.c_str(), admin_addr.c_str(), sched_addr.c_str(), children[0].pid,
-              children[1].pid, children[2].pid);
+  std::printf(
+      "deltaserve serve: cluster SERVING\n"
+      "  generation  %s   (deltaserve.v1.Generation, grpc.health.v1)\n"
+      "  admin       %s   (deltaserve.v1.Admin)\n"
+      "  scheduler   %s   (internal)\n"
+      "  pids        scheduler %d, worker %d, gateway %d\n",
+      gw_addr.c_str(), admin_addr.c_str(), sched_addr.c_str(), children[0].pid, children[1].pid,
+      children[2].pid);
   std::fflush(stdout);
 
   if (o->demo) {

@@ -674,6 +674,9 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
 }
 
 absl::Status CudaBackend::Head(int n_logit_rows) {
+  // Leading micro-steps of a long prefill produce no logits: nothing to do (and a zero-row launch
+  // is an invalid configuration).
+  if (n_logit_rows == 0) return absl::OkStatus();
   ProfBegin("lm_head");
   DS_RETURN_IF_ERROR(RmsNormRows(h_, cfg_.n_embd, d_logit_rows_, output_norm_, hn_, n_logit_rows,
                                  cfg_.n_embd, cfg_.rms_eps, stream_));

@@ -88,6 +88,9 @@ struct BackendOptions {
   int tp_world = 1;
   std::vector<double> tp_split;  // [tp_world] share weights (e.g. 1,2); empty = even
   bool tp_lm_head_rank0 = false; // false: vocab-parallel lm_head + all-gather; true: rank 0 only
+  // Apportion heads in groups that keep attn_output / ssm_out column slices on quant blocks
+  // (tp::AlignedHeadGranules); false: single heads, unaligned slices dequantized to f32 at load.
+  bool tp_align_heads = true;
   Collective* collective = nullptr;
 };
 

@@ -53,9 +53,14 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::unique_ptr<g
       return absl::InvalidArgumentError(absl::StrCat("BackendOptions.tp_split has ", split.size(),
                                                      " weights for tp_world ", opts.tp_world));
     DS_ASSIGN_OR_RETURN(const int64_t granule, tp::FfnGranule(*b->file_, c));
+    tp::HeadGranules hg;
+    if (opts.tp_align_heads) {
+      DS_ASSIGN_OR_RETURN(hg, tp::AlignedHeadGranules(*b->file_, c));
+    }
     DS_ASSIGN_OR_RETURN(b->plan_, tp::Plan::Make(c, split, granule,
                                                  opts.tp_lm_head_rank0 ? tp::LmHead::kRank0
-                                                                       : tp::LmHead::kVocabParallel));
+                                                                       : tp::LmHead::kVocabParallel,
+                                                 hg.attn, hg.gdn));
     b->tp_rank_ = opts.tp_rank;
     b->tp_world_ = opts.tp_world;
     b->coll_ = opts.collective;

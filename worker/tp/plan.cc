@@ -59,7 +59,8 @@ std::vector<double> SplitFromFreeBytes(std::span<const double> free_bytes) {
 }
 
 absl::StatusOr<Plan> Plan::Make(const ModelConfig& c, std::span<const double> split,
-                                int64_t ffn_granule, LmHead lm_head) {
+                                int64_t ffn_granule, LmHead lm_head, int attn_granule,
+                                int gdn_granule) {
   if (split.empty())
     return absl::InvalidArgumentError("TP split is empty (need one weight per rank)");
   for (size_t i = 0; i < split.size(); ++i)
@@ -75,8 +76,15 @@ absl::StatusOr<Plan> Plan::Make(const ModelConfig& c, std::span<const double> sp
   if (ffn_granule < 1 || c.n_ff % ffn_granule != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("TP: FFN granule ", ffn_granule, " does not divide n_ff ", c.n_ff));
+  if (attn_granule < 1 || c.n_head_kv % attn_granule != 0 || gdn_granule < 1 ||
+      c.gdn_k_heads % gdn_granule != 0)
+    return absl::InvalidArgumentError(absl::StrCat("TP: head granules ", attn_granule, " / ",
+                                                   gdn_granule, " do not divide n_head_kv ",
+                                                   c.n_head_kv, " / GDN key heads ", c.gdn_k_heads));
   Plan p;
   p.world = static_cast<int>(split.size());
+  p.attn_granule = attn_granule;
+  p.gdn_granule = gdn_granule;
   p.split.assign(split.begin(), split.end());
   p.ffn_granule = ffn_granule;
   p.lm_head = lm_head;
@@ -86,8 +94,10 @@ absl::StatusOr<Plan> Plan::Make(const ModelConfig& c, std::span<const double> sp
   p.gdn_v_heads = c.gdn_v_heads;
   p.n_ff = c.n_ff;
   p.n_vocab = c.n_vocab;
-  const auto attn = Apportion(c.n_head_kv, split);
-  const auto gdn = Apportion(c.gdn_k_heads, split);
+  auto attn = Apportion(c.n_head_kv / attn_granule, split);
+  auto gdn = Apportion(c.gdn_k_heads / gdn_granule, split);
+  for (auto& x : attn) x *= attn_granule;
+  for (auto& x : gdn) x *= gdn_granule;
   const auto ffn = Apportion(c.n_ff / ffn_granule, split);
   const auto voc = Apportion(c.n_vocab, split);
   p.ranks.resize(p.world);
@@ -114,7 +124,8 @@ std::string Plan::ToString() const {
   const double sum = std::accumulate(split.begin(), split.end(), 0.0);
   std::string s = absl::StrCat("TP plan: world ", world, ", lm_head ",
                                lm_head == LmHead::kVocabParallel ? "vocab-parallel" : "rank0",
-                               ", FFN granule ", ffn_granule, "\n");
+                               ", granules: FFN ", ffn_granule, " cols, attention ", attn_granule,
+                               " KV heads, GDN ", gdn_granule, " key heads\n");
   for (const RankShard& r : ranks) {
     absl::StrAppendFormat(&s,
                           "  rank %d (share %.3f): attn kv heads [%d,%d) q heads %d | GDN k heads "
@@ -136,6 +147,29 @@ absl::StatusOr<int64_t> FfnGranule(const gguf::File& f, const ModelConfig& c) {
     if (!ti) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has an unknown type"));
     g = std::max<int64_t>(g, ti->block_elems);  // block sizes are powers of two: max == lcm
   }
+  return g;
+}
+
+absl::StatusOr<HeadGranules> AlignedHeadGranules(const gguf::File& f, const ModelConfig& c) {
+  int64_t attn_block = 1, gdn_block = 1;
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string name =
+        absl::StrCat("blk.", i, c.is_recurrent[i] ? ".ssm_out.weight" : ".attn_output.weight");
+    const gguf::TensorInfo* t = f.FindTensor(name);
+    if (!t) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+    const GgmlTypeInfo* ti = FindGgmlType(static_cast<uint32_t>(t->type));
+    if (!ti) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has an unknown type"));
+    int64_t& b = c.is_recurrent[i] ? gdn_block : attn_block;
+    b = std::max<int64_t>(b, ti->block_elems);
+  }
+  auto granule = [](int64_t block, int64_t width, int units) {
+    const int64_t m = block / std::gcd(block, width);
+    return units % m == 0 ? static_cast<int>(m) : 1;
+  };
+  HeadGranules g;
+  if (c.n_head_kv > 0)
+    g.attn = granule(attn_block, static_cast<int64_t>(c.n_head / c.n_head_kv) * c.head_dim, c.n_head_kv);
+  g.gdn = granule(gdn_block, c.gdn_v_dim, c.gdn_k_heads);
   return g;
 }
 

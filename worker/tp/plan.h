@@ -59,15 +59,18 @@ struct Plan {
   int world = 1;
   std::vector<double> split;  // [world] weights as given (normalised only for printing)
   int64_t ffn_granule = 1;
+  int attn_granule = 1;  // attention units are apportioned in groups of this many KV heads
+  int gdn_granule = 1;   // GDN units in groups of this many key heads
   LmHead lm_head = LmHead::kVocabParallel;
   // Model sizes the plan was made for.
   int n_head = 0, n_head_kv = 0, gdn_k_heads = 0, gdn_v_heads = 0;
   int64_t n_ff = 0, n_vocab = 0;
   std::vector<RankShard> ranks;  // [world]
 
-  // split empty = even. ffn_granule must divide n_ff.
+  // split empty = even. ffn_granule must divide n_ff; attn_granule n_head_kv; gdn_granule Hk.
   static absl::StatusOr<Plan> Make(const ModelConfig& c, std::span<const double> split,
-                                   int64_t ffn_granule, LmHead lm_head);
+                                   int64_t ffn_granule, LmHead lm_head, int attn_granule = 1,
+                                   int gdn_granule = 1);
   // Local sizes of a rank.
   int q_heads(int r) const { return static_cast<int>(ranks[r].attn_units.size()) * (n_head / n_head_kv); }
   int kv_heads(int r) const { return static_cast<int>(ranks[r].attn_units.size()); }
@@ -78,6 +81,15 @@ struct Plan {
 
 // The quant block of the model's ffn_down tensors (largest over layers): the FFN granule.
 absl::StatusOr<int64_t> FfnGranule(const gguf::File& f, const ModelConfig& c);
+
+// Head granules that keep the row-parallel column slices (attn_output, ssm_out) on quant-block
+// boundaries: the smallest m with m·(unit width) a multiple of the block (27B Q6_K: GDN m = 2
+// since dv = 128 < 256; attention m = 1 since 6·256 is whole blocks). m = 1 when it does not
+// divide the unit count (that slice is then dequantized at load instead).
+struct HeadGranules {
+  int attn = 1, gdn = 1;
+};
+absl::StatusOr<HeadGranules> AlignedHeadGranules(const gguf::File& f, const ModelConfig& c);
 
 // How one rank's piece of a tensor is cut out of the full GGUF tensor (rows = ggml ne1, PyTorch
 // out dimension; cols = ne0, in dimension). Ranges are concatenated in the given order.

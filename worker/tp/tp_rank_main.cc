@@ -5,6 +5,7 @@
 //   ds_tp_rank --model M.gguf --rank R --world W --store DIR [--split 1,2 | --split mem]
 //              [--free-gib X] [--lm-head vocab|rank0] [--prompt 24] [--prompt2 9] [--gen 8]
 //              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
+//              [--comm-bench ITERS] [--no-align]
 //   ds_tp_rank --make-model M.gguf --shape tp|perf [--type Q8_0] [--seed 1]
 //
 // The run: one prefill step with two sequences (slot 0: --prompt tokens, all logits; slot 1:
@@ -13,6 +14,7 @@
 // batch. Rank 0 writes the JSON result: tokens, logits (unless --no-logits), per-step forward
 // and communication seconds, the plan and the memory report.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -96,7 +98,7 @@ int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0) return Fail(absl::InvalidArgumentError("unexpected argument " + k));
-    if (k == "--no-logits") {
+    if (k == "--no-logits" || k == "--no-align") {
       a[k] = "1";
       continue;
     }
@@ -160,6 +162,7 @@ int Main(int argc, char** argv) {
   bo.tp_world = world;
   bo.tp_split = split;
   bo.tp_lm_head_rank0 = str("--lm-head", "vocab") == "rank0";
+  bo.tp_align_heads = !a.count("--no-align");
   bo.collective = coll.get();
   auto be = CpuBackend::Create(a["--model"], bo);
   if (!be.ok()) return Fail(be.status());
@@ -246,6 +249,36 @@ int Main(int argc, char** argv) {
                rank, world, res["prefill_forward_ms"].get<double>(), res["prefill_comm_ms"].get<double>(),
                n_gen ? 1e3 * fwd / n_gen : 0.0, n_gen ? 1e3 * comm / n_gen : 0.0,
                fwd > 0 ? 100.0 * comm / fwd : 0.0);
+  // Pure transfer cost of one step's collectives, without load imbalance: after a barrier, time
+  // the 2·n_layer all-reduces of [N, n_embd] and the logits all-gather of a decode step (N = 2)
+  // and of the prefill step.
+  if (coll && a.count("--comm-bench")) {
+    const int iters = num("--comm-bench", 20);
+    auto bench = [&](int64_t n_tok, int64_t n_rows) -> absl::StatusOr<double> {
+      std::vector<float> y(n_tok * c.n_embd, 1.f), part, all(n_rows * c.n_vocab);
+      std::vector<size_t> counts;
+      if (const tp::Plan* p = b.tp_plan()) {
+        for (const auto& r : p->ranks) counts.push_back(n_rows * r.vocab.size());
+        part.assign(counts[rank], 1.f);
+      }
+      DS_RETURN_IF_ERROR(coll->Barrier());
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int it = 0; it < iters; ++it) {
+        for (int l = 0; l < 2 * c.n_layer; ++l) DS_RETURN_IF_ERROR(coll->AllReduceSum(y.data(), y.size()));
+        if (!bo.tp_lm_head_rank0) DS_RETURN_IF_ERROR(coll->AllGatherV(part.data(), counts, all.data()));
+      }
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+    };
+    auto dec = bench(2, 2);
+    if (!dec.ok()) return Fail(dec.status());
+    const int64_t pre_tok = static_cast<int64_t>(num("--prompt", 24)) + num("--prompt2", 9);
+    auto pre = bench(pre_tok, num("--prompt", 24) + 1);
+    if (!pre.ok()) return Fail(pre.status());
+    res["bench_decode_comm_ms"] = *dec;
+    res["bench_prefill_comm_ms"] = *pre;
+    std::fprintf(stderr, "rank %d: pure collective time per step: decode %.3f ms, prefill %.3f ms\n",
+                 rank, *dec, *pre);
+  }
   const std::string out_path = str("--out", "");
   if (!out_path.empty()) {
     std::string p = out_path;
@@ -255,8 +288,12 @@ int Main(int argc, char** argv) {
     if (!f) return Fail(absl::InternalError("cannot write " + p));
   }
   if (coll) {
-    absl::Status st = coll->Barrier();  // nobody tears the mesh down while a peer still reads
-    if (!st.ok()) return Fail(st);
+    // Nobody tears the mesh down while a peer still needs it. A peer that closes its sockets while
+    // we are still inside this barrier has necessarily left it, i.e. every rank has entered it and
+    // all real work is done: Gloo then reports "connection closed by peer" here, which is benign.
+    absl::Status st = coll->Barrier();
+    if (!st.ok()) std::fprintf(stderr, "ds_tp_rank: rank %d: final barrier: %s (ignored)\n", rank,
+                               std::string(st.message()).c_str());
   }
   return 0;
 }

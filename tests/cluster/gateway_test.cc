@@ -1,0 +1,652 @@
+// Gateway end to end: real `deltaserve scheduler`, `worker` and `gateway` processes on loopback
+// with a tiny synthesized model, driven through the public API (deltaserve.v1) and grpc.health.v1.
+// Every test starts its own cluster on free ports (port files) and kills it in TearDown.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "deltaserve/v1/deltaserve.grpc.pb.h"
+#include "gateway/client.h"
+#include "tools/synth/synth.h"
+
+namespace ds {
+namespace {
+
+namespace v1 = deltaserve::v1;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kBin = DS_DELTASERVE_BIN;
+
+std::string TestDir() {
+  static const std::string dir = [] {
+    std::string d =
+        (std::filesystem::temp_directory_path() / ("ds_gateway_test_" + std::to_string(getpid())))
+            .string();
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+// Removes the per-process directory (models, port files, logs) after the last test.
+class CleanupEnv : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(TestDir(), ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new CleanupEnv);
+
+const std::string& TinyModel() {
+  static const std::string path = [] {
+    std::string p = TestDir() + "/tiny.gguf";
+    absl::Status s = SynthesizeGguf(SynthOptions::Tiny(), p);
+    EXPECT_TRUE(s.ok()) << s;
+    return p;
+  }();
+  return path;
+}
+
+struct Proc {
+  std::string role;
+  pid_t pid = -1;
+  std::string log;
+};
+
+Proc Spawn(const std::string& role, std::vector<std::string> args, const std::string& log) {
+  Proc p{role, -1, log};
+  args.insert(args.begin(), {kBin, role});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  p.pid = fork();
+  if (p.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    execv(kBin.c_str(), argv.data());
+    _exit(127);
+  }
+  return p;
+}
+
+bool Alive(pid_t pid) {
+  int st = 0;
+  return pid > 0 && waitpid(pid, &st, WNOHANG) == 0;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string WaitFile(const std::string& path, pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = Clock::now() + timeout;
+  while (Clock::now() < end) {
+    std::string s = ReadFile(path);
+    if (!s.empty()) return s;
+    if (!Alive(pid)) return "";
+    std::this_thread::sleep_for(10ms);
+  }
+  return "";
+}
+
+struct ClusterOptions {
+  int slots = 4;
+  int ctx = 4096;
+  std::string split = "pool";
+  int max_inflight = 64;
+  bool start_worker = true;
+};
+
+// Result of one streamed Generate.
+struct GenResult {
+  grpc::Status status;
+  bool started = false;
+  std::vector<int32_t> ids;
+  std::string text;
+  int n_chunks = 0;
+  int n_logprobs = 0;
+  bool finished = false;
+  v1::GenerateResponse::Finished fin;
+  double seconds = 0;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions o) : o_(o) {
+    static int n = 0;
+    dir_ = TestDir() + "/cluster" + std::to_string(n++);
+    std::filesystem::create_directories(dir_);
+    const std::string sched_pf = dir_ + "/sched.port";
+    procs_.push_back(Spawn(
+        "scheduler",
+        {"--listen", "127.0.0.1:0", "--port-file", sched_pf, "--slots", std::to_string(o.slots),
+         "--ctx", std::to_string(o.ctx), "--split", o.split, "--log-interval", "0"},
+        dir_ + "/scheduler.log"));
+    const std::string sp = WaitFile(sched_pf, procs_[0].pid, 20s);
+    EXPECT_FALSE(sp.empty()) << "scheduler did not start";
+    sched_addr_ = "127.0.0.1:" + std::to_string(std::atoi(sp.c_str()));
+    if (o.start_worker) StartWorker();
+    gateway_ = StartGateway(o.max_inflight);
+  }
+
+  ~Cluster() {
+    for (Proc& p : procs_)
+      if (p.pid > 0) kill(p.pid, SIGTERM);
+    const auto end = Clock::now() + 5s;
+    for (Proc& p : procs_) {
+      while (p.pid > 0 && Alive(p.pid) && Clock::now() < end) std::this_thread::sleep_for(10ms);
+      if (p.pid > 0 && Alive(p.pid)) {
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, nullptr, 0);
+      }
+    }
+    if (::testing::Test::HasFailure())
+      for (Proc& p : procs_)
+        std::fprintf(stderr, "----- %s log -----\n%s\n", p.role.c_str(), ReadFile(p.log).c_str());
+  }
+
+  void StartWorker() {
+    procs_.push_back(Spawn(
+        "worker",
+        {"--scheduler", sched_addr_, "--model", TinyModel(), "--backend", "cpu", "--threads", "1"},
+        dir_ + "/worker.log"));
+    worker_pid_ = procs_.back().pid;
+  }
+
+  // A gateway on free ports; returns {public addr, admin addr}.
+  std::pair<std::string, std::string> StartGateway(int max_inflight) {
+    static int g = 0;
+    const std::string pf = dir_ + "/gw" + std::to_string(g) + ".port";
+    procs_.push_back(
+        Spawn("gateway",
+              {"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--scheduler",
+               sched_addr_, "--model", TinyModel(), "--max-inflight", std::to_string(max_inflight),
+               "--port-file", pf, "--health-interval-ms", "200"},
+              dir_ + "/gateway" + std::to_string(g++) + ".log"));
+    std::istringstream in(WaitFile(pf, procs_.back().pid, 20s));
+    int port = 0, admin = 0;
+    in >> port >> admin;
+    EXPECT_GT(port, 0);
+    return {"127.0.0.1:" + std::to_string(port), "127.0.0.1:" + std::to_string(admin)};
+  }
+
+  const std::string& addr() const { return gateway_.first; }
+  const std::string& admin_addr() const { return gateway_.second; }
+  pid_t worker_pid() const { return worker_pid_; }
+
+  gw::Health Health(const std::string& addr = "") {
+    auto ch = gw::MakeChannel(addr.empty() ? this->addr() : addr);
+    return gw::CheckHealth(ch.get(), 1s);
+  }
+  bool WaitHealth(gw::Health want, std::chrono::milliseconds timeout,
+                  const std::string& addr = "") {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      if (Health(addr) == want) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+
+  v1::ClusterStatus Status() {
+    auto stub = v1::Admin::NewStub(gw::MakeChannel(admin_addr()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    v1::ClusterStatus st;
+    grpc::Status s = stub->GetClusterStatus(&ctx, {}, &st);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return st;
+  }
+
+  static GenResult Generate(const std::string& addr, const v1::GenerateRequest& req,
+                            std::chrono::milliseconds deadline = 60s,
+                            std::function<bool(const GenResult&)> cancel_when = nullptr) {
+    auto stub = v1::Generation::NewStub(gw::MakeChannel(addr));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    GenResult r;
+    const auto t0 = Clock::now();
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse m;
+    bool cancelled = false;
+    while (reader->Read(&m)) {
+      if (m.has_started()) r.started = true;
+      if (m.has_chunk()) {
+        ++r.n_chunks;
+        r.text += m.chunk().text();
+        r.ids.insert(r.ids.end(), m.chunk().token_ids().begin(), m.chunk().token_ids().end());
+        r.n_logprobs += m.chunk().logprobs_size();
+      }
+      if (m.has_finished()) {
+        r.finished = true;
+        r.fin = m.finished();
+      }
+      if (!cancelled && cancel_when && cancel_when(r)) {
+        ctx.TryCancel();
+        cancelled = true;
+      }
+    }
+    r.status = reader->Finish();
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return r;
+  }
+  GenResult Generate(const v1::GenerateRequest& req, std::chrono::milliseconds deadline = 60s) {
+    return Generate(addr(), req, deadline);
+  }
+
+ private:
+  ClusterOptions o_;
+  std::string dir_;
+  std::string sched_addr_;
+  std::vector<Proc> procs_;
+  pid_t worker_pid_ = -1;
+  std::pair<std::string, std::string> gateway_;
+};
+
+v1::GenerateRequest IdsRequest(std::vector<int32_t> ids, uint32_t max_tokens,
+                               bool ignore_eos = true) {
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+  r.set_max_tokens(max_tokens);
+  r.set_ignore_eos(ignore_eos);
+  return r;
+}
+
+const std::vector<int32_t> kPrompt = {72, 101, 108, 108, 111, 44, 32, 100, 101, 108, 116, 97};
+
+// Single-process reference: `deltaserve generate --json` (greedy).
+nlohmann::json ReferenceGenerate(const std::string& prompt_flag, const std::string& prompt,
+                                 int max_tokens, bool ignore_eos) {
+  std::string cmd = kBin + " generate --model " + TinyModel() + " " + prompt_flag + " '" + prompt +
+                    "' --max-tokens " + std::to_string(max_tokens) +
+                    " --backend cpu --threads 1 --json" + (ignore_eos ? " --ignore-eos" : "") +
+                    " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << cmd;
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
+std::string Join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+TEST(Gateway, HealthServingOnlyAfterWarmup) {
+  Cluster c({.start_worker = false});
+  // No worker: the scheduler answers but is not serving; several polls must agree.
+  std::this_thread::sleep_for(700ms);
+  EXPECT_EQ(c.Health(), gw::Health::kNotServing);
+  GenResult r = c.Generate(IdsRequest(kPrompt, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_FALSE(r.started);
+  c.StartWorker();
+  EXPECT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  const v1::ClusterStatus st = c.Status();
+  EXPECT_TRUE(st.serving());
+  ASSERT_EQ(st.workers_size(), 1);
+  EXPECT_TRUE(st.workers(0).ready());
+  EXPECT_GT(st.workers(0).warmup_decode_tokens_per_second(), 0);
+  r = c.Generate(IdsRequest(kPrompt, 4));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+}
+
+TEST(Gateway, ConcurrentIdenticalGreedyRequestsMatchSingleProcessGenerate) {
+  Cluster c({});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  constexpr int kMax = 24;
+  const nlohmann::json ref = ReferenceGenerate("--prompt-ids", Join(kPrompt), kMax, true);
+  ASSERT_TRUE(ref.is_object());
+  const std::vector<int32_t> want = ref["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(want.size(), static_cast<size_t>(kMax));
+
+  constexpr int kN = 4;
+  std::vector<std::future<GenResult>> fs;
+  for (int i = 0; i < kN; ++i)
+    fs.push_back(std::async(std::launch::async, [&] {
+      v1::GenerateRequest req = IdsRequest(kPrompt, kMax);
+      req.set_logprobs(3);
+      return c.Generate(req);
+    }));
+  for (auto& f : fs) {
+    GenResult r = f.get();
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_TRUE(r.started);
+    EXPECT_EQ(r.ids, want);
+    EXPECT_EQ(r.text, ref["text"].get<std::string>());
+    EXPECT_EQ(r.n_logprobs, kMax);
+    EXPECT_EQ(r.fin.reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(r.fin.usage().prompt_tokens(), kPrompt.size());
+    EXPECT_EQ(r.fin.usage().completion_tokens(), static_cast<uint32_t>(kMax));
+    EXPECT_GT(r.fin.timings().total_seconds(), 0);
+    EXPECT_GT(r.fin.timings().time_to_first_token_seconds(), 0);
+  }
+
+  // Text prompt: tokenized at the gateway exactly like `generate --prompt` (EOS honoured).
+  const nlohmann::json ref_text = ReferenceGenerate("--prompt", "Hello, deltaserve!", 16, false);
+  v1::GenerateRequest req;
+  req.set_text("Hello, deltaserve!");
+  req.set_max_tokens(16);
+  GenResult r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, ref_text["tokens"].get<std::vector<int32_t>>());
+  EXPECT_EQ(r.text, ref_text["text"].get<std::string>());
+}
+
+// Polls admin status until `pred` holds (or the timeout).
+bool WaitStatus(Cluster& c, const std::function<bool(const v1::ClusterStatus&)>& pred,
+                std::chrono::milliseconds timeout) {
+  const auto end = Clock::now() + timeout;
+  while (Clock::now() < end) {
+    if (pred(c.Status())) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+int BusySlots(const v1::ClusterStatus& st) {
+  int n = 0;
+  for (const auto& s : st.slots()) n += s.request_id() != 0;
+  return n;
+}
+
+TEST(Gateway, ClientCancelAndDeadlineFreeTheSlotWhileOthersComplete) {
+  Cluster c({});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  // A long request that must finish normally while the others are cancelled around it.
+  auto other =
+      std::async(std::launch::async, [&] { return c.Generate(IdsRequest(kPrompt, 3000)); });
+  ASSERT_TRUE(WaitStatus(
+      c, [](const auto& st) { return st.running_requests() == 1; }, 10s));
+
+  // Client cancel after a few chunks.
+  GenResult cancelled = Cluster::Generate(c.addr(), IdsRequest(kPrompt, 3000), 60s,
+                                          [](const GenResult& r) { return r.n_chunks >= 5; });
+  EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
+  const auto t_cancel = Clock::now();
+  EXPECT_TRUE(WaitStatus(
+      c, [](const auto& st) { return st.running_requests() <= 1; }, 2s))
+      << "the cancelled request still holds a slot";
+  const double free_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_cancel).count();
+  std::fprintf(stderr, "slot freed %.1f ms after the client cancelled\n", free_ms);
+
+  // Deadline expiry mid-stream.
+  GenResult expired = Cluster::Generate(c.addr(), IdsRequest(kPrompt, 3000), 300ms);
+  EXPECT_EQ(expired.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << expired.status.error_message();
+  EXPECT_TRUE(WaitStatus(
+      c, [](const auto& st) { return st.running_requests() <= 1; }, 2s))
+      << "the expired request still holds a slot";
+
+  GenResult o = other.get();
+  EXPECT_TRUE(o.status.ok()) << o.status.error_message();
+  EXPECT_EQ(o.fin.reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(o.ids.size(), 3000u);
+  EXPECT_TRUE(WaitStatus(
+      c, [](const auto& st) { return BusySlots(st) == 0; }, 2s));
+}
+
+TEST(Gateway, OverloadIsRejectedAtOnceWhileAdmittedRequestsComplete) {
+  Cluster c({});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  // A second gateway on the same scheduler with two permits.
+  const auto [addr, admin] = c.StartGateway(2);
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 10s, addr));
+  std::vector<std::future<GenResult>> admitted;
+  for (int i = 0; i < 2; ++i)
+    admitted.push_back(std::async(std::launch::async, [&, addr = addr] {
+      return Cluster::Generate(addr, IdsRequest(kPrompt, 1500));
+    }));
+  ASSERT_TRUE(WaitStatus(
+      c, [](const auto& st) { return st.running_requests() == 2; }, 10s));
+  for (int i = 0; i < 3; ++i) {
+    GenResult r = Cluster::Generate(addr, IdsRequest(kPrompt, 8));
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(r.status.error_message().find("server overloaded: 2 requests in flight"),
+              std::string::npos)
+        << r.status.error_message();
+    EXPECT_LT(r.seconds, 0.5) << "rejection must not wait";
+    EXPECT_FALSE(r.started);
+  }
+  for (auto& f : admitted) {
+    GenResult r = f.get();
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 1500u);
+  }
+  // Permits come back when requests end.
+  EXPECT_TRUE(Cluster::Generate(addr, IdsRequest(kPrompt, 4)).status.ok());
+}
+
+TEST(Gateway, SetSlotsAndContextPolicyAtRunTimeUnderLoad) {
+  Cluster c({.slots = 4, .ctx = 4096});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  std::vector<std::future<GenResult>> load;
+  for (int i = 0; i < 4; ++i)
+    load.push_back(
+        std::async(std::launch::async, [&] { return c.Generate(IdsRequest(kPrompt, 400)); }));
+  ASSERT_TRUE(WaitStatus(
+      c, [](const auto& st) { return st.running_requests() >= 2; }, 10s));
+
+  auto admin = v1::Admin::NewStub(gw::MakeChannel(c.admin_addr()));
+  {
+    grpc::ClientContext ctx;
+    v1::SetSlotsRequest req;
+    req.set_slots(2);
+    v1::ClusterStatus st;
+    grpc::Status s = admin->SetSlots(&ctx, req, &st);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    int active = 0;
+    for (const auto& sl : st.slots()) active += !sl.retiring();
+    EXPECT_EQ(active, 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::SetContextPolicyRequest req;
+    req.mutable_policy()->set_split(v1::CONTEXT_SPLIT_POOL);
+    req.mutable_policy()->set_total_context(4096);
+    req.mutable_policy()->set_slot_cap(512);
+    v1::ClusterStatus st;
+    grpc::Status s = admin->SetContextPolicy(&ctx, req, &st);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(st.context_policy().split(), v1::CONTEXT_SPLIT_POOL);
+    EXPECT_EQ(st.context_policy().slot_cap(), 512u);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::SetSlotsRequest req;
+    req.set_slots(0);
+    v1::ClusterStatus st;
+    EXPECT_FALSE(admin->SetSlots(&ctx, req, &st).ok()) << "0 slots must be refused";
+  }
+  // Shrinking never kills running requests.
+  for (auto& f : load) {
+    GenResult r = f.get();
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 400u);
+  }
+  // The new per-slot cap (512) applies to new admissions, checked at the gateway once polled.
+  std::this_thread::sleep_for(500ms);
+  GenResult big = c.Generate(IdsRequest(kPrompt, 600));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(big.status.error_message().find("max_tokens"), std::string::npos)
+      << big.status.error_message();
+  GenResult fits = c.Generate(IdsRequest(kPrompt, 400));
+  EXPECT_TRUE(fits.status.ok()) << fits.status.error_message();
+  const v1::ClusterStatus st = c.Status();
+  int active = 0;
+  for (const auto& sl : st.slots()) active += !sl.retiring();
+  EXPECT_EQ(active, 2);
+}
+
+TEST(Gateway, BadRequestsAreInvalidArgumentAndDoNotDisturbAGoodOne) {
+  Cluster c({});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  const nlohmann::json ref = ReferenceGenerate("--prompt-ids", Join(kPrompt), 200, true);
+  auto good = std::async(std::launch::async, [&] { return c.Generate(IdsRequest(kPrompt, 200)); });
+
+  struct Bad {
+    const char* what;
+    v1::GenerateRequest req;
+    const char* field;
+  };
+  std::vector<Bad> bad;
+  auto add = [&](const char* what, const char* field, auto fill) {
+    v1::GenerateRequest r = IdsRequest(kPrompt, 8);
+    fill(r);
+    bad.push_back({what, r, field});
+  };
+  add("no prompt", "prompt", [](auto& r) { r.clear_token_ids(); });
+  add("empty text", "text", [](auto& r) { r.set_text(""); });
+  add("empty ids", "token_ids", [](auto& r) { r.mutable_token_ids()->clear_ids(); });
+  add("unknown id", "token_ids.ids[1]", [](auto& r) { r.mutable_token_ids()->set_ids(1, 100000); });
+  add("max_tokens", "max_tokens", [](auto& r) { r.set_max_tokens(5000); });
+  add("temperature", "temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-0.5f); });
+  add("top_p", "top_p", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); });
+  add("presence", "presence_penalty",
+      [](auto& r) { r.mutable_sampling()->set_presence_penalty(2.5f); });
+  add("role", "chat.messages[0].role", [](auto& r) {
+    auto* m = r.mutable_chat()->add_messages();
+    m->set_role("wizard");
+    m->set_content("hi");
+  });
+  add("logprobs", "logprobs", [](auto& r) { r.set_logprobs(21); });
+  add("priority", "priority", [](auto& r) { r.set_priority(11); });
+  add("many stops", "stop", [](auto& r) {
+    for (int i = 0; i < 17; ++i) r.add_stop("s" + std::to_string(i));
+  });
+  add("long stop", "stop[0]", [](auto& r) { r.add_stop(std::string(300, 'x')); });
+  add("stop id", "stop_token_ids[0]", [](auto& r) { r.add_stop_token_ids(-4); });
+  for (const Bad& b : bad) {
+    GenResult r = c.Generate(b.req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.what;
+    EXPECT_NE(r.status.error_message().find(b.field), std::string::npos)
+        << b.what << ": '" << r.status.error_message() << "' does not name " << b.field;
+    EXPECT_FALSE(r.started) << b.what;
+  }
+  GenResult g = good.get();
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.ids, ref["tokens"].get<std::vector<int32_t>>());
+}
+
+TEST(Gateway, StopStringsAndStopIdsEndWithReasonStop) {
+  Cluster c({});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  GenResult base = c.Generate(IdsRequest(kPrompt, 64));
+  ASSERT_TRUE(base.status.ok()) << base.status.error_message();
+  ASSERT_EQ(base.ids.size(), 64u);
+
+  // Stop id: the 10th generated token; generation ends at its first occurrence, id included.
+  const int32_t stop_id = base.ids[9];
+  v1::GenerateRequest req = IdsRequest(kPrompt, 64);
+  req.add_stop_token_ids(stop_id);
+  GenResult r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.fin.reason(), v1::FINISH_REASON_STOP);
+  const size_t first = std::find(base.ids.begin(), base.ids.end(), stop_id) - base.ids.begin();
+  EXPECT_EQ(r.ids, std::vector<int32_t>(base.ids.begin(), base.ids.begin() + first + 1));
+  EXPECT_EQ(r.fin.usage().completion_tokens(), first + 1);
+
+  // Stop string: two ASCII letters from the middle of the greedy text.
+  size_t pos = std::string::npos;
+  for (size_t i = base.text.size() / 3; i + 1 < base.text.size(); ++i)
+    if (std::isalpha(static_cast<unsigned char>(base.text[i])) &&
+        std::isalpha(static_cast<unsigned char>(base.text[i + 1]))) {
+      pos = i;
+      break;
+    }
+  ASSERT_NE(pos, std::string::npos) << "no ASCII letters in: " << base.text;
+  const std::string stop = base.text.substr(pos, 2);
+  req = IdsRequest(kPrompt, 64);
+  req.add_stop("never-there");
+  req.add_stop(stop);
+  r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.fin.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.fin.stop_string(), stop);
+  EXPECT_EQ(r.text, base.text.substr(0, base.text.find(stop)));
+  EXPECT_LT(r.ids.size(), base.ids.size());
+  EXPECT_EQ(r.fin.usage().completion_tokens(), r.ids.size());
+  // The scheduler was told to finish: the slot is free again.
+  EXPECT_TRUE(WaitStatus(
+      c, [](const auto& st) { return BusySlots(st) == 0; }, 2s));
+}
+
+TEST(Gateway, WorkerExitMakesHealthNotServingAndRequestsUnavailable) {
+  Cluster c({});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  auto inflight =
+      std::async(std::launch::async, [&] { return c.Generate(IdsRequest(kPrompt, 3000)); });
+  ASSERT_TRUE(WaitStatus(
+      c, [](const auto& st) { return st.running_requests() == 1; }, 10s));
+  ASSERT_EQ(kill(c.worker_pid(), SIGKILL), 0);
+  GenResult r = inflight.get();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_TRUE(c.WaitHealth(gw::Health::kNotServing, 3s));
+  GenResult after = c.Generate(IdsRequest(kPrompt, 4));
+  EXPECT_EQ(after.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << after.status.error_message();
+  // A replacement worker brings the cluster back.
+  c.StartWorker();
+  EXPECT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  EXPECT_TRUE(c.Generate(IdsRequest(kPrompt, 4)).status.ok());
+}
+
+TEST(Gateway, TokenizeMatchesTheModelTokenizer) {
+  Cluster c({.start_worker = false});
+  auto stub = v1::Generation::NewStub(gw::MakeChannel(c.addr()));
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest req;
+  req.set_text("Hello");
+  v1::TokenizeResponse resp;
+  ASSERT_TRUE(stub->Tokenize(&ctx, req, &resp).ok());
+  EXPECT_GT(resp.ids_size(), 0);
+  grpc::ClientContext ctx2;
+  v1::TokenizeRequest bad;
+  v1::TokenizeResponse resp2;
+  EXPECT_EQ(stub->Tokenize(&ctx2, bad, &resp2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(Serve, DemoRunsOneStreamedGenerationAndExitsCleanly) {
+  const std::string cmd = kBin + " serve --model " + TinyModel() +
+                          " --port 0 --slots 2 --ctx 1024 --backend cpu --threads 1 --demo "
+                          "'Hello, deltaserve!' --demo-max-tokens 16 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  EXPECT_NE(out.find("cluster SERVING"), std::string::npos) << out;
+  EXPECT_NE(out.find("prompt: Hello, deltaserve!"), std::string::npos) << out;
+  EXPECT_NE(out.find("generated 16 tok"), std::string::npos) << out;
+  EXPECT_NE(out.find("exiting after shutdown"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ds
