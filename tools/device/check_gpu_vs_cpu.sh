@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Whole-model GPU vs CPU-reference check, run on the GPU machine with the packed binaries:
+#  - logits of the HF reference model (tests/reference/data) and of tiny synthetic models in
+#    F32 / F16 / Q8_0 / Q6_K, CPU backend vs CUDA backend: max |diff| / max |cpu|;
+#  - greedy generation (64 tokens) on each: how many leading tokens agree.
+# Usage: tools/device/check_gpu_vs_cpu.sh  (prints one line per model; exit 1 if F32 exceeds bound)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+B=${BIN:-.devcarry/bin}/deltaserve
+W=$(mktemp -d)
+IDS=1,5,9,200,300,17,42,77,11,3,99,150,400,2,8,64,128,255,31,7,190,230,12,88,45,66,101,250,3,4,5,6,7
+models="ref:tests/reference/data/tiny_ref.gguf"
+for t in F32 F16 Q8_0 Q6_K; do
+  "$B" gguf-synth --preset tiny --type $t --seed 3 --out $W/tiny_$t.gguf 2>/dev/null
+  models="$models $t:$W/tiny_$t.gguf"
+done
+rc=0
+for m in $models; do
+  name=${m%%:*}; f=${m#*:}
+  "$B" logits --model $f --prompt-ids $IDS --out $W/c.f32 --backend cpu 2>/dev/null
+  "$B" logits --model $f --prompt-ids $IDS --out $W/g.f32 --backend cuda 2>/dev/null
+  "$B" generate --model $f --prompt-ids $IDS --max-tokens 64 --ignore-eos --json --backend cpu > $W/c.json
+  "$B" generate --model $f --prompt-ids $IDS --max-tokens 64 --ignore-eos --json --backend cuda > $W/g.json
+  python3 - "$name" $W <<'PY' || rc=1
+import json, sys, numpy as n
+name, w = sys.argv[1], sys.argv[2]
+c = n.fromfile(w + '/c.f32', 'f4'); g = n.fromfile(w + '/g.f32', 'f4')
+rel = float(abs(c - g).max() / abs(c).max())
+tc = json.load(open(w + '/c.json'))['tokens']; tg = json.load(open(w + '/g.json'))['tokens']
+agree = next((i for i, (a, b) in enumerate(zip(tc, tg)) if a != b), len(tc))
+bound = 2e-3 if name == 'F32' else None
+ok = bound is None or rel < bound
+print(f"{name:5s} logits max rel diff {rel:.2e}{'' if bound is None else f' (bound {bound:g})'}"
+      f"  greedy agreement {agree}/{len(tc)} tokens  {'OK' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+PY
+done
+rm -rf $W
+exit $rc
