@@ -8,10 +8,18 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth/tls.h"
+#include "common/config/role.h"
 #include "common/gguf/gguf.h"
+#include "common/log/log.h"
+#include "common/metrics/gateway_metrics.h"
+#include "common/metrics/metrics_server.h"
+#include "common/systemd/notify.h"
+#include "common/systemd/watchdog.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gateway/admin_service.h"
 #include "gateway/generation_service.h"
@@ -21,20 +29,16 @@
 namespace ds::gw {
 namespace {
 
-void Log(const std::string& msg) {
-  std::fprintf(stderr, "[gateway] %s\n", msg.c_str());
-  std::fflush(stderr);
-}
-
 std::string HostOf(const std::string& addr) { return addr.substr(0, addr.rfind(':')); }
 
 }  // namespace
 
 absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
-      "--listen",         "--admin-listen", "--scheduler",
-      "--model",          "--max-inflight", "--api-key-file",
-      "--admin-key-file", "--port-file",    "--health-interval-ms"};
+      "--listen",         "--admin-listen", "--scheduler",          "--model",
+      "--max-inflight",   "--api-key-file", "--admin-key-file",     "--port-file",
+      "--health-interval-ms", "--tls-cert", "--tls-key",            "--tls-client-ca",
+      "--drain-timeout",  "--metrics-listen"};
   std::map<std::string, std::string> m;
   for (int i = 0; i < argc; ++i) {
     const std::string f = argv[i];
@@ -52,6 +56,14 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   if (m.count("--admin-listen")) o.admin_listen = m["--admin-listen"];
   if (m.count("--api-key-file")) o.api_key_file = m["--api-key-file"];
   if (m.count("--admin-key-file")) o.admin_key_file = m["--admin-key-file"];
+  if (m.count("--tls-cert")) o.tls_cert = m["--tls-cert"];
+  if (m.count("--tls-key")) o.tls_key = m["--tls-key"];
+  if (m.count("--tls-client-ca")) o.tls_client_ca = m["--tls-client-ca"];
+  if (m.count("--metrics-listen")) o.metrics_listen = m["--metrics-listen"];
+  if (m.count("--drain-timeout") &&
+      (!absl::SimpleAtod(m["--drain-timeout"], &o.drain_timeout_s) || o.drain_timeout_s < 0))
+    return absl::InvalidArgumentError(absl::StrCat("--drain-timeout expects seconds >= 0, got '",
+                                                   m["--drain-timeout"], "'"));
   if (m.count("--port-file")) o.port_file = m["--port-file"];
   auto positive = [&](const char* f, int* v) -> absl::Status {
     if (!m.count(f)) return absl::OkStatus();
@@ -78,6 +90,8 @@ struct Gateway::Impl {
   std::unique_ptr<GenerationService> generation;
   std::unique_ptr<AdminService> admin;
   std::unique_ptr<grpc::Server> public_server, admin_server;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  std::unique_ptr<metrics::GatewayMetrics> metrics;
   int port = 0, admin_port = 0;
   bool shut_down = false;
 };
@@ -89,12 +103,27 @@ Gateway::~Gateway() { Shutdown(); }
 int Gateway::port() const { return impl_->port; }
 int Gateway::admin_port() const { return impl_->admin_port; }
 bool Gateway::serving() const { return impl_->health->serving(); }
+int Gateway::metrics_port() const {
+  return impl_->metrics_server ? impl_->metrics_server->port() : 0;
+}
+
+int Gateway::Drain(std::chrono::milliseconds timeout) {
+  Impl& g = *impl_;
+  g.generation->StartDraining();
+  g.health->SetDraining();
+  if (g.metrics) g.metrics->SetDraining(true);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (g.admission->in_flight() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return g.admission->in_flight();
+}
 
 void Gateway::Shutdown() {
   Impl& g = *impl_;
   if (g.shut_down) return;
   g.shut_down = true;
   if (g.health) g.health->Stop();
+  // After Drain() little is left; what is gets cancelled at this deadline.
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (g.public_server) g.public_server->Shutdown(deadline);
   if (g.admin_server) g.admin_server->Shutdown(deadline);
@@ -119,6 +148,14 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   if (!opts.admin_key_file.empty()) {
     DS_ASSIGN_OR_RETURN(g.admin_keys, KeySet::FromFile(opts.admin_key_file));
   }
+  // Checked before anything listens: a bad certificate is one clear error at start.
+  DS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> public_creds,
+                      auth::MakeServerCredentials(
+                          {opts.tls_cert, opts.tls_key, opts.tls_client_ca}));
+  DS_ASSIGN_OR_RETURN(g.metrics_server,
+                      metrics::MetricsServer::Start(opts.metrics_listen, "gateway"));
+  g.metrics = std::make_unique<metrics::GatewayMetrics>(g.metrics_server->registry(),
+                                                        opts.max_inflight);
 
   g.scheduler = std::make_unique<SchedulerClient>(opts.scheduler);
   g.admission = std::make_unique<Admission>(opts.max_inflight);
@@ -126,12 +163,19 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
                                              std::chrono::milliseconds(opts.health_interval_ms));
   g.generation = std::make_unique<GenerationService>(model, g.scheduler.get(), g.health.get(),
                                                      g.admission.get(), &g.api_keys);
+  g.generation->SetMetrics(g.metrics.get());
+  // Gauges whose truth lives elsewhere are read at scrape time.
+  g.metrics_server->AddCollectHook([m = g.metrics.get(), a = g.admission.get(),
+                                    h = g.health.get()] {
+    m->SetInflight(a->in_flight());
+    m->SetServing(h->serving());
+  });
   g.admin = std::make_unique<AdminService>(g.scheduler.get(), &g.admin_keys);
 
   grpc::EnableDefaultHealthCheckService(true);
   {
     grpc::ServerBuilder b;
-    b.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &g.port);
+    b.AddListeningPort(opts.listen, public_creds, &g.port);
     b.RegisterService(g.generation.get());
     g.public_server = b.BuildAndStart();
     if (!g.public_server || g.port == 0)
@@ -148,27 +192,55 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
     g.health->Attach(g.admin_server.get());
   }
   g.health->Start();
-  Log(absl::StrCat("listening on ", HostOf(opts.listen), ":", g.port, " (admin ",
-                   HostOf(opts.admin_listen), ":", g.admin_port, "), scheduler ", opts.scheduler,
-                   ", max in flight ", opts.max_inflight, ", vocab ", model.n_vocab,
-                   g.tokenizer->has_vocab() ? "" : " (no tokenizer: token ids only)"));
+  DS_LOG(INFO, "listening",
+         {{"public", absl::StrCat(HostOf(opts.listen), ":", g.port)},
+          {"tls", !opts.tls_cert.empty()},
+          {"api_keys", !g.api_keys.open()},
+          {"admin", absl::StrCat(HostOf(opts.admin_listen), ":", g.admin_port)},
+          {"admin_keys", !g.admin_keys.open()},
+          {"metrics", g.metrics_server->port() > 0
+                          ? absl::StrCat(HostOf(opts.metrics_listen), ":", g.metrics_server->port())
+                          : std::string("off")},
+          {"scheduler", opts.scheduler},
+          {"max_inflight", opts.max_inflight},
+          {"vocab", model.n_vocab},
+          {"tokenizer", g.tokenizer->has_vocab()}});
+  if (g.api_keys.open())
+    DS_LOG(WARNING, "public_api_open",
+           {{"detail", "no api_key_file: every client is accepted; set one before listening "
+                       "beyond loopback"}});
   if (!opts.port_file.empty()) {
     const std::string tmp = opts.port_file + ".tmp";
-    std::ofstream(tmp) << g.port << " " << g.admin_port << "\n";
+    std::ofstream(tmp) << g.port << " " << g.admin_port << " " << g.metrics_server->port() << "\n";
     std::rename(tmp.c_str(), opts.port_file.c_str());
   }
   return gw;
 }
 
+void Gateway::SetWatchdog(sd::Watchdog* wd) {
+  if (wd && wd->enabled())
+    impl_->health->SetWatchdogLoop(wd->RegisterPeriodic(
+        "health_poller",
+        std::max<std::chrono::nanoseconds>(std::chrono::seconds(5),
+                                           std::chrono::milliseconds(impl_->opts.health_interval_ms * 4))));
+}
+
 int RunGatewayMain(int argc, char** argv) {
-  auto o = ParseGatewayFlags(argc, argv);
+  const char* kUsage =
+      "usage: deltaserve gateway [--config FILE] --model FILE --scheduler HOST:PORT "
+      "[--listen 127.0.0.1:PORT] [--admin-listen 127.0.0.1:PORT] [--max-inflight N] "
+      "[--api-key-file F] [--admin-key-file F] [--tls-cert F --tls-key F [--tls-client-ca F]] "
+      "[--metrics-listen HOST:PORT] [--drain-timeout S] [--log-level L] [--port-file F] "
+      "[--health-interval-ms N]\n";
+  auto role = config::SetUpRole("gateway", argc, argv);
+  absl::StatusOr<GatewayOptions> o =
+      role.ok() ? ParseGatewayFlags(role->args.argc(), role->args.argv())
+                : absl::StatusOr<GatewayOptions>(role.status());
+  if (role.ok() && !o.ok()) o = role->args.Explain(o.status());
+  if (o.ok() && !role->metrics_listen.empty()) o->metrics_listen = role->metrics_listen;
   if (!o.ok()) {
-    std::fprintf(stderr,
-                 "deltaserve gateway: %s\nusage: deltaserve gateway --model FILE --scheduler "
-                 "HOST:PORT [--listen 127.0.0.1:PORT] [--admin-listen 127.0.0.1:PORT] "
-                 "[--max-inflight N] [--api-key-file F] [--admin-key-file F] [--port-file F] "
-                 "[--health-interval-ms N]\n",
-                 std::string(o.status().message()).c_str());
+    std::fprintf(stderr, "deltaserve gateway: %s\n%s", std::string(o.status().message()).c_str(),
+                 kUsage);
     return 2;
   }
   sigset_t sigs;
@@ -178,13 +250,30 @@ int RunGatewayMain(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   auto gw = Gateway::Start(*o);
   if (!gw.ok()) {
-    Log("error: " + gw.status().ToString());
+    DS_LOG(ERROR, "start_failed", {{"error", gw.status()}});
+    std::fprintf(stderr, "deltaserve gateway: %s\n", gw.status().ToString().c_str());
     return 1;
   }
+  std::unique_ptr<sd::Watchdog> watchdog = sd::Watchdog::FromEnvironment();
+  watchdog->SetStallCallback([](const std::string& loop, double overdue_s) {
+    DS_LOG(ERROR, "watchdog_stall", {{"loop", loop}, {"overdue_s", overdue_s}});
+  });
+  (*gw)->SetWatchdog(watchdog.get());
+  watchdog->Start();
+  sd::NotifyReady(absl::StrCat("listening on port ", (*gw)->port(), ", admin ",
+                               (*gw)->admin_port()));
   int sig = 0;
   sigwait(&sigs, &sig);
-  Log(absl::StrCat("signal ", sig, ": shutting down"));
+  DS_LOG(INFO, "stopping", {{"signal", sig}, {"drain_timeout_s", o->drain_timeout_s}});
+  sd::NotifyStopping("draining in-flight requests");
+  const int left = (*gw)->Drain(std::chrono::milliseconds(static_cast<int64_t>(o->drain_timeout_s * 1000)));
+  if (left > 0) {
+    DS_LOG(WARNING, "drain_timeout", {{"cancelled_requests", left}});
+  } else {
+    DS_LOG(INFO, "drained");
+  }
   (*gw)->Shutdown();
+  watchdog->Stop();
   return 0;
 }
 

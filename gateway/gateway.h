@@ -1,9 +1,14 @@
 // `deltaserve gateway`: the public gRPC front end (gateway/README.md has the threading diagram).
 #pragma once
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "common/util/status.h"
+
+namespace ds::sd {
+class Watchdog;
+}
 
 namespace ds::gw {
 
@@ -15,8 +20,13 @@ struct GatewayOptions {
   int max_inflight = 64;       // admission permits
   std::string api_key_file;    // empty: public listener open
   std::string admin_key_file;  // empty: admin listener open
-  std::string port_file;       // written "<public port> <admin port>\n" once listening
+  std::string port_file;  // written "<public port> <admin port> <metrics port>\n" once listening
   int health_interval_ms = 500;
+  // TLS of the public listener (PEM files; both or neither) and optional client CA (mutual TLS).
+  std::string tls_cert, tls_key, tls_client_ca;
+  // Graceful stop: how long in-flight requests may take to finish after SIGTERM.
+  double drain_timeout_s = 30;
+  std::string metrics_listen;  // Prometheus /metrics; empty: not served
 };
 
 absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv);
@@ -28,7 +38,13 @@ class Gateway {
   int port() const;
   int admin_port() const;
   bool serving() const;
+  int metrics_port() const;  // 0 when metrics are not served
+  // Graceful stop, first half: health NOT_SERVING, new calls refused with UNAVAILABLE; waits up to
+  // `timeout` for in-flight calls to finish. Returns how many were still running.
+  int Drain(std::chrono::milliseconds timeout);
   void Shutdown();
+  // Feeds `wd` from the health poller (a hung poller stops the systemd watchdog pings).
+  void SetWatchdog(sd::Watchdog* wd);
 
  private:
   Gateway();
@@ -36,7 +52,8 @@ class Gateway {
   std::unique_ptr<Impl> impl_;
 };
 
-// Flags -> Gateway -> serve until SIGINT/SIGTERM. Exit code 0 after a signal, else 1/2.
+// Flags (and --config files) -> Gateway -> READY=1 -> serve until SIGINT/SIGTERM -> drain ->
+// exit 0; 1 when the gateway cannot start, 2 for bad flags / config.
 int RunGatewayMain(int argc, char** argv);
 
 }  // namespace ds::gw

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/log/log.h"
 #include "gateway/output_stream.h"
 #include "gateway/proto_convert.h"
 #include "gateway/status_map.h"
@@ -48,9 +49,66 @@ grpc::Status GenerationService::Tokenize(grpc::ServerContext* ctx, const v1::Tok
   return grpc::Status::OK;
 }
 
+namespace {
+
+const char* ReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kUnspecified: return "";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "";
+}
+
+}  // namespace
+
 grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  metrics::GatewayMetrics::Request mr(metrics_);
+  CallInfo info;
+  info.public_id = req->request_id();
+  const grpc::Status s = GenerateImpl(ctx, req, writer, &mr, &info);
+  // gRPC and absl share the canonical code numbering.
+  const metrics::Outcome outcome =
+      metrics::OutcomeFromStatus(static_cast<absl::StatusCode>(s.error_code()));
+  mr.Finish(outcome);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (outcome == metrics::Outcome::kSuccess || outcome == metrics::Outcome::kCancelled) {
+    DS_LOG(INFO, "request_finished",
+           {{"request_id", info.public_id.empty() ? std::string("-") : info.public_id},
+            {"outcome", metrics::OutcomeName(outcome)},
+            {"reason", info.finish_reason},
+            {"prompt_tokens", info.prompt_tokens},
+            {"completion_tokens", info.completion_tokens},
+            {"duration_s", seconds},
+            {"peer", ctx->peer()}});
+  } else {
+    DS_LOG(WARNING, "request_finished",
+           {{"request_id", info.public_id.empty() ? std::string("-") : info.public_id},
+            {"outcome", metrics::OutcomeName(outcome)},
+            {"code", static_cast<int>(s.error_code())},
+            {"error", s.error_message()},
+            {"prompt_tokens", info.prompt_tokens},
+            {"completion_tokens", info.completion_tokens},
+            {"duration_s", seconds},
+            {"peer", ctx->peer()}});
+  }
+  return s;
+}
+
+grpc::Status GenerationService::GenerateImpl(grpc::ServerContext* ctx,
+                                             const v1::GenerateRequest* req,
+                                             grpc::ServerWriter<v1::GenerateResponse>* writer,
+                                             metrics::GatewayMetrics::Request* mr,
+                                             CallInfo* info) {
   if (absl::Status s = CheckAuth(*ctx, *keys_); !s.ok()) return ToPublicStatus(s);
+  if (draining_.load(std::memory_order_acquire))
+    return ToPublicStatus(
+        absl::UnavailableError("gateway is shutting down; retry on another instance"));
   const GenerateInput in = FromProto(*req);
   absl::StatusOr<PreparedRequest> prepared = Prepare(in, View());
   if (!prepared.ok()) return ToPublicStatus(prepared.status());
@@ -63,6 +121,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
 
   const uint64_t id = next_id_.fetch_add(1);
   const std::string public_id = in.request_id.empty() ? absl::StrCat("gw-", id) : in.request_id;
+  info->public_id = public_id;
+  info->prompt_tokens = static_cast<uint32_t>(prepared->prompt_ids.size());
   std::unique_ptr<SchedulerClient::SubmitCall> call = scheduler_->Submit(id, *prepared, ctx);
   OutputStream out(model_.tokenizer, *prepared);
 
@@ -83,6 +143,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   InternalEvent ev;
   while (call->Next(&ev)) {
     if (ev.kind == InternalEvent::Kind::kAdmitted) {
+      mr->Admitted(ev.queue_seconds, static_cast<uint32_t>(prepared->prompt_ids.size()));
       if (!write([&](v1::GenerateResponse* m) {
             m->mutable_started()->set_prompt_tokens(
                 static_cast<uint32_t>(prepared->prompt_ids.size()));
@@ -90,6 +151,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
         return client_gone();
     } else if (ev.kind == InternalEvent::Kind::kToken) {
       if (out.stopped()) continue;  // tokens already in flight when the stop string matched
+      mr->Token();
+      ++info->completion_tokens;
       OutputChunk c = out.Push(ev.token, ev.has_logprob ? &ev.logprob : nullptr);
       if (!c.empty() && !write([&](v1::GenerateResponse* m) { ToProto(c, m->mutable_chunk()); }))
         return client_gone();
@@ -138,6 +201,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
         return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
   }
+  info->finish_reason = ReasonName(fin.reason);
+  info->completion_tokens = fin.completion_tokens;
   if (!write([&](v1::GenerateResponse* m) { ToProto(fin, m->mutable_finished()); }))
     return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/metrics/gateway_metrics.h"
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/admission.h"
 #include "gateway/auth.h"
@@ -33,14 +34,32 @@ class GenerationService final : public deltaserve::v1::Generation::Service {
   grpc::Status Tokenize(grpc::ServerContext* ctx, const deltaserve::v1::TokenizeRequest* req,
                         deltaserve::v1::TokenizeResponse* resp) override;
 
+  // Optional; every Generate call then counts in deltaserve_requests_total and the latency
+  // histograms (common/metrics/gateway_metrics.h).
+  void SetMetrics(metrics::GatewayMetrics* m) { metrics_ = m; }
+  // Graceful stop: new Generate calls are refused with UNAVAILABLE (retryable elsewhere).
+  void StartDraining() { draining_.store(true, std::memory_order_release); }
+
  private:
   ModelView View() const;
+  // The call itself; Generate() wraps it with the metrics and the request_finished log line.
+  // `public_id` is set once the request has an id; `info` collects what the log line reports.
+  struct CallInfo {
+    std::string public_id;
+    uint32_t prompt_tokens = 0, completion_tokens = 0;
+    const char* finish_reason = "";
+  };
+  grpc::Status GenerateImpl(grpc::ServerContext* ctx, const deltaserve::v1::GenerateRequest* req,
+                            grpc::ServerWriter<deltaserve::v1::GenerateResponse>* writer,
+                            metrics::GatewayMetrics::Request* mr, CallInfo* info);
 
   ServedModel model_;
   SchedulerClient* scheduler_;
   HealthMonitor* health_;
   Admission* admission_;
   const KeySet* keys_;
+  metrics::GatewayMetrics* metrics_ = nullptr;
+  std::atomic<bool> draining_{false};
   // Internal request ids: pid in the high bits so a restarted gateway never reuses one.
   std::atomic<uint64_t> next_id_;
 };

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "common/log/log.h"
+
 namespace ds::gw {
 
 HealthMonitor::HealthMonitor(SchedulerClient* scheduler, std::chrono::milliseconds interval)
@@ -37,7 +39,18 @@ ClusterView HealthMonitor::view() const {
   return view_;
 }
 
+void HealthMonitor::SetDraining() {
+  draining_.store(true, std::memory_order_release);
+  Publish(false);
+}
+
+void HealthMonitor::SetWatchdogLoop(std::shared_ptr<sd::Watchdog::Loop> loop) {
+  std::lock_guard<std::mutex> l(mu_);
+  watchdog_ = std::move(loop);
+}
+
 void HealthMonitor::Publish(bool serving) {
+  serving = serving && !draining_.load(std::memory_order_acquire);
   std::lock_guard<std::mutex> l(mu_);
   const bool changed = !published_ || serving_.load() != serving;
   serving_.store(serving, std::memory_order_release);
@@ -49,8 +62,8 @@ void HealthMonitor::Publish(bool serving) {
       h->SetServingStatus("deltaserve.v1.Generation", serving);
     }
   }
-  std::fprintf(stderr, "[gateway] health: %s\n", serving ? "SERVING" : "NOT_SERVING");
-  std::fflush(stderr);
+  DS_LOG(INFO, "health", {{"status", serving ? "SERVING" : "NOT_SERVING"},
+                          {"draining", draining_.load()}});
 }
 
 void HealthMonitor::PollOnce() {
@@ -79,6 +92,7 @@ void HealthMonitor::Run() {
     l.unlock();
     PollOnce();
     l.lock();
+    if (watchdog_) watchdog_->Beat();
     cv_.wait_for(l, interval_, [this] { return stop_; });
   }
 }

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/systemd/watchdog.h"
 #include "gateway/scheduler_client.h"
 
 namespace ds::gw {
@@ -27,6 +28,11 @@ class HealthMonitor {
   void Stop();
 
   bool serving() const { return serving_.load(std::memory_order_acquire); }
+  // Graceful stop: NOT_SERVING from now on, whatever the scheduler says (load balancers stop
+  // sending before the listeners close).
+  void SetDraining();
+  // Beaten after every poll (systemd watchdog; common/systemd/watchdog.h).
+  void SetWatchdogLoop(std::shared_ptr<sd::Watchdog::Loop> loop);
   ClusterView view() const;
   // Polls once now (used at startup and by tests of the monitor).
   void PollOnce();
@@ -38,6 +44,8 @@ class HealthMonitor {
   SchedulerClient* scheduler_;
   std::chrono::milliseconds interval_;
   std::atomic<bool> serving_{false};
+  std::atomic<bool> draining_{false};
+  std::shared_ptr<sd::Watchdog::Loop> watchdog_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

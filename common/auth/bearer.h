@@ -28,6 +28,8 @@ class TokenSet {
   TokenSet() = default;  // empty: open (every call passes); callers log that loudly
   static absl::StatusOr<TokenSet> FromFile(const std::string& path);
   static absl::StatusOr<TokenSet> FromTokens(std::vector<std::string> tokens);
+  // No length / charset rules (tests and programmatic use; files always go through FromFile).
+  static TokenSet FromTrustedTokens(std::vector<std::string> tokens);
 
   bool open() const { return tokens_.empty(); }
   size_t size() const { return tokens_.size(); }

@@ -50,8 +50,13 @@ class Args {
   // before the role's own parser sees the rest.
   absl::StatusOr<std::optional<std::string>> Take(const std::string& flag);
 
-  int argc() const { return static_cast<int>(ptrs_.size()); }
-  char** argv() { return ptrs_.data(); }
+  int argc() const { return static_cast<int>(args_.size()); }
+  // Pointers into args(); valid until the next non-const call (rebuilt on every call, so an Args
+  // may be copied or moved freely).
+  char** argv() {
+    Rebuild();
+    return ptrs_.data();
+  }
   const std::vector<std::string>& args() const { return args_; }
   bool from_config() const { return !origins_.empty(); }
 

@@ -72,7 +72,7 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& r) {
                       .Add({});
   worker_up_family_ = &prometheus::BuildGauge()
                            .Name("deltaserve_worker_up")
-                           .Help("1 while the worker is attached and warmed up, 0 once lost")
+                           .Help("1 while the worker is attached (warming up or serving), 0 once lost")
                            .Register(r);
   worker_hb_family_ = &prometheus::BuildGauge()
                            .Name("deltaserve_worker_heartbeat_age_seconds")

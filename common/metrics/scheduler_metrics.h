@@ -49,7 +49,7 @@ class SchedulerMetrics {
   // One applied step: its wall time from Schedule() to the routed events, the tokens and
   // sequences it advanced, and the worker's share (forward + sample as the worker measured it).
   void OnStep(double step_seconds, int batch_tokens, int batch_sequences, double worker_seconds);
-  // Liveness of a worker by id. A lost worker stays exported with up=0 (worker ids are stable
+  // Liveness of a worker by id (up = attached). A lost worker stays exported with up=0 (worker ids are stable
   // under systemd: %H-gpu%i) so the WorkerDown alert sees it until it returns.
   void SetWorker(const std::string& worker_id, bool up, double heartbeat_age_seconds);
 

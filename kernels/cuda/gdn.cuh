@@ -20,8 +20,8 @@ namespace ds::cuda {
 struct GdnShape {
   int k_heads = 0;      // Hk
   int v_heads = 0;      // Hv; value head h reads key head h % Hk (tiled order, §5.3)
-  int k_dim = 0;        // dk: 32, 64 or 128
-  int v_dim = 0;        // dv: multiple of 32, >= dk, <= 128
+  int k_dim = 0;        // dk: 16, 32, 64 or 128
+  int v_dim = 0;        // dv: multiple of 16, >= dk, <= 128
   int conv_kernel = 0;  // K: 4
   constexpr int channels() const { return 2 * k_heads * k_dim + v_heads * v_dim; }
 };

@@ -37,6 +37,18 @@ absl::Status CublasGemm::Run(const void* w, const void* x, float* y, int M, int 
                       "cublasGemmEx");
 }
 
+absl::Status CublasGemm::RunF32(const float* w, const float* x, float* y, int M, int K, int T,
+                                int64_t ldy, float beta, cudaStream_t stream) {
+  DS_RETURN_IF_ERROR(CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"));
+  const float alpha = 1.f;
+  // CUBLAS_COMPUTE_32F without the TF32 math mode: true fp32 products (F32 models are checked
+  // against the CPU reference at 2e-3 relative; bf16/tf32 operands would not meet that).
+  return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, M, T, K, &alpha, w,
+                                   CUDA_R_32F, K, x, CUDA_R_32F, K, &beta, y, CUDA_R_32F,
+                                   static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      "cublasGemmEx(f32)");
+}
+
 absl::Status CublasGemm::BatchedF16(const void* A, int64_t lda, int64_t sA, const void* B,
                                     int64_t ldb, int64_t sB, bool b_is_kn, void* C, int64_t ldc,
                                     int64_t sC, bool c_f32, int M, int N, int K, int batch,

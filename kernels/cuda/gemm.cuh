@@ -21,6 +21,9 @@ class CublasGemm {
   // beta = 1 accumulates into y (residual add); beta = 0 overwrites.
   absl::Status Run(const void* w, const void* x, float* y, int M, int K, int T, int64_t ldy,
                    bool bf16, float beta, cudaStream_t stream);
+  // Same product with f32 operands (F32 weights used in place: no dequant), fp32 compute.
+  absl::Status RunF32(const float* w, const float* x, float* y, int M, int K, int T, int64_t ldy,
+                      float beta, cudaStream_t stream);
   // Batched strided product for attention: for b < batch,
   //   C_b[m, n] = alpha * sum_k A_b[m, k] * B_b[n, k]  (all row-major views, "NT"), or with
   //   b_is_kn: C_b[m, n] = alpha * sum_k A_b[m, k] * B_b[k, n] ("NN").

@@ -23,55 +23,69 @@ __global__ void QuantizeActKernel(const float* __restrict__ x, int n_blocks,
   if (lane == 0) xd[b] = d;
 }
 
-template <int NR, int NC>
-__device__ __forceinline__ void ReduceStore(float (&acc)[NR][NC], const GemvArgs& a, int row0,
-                                            int lane) {
-#pragma unroll
-  for (int r = 0; r < NR; ++r)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) acc[r][c] = WarpSum(acc[r][c]);
-  if (lane != 0) return;
-  const int64_t ldy = a.ldy ? a.ldy : a.M;
-  if (a.epilogue == GemvEpilogue::kSiluMul) {
-    // NR == 2 here: acc[0] from W (gate), acc[1] from W2 (up), one output row.
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-      if (c < a.nc) a.y[c * ldy + row0] = Silu(acc[0][c]) * acc[NR - 1][c];
-    return;
-  }
+// v2 work layout. Block = 4 warps owning R row streams (R rows, or row r of W and of W2 in pair
+// mode); the 4 warps split K (warp w takes units w, w+4, ...), so a matrix of M rows launches
+// M/R blocks of 128 threads: 4x the warps of v1 for the short-M / long-K matrices (ffn_down,
+// ssm_out, attn_output: M = 5120, K up to 17408 had 19 warps per SM in v1). One launch covers up
+// to kGemvMaxSegs matrices that share the activations (GDN qkv+gate, attention q+k+v): the tiny
+// ones ride along instead of running alone on a few SMs.
+struct GemvLaunch {
+  GemvArgs seg[kGemvMaxSegs];
+  int blk_end[kGemvMaxSegs];  // exclusive prefix sums of the segments' block counts
+  int n_segs;
+};
+
+template <GgmlType T, int NC, int NR, bool kA4>
+__device__ __forceinline__ void QuantUnit(const GemvArgs& a, const uint8_t* const (&rows)[NR],
+                                          int u, int lane, int kb, float (&acc)[NR][NC]) {
+  constexpr int UB = UnitBytes(T);
+  LaneQ q[NR];
 #pragma unroll
   for (int r = 0; r < NR; ++r) {
-    if (row0 + r >= a.M) break;
+    if constexpr (T == GgmlType::Q6_K) q[r] = UnitCodec<T>::template Decode<kA4>(rows[r] + u * UB, lane);
+    else q[r] = UnitCodec<T>::Decode(rows[r] + u * UB, lane);
+  }
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      if (c >= a.nc) break;
-      float* dst = a.y + c * ldy + row0 + r;
-      *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + acc[r][c] : acc[r][c];
+  for (int c = 0; c < NC; ++c) {
+    const int ce = min(c, a.nc - 1);
+    const int2 xw = __ldg(reinterpret_cast<const int2*>(a.xq + static_cast<int64_t>(ce) * a.K + u * 256 + 8 * lane));
+    const float dx = __ldg(a.xd + ce * kb + u * 8 + (lane >> 2));
+    float sx = 0.f;
+    if constexpr (UnitCodec<T>::kHasMin)
+      sx = static_cast<float>(__dp4a(xw.x, 0x01010101, __dp4a(xw.y, 0x01010101, 0)));
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      // s + 1.5*2^23 as float bits is exact for |s| < 2^22 (|s| <= 8*128*127): an integer add
+      // and a float subtract replace I2F, which issues at a quarter of the FP32 rate on sm_90
+      // (x16 decode: 16 conversions per decoded weight word).
+      const int s = __dp4a(static_cast<int>(q[r].q0), xw.x, __dp4a(static_cast<int>(q[r].q1), xw.y, 0x4B400000));
+      float v = q[r].sc * (__int_as_float(s) - 12582912.f);
+      if constexpr (UnitCodec<T>::kHasMin) v -= q[r].mn * sx;
+      acc[r][c] = fmaf(dx, v, acc[r][c]);
     }
   }
 }
 
-// Unit path. Warp w of block b owns rows [row0, row0 + R) (or, in pair mode, row row0 of W and
-// of W2) and walks all K/256 units; lanes own 8 elements of each unit, so activations are loaded
-// once per unit and reused across the warp's rows.
-template <GgmlType T, int NC, bool kPair>
-__global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const GemvArgs a) {
-  constexpr int R = kPair ? 1 : 2;
+template <GgmlType T, int NC, bool kPair, int R>
+__global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_constant__ GemvLaunch L) {
   constexpr int NR = kPair ? 2 : R;
   constexpr int UB = UnitBytes(T);
-  const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
-  if (row0 >= a.M) return;
+  __shared__ float red[kWarps][NR][NC];
+  int si = 0;
+#pragma unroll
+  for (int i = 1; i < kGemvMaxSegs; ++i)
+    if (i < L.n_segs && static_cast<int>(blockIdx.x) >= L.blk_end[i - 1]) si = i;
+  const GemvArgs& a = L.seg[si];
+  const int blk = blockIdx.x - (si > 0 ? L.blk_end[si - 1] : 0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row0 = blk * (kPair ? 1 : R);
   const int nu = a.K / kUnitElems;
   const int64_t rb = static_cast<int64_t>(nu) * UB;
   const uint8_t* rows[NR];
 #pragma unroll
   for (int r = 0; r < NR; ++r) {
-    if (kPair) {
-      rows[r] = static_cast<const uint8_t*>(r == 0 ? a.w : a.w2) + row0 * rb;
-    } else {
-      rows[r] = static_cast<const uint8_t*>(a.w) + min(row0 + r, a.M - 1) * rb;
-    }
+    if (kPair) rows[r] = static_cast<const uint8_t*>(r == 0 ? a.w : a.w2) + row0 * rb;
+    else rows[r] = static_cast<const uint8_t*>(a.w) + min(row0 + r, a.M - 1) * rb;
   }
   float acc[NR][NC];
 #pragma unroll
@@ -81,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const GemvArgs a) 
 
   if constexpr (IsFloatType(T)) {
 #pragma unroll 2
-    for (int u = 0; u < nu; ++u) {
+    for (int u = warp; u < nu; u += kWarps) {
       float w[NR][8];
 #pragma unroll
       for (int r = 0; r < NR; ++r) DecodeFloat8<T>(rows[r] + u * UB, lane, w[r]);
@@ -90,7 +104,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const GemvArgs a) 
         const int ce = min(c, a.nc - 1);
         const float4* xp =
             reinterpret_cast<const float4*>(a.x + static_cast<int64_t>(ce) * a.K + u * 256 + 8 * lane);
-        const float4 x0 = xp[0], x1 = xp[1];
+        const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
         const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
         for (int r = 0; r < NR; ++r)
@@ -100,31 +114,52 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const GemvArgs a) 
     }
   } else {
     const int kb = a.K / 32;
+    // Warp w only ever sees units u = w (mod 4): their alignment is warp-uniform and fixed, so
+    // the aligned decode is chosen once per warp (all row starts share it: rb % 4 checked).
+    bool a4 = (rb & 3) == 0;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) a4 = a4 && ((reinterpret_cast<uintptr_t>(rows[r] + warp * UB) & 3) == 0);
+    if (a4 && (UB * kWarps) % 4 == 0) {
 #pragma unroll 2
-    for (int u = 0; u < nu; ++u) {
-      LaneQ q[NR];
+      for (int u = warp; u < nu; u += kWarps) QuantUnit<T, NC, NR, true>(a, rows, u, lane, kb, acc);
+    } else {
+#pragma unroll 2
+      for (int u = warp; u < nu; u += kWarps) QuantUnit<T, NC, NR, false>(a, rows, u, lane, kb, acc);
+    }
+  }
+
 #pragma unroll
-      for (int r = 0; r < NR; ++r) q[r] = UnitCodec<T>::Decode(rows[r] + u * UB, lane);
+  for (int r = 0; r < NR; ++r)
 #pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int ce = min(c, a.nc - 1);
-        const int2 xw =
-            *reinterpret_cast<const int2*>(a.xq + static_cast<int64_t>(ce) * a.K + u * 256 + 8 * lane);
-        const float dx = a.xd[ce * kb + u * 8 + (lane >> 2)];
-        float sx = 0.f;
-        if constexpr (UnitCodec<T>::kHasMin)
-          sx = static_cast<float>(__dp4a(xw.x, 0x01010101, __dp4a(xw.y, 0x01010101, 0)));
+    for (int c = 0; c < NC; ++c) {
+      const float v = WarpSum(acc[r][c]);
+      if (lane == 0) red[warp][r][c] = v;
+    }
+  __syncthreads();
+  const int t = threadIdx.x;
+  const int64_t ldy = a.ldy ? a.ldy : a.M;
+  if constexpr (kPair) {
+    if (t < NC && t < a.nc) {
+      float g = 0.f, up = 0.f;
 #pragma unroll
-        for (int r = 0; r < NR; ++r) {
-          const int s = __dp4a(static_cast<int>(q[r].q0), xw.x, __dp4a(static_cast<int>(q[r].q1), xw.y, 0));
-          float v = q[r].sc * static_cast<float>(s);
-          if constexpr (UnitCodec<T>::kHasMin) v -= q[r].mn * sx;
-          acc[r][c] = fmaf(dx, v, acc[r][c]);
-        }
+      for (int w = 0; w < kWarps; ++w) {
+        g += red[w][0][t];
+        up += red[w][1][t];
+      }
+      a.y[t * ldy + row0] = Silu(g) * up;
+    }
+  } else {
+    if (t < NR * NC) {
+      const int r = t / NC, c = t % NC;
+      if (row0 + r < a.M && c < a.nc) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += red[w][r][c];
+        float* dst = a.y + c * ldy + row0 + r;
+        *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v : v;
       }
     }
   }
-  ReduceStore<NR, NC>(acc, a, row0, lane);
 }
 
 // Fallback for K not a multiple of 256: one warp per row, per-element decode, f32 activations.
@@ -164,13 +199,22 @@ __global__ void __launch_bounds__(kWarps * 32) GemvElemKernel(const GemvArgs a) 
   }
 }
 
+// Rows per block: 2 for 1-2 columns; 4 from 4 columns on, so each activation load (L1) feeds
+// 4 rows (v1 measured x16 decode at 58 ms/step: activation loads, not weights, were the limit).
+template <int NC>
+constexpr int RowsFor() { return NC >= 4 ? 4 : 2; }
+
 template <GgmlType T, int NC>
-void LaunchUnit(const GemvArgs& a, cudaStream_t s) {
-  if (a.epilogue == GemvEpilogue::kSiluMul) {
-    GemvUnitKernel<T, NC, true><<<CeilDiv(a.M, kWarps), kWarps * 32, 0, s>>>(a);
-  } else {
-    GemvUnitKernel<T, NC, false><<<CeilDiv(a.M, kWarps * 2), kWarps * 32, 0, s>>>(a);
+void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
+  const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
+  constexpr int R = RowsFor<NC>();
+  int end = 0;
+  for (int i = 0; i < L.n_segs; ++i) {
+    end += CeilDiv(L.seg[i].M, pair ? 1 : R);
+    L.blk_end[i] = end;
   }
+  if (pair) GemvUnitKernel<T, NC, true, R><<<end, kWarps * 32, 0, s>>>(L);
+  else GemvUnitKernel<T, NC, false, R><<<end, kWarps * 32, 0, s>>>(L);
 }
 
 }  // namespace
@@ -190,7 +234,8 @@ bool GemvWantsQuantizedX(GgmlType t, int K) {
   return !IsFloatType(t) && UnitBytes(t) != 0 && K % kUnitElems == 0;
 }
 
-absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
+namespace {
+absl::Status CheckArgs(const GemvArgs& a) {
   if (!GemvSupported(a.type))
     return absl::UnimplementedError(absl::StrCat("Gemv: type ", std::string(GgmlInfo(a.type).name), " not supported on CUDA"));
   if (a.nc < 1 || a.nc > kGemvMaxCols)
@@ -204,20 +249,44 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError("Gemv: quantized format needs xq/xd activations");
   if ((!unit || IsFloatType(a.type)) && a.x == nullptr)
     return absl::InvalidArgumentError("Gemv: needs f32 activations x");
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status GemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream) {
+  if (n_segs < 1 || n_segs > kGemvMaxSegs)
+    return absl::InvalidArgumentError(absl::StrCat("GemvMulti: ", n_segs, " segments outside [1, ", kGemvMaxSegs, "]"));
+  for (int i = 0; i < n_segs; ++i) {
+    DS_RETURN_IF_ERROR(CheckArgs(segs[i]));
+    const GemvArgs& a = segs[i];
+    const GemvArgs& b = segs[0];
+    if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.x != b.x || a.xq != b.xq ||
+                  a.xd != b.xd || a.epilogue == GemvEpilogue::kSiluMul ||
+                  b.epilogue == GemvEpilogue::kSiluMul))
+      return absl::InvalidArgumentError("GemvMulti: segments must share type, K, nc and activations (no kSiluMul)");
+  }
+  const GemvArgs& a = segs[0];
+  const bool unit = a.K % kUnitElems == 0;
+  if (!unit) {
+    for (int i = 0; i < n_segs; ++i)
+      DispatchType(a.type, [&]<GgmlType T>() {
+        GemvElemKernel<T><<<CeilDiv(segs[i].M, kWarps), kWarps * 32, 0, stream>>>(segs[i]);
+      });
+    return LastLaunchStatus("Gemv(elem)");
+  }
+  GemvLaunch L{};
+  for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
+  L.n_segs = n_segs;
   DispatchType(a.type, [&]<GgmlType T>() {
-    if (!unit) {
-      GemvElemKernel<T><<<CeilDiv(a.M, kWarps), kWarps * 32, 0, stream>>>(a);
-    } else if (a.nc == 1) {
-      LaunchUnit<T, 1>(a, stream);
-    } else if (a.nc == 2) {
-      LaunchUnit<T, 2>(a, stream);
-    } else if (a.nc <= 4) {
-      LaunchUnit<T, 4>(a, stream);
-    } else {
-      LaunchUnit<T, 8>(a, stream);
-    }
+    if (a.nc == 1) LaunchUnit<T, 1>(L, stream);
+    else if (a.nc == 2) LaunchUnit<T, 2>(L, stream);
+    else if (a.nc <= 4) LaunchUnit<T, 4>(L, stream);
+    else if (a.nc <= 8) LaunchUnit<T, 8>(L, stream);
+    else LaunchUnit<T, 16>(L, stream);
   });
   return LastLaunchStatus("Gemv");
 }
+
+absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) { return GemvMulti(&a, 1, stream); }
 
 }  // namespace ds::cuda

@@ -1,4 +1,4 @@
-// Quantized matrix-vector products for decode: y[c, M] = W[M, K] · x[c, K] for c < nc <= 8.
+// Quantized matrix-vector products for decode: y[c, M] = W[M, K] · x[c, K] for c < nc <= 16.
 //
 // W stays in its GGUF block format on the GPU. Quantized formats take int8 activations
 // (QuantizeActivations: per 32-element block, scale = amax/127, as ggml's q8_1) and use dp4a;
@@ -14,7 +14,8 @@
 
 namespace ds::cuda {
 
-constexpr int kGemvMaxCols = 8;
+constexpr int kGemvMaxCols = 16;
+constexpr int kGemvMaxSegs = 4;
 
 // x: [nc, K] f32 -> xq: [nc, K] int8, xd: [nc, K/32] f32 scales. K % 32 == 0.
 absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, float* xd,
@@ -46,5 +47,9 @@ bool GemvSupported(GgmlType t);
 bool GemvWantsQuantizedX(GgmlType t, int K);
 
 absl::Status Gemv(const GemvArgs& args, cudaStream_t stream);
+
+// Several matrices that share type, K, nc and the activations (x / xq / xd) in one launch, each
+// with its own w, M, y, ldy and store/accumulate epilogue (not kSiluMul). 1..kGemvMaxSegs.
+absl::Status GemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream);
 
 }  // namespace ds::cuda

@@ -92,20 +92,34 @@ struct LaneQ {
 template <GgmlType T>
 struct UnitCodec;
 
+// q - 32 for 4 packed 6-bit values in [0, 63] without the emulated saturating __vsubss4:
+// per byte (q + 96) ^ 0x80 is q + 96 - 128 when q >= 32 and q + 96 + 128 - 256 below; the add never
+// carries into the next byte (q + 96 <= 159).
+__device__ __forceinline__ uint32_t Q6Center(uint32_t q) { return (q + 0x60606060u) ^ 0x80808080u; }
+
 template <>
 struct UnitCodec<GgmlType::Q6_K> {
   static constexpr bool kHasMin = false;
+  // kA4: the unit starts 4-byte aligned (warp-uniform; in a row of 8-aligned rows every even unit
+  // does), so ql/qh are read as single 32-bit words: 6 loads per lane instead of 10.
+  template <bool kA4 = false>
   __device__ __forceinline__ static LaneQ Decode(const uint8_t* u, int lane) {
     const int n = lane >> 4, w = (lane & 15) * 8, q = w >> 5, l0 = w & 31;
     const uint8_t* ql = u + 64 * n + l0 + (q & 1) * 32;
     const uint8_t* qh = u + 128 + 32 * n + l0;
     const int ns = (q >> 1) * 4, hs = 2 * q;
-    const uint32_t a0 = (Ld32A2(ql) >> ns) & 0x0F0F0F0Fu, a1 = (Ld32A2(ql + 4) >> ns) & 0x0F0F0F0Fu;
-    const uint32_t h0 = ((Ld32A2(qh) >> hs) & 0x03030303u) << 4;
-    const uint32_t h1 = ((Ld32A2(qh + 4) >> hs) & 0x03030303u) << 4;
+    uint32_t l_0, l_1, h_0, h_1;
+    if constexpr (kA4) {
+      l_0 = Ld32A4(ql); l_1 = Ld32A4(ql + 4); h_0 = Ld32A4(qh); h_1 = Ld32A4(qh + 4);
+    } else {
+      l_0 = Ld32A2(ql); l_1 = Ld32A2(ql + 4); h_0 = Ld32A2(qh); h_1 = Ld32A2(qh + 4);
+    }
+    const uint32_t a0 = (l_0 >> ns) & 0x0F0F0F0Fu, a1 = (l_1 >> ns) & 0x0F0F0F0Fu;
+    const uint32_t h0 = ((h_0 >> hs) & 0x03030303u) << 4;
+    const uint32_t h1 = ((h_1 >> hs) & 0x03030303u) << 4;
     LaneQ r;
-    r.q0 = __vsubss4(a0 | h0, 0x20202020u);
-    r.q1 = __vsubss4(a1 | h1, 0x20202020u);
+    r.q0 = Q6Center(a0 | h0);
+    r.q1 = Q6Center(a1 | h1);
     const int8_t s = static_cast<int8_t>(u[192 + 8 * n + l0 / 16 + 2 * q]);
     r.sc = LdHalf(u + 208) * s;
     r.mn = 0.f;

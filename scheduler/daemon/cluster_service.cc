@@ -1,7 +1,9 @@
 #include "scheduler/daemon/cluster_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <future>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -203,13 +205,32 @@ grpc::Status ClusterService::WorkerSession(
 
   auto link = std::make_shared<StreamLink>(ctx, stream);
   link->last_heartbeat.store(SteadyNowSeconds());
-  loop_->Push(WorkerJoinCmd{link, std::move(info)});
+  // A rank of a tensor-parallel group joins its group (worker_group.h); the group, not the rank,
+  // is the loop's worker, so this rank's answers go through the group and are merged there.
+  std::optional<GroupMember> member;
+  if (r.tp_world() > 1) {
+    auto mb = groups_.Join(TpJoin{r.tp_group(), static_cast<int>(r.tp_rank()),
+                                  static_cast<int>(r.tp_world())},
+                           info, link);
+    if (!mb.ok()) return ToGrpcStatus(mb.status());
+    member = std::move(*mb);
+  } else {
+    loop_->Push(WorkerJoinCmd{link, std::move(info)});
+  }
+  auto deliver = [&](Command c) {
+    if (member) {
+      groups_.FromRank(*member, std::move(c));
+    } else {
+      loop_->Push(std::move(c));
+    }
+  };
 
   std::string why = "stream ended";
   while (stream->Read(&m)) {
     switch (m.msg_case()) {
       case pb::WorkerMessage::kHeartbeat:
         link->last_heartbeat.store(SteadyNowSeconds());
+        if (member) groups_.Heartbeat(*member, link->last_heartbeat.load());
         break;
       case pb::WorkerMessage::kWarmupDone: {
         const pb::WarmupDone& w = m.warmup_done();
@@ -220,7 +241,7 @@ grpc::Status ClusterService::WorkerSession(
         wi.kv_bytes = w.kv_bytes();
         wi.state_bytes = w.state_bytes();
         wi.workspace_bytes = w.workspace_bytes();
-        loop_->Push(WorkerWarmupCmd{link, wi});
+        deliver(WorkerWarmupCmd{link, wi});
         break;
       }
       case pb::WorkerMessage::kStepResult: {
@@ -244,23 +265,24 @@ grpc::Status ClusterService::WorkerSession(
           }
           res.tokens.push_back(std::move(ws));
         }
-        loop_->Push(WorkerStepCmd{link, std::move(res)});
+        deliver(WorkerStepCmd{link, std::move(res)});
         break;
       }
       case pb::WorkerMessage::kFatalError:
         why = "worker fatal error: " + m.fatal_error();
-        loop_->Push(WorkerGoneCmd{link, why});
+        deliver(WorkerGoneCmd{link, why});
         break;
       default:
-        loop_->Push(WorkerGoneCmd{link, "protocol error: unexpected message from the worker"});
+        deliver(WorkerGoneCmd{link, "protocol error: unexpected message from the worker"});
         break;
     }
   }
   auto [status, by_scheduler] = link->Done();
   if (!by_scheduler) {
     if (ctx->IsCancelled()) why = "stream broken (worker gone)";
-    loop_->Push(WorkerGoneCmd{link, why});
+    deliver(WorkerGoneCmd{link, why});
   }
+  if (member) groups_.Leave(*member, why);
   return status;
 }
 
@@ -323,6 +345,26 @@ grpc::Status ClusterService::Submit(grpc::ServerContext* ctx, const pb::SubmitRe
       return grpc::Status::OK;
     }
   }
+}
+
+grpc::Status ClusterService::RendezvousSet(grpc::ServerContext*,
+                                           const pb::RendezvousSetRequest* req,
+                                           pb::RendezvousSetResponse*) {
+  if (req->key().empty())
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rendezvous key is empty");
+  kv_.Set(req->key(), req->value());
+  return grpc::Status::OK;
+}
+
+grpc::Status ClusterService::RendezvousGet(grpc::ServerContext*,
+                                           const pb::RendezvousGetRequest* req,
+                                           pb::RendezvousGetResponse* resp) {
+  // Capped so a waiting rank never pins a server thread for long; the client retries.
+  const double wait = std::clamp(req->wait_seconds(), 0.0, 10.0);
+  auto v = kv_.Get(req->key(), std::chrono::milliseconds(static_cast<int64_t>(wait * 1e3)));
+  if (!v.ok()) return ToGrpcStatus(v.status());
+  resp->set_value(std::move(*v));
+  return grpc::Status::OK;
 }
 
 grpc::Status ClusterService::Finish(grpc::ServerContext*, const pb::FinishRequest* req,

@@ -7,6 +7,7 @@
 
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "scheduler/daemon/scheduler_loop.h"
+#include "scheduler/daemon/worker_group.h"
 
 namespace ds::sched {
 
@@ -15,7 +16,8 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 
 class ClusterService final : public deltaserve::internal::Scheduler::Service {
  public:
-  explicit ClusterService(SchedulerLoop* loop) : loop_(loop) {}
+  explicit ClusterService(SchedulerLoop* loop)
+      : loop_(loop), groups_([loop](Command c) { loop->Push(std::move(c)); }, &kv_) {}
 
   grpc::Status WorkerSession(
       grpc::ServerContext* ctx,
@@ -38,12 +40,20 @@ class ClusterService final : public deltaserve::internal::Scheduler::Service {
   grpc::Status GetStepStats(grpc::ServerContext* ctx,
                             const deltaserve::internal::StepStatsRequest* req,
                             deltaserve::internal::StepStats* resp) override;
+  grpc::Status RendezvousSet(grpc::ServerContext* ctx,
+                             const deltaserve::internal::RendezvousSetRequest* req,
+                             deltaserve::internal::RendezvousSetResponse* resp) override;
+  grpc::Status RendezvousGet(grpc::ServerContext* ctx,
+                             const deltaserve::internal::RendezvousGetRequest* req,
+                             deltaserve::internal::RendezvousGetResponse* resp) override;
 
  private:
   grpc::Status Admin(AdminCmd cmd, deltaserve::v1::ClusterStatus* resp,
                      ClusterSnapshot* snap_out = nullptr);
 
   SchedulerLoop* loop_;
+  RendezvousKv kv_;       // tensor-parallel rendezvous (declared before groups_, which uses it)
+  WorkerGroups groups_;   // tensor-parallel groups forming or live
   // Ids for requests submitted without one (the gateway normally assigns them).
   std::atomic<uint64_t> next_auto_id_{uint64_t{1} << 62};
 };

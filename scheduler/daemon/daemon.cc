@@ -10,15 +10,17 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/config/role.h"
+#include "common/log/log.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/scheduler_metrics.h"
+#include "common/systemd/notify.h"
+#include "common/systemd/watchdog.h"
 #include "scheduler/daemon/cluster_service.h"
 
 namespace ds {
 namespace {
 
-void Log(const std::string& msg) {
-  std::fprintf(stderr, "[scheduler] %s\n", msg.c_str());
-  std::fflush(stderr);
-}
 
 bool IsLoopback(const std::string& addr) {
   return addr.rfind("127.", 0) == 0 || addr.rfind("localhost:", 0) == 0 ||
@@ -31,7 +33,8 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
   static const std::set<std::string> kFlags = {
       "--listen",     "--port-file", "--slots",          "--ctx",       "--split",
       "--slot-cap",   "--max-queue", "--max-batch-tokens", "--max-chunk", "--max-slots",
-      "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval"};
+      "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval",
+      "--failover-wait"};
   std::map<std::string, std::string> m;
   for (int i = 0; i < argc; ++i) {
     const std::string f = argv[i];
@@ -70,6 +73,7 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
   DS_RETURN_IF_ERROR(integer("--warmup-tokens", &l.warmup_tokens));
   DS_RETURN_IF_ERROR(real("--step-timeout", &l.step_timeout_s));
   DS_RETURN_IF_ERROR(real("--log-interval", &l.log_interval_s));
+  DS_RETURN_IF_ERROR(real("--failover-wait", &l.failover_wait_s));
   if (m.count("--split")) {
     if (m["--split"] == "static") {
       l.core.context.kind = sched::ContextPolicy::Kind::kStatic;
@@ -86,13 +90,18 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
 }
 
 int RunSchedulerDaemon(int argc, char** argv) {
-  auto o = ParseSchedulerFlags(argc, argv);
+  auto role = config::SetUpRole("scheduler", argc, argv);
+  absl::StatusOr<SchedulerDaemonOptions> o =
+      role.ok() ? ParseSchedulerFlags(role->args.argc(), role->args.argv())
+                : absl::StatusOr<SchedulerDaemonOptions>(role.status());
+  if (role.ok() && !o.ok()) o = role->args.Explain(o.status());
   if (!o.ok()) {
     std::fprintf(stderr,
                  "deltaserve scheduler: %s\nusage: deltaserve scheduler [--listen 127.0.0.1:PORT] "
                  "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
                  "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
-                 "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S]\n",
+                 "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] "
+                 "[--metrics-listen HOST:PORT] [--log-level L] [--config FILE]\n",
                  std::string(o.status().message()).c_str());
     return 2;
   }
@@ -104,14 +113,28 @@ int RunSchedulerDaemon(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  auto loop = sched::SchedulerLoop::Create(o->loop);
-  if (!loop.ok()) {
-    Log("error: " + loop.status().ToString());
+  auto fail = [](const absl::Status& s) {
+    DS_LOG(ERROR, "start_failed", {{"error", s}});
+    std::fprintf(stderr, "deltaserve scheduler: %s\n", s.ToString().c_str());
     return 1;
-  }
+  };
+  auto loop = sched::SchedulerLoop::Create(o->loop);
+  if (!loop.ok()) return fail(loop.status());
+  auto metrics_server = metrics::MetricsServer::Start(role->metrics_listen, "scheduler");
+  if (!metrics_server.ok()) return fail(metrics_server.status());
+  metrics::SchedulerMetrics sched_metrics((*metrics_server)->registry());
+  (*loop)->SetMetrics(&sched_metrics);
+  std::unique_ptr<sd::Watchdog> watchdog = sd::Watchdog::FromEnvironment();
+  watchdog->SetStallCallback([](const std::string& name, double overdue_s) {
+    DS_LOG(ERROR, "watchdog_stall", {{"loop", name}, {"overdue_s", overdue_s}});
+  });
+  if (watchdog->enabled())
+    (*loop)->SetWatchdogLoop(watchdog->RegisterPeriodic(
+        "scheduler_loop", std::max<std::chrono::nanoseconds>(std::chrono::seconds(5),
+                                                             watchdog->interval() / 2)));
   if (!IsLoopback(o->listen))
-    Log("warning: listening on non-loopback " + o->listen +
-        " (the internal protocol has no authentication)");
+    DS_LOG(WARNING, "internal_port_public",
+           {{"listen", o->listen}, {"detail", "the internal protocol has no authentication"}});
   sched::ClusterService service(loop->get());
   grpc::ServerBuilder builder;
   int port = 0;
@@ -122,22 +145,33 @@ int RunSchedulerDaemon(int argc, char** argv) {
   (*loop)->Start();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    Log("error: cannot listen on " + o->listen);
     (*loop)->Stop();
-    return 1;
+    return fail(absl::UnavailableError("cannot listen on " + o->listen));
   }
   const std::string host = o->listen.substr(0, o->listen.rfind(':'));
-  Log(absl::StrCat("listening on ", host, ":", port));
+  const int metrics_port = (*metrics_server)->port();
+  DS_LOG(INFO, "listening",
+         {{"internal", absl::StrCat(host, ":", port)},
+          {"metrics", metrics_port > 0 ? role->metrics_listen.substr(0, role->metrics_listen.rfind(':')) +
+                                             ":" + std::to_string(metrics_port)
+                                       : std::string("off")},
+          {"slots", o->loop.core.n_slots}, {"ctx", o->loop.core.context.n_ctx},
+          {"max_queue", o->loop.core.max_queue}});
   if (!o->port_file.empty()) {
     // Written then renamed so a reader never sees a partial file.
     const std::string tmp = o->port_file + ".tmp";
-    std::ofstream(tmp) << port << "\n";
+    std::ofstream(tmp) << port << " " << metrics_port << "\n";
     std::rename(tmp.c_str(), o->port_file.c_str());
   }
+  watchdog->Start();
+  // Ready = workers and gateways can connect; the gateway reports SERVING once a worker is warm.
+  sd::NotifyReady(absl::StrCat("listening on ", host, ":", port, "; waiting for workers"));
   int sig = 0;
   sigwait(&sigs, &sig);
-  Log(absl::StrCat("signal ", sig, ": shutting down"));
+  DS_LOG(INFO, "stopping", {{"signal", sig}});
+  sd::NotifyStopping("failing queued requests, shutting workers down");
   (*loop)->Stop();
+  watchdog->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
   return 0;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/log/log.h"
 #include "common/util/status.h"
 #include "deltaserve/internal/cluster.pb.h"
 
@@ -22,10 +23,6 @@ SteadyClock::time_point After(double seconds) {
          std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
 }
 
-void Log(const std::string& msg) {
-  std::fprintf(stderr, "[scheduler] %s\n", msg.c_str());
-  std::fflush(stderr);
-}
 
 void ToProto(const sampling::SamplingParams& s, deltaserve::v1::SamplingParams* p) {
   p->set_temperature(s.temperature);
@@ -74,10 +71,19 @@ void SchedulerLoop::Run() {
       until = last_plan_empty_ ? SteadyClock::now() + std::chrono::milliseconds(20)
                                : SteadyClock::now();
     }
+    // At least once a second: the watchdog sees a live loop, ages and gauges stay current.
+    until = std::min(until, SteadyClock::now() + std::chrono::seconds(1));
     commands_.PopAll(&cmds, until);
     if (!cmds.empty()) last_plan_empty_ = false;
     for (Command& c : cmds) std::visit([this](auto& x) { Handle(x); }, c);
     if (stop_) break;
+    if (holding_ && state_ == WorkerState::kReady) holding_ = false;  // replaying on the new one
+    if (holding_ && SteadyClock::now() >= hold_until_) {
+      holding_ = false;
+      FailAll(absl::StrCat("worker lost: ", hold_why_, "; no replacement within ",
+                           opts_.failover_wait_s, " s"),
+              /*unavailable=*/true);
+    }
     if ((plan_ || state_ == WorkerState::kWarming) && SteadyClock::now() >= deadline_)
       LoseWorker(absl::StrCat("no answer within ", opts_.step_timeout_s, " s"));
     if (state_ == WorkerState::kReady && !plan_) ScheduleAndSend();
@@ -86,13 +92,15 @@ void SchedulerLoop::Run() {
 
     if (opts_.log_interval_s > 0 && stats_.steps() > steps_at_last_log_ &&
         SteadyClock::now() - last_log_ >= std::chrono::duration<double>(opts_.log_interval_s)) {
-      Log(stats_.Snapshot().ToString());
+      DS_LOG(INFO, "step_overhead", {{"summary", stats_.Snapshot().ToString()}});
       last_log_ = SteadyClock::now();
       steps_at_last_log_ = stats_.steps();
     }
+    if (watchdog_) watchdog_->Beat();
+    UpdateMetrics();
   }
   FailAll("scheduler shutting down", /*unavailable=*/true);
-  if (stats_.steps() > 0) Log(stats_.Snapshot().ToString());
+  if (stats_.steps() > 0) DS_LOG(INFO, "step_overhead", {{"summary", stats_.Snapshot().ToString()}});
   if (worker_) {
     pb::SchedulerMessage m;
     m.mutable_shutdown();
@@ -192,8 +200,8 @@ void SchedulerLoop::Handle(AdminCmd& c) {
 
 void SchedulerLoop::Handle(WorkerJoinCmd& c) {
   if (worker_) {
-    Log(absl::StrCat("refusing worker ", c.info.id, ": worker ", worker_info_.id,
-                     " is already attached"));
+    DS_LOG(WARNING, "worker_refused",
+           {{"worker", c.info.id}, {"attached", worker_info_.id}, {"reason", "one worker per scheduler"}});
     c.link->Close(absl::AlreadyExistsError(
         absl::StrCat("worker ", worker_info_.id,
                      " is already attached (one worker per scheduler until worker groups land)")));
@@ -214,14 +222,15 @@ void SchedulerLoop::Handle(WorkerJoinCmd& c) {
   worker_slots_ = slots;
   worker_slot_ctx_ = static_cast<int>(slot_ctx);
   if (st.n_slots_target > slots) {
-    Log(absl::StrCat("slots ", st.n_slots_target, " -> ", slots, " (the worker's slot count)"));
+    DS_LOG(INFO, "slots_reduced", {{"from", st.n_slots_target}, {"to", slots},
+                                   {"reason", "the worker's slot count"}});
     core_->SetSlots(slots).IgnoreError();
   }
   state_ = WorkerState::kWarming;
   deadline_ = After(opts_.step_timeout_s);
-  Log(absl::StrCat("worker ", c.info.id, " registered: ", c.info.device, ", model ",
-                   c.info.model_fingerprint, ", vocab ", c.info.n_vocab, "; configuring ", slots,
-                   " slots x ", slot_ctx, " positions"));
+  DS_LOG(INFO, "worker_registered",
+         {{"worker", c.info.id}, {"device", c.info.device}, {"model", c.info.model_fingerprint},
+          {"vocab", c.info.n_vocab}, {"slots", slots}, {"slot_ctx", slot_ctx}});
   pb::SchedulerMessage cf;
   cf.mutable_configure()->set_n_slots(static_cast<uint32_t>(slots));
   cf.mutable_configure()->set_slot_ctx(static_cast<uint32_t>(slot_ctx));
@@ -235,9 +244,9 @@ void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
   warmup_ = c.info;
   state_ = WorkerState::kReady;
   n_vocab_.store(worker_info_.n_vocab, std::memory_order_release);
-  Log(absl::StrCat("worker ", worker_info_.id, " ready: warmup prefill ",
-                   static_cast<int>(c.info.prefill_tps), " tok/s, decode ",
-                   static_cast<int>(c.info.decode_tps), " tok/s; serving"));
+  DS_LOG(INFO, "worker_ready",
+         {{"worker", worker_info_.id}, {"prefill_tokens_per_s", c.info.prefill_tps},
+          {"decode_tokens_per_s", c.info.decode_tps}, {"serving", true}});
 }
 
 void SchedulerLoop::Handle(WorkerStepCmd& c) {
@@ -282,6 +291,7 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   t.schedule_us = plan_schedule_us_;
   t.apply_us = Micros(t_end - t_recv);
   stats_.Record(t);
+  if (metrics_) metrics_->OnStep(t.total_us * 1e-6, t.n_tokens, t.n_seqs, t.worker_us * 1e-6);
 }
 
 void SchedulerLoop::Handle(WorkerGoneCmd& c) {
@@ -296,7 +306,7 @@ void SchedulerLoop::ScheduleAndSend() {
   const auto t0 = SteadyClock::now();
   auto plan = core_->Schedule(absl::Now());
   if (!plan.ok()) {
-    Log("schedule failed: " + plan.status().ToString());
+    DS_LOG(ERROR, "schedule_failed", {{"error", plan.status()}});
     return;
   }
   if (plan->empty()) {
@@ -307,7 +317,8 @@ void SchedulerLoop::ScheduleAndSend() {
   pb::SchedulerMessage msg;
   pb::Step* step = msg.mutable_step();
   step->set_step_id(plan->step_id);
-  for (int s : plan->released) step->add_released(static_cast<uint32_t>(s));
+  for (int s : plan->released)  // (after failover: slots of the old worker the new one lacks)
+    if (s < worker_slots_) step->add_released(static_cast<uint32_t>(s));
   for (const SeqStart& st : plan->started) {
     pb::SequenceStart* q = step->add_started();
     q->set_request_id(st.id);
@@ -345,6 +356,10 @@ void SchedulerLoop::Route(std::vector<Event> events,
       auto lp = lps->find(e.id);
       if (lp != lps->end()) item.logprob = lp->second;
     }
+    if (e.kind == Event::Kind::kStarted) {
+      if (it->second.admitted) continue;  // re-admitted for a replay: the client knows already
+      it->second.admitted = true;
+    }
     std::shared_ptr<EventChannel> ch = it->second.channel;
     if (e.kind == Event::Kind::kFinished) side_.erase(it);
     item.event = std::move(e);
@@ -378,11 +393,38 @@ void SchedulerLoop::FailAll(const std::string& why, bool unavailable) {
   side_.clear();
 }
 
+void SchedulerLoop::HoldForReplay(const std::string& why) {
+  // Running requests go back to the queue with their full history (prompt + generated); the ones
+  // of the in-flight plan when it is applied as failed just below. A replacement worker then
+  // re-prefills the history and continues; the core emits Token events only for tokens generated
+  // from then on, so nothing already streamed is sent again. Greedy output is unchanged.
+  for (const auto& [id, side] : side_) core_->Requeue(id).IgnoreError();
+  if (plan_) {
+    StepResults r;
+    r.step_id = plan_->step_id;
+    r.status = absl::UnavailableError(why);
+    auto events = core_->Apply(*plan_, r, absl::Now());
+    plan_.reset();
+    if (events.ok()) Route(std::move(*events), nullptr, /*unavailable=*/true);
+  }
+  Route(core_->TakeEvents(), nullptr, /*unavailable=*/true);
+  holding_ = !side_.empty();
+  hold_until_ = After(opts_.failover_wait_s);
+  hold_why_ = why;
+  if (holding_)
+    std::fprintf(stderr, "[scheduler] holding %zu requests up to %g s for a replacement worker\n",
+                 side_.size(), opts_.failover_wait_s);
+}
+
 void SchedulerLoop::LoseWorker(const std::string& why) {
   if (!worker_) return;
-  Log(absl::StrCat("worker ", worker_info_.id, " lost: ", why, "; failing ", side_.size(),
-                   " requests; NOT_SERVING"));
-  FailAll("worker lost: " + why, /*unavailable=*/true);
+  DS_LOG(ERROR, "worker_lost", {{"worker", worker_info_.id}, {"reason", why},
+                                {"failed_requests", side_.size()}, {"serving", false}});
+  if (opts_.failover_wait_s > 0) {
+    HoldForReplay(why);
+  } else {
+    FailAll("worker lost: " + why, /*unavailable=*/true);
+  }
   worker_->Close(absl::UnavailableError("worker lost: " + why));
   worker_.reset();
   state_ = WorkerState::kNone;
@@ -408,6 +450,38 @@ ClusterSnapshot SchedulerLoop::Snapshot() const {
   s.max_queue = opts_.core.max_queue;
   s.stats = stats_.Snapshot();
   return s;
+}
+
+void SchedulerLoop::UpdateMetrics() {
+  if (!metrics_) return;
+  const SchedulerStatus st = core_->Status();
+  metrics::SchedulerGaugeState g;
+  g.waiting = st.queued;
+  g.running = st.running;
+  g.queue_capacity = opts_.core.max_queue;
+  g.slots = st.n_slots_target;
+  g.per_slot.reserve(st.slots.size());
+  for (const SlotStatus& sl : st.slots) {
+    g.per_slot.push_back({sl.ctx_used, sl.ctx_reserved, st.per_slot_cap, sl.busy});
+    g.slots_busy += sl.busy ? 1 : 0;
+  }
+  g.context_used = st.pool_used;
+  g.context_reserved = st.pool_reserved;
+  g.context_capacity = st.pool_total;
+  g.draining = st.draining;
+  g.serving = state_ == WorkerState::kReady;
+  metrics_->Update(g);
+  if (worker_) {
+    last_worker_id_ = worker_info_.id;
+    const double hb = worker_->last_heartbeat.load();
+    if (hb > 0) last_heartbeat_ = hb;
+  }
+  if (!last_worker_id_.empty()) {
+    const double age = last_heartbeat_ > 0 ? SteadySeconds(SteadyClock::now()) - last_heartbeat_ : 0;
+    // Up while attached (warming up or serving); a restarted worker with the same id (systemd:
+    // %H-gpu%i) brings the series back to 1.
+    metrics_->SetWorker(last_worker_id_, worker_ != nullptr, age);
+  }
 }
 
 }  // namespace ds::sched

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/metrics/scheduler_metrics.h"
 #include "common/sampling/sampling_params.h"
+#include "common/systemd/watchdog.h"
 #include "scheduler/core/scheduler.h"
 #include "scheduler/daemon/channels.h"
 #include "scheduler/daemon/step_stats.h"
@@ -78,6 +80,7 @@ struct RequestSide {
   sampling::SamplingParams sampling;  // proto conventions already mapped; seed 0 = worker picks
   int logprobs = 0;
   std::shared_ptr<EventChannel> channel;
+  bool admitted = false;  // Started routed (a replay after failover does not send it again)
 };
 
 struct ClusterSnapshot {
@@ -143,12 +146,21 @@ struct LoopOptions {
   double step_timeout_s = 120;  // a step (or warmup) taking longer means the worker is lost
   int warmup_tokens = 8;
   double log_interval_s = 10;   // step-overhead log line at most this often (0 = never)
+  // Failover: when the worker (group) is lost, hold its requests this long for a replacement
+  // worker and replay them there (full history re-prefilled, streamed tokens not re-sent);
+  // 0 = fail them at once with UNAVAILABLE.
+  double failover_wait_s = 0;
 };
 
 class SchedulerLoop {
  public:
   static absl::StatusOr<std::unique_ptr<SchedulerLoop>> Create(const LoopOptions& opts);
   ~SchedulerLoop();
+
+  // Before Start(): gauges / histograms the loop keeps current (loop thread only) and the watchdog
+  // loop it beats. The loop wakes at least every second either way.
+  void SetMetrics(metrics::SchedulerMetrics* m) { metrics_ = m; }
+  void SetWatchdogLoop(std::shared_ptr<sd::Watchdog::Loop> l) { watchdog_ = std::move(l); }
 
   void Start();
   // Fails every request ("scheduler shutting down"), sends Shutdown to the worker, joins.
@@ -176,10 +188,13 @@ class SchedulerLoop {
   // Fails every request with kError (`unavailable` marks it retryable) and forgets the worker.
   void LoseWorker(const std::string& why);
   void FailAll(const std::string& why, bool unavailable);
+  // Failover: requeues every request of the lost worker (the core keeps its history).
+  void HoldForReplay(const std::string& why);
   void ScheduleAndSend();
   void Route(std::vector<Event> events, const absl::flat_hash_map<RequestId, TokenLogprobInfo>* lps,
              bool unavailable);
   ClusterSnapshot Snapshot() const;
+  void UpdateMetrics();
   int64_t PerSlotCapFor(int n_slots, const ContextPolicy& p) const;
 
   LoopOptions opts_;
@@ -199,6 +214,9 @@ class SchedulerLoop {
   int worker_slots_ = 0;
   int worker_slot_ctx_ = 0;
   SteadyClock::time_point deadline_;  // in flight (step or warmup): the worker is lost past it
+  bool holding_ = false;                // requests held for a replacement worker (failover)
+  SteadyClock::time_point hold_until_;  // ... until then, then they fail UNAVAILABLE
+  std::string hold_why_;
 
   std::optional<StepPlan> plan_;       // in flight
   SteadyClock::time_point plan_t0_;    // Schedule() started
@@ -206,6 +224,10 @@ class SchedulerLoop {
   bool last_plan_empty_ = false;
 
   StepStats stats_;
+  metrics::SchedulerMetrics* metrics_ = nullptr;
+  std::shared_ptr<sd::Watchdog::Loop> watchdog_;
+  std::string last_worker_id_;  // keeps deltaserve_worker_up{worker} at 0 once lost
+  double last_heartbeat_ = 0;   // steady seconds
   SteadyClock::time_point last_log_;
   uint64_t steps_at_last_log_ = 0;
 };

@@ -645,7 +645,9 @@ TEST(Serve, DemoRunsOneStreamedGenerationAndExitsCleanly) {
   EXPECT_NE(out.find("cluster SERVING"), std::string::npos) << out;
   EXPECT_NE(out.find("prompt: Hello, deltaserve!"), std::string::npos) << out;
   EXPECT_NE(out.find("generated 16 tok"), std::string::npos) << out;
-  EXPECT_NE(out.find("exiting after shutdown"), std::string::npos) << out;
+  // The worker's structured log line (common/log): a clean exit after the scheduler's Shutdown.
+  EXPECT_NE(out.find("component=worker event=exiting"), std::string::npos) << out;
+  EXPECT_NE(out.find("reason=shutdown"), std::string::npos) << out;
 }
 
 }  // namespace

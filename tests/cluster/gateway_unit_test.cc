@@ -307,8 +307,9 @@ TEST(Auth, BearerTokens) {
   KeySet keys = KeySet::FromTokens({"s3cret", "other"});
   EXPECT_EQ(keys.Check({}).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(keys.Check({"Basic abc"}).code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(keys.Check({"Bearer wrong"}).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(keys.Check({"Bearer s3cre"}).code(), absl::StatusCode::kPermissionDenied);
+  // A wrong token is not valid credentials: UNAUTHENTICATED, like a missing one.
+  EXPECT_EQ(keys.Check({"Bearer wrong"}).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(keys.Check({"Bearer s3cre"}).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(keys.Check({"Bearer s3cret"}).ok());
   EXPECT_TRUE(keys.Check({"bearer other "}).ok());
 }

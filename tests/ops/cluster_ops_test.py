@@ -9,9 +9,13 @@
   systemd   each role started on its own with $NOTIFY_SOCKET / $WATCHDOG_USEC (what systemd gives a
             Type=notify unit) sends READY=1 (the worker only after its warmup) and WATCHDOG=1 pings.
 
-usage: cluster_ops_test.py --deltaserve BIN --deltactl BIN
+  configs   deploy/config/*.conf start their roles; a typo or bad value in a config file stops
+            the role with an error naming the file and line.
+
+usage: cluster_ops_test.py --deltaserve BIN --deltactl BIN [--src DIR]
 """
 import argparse
+import calendar
 import os
 import re
 import shutil
@@ -130,13 +134,15 @@ def test_cluster(a, work):
                        "scheduler internal/metrics, worker metrics)")
 
         # Graceful stop: a long request in flight when the gateway gets SIGTERM still finishes.
-        long_req = ["generate", "--addr", c.addr, "--prompt-ids", "5,6,7", "--max-tokens", "3000",
+        # ~2-3 s of generation on the tiny model: longer than the gap to SIGTERM, well inside the
+        # drain timeout (5 s under `deltaserve serve`).
+        long_req = ["generate", "--addr", c.addr, "--prompt-ids", "5,6,7", "--max-tokens", "1200",
                     "--ignore-eos", "--timeout", "120", "--api-key", TOKEN,
                     "--request-id", "ops-graceful"]
         t0 = time.time()
         p = subprocess.Popen([a.deltactl, *long_req], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        time.sleep(0.7)
         expect(p.poll() is None, "the long request is still running when SIGTERM is sent")
         os.kill(c.pids["gateway"], signal.SIGTERM)
         time.sleep(0.3)
@@ -232,6 +238,11 @@ def test_systemd(a, work):
         wlog = open(os.path.join(work, "worker.stderr")).read()
         m = re.search(r"ts=(\S+) [^\n]*event=warmup_done", wlog)
         expect(m is not None, "worker logged event=warmup_done")
+        if m:
+            warm = calendar.timegm(time.strptime(m.group(1)[:19], "%Y-%m-%dT%H:%M:%S")) + \
+                float("0." + m.group(1)[20:26])
+            expect(sd["worker"].first("READY=1") >= warm - 0.001,
+                   "worker: READY=1 came after its warmup generation")
         expect(sd["worker"].first("STATUS=") is not None, "worker: STATUS= while starting")
         gw_ports = os.path.join(work, "gw.port")
         gw = start("gateway", ["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
@@ -279,16 +290,67 @@ def test_bad_config(a, work):
            f"a bad value stops the scheduler naming file and line ({r.stderr.strip()[:200]})")
 
 
+def test_shipped_configs(a, work):
+    """deploy/config/*.conf are valid for their roles: each role starts from its file (paths and
+    ports overridden on the command line, which the file format allows) and reaches READY."""
+    conf = os.path.join(a.src, "deploy", "config")
+    model = os.path.join(work, "tiny.gguf")
+    keys = os.path.join(work, "cfg-keys")
+    with open(keys, "w") as f:
+        f.write(TOKEN + "\n")
+    os.chmod(keys, 0o600)
+    procs, sd = [], {}
+
+    def start(role, args):
+        sd[role] = FakeSystemd(os.path.join(work, f"cfg-{role}.notify"))
+        env = dict(os.environ, NOTIFY_SOCKET=sd[role].path)
+        p = subprocess.Popen([a.deltaserve, role, "--config", os.path.join(conf, f"{role}.conf"),
+                              *args], env=env, stdout=subprocess.DEVNULL,
+                             stderr=open(os.path.join(work, f"cfg-{role}.stderr"), "w"))
+        procs.append(p)
+        return p
+
+    try:
+        pf = os.path.join(work, "cfg-sched.port")
+        start("scheduler", ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                            "--port-file", pf, "--ctx", "1024", "--slots", "2"])
+        expect(wait_for(lambda: sd["scheduler"].first("READY=1"), 30),
+               "scheduler starts from deploy/config/scheduler.conf")
+        sched = "127.0.0.1:" + open(pf).read().split()[0]
+        start("worker", ["--scheduler", sched, "--model", model, "--backend", "cpu",
+                         "--threads", "2", "--metrics-listen", "127.0.0.1:0"])
+        expect(wait_for(lambda: sd["worker"].first("READY=1"), 120),
+               "worker starts from deploy/config/worker.conf")
+        start("gateway", ["--scheduler", sched, "--model", model, "--listen", "127.0.0.1:0",
+                          "--admin-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                          "--api-key-file", keys, "--admin-key-file", keys])
+        expect(wait_for(lambda: sd["gateway"].first("READY=1"), 30),
+               "gateway starts from deploy/config/gateway.conf")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for x in sd.values():
+            x.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--deltaserve", required=True)
     ap.add_argument("--deltactl", required=True)
+    ap.add_argument("--src", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ds-ops-")
     try:
         test_bad_config(a, work)
         test_cluster(a, work)
         test_systemd(a, work)
+        test_shipped_configs(a, work)
     finally:
         if failures:
             print(f"work directory kept: {work}")

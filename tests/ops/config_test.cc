@@ -143,3 +143,35 @@ TEST(ConfigArgs, TakeRemovesSharedFlagsKeepingTheLastValue) {
 
 }  // namespace
 }  // namespace ds::config
+
+#include "common/config/role.h"
+
+namespace ds::config {
+namespace {
+
+TEST(RoleSetup, TakesSharedFlagsAndExplainsBadLevels) {
+  const std::string good =
+      WriteTemp("role.conf", "log_level = warning\nmetrics_listen = 127.0.0.1:9400\nslots = 2\n");
+  std::vector<std::string> in = {"--config", good, "--ctx", "64"};
+  std::vector<char*> argv;
+  for (auto& s : in) argv.push_back(s.data());
+  auto r = SetUpRole("scheduler", static_cast<int>(argv.size()), argv.data());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->metrics_listen, "127.0.0.1:9400");
+  const std::vector<std::string> want = {"--slots", "2", "--ctx", "64"};
+  EXPECT_EQ(r->args.args(), want);
+  EXPECT_FALSE(log::Enabled(log::Level::kInfo)) << "log_level = warning applied";
+  log::SetMinLevel(log::Level::kInfo);
+
+  const std::string bad = WriteTemp("role-bad.conf", "# x\nlog_level = loud\n");
+  std::vector<std::string> in2 = {"--config", bad};
+  std::vector<char*> argv2;
+  for (auto& s : in2) argv2.push_back(s.data());
+  auto b = SetUpRole("scheduler", 2, argv2.data());
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().message(),
+            bad + ":2: key 'log_level' expects debug, info, warning or error, got 'loud'");
+}
+
+}  // namespace
+}  // namespace ds::config

@@ -33,6 +33,8 @@ constexpr milliseconds kStopGrace{10'000};
 struct ServeOptions {
   std::string model;
   int workers = 1;
+  int tp = 1;            // worker processes in the one TP group (docs/tp.md §6)
+  std::string tp_split;  // TP share weights ("1,2") or "mem"; empty = even
   int slots = 4;
   int ctx = 4096;
   std::string split = "pool";
@@ -43,13 +45,17 @@ struct ServeOptions {
   bool demo = false;
   std::string demo_prompt;
   int demo_max_tokens = 48;
+  int metrics_port = -1;  // -1: no /metrics; P: scheduler P, gateway P+1, worker P+2; 0: any
+  std::string api_key_file, admin_key_file, tls_cert, tls_key, nvml_device;
 };
 
 void Usage() {
   std::fprintf(stderr,
                "usage: deltaserve serve --model FILE [--workers 1] [--slots N] [--ctx N] "
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
-               "[--threads N] [--demo PROMPT [--demo-max-tokens N]]\n"
+               "[--threads N] [--tp N [--split 1,2|mem]] [--demo PROMPT [--demo-max-tokens N]]\n"
+               "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
+               "[--tls-cert F --tls-key F] [--nvml-device N|off]\n"
                "  starts scheduler, worker and gateway as child processes; the gateway listens on "
                "127.0.0.1:P (admin P+1; --port 0 picks free ports)\n");
 }
@@ -57,7 +63,11 @@ void Usage() {
 absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
-      "--port",  "--max-inflight", "--threads", "--demo", "--demo-max-tokens"};
+      "--port",  "--max-inflight", "--threads", "--demo", "--demo-max-tokens", "--tp",
+      "--tp-split",
+      // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
+      "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
+      "--nvml-device"};
   std::map<std::string, std::string> m;
   for (int i = 0; i < argc; ++i) {
     const std::string f = argv[i];
@@ -75,16 +85,35 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     return absl::OkStatus();
   };
   DS_RETURN_IF_ERROR(integer("--workers", &o.workers, 1));
+  DS_RETURN_IF_ERROR(integer("--tp", &o.tp, 1));
   DS_RETURN_IF_ERROR(integer("--slots", &o.slots, 1));
   DS_RETURN_IF_ERROR(integer("--ctx", &o.ctx, 1));
   DS_RETURN_IF_ERROR(integer("--port", &o.port, 0));
   DS_RETURN_IF_ERROR(integer("--max-inflight", &o.max_inflight, 1));
   DS_RETURN_IF_ERROR(integer("--threads", &o.threads, 0));
   DS_RETURN_IF_ERROR(integer("--demo-max-tokens", &o.demo_max_tokens, 1));
+  DS_RETURN_IF_ERROR(integer("--metrics-port", &o.metrics_port, 0));
+  if (o.metrics_port > 65533)
+    return absl::InvalidArgumentError("--metrics-port must be <= 65533 (the worker gets P+2)");
+  for (auto [flag, field] : {std::pair{"--api-key-file", &o.api_key_file},
+                             {"--admin-key-file", &o.admin_key_file},
+                             {"--tls-cert", &o.tls_cert},
+                             {"--tls-key", &o.tls_key},
+                             {"--nvml-device", &o.nvml_device}})
+    if (m.count(flag)) *field = m[flag];
   if (o.port > 65534) return absl::InvalidArgumentError("--port must be <= 65534 (admin is P+1)");
   if (o.workers != 1)
     return absl::UnimplementedError(
         "--workers: the scheduler drives one worker (group) today; run more clusters instead");
+  // --split is the context split (static|pool) or, with --tp > 1, the TP share weights
+  // ("1,1", "1:1.5", "mem"; also --tp-split); the worker ranks validate the weights.
+  if (m.count("--split") && o.tp > 1 && m["--split"] != "static" && m["--split"] != "pool") {
+    o.tp_split = m["--split"];
+    m.erase("--split");
+  }
+  if (m.count("--tp-split")) o.tp_split = m["--tp-split"];
+  if (!o.tp_split.empty() && o.tp == 1)
+    return absl::InvalidArgumentError("TP share weights need --tp > 1");
   if (m.count("--split")) o.split = m["--split"];
   if (o.split != "static" && o.split != "pool")
     return absl::InvalidArgumentError("--split expects static or pool, got '" + o.split + "'");
@@ -187,6 +216,7 @@ int RunServe(int argc, char** argv) {
     // worker its Shutdown; the worker is signalled last only if it is still there.
     for (size_t i : {size_t{2}, size_t{0}, size_t{1}})
       if (i < children.size()) serve::Stop(&children[i], kStopGrace);
+    for (size_t i = 3; i < children.size(); ++i) serve::Stop(&children[i], kStopGrace);  // TP ranks
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   };
@@ -203,13 +233,22 @@ int RunServe(int argc, char** argv) {
 
   // 1. scheduler (port from its port file)
   const std::string sched_port_file = dir + "/scheduler.port";
-  children.push_back(serve::Spawn(
-      "scheduler", exe,
-      {"--listen", "127.0.0.1:0", "--port-file", sched_port_file, "--slots",
-       std::to_string(o->slots), "--ctx", std::to_string(o->ctx), "--split", o->split}));
+  // Metrics of each role on loopback: P, P+1, P+2 (or any free port with 0).
+  auto metrics_listen = [&](int offset) {
+    return absl::StrCat("127.0.0.1:", o->metrics_port == 0 ? 0 : o->metrics_port + offset);
+  };
+  std::vector<std::string> sargs = {"--listen",    "127.0.0.1:0", "--port-file",
+                                    sched_port_file, "--slots",     std::to_string(o->slots),
+                                    "--ctx",       std::to_string(o->ctx), "--split", o->split};
+  if (o->metrics_port >= 0) {
+    sargs.push_back("--metrics-listen");
+    sargs.push_back(metrics_listen(0));
+  }
+  children.push_back(serve::Spawn("scheduler", exe, sargs));
   if (children.back().pid < 0) return fail("cannot start the scheduler");
-  const int sched_port =
-      ReadPort(serve::WaitForFile(sched_port_file, &children.back(), kStartTimeout), 0);
+  const std::string sched_ports =
+      serve::WaitForFile(sched_port_file, &children.back(), kStartTimeout);
+  const int sched_port = ReadPort(sched_ports, 0), sched_metrics_port = ReadPort(sched_ports, 1);
   if (sched_port == 0) {
     Child& c = children.back();
     return fail(c.exited ? "scheduler " + serve::DescribeExit(c) + " during startup"
@@ -224,20 +263,60 @@ int RunServe(int argc, char** argv) {
     wargs.push_back("--threads");
     wargs.push_back(std::to_string(o->threads));
   }
-  children.push_back(serve::Spawn("worker", exe, wargs));
+  // TP: rank 0 here (index 1), ranks 1.. after the gateway (indices 3..); one group "serve".
+  const std::string worker_port_file = dir + "/worker.port";
+  auto rank_args = [&](int r) {
+    std::vector<std::string> a = wargs;
+    if (r == 0) {
+      // Rank 0 reports its metrics port (written before the model loads; 0 when off). Other
+      // ranks export no metrics yet (their endpoint would not be discoverable).
+      a.insert(a.end(), {"--port-file", worker_port_file});
+      if (o->metrics_port >= 0) a.insert(a.end(), {"--metrics-listen", metrics_listen(2)});
+      if (!o->nvml_device.empty()) a.insert(a.end(), {"--nvml-device", o->nvml_device});
+    }
+    if (o->tp > 1) {
+      a.insert(a.end(), {"--tp-rank", std::to_string(r), "--tp-world", std::to_string(o->tp),
+                         "--tp-group", "serve", "--worker-id", absl::StrCat("serve-tp", r)});
+      if (!o->tp_split.empty()) a.insert(a.end(), {"--split", o->tp_split});
+    }
+    return a;
+  };
+  children.push_back(serve::Spawn("worker", exe, rank_args(0)));
   if (children.back().pid < 0) return fail("cannot start the worker");
+  const std::string worker_ports =
+      serve::WaitForFile(worker_port_file, &children.back(), kStartTimeout);
+  if (worker_ports.empty()) {
+    Child& c = children.back();
+    return fail(c.exited ? "worker " + serve::DescribeExit(c) + " during startup"
+                         : "worker did not start");
+  }
+  const int worker_metrics_port = ReadPort(worker_ports, 0);
 
   // 3. gateway
   const std::string gw_port_file = dir + "/gateway.port";
   const int admin_port_req = o->port == 0 ? 0 : o->port + 1;
-  children.push_back(serve::Spawn(
-      "gateway", exe,
-      {"--listen", absl::StrCat("127.0.0.1:", o->port), "--admin-listen",
-       absl::StrCat("127.0.0.1:", admin_port_req), "--scheduler", sched_addr, "--model", o->model,
-       "--max-inflight", std::to_string(o->max_inflight), "--port-file", gw_port_file}));
+  std::vector<std::string> gargs = {
+      "--listen", absl::StrCat("127.0.0.1:", o->port), "--admin-listen",
+      absl::StrCat("127.0.0.1:", admin_port_req), "--scheduler", sched_addr, "--model", o->model,
+      "--max-inflight", std::to_string(o->max_inflight), "--port-file", gw_port_file,
+      // Below the launcher's stop grace, so a stop drains before anything is killed.
+      "--drain-timeout", "5"};
+  if (o->metrics_port >= 0) gargs.insert(gargs.end(), {"--metrics-listen", metrics_listen(1)});
+  for (auto [flag, value] : {std::pair{"--api-key-file", &o->api_key_file},
+                             {"--admin-key-file", &o->admin_key_file},
+                             {"--tls-cert", &o->tls_cert},
+                             {"--tls-key", &o->tls_key}})
+    if (!value->empty()) gargs.insert(gargs.end(), {flag, *value});
+  children.push_back(serve::Spawn("gateway", exe, gargs));
   if (children.back().pid < 0) return fail("cannot start the gateway");
-  const std::string ports = serve::WaitForFile(gw_port_file, &children.back(), kStartTimeout);
-  const int gw_port = ReadPort(ports, 0), admin_port = ReadPort(ports, 1);
+  for (int r = 1; r < o->tp; ++r) {
+    children.push_back(serve::Spawn("worker", exe, rank_args(r)));
+    if (children.back().pid < 0) return fail("cannot start a worker rank");
+  }
+  const std::string ports =
+      serve::WaitForFile(gw_port_file, &children[2], kStartTimeout);  // [2] = gateway
+  const int gw_port = ReadPort(ports, 0), admin_port = ReadPort(ports, 1),
+            gw_metrics_port = ReadPort(ports, 2);
   if (gw_port == 0 || admin_port == 0) {
     if (Child* d = dead_child())
       return fail(d->role + " " + serve::DescribeExit(*d) + " during startup");
@@ -247,7 +326,8 @@ int RunServe(int argc, char** argv) {
   const std::string admin_addr = absl::StrCat("127.0.0.1:", admin_port);
 
   // 4. health SERVING = a worker finished warmup behind the scheduler behind the gateway.
-  auto channel = gw::MakeChannel(gw_addr);
+  // Polled on the admin listener: it serves the same health and stays plaintext with TLS on.
+  auto channel = gw::MakeChannel(admin_addr);
   bool interrupted = false;
   absl::Status ready = gw::WaitServing(channel.get(), kServingTimeout, [&] {
     timespec zero{0, 0};
@@ -268,6 +348,9 @@ int RunServe(int argc, char** argv) {
       "  pids        scheduler %d, worker %d, gateway %d\n",
       gw_addr.c_str(), admin_addr.c_str(), sched_addr.c_str(), children[0].pid, children[1].pid,
       children[2].pid);
+  if (o->metrics_port >= 0)
+    std::printf("  metrics     gateway 127.0.0.1:%d, scheduler 127.0.0.1:%d, worker 127.0.0.1:%d\n",
+                gw_metrics_port, sched_metrics_port, worker_metrics_port);
   std::fflush(stdout);
 
   if (o->demo) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 
 #include "absl/strings/str_format.h"
@@ -123,6 +124,12 @@ class CudaBackend final : public CudaBackendApi {
   absl::Status Head(int n_logit_rows);
   absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
   absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
+  // Several matrices on the same input x (store epilogue): one GemvMulti launch per column chunk
+  // when they share type and K, else one Linear each.
+  absl::Status LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
+                           const float* x, int R);
+  // a_ = RMSNorm(h_) * w; for GEMV-sized steps fused with the int8 quantization of a_.
+  absl::Status NormToA(const float* w, int R);
   absl::Status EnsureQuantized(const float* x, int R, int K);
   absl::Status EnsureHalf(const float* x, int R, int K);
   // The int8 / 16-bit copies of an activation are reused by the matmuls that share it; call this
@@ -256,8 +263,8 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   gdn_shape_ = GdnShape{c.gdn_k_heads, c.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim, c.conv_kernel};
   if (c.n_recurrent() > 0) DS_RETURN_IF_ERROR(GdnShapeSupported(gdn_shape_));
   attn_shape_ = AttnShape{c.n_head, c.n_head_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
-  if (c.n_attention() > 0 && (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
-    return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {64,128,256}"));
+  if (c.n_attention() > 0 && (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
+    return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {32,64,128,256}"));
 
   // ---- memory plan (before any allocation) ----
   std::vector<std::pair<std::string, const cpu::WeightView*>> mats;
@@ -525,6 +532,9 @@ absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y,
     }
     return absl::OkStatus();
   }
+  if (w.type == GgmlType::F32)
+    return gemm_->RunF32(static_cast<const float*>(w.d), x, y, w.rows, w.cols, R, w.rows,
+                         accumulate ? 1.f : 0.f, stream_);
   DS_RETURN_IF_ERROR(EnsureHalf(x, R, w.cols));
   const uint64_t rb = GgmlRowBytes(w.type, w.cols);
   const int chunk = static_cast<int>(std::min<uint64_t>(w.rows, wh_elems_ / w.cols));
@@ -536,6 +546,52 @@ absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y,
                                   accumulate ? 1.f : 0.f, stream_));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
+                                      const float* x, int R) {
+  const DMat& m0 = *mats.begin()->first;
+  bool same = R <= copts_.gemv_max_rows && static_cast<int>(mats.size()) <= kGemvMaxSegs;
+  for (auto& [m, y] : mats) same = same && m->type == m0.type && m->cols == m0.cols;
+  if (!same) {
+    for (auto& [m, y] : mats) DS_RETURN_IF_ERROR(Linear(*m, x, R, y, false));
+    return absl::OkStatus();
+  }
+  const bool qx = GemvWantsQuantizedX(m0.type, m0.cols);
+  if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, m0.cols));
+  for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
+    GemvArgs segs[kGemvMaxSegs];
+    int n = 0;
+    for (auto& [m, y] : mats) {
+      GemvArgs& a = segs[n++];
+      a.type = m->type;
+      a.w = m->d;
+      a.M = m->rows;
+      a.K = m->cols;
+      a.nc = std::min(kGemvMaxCols, R - c0);
+      a.x = x + static_cast<int64_t>(c0) * m->cols;
+      if (qx) {
+        a.xq = xq_ + static_cast<int64_t>(c0) * m->cols;
+        a.xd = xd_ + static_cast<int64_t>(c0) * (m->cols / 32);
+      }
+      a.y = y + static_cast<int64_t>(c0) * m->rows;
+      a.epilogue = GemvEpilogue::kStore;
+    }
+    DS_RETURN_IF_ERROR(GemvMulti(segs, n, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::NormToA(const float* w, int R) {
+  const int H = cfg_.n_embd;
+  InvalidateX();
+  if (R <= copts_.gemv_max_rows && H % 32 == 0) {
+    DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_));
+    xq_src_ = a_;
+    xq_rows_ = R;
+    return absl::OkStatus();
+  }
+  return RmsNormRows(h_, H, nullptr, w, a_, R, H, cfg_.rms_eps, stream_);
 }
 
 absl::Status CudaBackend::LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R,
@@ -583,17 +639,14 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
   const int n_splits = AttnSplits(std::max(1, n_dec_));
   for (const DLayer& L : layers_) {
     ProfBegin("norm");
-    DS_RETURN_IF_ERROR(RmsNormRows(h_, H, nullptr, L.attn_norm, a_, R, H, c.rms_eps, stream_));
-    InvalidateX();
+    DS_RETURN_IF_ERROR(NormToA(L.attn_norm, R));
     ProfEnd();
     if (L.rec) {
       const GdnShape& s = gdn_shape_;
       const int C = s.channels(), Vw = s.v_heads * s.v_dim;
       ProfBegin("gdn_proj");
-      DS_RETURN_IF_ERROR(Linear(L.qkv, a_, R, mixed_, false));
-      DS_RETURN_IF_ERROR(Linear(L.gate, a_, R, z_, false));
-      DS_RETURN_IF_ERROR(Linear(L.beta, a_, R, gb_, false));
-      DS_RETURN_IF_ERROR(Linear(L.alpha, a_, R, ga_, false));
+      DS_RETURN_IF_ERROR(LinearMulti({{&L.qkv, mixed_}, {&L.gate, z_}}, a_, R));
+      DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));
       ProfEnd();
       ProfBegin("gdn_core");
       if (n_dec_ > 0) {
@@ -624,9 +677,7 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
     } else {
       const AttnShape& s = attn_shape_;
       ProfBegin("attn_proj");
-      DS_RETURN_IF_ERROR(Linear(L.q, a_, R, mixed_, false));
-      DS_RETURN_IF_ERROR(Linear(L.k, a_, R, kx_, false));
-      DS_RETURN_IF_ERROR(Linear(L.v, a_, R, vx_, false));
+      DS_RETURN_IF_ERROR(LinearMulti({{&L.q, mixed_}, {&L.k, kx_}, {&L.v, vx_}}, a_, R));
       ProfEnd();
       ProfBegin("attn_core");
       KvCacheView kv = kv_base_;
@@ -660,8 +711,7 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
       ProfEnd();
     }
     ProfBegin("norm");
-    DS_RETURN_IF_ERROR(RmsNormRows(h_, H, nullptr, L.post_norm, a_, R, H, c.rms_eps, stream_));
-    InvalidateX();
+    DS_RETURN_IF_ERROR(NormToA(L.post_norm, R));
     ProfEnd();
     ProfBegin("ffn");
     DS_RETURN_IF_ERROR(LinearSiluPair(L.ffn_gate, L.ffn_up, a_, R, ffa_));

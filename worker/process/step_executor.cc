@@ -120,17 +120,28 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
   absl::Status fs = backend_->Forward(batch_, StepOptions{}, &out);
   const double t1 = SteadySeconds();
   result.set_forward_seconds(t1 - t0);
+  // Validation errors are found before any collective, identically on every rank; anything else
+  // under TP may have left the ranks at different collectives.
   if (!fs.ok()) {
+    if (group_ && !absl::IsInvalidArgument(fs) && !absl::IsOutOfRange(fs)) group_broken_ = true;
     result.set_error(absl::StrCat("backend ", backend_->name(), ": ", fs.ToString()));
     return result;
   }
+  const bool samples = group_ == nullptr || group_->rank() == 0;
   if (out.n_rows != step.work_size() ||
-      out.logits.size() != static_cast<size_t>(out.n_rows) * n_vocab) {
+      (samples && out.logits.size() != static_cast<size_t>(out.n_rows) * n_vocab)) {
+    if (group_) group_broken_ = true;  // the other ranks would wait for our broadcast
     result.set_error(absl::StrCat("backend returned ", out.n_rows, " logit rows for ",
                                   step.work_size(), " sequences"));
     return result;
   }
-  for (int i = 0; i < step.work_size(); ++i) {
+  if (group_) {
+    shared_.clear();
+    for (const auto& w : step.work())
+      if (w.sample()) shared_.push_back(0);
+  }
+  size_t k = 0;  // index into shared_ (rank > 0 reads it after the broadcast below)
+  for (int i = 0; i < step.work_size() && samples; ++i) {
     const auto& w = step.work(i);
     if (!w.sample()) continue;
     SlotState& slot = slots_[w.slot()];
@@ -138,6 +149,7 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
                                static_cast<size_t>(n_vocab));  // [n_vocab]
     const sampling::SampleResult r = slot.sampler->Sample(row, slot.known);
     slot.known.push_back(r.token);
+    if (group_) shared_[k++] = r.token;
     deltaserve::internal::SampledToken* t = result.add_tokens();
     t->set_slot(w.slot());
     t->set_token(r.token);
@@ -150,6 +162,20 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
         top->set_token_id(id);
         top->set_logprob(l);
       }
+    }
+  }
+  if (group_ && !shared_.empty()) {
+    absl::Status bs = group_->Broadcast(shared_.data(), shared_.size() * sizeof(int32_t), 0);
+    if (!bs.ok()) {
+      group_broken_ = true;
+      result.clear_tokens();
+      result.set_error("tp broadcast of the sampled tokens: " + bs.ToString());
+      return result;
+    }
+    if (!samples) {
+      k = 0;
+      for (const auto& w : step.work())
+        if (w.sample()) slots_[w.slot()].known.push_back(shared_[k++]);
     }
   }
   result.set_sample_seconds(SteadySeconds() - t1);

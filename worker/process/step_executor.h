@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/collective/collective.h"
 #include "common/sampling/sampler.h"
 #include "deltaserve/internal/cluster.pb.h"
 #include "worker/model/backend.h"
@@ -32,6 +33,13 @@ class StepExecutor {
   // before the Forward (the backend validates before it touches state).
   deltaserve::internal::StepResult Run(const deltaserve::internal::Step& step);
 
+  // Tensor parallelism (docs/tp.md §6): every rank runs the same steps; only rank 0 of `group`
+  // samples, then broadcasts the sampled ids over `group` so every rank appends the same tokens.
+  // Ranks > 0 answer with no tokens. `group` must outlive the executor.
+  void SetGroup(Collective* group) { group_ = group; }
+  // A collective failed during a step: the group is unusable (the worker must leave it).
+  bool group_broken() const { return group_broken_; }
+
   // Tokens the worker knows for a slot (for tests); empty when the slot is free.
   const std::vector<int32_t>& known(int slot) const { return slots_[slot].known; }
   bool active(int slot) const { return slots_[slot].active; }
@@ -51,6 +59,9 @@ class StepExecutor {
   Backend* backend_;
   std::vector<SlotState> slots_;  // [n_usable]
   std::vector<SeqStep> batch_;    // reused between steps
+  Collective* group_ = nullptr;   // TP group, or null
+  bool group_broken_ = false;
+  std::vector<int32_t> shared_;   // [n sampled] ids broadcast from rank 0
 };
 
 }  // namespace ds::worker

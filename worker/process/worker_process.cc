@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,10 +19,17 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/config/role.h"
 #include "common/gguf/gguf.h"
+#include "common/log/log.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/worker_metrics.h"
+#include "common/systemd/notify.h"
+#include "common/systemd/watchdog.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "worker/backend_factory.h"
 #include "worker/process/step_executor.h"
+#include "worker/process/tp_session.h"
 
 namespace ds {
 namespace {
@@ -31,10 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-void Log(const std::string& id, const std::string& msg) {
-  std::fprintf(stderr, "[worker %s] %s\n", id.c_str(), msg.c_str());
-  std::fflush(stderr);
-}
 
 // What the scheduler needs to plan memory: CPU backend figures (f32 state). The CUDA backend
 // reports its own figures in WarmupDone once it has allocated.
@@ -58,7 +62,9 @@ MemoryFigures Figures(const ModelConfig& c, uint64_t file_bytes, bool cpu) {
 }
 
 // Greedy generation on the scratch slot: prefill `n_prompt` tokens, then decode `n_decode`.
-absl::StatusOr<pb::WarmupDone> Warmup(Backend& be, int scratch, int n_decode) {
+// TP: every rank runs it in lock-step; rank 0's token is broadcast so all feed the same one.
+absl::StatusOr<pb::WarmupDone> Warmup(Backend& be, int scratch, int n_decode,
+                                      Collective* group = nullptr) {
   const int n_vocab = be.config().n_vocab;
   n_decode = std::max(1, n_decode);
   const int n_prompt = std::max(1, std::min(64, be.slot_ctx() - n_decode - 1));
@@ -75,9 +81,13 @@ absl::StatusOr<pb::WarmupDone> Warmup(Backend& be, int scratch, int n_decode) {
   DS_RETURN_IF_ERROR(be.Forward({&q, 1}, StepOptions{}, &out));
   const auto t1 = Clock::now();
   for (int i = 0; i < n_decode; ++i) {
-    const auto it = std::max_element(out.logits.begin(), out.logits.begin() + n_vocab);
+    int32_t next = 0;
+    if (out.logits.size() >= static_cast<size_t>(n_vocab))  // empty on TP ranks > 0 (rank0 head)
+      next = static_cast<int32_t>(
+          std::max_element(out.logits.begin(), out.logits.begin() + n_vocab) - out.logits.begin());
+    if (group) DS_RETURN_IF_ERROR(group->Broadcast(&next, sizeof(next), 0));
     q.pos0 += static_cast<int32_t>(q.tokens.size());
-    q.tokens = {static_cast<int32_t>(it - out.logits.begin())};
+    q.tokens = {next};
     DS_RETURN_IF_ERROR(be.Forward({&q, 1}, StepOptions{}, &out));
   }
   const auto t2 = Clock::now();
@@ -103,7 +113,18 @@ absl::StatusOr<std::map<std::string, std::string>> ParsePairs(int argc, char** a
 
 class Session {
  public:
-  Session(const WorkerOptions& o, std::unique_ptr<Backend> be) : o_(o), be_(std::move(be)) {}
+  Session(const WorkerOptions& o, std::unique_ptr<Backend> be, metrics::WorkerMetrics* metrics,
+          sd::Watchdog* watchdog)
+      : o_(o), be_(std::move(be)), metrics_(metrics) {
+    if (watchdog && watchdog->enabled()) {
+      // A forward pass must finish within half the watchdog interval (a hung GPU otherwise);
+      // the heartbeat thread proves the process is not deadlocked on the stream lock.
+      const auto half = std::chrono::duration_cast<std::chrono::nanoseconds>(watchdog->interval() / 2);
+      step_loop_ = watchdog->RegisterBounded("worker_step", half);
+      heartbeat_loop_ = watchdog->RegisterPeriodic(
+          "heartbeat", std::max<std::chrono::nanoseconds>(std::chrono::seconds(5), half));
+    }
+  }
 
   absl::Status Run() {
     auto file = gguf::File::Open(o_.model);
@@ -120,6 +141,7 @@ class Session {
     auto channel =
         grpc::CreateCustomChannel(o_.scheduler, grpc::InsecureChannelCredentials(), args);
     DS_RETURN_IF_ERROR(Dial(*channel));
+    channel_ = channel;
     auto stub = pb::Scheduler::NewStub(channel);
     stream_ = stub->WorkerSession(&ctx_);
 
@@ -136,9 +158,15 @@ class Session {
     r->set_kv_bytes_per_token(mem_.kv_per_token);
     r->set_recurrent_bytes_per_slot(mem_.recurrent_per_slot);
     r->set_weights_bytes(mem_.weights);
+    if (o_.tp_world > 1) {
+      r->set_tp_group(o_.tp_group);
+      r->set_tp_rank(static_cast<uint32_t>(o_.tp_rank));
+      r->set_tp_world(static_cast<uint32_t>(o_.tp_world));
+    }
     if (!Write(reg)) return Broken("sending Register");
-    Log(o_.worker_id, absl::StrCat("registered with ", o_.scheduler, " (", be_->name(), ", ",
-                                   fingerprint, ")"));
+    DS_LOG(INFO, "registered",
+           {{"scheduler", o_.scheduler}, {"device", be_->name()}, {"model", fingerprint}});
+    sd::NotifyStatus("registered with " + o_.scheduler + ", waiting for configuration");
 
     std::thread heartbeat([this] { HeartbeatLoop(); });
     absl::Status result = Serve();
@@ -202,6 +230,7 @@ class Session {
     std::unique_lock<std::mutex> l(mu_);
     while (!closed_) {
       hb_cv_.wait_for(l, std::chrono::duration<double>(o_.heartbeat_s));
+      if (heartbeat_loop_) heartbeat_loop_->Beat();
       if (closed_) break;
       pb::WorkerMessage m;
       m.mutable_heartbeat()->set_unix_seconds(
@@ -229,43 +258,99 @@ class Session {
           bo.slot_ctx = static_cast<int>(cf.slot_ctx());
           bo.n_threads = o_.threads;
           bo.device = o_.device;
+          sd::NotifyStatus(absl::StrCat("loading ", o_.model, " for ", cf.n_slots(), " slots x ",
+                                        cf.slot_ctx(), " positions"));
+          if (o_.tp_world > 1) {
+            // TP rank (docs/tp.md §6): meet the other ranks through the scheduler once, then
+            // load only this rank's shard.
+            if (o_.backend != "cpu" && CudaAvailable())
+              return Fatal(absl::UnimplementedError(
+                  "--tp-world > 1 needs --backend cpu: the CUDA backend has no sharded loader yet"));
+            if (!tp_.collective) {
+              worker::TpOptions t;
+              t.rank = o_.tp_rank;
+              t.world = o_.tp_world;
+              t.group = o_.tp_group;
+              t.split = o_.tp_split;
+              t.iface = o_.tp_iface;
+              auto g = worker::JoinTpGroup(t, "cpu", o_.device, cf.tp_prefix(), channel_);
+              if (!g.ok()) return Fatal(g.status());
+              tp_ = std::move(*g);
+            }
+            bo.tp_rank = o_.tp_rank;
+            bo.tp_world = o_.tp_world;
+            bo.tp_split = tp_.split;
+            bo.collective = tp_.collective.get();
+          }
           auto be = CreateBackend(o_.backend, o_.model, bo);
           if (!be.ok()) return Fatal(be.status());
           be_ = std::move(*be);
           n_usable = static_cast<int>(cf.n_slots());
           executor_ = std::make_unique<worker::StepExecutor>(be_.get(), n_usable);
-          Log(o_.worker_id, absl::StrCat("configured: ", n_usable, " slots x ", cf.slot_ctx(),
-                                         " positions"));
+          if (tp_.collective) executor_->SetGroup(tp_.collective.get());
+          DS_LOG(INFO, "configured", {{"slots", n_usable}, {"slot_ctx", cf.slot_ctx()},
+                                      {"device", be_->name()}});
+          sd::NotifyStatus("warming up");
           break;
         }
         case pb::SchedulerMessage::kWarmup: {
           if (!executor_) return Fatal(absl::FailedPreconditionError("Warmup before Configure"));
-          auto w = Warmup(*be_, n_usable, static_cast<int>(msg.warmup().tokens()));
+          auto w = Warmup(*be_, n_usable, static_cast<int>(msg.warmup().tokens()),
+                          tp_.collective.get());
           if (!w.ok()) return Fatal(w.status());
           w->set_weights_bytes(mem_.weights);
           w->set_kv_bytes(mem_.kv_per_token * uint64_t(n_usable + 1) * be_->slot_ctx());
           w->set_state_bytes(mem_.recurrent_per_slot * uint64_t(n_usable + 1));
-          Log(o_.worker_id,
-              absl::StrCat("warmup: prefill ", static_cast<int>(w->prefill_tokens_per_second()),
-                           " tok/s, decode ", static_cast<int>(w->decode_tokens_per_second()),
-                           " tok/s"));
+          DS_LOG(INFO, "warmup_done",
+                 {{"prefill_tokens_per_s", w->prefill_tokens_per_second()},
+                  {"decode_tokens_per_s", w->decode_tokens_per_second()},
+                  {"weights_bytes", w->weights_bytes()},
+                  {"kv_bytes", w->kv_bytes()},
+                  {"state_bytes", w->state_bytes()},
+                  {"workspace_bytes", w->workspace_bytes()}});
+          if (metrics_) {
+            metrics_->SetMemory(metrics::MemoryKind::kWeights, w->weights_bytes());
+            metrics_->SetMemory(metrics::MemoryKind::kKv, w->kv_bytes());
+            metrics_->SetMemory(metrics::MemoryKind::kRecurrentState, w->state_bytes());
+            metrics_->SetMemory(metrics::MemoryKind::kWorkspace, w->workspace_bytes());
+            metrics_->SetWarmup(w->prefill_tokens_per_second(), w->decode_tokens_per_second());
+          }
+          const std::string ready =
+              absl::StrCat("serving ", n_usable, " slots on ", be_->name(), "; warmup decode ",
+                           static_cast<int>(w->decode_tokens_per_second()), " tok/s");
           pb::WorkerMessage m;
           *m.mutable_warmup_done() = std::move(*w);
           if (!Write(m)) return absl::UnavailableError("write");
+          if (metrics_) metrics_->SetReady(true);
+          // systemd: READY only now, after the model is loaded and a real generation ran.
+          sd::NotifyReady(ready);
           break;
         }
         case pb::SchedulerMessage::kStep: {
           if (!executor_) return Fatal(absl::FailedPreconditionError("Step before Configure"));
           pb::WorkerMessage m;
-          *m.mutable_step_result() = executor_->Run(msg.step());
-          if (!m.step_result().error().empty())
-            Log(o_.worker_id, absl::StrCat("step ", msg.step().step_id(),
-                                           " failed: ", m.step_result().error()));
+          {
+            sd::Watchdog::Loop::Work work(step_loop_.get());
+            *m.mutable_step_result() = executor_->Run(msg.step());
+          }
+          const pb::StepResult& r = m.step_result();
+          if (metrics_) {
+            int tokens = 0;
+            for (const pb::SlotWork& w : msg.step().work()) tokens += static_cast<int>(w.n_tokens());
+            metrics_->OnStep(r.forward_seconds(), r.sample_seconds(), tokens, !r.error().empty());
+          }
+          if (!r.error().empty())
+            DS_LOG(ERROR, "step_failed", {{"step", msg.step().step_id()}, {"error", r.error()}});
           if (!Write(m)) return absl::UnavailableError("write");
+          // TP: a failed collective leaves the group unusable; leave it (the scheduler drops
+          // the whole group and fails or replays its requests).
+          if (executor_->group_broken())
+            return Fatal(absl::UnavailableError("tp group broken: " + r.error()));
           break;
         }
         case pb::SchedulerMessage::kShutdown:
-          Log(o_.worker_id, "shutdown requested by the scheduler");
+          DS_LOG(INFO, "shutdown_requested");
+          sd::NotifyStopping("shutdown requested by the scheduler");
           return absl::OkStatus();
         default:
           return Fatal(absl::InvalidArgumentError("unknown scheduler message"));
@@ -283,8 +368,12 @@ class Session {
   }
 
   const WorkerOptions& o_;
+  worker::TpGroup tp_;  // TP collective; declared before be_, whose backend points into it
   std::unique_ptr<Backend> be_;
+  metrics::WorkerMetrics* metrics_ = nullptr;
+  std::shared_ptr<sd::Watchdog::Loop> step_loop_, heartbeat_loop_;
   std::unique_ptr<worker::StepExecutor> executor_;
+  std::shared_ptr<grpc::Channel> channel_;  // to the scheduler (also the TP rendezvous)
   MemoryFigures mem_;
   grpc::ClientContext ctx_;  // outlives stream_ (declared first)
   std::unique_ptr<grpc::ClientReaderWriter<pb::WorkerMessage, pb::SchedulerMessage>> stream_;
@@ -298,7 +387,9 @@ class Session {
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   DS_ASSIGN_OR_RETURN(auto m, ParsePairs(argc, argv,
                                          {"--scheduler", "--model", "--backend", "--worker-id",
-                                          "--threads", "--device", "--connect-timeout"}));
+                                          "--threads", "--device", "--connect-timeout",
+                                          "--nvml-device", "--port-file", "--tp-rank",
+                                          "--tp-world", "--tp-group", "--split", "--tp-iface"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -323,10 +414,32 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   DS_RETURN_IF_ERROR(num("--connect-timeout", &o.connect_timeout_s));
   o.threads = static_cast<int>(threads);
   o.device = static_cast<int>(device);
+  if (m.count("--port-file")) o.port_file = m["--port-file"];
+  if (m.count("--tp-rank") && !absl::SimpleAtoi(m["--tp-rank"], &o.tp_rank))
+    return absl::InvalidArgumentError("--tp-rank expects an integer, got '" + m["--tp-rank"] + "'");
+  if (m.count("--tp-world") && !absl::SimpleAtoi(m["--tp-world"], &o.tp_world))
+    return absl::InvalidArgumentError("--tp-world expects an integer, got '" + m["--tp-world"] + "'");
+  if (o.tp_world < 1 || o.tp_rank < 0 || o.tp_rank >= o.tp_world)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp-rank ", o.tp_rank, " is not in a --tp-world of ", o.tp_world));
+  if (m.count("--tp-group")) o.tp_group = m["--tp-group"];
+  if (m.count("--split")) o.tp_split = m["--split"];
+  if (m.count("--tp-iface")) o.tp_iface = m["--tp-iface"];
+  if (m.count("--nvml-device")) {
+    if (m["--nvml-device"] == "off") {
+      o.nvml_device = -2;
+    } else if (!absl::SimpleAtoi(m["--nvml-device"], &o.nvml_device) || o.nvml_device < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--nvml-device expects a GPU index >= 0 or 'off', got '", m["--nvml-device"], "'"));
+    }
+  }
   return o;
 }
 
-absl::Status RunWorker(const WorkerOptions& o) {
+absl::Status RunWorker(const WorkerOptions& o) { return RunWorker(o, nullptr, nullptr); }
+
+absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
+                       sd::Watchdog* watchdog) {
   // A small backend first: validates the model file and gives the figures for Register; Configure
   // recreates it with the scheduler's slot shape.
   BackendOptions bo;
@@ -334,27 +447,63 @@ absl::Status RunWorker(const WorkerOptions& o) {
   bo.slot_ctx = 16;
   bo.n_threads = o.threads;
   bo.device = o.device;
+  sd::NotifyStatus("opening " + o.model);
   DS_ASSIGN_OR_RETURN(auto be, CreateBackend(o.backend, o.model, bo));
-  Session s(o, std::move(be));
+  if (metrics) {
+    // GPU metrics where NVML is: the CUDA device by default, an explicit index on request.
+    int gpu = o.nvml_device;
+    if (gpu == -1) gpu = be->name().rfind("cuda", 0) == 0 ? o.device : -2;
+    if (gpu >= 0) {
+      absl::Status s = metrics->StartGpuSampling({gpu}, std::chrono::seconds(1));
+      if (s.ok()) {
+        DS_LOG(INFO, "gpu_metrics", {{"nvml_device", gpu}});
+      } else {
+        DS_LOG(WARNING, "gpu_metrics_unavailable", {{"nvml_device", gpu}, {"reason", s}});
+      }
+    }
+  }
+  Session s(o, std::move(be), metrics, watchdog);
   return s.Run();
 }
 
 int RunWorkerProcess(int argc, char** argv) {
-  auto o = ParseWorkerFlags(argc, argv);
+  auto role = config::SetUpRole("worker", argc, argv);
+  absl::StatusOr<WorkerOptions> o = role.ok() ? ParseWorkerFlags(role->args.argc(), role->args.argv())
+                                              : absl::StatusOr<WorkerOptions>(role.status());
+  if (role.ok() && !o.ok()) o = role->args.Explain(o.status());
   if (!o.ok()) {
     std::fprintf(stderr,
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
-                 "[--connect-timeout S]\n",
+                 "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
+                 "[--port-file F] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
+                 "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF]]\n",
                  std::string(o.status().message()).c_str());
     return 2;
   }
-  absl::Status s = RunWorker(*o);
-  if (!s.ok()) {
-    Log(o->worker_id, "exiting: " + s.ToString());
+  log::Init("worker", {{"worker", o->worker_id}});
+  auto fail = [&](const absl::Status& s) {
+    DS_LOG(ERROR, "exiting", {{"error", s}});
     return 1;
+  };
+  // /metrics first, so a long model load is visible (deltaserve_worker_ready 0).
+  auto metrics_server = metrics::MetricsServer::Start(role->metrics_listen, "worker");
+  if (!metrics_server.ok()) return fail(metrics_server.status());
+  metrics::WorkerMetrics worker_metrics((*metrics_server)->registry(), o->worker_id);
+  if (!o->port_file.empty()) {
+    const std::string tmp = o->port_file + ".tmp";
+    std::ofstream(tmp) << (*metrics_server)->port() << "\n";
+    std::rename(tmp.c_str(), o->port_file.c_str());
   }
-  Log(o->worker_id, "exiting after shutdown");
+  std::unique_ptr<sd::Watchdog> watchdog = sd::Watchdog::FromEnvironment();
+  watchdog->SetStallCallback([](const std::string& name, double overdue_s) {
+    DS_LOG(ERROR, "watchdog_stall", {{"loop", name}, {"overdue_s", overdue_s}});
+  });
+  watchdog->Start();
+  absl::Status s = RunWorker(*o, &worker_metrics, watchdog.get());
+  watchdog->Stop();
+  if (!s.ok()) return fail(s);
+  DS_LOG(INFO, "exiting", {{"reason", "shutdown"}});
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <memory>
 #include <vector>
 
 #include "common/util/half.h"
@@ -194,7 +195,46 @@ const GgmlType kTypes[] = {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_K, GgmlT
 
 TEST(Gemv, AllTypesOddShapes) {
   for (GgmlType t : kTypes)
-    for (int nc : {1, 2, 3, 5, 8}) RunGemvCase({t, 37, 768, nc, GemvEpilogue::kStore});
+    for (int nc : {1, 2, 3, 5, 8, 11, 16}) RunGemvCase({t, 37, 768, nc, GemvEpilogue::kStore});
+}
+
+// GemvMulti must give exactly the single-matrix results (same per-row arithmetic), for segment
+// sizes that do not fill a block and a mix of store and accumulate epilogues.
+TEST(Gemv, MultiSegmentsMatchSingle) {
+  for (GgmlType t : {GgmlType::Q6_K, GgmlType::F32}) {
+    for (int nc : {1, 5, 16}) {
+      const int K = 1024;
+      const int Ms[3] = {37, 5, 130};
+      auto x = RandVec(static_cast<size_t>(nc) * K, -2.f, 2.f);
+      Dev<float> dx(x);
+      Dev<int8_t> dxq(static_cast<size_t>(nc) * K);
+      Dev<float> dxd(static_cast<size_t>(nc) * K / 32);
+      const bool qx = GemvWantsQuantizedX(t, K);
+      if (qx) ASSERT_OK(QuantizeActivations(dx.p, nc, K, dxq.p, dxd.p, nullptr));
+      std::vector<std::unique_ptr<Dev<uint8_t>>> dw;
+      std::vector<std::unique_ptr<Dev<float>>> y1, y2;
+      GemvArgs segs[3];
+      for (int i = 0; i < 3; ++i) {
+        dw.push_back(std::make_unique<Dev<uint8_t>>(RandomWeights(t, Ms[i], K)));
+        auto y0 = RandVec(static_cast<size_t>(nc) * Ms[i], -1.f, 1.f);
+        y1.push_back(std::make_unique<Dev<float>>(y0));
+        y2.push_back(std::make_unique<Dev<float>>(y0));
+        GemvArgs& a = segs[i];
+        a.type = t; a.w = dw[i]->p; a.M = Ms[i]; a.K = K; a.nc = nc; a.x = dx.p;
+        a.xq = qx ? dxq.p : nullptr; a.xd = qx ? dxd.p : nullptr;
+        a.epilogue = i == 1 ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore;
+        a.y = y1[i]->p;
+        ASSERT_OK(Gemv(a, nullptr));
+        a.y = y2[i]->p;
+      }
+      ASSERT_OK(GemvMulti(segs, 3, nullptr));
+      CK(cudaDeviceSynchronize());
+      for (int i = 0; i < 3; ++i) {
+        const auto a = y1[i]->Down(), b = y2[i]->Down();
+        for (size_t j = 0; j < a.size(); ++j) ASSERT_EQ(a[j], b[j]) << "segment " << i << " elem " << j;
+      }
+    }
+  }
 }
 
 TEST(Gemv, Epilogues) {
@@ -291,6 +331,34 @@ TEST(Ops, RmsNormRowsWithRowPick) {
   for (int i = 0; i < 3; ++i) {
     cpu::RmsNorm(x.data() + static_cast<size_t>(rows[i]) * n, w.data(), n, 1e-6f, ref.data());
     for (int j = 0; j < n; ++j) ASSERT_NEAR(got[static_cast<size_t>(i) * n + j], ref[j], 1e-4f * (1 + std::fabs(ref[j])));
+  }
+}
+
+TEST(Ops, RmsNormQuantizeMatchesCpu) {
+  const int T = 3, n = 5120 + 32;
+  auto x = RandVec(static_cast<size_t>(T) * n, -3.f, 3.f);
+  x[7] = 40.f;  // one outlier block: its scale is set by the outlier
+  auto w = RandVec(n, 0.5f, 1.5f);
+  Dev<float> dx(x), dw(w), out(static_cast<size_t>(T) * n), xd(static_cast<size_t>(T) * n / 32);
+  Dev<int8_t> xq(static_cast<size_t>(T) * n);
+  ASSERT_OK(RmsNormQuantize(dx.p, dw.p, out.p, xq.p, xd.p, T, n, 1e-6f, nullptr));
+  const auto got = out.Down();
+  const auto gq = xq.Down();
+  const auto gd = xd.Down();
+  std::vector<float> ref(n);
+  for (int t = 0; t < T; ++t) {
+    cpu::RmsNorm(x.data() + static_cast<size_t>(t) * n, w.data(), n, 1e-6f, ref.data());
+    for (int b = 0; b < n / 32; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(ref[b * 32 + j]));
+      const float d = gd[static_cast<size_t>(t) * n / 32 + b];
+      ASSERT_NEAR(d, amax / 127.f, 1e-5f * (1 + amax));
+      for (int j = 0; j < 32; ++j) {
+        const size_t i = static_cast<size_t>(t) * n + b * 32 + j;
+        ASSERT_NEAR(got[i], ref[b * 32 + j], 1e-4f * (1 + std::fabs(ref[b * 32 + j])));
+        ASSERT_LE(std::fabs(gq[i] * d - ref[b * 32 + j]), 0.51f * d + 1e-6f) << "elem " << i;
+      }
+    }
   }
 }
 
@@ -451,6 +519,9 @@ TEST(Gdn, SmallShapes) {
   RunGdnCase({2, 6, 64, 64, 1, 2});
   RunGdnCase({2, 4, 32, 64, 2, 5});
   RunGdnCase({1, 3, 32, 32, 0, 6});
+  // dk = dv = 16 (the tiny synthetic models): blocks narrower than a warp.
+  RunGdnCase({2, 6, 16, 16, 37, 3});
+  RunGdnCase({2, 4, 16, 48, 5, 4});
 }
 
 TEST(Gdn, Shape27B) { RunGdnCase({16, 48, 128, 128, 70, 3}); }
@@ -552,6 +623,13 @@ void RunAttnCase(int n_head, int n_kv, int hd, int n_rot, int T_prefill, int n_d
 TEST(Attention, Small) { RunAttnCase(4, 2, 64, 16, 53, 3, 16, 3); }
 TEST(Attention, Shape27B) { RunAttnCase(24, 4, 256, 64, 300, 2, 64, 5); }
 TEST(Attention, DecodeOnlyManySplits) { RunAttnCase(6, 1, 128, 32, 0, 4, 16, 9); }
+// hd = 32 (tiny models), a group of 3 run by the 4-wide kernel, and a context long enough that
+// all 9 splits are used with a prefetch tail (709 = 9 x 78 + 7).
+TEST(Attention, TinyHeadOddGroupLongSplits) {
+  RunAttnCase(4, 2, 32, 8, 53, 3, 16, 3);
+  RunAttnCase(6, 2, 64, 16, 130, 2, 16, 4);
+  RunAttnCase(6, 1, 128, 32, 709, 2, 64, 9);
+}
 
 }  // namespace
 }  // namespace ds::cuda

@@ -1,0 +1,28 @@
+#include "common/config/role.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ds::config {
+
+absl::StatusOr<RoleSetup> SetUpRole(std::string_view component, int argc, char** argv) {
+  log::Init(component);
+  log::SetMinLevelFromEnv();
+  DS_ASSIGN_OR_RETURN(Args args, Args::Expand(argc, argv));
+  RoleSetup r{std::move(args), ""};
+  // Validated on a copy: Explain() needs the flag still in place to name its file and line.
+  Args probe = r.args;
+  DS_ASSIGN_OR_RETURN(std::optional<std::string> level, probe.Take("--log-level"));
+  if (level) {
+    log::Level l;
+    if (!log::ParseLevel(*level, &l))
+      return r.args.Explain(absl::InvalidArgumentError(absl::StrCat(
+          "--log-level expects debug, info, warning or error, got '", *level, "'")));
+    log::SetMinLevel(l);
+  }
+  r.args = std::move(probe);
+  DS_ASSIGN_OR_RETURN(std::optional<std::string> metrics, r.args.Take("--metrics-listen"));
+  if (metrics) r.metrics_listen = *metrics;
+  return r;
+}
+
+}  // namespace ds::config

@@ -1,0 +1,59 @@
+// The worker's side of a tensor-parallel group (docs/tp.md §6): joining the group's collective
+// through the scheduler, and the split weights every rank must agree on.
+//
+// One `deltaserve worker --tp-rank R --tp-world W --tp-group NAME` process per rank. Each registers
+// with the scheduler on its own WorkerSession stream; the scheduler answers every rank with the
+// same Configure carrying the group's rendezvous prefix, then the ranks meet:
+//   * CPU (Gloo): each rank publishes its TCP address in the scheduler's key-value store
+//     (Rendezvous rpcs) under the prefix and connects to every other rank (full mesh);
+//   * CUDA (NCCL, only when built with it): rank 0 calls ncclGetUniqueId and publishes the 128
+//     bytes under `<prefix>nccl_id`; the others read them and every rank calls ncclCommInitRank.
+// Nothing but the scheduler's address is needed, so ranks on other hosts join the same way.
+#pragma once
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/collective/gloo_collective.h"
+#include "common/util/status.h"
+
+namespace ds::worker {
+
+struct TpOptions {
+  int rank = 0;
+  int world = 1;      // 1 = no tensor parallelism
+  std::string group;  // group name, shared by the ranks (default "tp")
+  std::string split;  // "" = even, "1,2" / "1:1.5" weights, "mem" = by free memory
+  std::string iface;  // Gloo: interface to bind ("eth0"); empty = 127.0.0.1 (one host)
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // rendezvous and collectives
+};
+
+// RendezvousStore over the scheduler's RendezvousSet / RendezvousGet rpcs.
+class SchedulerRendezvousStore final : public RendezvousStore {
+ public:
+  explicit SchedulerRendezvousStore(std::shared_ptr<grpc::Channel> channel);
+  ~SchedulerRendezvousStore() override;
+  absl::Status Set(const std::string& key, const std::vector<char>& value) override;
+  absl::StatusOr<std::vector<char>> Get(const std::string& key,
+                                        std::chrono::milliseconds timeout) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct TpGroup {
+  std::unique_ptr<Collective> collective;
+  std::vector<double> split;  // [world] share weights, identical on every rank
+};
+
+// Builds rank `o.rank`'s collective under `prefix` (from Configure) and resolves the split.
+// `device_kind` is the backend kind the worker will create ("cpu", or "cuda" for NCCL).
+absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& device_kind, int device,
+                                    const std::string& prefix,
+                                    std::shared_ptr<grpc::Channel> scheduler);
+
+}  // namespace ds::worker
