@@ -15,8 +15,8 @@ absl::StatusOr<RoleSetup> SetUpRole(std::string_view component, int argc, char**
   if (level) {
     log::Level l;
     if (!log::ParseLevel(*level, &l))
-      return r.args.Explain(absl::InvalidArgumentError(absl::StrCat(
-          "--log-level expects debug, info, warning or error, got '", *level, "'")));
+      return r.args.Explain(absl::InvalidArgumentError(
+          absl::StrCat("--log-level expects debug, info, warning or error, got '", *level, "'")));
     log::SetMinLevel(l);
   }
   r.args = std::move(probe);

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(256) QkvPrepKernel(const QkvPrepArgs a) {
 
 constexpr int kDecWarps = 8;
 constexpr int kMaxGroup = 8;
-constexpr int kPrefetch = 4;
+constexpr int kPrefetch = 8;
 // Tokens per split: the fixed split count spread over the sequence, but never under kMinChunk
 // tokens, so a short sequence uses few splits (`used`) and the combine reads only those.
 constexpr int kMinChunk = 64;
@@ -87,8 +87,8 @@ __device__ __forceinline__ int SplitChunk(int len, int n_splits, int* used) {
 }
 
 // Grid (n_kv, n_splits, n_seqs). Warp w of split s walks tokens start+w, start+w+8, ... of the
-// split's range keeping an online softmax per query head of the GQA group; every warp writes its
-// own partial (m, l, acc) so no cross-warp combine is needed here.
+// split's range keeping an online softmax per query head of the GQA group; the block merges its
+// warps and writes one partial (acc, m, l) per head and split.
 template <int D, int GM>  // dims per lane: hd = 32 * D; GM >= the GQA group, a compile-time bound
 __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDecodeArgs a) {
   const AttnShape& s = a.shape;
@@ -113,12 +113,13 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       q[g][d] = g < G ? a.q[static_cast<int64_t>(row) * s.n_head * hd + (kvh * G + g) * hd + lane * D + d] * scale : 0.f;
     }
   }
-  // v2: kPrefetch tokens' K/V rows are loaded before the first is used, and their GM x kPrefetch
+  // v2: kPrefetch (8) tokens' K/V rows are loaded before the first is used, and their GM x kPrefetch
   // scores are reduced together (independent shuffle chains) before one online-softmax update
   // per head. v1 had one token in flight per warp and a serial shuffle chain per head and token:
   // decode @32k cost 3.5 ms/token over @0 for 2.1 GB of KV (0.5 ms of bandwidth).
   for (int tok0 = start + warp; tok0 < end; tok0 += kDecWarps * kPrefetch) {
-    float kf[kPrefetch][D], vf[kPrefetch][D];
+    // Raw f16 pairs in flight (half the registers of f32 copies: 8 tokens for the price of 4).
+    __half2 kr[kPrefetch][(D + 1) / 2], vr[kPrefetch][(D + 1) / 2];
 #pragma unroll
     for (int t = 0; t < kPrefetch; ++t) {
       const int tok = min(tok0 + t * kDecWarps, end - 1);
@@ -126,16 +127,20 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       if constexpr (D >= 2) {
 #pragma unroll
         for (int d = 0; d < D; d += 2) {
-          const float2 kk = __half22float2(*reinterpret_cast<const __half2*>(a.kv.k + base + d));
-          const float2 vv = __half22float2(*reinterpret_cast<const __half2*>(a.kv.v + base + d));
-          kf[t][d] = kk.x; kf[t][d + 1] = kk.y;
-          vf[t][d] = vv.x; vf[t][d + 1] = vv.y;
+          kr[t][d / 2] = *reinterpret_cast<const __half2*>(a.kv.k + base + d);
+          vr[t][d / 2] = *reinterpret_cast<const __half2*>(a.kv.v + base + d);
         }
       } else {
-        kf[t][0] = __half2float(__ushort_as_half(a.kv.k[base]));
-        vf[t][0] = __half2float(__ushort_as_half(a.kv.v[base]));
+        kr[t][0] = __half2half2(__ushort_as_half(a.kv.k[base]));
+        vr[t][0] = __half2half2(__ushort_as_half(a.kv.v[base]));
       }
     }
+    auto kval = [&](int t, int d) {
+      return D >= 2 ? (d & 1 ? __high2float(kr[t][d / 2]) : __low2float(kr[t][d / 2])) : __low2float(kr[t][0]);
+    };
+    auto vval = [&](int t, int d) {
+      return D >= 2 ? (d & 1 ? __high2float(vr[t][d / 2]) : __low2float(vr[t][d / 2])) : __low2float(vr[t][0]);
+    };
     float sc[kPrefetch][GM];
 #pragma unroll
     for (int t = 0; t < kPrefetch; ++t)
@@ -143,7 +148,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       for (int g = 0; g < GM; ++g) {
         float v = 0.f;
 #pragma unroll
-        for (int d = 0; d < D; ++d) v = fmaf(q[g][d], kf[t][d], v);
+        for (int d = 0; d < D; ++d) v = fmaf(q[g][d], kval(t, d), v);
         sc[t][g] = v;
       }
 #pragma unroll
@@ -172,24 +177,49 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       for (int d = 0; d < D; ++d) {
         float v = acc[g][d] * c;
 #pragma unroll
-        for (int t = 0; t < kPrefetch; ++t) v = fmaf(p[t], vf[t][d], v);
+        for (int t = 0; t < kPrefetch; ++t) v = fmaf(p[t], vval(t, d), v);
         acc[g][d] = v;
       }
       m[g] = mn;
     }
   }
-  const int n_part = a.n_splits * kDecWarps, part = split * kDecWarps + warp;
+  // Merge the 8 warps' (m, l, acc) in shared memory, one head at a time, so each split leaves
+  // one partial per head: v1 left one per warp (528 per head at 66 splits) and its combine
+  // walked them serially, ~200 us per layer at 32k context.
+  __shared__ float sh_acc[kDecWarps][32 * D], sh_m[kDecWarps], sh_l[kDecWarps];
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
     if (g >= G) break;
-    const int h = kvh * G + g;
-    float* dst = a.partials + ((static_cast<int64_t>(i) * s.n_head + h) * n_part + part) * (hd + 2);
 #pragma unroll
-    for (int d = 0; d < D; ++d) dst[lane * D + d] = acc[g][d];
+    for (int d = 0; d < D; ++d) sh_acc[warp][lane * D + d] = acc[g][d];
     if (lane == 0) {
-      dst[hd] = m[g];
-      dst[hd + 1] = l[g];
+      sh_m[warp] = m[g];
+      sh_l[warp] = l[g];
     }
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t < hd) {
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, sh_m[w]);
+      float L = 0.f, o = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) {
+          const float c = __expf(sh_m[w] - M);  // 0 for warps that saw no token
+          L = fmaf(c, sh_l[w], L);
+          o = fmaf(c, sh_acc[w][t], o);
+        }
+      }
+      const int h = kvh * G + g;
+      float* dst = a.partials + ((static_cast<int64_t>(i) * s.n_head + h) * a.n_splits + split) * (hd + 2);
+      dst[t] = o;
+      if (t == 0) {
+        dst[hd] = M;
+        dst[hd + 1] = L;
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -207,22 +237,22 @@ void LaunchAttnDecode(const AttnDecodeArgs& a, dim3 grid, cudaStream_t stream) {
 __global__ void AttnCombineKernel(const AttnDecodeArgs a) {
   const AttnShape& s = a.shape;
   const int h = blockIdx.x, i = blockIdx.y, j = threadIdx.x, hd = s.hd;
-  const int n_part = a.n_splits * kDecWarps;
-  const float* p = a.partials + (static_cast<int64_t>(i) * s.n_head + h) * n_part * (hd + 2);
+  const float* p = a.partials + (static_cast<int64_t>(i) * s.n_head + h) * a.n_splits * (hd + 2);
   int used;
-  SplitChunk(a.pos[i] + 1, a.n_splits, &used);
-  const int n_used = used * kDecWarps;  // later splits exited without writing
-  float M = -INFINITY;
+  SplitChunk(a.pos[i] + 1, a.n_splits, &used);  // later splits exited without writing
+  // One online pass; the loads of different k are independent, so unrolling keeps several in
+  // flight.
+  float M = -INFINITY, L = 0.f, o = 0.f;
 #pragma unroll 8
-  for (int k = 0; k < n_used; ++k) M = fmaxf(M, p[k * (hd + 2) + hd]);
-  float L = 0.f, o = 0.f;
-#pragma unroll 4
-  for (int k = 0; k < n_used; ++k) {
-    const float mk = p[k * (hd + 2) + hd];
+  for (int k = 0; k < used; ++k) {
+    const float* pk = p + k * (hd + 2);
+    const float mk = pk[hd], lk = pk[hd + 1], ok = pk[j];
     if (mk == -INFINITY) continue;
-    const float w = __expf(mk - M);
-    L += w * p[k * (hd + 2) + hd + 1];
-    o += w * p[k * (hd + 2) + j];
+    const float nm = fmaxf(M, mk);
+    const float c1 = __expf(M - nm), c2 = __expf(mk - nm);
+    L = L * c1 + lk * c2;
+    o = o * c1 + ok * c2;
+    M = nm;
   }
   const int row = a.rows[i];
   const float gate = a.qg[static_cast<int64_t>(row) * s.n_head * 2 * hd + h * 2 * hd + hd + j];
@@ -273,7 +303,7 @@ absl::Status QkvPrep(const QkvPrepArgs& a, cudaStream_t stream) {
 }
 
 int64_t AttnDecodePartialFloats(const AttnShape& s, int n_seqs, int n_splits) {
-  return static_cast<int64_t>(n_seqs) * s.n_head * n_splits * kDecWarps * (s.hd + 2);
+  return static_cast<int64_t>(n_seqs) * s.n_head * n_splits * (s.hd + 2);
 }
 
 absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream) {

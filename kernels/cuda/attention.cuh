@@ -61,7 +61,7 @@ struct AttnDecodeArgs {
   KvCacheView kv;
   int n_splits = 1;                // fixed per launch shape (CUDA graphs): blocks past a sequence's
                                    // length exit early
-  float* partials = nullptr;       // [n_seqs, n_head, n_splits*8, hd + 2] scratch
+  float* partials = nullptr;       // [n_seqs, n_head, n_splits, hd + 2] scratch
   float* out = nullptr;            // [T, n_head*hd]
 };
 int64_t AttnDecodePartialFloats(const AttnShape& s, int n_seqs, int n_splits);

@@ -1,6 +1,8 @@
 // Quantized GEMV kernels (see gemv.cuh). Lab notes and measured speeds: kernels/cuda/README.md.
 #include "kernels/cuda/gemv.cuh"
 
+#include <cstdlib>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 
@@ -66,7 +68,7 @@ __device__ __forceinline__ void QuantUnit(const GemvArgs& a, const uint8_t* cons
   }
 }
 
-template <GgmlType T, int NC, bool kPair, int R>
+template <GgmlType T, int NC, bool kPair, int R, int kU = (NC >= 8 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_constant__ GemvLaunch L) {
   constexpr int NR = kPair ? 2 : R;
   constexpr int UB = UnitBytes(T);
@@ -120,10 +122,10 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
 #pragma unroll
     for (int r = 0; r < NR; ++r) a4 = a4 && ((reinterpret_cast<uintptr_t>(rows[r] + warp * UB) & 3) == 0);
     if (a4 && (UB * kWarps) % 4 == 0) {
-#pragma unroll 2
+#pragma unroll kU
       for (int u = warp; u < nu; u += kWarps) QuantUnit<T, NC, NR, true>(a, rows, u, lane, kb, acc);
     } else {
-#pragma unroll 2
+#pragma unroll kU
       for (int u = warp; u < nu; u += kWarps) QuantUnit<T, NC, NR, false>(a, rows, u, lane, kb, acc);
     }
   }
@@ -199,10 +201,12 @@ __global__ void __launch_bounds__(kWarps * 32) GemvElemKernel(const GemvArgs a) 
   }
 }
 
-// Rows per block: 2 for 1-2 columns; 4 from 4 columns on, so each activation load (L1) feeds
-// 4 rows (v1 measured x16 decode at 58 ms/step: activation loads, not weights, were the limit).
+// Rows per block: 4 for 4 columns, so each activation load (L1) feeds 4 rows; 2 otherwise.
+// From 8 columns on, R = 4 and two units in flight cost 174-251 registers (ptxas, sm_90a):
+// 2 blocks = 8 warps per SM, and x16 decode ran at 44.7 ms/step (2026-11-29); R = 2 and one unit
+// in flight per warp (kU) trade activation reuse for occupancy.
 template <int NC>
-constexpr int RowsFor() { return NC >= 4 ? 4 : 2; }
+constexpr int RowsFor() { return NC == 4 ? 4 : 2; }
 
 template <GgmlType T, int NC>
 void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
@@ -212,6 +216,19 @@ void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
   for (int i = 0; i < L.n_segs; ++i) {
     end += CeilDiv(L.seg[i].M, pair ? 1 : R);
     L.blk_end[i] = end;
+  }
+  // Lab switch (DS_GEMV_UNROLL=4): Q6_K 1-2 column kernels with 4 units in flight per warp
+  // instead of 2, for A/B timing in one device call; the default is the measured winner.
+  static const int unroll = [] {
+    const char* e = std::getenv("DS_GEMV_UNROLL");
+    return e ? std::atoi(e) : 2;
+  }();
+  if constexpr (T == GgmlType::Q6_K && NC <= 2) {
+    if (unroll == 4) {
+      if (pair) GemvUnitKernel<T, NC, true, R, 4><<<end, kWarps * 32, 0, s>>>(L);
+      else GemvUnitKernel<T, NC, false, R, 4><<<end, kWarps * 32, 0, s>>>(L);
+      return;
+    }
   }
   if (pair) GemvUnitKernel<T, NC, true, R><<<end, kWarps * 32, 0, s>>>(L);
   else GemvUnitKernel<T, NC, false, R><<<end, kWarps * 32, 0, s>>>(L);

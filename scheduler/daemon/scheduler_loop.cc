@@ -419,7 +419,7 @@ void SchedulerLoop::HoldForReplay(const std::string& why) {
 void SchedulerLoop::LoseWorker(const std::string& why) {
   if (!worker_) return;
   DS_LOG(ERROR, "worker_lost", {{"worker", worker_info_.id}, {"reason", why},
-                                {"failed_requests", side_.size()}, {"serving", false}});
+                                {"requests", side_.size()}, {"serving", false}});
   if (opts_.failover_wait_s > 0) {
     HoldForReplay(why);
   } else {

@@ -2,14 +2,13 @@
 // only TLS, refuses missing and wrong tokens with UNAUTHENTICATED, and the admin listener takes
 // only its own token. No scheduler is needed: Tokenize runs in the gateway, and the admin call's
 // authentication happens before it would reach the scheduler.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 
 #include "common/auth/tls.h"
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
@@ -121,8 +120,7 @@ TEST_F(GatewayTls, BadFilesStopTheStartWithAClearError) {
   o.api_key_file = world;
   gw = Gateway::Start(o);
   ASSERT_FALSE(gw.ok());
-  EXPECT_NE(gw.status().message().find("readable by everyone"), std::string::npos)
-      << gw.status();
+  EXPECT_NE(gw.status().message().find("readable by everyone"), std::string::npos) << gw.status();
 }
 
 }  // namespace

@@ -191,6 +191,18 @@ int RunBench(const BenchOptions& o) {
       if (bw > 0 && gbs * 1e9 > bw * 1.02) r.note += "  WARNING: exceeds measured bandwidth";
       PrintRow(r);
       rows.push_back(r);
+      if (o.profile && depth > 0) {
+        // Per-op classes at this depth (continues the same slot; graphs off).
+        be.SetProfiling(true);
+        be.ResetProfile();
+        const int steps = 8;
+        auto pd = DecodeLoop(be, {0}, {1}, steps);
+        BENCH_CHECK(pd.status());
+        be.SetProfiling(false);
+        std::printf("  per-op-class at depth %d (profiling pass, no graphs):", depth);
+        for (auto& [cls, ms] : be.ProfileTotals()) std::printf(" %s %.3f", cls.c_str(), ms / steps);
+        std::printf(" ms/token\n");
+      }
       return 0;
     };
     if (decode_at(0, "decode tg" + std::to_string(o.decode_tokens) + " @0") != 0) return 1;
@@ -272,6 +284,17 @@ int RunBench(const BenchOptions& o) {
       r.note = note;
       PrintRow(r);
       rows.push_back(r);
+      if (o.profile && B > 1) {
+        be.SetProfiling(true);
+        be.ResetProfile();
+        const int steps = 4;
+        auto pd = DecodeLoop(be, slots, first, steps);
+        BENCH_CHECK(pd.status());
+        be.SetProfiling(false);
+        std::printf("  per-op-class x%d (profiling pass, no graphs):", B);
+        for (auto& [cls, ms] : be.ProfileTotals()) std::printf(" %s %.2f", cls.c_str(), ms / steps);
+        std::printf(" ms/step\n");
+      }
     }
   }
 
