@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(256) QkvPrepKernel(const QkvPrepArgs a) {
 
 constexpr int kDecWarps = 8;
 constexpr int kMaxGroup = 8;
-constexpr int kPrefetch = 8;
+constexpr int kPrefetch = 4;
 // Tokens per split: the fixed split count spread over the sequence, but never under kMinChunk
 // tokens, so a short sequence uses few splits (`used`) and the combine reads only those.
 constexpr int kMinChunk = 64;
@@ -113,13 +113,12 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       q[g][d] = g < G ? a.q[static_cast<int64_t>(row) * s.n_head * hd + (kvh * G + g) * hd + lane * D + d] * scale : 0.f;
     }
   }
-  // v2: kPrefetch (8) tokens' K/V rows are loaded before the first is used, and their GM x kPrefetch
+  // v2: kPrefetch tokens' K/V rows are loaded before the first is used, and their GM x kPrefetch
   // scores are reduced together (independent shuffle chains) before one online-softmax update
   // per head. v1 had one token in flight per warp and a serial shuffle chain per head and token:
   // decode @32k cost 3.5 ms/token over @0 for 2.1 GB of KV (0.5 ms of bandwidth).
   for (int tok0 = start + warp; tok0 < end; tok0 += kDecWarps * kPrefetch) {
-    // Raw f16 pairs in flight (half the registers of f32 copies: 8 tokens for the price of 4).
-    __half2 kr[kPrefetch][(D + 1) / 2], vr[kPrefetch][(D + 1) / 2];
+    float kf[kPrefetch][D], vf[kPrefetch][D];
 #pragma unroll
     for (int t = 0; t < kPrefetch; ++t) {
       const int tok = min(tok0 + t * kDecWarps, end - 1);
@@ -127,20 +126,16 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       if constexpr (D >= 2) {
 #pragma unroll
         for (int d = 0; d < D; d += 2) {
-          kr[t][d / 2] = *reinterpret_cast<const __half2*>(a.kv.k + base + d);
-          vr[t][d / 2] = *reinterpret_cast<const __half2*>(a.kv.v + base + d);
+          const float2 kk = __half22float2(*reinterpret_cast<const __half2*>(a.kv.k + base + d));
+          const float2 vv = __half22float2(*reinterpret_cast<const __half2*>(a.kv.v + base + d));
+          kf[t][d] = kk.x; kf[t][d + 1] = kk.y;
+          vf[t][d] = vv.x; vf[t][d + 1] = vv.y;
         }
       } else {
-        kr[t][0] = __half2half2(__ushort_as_half(a.kv.k[base]));
-        vr[t][0] = __half2half2(__ushort_as_half(a.kv.v[base]));
+        kf[t][0] = __half2float(__ushort_as_half(a.kv.k[base]));
+        vf[t][0] = __half2float(__ushort_as_half(a.kv.v[base]));
       }
     }
-    auto kval = [&](int t, int d) {
-      return D >= 2 ? (d & 1 ? __high2float(kr[t][d / 2]) : __low2float(kr[t][d / 2])) : __low2float(kr[t][0]);
-    };
-    auto vval = [&](int t, int d) {
-      return D >= 2 ? (d & 1 ? __high2float(vr[t][d / 2]) : __low2float(vr[t][d / 2])) : __low2float(vr[t][0]);
-    };
     float sc[kPrefetch][GM];
 #pragma unroll
     for (int t = 0; t < kPrefetch; ++t)
@@ -148,7 +143,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       for (int g = 0; g < GM; ++g) {
         float v = 0.f;
 #pragma unroll
-        for (int d = 0; d < D; ++d) v = fmaf(q[g][d], kval(t, d), v);
+        for (int d = 0; d < D; ++d) v = fmaf(q[g][d], kf[t][d], v);
         sc[t][g] = v;
       }
 #pragma unroll
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
       for (int d = 0; d < D; ++d) {
         float v = acc[g][d] * c;
 #pragma unroll
-        for (int t = 0; t < kPrefetch; ++t) v = fmaf(p[t], vval(t, d), v);
+        for (int t = 0; t < kPrefetch; ++t) v = fmaf(p[t], vf[t][d], v);
         acc[g][d] = v;
       }
       m[g] = mn;

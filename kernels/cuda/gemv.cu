@@ -68,7 +68,7 @@ __device__ __forceinline__ void QuantUnit(const GemvArgs& a, const uint8_t* cons
   }
 }
 
-template <GgmlType T, int NC, bool kPair, int R, int kU = (NC >= 8 ? 1 : 2)>
+template <GgmlType T, int NC, bool kPair, int R, int kU = 2>
 __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_constant__ GemvLaunch L) {
   constexpr int NR = kPair ? 2 : R;
   constexpr int UB = UnitBytes(T);
@@ -201,12 +201,11 @@ __global__ void __launch_bounds__(kWarps * 32) GemvElemKernel(const GemvArgs a) 
   }
 }
 
-// Rows per block: 4 for 4 columns, so each activation load (L1) feeds 4 rows; 2 otherwise.
-// From 8 columns on, R = 4 and two units in flight cost 174-251 registers (ptxas, sm_90a):
-// 2 blocks = 8 warps per SM, and x16 decode ran at 44.7 ms/step (2026-11-29); R = 2 and one unit
-// in flight per warp (kU) trade activation reuse for occupancy.
+// Rows per block: 2 for 1-2 columns; 4 from 4 columns on, so each activation load (L1) feeds
+// 4 rows. At 8-16 columns this costs 174-251 registers (ptxas, sm_90a; 2 blocks = 8 warps per
+// SM), but the alternative (R = 2, one unit in flight) measured worse: x16 51.7 vs 44.7 ms/step.
 template <int NC>
-constexpr int RowsFor() { return NC == 4 ? 4 : 2; }
+constexpr int RowsFor() { return NC >= 4 ? 4 : 2; }
 
 template <GgmlType T, int NC>
 void LaunchUnit(GemvLaunch& L, cudaStream_t s) {

@@ -23,4 +23,13 @@ for t in $TARGETS; do
     esac
   done
 done
+# The device call carries at most 64 MiB with the sources; the cluster's shared libraries put
+# .devcarry at ~60 MB (2026-11-29). DS_PACK_XZ=1 leaves one xz archive (~15 MB) instead; unpack
+# it first on the device: mkdir -p /tmp/x && tar -C /tmp/x -xJf .devcarry/dc.tar.xz &&
+# rm -rf .devcarry && mv /tmp/x/dc .devcarry
+if [ "${DS_PACK_XZ:-0}" = 1 ]; then
+  rm -rf /tmp/dc && mv .devcarry /tmp/dc && mkdir .devcarry
+  tar -C /tmp -cf - dc | xz -T"${DS_JOBS:-2}" -6 > .devcarry/dc.tar.xz
+  rm -rf /tmp/dc
+fi
 du -sh .devcarry
