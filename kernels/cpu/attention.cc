@@ -72,7 +72,10 @@ void GatedAttention(const AttnArgs& a) {
   };
   const int64_t n_items = a.T * a.n_head;
   if (a.pool)
-    a.pool->ParallelFor(n_items, work);
+    // One item reads ~n_keys rows of K and V: split only when a part gets enough of them.
+    a.pool->ParallelFor(n_items, work,
+                        std::max<int64_t>(1, (int64_t{1} << 18) /
+                                                 std::max<int64_t>(1, int64_t{4} * (a.pos0 + a.T) * hd)));
   else
     work(0, n_items);
 }

@@ -72,7 +72,10 @@ void DeltaRuleRecurrent(const DeltaRuleArgs& a) {
   }
   };
   if (a.pool)
-    a.pool->ParallelFor(Hv, heads);
+    // Split heads only when a part carries enough work to pay for waking a thread (see MatMul).
+    a.pool->ParallelFor(Hv, heads,
+                        std::max<int64_t>(1, (int64_t{1} << 18) /
+                                                 std::max<int64_t>(1, int64_t{4} * a.T * dk * dv)));
   else
     heads(0, Hv);
 }
@@ -181,7 +184,10 @@ void DeltaRuleChunked(const DeltaRuleArgs& a, int chunk) {
   }
   };
   if (a.pool)
-    a.pool->ParallelFor(Hv, heads);
+    // Split heads only when a part carries enough work to pay for waking a thread (see MatMul).
+    a.pool->ParallelFor(Hv, heads,
+                        std::max<int64_t>(1, (int64_t{1} << 18) /
+                                                 std::max<int64_t>(1, int64_t{4} * a.T * dk * dv)));
   else
     heads(0, Hv);
 }
