@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "gateway/proto_convert.h"
 #include "gateway/status_map.h"
 
 namespace ds::gw {
@@ -25,21 +26,6 @@ FinishReason FromProto(v1::FinishReason r) {
       return FinishReason::kError;
     default:
       return FinishReason::kUnspecified;
-  }
-}
-
-v1::FinishReason ToProto(FinishReason r) {
-  switch (r) {
-    case FinishReason::kLength:
-      return v1::FINISH_REASON_LENGTH;
-    case FinishReason::kStop:
-      return v1::FINISH_REASON_STOP;
-    case FinishReason::kCancelled:
-      return v1::FINISH_REASON_CANCELLED;
-    case FinishReason::kError:
-      return v1::FINISH_REASON_ERROR;
-    default:
-      return v1::FINISH_REASON_UNSPECIFIED;
   }
 }
 

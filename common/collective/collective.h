@@ -36,6 +36,16 @@ class Collective {
   // data[0..bytes) on every rank ← root's data[0..bytes).
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // Stream-ordered form of AllReduceSum for device buffers: enqueued on `stream` (a cudaStream_t)
+  // after the work already there, without waiting for it — the caller's stream orders the
+  // reduction, and the call may be captured into a CUDA graph. Only device collectives implement
+  // it (NCCL; Solo as the identity); supports_stream_ordered() says whether this one does.
+  virtual bool supports_stream_ordered() const { return false; }
+  virtual absl::Status AllReduceSumOnStream(float* data, size_t n, void* stream) {
+    return absl::UnimplementedError("collective " + name() +
+                                    " has no stream-ordered all-reduce (device buffers need nccl)");
+  }
 };
 
 // A world of one: every collective is the identity. Lets TP code run with world = 1 without
@@ -50,6 +60,8 @@ class SoloCollective final : public Collective {
   absl::Status AllGatherV(const float* in, std::span<const size_t> counts, float* out) override;
   absl::Status Broadcast(void*, size_t, int root) override;
   absl::Status Barrier() override { return absl::OkStatus(); }
+  bool supports_stream_ordered() const override { return true; }
+  absl::Status AllReduceSumOnStream(float*, size_t, void*) override { return absl::OkStatus(); }
 };
 
 }  // namespace ds
