@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(int rank,
 NcclCollective::~NcclCollective() {
   if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
   if (scratch_) cudaFree(scratch_);
+  if (staging_) cudaFree(staging_);
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
@@ -67,13 +68,57 @@ absl::Status NcclCollective::Sync(const char* what) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> NcclCollective::IsHost(const void* p) const {
+  cudaPointerAttributes a;
+  if (cudaError_t e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
+    cudaGetLastError();  // older runtimes flag plain host memory as an error; clear it
+    return true;
+  }
+  return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
+absl::Status NcclCollective::EnsureStaging(size_t bytes) {
+  if (bytes <= staging_bytes_) return absl::OkStatus();
+  if (staging_) cudaFree(staging_);
+  staging_ = nullptr;
+  staging_bytes_ = 0;
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaErr("SetDevice", e);
+  if (cudaError_t e = cudaMalloc(&staging_, bytes); e != cudaSuccess) return CudaErr("Malloc staging", e);
+  staging_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
 absl::Status NcclCollective::AllReduceSum(float* data, size_t n) {
   if (n == 0) return absl::OkStatus();
   auto comm = static_cast<ncclComm_t>(comm_);
   auto s = static_cast<cudaStream_t>(stream_);
-  if (ncclResult_t r = ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm, s); r != ncclSuccess)
+  DS_ASSIGN_OR_RETURN(const bool host, IsHost(data));
+  float* buf = data;
+  if (host) {
+    DS_RETURN_IF_ERROR(EnsureStaging(n * sizeof(float)));
+    buf = static_cast<float*>(staging_);
+    if (cudaError_t e = cudaMemcpyAsync(buf, data, n * sizeof(float), cudaMemcpyHostToDevice, s);
+        e != cudaSuccess)
+      return CudaErr("AllReduce stage in", e);
+  }
+  if (ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, s); r != ncclSuccess)
     return NcclErr("AllReduce", r);
+  if (host) {
+    if (cudaError_t e = cudaMemcpyAsync(data, buf, n * sizeof(float), cudaMemcpyDeviceToHost, s);
+        e != cudaSuccess)
+      return CudaErr("AllReduce stage out", e);
+  }
   return Sync("AllReduce sync");
+}
+
+absl::Status NcclCollective::AllReduceSumOnStream(float* data, size_t n, void* stream) {
+  if (n == 0) return absl::OkStatus();
+  if (ncclResult_t r = ncclAllReduce(data, data, n, ncclFloat32, ncclSum,
+                                     static_cast<ncclComm_t>(comm_),
+                                     static_cast<cudaStream_t>(stream));
+      r != ncclSuccess)
+    return NcclErr("AllReduce (stream-ordered)", r);
+  return absl::OkStatus();
 }
 
 absl::Status NcclCollective::AllGather(const float* in, size_t n, float* out) {
@@ -117,8 +162,20 @@ absl::Status NcclCollective::Broadcast(void* data, size_t bytes, int root) {
   if (bytes == 0) return absl::OkStatus();
   auto comm = static_cast<ncclComm_t>(comm_);
   auto s = static_cast<cudaStream_t>(stream_);
-  if (ncclResult_t r = ncclBroadcast(data, data, bytes, ncclUint8, root, comm, s); r != ncclSuccess)
+  DS_ASSIGN_OR_RETURN(const bool host, IsHost(data));
+  void* buf = data;
+  if (host) {
+    DS_RETURN_IF_ERROR(EnsureStaging(bytes));
+    buf = staging_;
+    if (cudaError_t e = cudaMemcpyAsync(buf, data, bytes, cudaMemcpyHostToDevice, s); e != cudaSuccess)
+      return CudaErr("Broadcast stage in", e);
+  }
+  if (ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm, s); r != ncclSuccess)
     return NcclErr("Broadcast", r);
+  if (host) {
+    if (cudaError_t e = cudaMemcpyAsync(data, buf, bytes, cudaMemcpyDeviceToHost, s); e != cudaSuccess)
+      return CudaErr("Broadcast stage out", e);
+  }
   return Sync("Broadcast sync");
 }
 

@@ -1,8 +1,11 @@
 // NcclCollective: ds::Collective over NCCL for GPU worker processes (one process per device).
-// Built only with DS_HAVE_CUDA. Every buffer passed to it is a device pointer on `device`;
-// collectives run on the collective's own stream and the call returns after the stream has
-// synchronised (blocking contract of collective.h; the CUDA backend may later take the stream and
-// enqueue without the sync, inside its CUDA graph).
+// Built only with DS_HAVE_CUDA and NCCL found (DS_HAVE_NCCL). Buffers are device pointers on
+// `device`; AllReduceSum and Broadcast also take host pointers (staged through a device buffer:
+// the worker broadcasts sampled token ids from host memory). The blocking collectives run on the
+// collective's own stream and return after it has synchronised (contract of collective.h);
+// AllReduceSumOnStream enqueues on the caller's stream without a sync, which is how the CUDA
+// backend reduces inside its forward pass (and inside its decode CUDA graphs: NCCL >= 2.9
+// supports stream capture).
 //
 // Bootstrap: rank 0 calls NewUniqueId(); the 128 opaque bytes travel to every rank through the
 // scheduler (RegisterWorker/AssignTp, see docs/tp.md) or any out-of-band channel; every rank then
@@ -33,14 +36,22 @@ class NcclCollective final : public Collective {
   absl::Status AllGatherV(const float* in, std::span<const size_t> counts, float* out) override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Barrier() override;
+  bool supports_stream_ordered() const override { return true; }
+  absl::Status AllReduceSumOnStream(float* data, size_t n, void* stream) override;
   void* stream() const { return stream_; }  // cudaStream_t
+  int device() const { return device_; }
 
  private:
   NcclCollective() = default;
   absl::Status Sync(const char* what);
+  // Host buffers go through staging_ (grown on demand); device/managed ones are used in place.
+  absl::StatusOr<bool> IsHost(const void* p) const;
+  absl::Status EnsureStaging(size_t bytes);
   void* comm_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t
   float* scratch_ = nullptr;  // [1] device float for Barrier
+  void* staging_ = nullptr;   // [staging_bytes_] device bytes for host-pointer calls
+  size_t staging_bytes_ = 0;
   int rank_ = 0, world_ = 1, device_ = 0;
 };
 

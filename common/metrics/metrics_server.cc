@@ -1,13 +1,14 @@
 #include "common/metrics/metrics_server.h"
 
+#include <httplib.h>
 #include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/text_serializer.h>
 
 #include <ctime>
 #include <exception>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -41,6 +42,20 @@ MetricsServer::MetricsServer() : registry_(std::make_shared<prometheus::Registry
   collectable_ = std::make_shared<HookedRegistry>(registry_);
 }
 
+// /metrics over cpp-httplib rather than prometheus-cpp's civetweb exposer: civetweb starts its
+// threads with a fixed ~100 KB stack, and once libcublasLt (large static TLS) is linked into the
+// process glibc refuses such threads (pthread_create EINVAL), so a CUDA build could not export
+// metrics ("null context when constructing CivetServer"; seen 2026-11-29, Debian civetweb 1.15,
+// CUDA 13.0). httplib's std::threads get the default stack.
+struct MetricsServer::Http {
+  httplib::Server server;
+  std::thread thread;
+  ~Http() {
+    server.stop();
+    if (thread.joinable()) thread.join();
+  }
+};
+
 MetricsServer::~MetricsServer() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
@@ -62,16 +77,30 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   if (listen.rfind(':') == std::string::npos)
     return absl::InvalidArgumentError(
         absl::StrCat("metrics listen address '", listen, "' is not HOST:PORT"));
-  try {
-    // Two threads: Prometheus scrapes one request at a time; the second serves a curl meanwhile.
-    s->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+  std::string host = listen.substr(0, listen.rfind(':'));
+  const std::string port_s = listen.substr(listen.rfind(':') + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = -1;
+  if (port_s.empty() || port_s.size() > 5 || port_s.find_first_not_of("0123456789") != std::string::npos ||
+      (port = std::stoi(port_s)) > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("metrics listen address '", listen, "': bad port"));
+  auto http = std::make_unique<Http>();
+  HookedRegistry* reg = s->collectable_.get();
+  http->server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
+    std::ostringstream out;
+    prometheus::TextSerializer().Serialize(out, reg->Collect());
+    res.set_content(out.str(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  if (port == 0) {
+    port = http->server.bind_to_any_port(host);
+    if (port <= 0) return absl::UnavailableError("cannot serve metrics on " + listen + ": bind failed");
+  } else if (!http->server.bind_to_port(host, port)) {
+    return absl::UnavailableError("cannot serve metrics on " + listen + ": bind failed");
   }
-  s->exposer_->RegisterCollectable(s->collectable_);
-  const std::vector<int> ports = s->exposer_->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError("metrics exposer on " + listen + " has no port");
-  s->port_ = ports.front();
+  httplib::Server* srv = &http->server;
+  http->thread = std::thread([srv] { srv->listen_after_bind(); });
+  s->http_ = std::move(http);
+  s->port_ = port;
   return s;
 }
 

@@ -1,4 +1,5 @@
-// One Prometheus registry per process plus its /metrics endpoint (prometheus-cpp pull exposer).
+// One Prometheus registry per process plus its /metrics endpoint (prometheus-cpp registry and
+// text format, served over cpp-httplib).
 //
 // Every metric deltaserve exports is defined in one place per component (gateway_metrics.h,
 // scheduler_metrics.h, worker_metrics.h); those structs register their families on this server's
@@ -15,10 +16,6 @@
 #include <vector>
 
 #include "common/util/status.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace ds::metrics {
 
@@ -45,11 +42,12 @@ class MetricsServer {
 
  private:
   class HookedRegistry;
+  struct Http;
   MetricsServer();
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<HookedRegistry> collectable_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<Http> http_;  // declared last: stops serving before the registry goes
   int port_ = 0;
 };
 

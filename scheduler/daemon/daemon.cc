@@ -86,6 +86,18 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
   if (l.max_slots > 0 && l.core.n_slots > l.max_slots)
     return absl::InvalidArgumentError(
         absl::StrCat("--slots ", l.core.n_slots, " > --max-slots ", l.max_slots));
+  if (l.slot_ctx > 0) {
+    // Workers are given slots of --slot-ctx positions; a policy that lets one slot grow past that
+    // could never be served, so refuse it here rather than when the first worker registers.
+    const sched::ContextPolicy& p = l.core.context;
+    const int64_t cap = p.kind == sched::ContextPolicy::Kind::kStatic
+                            ? p.n_ctx / std::max(1, l.core.n_slots)
+                            : (p.slot_cap > 0 ? std::min<int64_t>(p.slot_cap, p.n_ctx) : p.n_ctx);
+    if (l.slot_ctx < cap)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--slot-ctx ", l.slot_ctx, " is below the per-slot cap ", cap,
+          " (pool: --slot-cap, or --ctx when it is unset; static: --ctx / --slots)"));
+  }
   return o;
 }
 

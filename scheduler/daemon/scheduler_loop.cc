@@ -213,8 +213,10 @@ void SchedulerLoop::Handle(WorkerJoinCmd& c) {
   const int64_t cap = PerSlotCapFor(st.n_slots_target, st.policy);
   const int64_t slot_ctx = opts_.slot_ctx > 0 ? opts_.slot_ctx : st.policy.n_ctx;
   if (slot_ctx < cap) {
-    c.link->Close(absl::FailedPreconditionError(
-        absl::StrCat("--slot-ctx ", slot_ctx, " is below the per-slot cap ", cap)));
+    const absl::Status why = absl::FailedPreconditionError(
+        absl::StrCat("--slot-ctx ", slot_ctx, " is below the per-slot cap ", cap));
+    DS_LOG(ERROR, "worker_refused", {{"worker", c.info.id}, {"reason", std::string(why.message())}});
+    c.link->Close(why);
     return;
   }
   worker_ = c.link;

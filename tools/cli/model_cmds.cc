@@ -3,11 +3,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/collective/collective.h"
 #include "common/gguf/gguf.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
@@ -17,6 +19,9 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
+#ifdef DS_HAVE_NCCL
+#include "common/collective/nccl_collective.h"
+#endif
 
 namespace ds::cli {
 namespace {
@@ -58,7 +63,11 @@ absl::Status Prefill(Backend& be, const std::vector<int32_t>& prompt, bool all_l
 }  // namespace
 
 int CmdLogits(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv, {"--model", "--prompt-ids", "--out", "--backend"}, {});
+  // --tp-nccl: run the forward through a one-rank NCCL communicator (ncclGetUniqueId +
+  // ncclCommInitRank over 1 rank), i.e. the TP code path at world 1; the logits must be
+  // bit-identical to a run without it.
+  auto args =
+      Args::Parse(argc, argv, {"--model", "--prompt-ids", "--out", "--backend"}, {"--tp-nccl"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
   auto ids_s = args->Required("--prompt-ids");
@@ -71,6 +80,23 @@ int CmdLogits(int argc, char** argv) {
   BackendOptions bo;
   bo.n_slots = 1;
   bo.slot_ctx = static_cast<int>(ids->size());
+  // Declared before the backend, which points into it, so it is destroyed after it.
+  std::unique_ptr<Collective> coll;
+  if (args->Has("--tp-nccl")) {
+#ifdef DS_HAVE_NCCL
+    if (args->Str("--backend", "cpu") == "cpu")
+      return Fail(absl::InvalidArgumentError("--tp-nccl needs --backend cuda"));
+    auto id = NcclCollective::NewUniqueId();
+    if (!id.ok()) return Fail(id.status());
+    auto c = NcclCollective::Create(/*rank=*/0, /*world=*/1, *id, bo.device);
+    if (!c.ok()) return Fail(c.status());
+    coll = std::move(*c);
+    bo.collective = coll.get();
+    std::fprintf(stderr, "tp: one-rank %s communicator\n", coll->name().c_str());
+#else
+    return Fail(absl::UnimplementedError("--tp-nccl: this build has no NCCL (DS_HAVE_NCCL)"));
+#endif
+  }
   auto be = CreateBackend(args->Str("--backend", "cpu"), *model, bo);
   if (!be.ok()) return Fail(be.status());
   std::vector<float> logits;

@@ -13,7 +13,7 @@ MODEL=${MODEL:-/tmp/q6k-27b.gguf}
 LOG=${OUT:-/tmp}/cluster_run; mkdir -p "$LOG"
 [ -f "$MODEL" ] || "$B" gguf-synth --preset 27b --type Q6_K --out "$MODEL" 2>&1 | tail -1
 "$B" scheduler --listen 127.0.0.1:50060 --slots 16 --max-slots 16 --ctx 131072 --split pool \
-  --slot-ctx 8192 --metrics-listen 127.0.0.1:9460 >"$LOG/scheduler.log" 2>&1 &
+  --slot-cap 8192 --slot-ctx 8192 --metrics-listen 127.0.0.1:9460 >"$LOG/scheduler.log" 2>&1 &
 S=$!
 "$B" worker --scheduler 127.0.0.1:50060 --model "$MODEL" --backend cuda >"$LOG/worker.log" 2>&1 &
 W=$!

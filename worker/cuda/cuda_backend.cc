@@ -11,6 +11,7 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
+#include "common/collective/collective.h"
 #include "common/gguf/gguf.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
@@ -121,6 +122,13 @@ class CudaBackend final : public CudaBackendApi {
   absl::Status RunMicro(std::span<const SeqStep> batch, const std::vector<Piece>& pieces,
                         int* n_logit_rows);
   absl::Status Layers(int R, bool pure_decode);
+  // Tensor parallelism: h_ ← Σ over ranks after a row-parallel projection (docs/tp.md §8).
+  absl::Status AllReduceResidual(int R);
+  // Row-parallel projections accumulate into the residual h_ on rank 0 only; the other ranks
+  // store their partial product there. The all-reduce then gives every rank h + Σ_r y_r with no
+  // extra buffer or add kernel, and without a collective (or at world 1) the arithmetic is
+  // exactly the single-GPU path's h += y.
+  bool ResidualOnThisRank() const { return tp_rank_ == 0; }
   absl::Status Head(int n_logit_rows);
   absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
   absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
@@ -145,6 +153,9 @@ class CudaBackend final : public CudaBackendApi {
 
   ModelConfig cfg_;
   std::unique_ptr<gguf::File> file_;
+  // TP collective (caller-owned, stream-ordered, e.g. NCCL); null = no reduction at all.
+  Collective* coll_ = nullptr;
+  int tp_rank_ = 0;
   int device_ = 0, n_slots_ = 0, slot_ctx_ = 0;
   CudaBackendOptions copts_;
   bool bf16_ = true;  // 16-bit GEMM operand type: bf16 on sm_80+, f16 below
@@ -247,6 +258,26 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   if (opts.n_slots < 1 || opts.slot_ctx < 1)
     return absl::InvalidArgumentError(absl::StrCat("CUDA backend: n_slots=", opts.n_slots,
                                                    " slot_ctx=", opts.slot_ctx, " must be >= 1"));
+  // Tensor parallelism: the reduction points are in place (AllReduceResidual), the sharded loader
+  // is not: tp_world > 1 would need worker/tp's plan applied to the upload below.
+  if (opts.tp_world != 1 || opts.tp_rank != 0)
+    return absl::UnimplementedError(absl::StrCat(
+        "CUDA backend: tp_world ", opts.tp_world, " (rank ", opts.tp_rank,
+        "): only tp_world 1 is supported on CUDA (no sharded loader yet); use --backend cpu for "
+        "tensor parallelism across processes"));
+  if (opts.collective) {
+    Collective* c = opts.collective;
+    if (c->world() != opts.tp_world || c->rank() != opts.tp_rank)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA backend: collective ", c->name(), " is rank ", c->rank(), " of ", c->world(),
+          " but BackendOptions says rank ", opts.tp_rank, " of ", opts.tp_world));
+    if (!c->supports_stream_ordered())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA backend: collective ", c->name(),
+          " cannot reduce device buffers on a stream (use nccl)"));
+    coll_ = c;
+    tp_rank_ = opts.tp_rank;
+  }
   copts_ = copts;
   device_ = opts.device;
   n_slots_ = opts.n_slots;
@@ -672,8 +703,9 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
       ProfEnd();
       ProfBegin("gdn_proj");
       InvalidateX();
-      DS_RETURN_IF_ERROR(Linear(L.ssm_out, mix_out_, R, h_, true));
+      DS_RETURN_IF_ERROR(Linear(L.ssm_out, mix_out_, R, h_, ResidualOnThisRank()));
       ProfEnd();
+      DS_RETURN_IF_ERROR(AllReduceResidual(R));
     } else {
       const AttnShape& s = attn_shape_;
       ProfBegin("attn_proj");
@@ -707,8 +739,9 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
       ProfEnd();
       ProfBegin("attn_proj");
       InvalidateX();
-      DS_RETURN_IF_ERROR(Linear(L.o, mix_out_, R, h_, true));
+      DS_RETURN_IF_ERROR(Linear(L.o, mix_out_, R, h_, ResidualOnThisRank()));
       ProfEnd();
+      DS_RETURN_IF_ERROR(AllReduceResidual(R));
     }
     ProfBegin("norm");
     DS_RETURN_IF_ERROR(NormToA(L.post_norm, R));
@@ -716,11 +749,24 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
     ProfBegin("ffn");
     DS_RETURN_IF_ERROR(LinearSiluPair(L.ffn_gate, L.ffn_up, a_, R, ffa_));
     InvalidateX();
-    DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, true));
+    DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, ResidualOnThisRank()));
     ProfEnd();
+    DS_RETURN_IF_ERROR(AllReduceResidual(R));
   }
   (void)pure_decode;
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllReduceResidual(int R) {
+  if (!coll_) return absl::OkStatus();
+  // Enqueued on stream_ after the projection, no host sync: it orders like a kernel and is
+  // captured into the decode graphs like one (the first pure-decode step of a batch size runs
+  // eagerly, so NCCL's lazy connection setup never happens during capture).
+  ProfBegin("allreduce");
+  absl::Status st =
+      coll_->AllReduceSumOnStream(h_, static_cast<size_t>(R) * cfg_.n_embd, stream_);
+  ProfEnd();
+  return st;
 }
 
 absl::Status CudaBackend::Head(int n_logit_rows) {

@@ -260,10 +260,11 @@ class Session {
           bo.device = o_.device;
           sd::NotifyStatus(absl::StrCat("loading ", o_.model, " for ", cf.n_slots(), " slots x ",
                                         cf.slot_ctx(), " positions"));
-          if (o_.tp_world > 1) {
+          const bool nccl = o_.tp_collective == "nccl";
+          if (o_.tp_world > 1 || nccl) {
             // TP rank (docs/tp.md §6): meet the other ranks through the scheduler once, then
             // load only this rank's shard.
-            if (o_.backend != "cpu" && CudaAvailable())
+            if (o_.tp_world > 1 && o_.backend != "cpu" && CudaAvailable())
               return Fatal(absl::UnimplementedError(
                   "--tp-world > 1 needs --backend cpu: the CUDA backend has no sharded loader yet"));
             if (!tp_.collective) {
@@ -273,9 +274,16 @@ class Session {
               t.group = o_.tp_group;
               t.split = o_.tp_split;
               t.iface = o_.tp_iface;
-              auto g = worker::JoinTpGroup(t, "cpu", o_.device, cf.tp_prefix(), channel_);
+              // A TP = 1 worker registers without a group, so the scheduler sends no prefix;
+              // NCCL's bootstrap still goes through the scheduler's store under a private one.
+              std::string prefix = cf.tp_prefix();
+              if (prefix.empty() && o_.tp_world == 1)
+                prefix = absl::StrCat("tp/solo/", o_.worker_id, "/", getpid(), "/");
+              auto g = worker::JoinTpGroup(t, nccl ? "cuda" : "cpu", o_.device, prefix, channel_);
               if (!g.ok()) return Fatal(g.status());
               tp_ = std::move(*g);
+              DS_LOG(INFO, "tp_joined", {{"collective", tp_.collective->name()},
+                                         {"rank", o_.tp_rank}, {"world", o_.tp_world}});
             }
             bo.tp_rank = o_.tp_rank;
             bo.tp_world = o_.tp_world;
@@ -287,7 +295,9 @@ class Session {
           be_ = std::move(*be);
           n_usable = static_cast<int>(cf.n_slots());
           executor_ = std::make_unique<worker::StepExecutor>(be_.get(), n_usable);
-          if (tp_.collective) executor_->SetGroup(tp_.collective.get());
+          // Token broadcasts only where there is a peer to receive them.
+          if (tp_.collective && tp_.collective->world() > 1)
+            executor_->SetGroup(tp_.collective.get());
           DS_LOG(INFO, "configured", {{"slots", n_usable}, {"slot_ctx", cf.slot_ctx()},
                                       {"device", be_->name()}});
           sd::NotifyStatus("warming up");
@@ -296,7 +306,8 @@ class Session {
         case pb::SchedulerMessage::kWarmup: {
           if (!executor_) return Fatal(absl::FailedPreconditionError("Warmup before Configure"));
           auto w = Warmup(*be_, n_usable, static_cast<int>(msg.warmup().tokens()),
-                          tp_.collective.get());
+                          tp_.collective && tp_.collective->world() > 1 ? tp_.collective.get()
+                                                                        : nullptr);
           if (!w.ok()) return Fatal(w.status());
           w->set_weights_bytes(mem_.weights);
           w->set_kv_bytes(mem_.kv_per_token * uint64_t(n_usable + 1) * be_->slot_ctx());
@@ -389,7 +400,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                          {"--scheduler", "--model", "--backend", "--worker-id",
                                           "--threads", "--device", "--connect-timeout",
                                           "--nvml-device", "--port-file", "--tp-rank",
-                                          "--tp-world", "--tp-group", "--split", "--tp-iface"}));
+                                          "--tp-world", "--tp-group", "--split", "--tp-iface",
+                                          "--tp-collective"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -425,6 +437,15 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   if (m.count("--tp-group")) o.tp_group = m["--tp-group"];
   if (m.count("--split")) o.tp_split = m["--split"];
   if (m.count("--tp-iface")) o.tp_iface = m["--tp-iface"];
+  if (m.count("--tp-collective")) o.tp_collective = m["--tp-collective"];
+  if (o.tp_collective != "auto" && o.tp_collective != "gloo" && o.tp_collective != "nccl")
+    return absl::InvalidArgumentError("--tp-collective expects auto, gloo or nccl, got '" +
+                                      o.tp_collective + "'");
+  if (o.tp_collective == "nccl" && o.backend == "cpu")
+    return absl::InvalidArgumentError("--tp-collective nccl needs --backend cuda");
+  if (o.tp_collective == "gloo" && o.backend == "cuda")
+    return absl::InvalidArgumentError(
+        "--tp-collective gloo works on host buffers: it needs --backend cpu");
   if (m.count("--nvml-device")) {
     if (m["--nvml-device"] == "off") {
       o.nvml_device = -2;
@@ -477,7 +498,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
                  "[--port-file F] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
-                 "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF]]\n",
+                 "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF] [--tp-collective auto|gloo|nccl]]\n",
                  std::string(o.status().message()).c_str());
     return 2;
   }

@@ -29,6 +29,10 @@ struct WorkerOptions {
   std::string tp_group = "tp";
   std::string tp_split;
   std::string tp_iface;
+  // The group's collective: "auto" (Gloo for a CPU group of tp_world > 1, none at tp_world 1),
+  // "gloo", or "nccl" (CUDA backend; at tp_world 1 a one-rank NCCL communicator, bootstrapped
+  // through the scheduler's rendezvous like a real group: the TP = 1 check of the NCCL path).
+  std::string tp_collective = "auto";
   // NVML index of the GPU whose utilisation / memory the worker exports: -1 = the CUDA device
   // when the backend is CUDA (none for the CPU backend), -2 = off.
   int nvml_device = -1;
