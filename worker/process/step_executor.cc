@@ -115,7 +115,7 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
     q.tokens.assign(known.begin() + w.pos0(), known.begin() + w.pos0() + w.n_tokens());
     q.all_logits = false;
   }
-  StepOutput out;
+  StepOutput& out = out_;
   const double t0 = SteadySeconds();
   absl::Status fs = backend_->Forward(batch_, StepOptions{}, &out);
   const double t1 = SteadySeconds();
