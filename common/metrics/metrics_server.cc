@@ -85,6 +85,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
       (port = std::stoi(port_s)) > 65535)
     return absl::InvalidArgumentError(absl::StrCat("metrics listen address '", listen, "': bad port"));
   auto http = std::make_unique<Http>();
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second process
+  // bind the same metrics port silently instead of failing with a clear error.
+  http->server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
   HookedRegistry* reg = s->collectable_.get();
   http->server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
     std::ostringstream out;

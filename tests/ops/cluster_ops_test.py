@@ -134,15 +134,16 @@ def test_cluster(a, work):
                        "scheduler internal/metrics, worker metrics)")
 
         # Graceful stop: a long request in flight when the gateway gets SIGTERM still finishes.
-        # ~2-3 s of generation on the tiny model: longer than the gap to SIGTERM, well inside the
-        # drain timeout (5 s under `deltaserve serve`).
-        long_req = ["generate", "--addr", c.addr, "--prompt-ids", "5,6,7", "--max-tokens", "1200",
+        # SIGTERM goes out as soon as the stream's first text arrives; 2000 tokens then take
+        # ~0.8 s on an idle 2-core VM (tiny model, ~0.4 ms/token) and ~4 s at 2 ms/token under
+        # load: still running at the signal, and inside the 5 s drain of `deltaserve serve`.
+        long_req = ["generate", "--addr", c.addr, "--prompt-ids", "5,6,7", "--max-tokens", "2000",
                     "--ignore-eos", "--timeout", "120", "--api-key", TOKEN,
                     "--request-id", "ops-graceful"]
         t0 = time.time()
         p = subprocess.Popen([a.deltactl, *long_req], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-        time.sleep(0.7)
+        p.stdout.read(1)  # the stream has started
         expect(p.poll() is None, "the long request is still running when SIGTERM is sent")
         os.kill(c.pids["gateway"], signal.SIGTERM)
         time.sleep(0.3)

@@ -162,7 +162,9 @@ TEST_P(TpGroup, MatchesTp1) {
   for (int r = 1; r < c.world; ++r) {
     const auto other = Load(Dir() + "/res_" + name + ".json." + std::to_string(r));
     EXPECT_EQ(other["tokens"], got["tokens"]) << "rank " << r;
-    if (c.lm_head == "rank0") EXPECT_FALSE(other.contains("logits") && !other["logits"].empty());
+    if (c.lm_head == "rank0") {
+      EXPECT_FALSE(other.contains("logits") && !other["logits"].empty());
+    }
   }
 }
 
