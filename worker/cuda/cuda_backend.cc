@@ -132,6 +132,8 @@ class CudaBackend final : public CudaBackendApi {
   absl::Status Head(int n_logit_rows);
   absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
   absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
+  absl::Status GemvColumns(const DMat& w, const DMat* w2, const float* x, int R, float* y,
+                           GemvEpilogue epilogue);
   // Several matrices on the same input x (store epilogue): one GemvMulti launch per column chunk
   // when they share type and K, else one Linear each.
   absl::Status LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
@@ -541,28 +543,36 @@ absl::Status CudaBackend::EnsureHalf(const float* x, int R, int K) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
-  if (R <= copts_.gemv_max_rows) {
-    const bool qx = GemvWantsQuantizedX(w.type, w.cols);
-    if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, w.cols));
-    for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
-      GemvArgs a;
-      a.type = w.type;
-      a.w = w.d;
-      a.M = w.rows;
-      a.K = w.cols;
-      a.nc = std::min(kGemvMaxCols, R - c0);
-      a.x = x + static_cast<int64_t>(c0) * w.cols;
-      if (qx) {
-        a.xq = xq_ + static_cast<int64_t>(c0) * w.cols;
-        a.xd = xd_ + static_cast<int64_t>(c0) * (w.cols / 32);
-      }
-      a.y = y + static_cast<int64_t>(c0) * w.rows;
-      a.epilogue = accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore;
-      DS_RETURN_IF_ERROR(Gemv(a, stream_));
+// The GEMV path for R <= gemv_max_rows rows: kGemvMaxCols activation columns per weight read.
+// `w2` is the second matrix of a kSiluMul pair (same type and shape as w), else nullptr.
+absl::Status CudaBackend::GemvColumns(const DMat& w, const DMat* w2, const float* x, int R,
+                                      float* y, GemvEpilogue epilogue) {
+  const bool qx = GemvWantsQuantizedX(w.type, w.cols);
+  if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, w.cols));
+  for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
+    GemvArgs a;
+    a.type = w.type;
+    a.w = w.d;
+    if (w2) a.w2 = w2->d;
+    a.M = w.rows;
+    a.K = w.cols;
+    a.nc = std::min(kGemvMaxCols, R - c0);
+    a.x = x + static_cast<int64_t>(c0) * w.cols;
+    if (qx) {
+      a.xq = xq_ + static_cast<int64_t>(c0) * w.cols;
+      a.xd = xd_ + static_cast<int64_t>(c0) * (w.cols / 32);
     }
-    return absl::OkStatus();
+    a.y = y + static_cast<int64_t>(c0) * w.rows;
+    a.epilogue = epilogue;
+    DS_RETURN_IF_ERROR(Gemv(a, stream_));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
+  if (R <= copts_.gemv_max_rows)
+    return GemvColumns(w, nullptr, x, R, y,
+                       accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore);
   if (w.type == GgmlType::F32)
     return gemm_->RunF32(static_cast<const float*>(w.d), x, y, w.rows, w.cols, R, w.rows,
                          accumulate ? 1.f : 0.f, stream_);
@@ -627,28 +637,8 @@ absl::Status CudaBackend::NormToA(const float* w, int R) {
 
 absl::Status CudaBackend::LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R,
                                          float* y) {
-  if (R <= copts_.gemv_max_rows && g.type == u.type) {
-    const bool qx = GemvWantsQuantizedX(g.type, g.cols);
-    if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, g.cols));
-    for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
-      GemvArgs a;
-      a.type = g.type;
-      a.w = g.d;
-      a.w2 = u.d;
-      a.M = g.rows;
-      a.K = g.cols;
-      a.nc = std::min(kGemvMaxCols, R - c0);
-      a.x = x + static_cast<int64_t>(c0) * g.cols;
-      if (qx) {
-        a.xq = xq_ + static_cast<int64_t>(c0) * g.cols;
-        a.xd = xd_ + static_cast<int64_t>(c0) * (g.cols / 32);
-      }
-      a.y = y + static_cast<int64_t>(c0) * g.rows;
-      a.epilogue = GemvEpilogue::kSiluMul;
-      DS_RETURN_IF_ERROR(Gemv(a, stream_));
-    }
-    return absl::OkStatus();
-  }
+  if (R <= copts_.gemv_max_rows && g.type == u.type)
+    return GemvColumns(g, &u, x, R, y, GemvEpilogue::kSiluMul);
   DS_RETURN_IF_ERROR(Linear(g, x, R, y, false));
   DS_RETURN_IF_ERROR(Linear(u, x, R, ffb_, false));
   return SiluMul(y, ffb_, y, static_cast<int64_t>(R) * g.rows, stream_);
