@@ -23,6 +23,7 @@
 
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/client.h"
+#include "tests/cluster/cluster_test_util.h"
 #include "tools/synth/synth.h"
 
 namespace ds {
@@ -31,40 +32,9 @@ namespace {
 namespace v1 = deltaserve::v1;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using namespace cluster_test;
 
 const std::string kBin = DS_DELTASERVE_BIN;
-
-std::string TestDir() {
-  static const std::string dir = [] {
-    std::string d =
-        (std::filesystem::temp_directory_path() / ("ds_gateway_test_" + std::to_string(getpid())))
-            .string();
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-// Removes the per-process directory (models, port files, logs) after the last test.
-class CleanupEnv : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(TestDir(), ec);
-  }
-};
-[[maybe_unused]] ::testing::Environment* const kCleanup =
-    ::testing::AddGlobalTestEnvironment(new CleanupEnv);
-
-const std::string& TinyModel() {
-  static const std::string path = [] {
-    std::string p = TestDir() + "/tiny.gguf";
-    absl::Status s = SynthesizeGguf(SynthOptions::Tiny(), p);
-    EXPECT_TRUE(s.ok()) << s;
-    return p;
-  }();
-  return path;
-}
 
 struct Proc {
   std::string role;
@@ -87,18 +57,6 @@ Proc Spawn(const std::string& role, std::vector<std::string> args, const std::st
     _exit(127);
   }
   return p;
-}
-
-bool Alive(pid_t pid) {
-  int st = 0;
-  return pid > 0 && waitpid(pid, &st, WNOHANG) == 0;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string WaitFile(const std::string& path, pid_t pid, std::chrono::milliseconds timeout) {
@@ -290,12 +248,6 @@ nlohmann::json ReferenceGenerate(const std::string& prompt_flag, const std::stri
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   EXPECT_EQ(pclose(p), 0) << cmd;
   return nlohmann::json::parse(out, nullptr, false);
-}
-
-std::string Join(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
-  return s;
 }
 
 TEST(Gateway, HealthServingOnlyAfterWarmup) {

@@ -25,6 +25,7 @@
 
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/client.h"
+#include "tests/cluster/cluster_test_util.h"
 #include "tools/synth/synth.h"
 
 namespace ds {
@@ -33,59 +34,15 @@ namespace {
 namespace v1 = deltaserve::v1;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using namespace cluster_test;
 
 const std::string kBin = DS_DELTASERVE_BIN;
-
-const std::string& Dir() {
-  static const std::string d = [] {
-    std::string p = (std::filesystem::temp_directory_path() /
-                     ("ds_tp_cluster_test_" + std::to_string(getpid())))
-                        .string();
-    std::filesystem::create_directories(p);
-    return p;
-  }();
-  return d;
-}
-
-class RemoveDir : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(Dir(), ec);
-  }
-};
-[[maybe_unused]] ::testing::Environment* const kRemoveDir =
-    ::testing::AddGlobalTestEnvironment(new RemoveDir);
-
-// The tiny model (F32, 4 q / 2 KV heads, 2 GDN key heads): TP = 2 gives each rank one KV unit,
-// one GDN key head and half the FFN and vocabulary.
-const std::string& Model() {
-  static const std::string p = [] {
-    std::string path = Dir() + "/tiny.gguf";
-    absl::Status s = SynthesizeGguf(SynthOptions::Tiny(), path);
-    EXPECT_TRUE(s.ok()) << s;
-    return path;
-  }();
-  return p;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool Running(pid_t pid) {
-  int st = 0;
-  return pid > 0 && waitpid(pid, &st, WNOHANG) == 0;
-}
 
 // Waits for a process to exit on its own; true if it did within `timeout`.
 bool Exits(pid_t pid, std::chrono::milliseconds timeout) {
   const auto end = Clock::now() + timeout;
   while (Clock::now() < end) {
-    if (!Running(pid)) return true;
+    if (!Alive(pid)) return true;
     std::this_thread::sleep_for(20ms);
   }
   return false;
@@ -96,15 +53,9 @@ struct Child {
   pid_t pid = -1;
 };
 
-std::string Join(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
-  return s;
-}
-
 // Single-process greedy reference: `deltaserve generate --json`.
 std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
-  const std::string cmd = kBin + " generate --model " + Model() + " --prompt-ids '" + Join(prompt) +
+  const std::string cmd = kBin + " generate --model " + TinyModel() + " --prompt-ids '" + Join(prompt) +
                           "' --max-tokens " + std::to_string(max_tokens) +
                           " --backend cpu --threads 1 --json --ignore-eos 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
@@ -146,7 +97,7 @@ class TpCluster {
 
   explicit TpCluster(Options o) : o_(std::move(o)) {
     static int n = 0;
-    dir_ = Dir() + "/c" + std::to_string(n++);
+    dir_ = TestDir() + "/c" + std::to_string(n++);
     std::filesystem::create_directories(dir_);
     std::vector<std::string> sf = {
         "--listen", "127.0.0.1:0", "--port-file", dir_ + "/sched.port", "--slots",
@@ -161,7 +112,7 @@ class TpCluster {
     const std::string gpf = dir_ + "/gw.port";
     Start("gateway", "gateway",
           {"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--scheduler", sched_,
-           "--model", Model(), "--port-file", gpf, "--health-interval-ms", "100"});
+           "--model", TinyModel(), "--port-file", gpf, "--health-interval-ms", "100"});
     std::istringstream in(WaitFor(gpf, children_.back().pid));
     int gp = 0, ap = 0;
     in >> gp >> ap;
@@ -172,30 +123,30 @@ class TpCluster {
 
   ~TpCluster() {
     for (Child& c : children_)
-      if (Running(c.pid)) kill(c.pid, SIGTERM);
+      if (Alive(c.pid)) kill(c.pid, SIGTERM);
     const auto end = Clock::now() + 5s;
     for (Child& c : children_) {
-      while (Running(c.pid) && Clock::now() < end) std::this_thread::sleep_for(10ms);
-      if (Running(c.pid)) {
+      while (Alive(c.pid) && Clock::now() < end) std::this_thread::sleep_for(10ms);
+      if (Alive(c.pid)) {
         kill(c.pid, SIGKILL);
         waitpid(c.pid, nullptr, 0);
       }
     }
     if (::testing::Test::HasFailure())
       for (Child& c : children_)
-        std::fprintf(stderr, "----- %s -----\n%s\n", c.name.c_str(), Slurp(c.log).c_str());
+        std::fprintf(stderr, "----- %s -----\n%s\n", c.name.c_str(), ReadFile(c.log).c_str());
   }
 
   pid_t StartRank(int r) {
     return Start("rank" + std::to_string(r), "worker",
-                 {"--scheduler", sched_, "--model", Model(), "--backend", "cpu", "--threads", "1",
+                 {"--scheduler", sched_, "--model", TinyModel(), "--backend", "cpu", "--threads", "1",
                   "--tp-rank", std::to_string(r), "--tp-world", std::to_string(o_.world),
                   "--tp-group", "g", "--split", "1,1", "--worker-id", "rank" + std::to_string(r)})
         .pid;
   }
   pid_t StartSingleWorker() {
     return Start("single", "worker",
-                 {"--scheduler", sched_, "--model", Model(), "--backend", "cpu", "--threads", "1",
+                 {"--scheduler", sched_, "--model", TinyModel(), "--backend", "cpu", "--threads", "1",
                   "--worker-id", "single"})
         .pid;
   }
@@ -271,9 +222,9 @@ class TpCluster {
   std::string WaitFor(const std::string& path, pid_t pid) {
     const auto end = Clock::now() + 20s;
     while (Clock::now() < end) {
-      std::string s = Slurp(path);
+      std::string s = ReadFile(path);
       if (!s.empty()) return s;
-      if (!Running(pid)) break;
+      if (!Alive(pid)) break;
       std::this_thread::sleep_for(10ms);
     }
     return "";
@@ -294,7 +245,7 @@ TEST(TpCluster, GroupServesOnceEveryRankIsUpAndConcurrentGreedyMatchesGenerate) 
   std::this_thread::sleep_for(1500ms);
   EXPECT_EQ(c.Health(), gw::Health::kNotServing);
   EXPECT_EQ(c.Status().workers_size(), 0);
-  EXPECT_TRUE(Running(r0));
+  EXPECT_TRUE(Alive(r0));
   c.StartRank(1);
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
   const v1::ClusterStatus st = c.Status();
@@ -413,7 +364,7 @@ TEST(TpCluster, FailoverReplaysOnAReplacementWorkerWithNothingLost) {
 }
 
 TEST(TpServe, DemoWithTwoRanksRunsAndExitsCleanly) {
-  const std::string cmd = kBin + " serve --model " + Model() +
+  const std::string cmd = kBin + " serve --model " + TinyModel() +
                           " --tp 2 --split 1,1 --port 0 --slots 2 --ctx 1024 --backend cpu "
                           "--threads 1 --demo 'Hello' --demo-max-tokens 8 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
