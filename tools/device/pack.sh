@@ -28,8 +28,8 @@ done
 # it first on the device: mkdir -p /tmp/x && tar -C /tmp/x -xJf .devcarry/dc.tar.xz &&
 # rm -rf .devcarry && mv /tmp/x/dc .devcarry
 if [ "${DS_PACK_XZ:-0}" = 1 ]; then
-  rm -rf /tmp/dc && mv .devcarry /tmp/dc && mkdir .devcarry
-  tar -C /tmp -cf - dc | xz -T"${DS_JOBS:-2}" -6 > .devcarry/dc.tar.xz
-  rm -rf /tmp/dc
+  tmp=$(mktemp -d) && mv .devcarry "$tmp/dc" && mkdir .devcarry
+  tar -C "$tmp" -cf - dc | xz -T"${DS_JOBS:-2}" -6 > .devcarry/dc.tar.xz
+  rm -rf "$tmp"
 fi
 du -sh .devcarry

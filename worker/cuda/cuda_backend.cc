@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -21,6 +22,7 @@
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "worker/model/weights.h"
@@ -42,9 +44,10 @@ uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 struct DMat {
   GgmlType type = GgmlType::F32;
-  const void* d = nullptr;  // [rows, row_bytes] on the device
+  const void* d = nullptr;  // [rows, row_bytes] on the device; tiled: kernels/cuda/gemv_tiled.cuh
   int rows = 0, cols = 0;
   uint64_t bytes = 0;
+  bool tiled = false;       // Q6_K repacked into 16-row mma tiles at upload
 };
 
 struct DLayer {
@@ -180,6 +183,14 @@ class CudaBackend final : public CudaBackendApi {
 
   // Workspace (device), sized for max_step_tokens rows.
   int T_max_ = 0, max_k_ = 0, logit_rows_max_ = 64;
+  // Tiled Q6_K (sm_80+; DS_TILED=0 turns it off for A/B runs): matrices repacked at upload run
+  // the int8 tensor-core kernel for steps of up to tiled_max_rows_ rows (DS_TILED_MAX_ROWS,
+  // default 32: at 64 rows dequantization + cuBLAS measured faster, 54 vs 84 ms per x64 step).
+  bool tiled_ = false;
+  int tiled_max_rows_ = 0;
+  // Rows that take a matmul on int8 activations (GEMV or tiled kernel): the xq_/xd_ capacity.
+  int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
+  bool UsesTiled(const DMat& w, int R) const { return w.tiled && R <= tiled_max_rows_; }
   int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
   int32_t* d_logit_rows_ = nullptr;  // [T_max]
   int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
@@ -200,8 +211,8 @@ class CudaBackend final : public CudaBackendApi {
   uint16_t* q16_ = nullptr;  // [T, n_head*hd]
   float* ffa_ = nullptr;    // [T, n_ff]
   float* ffb_ = nullptr;    // [T, n_ff]
-  int8_t* xq_ = nullptr;    // [gemv_max_rows, max_k]
-  float* xd_ = nullptr;     // [gemv_max_rows, max_k/32]
+  int8_t* xq_ = nullptr;    // [QuantRows(), max_k]
+  float* xd_ = nullptr;     // [QuantRows(), max_k/32]
   uint16_t* xh_ = nullptr;  // [T, max_k]
   uint16_t* wh_ = nullptr;  // [wh_elems] dequantized weight scratch
   uint64_t wh_elems_ = 0;
@@ -328,12 +339,30 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     add_mat(p + "ffn_down", L.ffn_down);
   }
   uint64_t max_mat_elems = 0;
+  {
+    const char* e = std::getenv("DS_TILED");
+    tiled_ = TiledAvailable(device_) && !(e && std::string(e) == "0");
+    const char* m = std::getenv("DS_TILED_MAX_ROWS");
+    tiled_max_rows_ = tiled_ ? std::clamp(m ? std::atoi(m) : 32, 0, kTiledMaxCols) : 0;
+  }
+  // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
+  // by row lookups), so also the LM head unless it is tied to the embedding.
+  auto tile_it = [&](const cpu::WeightView* w) {
+    return tiled_ && w != &mw.token_embd && TiledSupported(w->type) && w->cols % 256 == 0;
+  };
+  auto mat_bytes = [&](const cpu::WeightView* w) -> uint64_t {
+    return tile_it(w) ? TiledBytes(w->type, w->rows, static_cast<int>(w->cols))
+                      : GgmlRowBytes(w->type, w->cols) * w->rows;
+  };
+  uint64_t staging_bytes = 0;  // transient upload buffer of the repack (freed before state/work)
   for (auto& [n, w] : mats) {
     if (!GemvSupported(w->type))
       return absl::UnimplementedError(absl::StrCat("CUDA backend: tensor ", n, " has type ",
                                                    std::string(GgmlInfo(w->type).name),
                                                    " which the CUDA kernels do not support"));
-    plan_.weights += AlignUp(GgmlRowBytes(w->type, w->cols) * w->rows);
+    plan_.weights += AlignUp(mat_bytes(w));
+    if (tile_it(w))
+      staging_bytes = std::max<uint64_t>(staging_bytes, std::min<uint64_t>(GgmlRowBytes(w->type, w->cols) * w->rows, 64ull << 20) + GgmlRowBytes(w->type, w->cols) * kTiledRows);
     max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));
     if (w != &mw.output && w != &mw.token_embd)
       max_mat_elems = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(w->rows) * w->cols);
@@ -383,8 +412,8 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
       {reinterpret_cast<void**>(&q16_), T * ow * 2},
       {reinterpret_cast<void**>(&ffa_), T * c.n_ff * 4ull},
       {reinterpret_cast<void**>(&ffb_), T * c.n_ff * 4ull},
-      {reinterpret_cast<void**>(&xq_), static_cast<uint64_t>(copts_.gemv_max_rows) * max_k_},
-      {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(copts_.gemv_max_rows) * max_k_ / 32 * 4 + 4},
+      {reinterpret_cast<void**>(&xq_), static_cast<uint64_t>(QuantRows()) * max_k_},
+      {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 4 + 4},
       {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
       {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
       {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
@@ -400,11 +429,12 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
 
   size_t free_b = 0, total_b = 0;
   DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
-  if (plan_.total() > free_b)
+  if (plan_.total() > free_b || plan_.weights + staging_bytes > free_b)
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "CUDA backend: model needs %s but device %d has %.2f GiB free (n_slots=%d, slot_ctx=%d); "
-        "lower --slots/--ctx or --max-step-tokens",
-        plan_.ToString(), device_, static_cast<double>(free_b) / (1ull << 30), n_slots_, slot_ctx_));
+        "CUDA backend: model needs %s (+ %.2f GiB transient upload staging) but device %d has "
+        "%.2f GiB free (n_slots=%d, slot_ctx=%d); lower --slots/--ctx or --max-step-tokens",
+        plan_.ToString(), static_cast<double>(staging_bytes) / (1ull << 30), device_,
+        static_cast<double>(free_b) / (1ull << 30), n_slots_, slot_ctx_));
 
   // ---- allocate and upload ----
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -412,14 +442,31 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   gemm_.reset(g);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&weights_mem_, plan_.weights));
   Arena wa{static_cast<uint8_t*>(weights_mem_), plan_.weights, 0};
+  void* staging = nullptr;
+  if (staging_bytes) DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&staging, staging_bytes));
+  std::unique_ptr<void, cudaError_t (*)(void*)> staging_owner(staging, cudaFree);
   auto up_mat = [&](const cpu::WeightView& w, DMat* m) -> absl::Status {
     m->type = w.type;
     m->rows = static_cast<int>(w.rows);
     m->cols = static_cast<int>(w.cols);
-    m->bytes = GgmlRowBytes(w.type, w.cols) * w.rows;
+    m->tiled = tile_it(&w);
+    m->bytes = mat_bytes(&w);
     uint8_t* d = wa.Take<uint8_t>(m->bytes);
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, w.data, m->bytes, cudaMemcpyHostToDevice));
     m->d = d;
+    if (!m->tiled) {
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, w.data, m->bytes, cudaMemcpyHostToDevice));
+      return absl::OkStatus();
+    }
+    // Raw rows go through the staging buffer in chunks of whole tiles and are repacked there.
+    const uint64_t rb = GgmlRowBytes(w.type, w.cols);
+    const int64_t chunk = std::max<int64_t>(kTiledRows, staging_bytes / rb / kTiledRows * kTiledRows);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, w.rows - r0);
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(staging, static_cast<const uint8_t*>(w.data) + r0 * rb,
+                                         n * rb, cudaMemcpyHostToDevice));
+      DS_RETURN_IF_ERROR(TileRows(w.type, staging, r0, n, m->cols, d, stream_));
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
     return absl::OkStatus();
   };
   auto up_vec = [&](const std::vector<float>& v) -> absl::StatusOr<const float*> {
@@ -461,6 +508,7 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     DS_RETURN_IF_ERROR(up_mat(L.ffn_up, &D.ffn_up));
     DS_RETURN_IF_ERROR(up_mat(L.ffn_down, &D.ffn_down));
   }
+  staging_owner.reset();  // before the state and workspace allocations (checked in the plan)
 
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&state_mem_, plan_.kv_cache + plan_.recurrent));
   Arena sa{static_cast<uint8_t*>(state_mem_), plan_.kv_cache + plan_.recurrent, 0};
@@ -547,16 +595,17 @@ absl::Status CudaBackend::EnsureHalf(const float* x, int R, int K) {
 // `w2` is the second matrix of a kSiluMul pair (same type and shape as w), else nullptr.
 absl::Status CudaBackend::GemvColumns(const DMat& w, const DMat* w2, const float* x, int R,
                                       float* y, GemvEpilogue epilogue) {
-  const bool qx = GemvWantsQuantizedX(w.type, w.cols);
+  const bool qx = w.tiled || GemvWantsQuantizedX(w.type, w.cols);
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, w.cols));
-  for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
+  const int max_cols = w.tiled ? kTiledMaxCols : kGemvMaxCols;
+  for (int c0 = 0; c0 < R; c0 += max_cols) {
     GemvArgs a;
     a.type = w.type;
     a.w = w.d;
     if (w2) a.w2 = w2->d;
     a.M = w.rows;
     a.K = w.cols;
-    a.nc = std::min(kGemvMaxCols, R - c0);
+    a.nc = std::min(max_cols, R - c0);
     a.x = x + static_cast<int64_t>(c0) * w.cols;
     if (qx) {
       a.xq = xq_ + static_cast<int64_t>(c0) * w.cols;
@@ -564,13 +613,13 @@ absl::Status CudaBackend::GemvColumns(const DMat& w, const DMat* w2, const float
     }
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
-    DS_RETURN_IF_ERROR(Gemv(a, stream_));
+    DS_RETURN_IF_ERROR(w.tiled ? TiledGemvMulti(&a, 1, stream_) : Gemv(a, stream_));
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
-  if (R <= copts_.gemv_max_rows)
+  if (w.tiled ? R <= tiled_max_rows_ : R <= copts_.gemv_max_rows)
     return GemvColumns(w, nullptr, x, R, y,
                        accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore);
   if (w.type == GgmlType::F32)
@@ -581,8 +630,11 @@ absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y,
   const int chunk = static_cast<int>(std::min<uint64_t>(w.rows, wh_elems_ / w.cols));
   for (int m0 = 0; m0 < w.rows; m0 += chunk) {
     const int mc = std::min(chunk, w.rows - m0);
-    DS_RETURN_IF_ERROR(DequantizeRows(w.type, static_cast<const uint8_t*>(w.d) + m0 * rb, mc,
-                                      w.cols, wh_, bf16_, stream_));
+    if (w.tiled)
+      DS_RETURN_IF_ERROR(DequantizeTiledRows(w.type, w.d, m0, mc, w.cols, wh_, bf16_, stream_));
+    else
+      DS_RETURN_IF_ERROR(DequantizeRows(w.type, static_cast<const uint8_t*>(w.d) + m0 * rb, mc,
+                                        w.cols, wh_, bf16_, stream_));
     DS_RETURN_IF_ERROR(gemm_->Run(wh_, xh_, y + m0, mc, w.cols, R, w.rows, bf16_,
                                   accumulate ? 1.f : 0.f, stream_));
   }
@@ -592,15 +644,18 @@ absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y,
 absl::Status CudaBackend::LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                                       const float* x, int R) {
   const DMat& m0 = *mats.begin()->first;
-  bool same = R <= copts_.gemv_max_rows && static_cast<int>(mats.size()) <= kGemvMaxSegs;
-  for (auto& [m, y] : mats) same = same && m->type == m0.type && m->cols == m0.cols;
+  bool same = (m0.tiled ? R <= tiled_max_rows_ : R <= copts_.gemv_max_rows) &&
+              static_cast<int>(mats.size()) <= kGemvMaxSegs;
+  for (auto& [m, y] : mats)
+    same = same && m->type == m0.type && m->cols == m0.cols && m->tiled == m0.tiled;
   if (!same) {
     for (auto& [m, y] : mats) DS_RETURN_IF_ERROR(Linear(*m, x, R, y, false));
     return absl::OkStatus();
   }
-  const bool qx = GemvWantsQuantizedX(m0.type, m0.cols);
+  const bool qx = m0.tiled || GemvWantsQuantizedX(m0.type, m0.cols);
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, m0.cols));
-  for (int c0 = 0; c0 < R; c0 += kGemvMaxCols) {
+  const int max_cols = m0.tiled ? kTiledMaxCols : kGemvMaxCols;
+  for (int c0 = 0; c0 < R; c0 += max_cols) {
     GemvArgs segs[kGemvMaxSegs];
     int n = 0;
     for (auto& [m, y] : mats) {
@@ -609,7 +664,7 @@ absl::Status CudaBackend::LinearMulti(std::initializer_list<std::pair<const DMat
       a.w = m->d;
       a.M = m->rows;
       a.K = m->cols;
-      a.nc = std::min(kGemvMaxCols, R - c0);
+      a.nc = std::min(max_cols, R - c0);
       a.x = x + static_cast<int64_t>(c0) * m->cols;
       if (qx) {
         a.xq = xq_ + static_cast<int64_t>(c0) * m->cols;
@@ -618,7 +673,7 @@ absl::Status CudaBackend::LinearMulti(std::initializer_list<std::pair<const DMat
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
     }
-    DS_RETURN_IF_ERROR(GemvMulti(segs, n, stream_));
+    DS_RETURN_IF_ERROR(m0.tiled ? TiledGemvMulti(segs, n, stream_) : GemvMulti(segs, n, stream_));
   }
   return absl::OkStatus();
 }
@@ -626,7 +681,7 @@ absl::Status CudaBackend::LinearMulti(std::initializer_list<std::pair<const DMat
 absl::Status CudaBackend::NormToA(const float* w, int R) {
   const int H = cfg_.n_embd;
   InvalidateX();
-  if (R <= copts_.gemv_max_rows && H % 32 == 0) {
+  if (R <= QuantRows() && H % 32 == 0) {
     DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_));
     xq_src_ = a_;
     xq_rows_ = R;
@@ -637,7 +692,8 @@ absl::Status CudaBackend::NormToA(const float* w, int R) {
 
 absl::Status CudaBackend::LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R,
                                          float* y) {
-  if (R <= copts_.gemv_max_rows && g.type == u.type)
+  if (g.type == u.type && g.tiled == u.tiled &&
+      (g.tiled ? R <= tiled_max_rows_ : R <= copts_.gemv_max_rows))
     return GemvColumns(g, &u, x, R, y, GemvEpilogue::kSiluMul);
   DS_RETURN_IF_ERROR(Linear(g, x, R, y, false));
   DS_RETURN_IF_ERROR(Linear(u, x, R, ffb_, false));

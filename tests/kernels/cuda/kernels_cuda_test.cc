@@ -23,6 +23,7 @@
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/sampling.cuh"
 
@@ -46,6 +47,12 @@ struct Dev {
     Poison();
   }
   Dev(const std::vector<T>& h) : Dev(h.size()) { Up(h); }
+  Dev(Dev&& o) noexcept : p(o.p), n(o.n) {
+    o.p = nullptr;
+    o.n = 0;
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
   ~Dev() { cudaFree(p); }
   void Poison() { CK(cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T))); }
   void Up(const std::vector<T>& h) { CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
@@ -110,11 +117,26 @@ struct GemvCase {
   GgmlType type;
   int M, K, nc;
   GemvEpilogue ep;
+  bool tiled = false;  // repack with TileRows (in two chunks) and run TiledGemvMulti
 };
+
+// Tiled copy of raw rows already on the device, made in two TileRows calls (rows [0, 32) and the
+// rest) like the backend's chunked upload.
+Dev<uint8_t> TileOnDevice(GgmlType t, const Dev<uint8_t>& raw, int M, int K) {
+  Dev<uint8_t> tiled(TiledBytes(t, M, K));
+  const int first = std::min(M, 32);
+  const uint64_t rb = GgmlRowBytes(t, K);
+  EXPECT_TRUE(TileRows(t, raw.p, 0, first, K, tiled.p, nullptr).ok());
+  if (M > first) {
+    EXPECT_TRUE(TileRows(t, raw.p + first * rb, first, M - first, K, tiled.p, nullptr).ok());
+  }
+  return tiled;
+}
 
 void RunGemvCase(const GemvCase& c) {
   SCOPED_TRACE(::testing::Message() << GgmlInfo(c.type).name << " M=" << c.M << " K=" << c.K
-                                    << " nc=" << c.nc << " ep=" << static_cast<int>(c.ep));
+                                    << " nc=" << c.nc << " ep=" << static_cast<int>(c.ep)
+                                    << (c.tiled ? " tiled" : ""));
   const bool pair = c.ep == GemvEpilogue::kSiluMul;
   auto w = RandomWeights(c.type, c.M, c.K);
   std::vector<uint8_t> w2 = pair ? RandomWeights(c.type, c.M, c.K) : std::vector<uint8_t>();
@@ -139,7 +161,16 @@ void RunGemvCase(const GemvCase& c) {
   a.xd = qx ? dxd.p : nullptr;
   a.y = dy.p;
   a.epilogue = c.ep;
-  ASSERT_OK(Gemv(a, nullptr));
+  if (c.tiled) {
+    Dev<uint8_t> tw = TileOnDevice(c.type, dw, c.M, c.K);
+    Dev<uint8_t> tw2 = pair ? TileOnDevice(c.type, dw2, c.M, c.K) : Dev<uint8_t>(1);
+    a.w = tw.p;
+    a.w2 = pair ? tw2.p : nullptr;
+    ASSERT_OK(TiledGemvMulti(&a, 1, nullptr));
+    CK(cudaDeviceSynchronize());
+  } else {
+    ASSERT_OK(Gemv(a, nullptr));
+  }
   CK(cudaDeviceSynchronize());
   const auto y = dy.Down();
   const auto W = DequantAll(c.type, w, c.M, c.K);
@@ -185,7 +216,7 @@ void RunGemvCase(const GemvCase& c) {
       max_ratio = std::max(max_ratio, err / tol);
     }
   EXPECT_EQ(bad, 0);
-  std::printf("  gemv %-6s M=%6d K=%6d nc=%d ep=%d: max err/tol %.3f\n",
+  std::printf("  gemv%s %-6s M=%6d K=%6d nc=%d ep=%d: max err/tol %.3f\n", c.tiled ? "(tiled)" : "",
               std::string(GgmlInfo(c.type).name).c_str(), c.M, c.K, c.nc, static_cast<int>(c.ep), max_ratio);
 }
 
@@ -258,6 +289,100 @@ TEST(Gemv, ModelShapes27B) {
   RunGemvCase({GgmlType::Q6_K, 10240, 5120, 8, GemvEpilogue::kStore});
   RunGemvCase({GgmlType::Q4_K, 48, 5120, 1, GemvEpilogue::kStore});
   RunGemvCase({GgmlType::Q8_0, 17408, 5120, 2, GemvEpilogue::kSiluMul});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiled Q6_K (int8 tensor-core path, sm_80+)
+
+bool HaveTiled() {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  return TiledAvailable(dev);
+}
+
+TEST(Tiled, GemvOddShapesAllColumnCounts) {
+  if (!HaveTiled()) GTEST_SKIP() << "tiled Q6_K needs sm_80+";
+  for (int nc : {1, 2, 3, 7, 8, 9, 16, 17, 31, 33, 48, 64})
+    RunGemvCase({GgmlType::Q6_K, 37, 768, nc, GemvEpilogue::kStore, true});
+  for (int nc : {1, 5, 16, 40})
+    RunGemvCase({GgmlType::Q6_K, 50, 1024, nc, GemvEpilogue::kAccumulate, true});
+  for (int nc : {1, 4, 12, 32, 33, 64})
+    RunGemvCase({GgmlType::Q6_K, 21, 512, nc, GemvEpilogue::kSiluMul, true});
+}
+
+TEST(Tiled, GemvModelShapes27B) {
+  if (!HaveTiled()) GTEST_SKIP() << "tiled Q6_K needs sm_80+";
+  RunGemvCase({GgmlType::Q6_K, 17408, 5120, 1, GemvEpilogue::kSiluMul, true});
+  RunGemvCase({GgmlType::Q6_K, 5120, 17408, 16, GemvEpilogue::kAccumulate, true});
+  RunGemvCase({GgmlType::Q6_K, 10240, 5120, 64, GemvEpilogue::kStore, true});
+}
+
+// Several tiled matrices in one launch give exactly the single-matrix results.
+TEST(Tiled, MultiSegmentsMatchSingle) {
+  if (!HaveTiled()) GTEST_SKIP() << "tiled Q6_K needs sm_80+";
+  const GgmlType t = GgmlType::Q6_K;
+  const int K = 768, nc = 5;
+  const int Ms[3] = {40, 7, 33};
+  auto x = RandVec(static_cast<size_t>(nc) * K, -2.f, 2.f);
+  Dev<float> dx(x);
+  Dev<int8_t> dxq(static_cast<size_t>(nc) * K);
+  Dev<float> dxd(static_cast<size_t>(nc) * K / 32);
+  ASSERT_OK(QuantizeActivations(dx.p, nc, K, dxq.p, dxd.p, nullptr));
+  std::vector<Dev<uint8_t>> raw, tiled;
+  std::vector<Dev<float>> ys, ym;
+  GemvArgs segs[3];
+  for (int i = 0; i < 3; ++i) {
+    raw.emplace_back(RandomWeights(t, Ms[i], K));
+    tiled.push_back(TileOnDevice(t, raw.back(), Ms[i], K));
+    ys.emplace_back(static_cast<size_t>(nc) * Ms[i]);
+    ym.emplace_back(static_cast<size_t>(nc) * Ms[i]);
+  }
+  for (int i = 0; i < 3; ++i) {
+    GemvArgs& a = segs[i];
+    a.type = t;
+    a.w = tiled[i].p;
+    a.M = Ms[i];
+    a.K = K;
+    a.nc = nc;
+    a.xq = dxq.p;
+    a.xd = dxd.p;
+    a.y = ys[i].p;
+    ASSERT_OK(TiledGemvMulti(&a, 1, nullptr));
+    a.y = ym[i].p;
+  }
+  ASSERT_OK(TiledGemvMulti(segs, 3, nullptr));
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(ys[i].Down(), ym[i].Down()) << "segment " << i;
+}
+
+// Dequantizing the tiled copy gives what dequantizing the raw rows gives, for any row range.
+TEST(Tiled, DequantMatchesRaw) {
+  if (!HaveTiled()) GTEST_SKIP() << "tiled Q6_K needs sm_80+";
+  const GgmlType t = GgmlType::Q6_K;
+  const int M = 45, K = 512;
+  Dev<uint8_t> raw(RandomWeights(t, M, K));
+  Dev<uint8_t> tiled = TileOnDevice(t, raw, M, K);
+  Dev<uint16_t> ref(static_cast<size_t>(M) * K), got(static_cast<size_t>(M) * K);
+  for (bool bf16 : {true, false}) {
+    ASSERT_OK(DequantizeRows(t, raw.p, M, K, ref.p, bf16, nullptr));
+    ASSERT_OK(DequantizeTiledRows(t, tiled.p, 0, M, K, got.p, bf16, nullptr));
+    CK(cudaDeviceSynchronize());
+    EXPECT_EQ(got.Down(), ref.Down()) << (bf16 ? "bf16" : "f16");
+    // An unaligned row range (rows 5..29) lands at the start of out.
+    ASSERT_OK(DequantizeTiledRows(t, tiled.p, 5, 25, K, got.p, bf16, nullptr));
+    CK(cudaDeviceSynchronize());
+    const auto g = got.Down(), r = ref.Down();
+    EXPECT_TRUE(std::equal(g.begin(), g.begin() + 25 * K, r.begin() + 5 * K)) << "row range";
+  }
+}
+
+TEST(Tiled, RejectsBadArguments) {
+  GemvArgs a;
+  a.type = GgmlType::Q8_0;
+  EXPECT_FALSE(TiledGemvMulti(&a, 1, nullptr).ok());
+  EXPECT_EQ(TiledBytes(GgmlType::Q8_0, 16, 256), 0u);
+  EXPECT_EQ(TiledBytes(GgmlType::Q6_K, 17, 512), 2u * 2 * kTileUnitBytes);
+  EXPECT_FALSE(TileRows(GgmlType::Q6_K, nullptr, 8, 16, 256, nullptr, nullptr).ok());
 }
 
 // ---------------------------------------------------------------------------------------------

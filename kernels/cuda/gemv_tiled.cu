@@ -1,0 +1,407 @@
+// Tiled Q6_K: repack, dequantization and the int8 tensor-core matmul (see gemv_tiled.cuh).
+#include "kernels/cuda/gemv_tiled.cuh"
+
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/quant_decode.cuh"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kQ6Bytes = 210;  // GGUF block_q6_K: ql[128] qh[64] scales[16] d
+constexpr int kWarps = 4;      // a block = 4 warps splitting the K units of one 16-row tile
+constexpr int kOffQh = 2048, kOffSc = 3072, kOffD = 3328;
+
+// t = (q - 32) & 63 of element e (0..255) of a raw Q6_K block: the centred 6-bit quant.
+__device__ __forceinline__ uint32_t Q6Centred(const uint8_t* blk, int e) {
+  const int half = e >> 7, l = e & 127, qo = l >> 5, l32 = l & 31;
+  const uint8_t lo = blk[64 * half + l32 + 32 * (qo & 1)];
+  const uint8_t hi = blk[128 + 32 * half + l32];
+  const uint32_t q = ((qo >= 2 ? lo >> 4 : lo) & 0xF) | (((hi >> (2 * qo)) & 3) << 4);
+  return (q ^ 0x20u) & 0x3Fu;
+}
+
+// One warp per tile-unit; thread T writes its own ql / qh words, threads 0..15 a scale row,
+// threads 0..7 a d pair. Rows past `rows` (padding of the last tile) are zero.
+__global__ void TileRowsKernel(const uint8_t* __restrict__ raw, int64_t rows, int nu, int64_t rb,
+                               uint8_t* __restrict__ dst) {
+  const int T = threadIdx.x, g = T >> 2, q = T & 3;
+  const int64_t tu = blockIdx.x;  // tile-unit index within the chunk
+  const int64_t tile = tu / nu;
+  const int u = static_cast<int>(tu % nu);
+  const int64_t r0 = tile * kTiledRows + g, r1 = r0 + 8;
+  const uint8_t* b0 = r0 < rows ? raw + r0 * rb + static_cast<int64_t>(u) * kQ6Bytes : nullptr;
+  const uint8_t* b1 = r1 < rows ? raw + r1 * rb + static_cast<int64_t>(u) * kQ6Bytes : nullptr;
+  uint8_t* out = dst + tu * kTileUnitBytes;
+  uint32_t qh_words[8] = {};
+  for (int s = 0; s < 16; ++s) {
+    uint32_t ql = 0;
+    for (int j = 0; j < 4; ++j) {
+      const int e = 16 * s + 4 * q + j;
+      const uint32_t t0 = b0 ? Q6Centred(b0, e) : 0, t1 = b1 ? Q6Centred(b1, e) : 0;
+      ql |= ((t0 & 0xF) | ((t1 & 0xF) << 4)) << (8 * j);
+      const int p = s & 1;
+      qh_words[s >> 1] |= (((t0 >> 4) << (4 * p)) | ((t1 >> 4) << (4 * p + 2))) << (8 * j);
+    }
+    *reinterpret_cast<uint32_t*>(out + 512 * (s >> 2) + 16 * T + 4 * (s & 3)) = ql;
+  }
+  for (int w8 = 0; w8 < 8; ++w8)  // steps 2*w8, 2*w8+1: i = w8 / 4, word w = w8 % 4
+    *reinterpret_cast<uint32_t*>(out + kOffQh + 512 * (w8 >> 2) + 16 * T + 4 * (w8 & 3)) = qh_words[w8];
+  if (T < 16) {
+    const int64_t r = tile * kTiledRows + T;
+    const uint8_t* b = r < rows ? raw + r * rb + static_cast<int64_t>(u) * kQ6Bytes : nullptr;
+    for (int s = 0; s < 16; ++s) out[kOffSc + 16 * T + s] = b ? b[192 + s] : 0;
+  }
+  if (T < 8) {  // rows T and T + 8 (not this thread's rows g, g + 8)
+    const int64_t ra = tile * kTiledRows + T, rc = ra + 8;
+    const uint8_t* ba = ra < rows ? raw + ra * rb + static_cast<int64_t>(u) * kQ6Bytes : nullptr;
+    const uint8_t* bc = rc < rows ? raw + rc * rb + static_cast<int64_t>(u) * kQ6Bytes : nullptr;
+    const uint16_t d0 = ba ? *reinterpret_cast<const uint16_t*>(ba + 208) : 0;
+    const uint16_t d1 = bc ? *reinterpret_cast<const uint16_t*>(bc + 208) : 0;
+    *reinterpret_cast<uint32_t*>(out + kOffD + 4 * T) = d0 | (static_cast<uint32_t>(d1) << 16);
+  }
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// 4 bytes of 6-bit two's complement values -> int8 (sign bit 5 copied into bits 6 and 7; the
+// per-byte product (a & 0x20) * 6 = 0xC0 never carries into the next byte).
+__device__ __forceinline__ uint32_t SignExtend6(uint32_t a) { return a | ((a & 0x20202020u) * 6u); }
+
+// The A fragments (rows g and g+8, k = 16s + 4q .. +3) of step s from the thread's words.
+__device__ __forceinline__ void DecodeStep(uint32_t ql, uint32_t qh, int p, uint32_t& a0,
+                                           uint32_t& a1) {
+  const uint32_t h0 = (p ? qh : qh << 4) & 0x30303030u;
+  const uint32_t h1 = (p ? qh >> 2 : qh << 2) & 0x30303030u;
+  a0 = SignExtend6((ql & 0x0F0F0F0Fu) | h0);
+  a1 = SignExtend6(((ql >> 4) & 0x0F0F0F0Fu) | h1);
+}
+
+// Weights are streamed once per step: 16-byte loads that do not allocate in L1, which keeps
+// L1 for the activations every warp re-reads.
+__device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
+  uint4 v;
+#if __CUDA_ARCH__ >= 800
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+#else
+  v = __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+  return v;
+}
+
+struct TileUnit {
+  uint4 ql[4], qh[2], sc0, sc1;
+  uint32_t d;
+};
+
+__device__ __forceinline__ void LoadTileUnit(TileUnit& t, const uint8_t* p, int lane) {
+  const int g = lane >> 2;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) t.ql[i] = LdStream(p + 512 * i + 16 * lane);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) t.qh[i] = LdStream(p + kOffQh + 512 * i + 16 * lane);
+  t.sc0 = __ldg(reinterpret_cast<const uint4*>(p + kOffSc + 16 * g));
+  t.sc1 = __ldg(reinterpret_cast<const uint4*>(p + kOffSc + 16 * (g + 8)));
+  t.d = __ldg(reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g));
+}
+
+// D = A(16x16 s8) * B(16x8 s8) + C, C initialised to the bit pattern of 1.5 * 2^23: the int32
+// result read as a float minus 1.5 * 2^23 is the exact sum (|sum| <= 16 * 32 * 127 < 2^22), an
+// add instead of the quarter-rate I2F.
+__device__ __forceinline__ void Mma(uint32_t a0, uint32_t a1, uint32_t b, float (&f)[4]) {
+  int c0 = 0x4B400000, c1 = 0x4B400000, c2 = 0x4B400000, c3 = 0x4B400000;
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};"
+      : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
+      : "r"(a0), "r"(a1), "r"(b));
+#else
+  __trap();  // never launched below sm_80 (TiledAvailable)
+#endif
+  f[0] = __int_as_float(c0) - 12582912.f;
+  f[1] = __int_as_float(c1) - 12582912.f;
+  f[2] = __int_as_float(c2) - 12582912.f;
+  f[3] = __int_as_float(c3) - 12582912.f;
+}
+
+struct TiledLaunch {
+  GemvArgs seg[kGemvMaxSegs];
+  int blk_end[kGemvMaxSegs];
+  int n_segs;
+};
+
+// Block = one 16-row tile (of w and w2 in pair mode) x all nc <= 8*NT columns; warp w takes
+// units w, w+4, ...; per unit and step one mma per n-tile of 8 columns. Thread (g, q) holds C
+// entries rows {g, g+8} x columns {8j + 2q, 8j + 2q + 1}.
+template <int NT, bool kPair>
+__global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant__ TiledLaunch L) {
+  constexpr int P = kPair ? 2 : 1;
+  constexpr int NCB = NT * 8;
+  __shared__ float red[kWarps][P][kTiledRows][NCB];
+  int si = 0;
+#pragma unroll
+  for (int i = 1; i < kGemvMaxSegs; ++i)
+    if (i < L.n_segs && static_cast<int>(blockIdx.x) >= L.blk_end[i - 1]) si = i;
+  const GemvArgs& a = L.seg[si];
+  const int tile = blockIdx.x - (si > 0 ? L.blk_end[si - 1] : 0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const int nu = a.K / kUnitElems, kb = a.K / 32, nc = a.nc;
+  const uint8_t* wt[P];
+  wt[0] = static_cast<const uint8_t*>(a.w) + static_cast<int64_t>(tile) * nu * kTileUnitBytes;
+  if constexpr (kPair)
+    wt[P - 1] = static_cast<const uint8_t*>(a.w2) + static_cast<int64_t>(tile) * nu * kTileUnitBytes;
+
+  // B operand: column 8j + g, bytes 16s + 4q .. +3 of each unit; C columns 8j + 2q (+1) scale by
+  // their activation block scales. Columns past nc read column nc-1 and are zeroed.
+  const int8_t* xb[NT];
+  bool bok[NT];
+  const float* xs[NT][2];
+  bool sok[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int cb = 8 * j + g;
+    bok[j] = cb < nc;
+    xb[j] = a.xq + static_cast<int64_t>(min(cb, nc - 1)) * a.K + 4 * q;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int cs = 8 * j + 2 * q + e;
+      sok[j][e] = cs < nc;
+      xs[j][e] = a.xd + static_cast<int64_t>(min(cs, nc - 1)) * kb;
+    }
+  }
+
+  float acc[P][NT][4];
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[p][j][e] = 0.f;
+
+  for (int u = warp; u < nu; u += kWarps) {
+    TileUnit tu[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) LoadTileUnit(tu[p], wt[p] + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+    float dg[P], dg8[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      dg[p] = HalfBitsToF32(tu[p].d & 0xFFFF);
+      dg8[p] = HalfBitsToF32(tu[p].d >> 16);
+    }
+    float part[P][NT][4];
+#pragma unroll
+    for (int s = 0; s < 16; ++s) {
+      uint32_t bw[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(xb[j] + u * 256 + 16 * s));
+        bw[j] = bok[j] ? v : 0u;
+      }
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        uint32_t a0, a1;
+        DecodeStep(Word(tu[p].ql[s >> 2], s & 3), Word(tu[p].qh[s >> 3], (s & 7) >> 1), s & 1, a0, a1);
+        const float s0 = dg[p] * static_cast<float>(static_cast<int8_t>(Word(tu[p].sc0, s >> 2) >> (8 * (s & 3))));
+        const float s1 = dg8[p] * static_cast<float>(static_cast<int8_t>(Word(tu[p].sc1, s >> 2) >> (8 * (s & 3))));
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          float f[4];
+          Mma(a0, a1, bw[j], f);
+          if ((s & 1) == 0) {
+            part[p][j][0] = s0 * f[0];
+            part[p][j][1] = s0 * f[1];
+            part[p][j][2] = s1 * f[2];
+            part[p][j][3] = s1 * f[3];
+          } else {
+            part[p][j][0] = fmaf(s0, f[0], part[p][j][0]);
+            part[p][j][1] = fmaf(s0, f[1], part[p][j][1]);
+            part[p][j][2] = fmaf(s1, f[2], part[p][j][2]);
+            part[p][j][3] = fmaf(s1, f[3], part[p][j][3]);
+          }
+        }
+      }
+      if (s & 1) {  // both sub-blocks of a 32-element activation block done: apply its scale
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const int blk = u * 8 + (s >> 1);
+          const float x0 = sok[j][0] ? __ldg(xs[j][0] + blk) : 0.f;
+          const float x1 = sok[j][1] ? __ldg(xs[j][1] + blk) : 0.f;
+#pragma unroll
+          for (int p = 0; p < P; ++p) {
+            acc[p][j][0] = fmaf(x0, part[p][j][0], acc[p][j][0]);
+            acc[p][j][1] = fmaf(x1, part[p][j][1], acc[p][j][1]);
+            acc[p][j][2] = fmaf(x0, part[p][j][2], acc[p][j][2]);
+            acc[p][j][3] = fmaf(x1, part[p][j][3], acc[p][j][3]);
+          }
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][p][g + 8 * (e >> 1)][8 * j + 2 * q + (e & 1)] = acc[p][j][e];
+  __syncthreads();
+  const int row0 = tile * kTiledRows;
+  const int64_t ldy = a.ldy ? a.ldy : a.M;
+  for (int o = threadIdx.x; o < kTiledRows * NCB; o += kWarps * 32) {
+    const int r = o % kTiledRows, c = o / kTiledRows;
+    if (c >= nc || row0 + r >= a.M) continue;
+    float v[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      v[p] = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v[p] += red[w][p][r][c];
+    }
+    float* dst = a.y + c * ldy + row0 + r;
+    if constexpr (kPair) *dst = Silu(v[0]) * v[P - 1];
+    else *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v[0] : v[0];
+  }
+}
+
+// One thread per (tile-unit, thread slot T, step s): the 8 values of the step's A fragments.
+// Thread order q, s, g (q fastest): 64 consecutive threads write one row's 512 contiguous bytes.
+__global__ void DequantTiledKernel(const uint8_t* __restrict__ tiled, int64_t tu0, int64_t n_tu,
+                                   int nu, int64_t row0, int64_t rows, int K,
+                                   uint16_t* __restrict__ out, bool bf16) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tu * 512) return;
+  const int q = static_cast<int>(i & 3), s = static_cast<int>((i >> 2) & 15);
+  const int g = static_cast<int>((i >> 6) & 7), T = 4 * g + q;
+  const int64_t tu = tu0 + (i >> 9);
+  const int u = static_cast<int>(tu % nu);
+  const int64_t tile = tu / nu;
+  const uint8_t* p = tiled + tu * kTileUnitBytes;
+  uint32_t a[2];
+  DecodeStep(*reinterpret_cast<const uint32_t*>(p + 512 * (s >> 2) + 16 * T + 4 * (s & 3)),
+             *reinterpret_cast<const uint32_t*>(p + kOffQh + 512 * (s >> 3) + 16 * T + 4 * ((s & 7) >> 1)),
+             s & 1, a[0], a[1]);
+  for (int h = 0; h < 2; ++h) {
+    const int rr = g + 8 * h;
+    const int64_t r = tile * kTiledRows + rr - row0;
+    if (r < 0 || r >= rows) continue;
+    const float d = HalfBitsToF32(*reinterpret_cast<const uint16_t*>(p + kOffD + 4 * g + 2 * h));
+    const float sc = d * static_cast<float>(static_cast<int8_t>(p[kOffSc + 16 * rr + s]));
+    uint16_t v[4];
+    for (int j = 0; j < 4; ++j) {
+      const float x = sc * static_cast<float>(static_cast<int8_t>(a[h] >> (8 * j)));
+      v[j] = bf16 ? F32ToBf16Bits(x) : __half_as_ushort(__float2half_rn(x));
+    }
+    uint2 o;
+    o.x = v[0] | (static_cast<uint32_t>(v[1]) << 16);
+    o.y = v[2] | (static_cast<uint32_t>(v[3]) << 16);
+    *reinterpret_cast<uint2*>(out + r * K + u * 256 + 16 * s + 4 * q) = o;
+  }
+}
+
+template <int NT>
+void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
+  int end = 0;
+  for (int i = 0; i < L.n_segs; ++i) {
+    end += CeilDiv(L.seg[i].M, kTiledRows);
+    L.blk_end[i] = end;
+  }
+  if constexpr (NT <= 4) {  // 64-column pairs are split in two by TiledGemvMulti
+    if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) {
+      TiledKernel<NT, true><<<end, kWarps * 32, 0, s>>>(L);
+      return;
+    }
+  }
+  TiledKernel<NT, false><<<end, kWarps * 32, 0, s>>>(L);
+}
+
+}  // namespace
+
+bool TiledSupported(GgmlType t) { return t == GgmlType::Q6_K; }
+
+bool TiledAvailable(int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return false;
+  return prop.major >= 8;
+}
+
+uint64_t TiledBytes(GgmlType t, int64_t M, int K) {
+  if (!TiledSupported(t) || K % kUnitElems != 0) return 0;
+  return static_cast<uint64_t>(CeilDiv(M, kTiledRows)) * (K / kUnitElems) * kTileUnitBytes;
+}
+
+absl::Status TileRows(GgmlType t, const void* raw, int64_t row0, int64_t rows, int K, void* tiled,
+                      cudaStream_t stream) {
+  if (!TiledSupported(t))
+    return absl::UnimplementedError(absl::StrCat("TileRows: no tiled layout for ", std::string(GgmlInfo(t).name)));
+  if (K % kUnitElems != 0 || row0 % kTiledRows != 0 || rows < 0)
+    return absl::InvalidArgumentError(absl::StrCat("TileRows: bad shape row0=", row0, " rows=", rows, " K=", K));
+  if (rows == 0) return absl::OkStatus();
+  const int nu = K / kUnitElems;
+  const int64_t n_tu = static_cast<int64_t>(CeilDiv(rows, kTiledRows)) * nu;
+  uint8_t* dst = static_cast<uint8_t*>(tiled) + row0 / kTiledRows * nu * static_cast<int64_t>(kTileUnitBytes);
+  TileRowsKernel<<<static_cast<unsigned>(n_tu), 32, 0, stream>>>(
+      static_cast<const uint8_t*>(raw), rows, nu, static_cast<int64_t>(GgmlRowBytes(t, K)), dst);
+  return LastLaunchStatus("TileRows");
+}
+
+absl::Status DequantizeTiledRows(GgmlType t, const void* tiled, int64_t row0, int64_t rows, int K,
+                                 void* out, bool bf16, cudaStream_t stream) {
+  if (!TiledSupported(t) || K % kUnitElems != 0 || row0 < 0 || rows < 0)
+    return absl::InvalidArgumentError(absl::StrCat("DequantizeTiledRows: bad args row0=", row0, " rows=", rows, " K=", K));
+  if (rows == 0) return absl::OkStatus();
+  const int nu = K / kUnitElems;
+  const int64_t t0 = row0 / kTiledRows, t1 = (row0 + rows - 1) / kTiledRows + 1;
+  const int64_t n_tu = (t1 - t0) * nu;
+  DequantTiledKernel<<<CeilDiv(n_tu * 512, 256), 256, 0, stream>>>(
+      static_cast<const uint8_t*>(tiled), t0 * nu, n_tu, nu, row0, rows, K,
+      static_cast<uint16_t*>(out), bf16);
+  return LastLaunchStatus("DequantizeTiledRows");
+}
+
+absl::Status TiledGemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream) {
+  if (n_segs < 1 || n_segs > kGemvMaxSegs)
+    return absl::InvalidArgumentError(absl::StrCat("TiledGemvMulti: ", n_segs, " segments outside [1, ", kGemvMaxSegs, "]"));
+  const GemvArgs& b = segs[0];
+  for (int i = 0; i < n_segs; ++i) {
+    const GemvArgs& a = segs[i];
+    if (!TiledSupported(a.type))
+      return absl::UnimplementedError(absl::StrCat("TiledGemvMulti: no tiled layout for ", std::string(GgmlInfo(a.type).name)));
+    if (a.nc < 1 || a.nc > kTiledMaxCols || a.M <= 0 || a.K <= 0 || a.K % kUnitElems != 0)
+      return absl::InvalidArgumentError(absl::StrCat("TiledGemvMulti: bad shape M=", a.M, " K=", a.K, " nc=", a.nc));
+    if (a.xq == nullptr || a.xd == nullptr || a.y == nullptr || a.w == nullptr)
+      return absl::InvalidArgumentError("TiledGemvMulti: needs w, xq/xd and y");
+    if (a.epilogue == GemvEpilogue::kSiluMul && (a.w2 == nullptr || n_segs != 1))
+      return absl::InvalidArgumentError("TiledGemvMulti: kSiluMul takes one segment with w2");
+    if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.xq != b.xq || a.xd != b.xd))
+      return absl::InvalidArgumentError("TiledGemvMulti: segments must share type, K, nc and activations");
+  }
+  if (b.epilogue == GemvEpilogue::kSiluMul && b.nc > 32) {
+    // The 64-column pair kernel needs more than 255 registers: two 32-column passes instead.
+    for (int c0 = 0; c0 < b.nc; c0 += 32) {
+      GemvArgs h = b;
+      const int64_t ldy = b.ldy ? b.ldy : b.M;
+      h.nc = std::min(32, b.nc - c0);
+      h.xq = b.xq + static_cast<int64_t>(c0) * b.K;
+      h.xd = b.xd + static_cast<int64_t>(c0) * (b.K / 32);
+      h.y = b.y + c0 * ldy;
+      h.ldy = ldy;
+      DS_RETURN_IF_ERROR(TiledGemvMulti(&h, 1, stream));
+    }
+    return absl::OkStatus();
+  }
+  TiledLaunch L{};
+  for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
+  L.n_segs = n_segs;
+  if (b.nc <= 8) LaunchTiled<1>(L, stream);
+  else if (b.nc <= 16) LaunchTiled<2>(L, stream);
+  else if (b.nc <= 32) LaunchTiled<4>(L, stream);
+  else LaunchTiled<8>(L, stream);
+  return LastLaunchStatus("TiledGemvMulti");
+}
+
+}  // namespace ds::cuda
