@@ -12,7 +12,9 @@
 # Checks: a non-loopback --listen without tokens is refused; a worker without the token is refused
 # UNAUTHENTICATED; the TP = 2 group forms across hosts and concurrent greedy generations through
 # the gateway equal single-process `deltaserve generate`; SIGKILL of rank 1 fails the in-flight
-# request UNAVAILABLE, health goes NOT_SERVING and rank 0 exits.
+# request UNAVAILABLE, health goes NOT_SERVING and rank 0 exits; a restarted group serves again;
+# taking host B's link down mid-stream (no RST, the realistic lost host) fails the request within
+# the scheduler's step timeout.
 #
 # usage: netns_tp_test.sh DELTASERVE DELTACTL   (DS_NETNS_KEEP=1 keeps the logs)
 # Exit 0 = pass, 1 = fail, 77 = skipped (not root, or no netns / veth / bridge support).
@@ -80,6 +82,7 @@ for h in s a b; do
   i=$((i + 1))
 done
 S_IP=10.77.0.1
+STEP_TIMEOUT=4
 say "namespaces $NS_S (scheduler, gateway) $NS_A (rank 0) $NS_B (rank 1), bridge in $NS_X"
 
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
@@ -136,7 +139,8 @@ rc=$?
 say "a non-loopback --listen without tokens is refused (exit 2)"
 
 start "$NS_S" scheduler "$DS" scheduler --listen "$S_IP:0" --port-file "$WORK/sched.port" \
-  --internal-key-file "$WORK/internal.keys" "${TLS[@]}" --slots 4 --ctx 4096 --log-interval 0
+  --internal-key-file "$WORK/internal.keys" "${TLS[@]}" --slots 4 --ctx 4096 --log-interval 0 \
+  --step-timeout "$STEP_TIMEOUT"
 SCHED_PID=$LAST
 wait_file "$WORK/sched.port" "$SCHED_PID" 20 || fail "scheduler did not start"
 SCHED="$S_IP:$(cut -d' ' -f1 "$WORK/sched.port")"
@@ -223,5 +227,46 @@ for _ in $(seq 150); do
 done
 kill -0 "$R0" 2>/dev/null && fail "rank 0 outlived its group by 15 s"
 say "health NOT_SERVING, rank 0 exited"
+
+# ---- rank 1's host drops off the network -------------------------------------------------
+# No RST reaches anyone: rank 0 waits inside the all-reduce and only the scheduler's step timeout
+# (--step-timeout $STEP_TIMEOUT) notices. A new group (new rendezvous generation) first.
+start "$NS_A" rank0b "$DS" worker --scheduler "$SCHED" "${KEY[@]}" "${CA[@]}" "${RANK[@]}" \
+  --tp-rank 0 --worker-id hostA-rank0
+R0=$LAST
+start "$NS_B" rank1b "$DS" worker --scheduler "$SCHED" "${KEY[@]}" "${CA[@]}" "${RANK[@]}" \
+  --tp-rank 1 --worker-id hostB-rank1 --tp-iface eth0
+R1=$LAST
+for _ in $(seq 600); do
+  [ "$(health)" = SERVING ] && break
+  sleep 0.1
+done
+[ "$(health)" = SERVING ] || fail "the restarted group did not reach SERVING within 60 s"
+in_ns "$NS_S" "$CTL" generate --addr "$GW" --prompt-ids "${PROMPTS[1]}" \
+  --max-tokens "${MAX[1]}" --ignore-eos --ids-only --timeout 60 >"$WORK/again.out" \
+  2>"$WORK/again.log" || fail "generate on the restarted group: $(cat "$WORK/again.log")"
+[ "$(cat "$WORK/again.out")" = "$(cat "$WORK/want1")" ] || fail "restarted group: wrong tokens"
+say "a restarted group serves again (same greedy output)"
+in_ns "$NS_S" "$CTL" generate --addr "$GW" --prompt-ids "${PROMPTS[0]}" --max-tokens 3000 \
+  --ignore-eos --ids-only --timeout 60 >"$WORK/cut.out" 2>"$WORK/cut.log" &
+CUT=$!
+sleep 1
+kill -0 "$CUT" 2>/dev/null || fail "the long request ended early: $(cat "$WORK/cut.log")"
+T_CUT=$(date +%s.%N)
+ip -n "$NS_B" link set eth0 down
+wait "$CUT"
+rc=$?
+T_FAILED=$(date +%s.%N)
+[ $rc != 0 ] && grep -q "gRPC code 14" "$WORK/cut.log" ||
+  fail "in-flight request after cutting host B off: rc $rc, want UNAVAILABLE: $(cat "$WORK/cut.log")"
+CUT_S=$(python3 -c "print(f'{$T_FAILED - $T_CUT:.1f}')")
+python3 -c "import sys; sys.exit(0 if $CUT_S < $STEP_TIMEOUT + 5 else 1)" ||
+  fail "the request failed only after $CUT_S s (step timeout $STEP_TIMEOUT s)"
+for _ in $(seq 50); do
+  [ "$(health)" = NOT_SERVING ] && break
+  sleep 0.1
+done
+[ "$(health)" = NOT_SERVING ] || fail "health is $(health) after host B was cut off"
+say "host B cut off (link down): request UNAVAILABLE after $CUT_S s (step timeout $STEP_TIMEOUT s), NOT_SERVING"
 say "PASS"
 exit 0
