@@ -246,7 +246,8 @@ int RunGatewayMain(int argc, char** argv) {
       "[--listen 127.0.0.1:PORT] [--admin-listen 127.0.0.1:PORT] [--max-inflight N] "
       "[--api-key-file F] [--admin-key-file F] [--tls-cert F --tls-key F [--tls-client-ca F]] "
       "[--metrics-listen HOST:PORT] [--drain-timeout S] [--log-level L] [--port-file F] "
-      "[--health-interval-ms N] [--scheduler-key-file F] [--scheduler-ca F [--scheduler-tls-name N]]\n";
+      "[--health-interval-ms N] [--scheduler-key-file F] "
+      "[--scheduler-ca F [--scheduler-tls-name N]]\n";
   auto role = config::SetUpRole("gateway", argc, argv);
   absl::StatusOr<GatewayOptions> o =
       role.ok() ? ParseGatewayFlags(role->args.argc(), role->args.argv())

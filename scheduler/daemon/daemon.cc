@@ -137,7 +137,8 @@ int RunSchedulerDaemon(int argc, char** argv) {
                  "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
                  "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
                  "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] "
-                 "[--internal-key-file F] [--tls-cert F --tls-key F] [--allow-unauthenticated true] "
+                 "[--internal-key-file F] [--tls-cert F --tls-key F] "
+                 "[--allow-unauthenticated true] "
                  "[--metrics-listen HOST:PORT] [--log-level L] [--config FILE]\n",
                  std::string(o.status().message()).c_str());
     return 2;

@@ -563,8 +563,8 @@ TEST(SchedulerFlags, ANonLoopbackListenNeedsTokensOrAnExplicitOptOut) {
 // The Gloo address a TP rank advertises by default: the local end of its route to the scheduler.
 // (The netns test checks a non-loopback route: 10.77.0.2 toward 10.77.0.1.)
 TEST(TpAddress, LoopbackSchedulerTargetsGiveLoopback) {
-  for (const char* t : {"127.0.0.1:50061", "localhost:50061", "ipv4:127.0.0.1:1", "dns:///localhost:1",
-                        "[::1]:50061", "127.0.0.1", "unix:/tmp/sched.sock"}) {
+  for (const char* t : {"127.0.0.1:50061", "localhost:50061", "ipv4:127.0.0.1:1",
+                        "dns:///localhost:1", "[::1]:50061", "127.0.0.1", "unix:/tmp/sched.sock"}) {
     absl::StatusOr<std::string> a = worker::LocalAddressToward(t);
     if (std::string(t) == "[::1]:50061" && !a.ok()) continue;  // no IPv6 on this host
     ASSERT_TRUE(a.ok()) << t << ": " << a.status();

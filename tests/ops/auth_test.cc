@@ -101,7 +101,8 @@ TEST(Tokens, FileRules) {
 }
 
 TEST(Tokens, ClientTokenIsTheFirstOfAFileUnderTheSameRules) {
-  auto first = ReadClientToken(WriteFile("client", "# scheduler\n  " + kOther + "\n" + kGood, 0600));
+  auto first =
+      ReadClientToken(WriteFile("client", "# scheduler\n  " + kOther + "\n" + kGood, 0600));
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(*first, kOther);
   EXPECT_FALSE(ReadClientToken(WriteFile("cworld", kGood + "\n", 0644)).ok());

@@ -52,7 +52,8 @@ double FreeGiB(const std::string& device_kind, int device) {
 
 absl::StatusOr<std::string> LocalAddressToward(const std::string& target) {
   std::string t = target;
-  if (t.rfind("unix:", 0) == 0 || t.rfind("unix-abstract:", 0) == 0) return std::string("127.0.0.1");
+  if (t.rfind("unix:", 0) == 0 || t.rfind("unix-abstract:", 0) == 0)
+    return std::string("127.0.0.1");
   for (const char* scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"})
     if (t.rfind(scheme, 0) == 0) {
       t = t.substr(std::string(scheme).size());

@@ -100,6 +100,15 @@ absl::StatusOr<pb::WarmupDone> Warmup(Backend& be, int scratch, int n_decode,
   return w;
 }
 
+// TLS to the scheduler: on when a CA is given.
+auth::ClientTlsFiles SchedulerTls(const WorkerOptions& o) {
+  auth::ClientTlsFiles tls;
+  tls.tls = !o.scheduler_ca.empty();
+  tls.ca_file = o.scheduler_ca;
+  tls.server_name = o.scheduler_tls_name;
+  return tls;
+}
+
 // "--flag value" pairs; unknown flags are errors so a typo never falls back to a default.
 absl::StatusOr<std::map<std::string, std::string>> ParsePairs(int argc, char** argv,
                                                              const std::set<std::string>& known) {
@@ -144,12 +153,8 @@ class Session {
     if (!o_.scheduler_key_file.empty()) {
       DS_ASSIGN_OR_RETURN(token, auth::ReadClientToken(o_.scheduler_key_file));
     }
-    auth::ClientTlsFiles tls;
-    tls.tls = !o_.scheduler_ca.empty();
-    tls.ca_file = o_.scheduler_ca;
-    tls.server_name = o_.scheduler_tls_name;
     DS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                        auth::MakeChannel(o_.scheduler, tls, token, args));
+                        auth::MakeChannel(o_.scheduler, SchedulerTls(o_), token, args));
     DS_RETURN_IF_ERROR(Dial(*channel));
     channel_ = channel;
     auto stub = pb::Scheduler::NewStub(channel);
@@ -486,6 +491,11 @@ absl::Status RunWorker(const WorkerOptions& o) { return RunWorker(o, nullptr, nu
 
 absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
                        sd::Watchdog* watchdog) {
+  // Credentials first: a bad key or CA file is reported before a long model load.
+  if (!o.scheduler_key_file.empty())
+    DS_RETURN_IF_ERROR(auth::ReadClientToken(o.scheduler_key_file).status());
+  if (!o.scheduler_ca.empty())
+    DS_RETURN_IF_ERROR(auth::MakeChannelCredentials(SchedulerTls(o)).status());
   // A small backend first: validates the model file and gives the figures for Register; Configure
   // recreates it with the scheduler's slot shape.
   BackendOptions bo;
