@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth/bearer.h"
 #include "common/auth/tls.h"
 #include "common/config/role.h"
 #include "common/gguf/gguf.h"
@@ -38,7 +39,8 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
       "--listen",         "--admin-listen", "--scheduler",          "--model",
       "--max-inflight",   "--api-key-file", "--admin-key-file",     "--port-file",
       "--health-interval-ms", "--tls-cert", "--tls-key",            "--tls-client-ca",
-      "--drain-timeout",  "--metrics-listen"};
+      "--drain-timeout",  "--metrics-listen", "--scheduler-key-file", "--scheduler-ca",
+      "--scheduler-tls-name"};
   std::map<std::string, std::string> m;
   for (int i = 0; i < argc; ++i) {
     const std::string f = argv[i];
@@ -60,6 +62,9 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   if (m.count("--tls-key")) o.tls_key = m["--tls-key"];
   if (m.count("--tls-client-ca")) o.tls_client_ca = m["--tls-client-ca"];
   if (m.count("--metrics-listen")) o.metrics_listen = m["--metrics-listen"];
+  if (m.count("--scheduler-key-file")) o.scheduler_key_file = m["--scheduler-key-file"];
+  if (m.count("--scheduler-ca")) o.scheduler_ca = m["--scheduler-ca"];
+  if (m.count("--scheduler-tls-name")) o.scheduler_tls_name = m["--scheduler-tls-name"];
   if (m.count("--drain-timeout") &&
       (!absl::SimpleAtod(m["--drain-timeout"], &o.drain_timeout_s) || o.drain_timeout_s < 0))
     return absl::InvalidArgumentError(absl::StrCat("--drain-timeout expects seconds >= 0, got '",
@@ -157,7 +162,17 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   g.metrics = std::make_unique<metrics::GatewayMetrics>(g.metrics_server->registry(),
                                                         opts.max_inflight);
 
-  g.scheduler = std::make_unique<SchedulerClient>(opts.scheduler);
+  {
+    std::string token;
+    if (!opts.scheduler_key_file.empty()) {
+      DS_ASSIGN_OR_RETURN(token, auth::ReadClientToken(opts.scheduler_key_file));
+    }
+    auth::ClientTlsFiles tls;
+    tls.tls = !opts.scheduler_ca.empty();
+    tls.ca_file = opts.scheduler_ca;
+    tls.server_name = opts.scheduler_tls_name;
+    DS_ASSIGN_OR_RETURN(g.scheduler, SchedulerClient::Create(opts.scheduler, tls, token));
+  }
   g.admission = std::make_unique<Admission>(opts.max_inflight);
   g.health = std::make_unique<HealthMonitor>(g.scheduler.get(),
                                              std::chrono::milliseconds(opts.health_interval_ms));
@@ -231,7 +246,8 @@ int RunGatewayMain(int argc, char** argv) {
       "[--listen 127.0.0.1:PORT] [--admin-listen 127.0.0.1:PORT] [--max-inflight N] "
       "[--api-key-file F] [--admin-key-file F] [--tls-cert F --tls-key F [--tls-client-ca F]] "
       "[--metrics-listen HOST:PORT] [--drain-timeout S] [--log-level L] [--port-file F] "
-      "[--health-interval-ms N]\n";
+      "[--health-interval-ms N] [--scheduler-key-file F] "
+      "[--scheduler-ca F [--scheduler-tls-name N]]\n";
   auto role = config::SetUpRole("gateway", argc, argv);
   absl::StatusOr<GatewayOptions> o =
       role.ok() ? ParseGatewayFlags(role->args.argc(), role->args.argv())

@@ -16,6 +16,10 @@ struct GatewayOptions {
   std::string listen = "127.0.0.1:50051";        // Generation + health
   std::string admin_listen = "127.0.0.1:50052";  // Admin + health
   std::string scheduler = "127.0.0.1:50061";
+  // A scheduler beyond loopback (docs/tp.md "Multi-host"): token file whose first token is sent
+  // on every internal call, TLS CA to verify it (empty: plaintext) and a certificate name
+  // override.
+  std::string scheduler_key_file, scheduler_ca, scheduler_tls_name;
   std::string model;           // GGUF: tokenizer + vocabulary size
   int max_inflight = 64;       // admission permits
   std::string api_key_file;    // empty: public listener open

@@ -101,14 +101,26 @@ void CancelWatchdog::Run() {
   }
 }
 
-SchedulerClient::SchedulerClient(const std::string& address) {
+grpc::ChannelArguments SchedulerClient::Args() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   // Reconnect quickly after the scheduler restarts (default backoff grows to 120 s).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return args;
+}
+
+SchedulerClient::SchedulerClient(const std::string& address) {
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), Args());
   stub_ = pb::Scheduler::NewStub(channel_);
+}
+
+absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
+    const std::string& address, const auth::ClientTlsFiles& tls, const std::string& token) {
+  std::unique_ptr<SchedulerClient> c(new SchedulerClient());
+  DS_ASSIGN_OR_RETURN(c->channel_, auth::MakeChannel(address, tls, token, Args()));
+  c->stub_ = pb::Scheduler::NewStub(c->channel_);
+  return c;
 }
 
 SchedulerClient::SubmitCall::~SubmitCall() {

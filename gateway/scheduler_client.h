@@ -14,6 +14,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/auth/tls.h"
 #include "common/util/status.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "gateway/request.h"
@@ -65,6 +66,10 @@ class SchedulerClient {
   };
 
   explicit SchedulerClient(const std::string& address);
+  // With credentials for a scheduler beyond loopback (docs/tp.md "Multi-host"): TLS and/or a
+  // bearer token sent on every call; errors name the file at fault.
+  static absl::StatusOr<std::unique_ptr<SchedulerClient>> Create(
+      const std::string& address, const auth::ClientTlsFiles& tls, const std::string& token);
 
   // `client` may be null (no parent call: loadgen-style internal use, tests).
   std::unique_ptr<SubmitCall> Submit(uint64_t request_id, const PreparedRequest& req,
@@ -78,6 +83,9 @@ class SchedulerClient {
   deltaserve::internal::Scheduler::Stub* stub() { return stub_.get(); }
 
  private:
+  SchedulerClient() = default;
+  static grpc::ChannelArguments Args();
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<deltaserve::internal::Scheduler::Stub> stub_;
   CancelWatchdog watchdog_;

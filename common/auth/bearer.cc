@@ -46,7 +46,10 @@ TokenSet TokenSet::FromTrustedTokens(std::vector<std::string> tokens) {
   return s;
 }
 
-absl::StatusOr<TokenSet> TokenSet::FromFile(const std::string& path) {
+namespace {
+
+// The checked, non-empty token list of a token file.
+absl::StatusOr<std::vector<std::string>> ReadTokens(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0)
     return absl::NotFoundError(absl::StrCat("token file ", path, " does not exist"));
@@ -60,18 +63,32 @@ absl::StatusOr<TokenSet> TokenSet::FromFile(const std::string& path) {
   if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot read token file ", path));
   std::vector<std::string> tokens;
   std::string line;
-  int n = 0;
   while (std::getline(in, line)) {
-    ++n;
     absl::string_view t = absl::StripAsciiWhitespace(line);
     if (t.empty() || t[0] == '#') continue;
     tokens.emplace_back(t.data(), t.size());
   }
   if (tokens.empty())
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds no token"));
+  return tokens;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenSet> TokenSet::FromFile(const std::string& path) {
+  DS_ASSIGN_OR_RETURN(std::vector<std::string> tokens, ReadTokens(path));
   absl::StatusOr<TokenSet> s = FromTokens(std::move(tokens));
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.status().message()));
   return s;
+}
+
+absl::StatusOr<std::string> ReadClientToken(const std::string& path) {
+  // Through FromTokens: a client token obeys the same length / charset rules as the server's.
+  DS_ASSIGN_OR_RETURN(std::vector<std::string> tokens, ReadTokens(path));
+  std::string first = tokens.front();
+  absl::StatusOr<TokenSet> s = TokenSet::FromTokens({first});
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.status().message()));
+  return first;
 }
 
 bool TokenSet::Matches(std::string_view token) const {

@@ -51,4 +51,8 @@ absl::Status CheckBearer(const TokenSet& tokens, std::span<const std::string_vie
 // handler can `if (auto s = auth::Check(*ctx, keys); !s.ok()) return s;` as its first line.
 grpc::Status Check(const grpc::ServerContext& ctx, const TokenSet& tokens);
 
+// The client side: the first token of a token file (same format and permission rules as
+// TokenSet::FromFile), i.e. what a worker or gateway sends to a scheduler started with that file.
+absl::StatusOr<std::string> ReadClientToken(const std::string& path);
+
 }  // namespace ds::auth

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/support/client_interceptor.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
@@ -118,6 +119,51 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   grpc::ChannelArguments args;
   if (files.tls && !files.server_name.empty()) args.SetSslTargetNameOverride(files.server_name);
   return grpc::CreateCustomChannel(address, creds, args);
+}
+
+namespace {
+
+class BearerInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA))
+      m->GetSendInitialMetadata()->insert({"authorization", *header_});
+    m->Proceed();
+  }
+
+ private:
+  const std::string* header_;  // owned by the factory, which the channel keeps alive
+};
+
+class BearerInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token) : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const ClientTlsFiles& files,
+                                                           const std::string& bearer_token,
+                                                           const grpc::ChannelArguments& args) {
+  DS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds,
+                      MakeChannelCredentials(files));
+  grpc::ChannelArguments a = args;
+  if (files.tls && !files.server_name.empty()) a.SetSslTargetNameOverride(files.server_name);
+  if (bearer_token.empty()) return grpc::CreateCustomChannel(address, creds, a);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> f;
+  f.push_back(std::make_unique<BearerInterceptorFactory>(bearer_token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, a, std::move(f));
 }
 
 }  // namespace ds::auth

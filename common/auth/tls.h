@@ -11,6 +11,7 @@ namespace grpc {
 class ServerCredentials;
 class ChannelCredentials;
 class Channel;
+class ChannelArguments;
 }  // namespace grpc
 
 namespace ds::auth {
@@ -39,6 +40,14 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 // A channel to `address` with those credentials (and the server-name override, if any).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const ClientTlsFiles& files);
+// The same with the caller's channel arguments and, when `bearer_token` is not empty,
+// `authorization: Bearer <token>` on every call. The token is added by a client interceptor, not
+// call credentials: gRPC drops call credentials on plaintext channels, and the internal protocol
+// may run without TLS on a private network.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const ClientTlsFiles& files,
+                                                           const std::string& bearer_token,
+                                                           const grpc::ChannelArguments& args);
 
 // Checks a certificate / key pair with OpenSSL (what MakeServerCredentials runs).
 absl::Status CheckCertificateAndKey(const std::string& cert_file, const std::string& key_file);

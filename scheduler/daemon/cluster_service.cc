@@ -182,6 +182,7 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 grpc::Status ClusterService::WorkerSession(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<pb::SchedulerMessage, pb::WorkerMessage>* stream) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   pb::WorkerMessage m;
   if (!stream->Read(&m)) return grpc::Status(grpc::StatusCode::CANCELLED, "no register message");
   if (m.msg_case() != pb::WorkerMessage::kRegister)
@@ -288,6 +289,7 @@ grpc::Status ClusterService::WorkerSession(
 
 grpc::Status ClusterService::Submit(grpc::ServerContext* ctx, const pb::SubmitRequest* req,
                                     grpc::ServerWriter<pb::RequestEvent>* writer) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   if (loop_->stopped()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scheduler shutting down");
   const int n_vocab = loop_->n_vocab();
   if (n_vocab == 0)
@@ -347,18 +349,20 @@ grpc::Status ClusterService::Submit(grpc::ServerContext* ctx, const pb::SubmitRe
   }
 }
 
-grpc::Status ClusterService::RendezvousSet(grpc::ServerContext*,
+grpc::Status ClusterService::RendezvousSet(grpc::ServerContext* ctx,
                                            const pb::RendezvousSetRequest* req,
                                            pb::RendezvousSetResponse*) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   if (req->key().empty())
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rendezvous key is empty");
   kv_.Set(req->key(), req->value());
   return grpc::Status::OK;
 }
 
-grpc::Status ClusterService::RendezvousGet(grpc::ServerContext*,
+grpc::Status ClusterService::RendezvousGet(grpc::ServerContext* ctx,
                                            const pb::RendezvousGetRequest* req,
                                            pb::RendezvousGetResponse* resp) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   // Capped so a waiting rank never pins a server thread for long; the client retries.
   const double wait = std::clamp(req->wait_seconds(), 0.0, 10.0);
   auto v = kv_.Get(req->key(), std::chrono::milliseconds(static_cast<int64_t>(wait * 1e3)));
@@ -367,8 +371,9 @@ grpc::Status ClusterService::RendezvousGet(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ClusterService::Finish(grpc::ServerContext*, const pb::FinishRequest* req,
+grpc::Status ClusterService::Finish(grpc::ServerContext* ctx, const pb::FinishRequest* req,
                                     pb::FinishResponse*) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   FinishCmd c;
   c.id = req->request_id();
   switch (req->reason()) {
@@ -404,25 +409,28 @@ grpc::Status ClusterService::Admin(AdminCmd cmd, v1::ClusterStatus* resp, Cluste
   return grpc::Status::OK;
 }
 
-grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext*,
+grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* ctx,
                                               const v1::GetClusterStatusRequest*,
                                               v1::ClusterStatus* resp) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   AdminCmd c;
   c.op = AdminCmd::Op::kStatus;
   return Admin(std::move(c), resp);
 }
 
-grpc::Status ClusterService::SetSlots(grpc::ServerContext*, const v1::SetSlotsRequest* req,
+grpc::Status ClusterService::SetSlots(grpc::ServerContext* ctx, const v1::SetSlotsRequest* req,
                                       v1::ClusterStatus* resp) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   AdminCmd c;
   c.op = AdminCmd::Op::kSetSlots;
   c.n_slots = static_cast<int>(std::min<uint32_t>(req->slots(), INT32_MAX));
   return Admin(std::move(c), resp);
 }
 
-grpc::Status ClusterService::SetContextPolicy(grpc::ServerContext*,
+grpc::Status ClusterService::SetContextPolicy(grpc::ServerContext* ctx,
                                               const v1::SetContextPolicyRequest* req,
                                               v1::ClusterStatus* resp) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   AdminCmd c;
   c.op = AdminCmd::Op::kSetPolicy;
   const v1::ContextPolicy& p = req->policy();
@@ -442,15 +450,17 @@ grpc::Status ClusterService::SetContextPolicy(grpc::ServerContext*,
   return Admin(std::move(c), resp);
 }
 
-grpc::Status ClusterService::Drain(grpc::ServerContext*, const v1::DrainRequest* req,
+grpc::Status ClusterService::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                                    v1::ClusterStatus* resp) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   AdminCmd c;
   c.op = req->resume() ? AdminCmd::Op::kResume : AdminCmd::Op::kDrain;
   return Admin(std::move(c), resp);
 }
 
-grpc::Status ClusterService::GetStepStats(grpc::ServerContext*, const pb::StepStatsRequest* req,
+grpc::Status ClusterService::GetStepStats(grpc::ServerContext* ctx, const pb::StepStatsRequest* req,
                                           pb::StepStats* resp) {
+  if (grpc::Status a = auth::Check(*ctx, tokens_); !a.ok()) return a;
   AdminCmd c;
   c.op = req->reset() ? AdminCmd::Op::kStatsReset : AdminCmd::Op::kStatus;
   ClusterSnapshot snap;

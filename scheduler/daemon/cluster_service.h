@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/auth/bearer.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "scheduler/daemon/scheduler_loop.h"
 #include "scheduler/daemon/worker_group.h"
@@ -18,6 +19,9 @@ class ClusterService final : public deltaserve::internal::Scheduler::Service {
  public:
   explicit ClusterService(SchedulerLoop* loop)
       : loop_(loop), groups_([loop](Command c) { loop->Push(std::move(c)); }, &kv_) {}
+  // Bearer tokens every call must carry (`--internal-key-file`); empty = every caller passes.
+  // Set before the server starts.
+  void SetTokens(auth::TokenSet tokens) { tokens_ = std::move(tokens); }
 
   grpc::Status WorkerSession(
       grpc::ServerContext* ctx,
@@ -52,6 +56,7 @@ class ClusterService final : public deltaserve::internal::Scheduler::Service {
                      ClusterSnapshot* snap_out = nullptr);
 
   SchedulerLoop* loop_;
+  auth::TokenSet tokens_;  // checked first in every handler
   RendezvousKv kv_;       // tensor-parallel rendezvous (declared before groups_, which uses it)
   WorkerGroups groups_;   // tensor-parallel groups forming or live
   // Ids for requests submitted without one (the gateway normally assigns them).

@@ -10,6 +10,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth/bearer.h"
+#include "common/auth/tls.h"
 #include "common/config/role.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
@@ -21,8 +23,8 @@
 namespace ds {
 namespace {
 
-
-bool IsLoopback(const std::string& addr) {
+// "127.x.x.x:P", "localhost:P", "[::1]:P" or "unix:PATH": reachable from this host only.
+bool IsLoopbackListen(const std::string& addr) {
   return addr.rfind("127.", 0) == 0 || addr.rfind("localhost:", 0) == 0 ||
          addr.rfind("[::1]:", 0) == 0 || addr.rfind("unix:", 0) == 0;
 }
@@ -34,7 +36,8 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
       "--listen",     "--port-file", "--slots",          "--ctx",       "--split",
       "--slot-cap",   "--max-queue", "--max-batch-tokens", "--max-chunk", "--max-slots",
       "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval",
-      "--failover-wait"};
+      "--failover-wait", "--internal-key-file", "--tls-cert", "--tls-key",
+      "--allow-unauthenticated"};
   std::map<std::string, std::string> m;
   for (int i = 0; i < argc; ++i) {
     const std::string f = argv[i];
@@ -62,6 +65,27 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
   };
   if (m.count("--listen")) o.listen = m["--listen"];
   if (m.count("--port-file")) o.port_file = m["--port-file"];
+  if (m.count("--internal-key-file")) o.internal_key_file = m["--internal-key-file"];
+  if (m.count("--tls-cert")) o.tls_cert = m["--tls-cert"];
+  if (m.count("--tls-key")) o.tls_key = m["--tls-key"];
+  if (m.count("--allow-unauthenticated")) {
+    const std::string& v = m["--allow-unauthenticated"];
+    if (v == "true" || v == "1" || v == "yes") {
+      o.allow_unauthenticated = true;
+    } else if (v != "false" && v != "0" && v != "no") {
+      return absl::InvalidArgumentError("--allow-unauthenticated expects true or false, got '" +
+                                        v + "'");
+    }
+  }
+  // Whoever reaches the internal port can register a worker (and receive every prompt), submit
+  // requests, drain the cluster and read or overwrite the TP rendezvous: beyond loopback it needs
+  // tokens, or the operator's explicit word that the network is private.
+  if (!IsLoopbackListen(o.listen) && o.internal_key_file.empty() && !o.allow_unauthenticated)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen ", o.listen,
+        " is not a loopback address: give --internal-key-file FILE (bearer tokens; workers and "
+        "gateways send one with --scheduler-key-file) or, on a trusted private network only, "
+        "--allow-unauthenticated true"));
   DS_RETURN_IF_ERROR(integer("--slots", &l.core.n_slots));
   DS_RETURN_IF_ERROR(integer("--ctx", &l.core.context.n_ctx));
   DS_RETURN_IF_ERROR(integer("--slot-cap", &l.core.context.slot_cap));
@@ -113,6 +137,8 @@ int RunSchedulerDaemon(int argc, char** argv) {
                  "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
                  "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
                  "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] "
+                 "[--internal-key-file F] [--tls-cert F --tls-key F] "
+                 "[--allow-unauthenticated true] "
                  "[--metrics-listen HOST:PORT] [--log-level L] [--config FILE]\n",
                  std::string(o.status().message()).c_str());
     return 2;
@@ -144,13 +170,32 @@ int RunSchedulerDaemon(int argc, char** argv) {
     (*loop)->SetWatchdogLoop(watchdog->RegisterPeriodic(
         "scheduler_loop", std::max<std::chrono::nanoseconds>(std::chrono::seconds(5),
                                                              watchdog->interval() / 2)));
-  if (!IsLoopback(o->listen))
-    DS_LOG(WARNING, "internal_port_public",
-           {{"listen", o->listen}, {"detail", "the internal protocol has no authentication"}});
+  // Key file and certificate are checked before anything listens: one clear error at start.
+  auth::TokenSet tokens;
+  if (!o->internal_key_file.empty()) {
+    auto t = auth::TokenSet::FromFile(o->internal_key_file);
+    if (!t.ok()) return fail(t.status());
+    tokens = std::move(*t);
+  }
+  auto creds = auth::MakeServerCredentials({o->tls_cert, o->tls_key, ""});
+  if (!creds.ok()) return fail(creds.status());
+  if (!IsLoopbackListen(o->listen)) {
+    if (tokens.open())
+      DS_LOG(WARNING, "internal_port_public",
+             {{"listen", o->listen},
+              {"detail", "--allow-unauthenticated: any host that reaches this port can register "
+                         "workers and submit requests"}});
+    else if (o->tls_cert.empty())
+      DS_LOG(WARNING, "internal_port_plaintext",
+             {{"listen", o->listen},
+              {"detail", "tokens and prompts travel unencrypted; add --tls-cert/--tls-key off a "
+                         "trusted network"}});
+  }
   sched::ClusterService service(loop->get());
+  service.SetTokens(std::move(tokens));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(o->listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(o->listen, *creds, &port);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(&service);
@@ -167,6 +212,7 @@ int RunSchedulerDaemon(int argc, char** argv) {
           {"metrics", metrics_port > 0 ? role->metrics_listen.substr(0, role->metrics_listen.rfind(':')) +
                                              ":" + std::to_string(metrics_port)
                                        : std::string("off")},
+          {"tls", !o->tls_cert.empty()}, {"internal_keys", !o->internal_key_file.empty()},
           {"slots", o->loop.core.n_slots}, {"ctx", o->loop.core.context.n_ctx},
           {"max_queue", o->loop.core.max_queue}});
   if (!o->port_file.empty()) {

@@ -11,6 +11,12 @@ namespace ds {
 struct SchedulerDaemonOptions {
   std::string listen = "127.0.0.1:50061";
   std::string port_file;  // written with the bound port once listening (tests use --listen :0)
+  // Internal listener security (docs/tp.md "Multi-host"): bearer tokens every worker / gateway
+  // call must carry, and TLS (PEM certificate + key). A non-loopback --listen needs a key file
+  // or an explicit allow_unauthenticated (trusted private network only).
+  std::string internal_key_file;
+  std::string tls_cert, tls_key;
+  bool allow_unauthenticated = false;
   sched::LoopOptions loop;
 };
 

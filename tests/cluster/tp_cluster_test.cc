@@ -91,8 +91,10 @@ class TpCluster {
  public:
   struct Options {
     int world = 2;
-    std::vector<std::string> scheduler_flags;
+    std::vector<std::string> scheduler_flags = {};
     bool start_ranks = true;
+    // --internal-key-file for the scheduler, --scheduler-key-file for ranks and gateway.
+    std::string key_file = {};
   };
 
   explicit TpCluster(Options o) : o_(std::move(o)) {
@@ -103,6 +105,10 @@ class TpCluster {
         "--listen", "127.0.0.1:0", "--port-file", dir_ + "/sched.port", "--slots",
         "4",        "--ctx",       "4096",        "--log-interval",     "0"};
     sf.insert(sf.end(), o_.scheduler_flags.begin(), o_.scheduler_flags.end());
+    if (!o_.key_file.empty()) {
+      sf.insert(sf.end(), {"--internal-key-file", o_.key_file});
+      client_key_ = {"--scheduler-key-file", o_.key_file};
+    }
     scheduler_ = Start("scheduler", "scheduler", sf);
     const int port = std::atoi(WaitFor(dir_ + "/sched.port", scheduler_.pid).c_str());
     EXPECT_GT(port, 0) << "scheduler did not start";
@@ -112,7 +118,8 @@ class TpCluster {
     const std::string gpf = dir_ + "/gw.port";
     Start("gateway", "gateway",
           {"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--scheduler", sched_,
-           "--model", TinyModel(), "--port-file", gpf, "--health-interval-ms", "100"});
+           "--model", TinyModel(), "--port-file", gpf, "--health-interval-ms", "100"},
+          client_key_);
     std::istringstream in(WaitFor(gpf, children_.back().pid));
     int gp = 0, ap = 0;
     in >> gp >> ap;
@@ -141,7 +148,8 @@ class TpCluster {
     return Start("rank" + std::to_string(r), "worker",
                  {"--scheduler", sched_, "--model", TinyModel(), "--backend", "cpu", "--threads", "1",
                   "--tp-rank", std::to_string(r), "--tp-world", std::to_string(o_.world),
-                  "--tp-group", "g", "--split", "1,1", "--worker-id", "rank" + std::to_string(r)})
+                  "--tp-group", "g", "--split", "1,1", "--worker-id", "rank" + std::to_string(r)},
+                 client_key_)
         .pid;
   }
   pid_t StartSingleWorker() {
@@ -203,9 +211,11 @@ class TpCluster {
   }
 
  private:
-  Child Start(const std::string& name, const std::string& role, std::vector<std::string> args) {
+  Child Start(const std::string& name, const std::string& role, std::vector<std::string> args,
+              const std::vector<std::string>& more = {}) {
     Child c{name, dir_ + "/" + name + "." + std::to_string(children_.size()) + ".log", -1};
     args.insert(args.begin(), {kBin, role});
+    args.insert(args.end(), more.begin(), more.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -232,6 +242,7 @@ class TpCluster {
 
   Options o_;
   std::string dir_, sched_, addr_, admin_;
+  std::vector<std::string> client_key_;
   Child scheduler_;
   std::vector<Child> children_;
 };
@@ -295,6 +306,22 @@ TEST(TpCluster, MixedLongAndShortPromptsUnderChunkedPrefillMatchAlone) {
     ASSERT_TRUE(g.status.ok()) << "prompt " << i << ": " << g.status.error_message();
     EXPECT_EQ(g.ids, Reference(prompts[i], max_tokens[i])) << "prompt " << i;
   }
+}
+
+// The internal listener with tokens (what a multi-host deployment runs, docs/tp.md "Multi-host"):
+// the ranks' registration and Gloo rendezvous and the gateway's calls all carry the token.
+// tests/cluster/netns_tp_test.sh runs the same across network namespaces, with TLS.
+TEST(TpCluster, WithInternalTokensTheGroupFormsAndMatchesGenerate) {
+  const std::string keys = TestDir() + "/internal.keys";
+  std::ofstream(keys) << "0123456789abcdef0123456789abcdef\n";
+  std::filesystem::permissions(keys, std::filesystem::perms::owner_read |
+                                         std::filesystem::perms::owner_write);
+  TpCluster c({.key_file = keys});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  constexpr int kMax = 16;
+  Gen g = c.Generate(Greedy(kPrompt, kMax));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.ids, Reference(kPrompt, kMax));
 }
 
 TEST(TpCluster, KillingOneRankMakesHealthNotServingAndRequestsUnavailable) {

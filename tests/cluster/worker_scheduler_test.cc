@@ -18,6 +18,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -27,6 +29,7 @@
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "tools/synth/synth.h"
 #include "worker/process/step_executor.h"
+#include "worker/process/tp_session.h"
 
 extern char** environ;
 
@@ -203,11 +206,13 @@ struct Child {
   ~Child() { Kill(); }
 };
 
-std::unique_ptr<Child> Spawn(const std::vector<std::string>& args, const std::string& log) {
+std::unique_ptr<Child> Spawn(const std::vector<std::string>& args, const std::string& log,
+                             const std::vector<std::string>& more = {}) {
   auto c = std::make_unique<Child>();
   c->log = log;
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : more) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -302,7 +307,10 @@ class ClusterTest : public ::testing::Test {
   }
 
   // Starts the scheduler (on a free port it picks itself) and one CPU worker; waits until serving.
-  void StartCluster(std::vector<std::string> sched_flags) {
+  // `token`: sent on the test's own calls (the scheduler runs with --internal-key-file).
+  void StartCluster(std::vector<std::string> sched_flags,
+                    std::vector<std::string> worker_flags = {}, std::string token = "") {
+    token_ = std::move(token);
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     const std::string port_file = *dir_ + "/" + tag + ".port";
     std::vector<std::string> args = {kBin, "scheduler", "--listen", "127.0.0.1:0", "--port-file",
@@ -318,7 +326,7 @@ class ClusterTest : public ::testing::Test {
     addr_ = "127.0.0.1:" + std::to_string(std::stoi(ReadFile(port_file)));
     worker_ = Spawn({kBin, "worker", "--scheduler", addr_, "--model", *model_, "--backend", "cpu",
                      "--threads", "1", "--worker-id", "w0"},
-                    *dir_ + "/" + tag + ".worker.log");
+                    *dir_ + "/" + tag + ".worker.log", worker_flags);
     ASSERT_GT(worker_->pid, 0);
     channel_ = grpc::CreateChannel(addr_, grpc::InsecureChannelCredentials());
     stub_ = pb::Scheduler::NewStub(channel_);
@@ -328,13 +336,18 @@ class ClusterTest : public ::testing::Test {
     }
   }
 
-  v1::ClusterStatus Status() {
+  v1::ClusterStatus Status(grpc::Status* status = nullptr) {
     grpc::ClientContext ctx;
+    Auth(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + 5s);
     v1::ClusterStatus st;
     v1::GetClusterStatusRequest req;
-    stub_->GetClusterStatus(&ctx, req, &st);
+    grpc::Status s = stub_->GetClusterStatus(&ctx, req, &st);
+    if (status) *status = s;
     return st;
+  }
+  void Auth(grpc::ClientContext* ctx) {
+    if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
   }
 
   // Runs one Submit call to the end. `on_token` may cancel the context.
@@ -342,6 +355,7 @@ class ClusterTest : public ::testing::Test {
                  grpc::ClientContext* ctx = nullptr, std::atomic<int>* progress = nullptr) {
     grpc::ClientContext local;
     if (!ctx) ctx = &local;
+    Auth(ctx);
     pb::SubmitRequest req;
     req.set_request_id(id);
     for (int32_t t : prompt) req.add_prompt_ids(t);
@@ -370,7 +384,7 @@ class ClusterTest : public ::testing::Test {
   static std::string* dir_;
   static std::string* model_;
   std::unique_ptr<Child> sched_, worker_;
-  std::string addr_;
+  std::string addr_, token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Scheduler::Stub> stub_;
 };
@@ -483,6 +497,82 @@ TEST_F(ClusterTest, KillingTheWorkerFailsInFlightStreamsAndStopsServing) {
   // New requests are refused at once while not serving.
   Outcome refused = Submit(500, Prompt(3, 1), 4);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// The internal listener with --internal-key-file: every call needs one of the file's tokens
+// (docs/tp.md "Multi-host"); a worker with --scheduler-key-file registers and serves.
+TEST_F(ClusterTest, InternalKeyFileRefusesCallsWithoutTheToken) {
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  const std::string keys = *dir_ + "/internal.keys";
+  std::ofstream(keys) << "# internal tokens\n" << token << "\n";
+  std::filesystem::permissions(keys, std::filesystem::perms::owner_read |
+                                         std::filesystem::perms::owner_write);
+  StartCluster({"--slots", "2", "--ctx", "1024", "--internal-key-file", keys},
+               {"--scheduler-key-file", keys}, token);
+  for (const std::string& bad : {std::string(), std::string("wrong-token-0123456789")}) {
+    token_ = bad;
+    grpc::Status s;
+    Status(&s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << "token '" << bad << "'";
+    Outcome o = Submit(700, Prompt(3, 1), 4);
+    EXPECT_EQ(o.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  token_ = token;
+  const std::vector<int32_t> p = Prompt(7, 9);
+  Outcome ok = Submit(701, p, 12);
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens, Reference(*model_, p, 12));
+  // A worker without the token is refused at Register and exits with the reason.
+  auto intruder = Spawn({kBin, "worker", "--scheduler", addr_, "--model", *model_, "--backend",
+                         "cpu", "--threads", "1", "--worker-id", "intruder"},
+                        *dir_ + "/intruder.log");
+  int st = 0;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (waitpid(intruder->pid, &st, WNOHANG) == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), until) << "the worker without a token stayed up";
+    std::this_thread::sleep_for(20ms);
+  }
+  intruder->pid = -1;
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  EXPECT_NE(ReadFile(*dir_ + "/intruder.log").find("authorization"), std::string::npos)
+      << ReadFile(*dir_ + "/intruder.log");
+  EXPECT_TRUE(Status().serving());
+}
+
+TEST(SchedulerFlags, ANonLoopbackListenNeedsTokensOrAnExplicitOptOut) {
+  auto run = [](const std::string& flags) {
+    const std::string cmd = std::string(kBin) + " scheduler " + flags + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int st = pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  auto [rc, out] = run("--listen 0.0.0.0:0");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--internal-key-file"), std::string::npos) << out;
+  std::tie(rc, out) = run("--listen 0.0.0.0:0 --allow-unauthenticated perhaps");
+  EXPECT_EQ(rc, 2) << out;
+  // A key file that does not exist: one clear error at start, nothing listens.
+  std::tie(rc, out) = run("--listen 127.0.0.1:0 --internal-key-file /nonexistent/keys");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("/nonexistent/keys"), std::string::npos) << out;
+}
+
+// The Gloo address a TP rank advertises by default: the local end of its route to the scheduler.
+// (The netns test checks a non-loopback route: 10.77.0.2 toward 10.77.0.1.)
+TEST(TpAddress, LoopbackSchedulerTargetsGiveLoopback) {
+  for (const char* t : {"127.0.0.1:50061", "localhost:50061", "ipv4:127.0.0.1:1",
+                        "dns:///localhost:1", "[::1]:50061", "127.0.0.1", "unix:/tmp/sched.sock"}) {
+    absl::StatusOr<std::string> a = worker::LocalAddressToward(t);
+    if (std::string(t) == "[::1]:50061" && !a.ok()) continue;  // no IPv6 on this host
+    ASSERT_TRUE(a.ok()) << t << ": " << a.status();
+    EXPECT_EQ(*a, "127.0.0.1") << t;
+  }
+  EXPECT_FALSE(worker::LocalAddressToward("no-such-host.invalid:1").ok());
+  EXPECT_FALSE(worker::LocalAddressToward(":50061").ok());
+  EXPECT_FALSE(worker::LocalAddressToward("[::1:50061").ok());
 }
 
 // Control overhead per step at batch 1 (scheduler + RPC + worker bookkeeping, excluding the

@@ -100,6 +100,36 @@ TEST(Tokens, FileRules) {
   EXPECT_FALSE(TokenSet::FromFile(Dir() + "/missing").ok());
 }
 
+TEST(Tokens, ClientTokenIsTheFirstOfAFileUnderTheSameRules) {
+  auto first =
+      ReadClientToken(WriteFile("client", "# scheduler\n  " + kOther + "\n" + kGood, 0600));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, kOther);
+  EXPECT_FALSE(ReadClientToken(WriteFile("cworld", kGood + "\n", 0644)).ok());
+  EXPECT_FALSE(ReadClientToken(WriteFile("cshort", "abc\n", 0600)).ok());
+  EXPECT_FALSE(ReadClientToken(Dir() + "/missing").ok());
+}
+
+// The client side of the internal protocol: MakeChannel with a token adds it to every call, on a
+// plaintext channel too (where gRPC would drop call credentials).
+TEST(GrpcAuth, ChannelWithTokenAuthenticatesEveryCall) {
+  auto keys = TokenSet::FromTokens({kGood});
+  ASSERT_TRUE(keys.ok());
+  Server s = StartServer(&*keys, grpc::InsecureServerCredentials());
+  const std::string addr = "127.0.0.1:" + std::to_string(s.port);
+  grpc::ChannelArguments args;
+  auto with = MakeChannel(addr, ClientTlsFiles{}, kGood, args);
+  ASSERT_TRUE(with.ok()) << with.status();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(CallTokenize(*with, "").ok());
+  auto wrong = MakeChannel(addr, ClientTlsFiles{}, kOther, args);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ(CallTokenize(*wrong, "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  auto none = MakeChannel(addr, ClientTlsFiles{}, "", args);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(CallTokenize(*none, "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  s.server->Shutdown();
+}
+
 TEST(Tokens, ConstantTimeEqualsIsEquality) {
   EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
   EXPECT_FALSE(ConstantTimeEquals("abd", "abc"));

@@ -31,7 +31,7 @@ void Usage() {
       "TEXT])\n"
       "              [--max-tokens N --temperature T --top-k K --top-p P --min-p P --seed S\n"
       "               --stop S (repeatable) --stop-id N (repeatable) --logprobs N --priority N\n"
-      "               --ignore-eos --timeout SECONDS --api-key K]\n"
+      "               --ignore-eos --timeout SECONDS --api-key K --show-ids | --ids-only]\n"
       "  tokenize    --addr A (--prompt TEXT | --chat-user TEXT)\n"
       "  health      --addr A: grpc.health.v1 status\n"
       "  status      --admin-addr A: workers, slots, queue and context pool\n"
@@ -89,7 +89,7 @@ int CmdGenerate(int argc, char** argv) {
       {"--addr", "--prompt", "--prompt-ids", "--chat-user", "--chat-system", "--max-tokens",
        "--temperature", "--top-k", "--top-p", "--min-p", "--seed", "--stop", "--stop-id",
        "--logprobs", "--priority", "--timeout", "--api-key", "--request-id"},
-      {"--ignore-eos", "--show-ids"});
+      {"--ignore-eos", "--show-ids", "--ids-only"});
   if (!f.ok()) return Fail(f.status());
   const int n_prompts = f->Has("--prompt") + f->Has("--prompt-ids") + f->Has("--chat-user");
   if (n_prompts != 1) return Fail("give exactly one of --prompt, --prompt-ids, --chat-user");
@@ -143,6 +143,9 @@ int CmdGenerate(int argc, char** argv) {
   req.set_ignore_eos(f->Has("--ignore-eos"));
   req.set_request_id(f->Str("--request-id"));
   const bool show_ids = f->Has("--show-ids");
+  // Scripts: stdout is only the generated ids, "1,2,3\n" once the request finished.
+  const bool ids_only = f->Has("--ids-only");
+  std::vector<int32_t> ids;
 
   auto stub = v1::Generation::NewStub(ds::gw::MakeChannel(f->Str("--addr", kDefaultAddr)));
   grpc::ClientContext ctx;
@@ -154,6 +157,10 @@ int CmdGenerate(int argc, char** argv) {
   while (reader->Read(&msg)) {
     if (msg.has_chunk()) {
       const auto& c = msg.chunk();
+      if (ids_only) {
+        ids.insert(ids.end(), c.token_ids().begin(), c.token_ids().end());
+        continue;
+      }
       if (!c.text().empty()) std::fwrite(c.text().data(), 1, c.text().size(), stdout);
       if (show_ids) {
         for (int32_t id : c.token_ids()) std::printf("[%d]", id);
@@ -165,6 +172,8 @@ int CmdGenerate(int argc, char** argv) {
       std::fflush(stdout);
     } else if (msg.has_finished()) {
       const auto& fin = msg.finished();
+      if (ids_only)
+        for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? "," : "", ids[i]);
       std::printf("\n");
       std::fprintf(
           stderr,

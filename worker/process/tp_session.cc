@@ -1,6 +1,14 @@
 #include "worker/process/tp_session.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -41,6 +49,73 @@ double FreeGiB(const std::string& device_kind, int device) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> LocalAddressToward(const std::string& target) {
+  std::string t = target;
+  if (t.rfind("unix:", 0) == 0 || t.rfind("unix-abstract:", 0) == 0)
+    return std::string("127.0.0.1");
+  for (const char* scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"})
+    if (t.rfind(scheme, 0) == 0) {
+      t = t.substr(std::string(scheme).size());
+      break;
+    }
+  t = t.substr(0, t.find(','));  // ipv4:a:p,b:p lists: the first
+  std::string host, port;
+  if (!t.empty() && t[0] == '[') {
+    const size_t close = t.find(']');
+    if (close == std::string::npos)
+      return absl::InvalidArgumentError("scheduler address '" + target + "': no ']'");
+    host = t.substr(1, close - 1);
+    if (close + 1 < t.size() && t[close + 1] == ':') port = t.substr(close + 2);
+  } else {
+    const size_t colon = t.rfind(':');
+    host = colon == std::string::npos ? t : t.substr(0, colon);
+    if (colon != std::string::npos) port = t.substr(colon + 1);
+  }
+  if (host.empty())
+    return absl::InvalidArgumentError("scheduler address '" + target + "' has no host");
+  if (port.empty()) port = "443";  // only the routing decision matters, not the port
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); e != 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve scheduler host '", host, "': ", gai_strerror(e)));
+  std::string why = "no address";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    const bool ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+                    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    if (!ok) why = std::strerror(errno);
+    close(fd);
+    if (!ok) continue;
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (local.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&local);
+      inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
+      if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) {
+        freeaddrinfo(res);
+        return std::string("127.0.0.1");
+      }
+    } else {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&local);
+      if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) {
+        freeaddrinfo(res);
+        return std::string("127.0.0.1");
+      }
+      inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf));
+    }
+    freeaddrinfo(res);
+    return std::string(buf);
+  }
+  freeaddrinfo(res);
+  return absl::UnavailableError(
+      absl::StrCat("no route from this host to the scheduler '", host, "': ", why));
+}
 
 struct SchedulerRendezvousStore::Impl {
   std::unique_ptr<pb::Scheduler::Stub> stub;
@@ -101,6 +176,10 @@ absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& devic
   SchedulerRendezvousStore store(std::move(scheduler));
   if (device_kind.rfind("cuda", 0) == 0) {
 #ifdef DS_HAVE_NCCL
+    // NCCL finds its interface itself (IB/RoCE first, then non-loopback sockets); --tp-iface
+    // pins it unless the operator's environment already does. Set before the unique id: rank
+    // 0's bootstrap address is part of it.
+    if (!o.iface.empty()) setenv("NCCL_SOCKET_IFNAME", o.iface.c_str(), /*overwrite=*/0);
     // NCCL: rank 0 makes the unique id; it travels through the scheduler's store.
     NcclId id{};
     const std::string key = prefix + "nccl_id";
@@ -125,6 +204,7 @@ absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& devic
     go.store = &store;
     go.prefix = prefix + "gloo";
     go.iface = o.iface;
+    go.hostname = o.addr;
     go.timeout = o.timeout;
     DS_ASSIGN_OR_RETURN(g.collective, GlooCollective::Create(go));
   }

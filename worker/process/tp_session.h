@@ -27,9 +27,19 @@ struct TpOptions {
   int world = 1;      // 1 = no tensor parallelism
   std::string group;  // group name, shared by the ranks (default "tp")
   std::string split;  // "" = even, "1,2" / "1:1.5" weights, "mem" = by free memory
-  std::string iface;  // Gloo: interface to bind ("eth0"); empty = 127.0.0.1 (one host)
+  // The address the other ranks reach this one at (docs/tp.md "Multi-host"). Gloo binds and
+  // advertises `iface`'s address when set, else `addr` (IP or hostname). NCCL: `iface` becomes
+  // NCCL_SOCKET_IFNAME unless the environment sets it (NCCL picks its interface itself).
+  std::string iface;
+  std::string addr = "127.0.0.1";
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // rendezvous and collectives
 };
+
+// The local address this host uses to reach `target` (a gRPC target: "host:port", "[v6]:port",
+// "ipv4:..." / "dns:///..." forms, "unix:..."): the kernel's route choice (a UDP socket connected
+// to the resolved address; nothing is sent). Loopback targets give "127.0.0.1". A worker's Gloo
+// address defaults to it: the interface that reaches the scheduler is the cluster's network.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& target);
 
 // RendezvousStore over the scheduler's RendezvousSet / RendezvousGet rpcs.
 class SchedulerRendezvousStore final : public RendezvousStore {

@@ -19,6 +19,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth/bearer.h"
+#include "common/auth/tls.h"
 #include "common/config/role.h"
 #include "common/gguf/gguf.h"
 #include "common/log/log.h"
@@ -98,6 +100,15 @@ absl::StatusOr<pb::WarmupDone> Warmup(Backend& be, int scratch, int n_decode,
   return w;
 }
 
+// TLS to the scheduler: on when a CA is given.
+auth::ClientTlsFiles SchedulerTls(const WorkerOptions& o) {
+  auth::ClientTlsFiles tls;
+  tls.tls = !o.scheduler_ca.empty();
+  tls.ca_file = o.scheduler_ca;
+  tls.server_name = o.scheduler_tls_name;
+  return tls;
+}
+
 // "--flag value" pairs; unknown flags are errors so a typo never falls back to a default.
 absl::StatusOr<std::map<std::string, std::string>> ParsePairs(int argc, char** argv,
                                                              const std::set<std::string>& known) {
@@ -138,8 +149,12 @@ class Session {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
-    auto channel =
-        grpc::CreateCustomChannel(o_.scheduler, grpc::InsecureChannelCredentials(), args);
+    std::string token;
+    if (!o_.scheduler_key_file.empty()) {
+      DS_ASSIGN_OR_RETURN(token, auth::ReadClientToken(o_.scheduler_key_file));
+    }
+    DS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                        auth::MakeChannel(o_.scheduler, SchedulerTls(o_), token, args));
     DS_RETURN_IF_ERROR(Dial(*channel));
     channel_ = channel;
     auto stub = pb::Scheduler::NewStub(channel);
@@ -274,6 +289,12 @@ class Session {
               t.group = o_.tp_group;
               t.split = o_.tp_split;
               t.iface = o_.tp_iface;
+              t.addr = o_.tp_addr;
+              if (t.addr.empty() && t.iface.empty()) {
+                auto a = worker::LocalAddressToward(o_.scheduler);
+                if (!a.ok()) return Fatal(a.status());
+                t.addr = *a;
+              }
               // A TP = 1 worker registers without a group, so the scheduler sends no prefix;
               // NCCL's bootstrap still goes through the scheduler's store under a private one.
               std::string prefix = cf.tp_prefix();
@@ -282,8 +303,10 @@ class Session {
               auto g = worker::JoinTpGroup(t, nccl ? "cuda" : "cpu", o_.device, prefix, channel_);
               if (!g.ok()) return Fatal(g.status());
               tp_ = std::move(*g);
-              DS_LOG(INFO, "tp_joined", {{"collective", tp_.collective->name()},
-                                         {"rank", o_.tp_rank}, {"world", o_.tp_world}});
+              DS_LOG(INFO, "tp_joined",
+                     {{"collective", tp_.collective->name()}, {"rank", o_.tp_rank},
+                      {"world", o_.tp_world},
+                      {"addr", t.iface.empty() ? t.addr : "iface " + t.iface}});
             }
             bo.tp_rank = o_.tp_rank;
             bo.tp_world = o_.tp_world;
@@ -401,7 +424,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--threads", "--device", "--connect-timeout",
                                           "--nvml-device", "--port-file", "--tp-rank",
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
-                                          "--tp-collective"}));
+                                          "--tp-addr", "--tp-collective", "--scheduler-key-file",
+                                          "--scheduler-ca", "--scheduler-tls-name"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -437,6 +461,12 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   if (m.count("--tp-group")) o.tp_group = m["--tp-group"];
   if (m.count("--split")) o.tp_split = m["--split"];
   if (m.count("--tp-iface")) o.tp_iface = m["--tp-iface"];
+  if (m.count("--tp-addr")) o.tp_addr = m["--tp-addr"];
+  if (!o.tp_iface.empty() && !o.tp_addr.empty())
+    return absl::InvalidArgumentError("give --tp-iface or --tp-addr, not both");
+  if (m.count("--scheduler-key-file")) o.scheduler_key_file = m["--scheduler-key-file"];
+  if (m.count("--scheduler-ca")) o.scheduler_ca = m["--scheduler-ca"];
+  if (m.count("--scheduler-tls-name")) o.scheduler_tls_name = m["--scheduler-tls-name"];
   if (m.count("--tp-collective")) o.tp_collective = m["--tp-collective"];
   if (o.tp_collective != "auto" && o.tp_collective != "gloo" && o.tp_collective != "nccl")
     return absl::InvalidArgumentError("--tp-collective expects auto, gloo or nccl, got '" +
@@ -461,6 +491,11 @@ absl::Status RunWorker(const WorkerOptions& o) { return RunWorker(o, nullptr, nu
 
 absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
                        sd::Watchdog* watchdog) {
+  // Credentials first: a bad key or CA file is reported before a long model load.
+  if (!o.scheduler_key_file.empty())
+    DS_RETURN_IF_ERROR(auth::ReadClientToken(o.scheduler_key_file).status());
+  if (!o.scheduler_ca.empty())
+    DS_RETURN_IF_ERROR(auth::MakeChannelCredentials(SchedulerTls(o)).status());
   // A small backend first: validates the model file and gives the figures for Register; Configure
   // recreates it with the scheduler's slot shape.
   BackendOptions bo;
@@ -498,7 +533,9 @@ int RunWorkerProcess(int argc, char** argv) {
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
                  "[--port-file F] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
-                 "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF] [--tp-collective auto|gloo|nccl]]\n",
+                 "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
+                 "[--tp-collective auto|gloo|nccl]] [--scheduler-key-file F] [--scheduler-ca F "
+                 "[--scheduler-tls-name N]]\n",
                  std::string(o.status().message()).c_str());
     return 2;
   }

@@ -23,12 +23,22 @@ struct WorkerOptions {
   double connect_timeout_s = 30;  // give up dialing after this long
   double heartbeat_s = 1.0;
   // Tensor parallelism (docs/tp.md §6): rank tp_rank of the tp_world processes of group tp_group;
-  // tp_split = share weights ("1,2") or "mem"; tp_iface = Gloo interface (empty: 127.0.0.1).
+  // tp_split = share weights ("1,2") or "mem". Where the other ranks reach this one
+  // (docs/tp.md "Multi-host"): tp_iface (an interface: Gloo binds its address, NCCL gets it as
+  // NCCL_SOCKET_IFNAME), else tp_addr (Gloo: an IP or hostname), else the local address of the
+  // route to the scheduler (127.0.0.1 for a loopback scheduler).
   int tp_rank = 0;
   int tp_world = 1;
   std::string tp_group = "tp";
   std::string tp_split;
   std::string tp_iface;
+  std::string tp_addr;
+  // The scheduler's internal listener beyond loopback: a token file (its first token is sent as
+  // `authorization: Bearer`), TLS verified with this CA (empty: plaintext) and an optional
+  // name to check in its certificate instead of the host of `scheduler`.
+  std::string scheduler_key_file;
+  std::string scheduler_ca;
+  std::string scheduler_tls_name;
   // The group's collective: "auto" (Gloo for a CPU group of tp_world > 1, none at tp_world 1),
   // "gloo", or "nccl" (CUDA backend; at tp_world 1 a one-rank NCCL communicator, bootstrapped
   // through the scheduler's rendezvous like a real group: the TP = 1 check of the NCCL path).
