@@ -52,12 +52,19 @@ struct GdnDecodeArgs {
 };
 absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream);
 
-// Prefill of T tokens of one sequence (rows 0..T-1 of the given buffers). Per-token recurrence
-// with the state in registers (one block per value head), as llama.cpp's fused op does.
+// Prefill of T tokens of one sequence (rows 0..T-1 of the given buffers). Two forms of the delta
+// rule (spec §5.2 step 7 / §5.4), the same math:
+//   chunk = 0: per-token recurrence with the state in registers (one block per value head), as
+//              llama.cpp's fused op does: T dependent steps;
+//   chunk = kGdnChunk: the chunked (WY) form, one block per (value head, 64 state columns):
+//              T / 32 dependent steps of small matrix products in shared memory (falls back
+//              to the recurrence where the device lacks the 82 KB of shared memory, sm_75).
+constexpr int kGdnChunk = 32;
 struct GdnPrefillArgs {
   GdnShape shape;
   GdnLayerParams p;
   int T = 0;
+  int chunk = 0;  // 0 or kGdnChunk
   int slot = 0;
   int pos0 = 0;
   const float* mixed = nullptr;  // [T, C]

@@ -187,6 +187,9 @@ class CudaBackend final : public CudaBackendApi {
   // the int8 tensor-core kernel for steps of up to tiled_max_rows_ rows (DS_TILED_MAX_ROWS,
   // default 32: at 64 rows dequantization + cuBLAS measured faster, 54 vs 84 ms per x64 step).
   bool tiled_ = false;
+  // Prefill pieces of at least this many tokens run the chunked GDN form (DS_GDN_CHUNK_MIN;
+  // 0 = always, a huge value = never), shorter ones the per-token recurrence.
+  int gdn_chunk_min_ = 16;
   int tiled_max_rows_ = 0;
   // Rows that take a matmul on int8 activations (GEMV or tiled kernel): the xq_/xd_ capacity.
   int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
@@ -342,6 +345,8 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   {
     const char* e = std::getenv("DS_TILED");
     tiled_ = TiledAvailable(device_) && !(e && std::string(e) == "0");
+    const char* gc = std::getenv("DS_GDN_CHUNK_MIN");
+    if (gc) gdn_chunk_min_ = std::max(0, std::atoi(gc));
     const char* m = std::getenv("DS_TILED_MAX_ROWS");
     tiled_max_rows_ = tiled_ ? std::clamp(m ? std::atoi(m) : 32, 0, kTiledMaxCols) : 0;
   }
@@ -744,6 +749,7 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
         a.conv_ring = L.ring; a.state = L.state;
         a.y = gy_; a.g = gg_; a.beta = gbeta_;
         a.out = mix_out_ + static_cast<int64_t>(p.row0) * Vw;
+        a.chunk = p.n >= gdn_chunk_min_ ? kGdnChunk : 0;
         DS_RETURN_IF_ERROR(GdnPrefill(a, stream_));
       }
       ProfEnd();

@@ -546,11 +546,13 @@ TEST(Ops, ArgmaxKnownAnswer) {
 
 struct GdnCase {
   int hk, hv, dk, dv, T_prefill, n_decode;
+  int chunk = 0;  // prefill form: 0 recurrence, kGdnChunk chunked
 };
 
 void RunGdnCase(const GdnCase& gc) {
   SCOPED_TRACE(::testing::Message() << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk
-                                    << " T=" << gc.T_prefill << " decode=" << gc.n_decode);
+                                    << " T=" << gc.T_prefill << " decode=" << gc.n_decode
+                                    << " chunk=" << gc.chunk);
   GdnShape s{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
@@ -599,7 +601,7 @@ void RunGdnCase(const GdnCase& gc) {
     Dev<float> dm(mixed), dz(z), db(b), dal(al), y(static_cast<size_t>(T) * C), g(static_cast<size_t>(T) * gc.hv),
         beta(static_cast<size_t>(T) * gc.hv), out(static_cast<size_t>(T) * Vw);
     GdnPrefillArgs a;
-    a.shape = s; a.p = p; a.T = T; a.slot = slot; a.pos0 = 0;
+    a.shape = s; a.p = p; a.T = T; a.slot = slot; a.pos0 = 0; a.chunk = gc.chunk;
     a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
     a.conv_ring = ring.p; a.state = state.p; a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p;
     ASSERT_OK(GdnPrefill(a, nullptr));
@@ -650,6 +652,15 @@ TEST(Gdn, SmallShapes) {
 }
 
 TEST(Gdn, Shape27B) { RunGdnCase({16, 48, 128, 128, 70, 3}); }
+
+// The chunked prefill form (several chunks, a partial last one, dv under / over 64 columns).
+TEST(Gdn, ChunkedPrefill) {
+  RunGdnCase({16, 48, 128, 128, 70, 3, kGdnChunk});
+  RunGdnCase({16, 48, 128, 128, 300, 1, kGdnChunk});
+  RunGdnCase({2, 4, 16, 16, 33, 2, kGdnChunk});
+  RunGdnCase({1, 2, 32, 96, 31, 1, kGdnChunk});
+  RunGdnCase({4, 8, 64, 64, 5, 2, kGdnChunk});
+}
 
 // ---------------------------------------------------------------------------------------------
 // Attention: QkvPrep + prefill (cuBLAS) + decode (split-K) vs cpu::GatedAttention.
