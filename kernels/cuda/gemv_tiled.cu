@@ -11,8 +11,7 @@ namespace ds::cuda {
 namespace {
 
 constexpr int kQ6Bytes = 210;  // GGUF block_q6_K: ql[128] qh[64] scales[16] d
-// A block = W warps (4 or 8) splitting the K units of one 16-row tile; 8 for launches with few
-// tiles (M = 5120 matrices: 320 blocks), so that enough loads are in flight per SM.
+// A block = W warps (4; 8 as a lab switch) splitting the K units of one 16-row tile.
 constexpr int kOffQh = 2048, kOffSc = 3072, kOffD = 3328;
 
 // t = (q - 32) & 63 of element e (0..255) of a raw Q6_K block: the centred 6-bit quant.
@@ -323,12 +322,13 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     end += CeilDiv(L.seg[i].M, kTiledRows);
     L.blk_end[i] = end;
   }
-  // DS_TILED_WARPS=4|8 forces the block size (A/B runs); default: 8 warps under 700 tiles.
+  // DS_TILED_WARPS=8: 8-warp blocks (lab switch). Measured on the H200 (2026-11-29): no gain at
+  // 1 column (81.0 vs 81.1 tok/s), x16 743 vs 796 tok/s: 4 warps is the default.
   static const int forced = [] {
     const char* e = std::getenv("DS_TILED_WARPS");
     return e ? std::atoi(e) : 0;
   }();
-  const int w = forced == 4 || forced == 8 ? forced : (end < 700 ? 8 : 4);
+  const int w = forced == 8 ? 8 : 4;
   if (w == 8) LaunchTiledW<NT, 8>(L, end, s);
   else LaunchTiledW<NT, 4>(L, end, s);
 }
