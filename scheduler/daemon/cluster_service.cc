@@ -252,6 +252,7 @@ grpc::Status ClusterService::WorkerSession(
         res.error = sr.error();
         res.forward_seconds = sr.forward_seconds();
         res.sample_seconds = sr.sample_seconds();
+        res.handle_seconds = sr.handle_seconds();
         res.tokens.reserve(static_cast<size_t>(sr.tokens_size()));
         for (const pb::SampledToken& t : sr.tokens()) {
           WorkerSampled ws;

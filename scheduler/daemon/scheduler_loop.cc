@@ -290,6 +290,7 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   const auto t_end = SteadyClock::now();
   t.total_us = Micros(t_end - plan_t0_);
   t.worker_us = (wr.forward_seconds + wr.sample_seconds) * 1e6;
+  t.worker_handle_us = std::max(t.worker_us, wr.handle_seconds * 1e6);
   t.schedule_us = plan_schedule_us_;
   t.apply_us = Micros(t_end - t_recv);
   stats_.Record(t);

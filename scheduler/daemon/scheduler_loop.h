@@ -56,6 +56,7 @@ struct WorkerStepResult {
   std::string error;  // non-empty: the worker failed the step
   std::vector<WorkerSampled> tokens;
   double forward_seconds = 0, sample_seconds = 0;
+  double handle_seconds = 0;  // receipt -> reply on the worker (>= forward + sample)
 };
 
 // The outgoing half of one worker's session, implemented by the WorkerSession handler. The loop

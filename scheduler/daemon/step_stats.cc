@@ -31,6 +31,7 @@ void StepStats::Record(const StepTiming& t) {
   sum_worker_ += t.worker_us;
   sum_schedule_ += t.schedule_us;
   sum_apply_ += t.apply_us;
+  sum_handle_ += t.worker_handle_us;
   max_ = std::max(max_, o);
 }
 
@@ -47,6 +48,7 @@ StepStatsSnapshot StepStats::Snapshot() const {
   s.mean_worker_us = sum_worker_ / n;
   s.mean_schedule_us = sum_schedule_ / n;
   s.mean_apply_us = sum_apply_ / n;
+  s.mean_worker_handle_us = sum_handle_ / n;
   s.max_us = max_;
   std::vector<double> v = ring_;
   std::sort(v.begin(), v.end());
@@ -62,9 +64,12 @@ StepStatsSnapshot StepStats::Snapshot() const {
 std::string StepStatsSnapshot::ToString() const {
   return absl::StrFormat(
       "steps %d | control overhead us: mean %.1f p50 %.1f p90 %.1f p99 %.1f max %.1f | "
-      "mean worker compute %.1f us, schedule+send %.1f us, apply+route %.1f us",
-      steps, mean_us, p50_us, p90_us, p99_us, max_us, mean_worker_us, mean_schedule_us,
-      mean_apply_us);
+      "mean worker compute %.1f us, worker bookkeeping %.1f us, schedule+send %.1f us, "
+      "apply+route %.1f us, transport (rest) %.1f us",
+      steps, mean_us, p50_us, p90_us, p99_us, max_us, mean_worker_us,
+      std::max(0.0, mean_worker_handle_us - mean_worker_us), mean_schedule_us, mean_apply_us,
+      std::max(0.0, mean_us - std::max(0.0, mean_worker_handle_us - mean_worker_us) -
+                        mean_schedule_us - mean_apply_us));
 }
 
 }  // namespace ds::sched

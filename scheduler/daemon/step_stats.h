@@ -14,6 +14,7 @@ struct StepTiming {
   double worker_us = 0;    // forward + sample as the worker measured them
   double schedule_us = 0;  // Schedule + translate + send
   double apply_us = 0;     // result translate + Apply + routing
+  double worker_handle_us = 0;  // receipt -> reply on the worker (worker_us + its bookkeeping)
   int n_tokens = 0;        // plan tokens
   int n_seqs = 0;          // plan entries
   double overhead_us() const { return total_us - worker_us; }
@@ -23,6 +24,7 @@ struct StepStatsSnapshot {
   uint64_t steps = 0;
   double mean_us = 0, p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0;  // overhead
   double mean_worker_us = 0, mean_schedule_us = 0, mean_apply_us = 0;
+  double mean_worker_handle_us = 0;  // of which on the worker outside forward + sample: this - worker
   std::vector<double> bucket_upper_us;  // le; the last is +inf
   std::vector<uint64_t> bucket_count;   // non-cumulative
   std::string ToString() const;
@@ -43,7 +45,7 @@ class StepStats {
   std::vector<double> ring_;  // [min(steps, kRing)] recent overheads
   size_t ring_pos_ = 0;
   uint64_t steps_ = 0;
-  double sum_ = 0, sum_worker_ = 0, sum_schedule_ = 0, sum_apply_ = 0, max_ = 0;
+  double sum_ = 0, sum_worker_ = 0, sum_schedule_ = 0, sum_apply_ = 0, sum_handle_ = 0, max_ = 0;
 };
 
 }  // namespace ds::sched

@@ -226,6 +226,7 @@ void WorkerGroups::FromRank(const GroupMember& m, Command cmd) {
     if (!merged.error.empty()) errors.push_back("rank 0: " + merged.error);
     for (int r = 1; r < g.world; ++r) {
       merged.forward_seconds = std::max(merged.forward_seconds, g.step[r]->forward_seconds);
+      merged.handle_seconds = std::max(merged.handle_seconds, g.step[r]->handle_seconds);
       if (!g.step[r]->error.empty())
         errors.push_back(absl::StrCat("rank ", r, ": ", g.step[r]->error));
     }

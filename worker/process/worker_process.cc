@@ -363,6 +363,7 @@ class Session {
         case pb::SchedulerMessage::kStep: {
           if (!executor_) return Fatal(absl::FailedPreconditionError("Step before Configure"));
           pb::WorkerMessage m;
+          const auto t_recv = std::chrono::steady_clock::now();
           {
             sd::Watchdog::Loop::Work work(step_loop_.get());
             *m.mutable_step_result() = executor_->Run(msg.step());
@@ -375,6 +376,8 @@ class Session {
           }
           if (!r.error().empty())
             DS_LOG(ERROR, "step_failed", {{"step", msg.step().step_id()}, {"error", r.error()}});
+          m.mutable_step_result()->set_handle_seconds(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_recv).count());
           if (!Write(m)) return absl::UnavailableError("write");
           // TP: a failed collective leaves the group unusable; leave it (the scheduler drops
           // the whole group and fails or replays its requests).
