@@ -27,6 +27,7 @@
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "tools/synth/synth.h"
 #include "worker/process/step_executor.h"
+#include "worker/process/tp_session.h"
 
 extern char** environ;
 
@@ -104,6 +105,30 @@ void AddWork(pb::Step& s, uint32_t slot, uint32_t pos0, uint32_t n, bool sample)
   w->set_pos0(pos0);
   w->set_n_tokens(n);
   w->set_sample(sample);
+}
+
+// --tp-collective for a TP rank: Gloo on CPU; on CUDA NCCL by default (when built with it) and
+// Gloo behind the host-staged adapter on request (several ranks on one GPU, docs/tp.md).
+TEST(TpCollectiveChoice, FollowsTheBackend) {
+  EXPECT_EQ(*worker::ResolveTpCollective("auto", false), "gloo");
+  EXPECT_EQ(*worker::ResolveTpCollective("gloo", false), "gloo");
+  EXPECT_EQ(worker::ResolveTpCollective("nccl", false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker::ResolveTpCollective("mpi", true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+#ifdef DS_HAVE_CUDA_STAGING
+  EXPECT_EQ(*worker::ResolveTpCollective("gloo", true), "staged-gloo");
+#else
+  EXPECT_EQ(worker::ResolveTpCollective("gloo", true).status().code(),
+            absl::StatusCode::kUnimplemented);
+#endif
+#ifdef DS_HAVE_NCCL
+  EXPECT_EQ(*worker::ResolveTpCollective("nccl", true), "nccl");
+  EXPECT_EQ(*worker::ResolveTpCollective("auto", true), "nccl");
+#else
+  EXPECT_EQ(worker::ResolveTpCollective("nccl", true).status().code(),
+            absl::StatusCode::kUnimplemented);
+#endif
 }
 
 TEST(StepExecutor, ChunkedPrefillThenDecodeUsesKnownTokens) {

@@ -1,11 +1,17 @@
-// ds_tp_rank: runs ONE rank of a CPU tensor-parallel group (one process per rank; the ranks meet
-// through a Gloo FileStore directory). Used by tests/tp (TP = 1..4 must agree) and for the
-// communication measurements in docs/perf/tp.md.
+// ds_tp_rank: runs ONE rank of a tensor-parallel group (one process per rank; the ranks meet
+// through a Gloo FileStore directory). Used by tests/tp (TP = 1..4 must agree), by
+// tools/device/tp_cuda_check.sh (--backend cuda) and for the communication measurements in
+// docs/perf/tp.md.
 //
 //   ds_tp_rank --model M.gguf --rank R --world W --store DIR [--split 1,2 | --split mem]
 //              [--free-gib X] [--lm-head vocab|rank0] [--prompt 24] [--prompt2 9] [--gen 8]
 //              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
-//              [--comm-bench ITERS] [--no-align]
+//              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
+//
+// --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
+// wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
+// may share one GPU (NCCL refuses that). A testing path: every all-reduce synchronises the stream
+// and decode runs without CUDA graphs. Each rank prints its CUDA memory plan.
 //   ds_tp_rank --make-model M.gguf --shape tp|perf [--type Q8_0] [--seed 1]
 //
 // The run: one prefill step with two sequences (slot 0: --prompt tokens, all logits; slot 1:
@@ -23,10 +29,14 @@
 #include <string>
 
 #include "common/collective/gloo_collective.h"
+#include "common/collective/host_staged_collective.h"
 #include "nlohmann/json.hpp"
 #include "tools/synth/synth.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/tp/plan.h"
+#ifdef DS_HAVE_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 namespace ds {
 namespace {
@@ -123,6 +133,13 @@ int Main(int argc, char** argv) {
 
   if (!a.count("--model")) return Fail(absl::InvalidArgumentError("--model is required"));
   const int rank = num("--rank", 0), world = num("--world", 1);
+  const std::string backend = str("--backend", "cpu");
+  if (backend != "cpu" && backend != "cuda")
+    return Fail(absl::InvalidArgumentError("--backend expects cpu or cuda, got '" + backend + "'"));
+#ifndef DS_HAVE_CUDA
+  if (backend == "cuda")
+    return Fail(absl::UnimplementedError("--backend cuda: this build has no CUDA backend"));
+#endif
   std::unique_ptr<Collective> coll;
   if (world > 1) {
     GlooOptions go;
@@ -134,6 +151,13 @@ int Main(int argc, char** argv) {
     auto g = GlooCollective::Create(go);
     if (!g.ok()) return Fail(g.status());
     coll = std::move(*g);
+#ifdef DS_HAVE_CUDA
+    if (backend == "cuda") {
+      auto dev = NewCudaStagingDevice(num("--device", 0));
+      if (!dev.ok()) return Fail(dev.status());
+      coll = std::make_unique<HostStagedCollective>(std::move(coll), std::move(*dev));
+    }
+#endif
   }
 
   // Split: explicit weights, or each rank's free memory gathered over the group.
@@ -158,26 +182,53 @@ int Main(int argc, char** argv) {
   bo.n_slots = 2;
   bo.slot_ctx = 256;
   bo.n_threads = num("--threads", 1);
+  bo.device = num("--device", 0);
   bo.tp_rank = rank;
   bo.tp_world = world;
   bo.tp_split = split;
   bo.tp_lm_head_rank0 = str("--lm-head", "vocab") == "rank0";
   bo.tp_align_heads = !a.count("--no-align");
   bo.collective = coll.get();
-  auto be = CpuBackend::Create(a["--model"], bo);
-  if (!be.ok()) return Fail(be.status());
-  CpuBackend& b = **be;
+  std::unique_ptr<Backend> owner;
+  const tp::Plan* plan = nullptr;
+  uint64_t dequantized_bytes = 0;
+  nlohmann::json res;
+  if (backend == "cpu") {
+    auto be = CpuBackend::Create(a["--model"], bo);
+    if (!be.ok()) return Fail(be.status());
+    plan = (*be)->tp_plan();
+    dequantized_bytes = (*be)->weights().dequantized_bytes;
+    owner = std::move(*be);
+  }
+#ifdef DS_HAVE_CUDA
+  if (backend == "cuda") {
+    auto be = cuda::CreateCudaBackendApi(a["--model"], bo);
+    if (!be.ok()) return Fail(be.status());
+    plan = (*be)->tp_plan();
+    const CudaMemoryPlan& m = (*be)->memory_plan();
+    res["cuda_memory"] = {{"weights", m.weights}, {"kv_cache", m.kv_cache},
+                          {"recurrent", m.recurrent}, {"workspace", m.workspace},
+                          {"total", m.total()}, {"text", m.ToString()}};
+    std::fprintf(stderr, "rank %d/%d CUDA memory plan: %s\n", rank, world, m.ToString().c_str());
+    owner = std::move(*be);
+  }
+#endif
+  Backend& b = *owner;
   const ModelConfig& c = b.config();
 
-  nlohmann::json res;
   res["rank"] = rank;
   res["world"] = world;
-  if (const tp::Plan* p = b.tp_plan()) {
-    auto mem = tp::PlanMemory(b.file(), c, *p);
+  res["backend"] = backend;
+  if (plan) {
+    const tp::Plan* p = plan;
+    auto file = gguf::File::Open(a["--model"]);  // for the planner's tensor list (mmap, cheap)
+    if (!file.ok()) return Fail(file.status());
+    auto mem = tp::PlanMemory(**file, c, *p);
     if (!mem.ok()) return Fail(mem.status());
     res["plan"] = p->ToString();
     res["memory"] = tp::MemoryReport(*p, *mem, bo.slot_ctx);
-    res["dequantized_bytes"] = b.weights().dequantized_bytes;
+    // CPU: what the loader really dequantized; CUDA: the planner's figure for this rank.
+    res["dequantized_bytes"] = backend == "cpu" ? dequantized_bytes : (*mem)[rank].dequantized_bytes;
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < p->world; ++r)
       ranks.push_back({{"attn", {p->ranks[r].attn_units.begin, p->ranks[r].attn_units.end}},
@@ -257,7 +308,7 @@ int Main(int argc, char** argv) {
     auto bench = [&](int64_t n_tok, int64_t n_rows) -> absl::StatusOr<double> {
       std::vector<float> y(n_tok * c.n_embd, 1.f), part, all(n_rows * c.n_vocab);
       std::vector<size_t> counts;
-      if (const tp::Plan* p = b.tp_plan()) {
+      if (const tp::Plan* p = plan) {
         for (const auto& r : p->ranks) counts.push_back(n_rows * r.vocab.size());
         part.assign(counts[rank], 1.f);
       }
