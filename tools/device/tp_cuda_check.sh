@@ -104,13 +104,13 @@ check() {  # check MODEL WORLD NAME BOUND [flags...]
   local model=$1 world=$2 name=$3 bound=$4; shift 4
   if run_group cuda $model $world $name "$@"; then
     local out s l
-    out=$(compare ref_$model $name $world $bound "$model tp$world $*")
+    out=$(compare ref_$model $name $world $bound "$model tp$world${*:+ $*}")
     s=$?
     l=$(echo "$out" | head -1 | sed 's/^  //')
     if [ $s = 0 ]; then pass "$l"; else fail "$l"; fi
     echo "$out" | tail -n +2
   else
-    fail "$model tp$world $* (a rank failed; logs $LOG/$name.*.log)"
+    fail "$model tp$world${*:+ $*} (a rank failed; logs $LOG/$name.*.log)"
   fi
 }
 for m in tp_F32 tp_Q8_0 tiny_F32 tiny_Q8_0; do
@@ -164,6 +164,20 @@ else
   tail -5 "$LOG/worker0.log"; tail -5 "$LOG/worker1.log"; tail -5 "$LOG/scheduler.log"
 fi
 kill ${WK[@]} $S 2>/dev/null; wait ${WK[@]} $S 2>/dev/null
+
+# ---- 5. timing (informational): a larger model, TP = 1 (CUDA graphs) vs TP = 2 staged ----
+# Two processes share one GPU and every all-reduce round-trips through the host: this measures the
+# cost of the testing path, not what NCCL on two GPUs would give.
+if $R --make-model $W/perf.gguf --shape perf; then
+  for w in 1 2; do
+    if run_group cuda perf $w perf$w --prompt 64 --prompt2 16 --gen 32 --no-logits; then
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f'  perf shape TP={sys.argv[2]} cuda: prefill (80 tok) {d[\"prefill_forward_ms\"]:.2f} ms, decode {d[\"decode_forward_ms\"]:.3f} ms/step (2 seqs)')" $W/perf$w.json $w
+      grep -h "CUDA memory plan" "$LOG"/perf$w.*.log | sed 's/^/    /'
+    else
+      echo "  perf TP=$w failed (see $LOG/perf$w.*.log)"
+    fi
+  done
+fi
 
 # ---- 4. TP = 1 NCCL regression ----
 if [ -x $BIN/tp_nccl_test ]; then

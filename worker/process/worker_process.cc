@@ -475,6 +475,8 @@ absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
   // uploaded at Configure.
   const bool cuda_tp =
       o.tp_world > 1 && (o.backend == "cuda" || (o.backend == "auto" && CudaAvailable()));
+  if (cuda_tp && !CudaAvailable())
+    return absl::UnavailableError("--backend cuda: no CUDA device is visible");
   DS_ASSIGN_OR_RETURN(auto be, CreateBackend(cuda_tp ? "cpu" : o.backend, o.model, bo));
   const std::string device = cuda_tp ? absl::StrCat("cuda:", o.device) : be->name();
   if (metrics) {
