@@ -1016,11 +1016,12 @@ absl::Status CudaBackend::Forward(std::span<const SeqStep> batch, const StepOpti
     const int cap = batch[i].all_logits ? logit_rows_max_ : T_max_;
     for (int t0 = 0; t0 < n;) {
       int take = std::min({n - t0, cap, T_max_ - rows});
-      if (batch[i].all_logits) {
-        int logit_rows_now = 0;
-        for (const Piece& p : pieces) logit_rows_now += batch[p.seq].all_logits ? p.n : (p.last ? 1 : 0);
+      int logit_rows_now = 0;
+      for (const Piece& p : pieces) logit_rows_now += batch[p.seq].all_logits ? p.n : (p.last ? 1 : 0);
+      if (batch[i].all_logits)
         take = std::min(take, logit_rows_max_ - logit_rows_now);
-      }
+      else if (t0 + take == n && logit_rows_now >= logit_rows_max_)
+        take = 0;  // the last piece needs a logit row too (e.g. 64 all_logits rows + this one)
       if (take <= 0) {
         DS_RETURN_IF_ERROR(flush());
         continue;

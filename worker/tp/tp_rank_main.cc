@@ -7,6 +7,7 @@
 //              [--free-gib X] [--lm-head vocab|rank0] [--prompt 24] [--prompt2 9] [--gen 8]
 //              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
 //              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
+//              [--follow REF.json] [--no-graphs]
 //
 // --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
 // wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
@@ -19,6 +20,11 @@
 // the tokens (argmax of the gathered logits) and broadcasts them, so every rank feeds the same
 // batch. Rank 0 writes the JSON result: tokens, logits (unless --no-logits), per-step forward
 // and communication seconds, the plan and the memory report.
+//
+// --follow REF.json (teacher forcing): feed the tokens of an earlier run's result instead of this
+// run's argmax, so two backends' logits stay comparable at every step even where their greedy
+// choices part (the recorded tokens are still this run's argmax). --no-graphs: CUDA backend
+// without its decode graphs.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -108,7 +114,7 @@ int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0) return Fail(absl::InvalidArgumentError("unexpected argument " + k));
-    if (k == "--no-logits" || k == "--no-align") {
+    if (k == "--no-logits" || k == "--no-align" || k == "--no-graphs") {
       a[k] = "1";
       continue;
     }
@@ -202,7 +208,9 @@ int Main(int argc, char** argv) {
   }
 #ifdef DS_HAVE_CUDA
   if (backend == "cuda") {
-    auto be = cuda::CreateCudaBackendApi(a["--model"], bo);
+    CudaBackendOptions copts;
+    copts.use_graphs = !a.count("--no-graphs");
+    auto be = cuda::CreateCudaBackendApi(a["--model"], bo, copts);
     if (!be.ok()) return Fail(be.status());
     plan = (*be)->tp_plan();
     const CudaMemoryPlan& m = (*be)->memory_plan();
@@ -247,6 +255,13 @@ int Main(int argc, char** argv) {
     return t;
   };
   const bool keep_logits = !a.count("--no-logits");
+  std::vector<std::vector<int32_t>> follow;  // [2][n_gen + 1] tokens to feed (--follow)
+  if (a.count("--follow")) {
+    std::ifstream f(a["--follow"]);
+    if (!f) return Fail(absl::NotFoundError("--follow: cannot read " + a["--follow"]));
+    follow = nlohmann::json::parse(f)["tokens"].get<std::vector<std::vector<int32_t>>>();
+    if (follow.size() != 2) return Fail(absl::InvalidArgumentError("--follow: tokens must be [2][n]"));
+  }
   std::vector<SeqStep> batch = {{0, 0, toks(num("--prompt", 24)), true},
                                 {1, 0, toks(num("--prompt2", 9)), false}};
   nlohmann::json steps = nlohmann::json::array(), logits = nlohmann::json::array();
@@ -276,7 +291,9 @@ int Main(int argc, char** argv) {
     }
     for (int s = 0; s < 2; ++s) {
       gen[s].push_back(next[s]);
-      batch[s] = {s, b.SlotLength(s), {next[s]}, false};
+      const int32_t feed = step < static_cast<int>(follow.empty() ? 0 : follow[s].size())
+                               ? follow[s][step] : next[s];
+      batch[s] = {s, b.SlotLength(s), {feed}, false};
     }
   }
   res["tokens"] = gen;
