@@ -46,6 +46,10 @@ class Collective {
     return absl::UnimplementedError("collective " + name() +
                                     " has no stream-ordered all-reduce (device buffers need nccl)");
   }
+  // Whether AllReduceSumOnStream may be recorded into a CUDA graph (stream capture). True for
+  // NCCL and Solo; false for HostStagedCollective, which synchronises the stream and runs the
+  // sum on the host: a caller that captures graphs must run such a collective eagerly.
+  virtual bool graph_capturable() const { return true; }
 };
 
 // A world of one: every collective is the identity. Lets TP code run with world = 1 without

@@ -109,6 +109,30 @@ void AddWork(pb::Step& s, uint32_t slot, uint32_t pos0, uint32_t n, bool sample)
   w->set_sample(sample);
 }
 
+// --tp-collective for a TP rank: Gloo on CPU; on CUDA NCCL by default (when built with it) and
+// Gloo behind the host-staged adapter on request (several ranks on one GPU, docs/tp.md).
+TEST(TpCollectiveChoice, FollowsTheBackend) {
+  EXPECT_EQ(*worker::ResolveTpCollective("auto", false), "gloo");
+  EXPECT_EQ(*worker::ResolveTpCollective("gloo", false), "gloo");
+  EXPECT_EQ(worker::ResolveTpCollective("nccl", false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker::ResolveTpCollective("mpi", true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+#ifdef DS_HAVE_CUDA_STAGING
+  EXPECT_EQ(*worker::ResolveTpCollective("gloo", true), "staged-gloo");
+#else
+  EXPECT_EQ(worker::ResolveTpCollective("gloo", true).status().code(),
+            absl::StatusCode::kUnimplemented);
+#endif
+#ifdef DS_HAVE_NCCL
+  EXPECT_EQ(*worker::ResolveTpCollective("nccl", true), "nccl");
+  EXPECT_EQ(*worker::ResolveTpCollective("auto", true), "nccl");
+#else
+  EXPECT_EQ(worker::ResolveTpCollective("nccl", true).status().code(),
+            absl::StatusCode::kUnimplemented);
+#endif
+}
+
 TEST(StepExecutor, ChunkedPrefillThenDecodeUsesKnownTokens) {
   FakeBackend be(3, 64);
   worker::StepExecutor ex(&be, 2);

@@ -157,10 +157,10 @@ TEST_F(CudaBackendNccl, RefusesWhatItCannotDo) {
   bo.slot_ctx = 64;
   bo.tp_world = 2;
   bo.tp_rank = 1;
-  auto b = CreateCudaBackend(*path_, bo);
+  auto b = CreateCudaBackend(*path_, bo);  // tp_world 2 without a collective
   ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented) << b.status();
-  EXPECT_NE(b.status().message().find("sharded loader"), std::string_view::npos) << b.status();
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+  EXPECT_NE(b.status().message().find("needs a collective"), std::string_view::npos) << b.status();
 
   HostOnly h;
   BackendOptions bh;

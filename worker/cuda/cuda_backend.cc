@@ -102,6 +102,7 @@ class CudaBackend final : public CudaBackendApi {
   absl::Status ForwardGreedy(std::span<const SeqStep> batch, std::vector<int32_t>* tokens,
                              double* seconds) override;
   const CudaMemoryPlan& memory_plan() const override { return plan_; }
+  const tp::Plan* tp_plan() const override { return tp_world_ > 1 ? &tp_plan_ : nullptr; }
   uint64_t StepWeightBytes() const override { return step_weight_bytes_; }
   void SetProfiling(bool on) override { profiling_ = on; }
   void ResetProfile() override { prof_ms_.clear(); }
@@ -132,7 +133,21 @@ class CudaBackend final : public CudaBackendApi {
   // extra buffer or add kernel, and without a collective (or at world 1) the arithmetic is
   // exactly the single-GPU path's h += y.
   bool ResidualOnThisRank() const { return tp_rank_ == 0; }
+  // A TP rank that owns no units of a kind (e.g. more ranks than KV heads) skips that block and
+  // contributes zeros to its all-reduce: rank 0 leaves h_ as it is, the others clear it.
+  absl::Status ContributeNothing(int R);
+  // Norm of the logit rows into hn_ and this rank's lm_head rows into logits_ (logits_part_ when
+  // the lm_head is vocab-parallel). Inside the decode graphs.
   absl::Status Head(int n_logit_rows);
+  // Vocab-parallel TP: all-gathers every rank's logits into logits_ [n_logit_rows, n_vocab].
+  // A blocking collective, so it runs after the step (outside any graph) on every path.
+  absl::Status GatherLogits(int n_logit_rows);
+  bool VocabParallel() const {
+    return tp_world_ > 1 && tp_plan_.lm_head == tp::LmHead::kVocabParallel;
+  }
+  // Whether this rank ends a step with the full logits: all ranks, except with the lm_head on
+  // rank 0 only (BackendOptions::tp_lm_head_rank0), where the others return none (as on CPU).
+  bool HasLogits() const { return tp_world_ == 1 || VocabParallel() || tp_rank_ == 0; }
   absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
   absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
   absl::Status GemvColumns(const DMat& w, const DMat* w2, const float* x, int R, float* y,
@@ -161,6 +176,9 @@ class CudaBackend final : public CudaBackendApi {
   // TP collective (caller-owned, stream-ordered, e.g. NCCL); null = no reduction at all.
   Collective* coll_ = nullptr;
   int tp_rank_ = 0;
+  int tp_world_ = 1;
+  tp::Plan tp_plan_;       // this group's plan when tp_world_ > 1 (the CPU backend's, MakeTpPlan)
+  int n_vocab_local_ = 0;  // lm_head rows on this rank (n_vocab without TP)
   int device_ = 0, n_slots_ = 0, slot_ctx_ = 0;
   CudaBackendOptions copts_;
   bool bf16_ = true;  // 16-bit GEMM operand type: bf16 on sm_80+, f16 below
@@ -228,6 +246,8 @@ class CudaBackend final : public CudaBackendApi {
   int64_t partial_floats_ = 0;
   float* hn_ = nullptr;      // [logit_rows_max, H]
   float* logits_ = nullptr;  // [logit_rows_max, n_vocab]
+  float* logits_part_ = nullptr;    // [logit_rows_max, V_r] vocab-parallel TP: this rank's logits
+  float* logits_gather_ = nullptr;  // [world][n_rows][V_r] the gathered ones, rank-major
   const float* xq_src_ = nullptr;  // activation currently in xq_/xd_
   int xq_rows_ = 0;
   const float* xh_src_ = nullptr;  // activation currently in xh_
@@ -274,13 +294,14 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   if (opts.n_slots < 1 || opts.slot_ctx < 1)
     return absl::InvalidArgumentError(absl::StrCat("CUDA backend: n_slots=", opts.n_slots,
                                                    " slot_ctx=", opts.slot_ctx, " must be >= 1"));
-  // Tensor parallelism: the reduction points are in place (AllReduceResidual), the sharded loader
-  // is not: tp_world > 1 would need worker/tp's plan applied to the upload below.
-  if (opts.tp_world != 1 || opts.tp_rank != 0)
-    return absl::UnimplementedError(absl::StrCat(
-        "CUDA backend: tp_world ", opts.tp_world, " (rank ", opts.tp_rank,
-        "): only tp_world 1 is supported on CUDA (no sharded loader yet); use --backend cpu for "
-        "tensor parallelism across processes"));
+  // Tensor parallelism (docs/tp.md): with tp_world > 1 only this rank's shard is uploaded (the
+  // CPU backend's plan, MakeTpPlan) and the residual is all-reduced over the collective.
+  if (opts.tp_world < 1 || opts.tp_rank < 0 || opts.tp_rank >= opts.tp_world)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend: tp_rank ", opts.tp_rank,
+                                                   " not in a tp_world of ", opts.tp_world));
+  if (opts.tp_world > 1 && !opts.collective)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA backend: tp_world ", opts.tp_world, " needs a collective (nccl, or staged gloo)"));
   if (opts.collective) {
     Collective* c = opts.collective;
     if (c->world() != opts.tp_world || c->rank() != opts.tp_rank)
@@ -290,9 +311,11 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     if (!c->supports_stream_ordered())
       return absl::InvalidArgumentError(absl::StrCat(
           "CUDA backend: collective ", c->name(),
-          " cannot reduce device buffers on a stream (use nccl)"));
+          " cannot reduce device buffers on a stream (use nccl, or gloo through "
+          "HostStagedCollective)"));
     coll_ = c;
     tp_rank_ = opts.tp_rank;
+    tp_world_ = opts.tp_world;
   }
   copts_ = copts;
   device_ = opts.device;
@@ -305,11 +328,28 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
 
   DS_ASSIGN_OR_RETURN(file_, gguf::File::Open(path));
   DS_ASSIGN_OR_RETURN(cfg_, ModelConfig::FromGguf(*file_));
-  DS_ASSIGN_OR_RETURN(ModelWeights mw, ModelWeights::Load(*file_, cfg_));
   const ModelConfig& c = cfg_;
-  gdn_shape_ = GdnShape{c.gdn_k_heads, c.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim, c.conv_kernel};
-  if (c.n_recurrent() > 0) DS_RETURN_IF_ERROR(GdnShapeSupported(gdn_shape_));
-  attn_shape_ = AttnShape{c.n_head, c.n_head_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
+  // Local sizes: this rank's heads, FFN columns and vocabulary rows (all of them without TP).
+  // State and KV stay with the heads that own them; local GDN value heads keep the tiled order,
+  // so the unchanged kernels run on the shard (worker/tp/plan.h).
+  int n_head = c.n_head, n_kv = c.n_head_kv, gdn_k = c.gdn_k_heads, gdn_v = c.gdn_v_heads;
+  n_vocab_local_ = c.n_vocab;
+  ModelWeights mw;
+  if (tp_world_ > 1) {
+    DS_ASSIGN_OR_RETURN(tp_plan_, MakeTpPlan(*file_, c, opts));
+    const int r = tp_rank_;
+    n_head = tp_plan_.q_heads(r);
+    n_kv = tp_plan_.kv_heads(r);
+    gdn_k = tp_plan_.gdn_k(r);
+    gdn_v = tp_plan_.gdn_v(r);
+    n_vocab_local_ = static_cast<int>(tp_plan_.ranks[r].vocab.size());
+    DS_ASSIGN_OR_RETURN(mw, ModelWeights::Load(*file_, c, &tp_plan_, r));
+  } else {
+    DS_ASSIGN_OR_RETURN(mw, ModelWeights::Load(*file_, c));
+  }
+  gdn_shape_ = GdnShape{gdn_k, gdn_v, c.gdn_k_dim, c.gdn_v_dim, c.conv_kernel};
+  if (c.n_recurrent() > 0 && gdn_k > 0) DS_RETURN_IF_ERROR(GdnShapeSupported(gdn_shape_));
+  attn_shape_ = AttnShape{n_head, n_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
   if (c.n_attention() > 0 && (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
     return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {32,64,128,256}"));
 
@@ -372,25 +412,32 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     if (w != &mw.output && w != &mw.token_embd)
       max_mat_elems = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(w->rows) * w->cols);
   }
+  // A tied lm_head is (a row range of) the uploaded embedding: no bytes of its own.
+  if (mw.tied_output) plan_.weights -= AlignUp(GgmlRowBytes(mw.output.type, mw.output.cols) * mw.output.rows);
   plan_.weights += small_floats * 4 + 64 * kAlign * c.n_layer;
   for (auto& [n, w] : mats)
     if (w != &mw.token_embd) step_weight_bytes_ += GgmlRowBytes(w->type, w->cols) * w->rows;
 
   max_pages_ = (slot_ctx_ + copts_.kv_page_size - 1) / copts_.kv_page_size;
   const int n_pages = max_pages_ * n_slots_;
-  const uint64_t kv_layer = static_cast<uint64_t>(n_pages) * copts_.kv_page_size * c.n_head_kv * c.head_dim * 2;
+  const uint64_t kv_layer = static_cast<uint64_t>(n_pages) * copts_.kv_page_size * n_kv * c.head_dim * 2;
   plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(static_cast<uint64_t>(n_pages) * 4);
-  const int C = c.n_recurrent() > 0 ? c.gdn_conv_channels() : 0;
+  const int C = c.n_recurrent() > 0 ? gdn_shape_.channels() : 0;
   const uint64_t ring_bytes = static_cast<uint64_t>(n_slots_) * 4 * C * 4;
-  const uint64_t st_bytes = static_cast<uint64_t>(n_slots_) * c.gdn_v_heads * c.gdn_k_dim * c.gdn_v_dim * 4;
+  const uint64_t st_bytes = static_cast<uint64_t>(n_slots_) * gdn_v * c.gdn_k_dim * c.gdn_v_dim * 4;
   plan_.recurrent = c.n_recurrent() * (AlignUp(ring_bytes) + AlignUp(st_bytes));
 
   T_max_ = std::max(1, copts_.max_step_tokens);
   const uint64_t T = T_max_, H = c.n_embd;
-  const uint64_t Vw = static_cast<uint64_t>(c.gdn_v_heads) * c.gdn_v_dim;
-  const uint64_t qgw = 2ull * c.n_head * c.head_dim, ow = static_cast<uint64_t>(c.n_head) * c.head_dim;
-  const uint64_t kvw = static_cast<uint64_t>(c.n_head_kv) * c.head_dim;
-  const int G = c.n_head_kv > 0 ? c.n_head / c.n_head_kv : 1;
+  const uint64_t Vw = static_cast<uint64_t>(gdn_v) * c.gdn_v_dim;
+  const uint64_t qgw = 2ull * n_head * c.head_dim, ow = static_cast<uint64_t>(n_head) * c.head_dim;
+  const uint64_t kvw = static_cast<uint64_t>(n_kv) * c.head_dim;
+  const int G = n_kv > 0 ? n_head / n_kv : 1;
+  const uint64_t n_ff = tp_world_ > 1 ? tp_plan_.ranks[tp_rank_].ffn.size() : c.n_ff;
+  // Vocab-parallel lm_head: this rank's logits [rows, V_r] and the gathered ones, rank-major.
+  const bool gather = tp_world_ > 1 && tp_plan_.lm_head == tp::LmHead::kVocabParallel;
+  const uint64_t part_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * n_vocab_local_ : 0;
+  const uint64_t gather_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * c.n_vocab : 0;
   partial_floats_ = AttnDecodePartialFloats(attn_shape_, T_max_, AttnSplits(1));
   wh_elems_ = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(c.n_embd) * 4096);
   struct Buf {
@@ -405,18 +452,18 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
       {reinterpret_cast<void**>(&a_), T * H * 4},
       {reinterpret_cast<void**>(&mixed_), T * std::max<uint64_t>(C, qgw) * 4},
       {reinterpret_cast<void**>(&z_), T * Vw * 4},
-      {reinterpret_cast<void**>(&gb_), T * c.gdn_v_heads * 4ull},
-      {reinterpret_cast<void**>(&ga_), T * c.gdn_v_heads * 4ull},
+      {reinterpret_cast<void**>(&gb_), T * gdn_v * 4ull},
+      {reinterpret_cast<void**>(&ga_), T * gdn_v * 4ull},
       {reinterpret_cast<void**>(&gy_), T * C * 4},
-      {reinterpret_cast<void**>(&gg_), T * c.gdn_v_heads * 4ull},
-      {reinterpret_cast<void**>(&gbeta_), T * c.gdn_v_heads * 4ull},
+      {reinterpret_cast<void**>(&gg_), T * gdn_v * 4ull},
+      {reinterpret_cast<void**>(&gbeta_), T * gdn_v * 4ull},
       {reinterpret_cast<void**>(&mix_out_), T * std::max(Vw, ow) * 4},
       {reinterpret_cast<void**>(&kx_), T * kvw * 4},
       {reinterpret_cast<void**>(&vx_), T * kvw * 4},
       {reinterpret_cast<void**>(&q_), T * ow * 4},
       {reinterpret_cast<void**>(&q16_), T * ow * 2},
-      {reinterpret_cast<void**>(&ffa_), T * c.n_ff * 4ull},
-      {reinterpret_cast<void**>(&ffb_), T * c.n_ff * 4ull},
+      {reinterpret_cast<void**>(&ffa_), T * n_ff * 4},
+      {reinterpret_cast<void**>(&ffb_), T * n_ff * 4},
       {reinterpret_cast<void**>(&xq_), static_cast<uint64_t>(QuantRows()) * max_k_},
       {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 4 + 4},
       {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
@@ -428,6 +475,8 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
       {reinterpret_cast<void**>(&partials_), static_cast<uint64_t>(partial_floats_) * 4},
       {reinterpret_cast<void**>(&hn_), static_cast<uint64_t>(logit_rows_max_) * H * 4},
       {reinterpret_cast<void**>(&logits_), static_cast<uint64_t>(logit_rows_max_) * c.n_vocab * 4},
+      {reinterpret_cast<void**>(&logits_part_), part_floats * 4},
+      {reinterpret_cast<void**>(&logits_gather_), gather_floats * 4},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
@@ -480,8 +529,20 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     return d;
   };
   DS_RETURN_IF_ERROR(up_mat(mw.token_embd, &token_embd_));
-  if (mw.tied_output) output_ = token_embd_;
-  else DS_RETURN_IF_ERROR(up_mat(mw.output, &output_));
+  if (mw.tied_output) {
+    // The lm_head is the embedding, or under TP a row range of it (a view into the same mapping):
+    // point into the uploaded embedding.
+    const auto* e = static_cast<const uint8_t*>(mw.token_embd.data);
+    const auto* o = static_cast<const uint8_t*>(mw.output.data);
+    output_ = token_embd_;
+    output_.rows = static_cast<int>(mw.output.rows);
+    output_.bytes = GgmlRowBytes(mw.output.type, mw.output.cols) * mw.output.rows;
+    if (o < e || o + output_.bytes > e + token_embd_.bytes)
+      return absl::InternalError("CUDA backend: tied lm_head shard is not a row range of token_embd");
+    output_.d = static_cast<const uint8_t*>(token_embd_.d) + (o - e);
+  } else {
+    DS_RETURN_IF_ERROR(up_mat(mw.output, &output_));
+  }
   DS_ASSIGN_OR_RETURN(output_norm_, up_vec(mw.output_norm));
   layers_.resize(c.n_layer);
   for (int l = 0; l < c.n_layer; ++l) {
@@ -523,7 +584,7 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     for (int i = 0; i < n_pages; ++i) t[i] = i;  // slot s owns pages [s*max_pages, (s+1)*max_pages)
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(table, t.data(), n_pages * 4, cudaMemcpyHostToDevice));
   }
-  kv_base_ = KvCacheView{nullptr, nullptr, table, copts_.kv_page_size, max_pages_, c.n_head_kv, c.head_dim};
+  kv_base_ = KvCacheView{nullptr, nullptr, table, copts_.kv_page_size, max_pages_, n_kv, c.head_dim};
   for (DLayer& D : layers_) {
     if (D.rec) {
       D.ring = sa.Take<float>(ring_bytes / 4);
@@ -547,7 +608,7 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
 
 int CudaBackend::AttnSplits(int n_dec) const {
   // Enough blocks to fill ~2 waves of 132 SMs, but no split shorter than 256 tokens.
-  const int want = std::max(1, 264 / std::max(1, cfg_.n_head_kv * n_dec));
+  const int want = std::max(1, 264 / std::max(1, attn_shape_.n_kv * n_dec));
   return std::min(want, std::max(1, (slot_ctx_ + 255) / 256));
 }
 
@@ -723,7 +784,10 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
     ProfBegin("norm");
     DS_RETURN_IF_ERROR(NormToA(L.attn_norm, R));
     ProfEnd();
-    if (L.rec) {
+    if ((L.rec && gdn_shape_.k_heads == 0) || (!L.rec && attn_shape_.n_kv == 0)) {
+      DS_RETURN_IF_ERROR(ContributeNothing(R));  // TP rank without heads of this mixer
+      DS_RETURN_IF_ERROR(AllReduceResidual(R));
+    } else if (L.rec) {
       const GdnShape& s = gdn_shape_;
       const int C = s.channels(), Vw = s.v_heads * s.v_dim;
       ProfBegin("gdn_proj");
@@ -799,9 +863,13 @@ absl::Status CudaBackend::Layers(int R, bool pure_decode) {
     DS_RETURN_IF_ERROR(NormToA(L.post_norm, R));
     ProfEnd();
     ProfBegin("ffn");
-    DS_RETURN_IF_ERROR(LinearSiluPair(L.ffn_gate, L.ffn_up, a_, R, ffa_));
-    InvalidateX();
-    DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, ResidualOnThisRank()));
+    if (L.ffn_gate.rows == 0) {  // TP rank without FFN columns
+      DS_RETURN_IF_ERROR(ContributeNothing(R));
+    } else {
+      DS_RETURN_IF_ERROR(LinearSiluPair(L.ffn_gate, L.ffn_up, a_, R, ffa_));
+      InvalidateX();
+      DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, ResidualOnThisRank()));
+    }
     ProfEnd();
     DS_RETURN_IF_ERROR(AllReduceResidual(R));
   }
@@ -821,6 +889,14 @@ absl::Status CudaBackend::AllReduceResidual(int R) {
   return st;
 }
 
+absl::Status CudaBackend::ContributeNothing(int R) {
+  InvalidateX();
+  if (ResidualOnThisRank()) return absl::OkStatus();
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(h_, 0, static_cast<size_t>(R) * cfg_.n_embd * sizeof(float), stream_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Head(int n_logit_rows) {
   // Leading micro-steps of a long prefill produce no logits: nothing to do (and a zero-row launch
   // is an invalid configuration).
@@ -829,8 +905,35 @@ absl::Status CudaBackend::Head(int n_logit_rows) {
   DS_RETURN_IF_ERROR(RmsNormRows(h_, cfg_.n_embd, d_logit_rows_, output_norm_, hn_, n_logit_rows,
                                  cfg_.n_embd, cfg_.rms_eps, stream_));
   InvalidateX();
-  DS_RETURN_IF_ERROR(Linear(output_, hn_, n_logit_rows, logits_, false));
+  // Under TP with the lm_head on rank 0 only, the other ranks hold no rows of it.
+  if (n_vocab_local_ > 0)
+    DS_RETURN_IF_ERROR(
+        Linear(output_, hn_, n_logit_rows, VocabParallel() ? logits_part_ : logits_, false));
   ProfEnd();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GatherLogits(int n_logit_rows) {
+  if (!VocabParallel() || n_logit_rows == 0) return absl::OkStatus();
+  // The gather takes device buffers but is not stream-ordered (NCCL runs it on its own stream,
+  // the staged collective through host copies): the local logits must be complete first.
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  const int64_t n = n_logit_rows;
+  std::vector<size_t> counts(tp_world_);
+  for (int r = 0; r < tp_world_; ++r) counts[r] = n * tp_plan_.ranks[r].vocab.size();
+  DS_RETURN_IF_ERROR(coll_->AllGatherV(logits_part_, counts, logits_gather_));
+  // [r][n][V_r] rank-major → [n][V]: rank r's block is an n × V_r matrix that lands in columns
+  // [v0_r, v1_r) of every row (one strided copy per rank).
+  const float* src = logits_gather_;
+  for (int r = 0; r < tp_world_; ++r) {
+    const tp::Range v = tp_plan_.ranks[r].vocab;
+    if (v.size() > 0)
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          logits_ + v.begin, static_cast<size_t>(cfg_.n_vocab) * sizeof(float), src,
+          static_cast<size_t>(v.size()) * sizeof(float), static_cast<size_t>(v.size()) * sizeof(float),
+          static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream_));
+    src += n * v.size();
+  }
   return absl::OkStatus();
 }
 
@@ -900,7 +1003,9 @@ absl::Status CudaBackend::RunMicro(std::span<const SeqStep> batch, const std::ve
 
   // The first pure-decode step of a batch size runs eagerly so that lazy library state (cuBLAS
   // workspaces for the R > gemv_max_rows path) exists before capture; the second one captures.
-  const bool graph = pure_decode && copts_.use_graphs && !profiling_ && !graph_failed_[R] &&
+  // A collective that cannot be captured (the host-staged one) keeps every step eager.
+  const bool graph = pure_decode && copts_.use_graphs && !profiling_ &&
+                     (!coll_ || coll_->graph_capturable()) && !graph_failed_[R] &&
                      decode_runs_[R]++ > 0;
   if (graph) {
     auto it = graphs_.find(R);
@@ -923,11 +1028,12 @@ absl::Status CudaBackend::RunMicro(std::span<const SeqStep> batch, const std::ve
     }
     if (it != graphs_.end()) {
       DS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
-      return absl::OkStatus();
+      return GatherLogits(nl);
     }
   }
   DS_RETURN_IF_ERROR(Layers(R, pure_decode));
-  return Head(nl);
+  DS_RETURN_IF_ERROR(Head(nl));
+  return GatherLogits(nl);
 }
 
 absl::Status CudaBackend::Forward(std::span<const SeqStep> batch, const StepOptions& opts,
@@ -944,11 +1050,13 @@ absl::Status CudaBackend::Forward(std::span<const SeqStep> batch, const StepOpti
     int nl = 0;
     DS_RETURN_IF_ERROR(RunMicro(batch, pieces, &nl));
     if (nl > 0) {
-      const size_t old = out->logits.size();
-      out->logits.resize(old + static_cast<size_t>(nl) * cfg_.n_vocab);
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->logits.data() + old, logits_,
-                                              static_cast<size_t>(nl) * cfg_.n_vocab * 4,
-                                              cudaMemcpyDeviceToHost, stream_));
+      if (HasLogits()) {
+        const size_t old = out->logits.size();
+        out->logits.resize(old + static_cast<size_t>(nl) * cfg_.n_vocab);
+        DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->logits.data() + old, logits_,
+                                                static_cast<size_t>(nl) * cfg_.n_vocab * 4,
+                                                cudaMemcpyDeviceToHost, stream_));
+      }
       if (opts.want_hidden) {
         const size_t oh = out->hidden.size();
         out->hidden.resize(oh + static_cast<size_t>(nl) * cfg_.n_embd);
@@ -970,11 +1078,12 @@ absl::Status CudaBackend::Forward(std::span<const SeqStep> batch, const StepOpti
     const int cap = batch[i].all_logits ? logit_rows_max_ : T_max_;
     for (int t0 = 0; t0 < n;) {
       int take = std::min({n - t0, cap, T_max_ - rows});
-      if (batch[i].all_logits) {
-        int logit_rows_now = 0;
-        for (const Piece& p : pieces) logit_rows_now += batch[p.seq].all_logits ? p.n : (p.last ? 1 : 0);
+      int logit_rows_now = 0;
+      for (const Piece& p : pieces) logit_rows_now += batch[p.seq].all_logits ? p.n : (p.last ? 1 : 0);
+      if (batch[i].all_logits)
         take = std::min(take, logit_rows_max_ - logit_rows_now);
-      }
+      else if (t0 + take == n && logit_rows_now >= logit_rows_max_)
+        take = 0;  // the last piece needs a logit row too (e.g. 64 all_logits rows + this one)
       if (take <= 0) {
         DS_RETURN_IF_ERROR(flush());
         continue;
@@ -1005,7 +1114,7 @@ absl::Status CudaBackend::ForwardGreedy(std::span<const SeqStep> batch, std::vec
     if (pieces.empty()) return absl::OkStatus();
     int nl = 0;
     DS_RETURN_IF_ERROR(RunMicro(batch, pieces, &nl));
-    if (nl > 0) {
+    if (nl > 0 && HasLogits()) {  // TP, lm_head on rank 0 only: the other ranks sample nothing
       ProfBegin("sample");
       DS_RETURN_IF_ERROR(ArgmaxRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, d_argmax_, stream_));
       ProfEnd();
@@ -1059,7 +1168,7 @@ absl::StatusOr<SlotSnapshot> CudaBackend::Snapshot(int slot) const {
   snap.n_past = len_[slot];
   const int C = gdn_shape_.channels();
   const size_t ring = 4ull * C * 4, st = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim * 4;
-  const size_t kv_row = static_cast<size_t>(cfg_.n_head_kv) * cfg_.head_dim * 2;
+  const size_t kv_row = static_cast<size_t>(attn_shape_.n_kv) * cfg_.head_dim * 2;
   const size_t page_bytes = kv_row * copts_.kv_page_size;
   const int pages = (snap.n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
   size_t total = 0;
@@ -1090,7 +1199,7 @@ absl::Status CudaBackend::Restore(int slot, const SlotSnapshot& snap) {
     return absl::InvalidArgumentError(absl::StrCat("Restore: n_past ", snap.n_past, " outside [0, ", slot_ctx_, "]"));
   const int C = gdn_shape_.channels();
   const size_t ring = 4ull * C * 4, st = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim * 4;
-  const size_t page_bytes = static_cast<size_t>(cfg_.n_head_kv) * cfg_.head_dim * 2 * copts_.kv_page_size;
+  const size_t page_bytes = static_cast<size_t>(attn_shape_.n_kv) * cfg_.head_dim * 2 * copts_.kv_page_size;
   const int pages = (snap.n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
   size_t total = 0;
   for (const DLayer& L : layers_) total += L.rec ? ring + st : 2 * pages * page_bytes;

@@ -1,6 +1,7 @@
 // CUDA backend: the qwen35 forward pass on one GPU, behind the ds::Backend interface.
 //
-// Weights stay in their GGUF block formats in one device allocation. Decode rows (one token of a
+// Weights stay in their GGUF block formats in one device allocation (under tensor parallelism only
+// this rank's shard of them, cut by the CPU backend's plan: docs/tp.md "CUDA shards"). Decode rows (one token of a
 // sequence) go through the quantized GEMV kernels (up to 8 activation columns per weight read),
 // prefill rows through dequantize-to-bf16 + cuBLAS. Pure-decode steps are captured once per batch
 // size as a CUDA graph and replayed. A memory plan (weights / KV / recurrent state / workspace) is
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "worker/model/backend.h"
+#include "worker/tp/plan.h"
 
 namespace ds {
 
@@ -23,7 +25,9 @@ struct CudaBackendOptions {
   int gemv_max_rows = 32;      // up to this many rows per matmul use GEMV (in groups of 8)
 };
 
-// Bytes the backend needs, computed from the file and options before any cudaMalloc.
+// Bytes the backend needs, computed from the file and options before any cudaMalloc. Under
+// tensor parallelism: this rank's share (its shard of the weights, the KV of its KV heads, the
+// recurrent state of its GDN heads, workspace sized for its local widths).
 struct CudaMemoryPlan {
   uint64_t weights = 0;
   uint64_t kv_cache = 0;
@@ -45,6 +49,8 @@ class CudaBackendApi : public Backend {
   virtual absl::Status ForwardGreedy(std::span<const SeqStep> batch, std::vector<int32_t>* tokens,
                                      double* seconds) = 0;
   virtual const CudaMemoryPlan& memory_plan() const = 0;
+  // The TP plan this rank applied (null without tensor parallelism).
+  virtual const tp::Plan* tp_plan() const = 0;
   // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
   virtual uint64_t StepWeightBytes() const = 0;
   // Profiling pass: when on, graphs are off and every op class is bracketed by CUDA events;

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "common/gguf/gguf.h"
 #include "common/util/status.h"
 #include "worker/model/config.h"
+#include "worker/tp/plan.h"
 
 namespace ds {
 
@@ -93,6 +95,12 @@ struct BackendOptions {
   bool tp_align_heads = true;
   Collective* collective = nullptr;
 };
+
+// The TP plan a backend applies for `opts` (tp_world > 1): split weights (empty = even), the FFN
+// granule and, with tp_align_heads, the block-aligned head granules of the file, and the lm_head
+// placement. Shared by the CPU and CUDA backends so that both cut a rank's shard identically.
+absl::StatusOr<tp::Plan> MakeTpPlan(const gguf::File& f, const ModelConfig& c,
+                                    const BackendOptions& opts);
 
 // Opens the model file and creates the CPU reference backend.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const std::string& model_path,

@@ -19,6 +19,23 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const std::string& mod
   return std::unique_ptr<Backend>(std::move(b));
 }
 
+absl::StatusOr<tp::Plan> MakeTpPlan(const gguf::File& f, const ModelConfig& c,
+                                    const BackendOptions& opts) {
+  std::vector<double> split = opts.tp_split;
+  if (split.empty()) split.assign(opts.tp_world, 1.0);
+  if (static_cast<int>(split.size()) != opts.tp_world)
+    return absl::InvalidArgumentError(absl::StrCat("BackendOptions.tp_split has ", split.size(),
+                                                   " weights for tp_world ", opts.tp_world));
+  DS_ASSIGN_OR_RETURN(const int64_t granule, tp::FfnGranule(f, c));
+  tp::HeadGranules hg;
+  if (opts.tp_align_heads) {
+    DS_ASSIGN_OR_RETURN(hg, tp::AlignedHeadGranules(f, c));
+  }
+  return tp::Plan::Make(c, split, granule,
+                        opts.tp_lm_head_rank0 ? tp::LmHead::kRank0 : tp::LmHead::kVocabParallel,
+                        hg.attn, hg.gdn);
+}
+
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const std::string& path,
                                                                const BackendOptions& opts) {
   DS_ASSIGN_OR_RETURN(std::unique_ptr<gguf::File> f, gguf::File::Open(path));
@@ -47,20 +64,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::unique_ptr<g
       return absl::InvalidArgumentError(absl::StrCat(
           "BackendOptions: tp_world ", opts.tp_world, " needs a collective of that world with rank ",
           opts.tp_rank, opts.collective ? "" : " (collective is null)"));
-    std::vector<double> split = opts.tp_split;
-    if (split.empty()) split.assign(opts.tp_world, 1.0);
-    if (static_cast<int>(split.size()) != opts.tp_world)
-      return absl::InvalidArgumentError(absl::StrCat("BackendOptions.tp_split has ", split.size(),
-                                                     " weights for tp_world ", opts.tp_world));
-    DS_ASSIGN_OR_RETURN(const int64_t granule, tp::FfnGranule(*b->file_, c));
-    tp::HeadGranules hg;
-    if (opts.tp_align_heads) {
-      DS_ASSIGN_OR_RETURN(hg, tp::AlignedHeadGranules(*b->file_, c));
-    }
-    DS_ASSIGN_OR_RETURN(b->plan_, tp::Plan::Make(c, split, granule,
-                                                 opts.tp_lm_head_rank0 ? tp::LmHead::kRank0
-                                                                       : tp::LmHead::kVocabParallel,
-                                                 hg.attn, hg.gdn));
+    DS_ASSIGN_OR_RETURN(b->plan_, MakeTpPlan(*b->file_, c, opts));
     b->tp_rank_ = opts.tp_rank;
     b->tp_world_ = opts.tp_world;
     b->coll_ = opts.collective;

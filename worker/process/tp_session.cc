@@ -14,10 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
+#include "common/collective/host_staged_collective.h"
 #include "worker/tp/plan.h"
-#ifdef DS_HAVE_NCCL
+#if defined(DS_HAVE_NCCL) || defined(DS_HAVE_CUDA_STAGING)
 #include <cuda_runtime_api.h>
-
+#endif
+#ifdef DS_HAVE_NCCL
 #include "common/collective/nccl_collective.h"
 #endif
 
@@ -28,15 +30,15 @@ namespace pb = deltaserve::internal;
 using Clock = std::chrono::steady_clock;
 
 // Free memory in GiB for `--split mem`: the device's on CUDA, MemAvailable on CPU.
-double FreeGiB(const std::string& device_kind, int device) {
-#ifdef DS_HAVE_NCCL
-  if (device_kind.rfind("cuda", 0) == 0) {
+double FreeGiB(bool cuda, int device) {
+#if defined(DS_HAVE_NCCL) || defined(DS_HAVE_CUDA_STAGING)
+  if (cuda) {
     size_t free_b = 0, total = 0;
     if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total) == cudaSuccess)
       return static_cast<double>(free_b) / (1 << 30);
   }
 #endif
-  (void)device_kind;
+  (void)cuda;
   (void)device;
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -166,15 +168,48 @@ absl::StatusOr<std::vector<char>> SchedulerRendezvousStore::Get(const std::strin
   }
 }
 
-absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& device_kind, int device,
+absl::StatusOr<std::string> ResolveTpCollective(const std::string& requested, bool cuda_backend) {
+#ifdef DS_HAVE_NCCL
+  constexpr bool kNccl = true;
+#else
+  constexpr bool kNccl = false;
+#endif
+#ifdef DS_HAVE_CUDA_STAGING
+  constexpr bool kStaged = true;
+#else
+  constexpr bool kStaged = false;
+#endif
+  if (requested != "auto" && requested != "gloo" && requested != "nccl")
+    return absl::InvalidArgumentError("--tp-collective expects auto, gloo or nccl, got '" +
+                                      requested + "'");
+  if (!cuda_backend) {
+    if (requested == "nccl")
+      return absl::InvalidArgumentError("--tp-collective nccl needs --backend cuda");
+    return std::string("gloo");
+  }
+  if (requested == "nccl" || (requested == "auto" && kNccl)) {
+    if (!kNccl)
+      return absl::UnimplementedError(
+          "--tp-collective nccl: this build has no NCCL (use --tp-collective gloo)");
+    return std::string("nccl");
+  }
+  if (!kStaged)
+    return absl::UnimplementedError(
+        "--tp-collective gloo with --backend cuda needs a build with CUDA (HostStagedCollective)");
+  return std::string("staged-gloo");
+}
+
+absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& collective, int device,
                                     const std::string& prefix,
                                     std::shared_ptr<grpc::Channel> scheduler) {
   if (prefix.empty())
     return absl::FailedPreconditionError(
         "the scheduler sent no tp_prefix in Configure (scheduler too old for tensor parallelism?)");
+  if (collective != "gloo" && collective != "nccl" && collective != "staged-gloo")
+    return absl::InvalidArgumentError("unknown TP collective '" + collective + "'");
   TpGroup g;
   SchedulerRendezvousStore store(std::move(scheduler));
-  if (device_kind.rfind("cuda", 0) == 0) {
+  if (collective == "nccl") {
 #ifdef DS_HAVE_NCCL
     // NCCL finds its interface itself (IB/RoCE first, then non-loopback sockets); --tp-iface
     // pins it unless the operator's environment already does. Set before the unique id: rank
@@ -207,11 +242,19 @@ absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& devic
     go.hostname = o.addr;
     go.timeout = o.timeout;
     DS_ASSIGN_OR_RETURN(g.collective, GlooCollective::Create(go));
+    if (collective == "staged-gloo") {
+#ifdef DS_HAVE_CUDA_STAGING
+      DS_ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> dev, NewCudaStagingDevice(device));
+      g.collective = std::make_unique<HostStagedCollective>(std::move(g.collective), std::move(dev));
+#else
+      return absl::UnimplementedError("staged-gloo: this build has no CUDA (HostStagedCollective)");
+#endif
+    }
   }
   if (o.split == "mem") {
     // Every rank derives the same plan from every rank's free memory, exchanged through the
     // store (not the collective: NCCL would want device buffers for it).
-    const std::string mine = absl::StrCat(FreeGiB(device_kind, device));
+    const std::string mine = absl::StrCat(FreeGiB(collective != "gloo", device));
     DS_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "free/", o.rank),
                                  std::vector<char>(mine.begin(), mine.end())));
     std::vector<double> all(o.world, 0.0);

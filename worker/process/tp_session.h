@@ -7,7 +7,10 @@
 //   * CPU (Gloo): each rank publishes its TCP address in the scheduler's key-value store
 //     (Rendezvous rpcs) under the prefix and connects to every other rank (full mesh);
 //   * CUDA (NCCL, only when built with it): rank 0 calls ncclGetUniqueId and publishes the 128
-//     bytes under `<prefix>nccl_id`; the others read them and every rank calls ncclCommInitRank.
+//     bytes under `<prefix>nccl_id`; the others read them and every rank calls ncclCommInitRank;
+//   * CUDA over Gloo ("staged-gloo", `--backend cuda --tp-collective gloo`): the Gloo mesh as on
+//     CPU, wrapped in a HostStagedCollective that stages device buffers through the host. A
+//     testing / fallback path (several ranks on one GPU, or no NCCL); NCCL is the fast one.
 // Nothing but the scheduler's address is needed, so ranks on other hosts join the same way.
 #pragma once
 #include <grpcpp/grpcpp.h>
@@ -60,9 +63,14 @@ struct TpGroup {
   std::vector<double> split;  // [world] share weights, identical on every rank
 };
 
-// Builds rank `o.rank`'s collective under `prefix` (from Configure) and resolves the split.
-// `device_kind` is the backend kind the worker will create ("cpu", or "cuda" for NCCL).
-absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& device_kind, int device,
+// The collective a rank builds for `--tp-collective` (auto | gloo | nccl) and its backend:
+// "gloo" (CPU backend), "nccl" or "staged-gloo" (CUDA backend; auto = nccl when built with it).
+// Errors for a pair that cannot work (nccl on CPU, a kind this build lacks).
+absl::StatusOr<std::string> ResolveTpCollective(const std::string& requested, bool cuda_backend);
+
+// Builds rank `o.rank`'s collective of kind `collective` (ResolveTpCollective) under `prefix`
+// (from Configure) and resolves the split. `device` is the CUDA device (nccl, staged-gloo).
+absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& collective, int device,
                                     const std::string& prefix,
                                     std::shared_ptr<grpc::Channel> scheduler);
 

@@ -124,9 +124,11 @@ absl::StatusOr<std::map<std::string, std::string>> ParsePairs(int argc, char** a
 
 class Session {
  public:
-  Session(const WorkerOptions& o, std::unique_ptr<Backend> be, metrics::WorkerMetrics* metrics,
-          sd::Watchdog* watchdog)
-      : o_(o), be_(std::move(be)), metrics_(metrics) {
+  // `device` names the device the worker serves on (be->name(), except for a CUDA TP rank whose
+  // probe backend is a CPU one, see RunWorker).
+  Session(const WorkerOptions& o, std::unique_ptr<Backend> be, std::string device,
+          metrics::WorkerMetrics* metrics, sd::Watchdog* watchdog)
+      : o_(o), device_(std::move(device)), be_(std::move(be)), metrics_(metrics) {
     if (watchdog && watchdog->enabled()) {
       // A forward pass must finish within half the watchdog interval (a hung GPU otherwise);
       // the heartbeat thread proves the process is not deadlocked on the stream lock.
@@ -161,11 +163,11 @@ class Session {
     stream_ = stub->WorkerSession(&ctx_);
 
     const ModelConfig& c = be_->config();
-    mem_ = Figures(c, file_bytes, be_->name() == "cpu");
+    mem_ = Figures(c, file_bytes, device_ == "cpu");
     pb::WorkerMessage reg;
     pb::Register* r = reg.mutable_register_();
     r->set_worker_id(o_.worker_id);
-    r->set_device(be_->name());
+    r->set_device(device_);
     r->set_model_fingerprint(fingerprint);
     r->set_n_vocab(static_cast<uint32_t>(c.n_vocab));
     r->set_n_ctx_train(static_cast<uint32_t>(c.n_ctx_train));
@@ -180,7 +182,7 @@ class Session {
     }
     if (!Write(reg)) return Broken("sending Register");
     DS_LOG(INFO, "registered",
-           {{"scheduler", o_.scheduler}, {"device", be_->name()}, {"model", fingerprint}});
+           {{"scheduler", o_.scheduler}, {"device", device_}, {"model", fingerprint}});
     sd::NotifyStatus("registered with " + o_.scheduler + ", waiting for configuration");
 
     std::thread heartbeat([this] { HeartbeatLoop(); });
@@ -278,11 +280,12 @@ class Session {
           const bool nccl = o_.tp_collective == "nccl";
           if (o_.tp_world > 1 || nccl) {
             // TP rank (docs/tp.md §6): meet the other ranks through the scheduler once, then
-            // load only this rank's shard.
-            if (o_.tp_world > 1 && o_.backend != "cpu" && CudaAvailable())
-              return Fatal(absl::UnimplementedError(
-                  "--tp-world > 1 needs --backend cpu: the CUDA backend has no sharded loader yet"));
+            // load only this rank's shard (CPU or CUDA backend).
             if (!tp_.collective) {
+              const bool cuda_backend =
+                  o_.backend == "cuda" || (o_.backend == "auto" && CudaAvailable());
+              auto kind = worker::ResolveTpCollective(o_.tp_collective, cuda_backend);
+              if (!kind.ok()) return Fatal(kind.status());
               worker::TpOptions t;
               t.rank = o_.tp_rank;
               t.world = o_.tp_world;
@@ -300,7 +303,7 @@ class Session {
               std::string prefix = cf.tp_prefix();
               if (prefix.empty() && o_.tp_world == 1)
                 prefix = absl::StrCat("tp/solo/", o_.worker_id, "/", getpid(), "/");
-              auto g = worker::JoinTpGroup(t, nccl ? "cuda" : "cpu", o_.device, prefix, channel_);
+              auto g = worker::JoinTpGroup(t, *kind, o_.device, prefix, channel_);
               if (!g.ok()) return Fatal(g.status());
               tp_ = std::move(*g);
               DS_LOG(INFO, "tp_joined",
@@ -406,6 +409,7 @@ class Session {
 
   const WorkerOptions& o_;
   worker::TpGroup tp_;  // TP collective; declared before be_, whose backend points into it
+  std::string device_;
   std::unique_ptr<Backend> be_;
   metrics::WorkerMetrics* metrics_ = nullptr;
   std::shared_ptr<sd::Watchdog::Loop> step_loop_, heartbeat_loop_;
@@ -476,9 +480,6 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                       o.tp_collective + "'");
   if (o.tp_collective == "nccl" && o.backend == "cpu")
     return absl::InvalidArgumentError("--tp-collective nccl needs --backend cuda");
-  if (o.tp_collective == "gloo" && o.backend == "cuda")
-    return absl::InvalidArgumentError(
-        "--tp-collective gloo works on host buffers: it needs --backend cpu");
   if (m.count("--nvml-device")) {
     if (m["--nvml-device"] == "off") {
       o.nvml_device = -2;
@@ -507,11 +508,19 @@ absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
   bo.n_threads = o.threads;
   bo.device = o.device;
   sd::NotifyStatus("opening " + o.model);
-  DS_ASSIGN_OR_RETURN(auto be, CreateBackend(o.backend, o.model, bo));
+  // A rank of a CUDA TP group must never hold the whole model on its device (that is what TP is
+  // for): its probe is the CPU backend, whose weights are views into the mapping; the shard is
+  // uploaded at Configure.
+  const bool cuda_tp =
+      o.tp_world > 1 && (o.backend == "cuda" || (o.backend == "auto" && CudaAvailable()));
+  if (cuda_tp && !CudaAvailable())
+    return absl::UnavailableError("--backend cuda: no CUDA device is visible");
+  DS_ASSIGN_OR_RETURN(auto be, CreateBackend(cuda_tp ? "cpu" : o.backend, o.model, bo));
+  const std::string device = cuda_tp ? absl::StrCat("cuda:", o.device) : be->name();
   if (metrics) {
     // GPU metrics where NVML is: the CUDA device by default, an explicit index on request.
     int gpu = o.nvml_device;
-    if (gpu == -1) gpu = be->name().rfind("cuda", 0) == 0 ? o.device : -2;
+    if (gpu == -1) gpu = device.rfind("cuda", 0) == 0 ? o.device : -2;
     if (gpu >= 0) {
       absl::Status s = metrics->StartGpuSampling({gpu}, std::chrono::seconds(1));
       if (s.ok()) {
@@ -521,7 +530,7 @@ absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
       }
     }
   }
-  Session s(o, std::move(be), metrics, watchdog);
+  Session s(o, std::move(be), device, metrics, watchdog);
   return s.Run();
 }
 

@@ -39,9 +39,12 @@ struct WorkerOptions {
   std::string scheduler_key_file;
   std::string scheduler_ca;
   std::string scheduler_tls_name;
-  // The group's collective: "auto" (Gloo for a CPU group of tp_world > 1, none at tp_world 1),
-  // "gloo", or "nccl" (CUDA backend; at tp_world 1 a one-rank NCCL communicator, bootstrapped
-  // through the scheduler's rendezvous like a real group: the TP = 1 check of the NCCL path).
+  // The group's collective: "auto" (tp_world > 1: Gloo for a CPU group, NCCL for a CUDA group
+  // when built with it, else staged Gloo; none at tp_world 1), "gloo" (with the CUDA backend:
+  // Gloo behind a HostStagedCollective, a testing / fallback path that also allows several ranks
+  // on one GPU), or "nccl" (CUDA backend; at tp_world 1 a one-rank NCCL communicator,
+  // bootstrapped through the scheduler's rendezvous like a real group: the TP = 1 check of the
+  // NCCL path).
   std::string tp_collective = "auto";
   // NVML index of the GPU whose utilisation / memory the worker exports: -1 = the CUDA device
   // when the backend is CUDA (none for the CPU backend), -2 = off.

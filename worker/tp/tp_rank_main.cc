@@ -1,11 +1,18 @@
-// ds_tp_rank: runs ONE rank of a CPU tensor-parallel group (one process per rank; the ranks meet
-// through a Gloo FileStore directory). Used by tests/tp (TP = 1..4 must agree) and for the
-// communication measurements in docs/perf/tp.md.
+// ds_tp_rank: runs ONE rank of a tensor-parallel group (one process per rank; the ranks meet
+// through a Gloo FileStore directory). Used by tests/tp (TP = 1..4 must agree), by
+// tools/device/tp_cuda_check.sh (--backend cuda) and for the communication measurements in
+// docs/perf/tp.md.
 //
 //   ds_tp_rank --model M.gguf --rank R --world W --store DIR [--split 1,2 | --split mem]
 //              [--free-gib X] [--lm-head vocab|rank0] [--prompt 24] [--prompt2 9] [--gen 8]
 //              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
-//              [--comm-bench ITERS] [--no-align]
+//              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
+//              [--follow REF.json] [--no-graphs]
+//
+// --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
+// wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
+// may share one GPU (NCCL refuses that). A testing path: every all-reduce synchronises the stream
+// and decode runs without CUDA graphs. Each rank prints its CUDA memory plan.
 //   ds_tp_rank --make-model M.gguf --shape tp|perf [--type Q8_0] [--seed 1]
 //
 // The run: one prefill step with two sequences (slot 0: --prompt tokens, all logits; slot 1:
@@ -13,6 +20,11 @@
 // the tokens (argmax of the gathered logits) and broadcasts them, so every rank feeds the same
 // batch. Rank 0 writes the JSON result: tokens, logits (unless --no-logits), per-step forward
 // and communication seconds, the plan and the memory report.
+//
+// --follow REF.json (teacher forcing): feed the tokens of an earlier run's result instead of this
+// run's argmax, so two backends' logits stay comparable at every step even where their greedy
+// choices part (the recorded tokens are still this run's argmax). --no-graphs: CUDA backend
+// without its decode graphs.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,10 +35,14 @@
 #include <string>
 
 #include "common/collective/gloo_collective.h"
+#include "common/collective/host_staged_collective.h"
 #include "nlohmann/json.hpp"
 #include "tools/synth/synth.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/tp/plan.h"
+#ifdef DS_HAVE_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 namespace ds {
 namespace {
@@ -98,7 +114,7 @@ int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0) return Fail(absl::InvalidArgumentError("unexpected argument " + k));
-    if (k == "--no-logits" || k == "--no-align") {
+    if (k == "--no-logits" || k == "--no-align" || k == "--no-graphs") {
       a[k] = "1";
       continue;
     }
@@ -123,6 +139,13 @@ int Main(int argc, char** argv) {
 
   if (!a.count("--model")) return Fail(absl::InvalidArgumentError("--model is required"));
   const int rank = num("--rank", 0), world = num("--world", 1);
+  const std::string backend = str("--backend", "cpu");
+  if (backend != "cpu" && backend != "cuda")
+    return Fail(absl::InvalidArgumentError("--backend expects cpu or cuda, got '" + backend + "'"));
+#ifndef DS_HAVE_CUDA
+  if (backend == "cuda")
+    return Fail(absl::UnimplementedError("--backend cuda: this build has no CUDA backend"));
+#endif
   std::unique_ptr<Collective> coll;
   if (world > 1) {
     GlooOptions go;
@@ -134,6 +157,13 @@ int Main(int argc, char** argv) {
     auto g = GlooCollective::Create(go);
     if (!g.ok()) return Fail(g.status());
     coll = std::move(*g);
+#ifdef DS_HAVE_CUDA
+    if (backend == "cuda") {
+      auto dev = NewCudaStagingDevice(num("--device", 0));
+      if (!dev.ok()) return Fail(dev.status());
+      coll = std::make_unique<HostStagedCollective>(std::move(coll), std::move(*dev));
+    }
+#endif
   }
 
   // Split: explicit weights, or each rank's free memory gathered over the group.
@@ -158,26 +188,55 @@ int Main(int argc, char** argv) {
   bo.n_slots = 2;
   bo.slot_ctx = 256;
   bo.n_threads = num("--threads", 1);
+  bo.device = num("--device", 0);
   bo.tp_rank = rank;
   bo.tp_world = world;
   bo.tp_split = split;
   bo.tp_lm_head_rank0 = str("--lm-head", "vocab") == "rank0";
   bo.tp_align_heads = !a.count("--no-align");
   bo.collective = coll.get();
-  auto be = CpuBackend::Create(a["--model"], bo);
-  if (!be.ok()) return Fail(be.status());
-  CpuBackend& b = **be;
+  std::unique_ptr<Backend> owner;
+  const tp::Plan* plan = nullptr;
+  uint64_t dequantized_bytes = 0;
+  nlohmann::json res;
+  if (backend == "cpu") {
+    auto be = CpuBackend::Create(a["--model"], bo);
+    if (!be.ok()) return Fail(be.status());
+    plan = (*be)->tp_plan();
+    dequantized_bytes = (*be)->weights().dequantized_bytes;
+    owner = std::move(*be);
+  }
+#ifdef DS_HAVE_CUDA
+  if (backend == "cuda") {
+    CudaBackendOptions copts;
+    copts.use_graphs = !a.count("--no-graphs");
+    auto be = cuda::CreateCudaBackendApi(a["--model"], bo, copts);
+    if (!be.ok()) return Fail(be.status());
+    plan = (*be)->tp_plan();
+    const CudaMemoryPlan& m = (*be)->memory_plan();
+    res["cuda_memory"] = {{"weights", m.weights}, {"kv_cache", m.kv_cache},
+                          {"recurrent", m.recurrent}, {"workspace", m.workspace},
+                          {"total", m.total()}, {"text", m.ToString()}};
+    std::fprintf(stderr, "rank %d/%d CUDA memory plan: %s\n", rank, world, m.ToString().c_str());
+    owner = std::move(*be);
+  }
+#endif
+  Backend& b = *owner;
   const ModelConfig& c = b.config();
 
-  nlohmann::json res;
   res["rank"] = rank;
   res["world"] = world;
-  if (const tp::Plan* p = b.tp_plan()) {
-    auto mem = tp::PlanMemory(b.file(), c, *p);
+  res["backend"] = backend;
+  if (plan) {
+    const tp::Plan* p = plan;
+    auto file = gguf::File::Open(a["--model"]);  // for the planner's tensor list (mmap, cheap)
+    if (!file.ok()) return Fail(file.status());
+    auto mem = tp::PlanMemory(**file, c, *p);
     if (!mem.ok()) return Fail(mem.status());
     res["plan"] = p->ToString();
     res["memory"] = tp::MemoryReport(*p, *mem, bo.slot_ctx);
-    res["dequantized_bytes"] = b.weights().dequantized_bytes;
+    // CPU: what the loader really dequantized; CUDA: the planner's figure for this rank.
+    res["dequantized_bytes"] = backend == "cpu" ? dequantized_bytes : (*mem)[rank].dequantized_bytes;
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < p->world; ++r)
       ranks.push_back({{"attn", {p->ranks[r].attn_units.begin, p->ranks[r].attn_units.end}},
@@ -196,6 +255,13 @@ int Main(int argc, char** argv) {
     return t;
   };
   const bool keep_logits = !a.count("--no-logits");
+  std::vector<std::vector<int32_t>> follow;  // [2][n_gen + 1] tokens to feed (--follow)
+  if (a.count("--follow")) {
+    std::ifstream f(a["--follow"]);
+    if (!f) return Fail(absl::NotFoundError("--follow: cannot read " + a["--follow"]));
+    follow = nlohmann::json::parse(f)["tokens"].get<std::vector<std::vector<int32_t>>>();
+    if (follow.size() != 2) return Fail(absl::InvalidArgumentError("--follow: tokens must be [2][n]"));
+  }
   std::vector<SeqStep> batch = {{0, 0, toks(num("--prompt", 24)), true},
                                 {1, 0, toks(num("--prompt2", 9)), false}};
   nlohmann::json steps = nlohmann::json::array(), logits = nlohmann::json::array();
@@ -225,7 +291,9 @@ int Main(int argc, char** argv) {
     }
     for (int s = 0; s < 2; ++s) {
       gen[s].push_back(next[s]);
-      batch[s] = {s, b.SlotLength(s), {next[s]}, false};
+      const int32_t feed = step < static_cast<int>(follow.empty() ? 0 : follow[s].size())
+                               ? follow[s][step] : next[s];
+      batch[s] = {s, b.SlotLength(s), {feed}, false};
     }
   }
   res["tokens"] = gen;
@@ -257,7 +325,7 @@ int Main(int argc, char** argv) {
     auto bench = [&](int64_t n_tok, int64_t n_rows) -> absl::StatusOr<double> {
       std::vector<float> y(n_tok * c.n_embd, 1.f), part, all(n_rows * c.n_vocab);
       std::vector<size_t> counts;
-      if (const tp::Plan* p = b.tp_plan()) {
+      if (const tp::Plan* p = plan) {
         for (const auto& r : p->ranks) counts.push_back(n_rows * r.vocab.size());
         part.assign(counts[rank], 1.f);
       }
