@@ -9,7 +9,8 @@ cd "$(dirname "$0")/../.."
 export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 B=${BIN:-.devcarry/bin}/deltaserve
 W=$(mktemp -d)
-IDS=1,5,9,200,300,17,42,77,11,3,99,150,400,2,8,64,128,255,31,7,190,230,12,88,45,66,101,250,3,4,5,6,7
+# 100 prompt tokens: the prefill crosses KV page boundaries (64-token pages).
+IDS=$(python3 -c "print(','.join(str((i * 37) % 500 + 1) for i in range(100)))")
 models="ref:tests/reference/data/tiny_ref.gguf"
 for t in F32 F16 Q8_0 Q6_K; do
   "$B" gguf-synth --preset tiny --type $t --seed 3 --out $W/tiny_$t.gguf 2>/dev/null

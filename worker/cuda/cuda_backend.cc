@@ -578,6 +578,9 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
 
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&state_mem_, plan_.kv_cache + plan_.recurrent));
   Arena sa{static_cast<uint8_t*>(state_mem_), plan_.kv_cache + plan_.recurrent, 0};
+  // Zero KV and recurrent state first: the block table lives in the same arena (it used to be
+  // zeroed after its upload, which mapped every page of every slot to page 0).
+  DS_CUDA_RETURN_IF_ERROR(cudaMemset(state_mem_, 0, plan_.kv_cache + plan_.recurrent));
   int32_t* table = sa.Take<int32_t>(n_pages);
   {
     std::vector<int32_t> t(n_pages);
@@ -594,7 +597,6 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
       D.vc = sa.Take<uint16_t>(kv_layer / 2);
     }
   }
-  DS_CUDA_RETURN_IF_ERROR(cudaMemset(state_mem_, 0, plan_.kv_cache + plan_.recurrent));
 
   uint64_t work_bytes = 0;
   for (auto& b : bufs) work_bytes += AlignUp(b.bytes);
