@@ -13,7 +13,8 @@ MODEL=${MODEL:-/tmp/q6k-27b.gguf}
 LOG=${OUT:-/tmp}/cluster_run; mkdir -p "$LOG"
 [ -f "$MODEL" ] || "$B" gguf-synth --preset 27b --type Q6_K --out "$MODEL" 2>&1 | tail -1
 "$B" scheduler --listen 127.0.0.1:50060 --slots 16 --max-slots 16 --ctx 131072 --split pool \
-  --slot-cap 8192 --slot-ctx 8192 --metrics-listen 127.0.0.1:9460 >"$LOG/scheduler.log" 2>&1 &
+  --slot-cap 8192 --slot-ctx 8192 --metrics-listen 127.0.0.1:9460 --log-interval 1 \
+  >"$LOG/scheduler.log" 2>&1 &
 S=$!
 "$B" worker --scheduler 127.0.0.1:50060 --model "$MODEL" --backend cuda >"$LOG/worker.log" 2>&1 &
 W=$!
@@ -41,5 +42,9 @@ b = [float(x) for x in '$before'.split()]; a = [float(x) for x in '$after'.split
 steps = a[2] - b[2]; tot = a[0] - b[0]; wrk = a[1] - b[1]
 print(f'concurrency $conc: {steps:.0f} steps, mean step {tot/steps*1e3:.2f} ms, worker {wrk/steps*1e3:.2f} ms, '
       f'control overhead {(tot-wrk)/steps*1e6:.0f} us/step = {(tot-wrk)/tot*100:.2f}% of the step')"
+  # The scheduler's own breakdown (cumulative since start; logged every second while stepping):
+  # worker bookkeeping outside forward+sample, schedule+send, apply+route, transport.
+  sleep 1.5
+  grep step_overhead "$LOG/scheduler.log" | tail -1 | sed 's/^/  scheduler: /'
 done
 "$C" status --admin-addr 127.0.0.1:50062 2>&1 | head -12
