@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gguf/ggml_types.h"
 #include "common/util/status.h"
 #include "worker/model/config.h"
 
@@ -92,6 +93,10 @@ struct BackendOptions {
   // (tp::AlignedHeadGranules); false: single heads, unaligned slices dequantized to f32 at load.
   bool tp_align_heads = true;
   Collective* collective = nullptr;
+  // KV cache element type (--kv-type, worker/model/kv_type.h): F16 (default), Q8_0 or Q4_0. Only
+  // the CUDA backend stores quantized KV; the CPU backend keeps an f32 cache and rejects anything
+  // but the default F16 with a clear error.
+  GgmlType kv_type = GgmlType::F16;
 };
 
 // Opens the model file and creates the CPU reference backend.
