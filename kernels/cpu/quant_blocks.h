@@ -17,6 +17,7 @@ static_assert(std::endian::native == std::endian::little,
               "GGUF blocks are little-endian and read by memcpy");
 
 inline constexpr int kQK8_0 = 32;        // Q8_0 elements per block
+inline constexpr int kQK4_0 = 32;        // Q4_0 elements per block (KV cache only, kv_quant.h)
 inline constexpr int kQK4_NL = 32;       // IQ4_NL elements per block
 inline constexpr int kQK_K = 256;        // K-quant / IQ4_XS super-block
 inline constexpr int kKScaleBytes = 12;  // packed 6-bit scales + mins of Q4_K / Q5_K
@@ -25,6 +26,13 @@ inline constexpr int kKScaleBytes = 12;  // packed 6-bit scales + mins of Q4_K /
 struct BlockQ8_0 {
   uint16_t d;
   int8_t qs[kQK8_0];
+};
+
+// x[j] = d * (q_j - 8); q_j (j < 16) in the low nibble of qs[j], q_{j+16} in its high nibble.
+// Not a weight format here (GgmlInfo(Q4_0).supported is false): the CUDA KV cache uses it.
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQK4_0 / 2];
 };
 
 // x = d*sc_j*q - dmin*mn_j with 4-bit q; 8 sub-blocks of 32 with 6-bit (sc, mn) packed in scales.
@@ -68,6 +76,7 @@ struct BlockIq4Xs {
 };
 
 static_assert(sizeof(BlockQ8_0) == 34 && offsetof(BlockQ8_0, qs) == 2);
+static_assert(sizeof(BlockQ4_0) == 18 && offsetof(BlockQ4_0, qs) == 2);
 static_assert(sizeof(BlockQ4K) == 144 && offsetof(BlockQ4K, qs) == 16);
 static_assert(sizeof(BlockQ5K) == 176 && offsetof(BlockQ5K, qh) == 16 &&
               offsetof(BlockQ5K, qs) == 48);
@@ -80,6 +89,8 @@ static_assert(sizeof(BlockIq4Xs) == 136 && offsetof(BlockIq4Xs, scales_l) == 4 &
 // The structs must agree with the type table the GGUF reader uses.
 static_assert(sizeof(BlockQ8_0) == GgmlInfo(GgmlType::Q8_0).block_bytes &&
               kQK8_0 == GgmlInfo(GgmlType::Q8_0).block_elems);
+static_assert(sizeof(BlockQ4_0) == GgmlInfo(GgmlType::Q4_0).block_bytes &&
+              kQK4_0 == GgmlInfo(GgmlType::Q4_0).block_elems);
 static_assert(sizeof(BlockQ4K) == GgmlInfo(GgmlType::Q4_K).block_bytes &&
               kQK_K == GgmlInfo(GgmlType::Q4_K).block_elems);
 static_assert(sizeof(BlockQ5K) == GgmlInfo(GgmlType::Q5_K).block_bytes &&

@@ -1,6 +1,8 @@
 // Attention kernels (see attention.cuh).
 #include <cuda_fp16.h>
 
+#include <cfloat>
+
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -11,6 +13,120 @@ namespace {
 __device__ __forceinline__ int64_t KvRow(const KvCacheView& kv, int slot, int pos) {
   const int page = kv.block_table[slot * kv.max_pages + pos / kv.page_size];
   return (static_cast<int64_t>(page) * kv.page_size + pos % kv.page_size) * kv.n_kv;
+}
+
+// ---- KV quantization (rules and their CPU reference: kernels/cpu/kv_quant.h). The scale and
+// rounding arithmetic runs in double exactly as the reference does, so the blocks are bitwise
+// equal to it; it is ~2 x n_kv x hd elements per token, negligible next to the projections.
+
+__device__ __forceinline__ float SanitizeKv(float x) {
+  return isnan(x) ? 0.f : fminf(fmaxf(x, -FLT_MAX), FLT_MAX);
+}
+// f16 bits of f32(v) with v clamped to the finite f16 range first (CPU: F16Saturate).
+__device__ __forceinline__ uint16_t F16SaturateBits(double v) {
+  v = fmin(fmax(v, -65504.0), 65504.0);
+  return __half_as_ushort(__float2half_rn(__double2float_rn(v)));
+}
+__device__ __forceinline__ int RoundClampD(double v, int lo, int hi) {
+  if (!(v >= lo)) return lo;
+  if (v > hi) return hi;
+  return static_cast<int>(rint(v));  // half to even, as std::nearbyint
+}
+
+// The warp quantizes one 32-element block: lane j holds element j (x), blk points at the block.
+template <GgmlType KT>
+__device__ __forceinline__ void StoreKvBlock(uint8_t* blk, int lane, float x) {
+  x = SanitizeKv(x);
+  uint16_t dbits;
+  int q;
+  if constexpr (KT == GgmlType::Q8_0) {
+    const float amax = WarpMax(fabsf(x));
+    dbits = F16SaturateBits(static_cast<double>(amax) / 127.0);
+    const double d = __half2float(__ushort_as_half(dbits));
+    const double id = d > 0 ? 1.0 / d : 0.0;
+    q = RoundClampD(x * id, -127, 127);
+    blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  } else {  // Q4_0: the element of largest |x| (lowest lane on ties) maps to q = 0
+    const float ax = fabsf(x);
+    const float amax = WarpMax(ax);
+    const int src = __ffs(__ballot_sync(0xffffffffu, ax == amax)) - 1;
+    const float m_l = __shfl_sync(0xffffffffu, x, src);
+    const float m = amax > 0.f ? m_l : 0.f;
+    dbits = F16SaturateBits(static_cast<double>(m) / -8.0);
+    const double d = __half2float(__ushort_as_half(dbits));
+    const double id = d != 0 ? 1.0 / d : 0.0;
+    q = RoundClampD(x * id, -8, 7) + 8;
+    const int q_hi = __shfl_down_sync(0xffffffffu, q, 16);
+    if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(q | (q_hi << 4));
+  }
+  if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = dbits;  // blocks are 2-byte aligned
+}
+
+// Element j of a quantized head row, exact in f32 (d is f16, q has <= 8 bits).
+template <GgmlType KT>
+__device__ __forceinline__ float KvElem(const uint8_t* row, int j) {
+  constexpr int kBB = GgmlBlockBytes(KT);
+  const uint8_t* blk = row + (j >> 5) * kBB;
+  const float d = HalfBitsToF32(*reinterpret_cast<const uint16_t*>(blk));
+  const int jj = j & 31;
+  if constexpr (KT == GgmlType::Q8_0)
+    return d * static_cast<float>(static_cast<int8_t>(blk[2 + jj]));
+  const int b = blk[2 + (jj & 15)];
+  return d * static_cast<float>((jj < 16 ? b & 15 : b >> 4) - 8);
+}
+
+// N = 1, 2, 4 or 8 bytes at p (p 2-byte aligned when N >= 2) as little-endian words. For N >= 4:
+// N/4 + 1 aligned 32-bit loads (the last only when p is not 4-aligned) and funnel shifts, instead
+// of N/2 16-bit loads (block fields are only 2-byte aligned: 34- and 18-byte blocks).
+template <int N>
+__device__ __forceinline__ void LoadKvBytes(const uint8_t* p, uint32_t (&w)[(N + 3) / 4]) {
+  if constexpr (N == 1) {
+    w[0] = *p;
+  } else if constexpr (N == 2) {
+    w[0] = *reinterpret_cast<const uint16_t*>(p);
+  } else {
+    constexpr int W = N / 4;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t* b = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+    const uint32_t sh = static_cast<uint32_t>(a & 3) * 8;  // 0 or 16
+    uint32_t r[W + 1];
+#pragma unroll
+    for (int i = 0; i < W; ++i) r[i] = b[i];
+    // Misaligned p reads up to 2 bytes past p + N: still inside the row, because rows are
+    // 4-aligned with a multiple of 4 bytes (so a range ending at the row end is aligned).
+    r[W] = sh ? b[W] : 0u;
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+  }
+}
+
+// Byte i of w as a float, minus `bias`: 0x4B0000bb is the float 2^23 + bb (one PRMT + one FADD
+// per element instead of an int->float conversion, which is quarter rate).
+__device__ __forceinline__ float ByteToFloat(uint32_t w, int i, float bias) {
+  return __int_as_float(static_cast<int>(__byte_perm(w, 0x4B000000u, 0x7440u | i))) - bias;
+}
+
+// Lane `lane`'s D = hd/32 consecutive elements [lane*D, lane*D + D) of a quantized head row,
+// unscaled (q for Q8_0, q - 8 for Q4_0), and the block scale they share (32 % D == 0, so a lane
+// never straddles two blocks).
+template <GgmlType KT, int D>
+__device__ __forceinline__ void LoadKvLane(const uint8_t* row, int lane, float (&x)[D], float* d) {
+  constexpr int kBB = GgmlBlockBytes(KT);
+  const int e0 = lane * D, o = e0 & 31;
+  const uint8_t* blk = row + (e0 >> 5) * kBB;
+  *d = HalfBitsToF32(*reinterpret_cast<const uint16_t*>(blk));
+  uint32_t w[(D + 3) / 4];
+  if constexpr (KT == GgmlType::Q8_0) {
+    LoadKvBytes<D>(blk + 2 + o, w);
+#pragma unroll
+    for (int i = 0; i < D; ++i) x[i] = ByteToFloat(w[i / 4] ^ 0x80808080u, i % 4, 8388736.f);
+  } else {
+    LoadKvBytes<D>(blk + 2 + (o & 15), w);
+    const int shift = o >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < D; ++i)
+      x[i] = ByteToFloat((w[i / 4] >> shift) & 0x0F0F0F0Fu, i % 4, 8388616.f);
+  }
 }
 
 // One block per token; warp w handles heads w, w+nw, ... (query heads, then key heads, then
@@ -63,10 +179,20 @@ __global__ void __launch_bounds__(256) QkvPrepKernel(const QkvPrepArgs a) {
         const int64_t qi = static_cast<int64_t>(t) * s.n_head * hd + head * hd + e;
         a.q_out[qi] = val;
         if (a.q16) a.q16[qi] = __half_as_ushort(__float2half_rn(val));
-      } else if (head < s.n_head + s.n_kv) {
-        a.kv.k[(kvrow + head - s.n_head) * hd + e] = __half_as_ushort(__float2half_rn(val));
+        continue;
+      }
+      const bool is_k = head < s.n_head + s.n_kv;
+      const int64_t hrow = kvrow + head - s.n_head - (is_k ? 0 : s.n_kv);
+      void* cache = is_k ? a.kv.k : a.kv.v;
+      if (a.kv.type == GgmlType::F16) {
+        static_cast<uint16_t*>(cache)[hrow * hd + e] = __half_as_ushort(__float2half_rn(val));
       } else {
-        a.kv.v[(kvrow + head - s.n_head - s.n_kv) * hd + e] = __half_as_ushort(__float2half_rn(val));
+        // Iteration e / 32 of this loop holds block e / 32 across the warp (lane = position in
+        // the block; hd % 32 == 0 is checked on the host, so every lane takes every iteration).
+        uint8_t* blk = static_cast<uint8_t*>(cache) + hrow * a.kv.row_bytes() +
+                       (e >> 5) * GgmlBlockBytes(a.kv.type);
+        if (a.kv.type == GgmlType::Q8_0) StoreKvBlock<GgmlType::Q8_0>(blk, lane, val);
+        else StoreKvBlock<GgmlType::Q4_0>(blk, lane, val);
       }
     }
     __syncwarp();
@@ -89,7 +215,10 @@ __device__ __forceinline__ int SplitChunk(int len, int n_splits, int* used) {
 // Grid (n_kv, n_splits, n_seqs). Warp w of split s walks tokens start+w, start+w+8, ... of the
 // split's range keeping an online softmax per query head of the GQA group; the block merges its
 // warps and writes one partial (acc, m, l) per head and split.
-template <int D, int GM>  // dims per lane: hd = 32 * D; GM >= the GQA group, a compile-time bound
+// KT: KV element type. Quantized rows are read as the lane's D unscaled quants plus their block
+// scale: the scale multiplies the lane's partial score once per head (before the shuffle reduce)
+// and p once per head for V, not every element.
+template <int D, int GM, GgmlType KT>  // dims per lane: hd = 32 * D; GM >= the GQA group
 __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDecodeArgs a) {
   const AttnShape& s = a.shape;
   const int kvh = blockIdx.x, split = blockIdx.y, i = blockIdx.z;
@@ -119,21 +248,31 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
   // decode @32k cost 3.5 ms/token over @0 for 2.1 GB of KV (0.5 ms of bandwidth).
   for (int tok0 = start + warp; tok0 < end; tok0 += kDecWarps * kPrefetch) {
     float kf[kPrefetch][D], vf[kPrefetch][D];
+    float ks[kPrefetch], vs[kPrefetch];  // block scales (quantized KV only)
 #pragma unroll
     for (int t = 0; t < kPrefetch; ++t) {
       const int tok = min(tok0 + t * kDecWarps, end - 1);
-      const int64_t base = (KvRow(a.kv, slot, tok) + kvh) * hd + lane * D;
-      if constexpr (D >= 2) {
+      if constexpr (KT == GgmlType::F16) {
+        const uint16_t* kc = static_cast<const uint16_t*>(a.kv.k);
+        const uint16_t* vc = static_cast<const uint16_t*>(a.kv.v);
+        const int64_t base = (KvRow(a.kv, slot, tok) + kvh) * hd + lane * D;
+        if constexpr (D >= 2) {
 #pragma unroll
-        for (int d = 0; d < D; d += 2) {
-          const float2 kk = __half22float2(*reinterpret_cast<const __half2*>(a.kv.k + base + d));
-          const float2 vv = __half22float2(*reinterpret_cast<const __half2*>(a.kv.v + base + d));
-          kf[t][d] = kk.x; kf[t][d + 1] = kk.y;
-          vf[t][d] = vv.x; vf[t][d + 1] = vv.y;
+          for (int d = 0; d < D; d += 2) {
+            const float2 kk = __half22float2(*reinterpret_cast<const __half2*>(kc + base + d));
+            const float2 vv = __half22float2(*reinterpret_cast<const __half2*>(vc + base + d));
+            kf[t][d] = kk.x; kf[t][d + 1] = kk.y;
+            vf[t][d] = vv.x; vf[t][d + 1] = vv.y;
+          }
+        } else {
+          kf[t][0] = __half2float(__ushort_as_half(kc[base]));
+          vf[t][0] = __half2float(__ushort_as_half(vc[base]));
         }
       } else {
-        kf[t][0] = __half2float(__ushort_as_half(a.kv.k[base]));
-        vf[t][0] = __half2float(__ushort_as_half(a.kv.v[base]));
+        constexpr int64_t kRB = static_cast<int64_t>(D) * GgmlBlockBytes(KT);  // hd/32 = D blocks
+        const int64_t off = (KvRow(a.kv, slot, tok) + kvh) * kRB;
+        LoadKvLane<KT, D>(static_cast<const uint8_t*>(a.kv.k) + off, lane, kf[t], &ks[t]);
+        LoadKvLane<KT, D>(static_cast<const uint8_t*>(a.kv.v) + off, lane, vf[t], &vs[t]);
       }
     }
     float sc[kPrefetch][GM];
@@ -144,6 +283,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
         float v = 0.f;
 #pragma unroll
         for (int d = 0; d < D; ++d) v = fmaf(q[g][d], kf[t][d], v);
+        if constexpr (KT != GgmlType::F16) v *= ks[t];
         sc[t][g] = v;
       }
 #pragma unroll
@@ -168,6 +308,10 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
         psum += p[t];
       }
       l[g] = l[g] * c + psum;
+      if constexpr (KT != GgmlType::F16) {
+#pragma unroll
+        for (int t = 0; t < kPrefetch; ++t) p[t] *= vs[t];  // V's block scale, after the sum
+      }
 #pragma unroll
       for (int d = 0; d < D; ++d) {
         float v = acc[g][d] * c;
@@ -218,14 +362,24 @@ __global__ void __launch_bounds__(kDecWarps * 32) AttnDecodeKernel(const AttnDec
   }
 }
 
-template <int D>
+template <int D, GgmlType KT>
 void LaunchAttnDecode(const AttnDecodeArgs& a, dim3 grid, cudaStream_t stream) {
   const int G = a.shape.n_head / a.shape.n_kv;
-  if (G <= 1) AttnDecodeKernel<D, 1><<<grid, kDecWarps * 32, 0, stream>>>(a);
-  else if (G <= 2) AttnDecodeKernel<D, 2><<<grid, kDecWarps * 32, 0, stream>>>(a);
-  else if (G <= 4) AttnDecodeKernel<D, 4><<<grid, kDecWarps * 32, 0, stream>>>(a);
-  else if (G <= 6) AttnDecodeKernel<D, 6><<<grid, kDecWarps * 32, 0, stream>>>(a);
-  else AttnDecodeKernel<D, 8><<<grid, kDecWarps * 32, 0, stream>>>(a);
+  if (G <= 1) AttnDecodeKernel<D, 1, KT><<<grid, kDecWarps * 32, 0, stream>>>(a);
+  else if (G <= 2) AttnDecodeKernel<D, 2, KT><<<grid, kDecWarps * 32, 0, stream>>>(a);
+  else if (G <= 4) AttnDecodeKernel<D, 4, KT><<<grid, kDecWarps * 32, 0, stream>>>(a);
+  else if (G <= 6) AttnDecodeKernel<D, 6, KT><<<grid, kDecWarps * 32, 0, stream>>>(a);
+  else AttnDecodeKernel<D, 8, KT><<<grid, kDecWarps * 32, 0, stream>>>(a);
+}
+
+template <GgmlType KT>
+void LaunchAttnDecodeHd(const AttnDecodeArgs& a, dim3 grid, cudaStream_t stream) {
+  switch (a.shape.hd) {
+    case 32: LaunchAttnDecode<1, KT>(a, grid, stream); break;
+    case 64: LaunchAttnDecode<2, KT>(a, grid, stream); break;
+    case 128: LaunchAttnDecode<4, KT>(a, grid, stream); break;
+    default: LaunchAttnDecode<8, KT>(a, grid, stream); break;  // 256 (checked by the caller)
+  }
 }
 
 // Grid (n_head, n_seqs), hd threads: merge the partials and apply the sigmoid output gate.
@@ -254,16 +408,27 @@ __global__ void AttnCombineKernel(const AttnDecodeArgs a) {
   a.out[static_cast<int64_t>(row) * s.n_head * hd + h * hd + j] = (L > 0.f ? o / L : 0.f) * Sigmoid(gate);
 }
 
-// Copies cache rows [0, L) of one slot into contiguous [L, n_kv*hd] buffers for cuBLAS.
+// Copies cache rows [0, L) of one slot into contiguous f16 [L, n_kv*hd] buffers for cuBLAS
+// (quantized rows dequantized: d*q is exact in f32, then rounded to f16 like the f16 cache).
+template <GgmlType KT>
 __global__ void GatherKvKernel(const KvCacheView kv, int slot, int L, uint16_t* __restrict__ k,
                                uint16_t* __restrict__ v) {
   const int width = kv.n_kv * kv.hd;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(L) * width) return;
   const int pos = static_cast<int>(i / width), e = static_cast<int>(i % width);
-  const int64_t src = KvRow(kv, slot, pos) * kv.hd + e;
-  k[i] = kv.k[src];
-  v[i] = kv.v[src];
+  if constexpr (KT == GgmlType::F16) {
+    const int64_t src = KvRow(kv, slot, pos) * kv.hd + e;
+    k[i] = static_cast<const uint16_t*>(kv.k)[src];
+    v[i] = static_cast<const uint16_t*>(kv.v)[src];
+  } else {
+    const int head = e / kv.hd, j = e % kv.hd;
+    const int64_t off = (KvRow(kv, slot, pos) + head) * kv.row_bytes();
+    const float kx = KvElem<KT>(static_cast<const uint8_t*>(kv.k) + off, j);
+    const float vx = KvElem<KT>(static_cast<const uint8_t*>(kv.v) + off, j);
+    k[i] = __half_as_ushort(__float2half_rn(kx));
+    v[i] = __half_as_ushort(__float2half_rn(vx));
+  }
 }
 
 // Causal softmax over rows of scores [G, tq, L]: row (g, t) sees columns <= q0 + t; writes f16
@@ -289,7 +454,18 @@ __global__ void CausalSoftmaxKernel(const float* __restrict__ S, uint16_t* __res
 
 }  // namespace
 
+absl::Status KvTypeCheck(const KvCacheView& kv, const char* what) {
+  if (kv.type != GgmlType::F16 && kv.type != GgmlType::Q8_0 && kv.type != GgmlType::Q4_0)
+    return absl::InvalidArgumentError(absl::StrCat(what, ": KV type ", static_cast<int>(kv.type),
+                                                   " is not F16, Q8_0 or Q4_0"));
+  if (kv.type != GgmlType::F16 && kv.hd % 32 != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": head_dim ", kv.hd, " is not a multiple of 32 (quantized KV blocks)"));
+  return absl::OkStatus();
+}
+
 absl::Status QkvPrep(const QkvPrepArgs& a, cudaStream_t stream) {
+  DS_RETURN_IF_ERROR(KvTypeCheck(a.kv, "QkvPrep"));
   if (a.T == 0) return absl::OkStatus();
   const int nw = 8;
   const size_t smem = sizeof(float) * (a.shape.n_rot + nw * a.shape.hd);
@@ -306,13 +482,15 @@ absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream) {
   if (a.n_seqs == 0) return absl::OkStatus();
   if (s.n_head % s.n_kv != 0 || s.n_head / s.n_kv > kMaxGroup)
     return absl::UnimplementedError(absl::StrCat("AttnDecode: GQA group ", s.n_head / s.n_kv, " > ", kMaxGroup));
+  if (s.hd != 32 && s.hd != 64 && s.hd != 128 && s.hd != 256)
+    return absl::UnimplementedError(
+        absl::StrCat("AttnDecode: head_dim ", s.hd, " not in {32,64,128,256}"));
+  DS_RETURN_IF_ERROR(KvTypeCheck(a.kv, "AttnDecode"));
   const dim3 grid(s.n_kv, a.n_splits, a.n_seqs);
-  switch (s.hd) {
-    case 32: LaunchAttnDecode<1>(a, grid, stream); break;
-    case 64: LaunchAttnDecode<2>(a, grid, stream); break;
-    case 128: LaunchAttnDecode<4>(a, grid, stream); break;
-    case 256: LaunchAttnDecode<8>(a, grid, stream); break;
-    default: return absl::UnimplementedError(absl::StrCat("AttnDecode: head_dim ", s.hd, " not in {32,64,128,256}"));
+  switch (a.kv.type) {
+    case GgmlType::Q8_0: LaunchAttnDecodeHd<GgmlType::Q8_0>(a, grid, stream); break;
+    case GgmlType::Q4_0: LaunchAttnDecodeHd<GgmlType::Q4_0>(a, grid, stream); break;
+    default: LaunchAttnDecodeHd<GgmlType::F16>(a, grid, stream); break;
   }
   DS_RETURN_IF_ERROR(LastLaunchStatus("AttnDecode"));
   AttnCombineKernel<<<dim3(s.n_head, a.n_seqs), s.hd, 0, stream>>>(a);  // hd >= 32: whole warps
@@ -324,7 +502,20 @@ absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_
   if (a.T == 0) return absl::OkStatus();
   const int L = a.pos0 + a.T, G = s.n_head / s.n_kv, hd = s.hd;
   const int64_t width = static_cast<int64_t>(s.n_kv) * hd;
-  GatherKvKernel<<<CeilDiv(L * width, 256), 256, 0, stream>>>(a.kv, a.slot, L, a.k_tmp, a.v_tmp);
+  DS_RETURN_IF_ERROR(KvTypeCheck(a.kv, "AttnPrefill"));
+  const int gb = CeilDiv(L * width, 256);
+  uint16_t *kt = a.k_tmp, *vt = a.v_tmp;
+  switch (a.kv.type) {
+    case GgmlType::Q8_0:
+      GatherKvKernel<GgmlType::Q8_0><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
+      break;
+    case GgmlType::Q4_0:
+      GatherKvKernel<GgmlType::Q4_0><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
+      break;
+    default:
+      GatherKvKernel<GgmlType::F16><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
+      break;
+  }
   DS_RETURN_IF_ERROR(LastLaunchStatus("GatherKv"));
   const float scale = 1.f / sqrtf(static_cast<float>(hd));
   for (int t0 = 0; t0 < a.T; t0 += a.tq) {

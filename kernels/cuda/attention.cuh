@@ -1,27 +1,38 @@
 // Gated full attention on the GPU (spec §6.2): per-head q/k RMSNorm + partial NeoX RoPE + KV
-// write into a paged f16 cache, split-K decode attention (flash-decoding) with GQA and the fused
-// sigmoid output gate, and a cuBLAS-based causal prefill attention.
+// write into a paged f16 / q8_0 / q4_0 cache, split-K decode attention (flash-decoding) with GQA
+// and the fused sigmoid output gate, and a cuBLAS-based causal prefill attention.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "common/gguf/ggml_types.h"
 #include "common/util/status.h"
 #include "kernels/cuda/gemm.cuh"
 
 namespace ds::cuda {
 
 // Paged KV cache of one layer. Token `pos` of slot `s` lives in page
-// block_table[s * max_pages + pos / page_size], row pos % page_size.
+// block_table[s * max_pages + pos / page_size], row pos % page_size. Element type `type`:
+// F16 (hd halves per head row), or GGML blocks of 32 along head_dim (hd/32 blocks per head row):
+// Q8_0 (34 B: f16 d, int8 q[32]; x = d*q) or Q4_0 (18 B: f16 d, 16 B of nibbles; x = d*(q-8)).
+// Quantization rules: kernels/cpu/kv_quant.h (the GPU blocks equal the CPU reference bitwise).
 struct KvCacheView {
-  uint16_t* k = nullptr;              // [n_pages, page_size, n_kv, hd] f16 (normed + roped keys)
-  uint16_t* v = nullptr;              // [n_pages, page_size, n_kv, hd] f16
+  void* k = nullptr;                  // [n_pages, page_size, n_kv, row_bytes] normed + roped keys
+  void* v = nullptr;                  // [n_pages, page_size, n_kv, row_bytes]
   const int32_t* block_table = nullptr;  // [n_slots, max_pages] device
   int page_size = 0;
   int max_pages = 0;
   int n_kv = 0;
   int hd = 0;
+  GgmlType type = GgmlType::F16;      // F16, Q8_0 or Q4_0
+  // Bytes of one head row: GgmlRowBytes(type, hd).
+  __host__ __device__ int64_t row_bytes() const {
+    return static_cast<int64_t>(GgmlRowBytes(type, hd));
+  }
 };
+// OK for the KV types the kernels implement (F16 any hd; Q8_0 / Q4_0 need hd % 32 == 0).
+absl::Status KvTypeCheck(const KvCacheView& kv, const char* what);
 
 struct AttnShape {
   int n_head = 0, n_kv = 0, hd = 0, n_rot = 0;
@@ -68,7 +79,8 @@ int64_t AttnDecodePartialFloats(const AttnShape& s, int n_seqs, int n_splits);
 absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream);
 
 // Causal prefill attention of T new tokens of one sequence (positions pos0..pos0+T-1, already in
-// the cache), via cuBLAS batched GEMMs over query chunks of `tq` rows. Output gated.
+// the cache), via cuBLAS batched GEMMs over query chunks of `tq` rows. Output gated. The slot's
+// K/V rows are gathered (dequantized for Q8_0 / Q4_0) into the f16 k_tmp / v_tmp first.
 struct AttnPrefillArgs {
   AttnShape shape;
   int T = 0, pos0 = 0, slot = 0;

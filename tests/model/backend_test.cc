@@ -231,6 +231,24 @@ TEST(CpuBackend, InvalidStepsFailWithoutTouchingState) {
   EXPECT_EQ(be->SlotLength(0), 32);
 }
 
+// The CPU backend keeps f32 KV: a quantized --kv-type is an error naming the flag, not ignored.
+TEST(CpuBackend, RejectsQuantizedKvType) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+    BackendOptions o;
+    o.slot_ctx = 64;
+    o.kv_type = t;
+    auto b = CpuBackend::Create(testing::TinyModelPath(), o);
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find("--kv-type"), std::string::npos) << b.status();
+    EXPECT_NE(b.status().message().find("f32"), std::string::npos) << b.status();
+  }
+  BackendOptions o;
+  o.slot_ctx = 64;
+  o.kv_type = GgmlType::F16;  // the default: accepted (the cache stays f32)
+  EXPECT_TRUE(CpuBackend::Create(testing::TinyModelPath(), o).ok());
+}
+
 TEST(CpuBackend, MtpStepIsDeterministicAndRollsBack) {
   const std::string& p = testing::TinyModelPath();
   auto a = Make(p), b = Make(p);

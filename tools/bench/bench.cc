@@ -110,6 +110,12 @@ int RunBench(const BenchOptions& o) {
     std::fprintf(stderr, "bench: --model is required\n");
     return 1;
   }
+  const auto kv_type_or = ParseKvType(o.kv_type);
+  if (!kv_type_or.ok()) {
+    std::fprintf(stderr, "bench: %s\n", std::string(kv_type_or.status().message()).c_str());
+    return 1;
+  }
+  const GgmlType kv_type = *kv_type_or;
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, o.device) != cudaSuccess) {
     std::fprintf(stderr, "bench: no CUDA device %d\n", o.device);
@@ -133,6 +139,7 @@ int RunBench(const BenchOptions& o) {
     bo.slot_ctx = std::max({max_p, o.depth, 1}) + o.decode_tokens + 64;
     CudaBackendOptions co;
     co.max_step_tokens = o.max_step_tokens;
+    co.kv_type = kv_type;
     const auto tl = Clock::now();
     auto be_or = cuda::CreateCudaBackendApi(o.model, bo, co);
     if (!be_or.ok()) {
@@ -141,8 +148,10 @@ int RunBench(const BenchOptions& o) {
     }
     auto& be = **be_or;
     const double wbytes = static_cast<double>(be.StepWeightBytes());
-    std::printf("loaded in %.1f s; memory plan: %s\nweight bytes per forward step: %.2f GB\n",
-                Since(tl), be.memory_plan().ToString().c_str(), wbytes * 1e-9);
+    std::printf("loaded in %.1f s; memory plan (KV %s, slot_ctx %d): %s\nweight bytes per forward "
+                "step: %.2f GB\n",
+                Since(tl), o.kv_type.c_str(), bo.slot_ctx, be.memory_plan().ToString().c_str(),
+                wbytes * 1e-9);
     if (bw > 0) std::printf("speed of light (weights only): %.1f tok/s single stream\n", bw / wbytes);
     const int vocab = be.config().n_vocab;
     std::vector<int32_t> out;
@@ -248,6 +257,7 @@ int RunBench(const BenchOptions& o) {
     bo.slot_ctx = o.conc_prompt + o.conc_gen + 64;
     CudaBackendOptions co;
     co.max_step_tokens = o.max_step_tokens;
+    co.kv_type = kv_type;
     auto be_or = cuda::CreateCudaBackendApi(o.model, bo, co);
     if (!be_or.ok()) {
       std::fprintf(stderr, "bench: %s\n", be_or.status().ToString().c_str());
@@ -334,6 +344,7 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--conc-prompt") o.conc_prompt = std::atoi(next());
     else if (a == "--conc-gen") o.conc_gen = std::atoi(next());
     else if (a == "--max-step-tokens") o.max_step_tokens = std::atoi(next());
+    else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--no-profile") o.profile = false;
     else if (a == "--quick") {
       o.prefill = {512};
@@ -344,7 +355,10 @@ int BenchMain(int argc, char** argv) {
     } else if (a == "--help" || a == "-h") {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
-                  "[--conc-gen 128] [--max-step-tokens 4096] [--no-profile] [--quick]\n");
+                  "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
+                  "[--no-profile] [--quick]\n"
+                  "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
+                  "head_dim, dequantized in the attention kernels)\n");
       return 0;
     } else {
       std::fprintf(stderr, "bench: unknown argument %s\n", a.c_str());

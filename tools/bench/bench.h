@@ -18,13 +18,15 @@ struct BenchOptions {
   int conc_gen = 128;
   bool profile = true;
   int max_step_tokens = 4096;
+  std::string kv_type = "f16";               // KV cache element type: f16 | q8_0 | q4_0
 };
 
 // Runs the benchmark; returns 0 on success, 1 on any error (printed to stderr).
 int RunBench(const BenchOptions& opts);
 
 // argv parsing for the CLI: --model PATH [--device N] [--prefill 512,2048] [--decode N]
-// [--depth N] [--conc 1,4,16] [--conc-prompt N] [--conc-gen N] [--no-profile] [--quick].
+// [--depth N] [--conc 1,4,16] [--conc-prompt N] [--conc-gen N] [--kv-type f16|q8_0|q4_0]
+// [--no-profile] [--quick].
 int BenchMain(int argc, char** argv);
 
 }  // namespace ds

@@ -19,6 +19,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
+#include "worker/model/kv_type.h"
 #ifdef DS_HAVE_NCCL
 #include "common/collective/nccl_collective.h"
 #endif
@@ -114,7 +115,7 @@ int CmdGenerate(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
                            "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
-                           "--backend", "--threads"},
+                           "--backend", "--threads", "--kv-type"},
                           {"--json", "--ignore-eos", "--chat"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
@@ -184,6 +185,9 @@ int CmdGenerate(int argc, char** argv) {
   bo.n_slots = 1;
   bo.slot_ctx = static_cast<int>(*ctx);
   bo.n_threads = static_cast<int>(*threads);
+  auto kv_type = ParseKvType(args->Str("--kv-type", "f16"));
+  if (!kv_type.ok()) return Fail(kv_type.status());
+  bo.kv_type = *kv_type;  // q8_0 / q4_0: CUDA only (the CPU backend refuses them)
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo);
   if (!be_or.ok()) return Fail(be_or.status());
   Backend& be = **be_or;

@@ -63,8 +63,8 @@ struct DLayer {
   DMat q, k, v, o;
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
-  uint16_t* kc = nullptr;  // [n_pages, page, n_kv, hd]
-  uint16_t* vc = nullptr;
+  uint8_t* kc = nullptr;  // [n_pages, page, n_kv, row_bytes] (KvCacheView: f16 or q8_0/q4_0 blocks)
+  uint8_t* vc = nullptr;
   // FFN
   DMat ffn_gate, ffn_up, ffn_down;
 };
@@ -197,6 +197,7 @@ class CudaBackend final : public CudaBackendApi {
   AttnShape attn_shape_;
   KvCacheView kv_base_;  // k/v set per layer
   int max_pages_ = 0;
+  uint64_t kv_token_bytes_ = 0;  // one token's K (or V) over all KV heads, in copts_.kv_type
   std::vector<int32_t> len_;
 
   // Workspace (device), sized for max_step_tokens rows.
@@ -318,6 +319,14 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     tp_world_ = opts.tp_world;
   }
   copts_ = copts;
+  if (!KvTypeSupported(copts_.kv_type))
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend: KV type ",
+                                                   KvTypeName(copts_.kv_type),
+                                                   " (expected f16, q8_0 or q4_0)"));
+  if (opts.kv_type != GgmlType::F16 && opts.kv_type != copts_.kv_type)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA backend: BackendOptions.kv_type ", KvTypeName(opts.kv_type),
+        " disagrees with CudaBackendOptions.kv_type ", KvTypeName(copts_.kv_type)));
   device_ = opts.device;
   n_slots_ = opts.n_slots;
   slot_ctx_ = opts.slot_ctx;
@@ -352,6 +361,8 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   attn_shape_ = AttnShape{n_head, n_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
   if (c.n_attention() > 0 && (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
     return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {32,64,128,256}"));
+  // Bytes of one token's K (or V) row over all KV heads: hd/32 blocks per head for q8_0 / q4_0.
+  kv_token_bytes_ = static_cast<uint64_t>(n_kv) * KvRowBytes(copts_.kv_type, c.head_dim);
 
   // ---- memory plan (before any allocation) ----
   std::vector<std::pair<std::string, const cpu::WeightView*>> mats;
@@ -420,7 +431,7 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
 
   max_pages_ = (slot_ctx_ + copts_.kv_page_size - 1) / copts_.kv_page_size;
   const int n_pages = max_pages_ * n_slots_;
-  const uint64_t kv_layer = static_cast<uint64_t>(n_pages) * copts_.kv_page_size * n_kv * c.head_dim * 2;
+  const uint64_t kv_layer = static_cast<uint64_t>(n_pages) * copts_.kv_page_size * kv_token_bytes_;
   plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(static_cast<uint64_t>(n_pages) * 4);
   const int C = c.n_recurrent() > 0 ? gdn_shape_.channels() : 0;
   const uint64_t ring_bytes = static_cast<uint64_t>(n_slots_) * 4 * C * 4;
@@ -486,9 +497,11 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   if (plan_.total() > free_b || plan_.weights + staging_bytes > free_b)
     return absl::ResourceExhaustedError(absl::StrFormat(
         "CUDA backend: model needs %s (+ %.2f GiB transient upload staging) but device %d has "
-        "%.2f GiB free (n_slots=%d, slot_ctx=%d); lower --slots/--ctx or --max-step-tokens",
+        "%.2f GiB free (n_slots=%d, slot_ctx=%d, kv_type=%s); lower --slots/--ctx or "
+        "--max-step-tokens, or quantize the KV cache (--kv-type q8_0 / q4_0)",
         plan_.ToString(), static_cast<double>(staging_bytes) / (1ull << 30), device_,
-        static_cast<double>(free_b) / (1ull << 30), n_slots_, slot_ctx_));
+        static_cast<double>(free_b) / (1ull << 30), n_slots_, slot_ctx_,
+        KvTypeName(copts_.kv_type)));
 
   // ---- allocate and upload ----
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -587,14 +600,15 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     for (int i = 0; i < n_pages; ++i) t[i] = i;  // slot s owns pages [s*max_pages, (s+1)*max_pages)
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(table, t.data(), n_pages * 4, cudaMemcpyHostToDevice));
   }
-  kv_base_ = KvCacheView{nullptr, nullptr, table, copts_.kv_page_size, max_pages_, n_kv, c.head_dim};
+  kv_base_ = KvCacheView{nullptr, nullptr,   table,     copts_.kv_page_size,
+                         max_pages_, n_kv, c.head_dim, copts_.kv_type};
   for (DLayer& D : layers_) {
     if (D.rec) {
       D.ring = sa.Take<float>(ring_bytes / 4);
       D.state = sa.Take<float>(st_bytes / 4);
     } else {
-      D.kc = sa.Take<uint16_t>(kv_layer / 2);
-      D.vc = sa.Take<uint16_t>(kv_layer / 2);
+      D.kc = sa.Take<uint8_t>(kv_layer);
+      D.vc = sa.Take<uint8_t>(kv_layer);
     }
   }
 
@@ -1170,8 +1184,7 @@ absl::StatusOr<SlotSnapshot> CudaBackend::Snapshot(int slot) const {
   snap.n_past = len_[slot];
   const int C = gdn_shape_.channels();
   const size_t ring = 4ull * C * 4, st = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim * 4;
-  const size_t kv_row = static_cast<size_t>(attn_shape_.n_kv) * cfg_.head_dim * 2;
-  const size_t page_bytes = kv_row * copts_.kv_page_size;
+  const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (snap.n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
   size_t total = 0;
   for (const DLayer& L : layers_) total += L.rec ? ring + st : 2 * pages * page_bytes;
@@ -1201,7 +1214,7 @@ absl::Status CudaBackend::Restore(int slot, const SlotSnapshot& snap) {
     return absl::InvalidArgumentError(absl::StrCat("Restore: n_past ", snap.n_past, " outside [0, ", slot_ctx_, "]"));
   const int C = gdn_shape_.channels();
   const size_t ring = 4ull * C * 4, st = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim * 4;
-  const size_t page_bytes = static_cast<size_t>(attn_shape_.n_kv) * cfg_.head_dim * 2 * copts_.kv_page_size;
+  const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (snap.n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
   size_t total = 0;
   for (const DLayer& L : layers_) total += L.rec ? ring + st : 2 * pages * page_bytes;
@@ -1238,7 +1251,9 @@ absl::StatusOr<std::unique_ptr<CudaBackendApi>> CreateCudaBackendApi(
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const std::string& path,
                                                            const BackendOptions& opts) {
-  DS_ASSIGN_OR_RETURN(auto b, cuda::CreateCudaBackendApi(path, opts));
+  CudaBackendOptions copts;
+  copts.kv_type = opts.kv_type;
+  DS_ASSIGN_OR_RETURN(auto b, cuda::CreateCudaBackendApi(path, opts, copts));
   return std::unique_ptr<Backend>(std::move(b));
 }
 

@@ -15,6 +15,7 @@
 
 #include "worker/model/backend.h"
 #include "worker/tp/plan.h"
+#include "worker/model/kv_type.h"
 
 namespace ds {
 
@@ -23,6 +24,10 @@ struct CudaBackendOptions {
   int kv_page_size = 64;       // tokens per KV page
   bool use_graphs = true;      // CUDA graphs for pure-decode steps
   int gemv_max_rows = 32;      // up to this many rows per matmul use GEMV (in groups of 8)
+  // KV cache element type (worker/model/kv_type.h): F16, Q8_0 (8.5 bits) or Q4_0 (4.5 bits) per
+  // element. Per token and attention layer: 2 x n_kv x GgmlRowBytes(kv_type, hd), i.e. at
+  // n_kv 4, hd 256: 4096 / 2176 / 1152 bytes.
+  GgmlType kv_type = GgmlType::F16;
 };
 
 // Bytes the backend needs, computed from the file and options before any cudaMalloc. Under
@@ -37,6 +42,7 @@ struct CudaMemoryPlan {
   std::string ToString() const;
 };
 
+// Takes the KV type from opts.kv_type (the generic flag path: worker, generate).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const std::string& path,
                                                            const BackendOptions& opts);
 
@@ -60,6 +66,7 @@ class CudaBackendApi : public Backend {
   virtual std::vector<std::pair<std::string, double>> ProfileTotals() const = 0;
 };
 
+// The KV type is copts.kv_type; opts.kv_type must be F16 (unset) or the same.
 absl::StatusOr<std::unique_ptr<CudaBackendApi>> CreateCudaBackendApi(
     const std::string& path, const BackendOptions& opts, const CudaBackendOptions& copts = {});
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/gguf/gguf.h"
+#include "common/gguf/ggml_types.h"
 #include "common/util/status.h"
 #include "worker/model/config.h"
 #include "worker/tp/plan.h"
@@ -94,6 +95,10 @@ struct BackendOptions {
   // (tp::AlignedHeadGranules); false: single heads, unaligned slices dequantized to f32 at load.
   bool tp_align_heads = true;
   Collective* collective = nullptr;
+  // KV cache element type (--kv-type, worker/model/kv_type.h): F16 (default), Q8_0 or Q4_0. Only
+  // the CUDA backend stores quantized KV; the CPU backend keeps an f32 cache and rejects anything
+  // but the default F16 with a clear error.
+  GgmlType kv_type = GgmlType::F16;
 };
 
 // The TP plan a backend applies for `opts` (tp_world > 1): split weights (empty = even), the FFN

@@ -10,6 +10,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/ops.h"
+#include "worker/model/kv_type.h"
 
 namespace ds {
 
@@ -53,6 +54,11 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::unique_ptr<g
   if (opts.tp_world < 1 || opts.tp_rank < 0 || opts.tp_rank >= opts.tp_world)
     return absl::InvalidArgumentError(absl::StrCat("BackendOptions: tp_rank ", opts.tp_rank,
                                                    " not in a tp_world of ", opts.tp_world));
+  if (opts.kv_type != GgmlType::F16)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-type ", KvTypeName(opts.kv_type),
+        ": the CPU backend keeps its KV cache in f32 and has no quantized KV; use --backend cuda "
+        "for q8_0 / q4_0 KV, or the default f16"));
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->file_ = std::move(file);
   DS_ASSIGN_OR_RETURN(b->cfg_, ModelConfig::FromGguf(*b->file_));

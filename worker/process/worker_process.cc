@@ -30,6 +30,7 @@
 #include "common/systemd/watchdog.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "worker/backend_factory.h"
+#include "worker/model/kv_type.h"
 #include "worker/process/step_executor.h"
 #include "worker/process/tp_session.h"
 
@@ -42,8 +43,8 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 
-// What the scheduler needs to plan memory: CPU backend figures (f32 state). The CUDA backend
-// reports its own figures in WarmupDone once it has allocated.
+// What the scheduler needs to plan memory: CPU backend figures (f32 state); for the CUDA backend
+// the KV bytes follow --kv-type (f16 / q8_0 / q4_0 rows), the rest is the same estimate.
 struct MemoryFigures {
   uint64_t weights = 0;
   uint64_t kv_per_token = 0;
@@ -51,10 +52,11 @@ struct MemoryFigures {
   uint64_t budget = 0;
 };
 
-MemoryFigures Figures(const ModelConfig& c, uint64_t file_bytes, bool cpu) {
+MemoryFigures Figures(const ModelConfig& c, uint64_t file_bytes, bool cpu, GgmlType kv_type) {
   MemoryFigures m;
   m.weights = file_bytes;
-  m.kv_per_token = uint64_t{4} * 2 * c.n_attention() * c.n_head_kv * c.head_dim;
+  m.kv_per_token = uint64_t{2} * c.n_attention() * c.n_head_kv *
+                   (cpu ? uint64_t{4} * c.head_dim : KvRowBytes(kv_type, c.head_dim));
   m.recurrent_per_slot =
       uint64_t{4} * c.n_recurrent() *
       (uint64_t(c.conv_kernel - 1) * c.gdn_conv_channels() +
@@ -163,7 +165,7 @@ class Session {
     stream_ = stub->WorkerSession(&ctx_);
 
     const ModelConfig& c = be_->config();
-    mem_ = Figures(c, file_bytes, device_ == "cpu");
+    mem_ = Figures(c, file_bytes, be_->name() == "cpu", o_.kv_type);
     pb::WorkerMessage reg;
     pb::Register* r = reg.mutable_register_();
     r->set_worker_id(o_.worker_id);
@@ -275,6 +277,7 @@ class Session {
           bo.slot_ctx = static_cast<int>(cf.slot_ctx());
           bo.n_threads = o_.threads;
           bo.device = o_.device;
+          bo.kv_type = o_.kv_type;
           sd::NotifyStatus(absl::StrCat("loading ", o_.model, " for ", cf.n_slots(), " slots x ",
                                         cf.slot_ctx(), " positions"));
           const bool nccl = o_.tp_collective == "nccl";
@@ -432,7 +435,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--nvml-device", "--port-file", "--tp-rank",
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
-                                          "--scheduler-ca", "--scheduler-tls-name"}));
+                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -458,6 +461,14 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   o.threads = static_cast<int>(threads);
   o.device = static_cast<int>(device);
   if (m.count("--port-file")) o.port_file = m["--port-file"];
+  if (m.count("--kv-type")) {
+    DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
+    if (o.kv_type != GgmlType::F16 && o.backend == "cpu")
+      return absl::InvalidArgumentError(
+          "--kv-type " + m["--kv-type"] +
+          " needs --backend cuda: the CPU backend keeps its KV cache in f32 (only f16, the "
+          "default, is accepted there)");
+  }
   if (m.count("--tp-rank") && !absl::SimpleAtoi(m["--tp-rank"], &o.tp_rank))
     return absl::InvalidArgumentError("--tp-rank expects an integer, got '" + m["--tp-rank"] + "'");
   if (m.count("--tp-world") && !absl::SimpleAtoi(m["--tp-world"], &o.tp_world))
@@ -507,6 +518,7 @@ absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
   bo.slot_ctx = 16;
   bo.n_threads = o.threads;
   bo.device = o.device;
+  bo.kv_type = o.kv_type;
   sd::NotifyStatus("opening " + o.model);
   // A rank of a CUDA TP group must never hold the whole model on its device (that is what TP is
   // for): its probe is the CPU backend, whose weights are views into the mapping; the shard is
@@ -544,7 +556,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
                  "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
                  "[--tp-collective auto|gloo|nccl]] [--scheduler-key-file F] [--scheduler-ca F "
                  "[--scheduler-tls-name N]]\n",

@@ -3,6 +3,7 @@
 #pragma once
 #include <string>
 
+#include "common/gguf/ggml_types.h"
 #include "common/util/status.h"
 
 namespace ds {
@@ -50,6 +51,9 @@ struct WorkerOptions {
   // when the backend is CUDA (none for the CPU backend), -2 = off.
   int nvml_device = -1;
   std::string port_file;  // written "<metrics port>\n" once /metrics listens (0 when off)
+  // KV cache element type (--kv-type f16|q8_0|q4_0, worker/model/kv_type.h); non-f16 needs the
+  // CUDA backend (the CPU backend refuses it).
+  GgmlType kv_type = GgmlType::F16;
 };
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv);
