@@ -121,9 +121,31 @@ void Sampler::FinishExplicit(bool apply_top_p) {
   // the same set.
   const float min_p = std::clamp(params_.min_p, 0.0f, 1.0f);
   std::erase_if(cand_, [&](const Candidate& c) { return !(c.v > 0.0f) || c.v < min_p; });
+  SortCandidatesById();
   total_ = 0.0;
   for (const Candidate& c : cand_) total_ += c.v;
   explicit_ = true;
+}
+
+void Sampler::SortCandidatesById() {
+  // The draw walks candidates in ascending id (see the header). Top-k / small nuclei: sort.
+  // Large nuclei (a flat top-p): scatter into a vocabulary-sized buffer and sweep it, O(V).
+  auto by_id = [](const Candidate& a, const Candidate& b) { return a.id < b.id; };
+  if (std::is_sorted(cand_.begin(), cand_.end(), by_id)) return;
+  if (cand_.size() <= 4096) {
+    std::sort(cand_.begin(), cand_.end(), by_id);
+    return;
+  }
+  const size_t n = work_.size();
+  if (dense_.size() < n) dense_.resize(n, 0.0f);
+  for (const Candidate& c : cand_) dense_[c.id] = c.v;  // every weight is > 0 here
+  cand_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (dense_[i] > 0.0f) {
+      cand_.push_back({dense_[i], static_cast<int32_t>(i)});
+      dense_[i] = 0.0f;
+    }
+  }
 }
 
 void Sampler::TopPFullVocab() {

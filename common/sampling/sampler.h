@@ -12,8 +12,11 @@
 //   6. top-p: keep the shortest prefix of tokens sorted by probability (descending, ties to the
 //      lowest id) whose cumulative probability is >= top_p (always at least one token);
 //   7. min-p: drop tokens whose probability is < min_p * (largest probability);
-//   8. draw one token from the renormalized result with one uniform double from the sequence's
-//      own xoshiro256** stream (seeded with `seed`).
+//   8. draw one token from the renormalized result with one uniform double u from the sequence's
+//      own xoshiro256** stream (seeded with `seed`): the first token, in ascending id order, whose
+//      cumulative weight exceeds u * (total weight). The order is canonical (the same for every
+//      filter path) so that a device sampler given the same u picks the same token
+//      (kernels/cuda/sampling.cuh).
 //
 // SampleResult::logprob is the log-softmax of the chosen token under the model's *unmodified*
 // distribution (raw logits: no penalties, temperature or truncation), as the OpenAI API reports
@@ -67,6 +70,15 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // The uniform the next non-greedy Sample() would draw (for a device sampler), without advancing
+  // the RNG; ConsumeUniform() then advances it as that Sample() would have. Greedy calls
+  // (temperature 0) draw nothing.
+  double PeekUniform() const {
+    Rng copy = rng_;
+    return copy.NextDouble();
+  }
+  void ConsumeUniform() { rng_.NextDouble(); }
+
  private:
   struct Candidate {
     float v;  // logit, then weight exp((logit - max) / T)
@@ -82,6 +94,7 @@ class Sampler {
   void TopPFullVocab();
   void FinishExplicit(bool apply_top_p);
   int32_t Draw(double u) const;
+  void SortCandidatesById();
   static void SelectTopK(const float* x, size_t n, size_t k, std::vector<Candidate>& out);
   static bool Better(const Candidate& a, const Candidate& b) {
     return a.v > b.v || (a.v == b.v && a.id < b.id);
@@ -97,6 +110,7 @@ class Sampler {
   std::vector<Candidate> boundary_;  // [<= V] top-p: tokens of the bin where the nucleus ends
   std::vector<int32_t> idx_;         // [<= V] token ids passing a weight threshold
   std::vector<Candidate> lp_cand_;   // [<= kMaxLogprobs] raw top logprobs
+  std::vector<float> dense_;         // [V] all zero between calls; large id sorts
   bool explicit_ = false;
   double total_ = 0.0;  // sum of the weights the draw sees
 };

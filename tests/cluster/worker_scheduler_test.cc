@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/sampling/rng.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "tools/synth/synth.h"
 #include "worker/process/step_executor.h"
@@ -44,6 +45,8 @@ using namespace std::chrono_literals;
 
 // Logits: one-hot at (sum of the slot's tokens) % V, so the sampled token depends on every token
 // the slot has seen (catches a wrong diff range). Validates like the real backend.
+// device_sampling = true: offers device sampling; a kSample row's token is (hot + 1) % V (so a
+// test can tell it from a host-sampled one) and logits come back only if a row is kLogits.
 class FakeBackend final : public Backend {
  public:
   FakeBackend(int n_slots, int slot_ctx) : hist_(n_slots), n_slots_(n_slots), slot_ctx_(slot_ctx) {
@@ -53,7 +56,8 @@ class FakeBackend final : public Backend {
   const ModelConfig& config() const override { return cfg_; }
   int n_slots() const override { return n_slots_; }
   int slot_ctx() const override { return slot_ctx_; }
-  absl::Status Forward(std::span<const SeqStep> batch, const StepOptions&,
+  bool SupportsDeviceSampling() const override { return device_sampling; }
+  absl::Status Forward(std::span<const SeqStep> batch, const StepOptions& opts,
                        StepOutput* out) override {
     ++forwards;
     if (fail_next) {
@@ -71,6 +75,20 @@ class FakeBackend final : public Backend {
       int64_t sum = 0;
       for (int32_t t : h) sum += t;
       out->logits[i * cfg_.n_vocab + sum % cfg_.n_vocab] = 10.f;
+      hot.push_back(static_cast<int32_t>(sum % cfg_.n_vocab));
+    }
+    out->tokens.clear();
+    if (!opts.device_sample.empty()) {
+      bool host = false;
+      out->tokens.assign(batch.size(), -1);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const DeviceSampleRow& d = opts.device_sample[i];
+        seen.push_back({d.mode, d.uniform});
+        if (d.mode == DeviceSampleRow::Mode::kSample)
+          out->tokens[i] = (hot[hot.size() - batch.size() + i] + 1) % cfg_.n_vocab;
+        host |= d.mode == DeviceSampleRow::Mode::kLogits;
+      }
+      if (!host) out->logits.clear();
     }
     return absl::OkStatus();
   }
@@ -81,7 +99,10 @@ class FakeBackend final : public Backend {
 
   int forwards = 0;
   bool fail_next = false;
+  bool device_sampling = false;
   std::vector<std::vector<int32_t>> hist_;
+  std::vector<int32_t> hot;                                     // one-hot index per row, all steps
+  std::vector<std::pair<DeviceSampleRow::Mode, double>> seen;  // device_sample rows, all steps
 
  private:
   ModelConfig cfg_;
@@ -208,6 +229,53 @@ TEST(StepExecutor, MalformedStepsAndBackendErrorsFailTheStepOnly) {
   pb::StepResult r = ex.Run(ok);
   EXPECT_NE(r.error().find("injected failure"), std::string::npos);
   EXPECT_EQ(ex.known(0), (std::vector<int32_t>{1, 2}));  // nothing sampled
+}
+
+TEST(StepExecutor, DeviceSamplingTakesTheSeededUniformAndKeepsLogprobRowsOnTheHost) {
+  using Mode = DeviceSampleRow::Mode;
+  FakeBackend be(3, 64);
+  be.device_sampling = true;
+  worker::StepExecutor ex(&be, 3);
+  sampling::Rng rng(42);
+  const double u1 = rng.NextDouble(), u2 = rng.NextDouble();
+
+  pb::Step s1 = MakeStep(1);
+  AddStart(s1, 7, 0, {1, 2});
+  s1.mutable_started(0)->mutable_sampling()->set_temperature(1.0f);
+  s1.mutable_started(0)->mutable_sampling()->set_seed(42);
+  AddStart(s1, 8, 1, {5}, /*lp=*/1);  // logprobs: host path
+  AddStart(s1, 9, 2, {1, 2, 3});      // greedy; first chunk not sampled
+  AddWork(s1, 0, 0, 2, true);
+  AddWork(s1, 1, 0, 1, true);
+  AddWork(s1, 2, 0, 2, false);
+  pb::StepResult r1 = ex.Run(s1);
+  ASSERT_EQ(r1.error(), "");
+  ASSERT_EQ(be.seen.size(), 3u);
+  EXPECT_EQ(be.seen[0].first, Mode::kSample);
+  EXPECT_EQ(be.seen[0].second, u1);  // the uniform Sampler::Sample would have drawn
+  EXPECT_EQ(be.seen[1].first, Mode::kLogits);
+  EXPECT_EQ(be.seen[2].first, Mode::kSkip);
+  ASSERT_EQ(r1.tokens_size(), 2);
+  EXPECT_EQ(r1.tokens(0).token(), 4);  // device: (1 + 2 + 1) % 32
+  EXPECT_EQ(r1.tokens(1).token(), 5);  // host argmax of the one-hot row
+  EXPECT_TRUE(r1.tokens(1).has_logprob());
+
+  // A failed step consumes no uniform; the retry gets the next one only after success.
+  pb::Step s2 = MakeStep(2);
+  AddWork(s2, 0, 2, 1, true);
+  AddWork(s2, 2, 2, 1, true);
+  be.fail_next = true;
+  EXPECT_NE(ex.Run(s2).error(), "");
+  EXPECT_EQ(ex.known(0), (std::vector<int32_t>{1, 2, 4}));
+  be.seen.clear();
+  pb::StepResult r2 = ex.Run(s2);
+  ASSERT_EQ(r2.error(), "");
+  ASSERT_EQ(be.seen.size(), 2u);
+  EXPECT_EQ(be.seen[0].second, u2);
+  EXPECT_EQ(be.seen[1].first, Mode::kSample);  // greedy rows sample on the device too
+  EXPECT_EQ(be.seen[1].second, 0.0);
+  EXPECT_EQ(r2.tokens(0).token(), (1 + 2 + 4 + 1) % 32);
+  EXPECT_EQ(r2.tokens(1).token(), (1 + 2 + 3 + 1) % 32);
 }
 
 // ===================== real processes =====================

@@ -311,6 +311,62 @@ TEST(Sampler, DegenerateInputNeverCrashes) {
   EXPECT_GE(pen.Sample(std::vector<float>{1.0f, 2.0f}, std::vector<int32_t>{-5, 2, 99}).token, 0);
 }
 
+// The draw is canonical (sampler.h step 8): the first kept token in ascending id whose cumulative
+// probability exceeds u, for every filter path (top-k, a large top-p nucleus that takes the O(V)
+// id sweep, min-p, full vocabulary). A device sampler relies on this to match given u.
+TEST(Sampler, DrawWalksKeptTokensInAscendingId) {
+  const std::vector<float> flat = RandomLogits(kBigVocab, 29, 0.5f, 0);  // nucleus > 4096 tokens
+  const std::vector<float> peaked = RandomLogits(kBigVocab, 31, 2.0f);
+  int checked = 0;
+  for (const SamplingParams& base :
+       {SamplingParams{.temperature = 1.0f, .top_k = 40},
+        SamplingParams{.temperature = 0.8f, .top_k = 300, .top_p = 0.9f},
+        SamplingParams{.temperature = 1.0f, .top_p = 0.95f},
+        SamplingParams{.temperature = 1.0f, .min_p = 0.001f},
+        SamplingParams{.temperature = 1.3f}}) {
+    for (const std::vector<float>* logits : {&flat, &peaked}) {
+      for (uint64_t seed = 1; seed <= 6; ++seed) {
+        SamplingParams p = base;
+        p.seed = seed * 977;
+        Sampler s(p);
+        const double u = s.PeekUniform();
+        EXPECT_EQ(u, s.PeekUniform());  // peeking does not advance
+        EXPECT_EQ(u, Rng(p.seed).NextDouble());
+        const int32_t tok = s.Sample(*logits, {}).token;
+        Rng second(p.seed);
+        second.NextDouble();
+        EXPECT_EQ(s.PeekUniform(), second.NextDouble());  // Sample consumed exactly one
+        std::vector<std::pair<int32_t, double>> d = Sampler(p).Distribution(*logits, {});
+        std::sort(d.begin(), d.end());
+        double cum = 0;
+        int32_t want = d.back().first;
+        for (const auto& [id, q] : d) {
+          cum += q;
+          if (u < cum) {
+            want = id;
+            break;
+          }
+        }
+        if (tok != want) {
+          // Only a boundary within the float-lane rounding of the block sums may differ.
+          double lo = 0, hi = -1;
+          for (const auto& [id, q] : d) {
+            if (id == tok) {
+              hi = lo + q;
+              break;
+            }
+            lo += q;
+          }
+          EXPECT_TRUE(hi >= 0 && u >= lo - 1e-6 && u <= hi + 1e-6)
+              << "seed " << p.seed << " token " << tok << " want " << want;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 60);
+}
+
 TEST(Sampler, CreateValidates) {
   EXPECT_FALSE(Sampler::Create({.top_p = 0.0f}, 100).ok());
   EXPECT_TRUE(Sampler::Create({.top_p = 0.5f}, 100).ok());

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sampling/sampler.h"
 #include "worker/cuda/cuda_backend.h"
 
 namespace ds {
@@ -99,6 +100,55 @@ absl::StatusOr<double> DecodeLoop(cuda::CudaBackendApi& be, const std::vector<in
     }
     DS_RETURN_IF_ERROR(be.ForwardGreedy(batch, &out, nullptr));
     last = out;
+  }
+  return Since(t0);
+}
+
+// Like DecodeLoop, but every step goes through Forward and samples with `params` (seed per
+// sequence): on the device (device_sample rows, tokens back) or on the host (logits back, CPU
+// sampler per row, as the worker does).
+absl::StatusOr<double> SampledDecodeLoop(cuda::CudaBackendApi& be, const std::vector<int>& slots,
+                                         std::vector<int32_t> last, int steps,
+                                         const sampling::SamplingParams& params, bool device) {
+  const size_t B = slots.size();
+  std::vector<sampling::Sampler> samplers;
+  std::vector<std::vector<int32_t>> hist(B);
+  for (size_t i = 0; i < B; ++i) {
+    sampling::SamplingParams p = params;
+    p.seed = 1000 + i;
+    samplers.emplace_back(p);
+    hist[i].push_back(last[i]);
+  }
+  std::vector<SeqStep> batch(B);
+  std::vector<DeviceSampleRow> rows(B);
+  StepOutput out;
+  const int V = be.config().n_vocab;
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < B; ++i) {
+      batch[i].slot = slots[i];
+      batch[i].pos0 = be.SlotLength(slots[i]);
+      batch[i].tokens.assign(1, last[i]);
+      rows[i].mode = DeviceSampleRow::Mode::kSample;
+      rows[i].params = &samplers[i].params();
+      rows[i].history = hist[i];
+      rows[i].uniform = params.temperature > 0 ? samplers[i].PeekUniform() : 0.0;
+    }
+    StepOptions opts;
+    if (device) opts.device_sample = rows;
+    DS_RETURN_IF_ERROR(be.Forward(batch, opts, &out));
+    for (size_t i = 0; i < B; ++i) {
+      int32_t t;
+      if (device) {
+        t = out.tokens[i];
+        if (params.temperature > 0) samplers[i].ConsumeUniform();
+      } else {
+        t = samplers[i].Sample(std::span<const float>(out.logits.data() + i * V, V), hist[i]).token;
+      }
+      if (t < 0 || t >= V) return absl::InternalError(absl::StrCat("sampled token ", t));
+      last[i] = t;
+      hist[i].push_back(t);
+    }
   }
   return Since(t0);
 }
@@ -215,6 +265,28 @@ int RunBench(const BenchOptions& o) {
       return 0;
     };
     if (decode_at(0, "decode tg" + std::to_string(o.decode_tokens) + " @0") != 0) return 1;
+    if (o.sample_temperature > 0) {
+      sampling::SamplingParams sp;
+      sp.temperature = o.sample_temperature;
+      sp.top_k = o.sample_top_k;
+      sp.top_p = o.sample_top_p;
+      for (bool device : {true, false}) {
+        be.ResetSlot(0);
+        auto w = SampledDecodeLoop(be, {0}, {1}, 4, sp, device);  // warm-up (graph capture)
+        BENCH_CHECK(w.status());
+        be.ResetSlot(0);
+        auto d = SampledDecodeLoop(be, {0}, {1}, o.decode_tokens, sp, device);
+        BENCH_CHECK(d.status());
+        const double tps = o.decode_tokens / *d;
+        Row r{std::string("decode sampled ") + (device ? "device" : "host") + " @0", tps,
+              wbytes * tps * 1e-9, pct(wbytes * tps * 1e-9), ""};
+        char note[96];
+        std::snprintf(note, sizeof note, "%.2f ms/token", 1e3 / tps);
+        r.note = note;
+        PrintRow(r);
+        rows.push_back(r);
+      }
+    }
     if (o.depth > 0 && decode_at(o.depth, "decode tg" + std::to_string(o.decode_tokens) + " @" + std::to_string(o.depth)) != 0)
       return 1;
 
@@ -254,7 +326,8 @@ int RunBench(const BenchOptions& o) {
     BackendOptions bo;
     bo.device = o.device;
     bo.n_slots = max_b;
-    bo.slot_ctx = o.conc_prompt + o.conc_gen + 64;
+    // The sampled loops (--sample) continue the same sequences twice more.
+    bo.slot_ctx = o.conc_prompt + o.conc_gen * (o.sample_temperature > 0 ? 3 : 1) + 64;
     CudaBackendOptions co;
     co.max_step_tokens = o.max_step_tokens;
     co.kv_type = kv_type;
@@ -294,6 +367,25 @@ int RunBench(const BenchOptions& o) {
       r.note = note;
       PrintRow(r);
       rows.push_back(r);
+      if (o.sample_temperature > 0) {
+        sampling::SamplingParams sp;
+        sp.temperature = o.sample_temperature;
+        sp.top_k = o.sample_top_k;
+        sp.top_p = o.sample_top_p;
+        for (bool device : {true, false}) {
+          auto sd = SampledDecodeLoop(be, slots, first, gen, sp, device);
+          BENCH_CHECK(sd.status());
+          const double stps = static_cast<double>(B) * gen / *sd;
+          Row sr{std::string("aggregate sampled ") + (device ? "device" : "host") + " x" +
+                     std::to_string(B),
+                 stps, wbytes * (gen / *sd) * 1e-9, pct(wbytes * (gen / *sd) * 1e-9), ""};
+          char sn[64];
+          std::snprintf(sn, sizeof sn, "%.2f ms/step", 1e3 * *sd / gen);
+          sr.note = sn;
+          PrintRow(sr);
+          rows.push_back(sr);
+        }
+      }
       if (o.profile && B > 1) {
         be.SetProfiling(true);
         be.ResetProfile();
@@ -346,6 +438,18 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--max-step-tokens") o.max_step_tokens = std::atoi(next());
     else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--no-profile") o.profile = false;
+    else if (a == "--sample") {
+      const std::string v = next();
+      float t = 0, p = 1;
+      int k = 0;
+      if (std::sscanf(v.c_str(), "%f,%d,%f", &t, &k, &p) != 3 || !(t > 0) || k < 0 || !(p > 0 && p <= 1)) {
+        std::fprintf(stderr, "bench: --sample wants T,TOP_K,TOP_P with T > 0, e.g. 0.8,40,0.95\n");
+        return 1;
+      }
+      o.sample_temperature = t;
+      o.sample_top_k = k;
+      o.sample_top_p = p;
+    }
     else if (a == "--quick") {
       o.prefill = {512};
       o.decode_tokens = 32;
@@ -356,7 +460,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P]\n"
                   "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
                   "head_dim, dequantized in the attention kernels)\n");
       return 0;

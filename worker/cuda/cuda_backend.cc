@@ -94,6 +94,8 @@ class CudaBackend final : public CudaBackendApi {
   int slot_ctx() const override { return slot_ctx_; }
   absl::Status Forward(std::span<const SeqStep> batch, const StepOptions& opts,
                        StepOutput* out) override;
+  // Tensor parallel ranks keep the host path (the executor samples on rank 0 and broadcasts).
+  bool SupportsDeviceSampling() const override { return coll_ == nullptr; }
   void ResetSlot(int slot) override;
   int32_t SlotLength(int slot) const override { return slot >= 0 && slot < n_slots_ ? len_[slot] : 0; }
   absl::StatusOr<SlotSnapshot> Snapshot(int slot) const override;
@@ -148,6 +150,9 @@ class CudaBackend final : public CudaBackendApi {
   // Whether this rank ends a step with the full logits: all ranks, except with the lm_head on
   // rank 0 only (BackendOptions::tp_lm_head_rank0), where the others return none (as on CPU).
   bool HasLogits() const { return tp_world_ == 1 || VocabParallel() || tp_rank_ == 0; }
+  // Samples the kSample rows among `rows` ([nl], the micro-step's logit rows in logits_) on the
+  // device and copies their tokens ([nl], -1 for other rows) to `tokens` (host).
+  absl::Status SampleOnDevice(std::span<const DeviceSampleRow> rows, int nl, int32_t* tokens);
   absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
   absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
   absl::Status GemvColumns(const DMat& w, const DMat* w2, const float* x, int R, float* y,
@@ -249,6 +254,22 @@ class CudaBackend final : public CudaBackendApi {
   float* logits_ = nullptr;  // [logit_rows_max, n_vocab]
   float* logits_part_ = nullptr;    // [logit_rows_max, V_r] vocab-parallel TP: this rank's logits
   float* logits_gather_ = nullptr;  // [world][n_rows][V_r] the gathered ones, rank-major
+  // Device sampling (SampleOnDevice): per-row parameters and penalty pairs, staged on the host and
+  // copied before each SampleRows launch; device buffers grow on demand (outside the memory plan:
+  // ~64 B per row plus 8 B per penalty pair).
+  struct SampleBuffers {
+    SampleRowParams* params = nullptr;  // [logit_rows_max]
+    int32_t* tokens = nullptr;          // [logit_rows_max]
+    PenaltyPair* pairs = nullptr;       // [pairs_cap]
+    size_t pairs_cap = 0;
+    ~SampleBuffers() {
+      cudaFree(params);
+      cudaFree(tokens);
+      cudaFree(pairs);
+    }
+  } sample_;
+  std::vector<SampleRowParams> h_sample_rows_;
+  std::vector<PenaltyPair> h_sample_pairs_;
   const float* xq_src_ = nullptr;  // activation currently in xq_/xd_
   int xq_rows_ = 0;
   const float* xh_src_ = nullptr;  // activation currently in xh_
@@ -953,6 +974,54 @@ absl::Status CudaBackend::GatherLogits(int n_logit_rows) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SampleOnDevice(std::span<const DeviceSampleRow> rows, int nl,
+                                         int32_t* tokens) {
+  h_sample_rows_.clear();
+  h_sample_pairs_.clear();
+  bool any = false;
+  for (int r = 0; r < nl; ++r) {
+    const DeviceSampleRow& d = rows[r];
+    const bool sample = d.mode == DeviceSampleRow::Mode::kSample && d.params != nullptr;
+    static const sampling::SamplingParams kNone;
+    PackSampleRow(sample ? *d.params : kNone, d.history, cfg_.n_vocab, d.uniform, !sample,
+                  &h_sample_rows_, &h_sample_pairs_);
+    any |= sample;
+  }
+  if (!any) {
+    std::fill(tokens, tokens + nl, -1);
+    return absl::OkStatus();
+  }
+  if (sample_.params == nullptr) {
+    DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&sample_.params, logit_rows_max_ * sizeof(SampleRowParams)));
+    DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&sample_.tokens, logit_rows_max_ * sizeof(int32_t)));
+  }
+  if (h_sample_pairs_.size() > sample_.pairs_cap) {
+    // The previous launch may still read the old buffer: cudaFree synchronizes the device.
+    cudaFree(sample_.pairs);
+    sample_.pairs = nullptr;
+    sample_.pairs_cap = 0;
+    const size_t cap = std::max<size_t>(h_sample_pairs_.size() * 2, 4096);
+    DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&sample_.pairs, cap * sizeof(PenaltyPair)));
+    sample_.pairs_cap = cap;
+  }
+  // Pageable sources: the copies are staged before cudaMemcpyAsync returns, so the host vectors
+  // may be reused at once.
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_.params, h_sample_rows_.data(),
+                                          nl * sizeof(SampleRowParams), cudaMemcpyHostToDevice,
+                                          stream_));
+  if (!h_sample_pairs_.empty())
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_.pairs, h_sample_pairs_.data(),
+                                            h_sample_pairs_.size() * sizeof(PenaltyPair),
+                                            cudaMemcpyHostToDevice, stream_));
+  ProfBegin("sample");
+  DS_RETURN_IF_ERROR(SampleRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, sample_.params,
+                                sample_.pairs, sample_.tokens, stream_));
+  ProfEnd();
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, sample_.tokens, nl * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Validate(std::span<const SeqStep> batch) const {
   if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
   std::vector<bool> seen(n_slots_, false);
@@ -1055,9 +1124,24 @@ absl::Status CudaBackend::RunMicro(std::span<const SeqStep> batch, const std::ve
 absl::Status CudaBackend::Forward(std::span<const SeqStep> batch, const StepOptions& opts,
                                   StepOutput* out) {
   DS_RETURN_IF_ERROR(Validate(batch));
+  // Device sampling: one entry per output row; logits cross PCIe only if a row asks for them.
+  const std::span<const DeviceSampleRow> dev = opts.device_sample;
+  bool host_logits = true;
+  if (!dev.empty()) {
+    if (!SupportsDeviceSampling())
+      return absl::InvalidArgumentError("Forward: device sampling is not available under TP");
+    size_t n_out = 0;
+    for (const SeqStep& s : batch) n_out += s.all_logits ? s.tokens.size() : 1;
+    if (dev.size() != n_out)
+      return absl::InvalidArgumentError(absl::StrCat("Forward: ", dev.size(),
+                                                     " device_sample rows for ", n_out, " output rows"));
+    host_logits = false;
+    for (const DeviceSampleRow& d : dev) host_logits |= d.mode == DeviceSampleRow::Mode::kLogits;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   out->logits.clear();
   out->hidden.clear();
+  out->tokens.assign(dev.size(), -1);
   out->n_rows = 0;
   std::vector<Piece> pieces;
   int rows = 0;
@@ -1066,7 +1150,10 @@ absl::Status CudaBackend::Forward(std::span<const SeqStep> batch, const StepOpti
     int nl = 0;
     DS_RETURN_IF_ERROR(RunMicro(batch, pieces, &nl));
     if (nl > 0) {
-      if (HasLogits()) {
+      if (!dev.empty())
+        DS_RETURN_IF_ERROR(SampleOnDevice(dev.subspan(out->n_rows, nl), nl,
+                                          out->tokens.data() + out->n_rows));
+      if (host_logits && HasLogits()) {
         const size_t old = out->logits.size();
         out->logits.resize(old + static_cast<size_t>(nl) * cfg_.n_vocab);
         DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->logits.data() + old, logits_,

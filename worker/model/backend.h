@@ -13,6 +13,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/gguf/ggml_types.h"
+#include "common/sampling/sampling_params.h"
 #include "common/util/status.h"
 #include "worker/model/config.h"
 #include "worker/tp/plan.h"
@@ -29,11 +30,27 @@ struct SeqStep {
   bool all_logits = false;       // true: logits for every token; false: only for the last one
 };
 
+// What the caller needs from one output row when it asks for device sampling
+// (StepOptions::device_sample, Backend::SupportsDeviceSampling).
+struct DeviceSampleRow {
+  enum class Mode : uint8_t {
+    kSkip,    // nothing (a prefill chunk that is not sampled)
+    kLogits,  // the row's logits on the host (host-side sampling, e.g. for logprobs)
+    kSample,  // sample on the device: StepOutput::tokens
+  };
+  Mode mode = Mode::kSkip;
+  const sampling::SamplingParams* params = nullptr;  // kSample
+  std::span<const int32_t> history;  // kSample: prompt + generated so far, oldest first (penalties)
+  double uniform = 0.0;  // kSample: sampling::Sampler::PeekUniform(); unused when greedy
+};
+
 struct StepOutput {
   // [n_rows, n_vocab]; rows in batch order: every token of an all_logits sequence, else its last.
   // Tensor parallel with the lm_head on rank 0 only (BackendOptions::tp_lm_head_rank0): empty on
-  // the other ranks.
+  // the other ranks. With StepOptions::device_sample: filled only if some row is kLogits.
   std::vector<float> logits;
+  // [n_rows] with StepOptions::device_sample: the sampled token of every kSample row, -1 elsewhere.
+  std::vector<int32_t> tokens;
   // [n_rows, n_embd] final-normed hidden states of the same rows (input of the MTP head), filled
   // only when StepOptions::want_hidden.
   std::vector<float> hidden;
@@ -44,6 +61,10 @@ struct StepOutput {
 
 struct StepOptions {
   bool want_hidden = false;
+  // [n_rows] (StepOutput row order) or empty. Only for a backend whose SupportsDeviceSampling():
+  // kSample rows are sampled where the logits are (the CPU sampler's pipeline and tokens given the
+  // same uniform, kernels/cuda/sampling.cuh) and only kLogits rows' logits are copied back.
+  std::span<const DeviceSampleRow> device_sample = {};
 };
 
 // Opaque copy of one slot's state (GDN conv + recurrent state and the attention KV up to n_past).
@@ -64,6 +85,8 @@ class Backend {
   // and returns InvalidArgument / OutOfRange without touching any state on error.
   virtual absl::Status Forward(std::span<const SeqStep> batch, const StepOptions& opts,
                                StepOutput* out) = 0;
+  // True when Forward honours StepOptions::device_sample.
+  virtual bool SupportsDeviceSampling() const { return false; }
 
   virtual void ResetSlot(int slot) = 0;               // back to an empty sequence
   virtual int32_t SlotLength(int slot) const = 0;     // tokens currently in the slot

@@ -115,9 +115,32 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
     q.tokens.assign(known.begin() + w.pos0(), known.begin() + w.pos0() + w.n_tokens());
     q.all_logits = false;
   }
+  // Device sampling (no TP, backend offers it): rows that want no logprobs are sampled where the
+  // logits are, with the uniform the CPU sampler would draw (Sampler::PeekUniform), so the tokens
+  // are the CPU sampler's; logprob rows keep the host path. The RNG advances only after success.
+  const bool device = group_ == nullptr && backend_->SupportsDeviceSampling();
+  StepOptions opts;
+  if (device) {
+    dev_rows_.assign(static_cast<size_t>(step.work_size()), DeviceSampleRow{});
+    for (int i = 0; i < step.work_size(); ++i) {
+      const auto& w = step.work(i);
+      if (!w.sample()) continue;  // kSkip
+      SlotState& slot = slots_[w.slot()];
+      DeviceSampleRow& d = dev_rows_[i];
+      if (slot.want_logprob || slot.sampler->params().n_logprobs > 0) {
+        d.mode = DeviceSampleRow::Mode::kLogits;
+        continue;
+      }
+      d.mode = DeviceSampleRow::Mode::kSample;
+      d.params = &slot.sampler->params();
+      d.history = slot.known;
+      d.uniform = d.params->temperature > 0.0f ? slot.sampler->PeekUniform() : 0.0;
+    }
+    opts.device_sample = dev_rows_;
+  }
   StepOutput& out = out_;
   const double t0 = SteadySeconds();
-  absl::Status fs = backend_->Forward(batch_, StepOptions{}, &out);
+  absl::Status fs = backend_->Forward(batch_, opts, &out);
   const double t1 = SteadySeconds();
   result.set_forward_seconds(t1 - t0);
   // Validation errors are found before any collective, identically on every rank; anything else
@@ -128,12 +151,28 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
     return result;
   }
   const bool samples = group_ == nullptr || group_->rank() == 0;
+  bool need_logits = samples;
+  if (device) {
+    need_logits = false;
+    for (const DeviceSampleRow& d : dev_rows_) need_logits |= d.mode == DeviceSampleRow::Mode::kLogits;
+  }
   if (out.n_rows != step.work_size() ||
-      (samples && out.logits.size() != static_cast<size_t>(out.n_rows) * n_vocab)) {
+      (need_logits && out.logits.size() != static_cast<size_t>(out.n_rows) * n_vocab) ||
+      (device && out.tokens.size() != static_cast<size_t>(out.n_rows))) {
     if (group_) group_broken_ = true;  // the other ranks would wait for our broadcast
     result.set_error(absl::StrCat("backend returned ", out.n_rows, " logit rows for ",
                                   step.work_size(), " sequences"));
     return result;
+  }
+  // Device tokens are checked before any slot changes.
+  for (int i = 0; device && i < step.work_size(); ++i) {
+    const int32_t t = out.tokens[i];
+    if (dev_rows_[i].mode == DeviceSampleRow::Mode::kSample && (t < 0 || t >= n_vocab)) {
+      result.set_error(absl::StrCat("backend ", backend_->name(), " sampled token ", t,
+                                    " for slot ", step.work(i).slot(), " outside [0, ", n_vocab,
+                                    ")"));
+      return result;
+    }
   }
   if (group_) {
     shared_.clear();
@@ -145,9 +184,15 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
     const auto& w = step.work(i);
     if (!w.sample()) continue;
     SlotState& slot = slots_[w.slot()];
-    std::span<const float> row(out.logits.data() + static_cast<size_t>(i) * n_vocab,
-                               static_cast<size_t>(n_vocab));  // [n_vocab]
-    const sampling::SampleResult r = slot.sampler->Sample(row, slot.known);
+    sampling::SampleResult r;
+    if (device && dev_rows_[i].mode == DeviceSampleRow::Mode::kSample) {
+      r.token = out.tokens[i];  // range-checked above
+      if (slot.sampler->params().temperature > 0.0f) slot.sampler->ConsumeUniform();
+    } else {
+      std::span<const float> row(out.logits.data() + static_cast<size_t>(i) * n_vocab,
+                                 static_cast<size_t>(n_vocab));  // [n_vocab]
+      r = slot.sampler->Sample(row, slot.known);
+    }
     slot.known.push_back(r.token);
     if (group_) shared_[k++] = r.token;
     deltaserve::internal::SampledToken* t = result.add_tokens();

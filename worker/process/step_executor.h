@@ -1,6 +1,8 @@
 // The worker side of the scheduler -> worker protocol (proto/deltaserve/internal/cluster.proto):
 // keeps every active slot's known tokens and sampler, turns one `Step` (releases, starts, slot
-// work diffs) into one Backend::Forward and samples where asked.
+// work diffs) into one Backend::Forward and samples where asked: on the device when the backend
+// offers it (Backend::SupportsDeviceSampling, no TP) and the request wants no logprobs, else on
+// the host from the returned logits. Both give the same token for the same seed.
 //
 // The scheduler sends a sequence's full tokens once (SequenceStart); afterwards a SlotWork only
 // names [pos0, pos0 + n_tokens) of the slot's known tokens, and the tokens this executor samples
@@ -59,6 +61,7 @@ class StepExecutor {
   Backend* backend_;
   std::vector<SlotState> slots_;  // [n_usable]
   std::vector<SeqStep> batch_;    // reused between steps
+  std::vector<DeviceSampleRow> dev_rows_;  // [work_size] device sampling requests, reused
   // Reused every step: its logits buffer (1 MB at vocab 248320) keeps its capacity, so a step does
   // not allocate, fault in and free it again (measured: part of the per-step control overhead).
   StepOutput out_;
