@@ -13,6 +13,8 @@ PKGS=(
   # operations tests: Prometheus + promtool (tests/ops/prometheus_test.sh), systemd-analyze
   # (unit verification), openssl (TLS test certificates), curl (scrapes)
   prometheus systemd openssl curl
+  # multi-host TP test: network namespaces + veth (tests/cluster/netns_tp_test.sh; skips unless root)
+  iproute2
 )
 # Node.js (with npm) is needed for the tokenizer cross-check; some images ship it from another
 # Debian-format source, so only ask apt for it when no npm is on PATH.

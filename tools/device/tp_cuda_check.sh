@@ -83,13 +83,17 @@ rel = max(per)
 ta, tb = sum(a['tokens'], []), sum(b['tokens'], [])
 agree = sum(x == y for x, y in zip(ta, tb))
 same_tok = agree == len(tb)
+same_ranks = True  # every rank of the group reports the same tokens (always required)
 for r in range(1, world):
     o = json.load(open(got + '.' + str(r)))
-    same_tok &= o['tokens'] == a['tokens']
-ok = ma > 0.1 and rel < bound and same_tok
+    same_ranks &= o['tokens'] == a['tokens']
+# Argmax agreement with the reference is required at the f32 bound only: the quantized random
+# models have near-tied logits, where a 1e-2 difference may flip an argmax (every run is fed the
+# reference tokens anyway, so one flip does not propagate).
+ok = ma > 0.1 and rel < bound and same_ranks and (same_tok or bound >= 1e-2)
 print(f"  {label}: max rel |dlogit| {rel:.2e} (bound {bound:g}; prefill {per[0]:.1e}, decode "
       f"{max(per[1:] or [0]):.1e}), argmax tokens {agree}/{len(tb)} agree"
-      f"{'' if same_tok else ' or ranks DIFFER'}, decode {a.get('decode_forward_ms', 0.0):.2f} ms/step")
+      f"{'' if same_ranks else ', ranks DIFFER'}, decode {a.get('decode_forward_ms', 0.0):.2f} ms/step")
 print("    per step rel: " + " ".join(f"{x:.1e}" for x in per))
 if 'ranks' in a:
     for r, x in enumerate(a['ranks']):
