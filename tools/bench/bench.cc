@@ -104,6 +104,15 @@ absl::StatusOr<double> DecodeLoop(cuda::CudaBackendApi& be, const std::vector<in
   return Since(t0);
 }
 
+// The --sample T,TOP_K,TOP_P parameters of the non-greedy decode rows.
+sampling::SamplingParams BenchSampling(const BenchOptions& o) {
+  sampling::SamplingParams sp;
+  sp.temperature = o.sample_temperature;
+  sp.top_k = o.sample_top_k;
+  sp.top_p = o.sample_top_p;
+  return sp;
+}
+
 // Like DecodeLoop, but every step goes through Forward and samples with `params` (seed per
 // sequence): on the device (device_sample rows, tokens back) or on the host (logits back, CPU
 // sampler per row, as the worker does).
@@ -265,11 +274,8 @@ int RunBench(const BenchOptions& o) {
       return 0;
     };
     if (decode_at(0, "decode tg" + std::to_string(o.decode_tokens) + " @0") != 0) return 1;
+    const sampling::SamplingParams sp = BenchSampling(o);
     if (o.sample_temperature > 0) {
-      sampling::SamplingParams sp;
-      sp.temperature = o.sample_temperature;
-      sp.top_k = o.sample_top_k;
-      sp.top_p = o.sample_top_p;
       for (bool device : {true, false}) {
         be.ResetSlot(0);
         auto w = SampledDecodeLoop(be, {0}, {1}, 4, sp, device);  // warm-up (graph capture)
@@ -368,10 +374,7 @@ int RunBench(const BenchOptions& o) {
       PrintRow(r);
       rows.push_back(r);
       if (o.sample_temperature > 0) {
-        sampling::SamplingParams sp;
-        sp.temperature = o.sample_temperature;
-        sp.top_k = o.sample_top_k;
-        sp.top_p = o.sample_top_p;
+        const sampling::SamplingParams sp = BenchSampling(o);
         for (bool device : {true, false}) {
           auto sd = SampledDecodeLoop(be, slots, first, gen, sp, device);
           BENCH_CHECK(sd.status());

@@ -26,43 +26,10 @@
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace ds::cuda {
 namespace {
-
-#define CK(expr) DS_CUDA_CHECK(expr)
-#define ASSERT_OK(expr)                          \
-  do {                                           \
-    absl::Status st_ = (expr);                   \
-    ASSERT_TRUE(st_.ok()) << st_.ToString();     \
-  } while (0)
-
-// Device buffer of T with host round trips; filled with NaN bytes (0xFF) on creation.
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
-    Poison();
-  }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { Up(h); }
-  Dev(Dev&& o) noexcept : p(o.p), n(o.n) {
-    o.p = nullptr;
-    o.n = 0;
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  void Poison() { CK(cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T))); }
-  void Up(const std::vector<T>& h) { CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> Down() const {
-    std::vector<T> h(n);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 std::mt19937& Rng() {
   static std::mt19937 rng(1234);

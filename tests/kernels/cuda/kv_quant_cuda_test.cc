@@ -33,39 +33,10 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace ds::cuda {
 namespace {
-
-#define CK(expr) DS_CUDA_CHECK(expr)
-#define ASSERT_OK(expr)                      \
-  do {                                       \
-    absl::Status st_ = (expr);               \
-    ASSERT_TRUE(st_.ok()) << st_.ToString(); \
-  } while (0)
-
-// Device buffer of T; filled with 0xFF bytes (NaN for floats) on creation.
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
-    CK(cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T)));
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  std::vector<T> Down() const {
-    std::vector<T> h(n);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 std::mt19937& Rng() {
   static std::mt19937 rng(4321);

@@ -23,6 +23,7 @@
 #include "common/sampling/sampler.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/sampling/test_util.h"
 
 namespace ds::cuda {
@@ -37,30 +38,6 @@ constexpr int kVocab = 248320;
 // The CPU's whole-vocabulary path sums weights in float lanes (relative error ~1e-7); every other
 // sum on either side is double.
 constexpr double kEps = 1e-6;
-
-#define ASSERT_OK(expr)                      \
-  do {                                       \
-    const absl::Status st_ = (expr);         \
-    ASSERT_TRUE(st_.ok()) << st_.ToString(); \
-  } while (0)
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  explicit Dev(size_t n) { DS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void Up(const std::vector<T>& v) {
-    if (!v.empty())
-      DS_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> Down(size_t n) const {
-    std::vector<T> v(n);
-    if (n) DS_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
 
 enum class Shape { kDecoder, kFlat, kPeaked, kTies, kSpecial };
 const char* ShapeName(Shape s) {

@@ -1,0 +1,55 @@
+// Shared helpers of the GPU kernel tests (kernels_cuda_test, kv_quant_cuda_test,
+// sampling_cuda_test): a CUDA-error check that aborts the test binary, ASSERT_OK for
+// absl::Status, and a device buffer with host round trips.
+#pragma once
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+
+#define CK(expr) DS_CUDA_CHECK(expr)
+#define ASSERT_OK(expr)                        \
+  do {                                         \
+    const absl::Status st_ = (expr);           \
+    ASSERT_TRUE(st_.ok()) << st_.ToString();   \
+  } while (0)
+
+namespace ds::cuda {
+
+// Device buffer of `n` T; filled with 0xFF bytes on creation (NaN for floats), so a kernel that
+// leaves an output element unwritten is caught.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+    Poison();
+  }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { Up(h); }
+  Dev(Dev&& o) noexcept : p(o.p), n(o.n) {
+    o.p = nullptr;
+    o.n = 0;
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p); }
+  void Poison() { CK(cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T))); }
+  void Up(const std::vector<T>& h) {
+    if (!h.empty()) CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  // The first `m` elements (all when m is omitted), after the device is idle.
+  std::vector<T> Down(size_t m) const {
+    std::vector<T> h(m);
+    CK(cudaDeviceSynchronize());
+    if (m) CK(cudaMemcpy(h.data(), p, m * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  std::vector<T> Down() const { return Down(n); }
+};
+
+}  // namespace ds::cuda
