@@ -343,6 +343,79 @@ TEST(Tiled, DequantMatchesRaw) {
   }
 }
 
+// The tiled kernel and the v2 dp4a GEMV multiply the same int8 activations by the same Q6_K
+// quants: only float summation orders differ, so they must agree far below the int8-activation
+// tolerance of RunGemvCase (which cannot see errors under ~2% of a dot product). Activations with
+// outliers make the 32-block scales differ a lot between blocks (as in a real model), so a wrong
+// block scale anywhere would show.
+void TiledVsV2(int M, int K, int nc, GemvEpilogue ep) {
+  SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " nc=" << nc << " ep=" << static_cast<int>(ep));
+  const GgmlType t = GgmlType::Q6_K;
+  const bool pair = ep == GemvEpilogue::kSiluMul;
+  auto w = RandomWeights(t, M, K);
+  auto w2 = pair ? RandomWeights(t, M, K) : std::vector<uint8_t>(1);
+  auto x = RandVec(static_cast<size_t>(nc) * K, -1.f, 1.f);
+  std::uniform_int_distribution<int> pick(0, K - 1);
+  for (int c = 0; c < nc; ++c)
+    for (int i = 0; i < K / 64; ++i) x[static_cast<size_t>(c) * K + pick(Rng())] *= 40.f;  // outliers
+  auto y0 = RandVec(static_cast<size_t>(nc) * M, -1.f, 1.f);
+  Dev<uint8_t> dw(w), dw2(w2);
+  Dev<float> dx(x);
+  Dev<int8_t> dxq(static_cast<size_t>(nc) * K);
+  Dev<float> dxd(static_cast<size_t>(nc) * K / 32);
+  ASSERT_OK(QuantizeActivations(dx.p, nc, K, dxq.p, dxd.p, nullptr));
+  Dev<uint8_t> tw = TileOnDevice(t, dw, M, K);
+  Dev<uint8_t> tw2 = pair ? TileOnDevice(t, dw2, M, K) : Dev<uint8_t>(1);
+  Dev<float> yv(y0), yt(y0);
+  GemvArgs a;
+  a.type = t; a.M = M; a.K = K; a.nc = nc; a.xq = dxq.p; a.xd = dxd.p; a.epilogue = ep;
+  a.w = dw.p; a.w2 = pair ? dw2.p : nullptr; a.y = yv.p;
+  for (int c0 = 0; c0 < nc; c0 += kGemvMaxCols) {  // v2 takes 16 columns per launch
+    GemvArgs b = a;
+    b.nc = std::min(kGemvMaxCols, nc - c0);
+    b.xq = dxq.p + static_cast<int64_t>(c0) * K;
+    b.xd = dxd.p + static_cast<int64_t>(c0) * (K / 32);
+    b.y = yv.p + static_cast<int64_t>(c0) * M;
+    ASSERT_OK(Gemv(b, nullptr));
+  }
+  a.w = tw.p; a.w2 = pair ? tw2.p : nullptr; a.y = yt.p;
+  ASSERT_OK(TiledGemvMulti(&a, 1, nullptr));
+  const auto v = yv.Down(), g = yt.Down();
+  // Scale of each output: Σ|w·x| over its row with the dequantized int8 activations.
+  const auto W = DequantAll(t, w, M, K);
+  const auto xq = dxq.Down();
+  const auto xd = dxd.Down();
+  double worst = 0;
+  int bad = 0;
+  for (int c = 0; c < nc; ++c)
+    for (int r = 0; r < M; ++r) {
+      double abs_sum = 0;
+      for (int i = 0; i < K; ++i)
+        abs_sum += std::fabs(W[static_cast<size_t>(r) * K + i] * xq[static_cast<size_t>(c) * K + i] *
+                             xd[static_cast<size_t>(c) * (K / 32) + i / 32]);
+      const size_t o = static_cast<size_t>(c) * M + r;
+      // Pair outputs are silu(g)·u: scale by the larger factor's size too.
+      const double scale = pair ? abs_sum * (std::fabs(v[o]) + 1.0) : abs_sum + std::fabs(y0[o]);
+      const double rel = std::fabs(g[o] - v[o]) / (scale + 1e-12);
+      worst = std::max(worst, rel);
+      if (!(rel < 1e-5) && bad++ < 5)
+        ADD_FAILURE() << "row " << r << " col " << c << ": tiled " << g[o] << " v2 " << v[o];
+    }
+  EXPECT_EQ(bad, 0);
+  std::printf("  tiled vs v2 M=%6d K=%6d nc=%2d ep=%d: max |diff| / sum|w x| %.2e\n", M, K, nc,
+              static_cast<int>(ep), worst);
+}
+
+TEST(Tiled, MatchesV2GemvOnTheSameActivations) {
+  if (!HaveTiled()) GTEST_SKIP() << "tiled Q6_K needs sm_80+";
+  TiledVsV2(5120, 6144, 1, GemvEpilogue::kAccumulate);   // ssm_out / attn_output
+  TiledVsV2(2048, 17408, 1, GemvEpilogue::kAccumulate);  // ffn_down rows
+  TiledVsV2(4096, 5120, 1, GemvEpilogue::kSiluMul);      // ffn gate/up rows
+  TiledVsV2(1000, 5120, 1, GemvEpilogue::kStore);        // a partial last tile
+  TiledVsV2(512, 5120, 16, GemvEpilogue::kStore);
+  TiledVsV2(300, 5120, 32, GemvEpilogue::kSiluMul);
+}
+
 TEST(Tiled, RejectsBadArguments) {
   GemvArgs a;
   a.type = GgmlType::Q8_0;
