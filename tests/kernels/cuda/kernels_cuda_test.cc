@@ -145,11 +145,16 @@ void RunGemvCase(const GemvCase& c) {
   // With int8 activations the error of one dot is sum_i w_i e_i, e_i uniform in +-d/2 of its
   // 32-block: bound it by 6 standard deviations; f32 paths get a tight relative bound.
   std::vector<float> xd(qx ? dxd.Down() : std::vector<float>());
-  double max_ratio = 0;
+  std::vector<int8_t> xqh(qx ? dxq.Down() : std::vector<int8_t>());
+  // Besides the loose check against the unquantized activations (the int8 noise bound), the
+  // quantized formats get a sharp one against the int8 activations the kernel actually multiplies
+  // (xq * xd): only float summation order may differ, so errors of 1e-3 of a dot product show.
+  double max_ratio = 0, max_sharp = 0;
   int bad = 0;
   for (int col = 0; col < c.nc; ++col)
     for (int r = 0; r < c.M; ++r) {
       double ref = 0, ref2 = 0, abs_sum = 0, var = 0, var2 = 0;
+      double refq = 0, refq2 = 0, abs_q = 0;
       for (int i = 0; i < c.K; ++i) {
         const double xv = x[static_cast<size_t>(col) * c.K + i];
         const double wv = W[static_cast<size_t>(r) * c.K + i];
@@ -157,11 +162,32 @@ void RunGemvCase(const GemvCase& c) {
         abs_sum += std::fabs(wv * xv);
         const double d = qx ? xd[static_cast<size_t>(col) * c.K / 32 + i / 32] : 0.0;
         var += wv * wv * d * d / 12.0;
+        const double xqv = qx ? d * xqh[static_cast<size_t>(col) * c.K + i] : 0.0;
+        refq += wv * xqv;
+        abs_q += std::fabs(wv * xqv);
         if (pair) {
           const double w2v = W2[static_cast<size_t>(r) * c.K + i];
           ref2 += w2v * xv;
           var2 += w2v * w2v * d * d / 12.0;
+          refq2 += w2v * xqv;
+          abs_q += std::fabs(w2v * xqv);
         }
+      }
+      if (qx) {
+        double expect_q = refq, tol_q = 2e-5 * abs_q + 1e-6;
+        if (pair) {
+          const double sa = refq / (1 + std::exp(-refq));
+          expect_q = sa * refq2;
+          tol_q = 1.1 * std::fabs(refq2) * tol_q + std::fabs(sa) * tol_q + 1e-6;
+        } else if (c.ep == GemvEpilogue::kAccumulate) {
+          expect_q += y0[static_cast<size_t>(col) * c.M + r];
+          tol_q += 1e-6 * std::fabs(y0[static_cast<size_t>(col) * c.M + r]);
+        }
+        const double eq = std::fabs(y[static_cast<size_t>(col) * c.M + r] - expect_q);
+        max_sharp = std::max(max_sharp, eq / tol_q);
+        if (!(eq <= tol_q) && bad++ < 5)
+          ADD_FAILURE() << "row " << r << " col " << col << ": got " << y[static_cast<size_t>(col) * c.M + r]
+                        << " want (int8 activations) " << expect_q << " tol " << tol_q;
       }
       double tol = 6 * std::sqrt(var) + 2e-5 * abs_sum + 1e-6;
       double expect = ref;
@@ -183,8 +209,9 @@ void RunGemvCase(const GemvCase& c) {
       max_ratio = std::max(max_ratio, err / tol);
     }
   EXPECT_EQ(bad, 0);
-  std::printf("  gemv%s %-6s M=%6d K=%6d nc=%d ep=%d: max err/tol %.3f\n", c.tiled ? "(tiled)" : "",
-              std::string(GgmlInfo(c.type).name).c_str(), c.M, c.K, c.nc, static_cast<int>(c.ep), max_ratio);
+  std::printf("  gemv%s %-6s M=%6d K=%6d nc=%d ep=%d: max err/tol %.3f, vs int8 activations %.3f\n",
+              c.tiled ? "(tiled)" : "", std::string(GgmlInfo(c.type).name).c_str(), c.M, c.K, c.nc,
+              static_cast<int>(c.ep), max_ratio, max_sharp);
 }
 
 const GgmlType kTypes[] = {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
