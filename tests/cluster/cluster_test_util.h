@@ -1,4 +1,5 @@
-// Helpers shared by the process-level cluster tests (gateway_test, tp_cluster_test): a
+// Helpers shared by the process-level cluster tests (gateway_test, tp_cluster_test,
+// worker_scheduler_test): a
 // per-process scratch directory removed after the last test, the tiny synthesized model, small
 // file and process utilities. Header-only; each test binary has one translation unit.
 #pragma once
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -64,6 +66,22 @@ inline std::string ReadFile(const std::string& path) {
 inline bool Alive(pid_t pid) {
   int st = 0;
   return pid > 0 && waitpid(pid, &st, WNOHANG) == 0;
+}
+
+// Runs `cmd` through the shell; its exit code (-1 when it did not exit normally) and stdout.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+inline CommandResult RunCommand(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
 }
 
 // "1,2,3", the --prompt-ids form.

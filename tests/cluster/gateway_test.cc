@@ -242,12 +242,9 @@ nlohmann::json ReferenceGenerate(const std::string& prompt_flag, const std::stri
                     "' --max-tokens " + std::to_string(max_tokens) +
                     " --backend cpu --threads 1 --json" + (ignore_eos ? " --ignore-eos" : "") +
                     " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << cmd;
-  return nlohmann::json::parse(out, nullptr, false);
+  const CommandResult r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd;
+  return nlohmann::json::parse(r.output, nullptr, false);
 }
 
 TEST(Gateway, HealthServingOnlyAfterWarmup) {
@@ -588,12 +585,8 @@ TEST(Serve, DemoRunsOneStreamedGenerationAndExitsCleanly) {
   const std::string cmd = kBin + " serve --model " + TinyModel() +
                           " --port 0 --slots 2 --ctx 1024 --backend cpu --threads 1 --demo "
                           "'Hello, deltaserve!' --demo-max-tokens 16 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  const auto [rc, out] = RunCommand(cmd);
+  EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("cluster SERVING"), std::string::npos) << out;
   EXPECT_NE(out.find("prompt: Hello, deltaserve!"), std::string::npos) << out;
   EXPECT_NE(out.find("generated 16 tok"), std::string::npos) << out;

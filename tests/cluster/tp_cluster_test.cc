@@ -58,11 +58,8 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_token
   const std::string cmd = kBin + " generate --model " + TinyModel() + " --prompt-ids '" + Join(prompt) +
                           "' --max-tokens " + std::to_string(max_tokens) +
                           " --backend cpu --threads 1 --json --ignore-eos 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << cmd;
+  const auto [rc, out] = RunCommand(cmd);
+  EXPECT_EQ(rc, 0) << cmd;
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (!j.is_object() || !j.contains("tokens")) {
     ADD_FAILURE() << "bad reference output: " << out;
@@ -394,12 +391,8 @@ TEST(TpServe, DemoWithTwoRanksRunsAndExitsCleanly) {
   const std::string cmd = kBin + " serve --model " + TinyModel() +
                           " --tp 2 --split 1,1 --port 0 --slots 2 --ctx 1024 --backend cpu "
                           "--threads 1 --demo 'Hello' --demo-max-tokens 8 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  const auto [rc, out] = RunCommand(cmd);
+  EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("cluster SERVING"), std::string::npos) << out;
   EXPECT_NE(out.find("generated 8 tok"), std::string::npos) << out;
 }

@@ -28,6 +28,7 @@
 
 #include "common/sampling/rng.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
+#include "tests/cluster/cluster_test_util.h"
 #include "tools/synth/synth.h"
 #include "worker/process/step_executor.h"
 #include "worker/process/tp_session.h"
@@ -38,6 +39,10 @@ namespace ds {
 namespace {
 
 namespace pb = deltaserve::internal;
+using cluster_test::CommandResult;
+using cluster_test::Join;
+using cluster_test::ReadFile;
+using cluster_test::RunCommand;
 namespace v1 = deltaserve::v1;
 using namespace std::chrono_literals;
 
@@ -325,30 +330,13 @@ std::unique_ptr<Child> Spawn(const std::vector<std::string>& args, const std::st
   return c;
 }
 
-std::string ReadFile(const std::string& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-std::string Join(const std::vector<int32_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
 // Greedy single-process reference: `deltaserve generate --json`.
 std::vector<int32_t> Reference(const std::string& model, const std::vector<int32_t>& prompt,
                                int max_tokens) {
   const std::string cmd = std::string(kBin) + " generate --backend cpu --threads 1 --model " +
                           model + " --prompt-ids " + Join(prompt) + " --max-tokens " +
                           std::to_string(max_tokens) + " --temperature 0 --ignore-eos --json";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
+  const std::string out = RunCommand(cmd).output;
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (j.is_discarded() || !j.contains("tokens")) {
     ADD_FAILURE() << "generate failed: " << cmd << "\n" << out;
@@ -634,12 +622,8 @@ TEST_F(ClusterTest, InternalKeyFileRefusesCallsWithoutTheToken) {
 TEST(SchedulerFlags, ANonLoopbackListenNeedsTokensOrAnExplicitOptOut) {
   auto run = [](const std::string& flags) {
     const std::string cmd = std::string(kBin) + " scheduler " + flags + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    const int st = pclose(p);
-    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+    const CommandResult r = RunCommand(cmd);
+    return std::make_pair(r.exit_code, r.output);
   };
   auto [rc, out] = run("--listen 0.0.0.0:0");
   EXPECT_EQ(rc, 2) << out;
