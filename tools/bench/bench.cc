@@ -187,20 +187,26 @@ int RunBench(const BenchOptions& o) {
   std::mt19937 rng(42);
   std::vector<Row> rows;
   auto pct = [&](double gbs) { return bw > 0 ? 100.0 * gbs * 1e9 / bw : 0.0; };
+  // One backend per phase: `n_slots` slots of `slot_ctx` tokens on the bench's device and KV type.
+  auto make_backend = [&](int n_slots, int slot_ctx)
+      -> absl::StatusOr<std::unique_ptr<cuda::CudaBackendApi>> {
+    BackendOptions bo;
+    bo.device = o.device;
+    bo.n_slots = n_slots;
+    bo.slot_ctx = slot_ctx;
+    CudaBackendOptions co;
+    co.max_step_tokens = o.max_step_tokens;
+    co.kv_type = kv_type;
+    return cuda::CreateCudaBackendApi(o.model, bo, co);
+  };
 
   // ---- one long slot: prefill and single-stream decode ----
   {
     int max_p = 0;
     for (int p : o.prefill) max_p = std::max(max_p, p);
-    BackendOptions bo;
-    bo.device = o.device;
-    bo.n_slots = 1;
-    bo.slot_ctx = std::max({max_p, o.depth, 1}) + o.decode_tokens + 64;
-    CudaBackendOptions co;
-    co.max_step_tokens = o.max_step_tokens;
-    co.kv_type = kv_type;
+    const int slot_ctx = std::max({max_p, o.depth, 1}) + o.decode_tokens + 64;
     const auto tl = Clock::now();
-    auto be_or = cuda::CreateCudaBackendApi(o.model, bo, co);
+    auto be_or = make_backend(1, slot_ctx);
     if (!be_or.ok()) {
       std::fprintf(stderr, "bench: %s\n", be_or.status().ToString().c_str());
       return 1;
@@ -209,7 +215,7 @@ int RunBench(const BenchOptions& o) {
     const double wbytes = static_cast<double>(be.StepWeightBytes());
     std::printf("loaded in %.1f s; memory plan (KV %s, slot_ctx %d): %s\nweight bytes per forward "
                 "step: %.2f GB\n",
-                Since(tl), o.kv_type.c_str(), bo.slot_ctx, be.memory_plan().ToString().c_str(),
+                Since(tl), o.kv_type.c_str(), slot_ctx, be.memory_plan().ToString().c_str(),
                 wbytes * 1e-9);
     if (bw > 0) std::printf("speed of light (weights only): %.1f tok/s single stream\n", bw / wbytes);
     const int vocab = be.config().n_vocab;
@@ -329,15 +335,8 @@ int RunBench(const BenchOptions& o) {
   if (!o.concurrency.empty()) {
     int max_b = 0;
     for (int b : o.concurrency) max_b = std::max(max_b, b);
-    BackendOptions bo;
-    bo.device = o.device;
-    bo.n_slots = max_b;
     // The sampled loops (--sample) continue the same sequences twice more.
-    bo.slot_ctx = o.conc_prompt + o.conc_gen * (o.sample_temperature > 0 ? 3 : 1) + 64;
-    CudaBackendOptions co;
-    co.max_step_tokens = o.max_step_tokens;
-    co.kv_type = kv_type;
-    auto be_or = cuda::CreateCudaBackendApi(o.model, bo, co);
+    auto be_or = make_backend(max_b, o.conc_prompt + o.conc_gen * (o.sample_temperature > 0 ? 3 : 1) + 64);
     if (!be_or.ok()) {
       std::fprintf(stderr, "bench: %s\n", be_or.status().ToString().c_str());
       return 1;
