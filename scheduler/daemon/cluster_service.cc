@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/sampling/sampling_proto.h"
 
 namespace ds::sched {
 namespace {
@@ -21,22 +22,6 @@ constexpr int32_t kDefaultMaxTokens = 256;
 
 double SteadyNowSeconds() {
   return std::chrono::duration<double>(SteadyClock::now().time_since_epoch()).count();
-}
-
-// proto conventions ("0 = disabled") -> the sampler's neutral values; seed 0 stays 0 (the worker
-// draws a random seed).
-sampling::SamplingParams FromProto(const v1::SamplingParams& p, int logprobs) {
-  sampling::SamplingParams s;
-  s.temperature = p.temperature();
-  s.top_k = p.top_k();
-  s.top_p = (p.top_p() <= 0.0f || p.top_p() >= 1.0f) ? 1.0f : p.top_p();
-  s.min_p = p.min_p();
-  s.repetition_penalty = p.repetition_penalty() <= 0.0f ? 1.0f : p.repetition_penalty();
-  s.presence_penalty = p.presence_penalty();
-  s.frequency_penalty = p.frequency_penalty();
-  s.seed = p.seed();
-  s.n_logprobs = logprobs;
-  return s;
 }
 
 v1::FinishReason ToProto(FinishReason r) {
@@ -312,7 +297,8 @@ grpc::Status ClusterService::Submit(grpc::ServerContext* ctx, const pb::SubmitRe
   r.arrival = absl::Now();
   if (req->deadline_unix_seconds() > 0)
     r.deadline = absl::FromUnixMicros(static_cast<int64_t>(req->deadline_unix_seconds() * 1e6));
-  add.side.sampling = FromProto(req->sampling(), static_cast<int>(req->logprobs()));
+  // Seed 0 stays 0 here: the worker draws a random seed.
+  add.side.sampling = sampling::FromProto(req->sampling(), static_cast<int>(req->logprobs()));
   add.side.sampling.stop_ids = r.stop_ids;
   if (absl::Status s = sampling::Validate(add.side.sampling, n_vocab); !s.ok())
     return ToGrpcStatus(s);

@@ -1,10 +1,12 @@
 #include "worker/process/step_executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling/sampling_proto.h"
 
 namespace ds::worker {
 namespace {
@@ -18,22 +20,13 @@ double SteadySeconds() {
 
 sampling::SamplingParams ToSamplingParams(const deltaserve::v1::SamplingParams& p,
                                           int n_logprobs) {
-  sampling::SamplingParams s;
-  s.temperature = p.temperature();
-  s.top_k = p.top_k();
-  s.top_p = (p.top_p() <= 0.0f || p.top_p() >= 1.0f) ? 1.0f : p.top_p();
-  s.min_p = p.min_p();
-  s.repetition_penalty = p.repetition_penalty() <= 0.0f ? 1.0f : p.repetition_penalty();
-  s.presence_penalty = p.presence_penalty();
-  s.frequency_penalty = p.frequency_penalty();
-  s.seed = p.seed();
+  sampling::SamplingParams s = sampling::FromProto(p, std::min(n_logprobs, sampling::kMaxLogprobs));
   if (s.seed == 0) {
     // 0 = random: two draws from the OS entropy source, so concurrent workers never collide.
     std::random_device rd;
     s.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     if (s.seed == 0) s.seed = 1;
   }
-  s.n_logprobs = std::min(n_logprobs, sampling::kMaxLogprobs);
   return s;
 }
 

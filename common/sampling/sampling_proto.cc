@@ -1,0 +1,19 @@
+#include "common/sampling/sampling_proto.h"
+
+namespace ds::sampling {
+
+SamplingParams FromProto(const deltaserve::v1::SamplingParams& p, int n_logprobs) {
+  SamplingParams s;
+  s.temperature = p.temperature();
+  s.top_k = p.top_k();
+  s.top_p = (p.top_p() <= 0.0f || p.top_p() >= 1.0f) ? 1.0f : p.top_p();
+  s.min_p = p.min_p();
+  s.repetition_penalty = p.repetition_penalty() <= 0.0f ? 1.0f : p.repetition_penalty();
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  s.seed = p.seed();
+  s.n_logprobs = n_logprobs;
+  return s;
+}
+
+}  // namespace ds::sampling
