@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth/bearer.h"
 #include "common/auth/tls.h"
+#include "common/config/config_file.h"
 #include "common/config/role.h"
 #include "common/gguf/gguf.h"
 #include "common/log/log.h"
@@ -41,13 +42,7 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
       "--health-interval-ms", "--tls-cert", "--tls-key",            "--tls-client-ca",
       "--drain-timeout",  "--metrics-listen", "--scheduler-key-file", "--scheduler-ca",
       "--scheduler-tls-name"};
-  std::map<std::string, std::string> m;
-  for (int i = 0; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (!kFlags.count(f)) return absl::InvalidArgumentError("unknown flag '" + f + "'");
-    if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
-    m[f] = argv[++i];
-  }
+  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   GatewayOptions o;
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
   if (!m.count("--scheduler"))

@@ -122,6 +122,18 @@ absl::StatusOr<Args> Args::Expand(int argc, char** argv) {
   return a;
 }
 
+absl::StatusOr<std::map<std::string, std::string>> ParseFlagPairs(
+    int argc, char** argv, const std::set<std::string>& known) {
+  std::map<std::string, std::string> m;
+  for (int i = 0; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (!known.count(f)) return absl::InvalidArgumentError("unknown flag '" + f + "'");
+    if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
+    m[f] = argv[++i];
+  }
+  return m;
+}
+
 absl::StatusOr<std::optional<std::string>> Args::Take(const std::string& flag) {
   std::optional<std::string> value;
   std::vector<std::string> args;

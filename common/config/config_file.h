@@ -12,6 +12,8 @@
 // the file and line; errors of the role's own flag parser are rewritten to name them too.
 #pragma once
 #include <optional>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +40,11 @@ absl::StatusOr<ConfigFile> Load(const std::string& path);
 
 // "max_inflight" -> "--max-inflight".
 std::string FlagForKey(std::string_view key);
+
+// A role's "--flag value" pairs (the last value wins); a flag outside `known` is an error, so a
+// typo never falls back to a default.
+absl::StatusOr<std::map<std::string, std::string>> ParseFlagPairs(
+    int argc, char** argv, const std::set<std::string>& known);
 
 // A command line with every `--config FILE` expanded, plus where each flag came from.
 class Args {

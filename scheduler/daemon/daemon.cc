@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth/bearer.h"
 #include "common/auth/tls.h"
+#include "common/config/config_file.h"
 #include "common/config/role.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
@@ -38,13 +39,7 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
       "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval",
       "--failover-wait", "--internal-key-file", "--tls-cert", "--tls-key",
       "--allow-unauthenticated"};
-  std::map<std::string, std::string> m;
-  for (int i = 0; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (!kFlags.count(f)) return absl::InvalidArgumentError("unknown flag '" + f + "'");
-    if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
-    m[f] = argv[++i];
-  }
+  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   SchedulerDaemonOptions o;
   sched::LoopOptions& l = o.loop;
   l.core.n_slots = 4;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/config/config_file.h"
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/client.h"
 #include "gateway/gateway.h"
@@ -73,13 +74,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device"};
-  std::map<std::string, std::string> m;
-  for (int i = 0; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (!kFlags.count(f)) return absl::InvalidArgumentError("unknown flag '" + f + "'");
-    if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
-    m[f] = argv[++i];
-  }
+  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   ServeOptions o;
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
   o.model = m["--model"];

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth/bearer.h"
 #include "common/auth/tls.h"
+#include "common/config/config_file.h"
 #include "common/config/role.h"
 #include "common/gguf/gguf.h"
 #include "common/log/log.h"
@@ -109,19 +110,6 @@ auth::ClientTlsFiles SchedulerTls(const WorkerOptions& o) {
   tls.ca_file = o.scheduler_ca;
   tls.server_name = o.scheduler_tls_name;
   return tls;
-}
-
-// "--flag value" pairs; unknown flags are errors so a typo never falls back to a default.
-absl::StatusOr<std::map<std::string, std::string>> ParsePairs(int argc, char** argv,
-                                                             const std::set<std::string>& known) {
-  std::map<std::string, std::string> m;
-  for (int i = 0; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (!known.count(f)) return absl::InvalidArgumentError("unknown flag '" + f + "'");
-    if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + f + " needs a value");
-    m[f] = argv[++i];
-  }
-  return m;
 }
 
 class Session {
@@ -429,7 +417,7 @@ class Session {
 }  // namespace
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
-  DS_ASSIGN_OR_RETURN(auto m, ParsePairs(argc, argv,
+  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv,
                                          {"--scheduler", "--model", "--backend", "--worker-id",
                                           "--threads", "--device", "--connect-timeout",
                                           "--nvml-device", "--port-file", "--tp-rank",
