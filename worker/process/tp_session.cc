@@ -40,14 +40,7 @@ double FreeGiB(bool cuda, int device) {
 #endif
   (void)cuda;
   (void)device;
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (f >> key >> kb) {
-    if (key == "MemAvailable:") return kb / 1048576.0;
-    f.ignore(256, '\n');
-  }
-  return 1.0;
+  return tp::HostMemAvailableGiB();
 }
 
 }  // namespace

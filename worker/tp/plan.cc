@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
 
 #include "absl/strings/numbers.h"
@@ -50,6 +51,17 @@ absl::StatusOr<std::vector<double>> ParseSplit(std::string_view s) {
     start = end + 1;
   }
   return w;
+}
+
+double HostMemAvailableGiB() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  while (f >> key >> kb) {
+    if (key == "MemAvailable:") return kb / 1048576.0;
+    f.ignore(256, '\n');
+  }
+  return 1.0;
 }
 
 std::vector<double> SplitFromFreeBytes(std::span<const double> free_bytes) {

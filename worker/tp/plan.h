@@ -42,6 +42,10 @@ absl::StatusOr<std::vector<double>> ParseSplit(std::string_view s);
 // Split weights proportional to each device's free memory (bytes).
 std::vector<double> SplitFromFreeBytes(std::span<const double> free_bytes);
 
+// This host's MemAvailable (/proc/meminfo) in GiB, the free memory of a CPU rank for
+// `--split mem`; 1.0 when it cannot be read.
+double HostMemAvailableGiB();
+
 enum class LmHead {
   kVocabParallel,  // each rank holds rows `vocab` of output.weight; logits all-gathered
   kRank0,          // rank 0 holds the whole lm_head and alone produces logits

@@ -98,17 +98,6 @@ SynthOptions PerfShape() {
   return o;
 }
 
-double MemAvailableGiB() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (f >> key >> kb) {
-    if (key == "MemAvailable:") return kb / 1048576.0;
-    f.ignore(256, '\n');
-  }
-  return 1.0;
-}
-
 int Main(int argc, char** argv) {
   std::map<std::string, std::string> a;
   for (int i = 1; i < argc; ++i) {
@@ -171,7 +160,7 @@ int Main(int argc, char** argv) {
   const std::string split_arg = str("--split", "");
   if (split_arg == "mem") {
     float mine = a.count("--free-gib") ? std::strtof(a["--free-gib"].c_str(), nullptr)
-                                       : static_cast<float>(MemAvailableGiB());
+                                       : static_cast<float>(tp::HostMemAvailableGiB());
     std::vector<float> all(world, mine);
     if (coll) {
       absl::Status st = coll->AllGather(&mine, 1, all.data());
