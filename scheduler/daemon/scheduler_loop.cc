@@ -370,15 +370,18 @@ void SchedulerLoop::Route(std::vector<Event> events,
   }
 }
 
+void SchedulerLoop::FailInFlightPlan(const std::string& why, bool unavailable) {
+  if (!plan_) return;
+  StepResults r;
+  r.step_id = plan_->step_id;
+  r.status = absl::UnavailableError(why);
+  auto events = core_->Apply(*plan_, r, absl::Now());
+  plan_.reset();
+  if (events.ok()) Route(std::move(*events), nullptr, unavailable);
+}
+
 void SchedulerLoop::FailAll(const std::string& why, bool unavailable) {
-  if (plan_) {
-    StepResults r;
-    r.step_id = plan_->step_id;
-    r.status = absl::UnavailableError(why);
-    auto events = core_->Apply(*plan_, r, absl::Now());
-    plan_.reset();
-    if (events.ok()) Route(std::move(*events), nullptr, unavailable);
-  }
+  FailInFlightPlan(why, unavailable);
   std::vector<RequestId> ids;
   for (const auto& [id, side] : side_) ids.push_back(id);
   for (RequestId id : ids) core_->Finish(id, FinishReason::kError, why).IgnoreError();
@@ -402,14 +405,7 @@ void SchedulerLoop::HoldForReplay(const std::string& why) {
   // re-prefills the history and continues; the core emits Token events only for tokens generated
   // from then on, so nothing already streamed is sent again. Greedy output is unchanged.
   for (const auto& [id, side] : side_) core_->Requeue(id).IgnoreError();
-  if (plan_) {
-    StepResults r;
-    r.step_id = plan_->step_id;
-    r.status = absl::UnavailableError(why);
-    auto events = core_->Apply(*plan_, r, absl::Now());
-    plan_.reset();
-    if (events.ok()) Route(std::move(*events), nullptr, /*unavailable=*/true);
-  }
+  FailInFlightPlan(why, /*unavailable=*/true);
   Route(core_->TakeEvents(), nullptr, /*unavailable=*/true);
   holding_ = !side_.empty();
   hold_until_ = After(opts_.failover_wait_s);

@@ -188,6 +188,8 @@ class SchedulerLoop {
   void Handle(StopCmd& c);
   // Fails every request with kError (`unavailable` marks it retryable) and forgets the worker.
   void LoseWorker(const std::string& why);
+  // Applies the in-flight plan (if any) as a failed step and routes its events.
+  void FailInFlightPlan(const std::string& why, bool unavailable);
   void FailAll(const std::string& why, bool unavailable);
   // Failover: requeues every request of the lost worker (the core keeps its history).
   void HoldForReplay(const std::string& why);
