@@ -8,8 +8,7 @@
 # Usage (from the repository root on the device): bash tools/bench/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${BIN:-.devcarry/bin}
-export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source tools/device/env.sh
 LOG=${OUT:-/tmp}/device_run
 mkdir -p "$LOG"
 MODEL=${MODEL:-/tmp/q6k-27b.gguf}  # outside $OUT: 21 GB must not be carried back

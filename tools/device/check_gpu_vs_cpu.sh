@@ -6,7 +6,7 @@
 # Usage: tools/device/check_gpu_vs_cpu.sh  (prints one line per model; exit 1 if F32 exceeds bound)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source tools/device/env.sh
 B=${BIN:-.devcarry/bin}/deltaserve
 W=$(mktemp -d)
 # 100 prompt tokens: the prefill crosses KV page boundaries (64-token pages).

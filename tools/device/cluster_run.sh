@@ -6,8 +6,7 @@
 # Usage (device, repo root, after tools/device/pack.sh deltaserve deltactl): tools/device/cluster_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
+source tools/device/env.sh
 B=.devcarry/bin/deltaserve; C=.devcarry/bin/deltactl
 MODEL=${MODEL:-/tmp/q6k-27b.gguf}
 LOG=${OUT:-/tmp}/cluster_run; mkdir -p "$LOG"

@@ -13,12 +13,7 @@
 # DS_PACK_XZ=1 unpack .devcarry/dc.tar.xz first, see pack.sh): tools/device/nccl_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ -z "${BIN:-}" ] && [ -f .devcarry/dc.tar.xz ] && [ ! -d .devcarry/bin ]; then
-  x=$(mktemp -d) && tar -C "$x" -xJf .devcarry/dc.tar.xz && rm -rf .devcarry && mv "$x/dc" .devcarry
-fi
-export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
-BIN=${BIN:-.devcarry/bin}
+source tools/device/env.sh
 B=$BIN/deltaserve
 LOG=${OUT:-/tmp}/nccl_check; mkdir -p "$LOG"
 W=$(mktemp -d)

@@ -9,7 +9,7 @@
 # float summation order), each vs CPU ~1e-2 (int8 activations), flat across the decode steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source tools/device/env.sh
 R=${BIN:-.devcarry/bin}/ds_tp_rank; B=${BIN:-.devcarry/bin}/deltaserve; W=$(mktemp -d)
 "$B" gguf-synth --preset 27b --layers 4 --type Q6_K --out $W/m.gguf 2>/dev/null || exit 1
 run() {  # name backend [flags]

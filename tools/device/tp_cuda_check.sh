@@ -25,12 +25,7 @@
 # tp_nccl_test` here): tools/device/tp_cuda_check.sh. One PASS/FAIL line per check; exit 1 on any FAIL.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ -z "${BIN:-}" ] && [ -f .devcarry/dc.tar.xz ] && [ ! -d .devcarry/bin ]; then
-  x=$(mktemp -d) && tar -C "$x" -xJf .devcarry/dc.tar.xz && rm -rf .devcarry && mv "$x/dc" .devcarry
-fi
-export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
-BIN=${BIN:-.devcarry/bin}
+source tools/device/env.sh
 R=$BIN/ds_tp_rank
 B=$BIN/deltaserve
 LOG=${OUT:-/tmp}/tp_cuda_check; mkdir -p "$LOG"
