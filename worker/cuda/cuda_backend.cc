@@ -217,7 +217,11 @@ class CudaBackend final : public CudaBackendApi {
   int tiled_max_rows_ = 0;
   // Rows that take a matmul on int8 activations (GEMV or tiled kernel): the xq_/xd_ capacity.
   int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
-  bool UsesTiled(const DMat& w, int R) const { return w.tiled && R <= tiled_max_rows_; }
+  // Whether an R-row matmul on `w` takes the column kernels (tiled mma or v2 GEMV) rather than
+  // dequantization + cuBLAS.
+  bool ColumnPath(const DMat& w, int R) const {
+    return R <= (w.tiled ? tiled_max_rows_ : copts_.gemv_max_rows);
+  }
   int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
   int32_t* d_logit_rows_ = nullptr;  // [T_max]
   int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
@@ -722,7 +726,7 @@ absl::Status CudaBackend::GemvColumns(const DMat& w, const DMat* w2, const float
 }
 
 absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
-  if (w.tiled ? R <= tiled_max_rows_ : R <= copts_.gemv_max_rows)
+  if (ColumnPath(w, R))
     return GemvColumns(w, nullptr, x, R, y,
                        accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore);
   if (w.type == GgmlType::F32)
@@ -747,7 +751,7 @@ absl::Status CudaBackend::Linear(const DMat& w, const float* x, int R, float* y,
 absl::Status CudaBackend::LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                                       const float* x, int R) {
   const DMat& m0 = *mats.begin()->first;
-  bool same = (m0.tiled ? R <= tiled_max_rows_ : R <= copts_.gemv_max_rows) &&
+  bool same = ColumnPath(m0, R) &&
               static_cast<int>(mats.size()) <= kGemvMaxSegs;
   for (auto& [m, y] : mats)
     same = same && m->type == m0.type && m->cols == m0.cols && m->tiled == m0.tiled;
@@ -795,8 +799,7 @@ absl::Status CudaBackend::NormToA(const float* w, int R) {
 
 absl::Status CudaBackend::LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R,
                                          float* y) {
-  if (g.type == u.type && g.tiled == u.tiled &&
-      (g.tiled ? R <= tiled_max_rows_ : R <= copts_.gemv_max_rows))
+  if (g.type == u.type && g.tiled == u.tiled && ColumnPath(g, R))
     return GemvColumns(g, &u, x, R, y, GemvEpilogue::kSiluMul);
   DS_RETURN_IF_ERROR(Linear(g, x, R, y, false));
   DS_RETURN_IF_ERROR(Linear(u, x, R, ffb_, false));
