@@ -2,7 +2,6 @@
 #include "kernels/cuda/gemv_tiled.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
@@ -11,7 +10,9 @@ namespace ds::cuda {
 namespace {
 
 constexpr int kQ6Bytes = 210;  // GGUF block_q6_K: ql[128] qh[64] scales[16] d
-// A block = W warps (4; 8 as a lab switch) splitting the K units of one 16-row tile.
+// A block = 4 warps splitting the K units of one 16-row tile (8 measured worse on the H200,
+// 2026-11-29: no gain at 1 column, 81.0 vs 81.1 tok/s; x16 743 vs 796 tok/s).
+constexpr int kWarps = 4;
 constexpr int kOffQh = 2048, kOffSc = 3072, kOffD = 3328;
 
 // t = (q - 32) & 63 of element e (0..255) of a raw Q6_K block: the centred 6-bit quant.
@@ -139,7 +140,7 @@ struct TiledLaunch {
 // Block = one 16-row tile (of w and w2 in pair mode) x all nc <= 8*NT columns; warp w takes
 // units w, w+4, ...; per unit and step one mma per n-tile of 8 columns. Thread (g, q) holds C
 // entries rows {g, g+8} x columns {8j + 2q, 8j + 2q + 1}.
-template <int NT, bool kPair, int kWarps>
+template <int NT, bool kPair>
 __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant__ TiledLaunch L) {
   constexpr int P = kPair ? 2 : 1;
   constexpr int NCB = NT * 8;
@@ -304,17 +305,6 @@ __global__ void DequantTiledKernel(const uint8_t* __restrict__ tiled, int64_t tu
   }
 }
 
-template <int NT, int W>
-void LaunchTiledW(const TiledLaunch& L, int blocks, cudaStream_t s) {
-  if constexpr (NT <= 4) {  // 64-column pairs are split in two by TiledGemvMulti
-    if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) {
-      TiledKernel<NT, true, W><<<blocks, W * 32, 0, s>>>(L);
-      return;
-    }
-  }
-  TiledKernel<NT, false, W><<<blocks, W * 32, 0, s>>>(L);
-}
-
 template <int NT>
 void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
   int end = 0;
@@ -322,15 +312,13 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     end += CeilDiv(L.seg[i].M, kTiledRows);
     L.blk_end[i] = end;
   }
-  // DS_TILED_WARPS=8: 8-warp blocks (lab switch). Measured on the H200 (2026-11-29): no gain at
-  // 1 column (81.0 vs 81.1 tok/s), x16 743 vs 796 tok/s: 4 warps is the default.
-  static const int forced = [] {
-    const char* e = std::getenv("DS_TILED_WARPS");
-    return e ? std::atoi(e) : 0;
-  }();
-  const int w = forced == 8 ? 8 : 4;
-  if (w == 8) LaunchTiledW<NT, 8>(L, end, s);
-  else LaunchTiledW<NT, 4>(L, end, s);
+  if constexpr (NT <= 4) {  // 64-column pairs are split in two by TiledGemvMulti
+    if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) {
+      TiledKernel<NT, true><<<end, kWarps * 32, 0, s>>>(L);
+      return;
+    }
+  }
+  TiledKernel<NT, false><<<end, kWarps * 32, 0, s>>>(L);
 }
 
 }  // namespace
