@@ -1,7 +1,6 @@
 // Quantized GEMV kernels (see gemv.cuh). Lab notes and measured speeds: kernels/cuda/README.md.
 #include "kernels/cuda/gemv.cuh"
 
-#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
@@ -68,7 +67,7 @@ __device__ __forceinline__ void QuantUnit(const GemvArgs& a, const uint8_t* cons
   }
 }
 
-template <GgmlType T, int NC, bool kPair, int R, int kU = 2>
+template <GgmlType T, int NC, bool kPair, int R>
 __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_constant__ GemvLaunch L) {
   constexpr int NR = kPair ? 2 : R;
   constexpr int UB = UnitBytes(T);
@@ -122,10 +121,10 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
 #pragma unroll
     for (int r = 0; r < NR; ++r) a4 = a4 && ((reinterpret_cast<uintptr_t>(rows[r] + warp * UB) & 3) == 0);
     if (a4 && (UB * kWarps) % 4 == 0) {
-#pragma unroll kU
+#pragma unroll 2
       for (int u = warp; u < nu; u += kWarps) QuantUnit<T, NC, NR, true>(a, rows, u, lane, kb, acc);
     } else {
-#pragma unroll kU
+#pragma unroll 2
       for (int u = warp; u < nu; u += kWarps) QuantUnit<T, NC, NR, false>(a, rows, u, lane, kb, acc);
     }
   }
@@ -215,19 +214,6 @@ void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
   for (int i = 0; i < L.n_segs; ++i) {
     end += CeilDiv(L.seg[i].M, pair ? 1 : R);
     L.blk_end[i] = end;
-  }
-  // Lab switch (DS_GEMV_UNROLL=4): Q6_K 1-2 column kernels with 4 units in flight per warp
-  // instead of 2, for A/B timing in one device call; the default is the measured winner.
-  static const int unroll = [] {
-    const char* e = std::getenv("DS_GEMV_UNROLL");
-    return e ? std::atoi(e) : 2;
-  }();
-  if constexpr (T == GgmlType::Q6_K && NC <= 2) {
-    if (unroll == 4) {
-      if (pair) GemvUnitKernel<T, NC, true, R, 4><<<end, kWarps * 32, 0, s>>>(L);
-      else GemvUnitKernel<T, NC, false, R, 4><<<end, kWarps * 32, 0, s>>>(L);
-      return;
-    }
   }
   if (pair) GemvUnitKernel<T, NC, true, R><<<end, kWarps * 32, 0, s>>>(L);
   else GemvUnitKernel<T, NC, false, R><<<end, kWarps * 32, 0, s>>>(L);
