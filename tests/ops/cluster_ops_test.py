@@ -210,6 +210,20 @@ def wait_for(cond, timeout):
     return False
 
 
+def stop_all(procs, sockets):
+    """SIGTERM every live process, wait up to 20 s each (then kill), close the notify sockets."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for s in sockets:
+        s.close()
+
+
 def test_systemd(a, work):
     model = os.path.join(work, "tiny.gguf")
     procs = []
@@ -263,16 +277,7 @@ def test_systemd(a, work):
         expect(sd["scheduler"].count("WATCHDOG=1") == before, "a frozen scheduler stops pinging")
         sched.send_signal(signal.SIGCONT)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for s in sd.values():
-            s.close()
+        stop_all(procs, sd.values())
 
 
 def test_bad_config(a, work):
@@ -328,16 +333,7 @@ def test_shipped_configs(a, work):
         expect(wait_for(lambda: sd["gateway"].first("READY=1"), 30),
                "gateway starts from deploy/config/gateway.conf")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for x in sd.values():
-            x.close()
+        stop_all(procs, sd.values())
 
 
 def main():
