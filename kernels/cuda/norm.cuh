@@ -14,7 +14,8 @@ absl::Status RmsNormRows(const float* x, int64_t ldx, const int32_t* rows, const
                          float* out, int T, int n, float eps, cudaStream_t stream);
 
 // RMSNorm of contiguous rows x: [T, n] into out: [T, n] and, in the same pass, the int8 GEMV
-// activations of `out` (xq: [T, n], xd: [T, n/32], as QuantizeActivations). n % 32 == 0.
+// activations of `out` (xq: [T, n], xd: [T, n/32], as QuantizeActivations). n % 32 == 0; x, w
+// and out 16-byte aligned, xq 8-byte aligned.
 absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t* xq, float* xd,
                              int T, int n, float eps, cudaStream_t stream);
 

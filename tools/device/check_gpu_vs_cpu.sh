@@ -39,25 +39,24 @@ PY
 done
 
 # The tiled Q6_K path (repacked 16-row mma tiles) needs K % 256 == 0, which the tiny presets do not
-# have: a 4-layer model of the 27B width runs it (prefill through the tiled dequantization +
-# cuBLAS, decode through the mma kernel). Against the raw layout (DS_TILED=0: v2 dp4a GEMV, raw
-# dequantization) the only differences are float summation orders, so the bound is tight.
+# have: a 4-layer model of the 27B width runs it. Prefill (> 32 rows) goes through the tiled
+# dequantization + cuBLAS against the raw dequantization + cuBLAS: the same bf16 values, so the
+# logits must agree to 1e-5. Decode is compared step by step (teacher-forced, graphs on/off,
+# two loads) by tools/device/tiled_decode_check.sh: greedy tokens are no criterion there, because
+# the int8 activation quantization turns float-order differences into rounding flips that reach
+# 1e-2 of the logits after a few steps on a random-weight model whose top-2 gaps are ~1e-2.
 "$B" gguf-synth --preset 27b --layers 4 --type Q6_K --out $W/w4.gguf 2>/dev/null
 "$B" logits --model $W/w4.gguf --prompt-ids $IDS --out $W/t.f32 --backend cuda 2>/dev/null
 DS_TILED=0 "$B" logits --model $W/w4.gguf --prompt-ids $IDS --out $W/r.f32 --backend cuda 2>/dev/null
-"$B" generate --model $W/w4.gguf --prompt-ids $IDS --max-tokens 32 --ignore-eos --json --backend cuda > $W/t.json
-DS_TILED=0 "$B" generate --model $W/w4.gguf --prompt-ids $IDS --max-tokens 32 --ignore-eos --json --backend cuda > $W/r.json
 python3 - $W <<'PY' || rc=1
-import json, sys, numpy as n
+import sys, numpy as n
 w = sys.argv[1]
 t = n.fromfile(w + '/t.f32', 'f4'); r = n.fromfile(w + '/r.f32', 'f4')
 ok_sizes = t.size == r.size and t.size > 0
 rel = float(abs(t - r).max() / abs(r).max()) if ok_sizes else float('inf')
-tt = json.load(open(w + '/t.json'))['tokens']; tr = json.load(open(w + '/r.json'))['tokens']
-agree = next((i for i, (a, b) in enumerate(zip(tt, tr)) if a != b), len(tr))
-ok = rel < 1e-3 and agree >= 8
-print(f"Q6_K 27b-width x4 layers, tiled vs raw layout: logits max rel diff {rel:.2e} (bound 1e-3)"
-      f"  greedy agreement {agree}/{len(tr)} tokens (>= 8)  {'OK' if ok else 'FAIL'}")
+ok = rel < 1e-5
+print(f"Q6_K 27b-width x4 layers, tiled vs raw layout, prefill: logits max rel diff {rel:.2e}"
+      f" (bound 1e-5)  {'OK' if ok else 'FAIL'}")
 sys.exit(0 if ok else 1)
 PY
 rm -rf $W

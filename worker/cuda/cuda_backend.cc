@@ -171,6 +171,15 @@ class CudaBackend final : public CudaBackendApi {
     xq_src_ = nullptr;
     xh_src_ = nullptr;
   }
+  // Blocking copy between host and device (either way) ordered on stream_. Every transfer of
+  // the backend goes through it: stream_ is non-blocking, so a plain cudaMemcpy (legacy stream)
+  // is not ordered with its kernels, and a pageable host->device cudaMemcpy may return before
+  // its DMA lands (that raced the repack of the tiled weights against their staging copy).
+  absl::Status Copy(void* dst, const void* src, size_t n) const {
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
   void ProfBegin(const char* cls);
   void ProfEnd();
   absl::Status FlushProfile();
@@ -546,7 +555,7 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     uint8_t* d = wa.Take<uint8_t>(m->bytes);
     m->d = d;
     if (!m->tiled) {
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, w.data, m->bytes, cudaMemcpyHostToDevice));
+      DS_RETURN_IF_ERROR(Copy(d, w.data, m->bytes));
       return absl::OkStatus();
     }
     // Raw rows go through the staging buffer in chunks of whole tiles and are repacked there.
@@ -554,8 +563,7 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
     const int64_t chunk = std::max<int64_t>(kTiledRows, staging_bytes / rb / kTiledRows * kTiledRows);
     for (int64_t r0 = 0; r0 < w.rows; r0 += chunk) {
       const int64_t n = std::min<int64_t>(chunk, w.rows - r0);
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(staging, static_cast<const uint8_t*>(w.data) + r0 * rb,
-                                         n * rb, cudaMemcpyHostToDevice));
+      DS_RETURN_IF_ERROR(Copy(staging, static_cast<const uint8_t*>(w.data) + r0 * rb, n * rb));
       DS_RETURN_IF_ERROR(TileRows(w.type, staging, r0, n, m->cols, d, stream_));
       DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     }
@@ -563,7 +571,7 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   };
   auto up_vec = [&](const std::vector<float>& v) -> absl::StatusOr<const float*> {
     float* d = wa.Take<float>(v.size());
-    if (!v.empty()) DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    if (!v.empty()) DS_RETURN_IF_ERROR(Copy(d, v.data(), v.size() * 4));
     return d;
   };
   DS_RETURN_IF_ERROR(up_mat(mw.token_embd, &token_embd_));
@@ -618,12 +626,12 @@ absl::Status CudaBackend::Init(const std::string& path, const BackendOptions& op
   Arena sa{static_cast<uint8_t*>(state_mem_), plan_.kv_cache + plan_.recurrent, 0};
   // Zero KV and recurrent state first: the block table lives in the same arena (it used to be
   // zeroed after its upload, which mapped every page of every slot to page 0).
-  DS_CUDA_RETURN_IF_ERROR(cudaMemset(state_mem_, 0, plan_.kv_cache + plan_.recurrent));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state_mem_, 0, plan_.kv_cache + plan_.recurrent, stream_));
   int32_t* table = sa.Take<int32_t>(n_pages);
   {
     std::vector<int32_t> t(n_pages);
     for (int i = 0; i < n_pages; ++i) t[i] = i;  // slot s owns pages [s*max_pages, (s+1)*max_pages)
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(table, t.data(), n_pages * 4, cudaMemcpyHostToDevice));
+    DS_RETURN_IF_ERROR(Copy(table, t.data(), n_pages * 4));
   }
   kv_base_ = KvCacheView{nullptr, nullptr,   table,     copts_.kv_page_size,
                          max_pages_, n_kv, c.head_dim, copts_.kv_type};
@@ -1282,16 +1290,16 @@ absl::StatusOr<SlotSnapshot> CudaBackend::Snapshot(int slot) const {
   uint8_t* p = snap.bytes.data();
   for (const DLayer& L : layers_) {
     if (L.rec) {
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.ring) + slot * ring, ring, cudaMemcpyDeviceToHost));
+      DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.ring) + slot * ring, ring));
       p += ring;
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.state) + slot * st, st, cudaMemcpyDeviceToHost));
+      DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.state) + slot * st, st));
       p += st;
     } else {
       // Slot pages are contiguous (identity block table): copy the used pages of K then V.
       const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.kc) + off, pages * page_bytes, cudaMemcpyDeviceToHost));
+      DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.kc) + off, pages * page_bytes));
       p += pages * page_bytes;
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, reinterpret_cast<uint8_t*>(L.vc) + off, pages * page_bytes, cudaMemcpyDeviceToHost));
+      DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.vc) + off, pages * page_bytes));
       p += pages * page_bytes;
     }
   }
@@ -1313,15 +1321,15 @@ absl::Status CudaBackend::Restore(int slot, const SlotSnapshot& snap) {
   const uint8_t* p = snap.bytes.data();
   for (DLayer& L : layers_) {
     if (L.rec) {
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.ring) + slot * ring, p, ring, cudaMemcpyHostToDevice));
+      DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.ring) + slot * ring, p, ring));
       p += ring;
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.state) + slot * st, p, st, cudaMemcpyHostToDevice));
+      DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.state) + slot * st, p, st));
       p += st;
     } else {
       const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.kc) + off, p, pages * page_bytes, cudaMemcpyHostToDevice));
+      DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.kc) + off, p, pages * page_bytes));
       p += pages * page_bytes;
-      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(reinterpret_cast<uint8_t*>(L.vc) + off, p, pages * page_bytes, cudaMemcpyHostToDevice));
+      DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.vc) + off, p, pages * page_bytes));
       p += pages * page_bytes;
     }
   }

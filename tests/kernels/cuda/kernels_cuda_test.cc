@@ -510,48 +510,61 @@ TEST(Gemm, CublasBf16MatchesCpu) {
 // ---------------------------------------------------------------------------------------------
 // Norm, embedding, element-wise, argmax
 
+// Widths: one pass of the wide kernel (5120), several (17408 + 32: 2177 groups over 1024
+// threads), a partial warp (40), an odd width and a row stride that is not a multiple of 4
+// (both take the scalar kernel).
 TEST(Ops, RmsNormRowsWithRowPick) {
-  const int T = 5, n = 5120;
-  auto x = RandVec(static_cast<size_t>(T) * n, -3.f, 3.f);
-  auto w = RandVec(n, 0.5f, 1.5f);
-  std::vector<int32_t> rows = {4, 0, 2};
-  Dev<float> dx(x), dw(w), out(rows.size() * n);
-  Dev<int32_t> dr(rows);
-  ASSERT_OK(RmsNormRows(dx.p, n, dr.p, dw.p, out.p, 3, n, 1e-6f, nullptr));
-  const auto got = out.Down();
-  std::vector<float> ref(n);
-  for (int i = 0; i < 3; ++i) {
-    cpu::RmsNorm(x.data() + static_cast<size_t>(rows[i]) * n, w.data(), n, 1e-6f, ref.data());
-    for (int j = 0; j < n; ++j) ASSERT_NEAR(got[static_cast<size_t>(i) * n + j], ref[j], 1e-4f * (1 + std::fabs(ref[j])));
+  for (auto [n, ldx] : std::vector<std::pair<int, int>>{{5120, 5120}, {17440, 17440}, {40, 40}, {100, 100}, {96, 98}}) {
+    const int T = 5;
+    auto x = RandVec(static_cast<size_t>(T) * ldx, -3.f, 3.f);
+    auto w = RandVec(n, 0.5f, 1.5f);
+    std::vector<int32_t> rows = {4, 0, 2};
+    Dev<float> dx(x), dw(w), out(rows.size() * n);
+    Dev<int32_t> dr(rows);
+    ASSERT_OK(RmsNormRows(dx.p, ldx, dr.p, dw.p, out.p, 3, n, 1e-6f, nullptr));
+    const auto got = out.Down();
+    std::vector<float> ref(n);
+    for (int i = 0; i < 3; ++i) {
+      cpu::RmsNorm(x.data() + static_cast<size_t>(rows[i]) * ldx, w.data(), n, 1e-6f, ref.data());
+      for (int j = 0; j < n; ++j)
+        ASSERT_NEAR(got[static_cast<size_t>(i) * n + j], ref[j], 1e-4f * (1 + std::fabs(ref[j]))) << "n " << n << " row " << i << " elem " << j;
+    }
   }
 }
 
 TEST(Ops, RmsNormQuantizeMatchesCpu) {
-  const int T = 3, n = 5120 + 32;
-  auto x = RandVec(static_cast<size_t>(T) * n, -3.f, 3.f);
-  x[7] = 40.f;  // one outlier block: its scale is set by the outlier
-  auto w = RandVec(n, 0.5f, 1.5f);
-  Dev<float> dx(x), dw(w), out(static_cast<size_t>(T) * n), xd(static_cast<size_t>(T) * n / 32);
-  Dev<int8_t> xq(static_cast<size_t>(T) * n);
-  ASSERT_OK(RmsNormQuantize(dx.p, dw.p, out.p, xq.p, xd.p, T, n, 1e-6f, nullptr));
-  const auto got = out.Down();
-  const auto gq = xq.Down();
-  const auto gd = xd.Down();
-  std::vector<float> ref(n);
-  for (int t = 0; t < T; ++t) {
-    cpu::RmsNorm(x.data() + static_cast<size_t>(t) * n, w.data(), n, 1e-6f, ref.data());
-    for (int b = 0; b < n / 32; ++b) {
-      float amax = 0;
-      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(ref[b * 32 + j]));
-      const float d = gd[static_cast<size_t>(t) * n / 32 + b];
-      ASSERT_NEAR(d, amax / 127.f, 1e-5f * (1 + amax));
-      for (int j = 0; j < 32; ++j) {
-        const size_t i = static_cast<size_t>(t) * n + b * 32 + j;
-        ASSERT_NEAR(got[i], ref[b * 32 + j], 1e-4f * (1 + std::fabs(ref[b * 32 + j])));
-        ASSERT_LE(std::fabs(gq[i] * d - ref[b * 32 + j]), 0.51f * d + 1e-6f) << "elem " << i;
+  for (int n : {5120 + 32, 17408 + 32, 64}) {
+    const int T = 3;
+    auto x = RandVec(static_cast<size_t>(T) * n, -3.f, 3.f);
+    x[7] = 40.f;  // one outlier block: its scale is set by the outlier
+    auto w = RandVec(n, 0.5f, 1.5f);
+    Dev<float> dx(x), dw(w), out(static_cast<size_t>(T) * n), xd(static_cast<size_t>(T) * n / 32);
+    Dev<int8_t> xq(static_cast<size_t>(T) * n);
+    ASSERT_OK(RmsNormQuantize(dx.p, dw.p, out.p, xq.p, xd.p, T, n, 1e-6f, nullptr));
+    const auto got = out.Down();
+    const auto gq = xq.Down();
+    const auto gd = xd.Down();
+    std::vector<float> ref(n);
+    for (int t = 0; t < T; ++t) {
+      cpu::RmsNorm(x.data() + static_cast<size_t>(t) * n, w.data(), n, 1e-6f, ref.data());
+      for (int b = 0; b < n / 32; ++b) {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(ref[b * 32 + j]));
+        const float d = gd[static_cast<size_t>(t) * n / 32 + b];
+        ASSERT_NEAR(d, amax / 127.f, 1e-5f * (1 + amax)) << "n " << n << " row " << t << " block " << b;
+        for (int j = 0; j < 32; ++j) {
+          const size_t i = static_cast<size_t>(t) * n + b * 32 + j;
+          ASSERT_NEAR(got[i], ref[b * 32 + j], 1e-4f * (1 + std::fabs(ref[b * 32 + j])));
+          ASSERT_LE(std::fabs(gq[i] * d - ref[b * 32 + j]), 0.51f * d + 1e-6f) << "n " << n << " elem " << i;
+        }
       }
     }
   }
+  // Misaligned buffers are refused, not read with a faulting float4 load.
+  Dev<float> a(64 * 2), wv(64), o(64);
+  Dev<int8_t> q(64);
+  Dev<float> d(2);
+  EXPECT_FALSE(RmsNormQuantize(a.p + 1, wv.p, o.p, q.p, d.p, 1, 64, 1e-6f, nullptr).ok());
 }
 
 TEST(Ops, EmbedRows) {
