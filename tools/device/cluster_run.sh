@@ -4,6 +4,7 @@
 # from the scheduler's /metrics, the per-step control overhead (step time minus the worker's
 # forward+sample time) at batch 1 and under concurrency.
 # Usage (device, repo root, after tools/device/pack.sh deltaserve deltactl): tools/device/cluster_run.sh
+# Env: SCHED_ARGS (extra scheduler flags, e.g. --spin-wait off), CONCS (default "1 16").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -12,7 +13,7 @@ MODEL=${MODEL:-/tmp/q6k-27b.gguf}
 LOG=${OUT:-/tmp}/cluster_run; mkdir -p "$LOG"
 [ -f "$MODEL" ] || "$B" gguf-synth --preset 27b --type Q6_K --out "$MODEL" 2>&1 | tail -1
 "$B" scheduler --listen 127.0.0.1:50060 --slots 16 --max-slots 16 --ctx 131072 --split pool \
-  --slot-cap 8192 --slot-ctx 8192 --metrics-listen 127.0.0.1:9460 --log-interval 1 \
+  --slot-cap 8192 --slot-ctx 8192 --metrics-listen 127.0.0.1:9460 --log-interval 1 ${SCHED_ARGS:-} \
   >"$LOG/scheduler.log" 2>&1 &
 S=$!
 "$B" worker --scheduler 127.0.0.1:50060 --model "$MODEL" --backend cuda >"$LOG/worker.log" 2>&1 &
@@ -31,11 +32,12 @@ t = urllib.request.urlopen('http://127.0.0.1:9460/metrics').read().decode()
 def v(n):
     m = re.search(r'^' + n + r'(?:\{[^}]*\})? ([0-9.e+-]+)$', t, re.M); return float(m.group(1)) if m else 0.0
 print(v('deltaserve_step_duration_seconds_sum'), v('deltaserve_step_worker_seconds_sum'), v('deltaserve_step_duration_seconds_count'))"; }
-for conc in 1 16; do
-  before=$(scrape)
+for conc in ${CONCS:-1 16}; do
+  before=$(scrape); cpu0=$(awk '{print $14 + $15}' /proc/$S/stat); t0=$(date +%s.%N)
   "$C" load --addr 127.0.0.1:50061 --concurrency $conc --requests $((conc * 2)) --prompt-len 512 \
     --max-tokens 128 --vocab 248320 2>&1 | tee "$LOG/load_c$conc.txt" | tail -25
-  after=$(scrape)
+  after=$(scrape); cpu1=$(awk '{print $14 + $15}' /proc/$S/stat); t1=$(date +%s.%N)
+  echo "  scheduler process CPU: $(python3 -c "print(f'{($cpu1 - $cpu0) / $(getconf CLK_TCK) / ($t1 - $t0) * 100:.0f}% of one core')")"
   python3 -c "
 b = [float(x) for x in '$before'.split()]; a = [float(x) for x in '$after'.split()]
 steps = a[2] - b[2]; tot = a[0] - b[0]; wrk = a[1] - b[1]
