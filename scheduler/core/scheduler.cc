@@ -141,7 +141,8 @@ absl::Status Scheduler::MarkDone(RequestId id, Pending action, FinishReason reas
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not active"));
   Seq& s = *it->second;
-  if (s.in_plan) {
+  if (s.zombie) return absl::NotFoundError(absl::StrCat("request ", id, " is not active"));
+  if (s.plans > 0) {
     // Between steps: the worker is computing this request now; act when its results come back.
     // A finish overrides a pending requeue; the first finish reason wins.
     if (s.pending == Pending::kNone ||
@@ -212,12 +213,7 @@ void Scheduler::Unbind(Seq& s) {
   running_.erase(std::find(running_.begin(), running_.end(), &s));
 }
 
-void Scheduler::FinishNow(Seq& s, FinishReason reason, std::string detail, absl::Time now) {
-  if (s.slot >= 0) {
-    Unbind(s);
-  } else {
-    queue_.Remove(s.key());
-  }
+Event Scheduler::FinishedEvent(Seq& s, FinishReason reason, std::string detail, absl::Time now) {
   s.timings.finished = now;
   Event e;
   e.kind = Event::Kind::kFinished;
@@ -227,15 +223,34 @@ void Scheduler::FinishNow(Seq& s, FinishReason reason, std::string detail, absl:
   e.n_prompt = s.n_prompt;
   e.n_generated = s.n_generated();
   e.timings = s.timings;
-  outbox_.push_back(std::move(e));
+  return e;
+}
+
+void Scheduler::FinishNow(Seq& s, FinishReason reason, std::string detail, absl::Time now) {
+  if (s.slot >= 0) {
+    Unbind(s);
+  } else {
+    queue_.Remove(s.key());
+  }
+  outbox_.push_back(FinishedEvent(s, reason, std::move(detail), now));
   const RequestId id = s.req.id;
   seqs_.erase(id);  // destroys s
+}
+
+void Scheduler::FinishSoon(Seq& s, FinishReason reason, std::string detail, absl::Time now) {
+  if (s.plans == 0) return FinishNow(s, reason, std::move(detail), now);
+  // A later plan still runs on this slot: the client hears now, the slot is freed (and the
+  // request forgotten) when that plan is applied.
+  outbox_.push_back(FinishedEvent(s, reason, std::move(detail), now));
+  s.zombie = true;
+  s.pending = Pending::kNone;
 }
 
 void Scheduler::RequeueNow(Seq& s) {
   Unbind(s);
   s.computed = 0;
   s.pending = Pending::kNone;
+  s.stale = false;
   // The policy or slot count may have changed since it was admitted; waiting for a slot it can
   // never get would hang the client.
   absl::Status fits = CheckFits(s.req.id, static_cast<int64_t>(s.n_prompt) + s.req.max_new_tokens);
@@ -258,6 +273,24 @@ void Scheduler::ExpireDeadlines(absl::Time now) {
   for (Seq* s : expired) FinishNow(*s, FinishReason::kAborted, "deadline exceeded", now);
 }
 
+void Scheduler::ExpireDeadlinesInFlight(absl::Time now) {
+  std::vector<Seq*> expired;
+  for (Seq* s : running_) {
+    if (!s->zombie && s->req.deadline <= now) expired.push_back(s);
+  }
+  for (const RequestQueue::Key& k : queue_) {
+    Seq* s = seqs_.at(k.id).get();
+    if (s->req.deadline <= now) expired.push_back(s);
+  }
+  for (Seq* s : expired) {
+    if (s->plans > 0) {
+      MarkDone(s->req.id, Pending::kFinish, FinishReason::kAborted, "deadline exceeded").IgnoreError();
+    } else {
+      FinishNow(*s, FinishReason::kAborted, "deadline exceeded", now);
+    }
+  }
+}
+
 void Scheduler::FailQueuedThatNoLongerFit() {
   std::vector<std::pair<Seq*, absl::Status>> failed;
   for (const RequestQueue::Key& k : queue_) {
@@ -278,16 +311,19 @@ void Scheduler::AddEntry(Seq& s, int32_t n, StepPlan& plan) {
   e.tokens.assign(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
   e.reset = s.computed == 0;
   e.sample = s.computed + n == static_cast<int32_t>(s.tokens.size());
-  s.in_plan = true;
+  ++s.plans;
+  s.samples_in_flight += e.sample ? 1 : 0;
+  s.planned_end = s.computed + n;
+  s.planned_sample = e.sample;
   plan.n_tokens += n;
   plan.n_sampled += e.sample ? 1 : 0;
   plan.entries.push_back(std::move(e));
 }
 
 absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
-  if (in_flight_step_ != 0) {
+  if (!in_flight_.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("step ", in_flight_step_, " is still in flight; Apply its results first"));
+        absl::StrCat("step ", in_flight_.front(), " is still in flight; Apply its results first"));
   }
   last_now_ = std::max(last_now_, now);
   ExpireDeadlines(now);
@@ -329,15 +365,60 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
   if (plan.entries.empty()) return plan;
   plan.released.swap(released_);
   plan.step_id = next_step_++;
-  in_flight_step_ = plan.step_id;
+  in_flight_.push_back(plan.step_id);
+  return plan;
+}
+
+absl::StatusOr<StepPlan> Scheduler::ScheduleAhead(absl::Time now) {
+  if (in_flight_.size() != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ScheduleAhead needs exactly one plan in flight, there are ", in_flight_.size()));
+  }
+  last_now_ = std::max(last_now_, now);
+  ExpireDeadlinesInFlight(now);
+  StepPlan plan;
+  // Only when Schedule() after the in-flight plan would just decode: an admission or a prefill
+  // chunk waits for it (a queued request sees at most one step of extra delay).
+  if (!queue_.empty() && FreeSlot() >= 0 &&
+      reserved_total_ + Reservation(*seqs_.at(queue_.front().id)) <= config_.context.n_ctx) {
+    return plan;
+  }
+  for (const Seq* s : running_) {
+    if (s->zombie) continue;
+    if (s->plans == 0 || !s->planned_sample) return plan;
+  }
+  for (Seq* s : running_) {
+    if (s->zombie || s->stale || s->pending != Pending::kNone) continue;
+    // The in-flight token may be its last one (length): nothing to continue.
+    if (s->n_generated() + s->samples_in_flight >= s->req.max_new_tokens) continue;
+    if (plan.n_tokens >= config_.max_num_batched_tokens) break;
+    PlanEntry e;
+    e.id = s->req.id;
+    e.slot = s->slot;
+    e.pos0 = s->planned_end;
+    e.tokens = {-1};  // the worker's sample of the in-flight plan
+    e.sample = true;
+    e.ahead = true;
+    ++s->plans;
+    ++s->samples_in_flight;
+    s->planned_end += 1;
+    s->planned_sample = true;
+    plan.n_tokens += 1;
+    plan.n_sampled += 1;
+    plan.entries.push_back(std::move(e));
+  }
+  if (plan.entries.empty()) return plan;
+  plan.step_id = next_step_++;
+  in_flight_.push_back(plan.step_id);
   return plan;
 }
 
 absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
                                                     const StepResults& results, absl::Time now) {
-  if (in_flight_step_ == 0 || plan.step_id != in_flight_step_) {
+  if (in_flight_.empty() || plan.step_id != in_flight_.front()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "plan step ", plan.step_id, " is not the step in flight (", in_flight_step_, ")"));
+        "plan step ", plan.step_id, " is not the oldest step in flight (",
+        in_flight_.empty() ? 0 : in_flight_.front(), ")"));
   }
   if (results.step_id != plan.step_id) {
     return absl::FailedPreconditionError(
@@ -351,8 +432,9 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
   }
   for (const PlanEntry& e : plan.entries) {
     auto it = seqs_.find(e.id);
-    if (it == seqs_.end() || !it->second->in_plan || it->second->slot != e.slot ||
-        it->second->computed != e.pos0) {
+    // Zombies and stale requests no longer track positions: their results are dropped.
+    if (it == seqs_.end() || it->second->plans == 0 || it->second->slot != e.slot ||
+        (!it->second->zombie && !it->second->stale && it->second->computed != e.pos0)) {
       return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": entry of request ",
                                                      e.id, " does not match the plan issued"));
     }
@@ -362,30 +444,44 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
   size_t k = 0;  // index into results.tokens
   for (const PlanEntry& e : plan.entries) {
     Seq& s = *seqs_.at(e.id);
-    s.in_plan = false;
+    --s.plans;
     int32_t token = -1;
     if (e.sample) {
+      --s.samples_in_flight;
       if (ok) token = results.tokens[k];
       ++k;
     }
+    if (s.zombie) {
+      if (s.plans == 0) {
+        Unbind(s);
+        seqs_.erase(e.id);  // destroys s; its Finished event went out already
+      }
+      continue;
+    }
     if (s.pending == Pending::kFinish) {
-      FinishNow(s, s.pending_reason, std::move(s.pending_detail), now);
+      FinishSoon(s, s.pending_reason, std::move(s.pending_detail), now);
       continue;
     }
     if (s.pending == Pending::kRequeue) {
-      RequeueNow(s);
+      // Requeued from position 0 with its history: this result and any later in-flight one are
+      // dropped (the slot is re-prefilled on the next admission).
+      if (s.plans == 0) {
+        RequeueNow(s);
+      } else {
+        s.stale = true;
+      }
       continue;
     }
     if (!ok) {
-      FinishNow(s, FinishReason::kError, absl::StrCat("step failed: ", results.status.message()),
-                now);
+      FinishSoon(s, FinishReason::kError, absl::StrCat("step failed: ", results.status.message()),
+                 now);
       continue;
     }
     s.computed += static_cast<int32_t>(e.tokens.size());
     if (!e.sample) continue;
     if (token < 0) {
-      FinishNow(s, FinishReason::kError, absl::StrCat("worker sampled invalid token id ", token),
-                now);
+      FinishSoon(s, FinishReason::kError, absl::StrCat("worker sampled invalid token id ", token),
+                 now);
       continue;
     }
     s.tokens.push_back(token);
@@ -399,12 +495,12 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
     outbox_.push_back(std::move(ev));
     const std::vector<int32_t>& stop = s.req.stop_ids;
     if (std::find(stop.begin(), stop.end(), token) != stop.end()) {
-      FinishNow(s, FinishReason::kStop, {}, now);
+      FinishSoon(s, FinishReason::kStop, {}, now);
     } else if (s.n_generated() >= s.req.max_new_tokens) {
-      FinishNow(s, FinishReason::kLength, {}, now);
+      FinishSoon(s, FinishReason::kLength, {}, now);
     }
   }
-  in_flight_step_ = 0;
+  in_flight_.erase(in_flight_.begin());
   ++steps_applied_;
   return TakeEvents();
 }
@@ -467,14 +563,15 @@ SchedulerStatus Scheduler::Status() const {
   st.per_slot_cap = PerSlotCap();
   st.policy = config_.context;
   st.draining = draining_;
-  st.plan_in_flight = in_flight_step_ != 0;
+  st.plan_in_flight = !in_flight_.empty();
   st.steps_applied = steps_applied_;
   return st;
 }
 
 absl::StatusOr<RequestInfo> Scheduler::Get(RequestId id) const {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not active"));
+  if (it == seqs_.end() || it->second->zombie)
+    return absl::NotFoundError(absl::StrCat("request ", id, " is not active"));
   const Seq& s = *it->second;
   RequestInfo info;
   info.id = id;
@@ -486,14 +583,15 @@ absl::StatusOr<RequestInfo> Scheduler::Get(RequestId id) const {
   info.tokens = s.tokens;
   info.computed = s.computed;
   info.reserved = s.reserved;
-  info.in_flight = s.in_plan;
+  info.in_flight = s.plans > 0;
   info.timings = s.timings;
   return info;
 }
 
 absl::StatusOr<Request> Scheduler::ExportForReplay(RequestId id) const {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not active"));
+  if (it == seqs_.end() || it->second->zombie)
+    return absl::NotFoundError(absl::StrCat("request ", id, " is not active"));
   const Seq& s = *it->second;
   Request r;
   r.id = id;

@@ -2,10 +2,13 @@
 // every call that needs time takes `now`). One loop thread owns it (scheduler/README.md).
 //
 // Cycle:   plan = Schedule(now)  ->  worker runs plan  ->  events = Apply(plan, results, now)
-// At most one plan is in flight: Schedule() while one is in flight is FailedPrecondition. Add,
+// Schedule() needs no plan in flight. ScheduleAhead() may add a second one while one is in flight
+// (docs/async_scheduling.md): the pure-decode continuation of that plan, so the worker finds its
+// next step queued when it finishes one; plans are applied in the order they were issued. Add,
 // Abort, Finish, Requeue, SetSlots, SetContextPolicy and Drain may be called at any time; what they
-// do to a request of the in-flight plan takes effect when that plan's results are applied ("between
-// steps").
+// do to a request of an in-flight plan takes effect when its last in-flight plan's results are
+// applied ("between steps"). A request that finishes (stop id, length, error) while it still has a
+// plan in flight gets its Finished event at once and keeps its slot until that plan is applied.
 //
 // Events produced outside Apply (an abort of a queued request, deadline expiry in Schedule,
 // requests that no longer fit after a policy change) wait in an outbox that the next Apply()
@@ -57,9 +60,18 @@ class Scheduler {
   // means nothing can run; it does not count as in flight.
   absl::StatusOr<StepPlan> Schedule(absl::Time now);
 
-  // Applies the worker's results of the in-flight plan and returns the events (outbox first).
-  // FailedPrecondition: no plan in flight or another step id. InvalidArgument: results.status OK
-  // but tokens.size() != plan.n_sampled. On error nothing changes and the plan stays in flight.
+  // With exactly one plan in flight: the step that follows it when nothing but decoding would
+  // change: one `ahead` entry per request whose in-flight entry samples, that has no pending
+  // abort/requeue and that can still generate after that token. Empty (step_id 0, not in flight)
+  // when Schedule() after the in-flight plan would do anything else: a running request not in the
+  // plan or still prefilling, or a queued request that could be admitted. FailedPrecondition with
+  // zero or two plans in flight. Deadlines are checked as in Schedule().
+  absl::StatusOr<StepPlan> ScheduleAhead(absl::Time now);
+
+  // Applies the worker's results of the oldest in-flight plan and returns the events (outbox
+  // first). FailedPrecondition: no plan in flight or another step id. InvalidArgument:
+  // results.status OK but tokens.size() != plan.n_sampled. On error nothing changes and the plan
+  // stays in flight.
   absl::StatusOr<std::vector<Event>> Apply(const StepPlan& plan, const StepResults& results,
                                            absl::Time now);
 
@@ -82,7 +94,8 @@ class Scheduler {
   absl::StatusOr<Request> ExportForReplay(RequestId id) const;
   // Nothing queued, running or in flight (a drain is complete).
   bool Idle() const { return seqs_.empty(); }
-  bool plan_in_flight() const { return in_flight_step_ != 0; }
+  bool plan_in_flight() const { return !in_flight_.empty(); }
+  int plans_in_flight() const { return static_cast<int>(in_flight_.size()); }
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -96,7 +109,15 @@ class Scheduler {
     int slot = -1;         // -1 while queued
     int64_t reserved = 0;  // positions reserved while running
     uint64_t seq = 0;      // acceptance order
-    bool in_plan = false;
+    int plans = 0;               // in-flight plans with an entry of this request (0..2)
+    int samples_in_flight = 0;   // ... of which sample a token
+    int32_t planned_end = 0;     // position after its last in-flight entry
+    bool planned_sample = false;  // its last in-flight entry samples
+    // Finished while a plan was still in flight: the Finished event is out, the slot stays bound
+    // until the last such plan is applied; invisible to Abort/Finish/Requeue/Get.
+    bool zombie = false;
+    // Requeue pending while a plan is still in flight: its in-flight results are dropped.
+    bool stale = false;
     Pending pending = Pending::kNone;
     FinishReason pending_reason = FinishReason::kAborted;
     std::string pending_detail;
@@ -121,6 +142,11 @@ class Scheduler {
   void Unbind(Seq& s);
   // Emits Finished and forgets the request (queued or running, not in flight).
   void FinishNow(Seq& s, FinishReason reason, std::string detail, absl::Time now);
+  // FinishNow, or with a plan still in flight: the event now, the slot when that plan is applied.
+  void FinishSoon(Seq& s, FinishReason reason, std::string detail, absl::Time now);
+  Event FinishedEvent(Seq& s, FinishReason reason, std::string detail, absl::Time now);
+  // Deadline expiry of requests with a plan in flight: a pending abort.
+  void ExpireDeadlinesInFlight(absl::Time now);
   void RequeueNow(Seq& s);
   void FailQueuedThatNoLongerFit();
   void ExpireDeadlines(absl::Time now);
@@ -134,7 +160,7 @@ class Scheduler {
   int64_t reserved_total_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t next_step_ = 1;
-  uint64_t in_flight_step_ = 0;  // 0: none
+  std::vector<uint64_t> in_flight_;  // step ids issued and not applied, oldest first (<= 2)
   uint64_t steps_applied_ = 0;
   bool draining_ = false;
   absl::Time last_now_ = absl::InfinitePast();  // for events emitted outside a timed call

@@ -68,6 +68,10 @@ struct PlanEntry {
   std::vector<int32_t> tokens;  // [n] tokens to append, 1 <= n <= max_chunk
   bool reset = false;           // pos0 == 0: the worker empties the slot before appending
   bool sample = false;          // the chunk reaches the end of the known tokens: sample one token
+  // Scheduled ahead (Scheduler::ScheduleAhead): the single input token is the one the worker
+  // samples for this slot in the plan still in flight, unknown here (tokens = {-1}). The worker
+  // protocol needs nothing for it: SlotWork names positions of the tokens the worker knows.
+  bool ahead = false;
 };
 
 // Full data of a sequence bound to a slot in this plan: everything the worker needs once (prompt,

@@ -1,6 +1,7 @@
 // Randomized workloads (seeded): invariants after every step, and determinism (same script, same
 // plans and events, byte for byte).
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <random>
 #include <string>
@@ -24,7 +25,10 @@ struct Tracked {
 // Runs a random script of Add / Abort / Finish / Requeue / SetSlots / SetContextPolicy / steps and
 // returns a trace of every plan and event. Checks invariants as it goes.
 // `seen` counts what the script exercised (finish reasons, add status codes, in-flight aborts).
-std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::string, int>* seen) {
+// `ahead`: the daemon's lookahead (docs/async_scheduling.md): up to two plans in flight, the second
+// from ScheduleAhead(), controls and arrivals between any of them.
+std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::string, int>* seen,
+                      bool ahead = false) {
   std::mt19937 rng(seed);
   auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   const ContextPolicy policy = kind == ContextPolicy::Kind::kPool ? Pool(400, 120) : Static(480);
@@ -35,6 +39,7 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
   std::string trace;
   RequestId next_id = 1;
   int policy_shrinks = 0;
+  std::deque<StepPlan> flight;  // issued, not applied (ahead mode)
 
   for (int step = 0; step < 400; ++step) {
     const absl::Time now = T(step);
@@ -70,11 +75,14 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
     };
     control();
 
-    absl::StatusOr<StepPlan> plan = s->Schedule(now);
+    absl::StatusOr<StepPlan> plan =
+        flight.empty() ? s->Schedule(now)
+                       : (flight.size() == 1 ? s->ScheduleAhead(now) : absl::StatusOr<StepPlan>(StepPlan{}));
     if (!plan.ok()) {
       ADD_FAILURE() << plan.status();
       break;
     }
+    if (!plan->empty() && !flight.empty()) ++(*seen)["ahead"];
     const SchedulerStatus st = s->Status();
     // Budget, chunking, and slots admissible for new work.
     EXPECT_LE(plan->n_tokens, cfg.max_num_batched_tokens);
@@ -106,12 +114,19 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
     absl::StrAppend(&trace, "\n");
 
     std::vector<Event> events;
-    if (plan->empty()) {
+    if (!plan->empty()) flight.push_back(*plan);
+    // Ahead mode: sometimes leave the plan in flight (the next iteration may add the second one).
+    if (flight.empty()) {
+      events = s->TakeEvents();
+    } else if (ahead && flight.size() == 1 && rnd(0, 2) != 0) {
+      control();
       events = s->TakeEvents();
     } else {
       control();  // between steps
-      StepResults res = w.Run(*plan);
-      absl::StatusOr<std::vector<Event>> ev = s->Apply(*plan, res, now + absl::Milliseconds(1));
+      StepPlan oldest = flight.front();
+      flight.pop_front();
+      StepResults res = w.Run(oldest);
+      absl::StatusOr<std::vector<Event>> ev = s->Apply(oldest, res, now + absl::Milliseconds(1));
       if (!ev.ok()) {
         ADD_FAILURE() << ev.status();
         break;
@@ -150,6 +165,17 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
     }
   }
   // Let everything finish: no request is lost or stuck.
+  while (!flight.empty()) {
+    StepPlan oldest = flight.front();
+    flight.pop_front();
+    absl::StatusOr<std::vector<Event>> ev = s->Apply(oldest, w.Run(oldest), T(99999));
+    EXPECT_TRUE(ev.ok()) << ev.status();
+    if (!ev.ok()) break;
+    for (const Event& e : *ev) {
+      absl::StrAppend(&trace, Str(e), "\n");
+      if (e.kind == Event::Kind::kFinished) reqs.erase(e.id);
+    }
+  }
   s->Drain();
   for (int step = 0; step < 2000 && !s->Idle(); ++step) {
     std::vector<Event> ev;
@@ -191,6 +217,21 @@ TEST(SchedulerRandom, InvariantsAndDeterminismStatic) {
         << "seed " << seed;
   }
   for (const char* k : {"length", "aborted", "add OK", "add INVALID_ARGUMENT"}) {
+    EXPECT_GT(seen[k], 0) << k;
+  }
+}
+
+TEST(SchedulerRandom, InvariantsAndDeterminismWithLookahead) {
+  std::map<std::string, int> seen, again;
+  for (uint32_t seed : {7u, 8u, 9u}) {
+    for (ContextPolicy::Kind kind : {ContextPolicy::Kind::kPool, ContextPolicy::Kind::kStatic}) {
+      EXPECT_EQ(RunScript(seed, kind, &seen, /*ahead=*/true),
+                RunScript(seed, kind, &again, /*ahead=*/true))
+          << "seed " << seed;
+    }
+  }
+  EXPECT_EQ(seen, again);
+  for (const char* k : {"ahead", "length", "stop", "aborted", "abort in flight", "requeue in flight"}) {
     EXPECT_GT(seen[k], 0) << k;
   }
 }

@@ -86,19 +86,32 @@ class FakeWorker {
       EXPECT_EQ(known_.count(e.slot), 1u) << "slot " << e.slot << " has no sequence";
       std::vector<int32_t>& st = state_[e.slot];
       const std::vector<int32_t>& kn = known_[e.slot];
+      // An entry scheduled ahead names its input by position only: the token this worker sampled
+      // for the slot in the previous step (what the proto worker does for every SlotWork).
+      PlanEntry ahead_entry;
+      if (e.ahead) {
+        EXPECT_EQ(e.tokens.size(), 1u);
+        EXPECT_TRUE(e.sample);
+        EXPECT_EQ(static_cast<size_t>(e.pos0) + 1, kn.size()) << "ahead entry of " << e.id;
+        if (static_cast<size_t>(e.pos0) < kn.size()) {
+          ahead_entry = e;
+          ahead_entry.tokens = {kn[e.pos0]};
+        }
+      }
+      const PlanEntry& en = e.ahead ? ahead_entry : e;
       if (e.reset) {
         EXPECT_TRUE(st.empty()) << "reset entry on a slot that was not restarted";
       }
       EXPECT_EQ(e.pos0, static_cast<int32_t>(st.size()))
           << "request " << e.id << " slot " << e.slot << " step " << plan.step_id;
-      EXPECT_LE(e.pos0 + e.tokens.size(), kn.size());
-      if (e.pos0 + e.tokens.size() <= kn.size()) {
-        EXPECT_TRUE(std::equal(e.tokens.begin(), e.tokens.end(), kn.begin() + e.pos0))
+      EXPECT_LE(e.pos0 + en.tokens.size(), kn.size());
+      if (e.pos0 + en.tokens.size() <= kn.size()) {
+        EXPECT_TRUE(std::equal(en.tokens.begin(), en.tokens.end(), kn.begin() + e.pos0))
             << "request " << e.id << " chunk differs from its known tokens";
-        EXPECT_EQ(e.sample, e.pos0 + e.tokens.size() == kn.size());
+        EXPECT_EQ(e.sample, e.pos0 + en.tokens.size() == kn.size());
       }
-      st.insert(st.end(), e.tokens.begin(), e.tokens.end());
-      n_tokens += static_cast<int32_t>(e.tokens.size());
+      st.insert(st.end(), en.tokens.begin(), en.tokens.end());
+      n_tokens += static_cast<int32_t>(en.tokens.size());
       if (e.sample) {
         r.tokens.push_back(FakeToken(e.id, static_cast<int32_t>(st.size())));
         known_[e.slot].push_back(r.tokens.back());
@@ -107,6 +120,11 @@ class FakeWorker {
     EXPECT_EQ(n_tokens, plan.n_tokens);
     EXPECT_EQ(static_cast<int32_t>(r.tokens.size()), plan.n_sampled);
     return r;
+  }
+  // Tokens the worker knows for a slot (empty when none).
+  std::vector<int32_t> known(int slot) const {
+    auto it = known_.find(slot);
+    return it == known_.end() ? std::vector<int32_t>{} : it->second;
   }
 
  private:
