@@ -63,7 +63,7 @@ void SchedulerLoop::Run() {
     // Block on the command queue: forever when there is nothing to do, until the step / warmup
     // deadline while the worker computes, not at all when the core has runnable work.
     auto until = SteadyClock::time_point::max();
-    if (plan_ || state_ == WorkerState::kWarming) {
+    if (!flight_.empty() || state_ == WorkerState::kWarming) {
       until = deadline_;
     } else if (state_ == WorkerState::kReady && !core_->Idle()) {
       // An empty plan with requests present: only queued deadlines can change that without a
@@ -84,9 +84,10 @@ void SchedulerLoop::Run() {
                            opts_.failover_wait_s, " s"),
               /*unavailable=*/true);
     }
-    if ((plan_ || state_ == WorkerState::kWarming) && SteadyClock::now() >= deadline_)
+    if ((!flight_.empty() || state_ == WorkerState::kWarming) && SteadyClock::now() >= deadline_)
       LoseWorker(absl::StrCat("no answer within ", opts_.step_timeout_s, " s"));
-    if (state_ == WorkerState::kReady && !plan_) ScheduleAndSend();
+    if (state_ == WorkerState::kReady && flight_.empty()) ScheduleAndSend();
+    if (state_ == WorkerState::kReady && lookahead_ && flight_.size() == 1) ScheduleAheadAndSend();
     // Events produced outside Apply (aborts of queued requests, expired deadlines).
     Route(core_->TakeEvents(), nullptr, false);
 
@@ -221,6 +222,7 @@ void SchedulerLoop::Handle(WorkerJoinCmd& c) {
   }
   worker_ = c.link;
   worker_info_ = c.info;
+  lookahead_ = opts_.lookahead && c.info.tp_world == 1;
   worker_slots_ = slots;
   worker_slot_ctx_ = static_cast<int>(slot_ctx);
   if (st.n_slots_target > slots) {
@@ -253,11 +255,12 @@ void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
 
 void SchedulerLoop::Handle(WorkerStepCmd& c) {
   const auto t_recv = SteadyClock::now();
-  if (c.link != worker_ || !plan_) return;  // a stale answer of a lost worker
+  if (c.link != worker_ || flight_.empty()) return;  // a stale answer of a lost worker
   const WorkerStepResult& wr = c.result;
-  if (wr.step_id != plan_->step_id)
+  const StepPlan& plan = flight_.front().plan;
+  if (wr.step_id != plan.step_id)
     return LoseWorker(absl::StrCat("protocol error: result for step ", wr.step_id, ", expected ",
-                                   plan_->step_id));
+                                   plan.step_id));
   StepResults r;
   r.step_id = wr.step_id;
   r.forward_seconds = wr.forward_seconds;
@@ -268,7 +271,7 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
     // The worker answers per slot; the core wants plan order of the sampled entries.
     absl::flat_hash_map<int, const WorkerSampled*> by_slot;
     for (const WorkerSampled& t : wr.tokens) by_slot[t.slot] = &t;
-    for (const PlanEntry& e : plan_->entries) {
+    for (const PlanEntry& e : plan.entries) {
       if (!e.sample) continue;
       auto it = by_slot.find(e.slot);
       if (it == by_slot.end()) {
@@ -280,19 +283,27 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
       if (it->second->logprob) lps[e.id] = *it->second->logprob;
     }
   }
-  auto events = core_->Apply(*plan_, r, absl::Now());
+  auto events = core_->Apply(plan, r, absl::Now());
   if (!events.ok()) return LoseWorker("cannot apply the step result: " + events.status().ToString());
+  InFlight done = std::move(flight_.front());
+  flight_.pop_front();
+  // The next plan (sent ahead) is what the worker computes now.
+  if (!flight_.empty()) deadline_ = After(opts_.step_timeout_s);
   StepTiming t;
-  t.n_tokens = plan_->n_tokens;
-  t.n_seqs = static_cast<int>(plan_->entries.size());
-  plan_.reset();
+  t.n_tokens = done.plan.n_tokens;
+  t.n_seqs = static_cast<int>(done.plan.entries.size());
   Route(std::move(*events), &lps, false);
   const auto t_end = SteadyClock::now();
-  t.total_us = Micros(t_end - plan_t0_);
+  // A step sent ahead starts, for the worker, when the previous answer left it: its interval is
+  // measured from the previous answer here, and its scheduling (done during the previous step)
+  // is off the critical path.
+  const bool ahead = done.sent < last_result_;
+  t.total_us = Micros(t_end - (ahead ? last_result_ : done.t0));
   t.worker_us = (wr.forward_seconds + wr.sample_seconds) * 1e6;
   t.worker_handle_us = std::max(t.worker_us, wr.handle_seconds * 1e6);
-  t.schedule_us = plan_schedule_us_;
+  t.schedule_us = ahead ? 0 : done.schedule_us;
   t.apply_us = Micros(t_end - t_recv);
+  last_result_ = t_recv;
   stats_.Record(t);
   if (metrics_) metrics_->OnStep(t.total_us * 1e-6, t.n_tokens, t.n_seqs, t.worker_us * 1e-6);
 }
@@ -340,11 +351,36 @@ void SchedulerLoop::ScheduleAndSend() {
     w->set_n_tokens(static_cast<uint32_t>(e.tokens.size()));
     w->set_sample(e.sample);
   }
-  plan_ = std::move(*plan);
-  plan_t0_ = t0;
+  flight_.push_back({std::move(*plan), t0, {}, 0});
   deadline_ = After(opts_.step_timeout_s);
   if (!worker_->Send(msg)) return LoseWorker("stream closed while sending a step");
-  plan_schedule_us_ = Micros(SteadyClock::now() - t0);
+  flight_.back().sent = SteadyClock::now();
+  flight_.back().schedule_us = Micros(flight_.back().sent - t0);
+}
+
+void SchedulerLoop::ScheduleAheadAndSend() {
+  const auto t0 = SteadyClock::now();
+  auto plan = core_->ScheduleAhead(absl::Now());
+  if (!plan.ok()) {
+    DS_LOG(ERROR, "schedule_ahead_failed", {{"error", plan.status()}});
+    return;
+  }
+  if (plan->empty()) return;
+  // Only decode continuations: no starts, no releases, one token per entry named by position.
+  pb::SchedulerMessage msg;
+  pb::Step* step = msg.mutable_step();
+  step->set_step_id(plan->step_id);
+  for (const PlanEntry& e : plan->entries) {
+    pb::SlotWork* w = step->add_work();
+    w->set_slot(static_cast<uint32_t>(e.slot));
+    w->set_pos0(static_cast<uint32_t>(e.pos0));
+    w->set_n_tokens(1);
+    w->set_sample(true);
+  }
+  flight_.push_back({std::move(*plan), t0, {}, 0});
+  if (!worker_->Send(msg)) return LoseWorker("stream closed while sending a step");
+  flight_.back().sent = SteadyClock::now();
+  flight_.back().schedule_us = Micros(flight_.back().sent - t0);
 }
 
 void SchedulerLoop::Route(std::vector<Event> events,
@@ -371,13 +407,15 @@ void SchedulerLoop::Route(std::vector<Event> events,
 }
 
 void SchedulerLoop::FailInFlightPlan(const std::string& why, bool unavailable) {
-  if (!plan_) return;
-  StepResults r;
-  r.step_id = plan_->step_id;
-  r.status = absl::UnavailableError(why);
-  auto events = core_->Apply(*plan_, r, absl::Now());
-  plan_.reset();
-  if (events.ok()) Route(std::move(*events), nullptr, unavailable);
+  // Oldest first, as the core applies them.
+  while (!flight_.empty()) {
+    StepResults r;
+    r.step_id = flight_.front().plan.step_id;
+    r.status = absl::UnavailableError(why);
+    auto events = core_->Apply(flight_.front().plan, r, absl::Now());
+    flight_.pop_front();
+    if (events.ok()) Route(std::move(*events), nullptr, unavailable);
+  }
 }
 
 void SchedulerLoop::FailAll(const std::string& why, bool unavailable) {

@@ -4,6 +4,7 @@
 // it comes back (as a command too) and routes Events to each Submit call's EventChannel.
 #pragma once
 #include <atomic>
+#include <deque>
 #include <chrono>
 #include <cstdint>
 #include <future>
@@ -38,6 +39,7 @@ struct WorkerInfo {
   int n_ctx_train = 0;
   uint64_t state_budget_bytes = 0, kv_bytes_per_token = 0, recurrent_bytes_per_slot = 0;
   uint64_t weights_bytes = 0;
+  int tp_world = 1;  // ranks behind this worker (a TP group is one worker of the loop)
 };
 
 struct WarmupInfo {
@@ -151,6 +153,10 @@ struct LoopOptions {
   // worker and replay them there (full history re-prefilled, streamed tokens not re-sent);
   // 0 = fail them at once with UNAVAILABLE.
   double failover_wait_s = 0;
+  // Send the next decode step before the current one is answered (Scheduler::ScheduleAhead,
+  // docs/async_scheduling.md): the control path runs while the worker computes. Single workers
+  // only for now (a TP group's result merger takes one step per rank at a time).
+  bool lookahead = true;
 };
 
 class SchedulerLoop {
@@ -221,9 +227,16 @@ class SchedulerLoop {
   SteadyClock::time_point hold_until_;  // ... until then, then they fail UNAVAILABLE
   std::string hold_why_;
 
-  std::optional<StepPlan> plan_;       // in flight
-  SteadyClock::time_point plan_t0_;    // Schedule() started
-  double plan_schedule_us_ = 0;
+  struct InFlight {
+    StepPlan plan;
+    SteadyClock::time_point t0;    // Schedule() started
+    SteadyClock::time_point sent;  // the Step was written
+    double schedule_us = 0;
+  };
+  std::deque<InFlight> flight_;             // issued, not answered; oldest first (<= 2)
+  SteadyClock::time_point last_result_;     // when the previous step's answer was handled
+  bool lookahead_ = false;                  // opts_.lookahead and a single worker
+  void ScheduleAheadAndSend();
   bool last_plan_empty_ = false;
 
   StepStats stats_;

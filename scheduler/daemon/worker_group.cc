@@ -153,6 +153,7 @@ absl::StatusOr<GroupMember> WorkerGroups::Join(const TpJoin& j, const WorkerInfo
   for (const WorkerInfo& w : g.infos) gi.weights_bytes += w.weights_bytes;
   gi.id = absl::StrCat(g.name, "[", absl::StrJoin(ids, ","), "]");
   gi.device = absl::StrCat(g.infos[0].device, " tp=", g.world);
+  gi.tp_world = g.world;
   std::weak_ptr<GroupState> weak = slot;
   g.link = std::make_shared<GroupLink>(g.ranks, g.prefix, [this, weak] {
     std::lock_guard<std::mutex> l2(mu_);
