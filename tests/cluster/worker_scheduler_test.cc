@@ -634,6 +634,9 @@ TEST(SchedulerFlags, ANonLoopbackListenNeedsTokensOrAnExplicitOptOut) {
   std::tie(rc, out) = run("--listen 127.0.0.1:0 --internal-key-file /nonexistent/keys");
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("/nonexistent/keys"), std::string::npos) << out;
+  std::tie(rc, out) = run("--lookahead maybe");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--lookahead expects on or off"), std::string::npos) << out;
 }
 
 // The Gloo address a TP rank advertises by default: the local end of its route to the scheduler.
