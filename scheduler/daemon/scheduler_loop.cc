@@ -86,8 +86,8 @@ void SchedulerLoop::Run() {
     }
     if ((!flight_.empty() || state_ == WorkerState::kWarming) && SteadyClock::now() >= deadline_)
       LoseWorker(absl::StrCat("no answer within ", opts_.step_timeout_s, " s"));
-    if (state_ == WorkerState::kReady && flight_.empty()) ScheduleAndSend();
-    if (state_ == WorkerState::kReady && lookahead_ && flight_.size() == 1) ScheduleAheadAndSend();
+    if (state_ == WorkerState::kReady && flight_.empty()) ScheduleAndSend(/*ahead=*/false);
+    if (state_ == WorkerState::kReady && lookahead_ && flight_.size() == 1) ScheduleAndSend(/*ahead=*/true);
     // Events produced outside Apply (aborts of queued requests, expired deadlines).
     Route(core_->TakeEvents(), nullptr, false);
 
@@ -316,18 +316,20 @@ void SchedulerLoop::Handle(StopCmd&) { stop_ = true; }
 
 // ---- steps ----
 
-void SchedulerLoop::ScheduleAndSend() {
+void SchedulerLoop::ScheduleAndSend(bool ahead) {
   const auto t0 = SteadyClock::now();
-  auto plan = core_->Schedule(absl::Now());
+  auto plan = ahead ? core_->ScheduleAhead(absl::Now()) : core_->Schedule(absl::Now());
   if (!plan.ok()) {
-    DS_LOG(ERROR, "schedule_failed", {{"error", plan.status()}});
+    DS_LOG(ERROR, ahead ? "schedule_ahead_failed" : "schedule_failed", {{"error", plan.status()}});
     return;
   }
   if (plan->empty()) {
-    last_plan_empty_ = true;
+    if (!ahead) last_plan_empty_ = true;
     return;
   }
-  // Full data for sequences bound by this plan, diffs (slot, pos0, n) for everything else.
+  // Full data for sequences bound by this plan, diffs (slot, pos0, n) for everything else. A plan
+  // sent ahead holds only such diffs: one token each, the one the worker samples in the step
+  // before (docs/async_scheduling.md).
   pb::SchedulerMessage msg;
   pb::Step* step = msg.mutable_step();
   step->set_step_id(plan->step_id);
@@ -352,32 +354,8 @@ void SchedulerLoop::ScheduleAndSend() {
     w->set_sample(e.sample);
   }
   flight_.push_back({std::move(*plan), t0, {}, 0});
-  deadline_ = After(opts_.step_timeout_s);
-  if (!worker_->Send(msg)) return LoseWorker("stream closed while sending a step");
-  flight_.back().sent = SteadyClock::now();
-  flight_.back().schedule_us = Micros(flight_.back().sent - t0);
-}
-
-void SchedulerLoop::ScheduleAheadAndSend() {
-  const auto t0 = SteadyClock::now();
-  auto plan = core_->ScheduleAhead(absl::Now());
-  if (!plan.ok()) {
-    DS_LOG(ERROR, "schedule_ahead_failed", {{"error", plan.status()}});
-    return;
-  }
-  if (plan->empty()) return;
-  // Only decode continuations: no starts, no releases, one token per entry named by position.
-  pb::SchedulerMessage msg;
-  pb::Step* step = msg.mutable_step();
-  step->set_step_id(plan->step_id);
-  for (const PlanEntry& e : plan->entries) {
-    pb::SlotWork* w = step->add_work();
-    w->set_slot(static_cast<uint32_t>(e.slot));
-    w->set_pos0(static_cast<uint32_t>(e.pos0));
-    w->set_n_tokens(1);
-    w->set_sample(true);
-  }
-  flight_.push_back({std::move(*plan), t0, {}, 0});
+  // A plan sent ahead waits behind the one in flight: the timer of the oldest one runs.
+  if (flight_.size() == 1) deadline_ = After(opts_.step_timeout_s);
   if (!worker_->Send(msg)) return LoseWorker("stream closed while sending a step");
   flight_.back().sent = SteadyClock::now();
   flight_.back().schedule_us = Micros(flight_.back().sent - t0);

@@ -199,7 +199,8 @@ class SchedulerLoop {
   void FailAll(const std::string& why, bool unavailable);
   // Failover: requeues every request of the lost worker (the core keeps its history).
   void HoldForReplay(const std::string& why);
-  void ScheduleAndSend();
+  // Schedule() (or, ahead, ScheduleAhead()) and send the plan to the worker.
+  void ScheduleAndSend(bool ahead);
   void Route(std::vector<Event> events, const absl::flat_hash_map<RequestId, TokenLogprobInfo>* lps,
              bool unavailable);
   ClusterSnapshot Snapshot() const;
@@ -236,7 +237,6 @@ class SchedulerLoop {
   std::deque<InFlight> flight_;             // issued, not answered; oldest first (<= 2)
   SteadyClock::time_point last_result_;     // when the previous step's answer was handled
   bool lookahead_ = false;                  // opts_.lookahead and a single worker
-  void ScheduleAheadAndSend();
   bool last_plan_empty_ = false;
 
   StepStats stats_;

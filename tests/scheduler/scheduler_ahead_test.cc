@@ -60,18 +60,23 @@ struct Pipeline {
   }
 };
 
-// id -> tokens streamed, and id -> finish reason.
-void Collect(const std::vector<Event>& events, std::map<RequestId, std::vector<int32_t>>* toks,
-             std::map<RequestId, FinishReason>* fin) {
+// What the clients saw: id -> tokens streamed, id -> finish reason.
+struct Seen {
+  std::map<RequestId, std::vector<int32_t>> toks;
+  std::map<RequestId, FinishReason> fin;
+};
+Seen Collect(const std::vector<Event>& events) {
+  Seen out;
   for (const Event& e : events) {
     if (e.kind == Event::Kind::kToken) {
-      EXPECT_EQ(fin->count(e.id), 0u) << "token after Finished: " << Str(e);
-      (*toks)[e.id].push_back(e.token);
+      EXPECT_EQ(out.fin.count(e.id), 0u) << "token after Finished: " << Str(e);
+      out.toks[e.id].push_back(e.token);
     }
     if (e.kind == Event::Kind::kFinished) {
-      EXPECT_TRUE(fin->emplace(e.id, e.reason).second) << "finished twice: " << e.id;
+      EXPECT_TRUE(out.fin.emplace(e.id, e.reason).second) << "finished twice: " << e.id;
     }
   }
+  return out;
 }
 
 TEST(SchedulerAhead, SameTokensAsOneStepAtATime) {
@@ -84,15 +89,14 @@ TEST(SchedulerAhead, SameTokensAsOneStepAtATime) {
     ASSERT_TRUE(s.Add(Req(4, 7, 1)).ok());
     ASSERT_TRUE(s.Add(Req(5, 4, 20)).ok());
   };
-  std::map<RequestId, std::vector<int32_t>> t1, t2;
-  std::map<RequestId, FinishReason> f1, f2;
+  Seen one, two;
   {
     auto s = Make(Config(2, 16, 8, Pool(200, 64)));
     FakeWorker w;
     add_all(*s);
     std::vector<Event> ev;
     for (int i = 0; i < 200 && !s->Idle(); ++i) Step(*s, w, T(i), &ev);
-    Collect(ev, &t1, &f1);
+    one = Collect(ev);
   }
   {
     auto s = Make(Config(2, 16, 8, Pool(200, 64)));
@@ -101,15 +105,15 @@ TEST(SchedulerAhead, SameTokensAsOneStepAtATime) {
     Pipeline p{*s, w};
     std::vector<Event> ev;
     p.RunToIdle(T(0), &ev);
-    Collect(ev, &t2, &f2);
+    two = Collect(ev);
     EXPECT_GT(p.ahead_issued, 10);
     EXPECT_TRUE(s->Idle());
   }
-  EXPECT_EQ(t1, t2);
-  EXPECT_EQ(f1, f2);
-  EXPECT_EQ(f2[3], FinishReason::kStop);
-  EXPECT_EQ(t2[3].size(), 5u);
-  EXPECT_EQ(t2[5].size(), 20u);
+  EXPECT_EQ(one.toks, two.toks);
+  EXPECT_EQ(one.fin, two.fin);
+  EXPECT_EQ(two.fin[3], FinishReason::kStop);
+  EXPECT_EQ(two.toks[3].size(), 5u);
+  EXPECT_EQ(two.toks[5].size(), 20u);
 }
 
 TEST(SchedulerAhead, StopInTheFirstPlanKeepsTheSlotUntilTheSecondIsApplied) {
@@ -123,9 +127,7 @@ TEST(SchedulerAhead, StopInTheFirstPlanKeepsTheSlotUntilTheSecondIsApplied) {
   p.Issue(T(0));  // prefill of 7; ahead: nothing (8 is queued but no slot is free)
   ASSERT_EQ(p.flight.size(), 2u);
   ASSERT_TRUE(p.ApplyOne(T(1), &ev));
-  std::map<RequestId, std::vector<int32_t>> toks;
-  std::map<RequestId, FinishReason> fin;
-  Collect(ev, &toks, &fin);
+  auto [toks, fin] = Collect(ev);
   EXPECT_EQ(fin[7], FinishReason::kStop);
   EXPECT_EQ(toks[7].size(), 1u);
   // Finished for its client, but the ahead plan still runs on its slot.
@@ -156,9 +158,7 @@ TEST(SchedulerAhead, AbortBetweenDropsBothResults) {
   ASSERT_TRUE(s->Abort(1, "client left").ok());
   p.ApplyOne(T(1), &ev);
   p.ApplyOne(T(2), &ev);
-  std::map<RequestId, std::vector<int32_t>> toks;
-  std::map<RequestId, FinishReason> fin;
-  Collect(ev, &toks, &fin);
+  auto [toks, fin] = Collect(ev);
   EXPECT_EQ(fin[1], FinishReason::kAborted);
   EXPECT_TRUE(toks[1].empty());
   EXPECT_TRUE(s->Idle());
@@ -226,9 +226,7 @@ TEST(SchedulerAhead, FailedStepsWithRequeueReplayTheWholeHistory) {
   FakeWorker w2;
   Pipeline p2{*s, w2};
   p2.RunToIdle(T(4), &ev);
-  std::map<RequestId, std::vector<int32_t>> toks;
-  std::map<RequestId, FinishReason> fin;
-  Collect(ev, &toks, &fin);
+  auto [toks, fin] = Collect(ev);
   EXPECT_EQ(fin[1], FinishReason::kLength);
   ASSERT_EQ(toks[1].size(), 10u);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(toks[1][i], FakeToken(1, 4 + i)) << i;
@@ -243,9 +241,7 @@ TEST(SchedulerAhead, FailedFirstPlanFinishesWithErrorAndFreesTheSlotAfterTheSeco
   p.Issue(T(0));
   ASSERT_EQ(p.flight.size(), 2u);
   p.ApplyOne(T(1), &ev, absl::InternalError("oom"));
-  std::map<RequestId, std::vector<int32_t>> toks;
-  std::map<RequestId, FinishReason> fin;
-  Collect(ev, &toks, &fin);
+  auto [toks, fin] = Collect(ev);
   EXPECT_EQ(fin[1], FinishReason::kError);
   EXPECT_TRUE(s->Status().slots[0].busy);
   ev.clear();
