@@ -222,7 +222,7 @@ void SchedulerLoop::Handle(WorkerJoinCmd& c) {
   }
   worker_ = c.link;
   worker_info_ = c.info;
-  lookahead_ = opts_.lookahead && c.info.tp_world == 1;
+  lookahead_ = opts_.lookahead;
   worker_slots_ = slots;
   worker_slot_ctx_ = static_cast<int>(slot_ctx);
   if (st.n_slots_target > slots) {

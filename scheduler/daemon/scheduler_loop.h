@@ -39,7 +39,6 @@ struct WorkerInfo {
   int n_ctx_train = 0;
   uint64_t state_budget_bytes = 0, kv_bytes_per_token = 0, recurrent_bytes_per_slot = 0;
   uint64_t weights_bytes = 0;
-  int tp_world = 1;  // ranks behind this worker (a TP group is one worker of the loop)
 };
 
 struct WarmupInfo {
@@ -154,8 +153,7 @@ struct LoopOptions {
   // 0 = fail them at once with UNAVAILABLE.
   double failover_wait_s = 0;
   // Send the next decode step before the current one is answered (Scheduler::ScheduleAhead,
-  // docs/async_scheduling.md): the control path runs while the worker computes. Single workers
-  // only for now (a TP group's result merger takes one step per rank at a time).
+  // docs/async_scheduling.md): the control path runs while the worker (or TP group) computes.
   bool lookahead = true;
 };
 
@@ -236,7 +234,7 @@ class SchedulerLoop {
   };
   std::deque<InFlight> flight_;             // issued, not answered; oldest first (<= 2)
   SteadyClock::time_point last_result_;     // when the previous step's answer was handled
-  bool lookahead_ = false;                  // opts_.lookahead and a single worker
+  bool lookahead_ = false;                  // opts_.lookahead, for the attached worker
   bool last_plan_empty_ = false;
 
   StepStats stats_;

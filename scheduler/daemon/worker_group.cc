@@ -1,6 +1,7 @@
 #include "scheduler/daemon/worker_group.h"
 
 #include <algorithm>
+#include <deque>
 #include <cstdio>
 #include <optional>
 
@@ -92,7 +93,9 @@ struct GroupState {
   std::shared_ptr<GroupLink> link;                 // once complete
   bool dead = false;
   std::vector<std::optional<WarmupInfo>> warm;        // [world] answers to the warmup
-  std::vector<std::optional<WorkerStepResult>> step;  // [world] answers to the step in flight
+  // [world] answers not merged yet, oldest first: with a step sent ahead (the loop's lookahead)
+  // one rank may answer step N+1 before another's answer to N has been read here.
+  std::vector<std::deque<WorkerStepResult>> step;
 
   int joined() const {
     return static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [](auto& r) { return r; }));
@@ -153,7 +156,6 @@ absl::StatusOr<GroupMember> WorkerGroups::Join(const TpJoin& j, const WorkerInfo
   for (const WorkerInfo& w : g.infos) gi.weights_bytes += w.weights_bytes;
   gi.id = absl::StrCat(g.name, "[", absl::StrJoin(ids, ","), "]");
   gi.device = absl::StrCat(g.infos[0].device, " tp=", g.world);
-  gi.tp_world = g.world;
   std::weak_ptr<GroupState> weak = slot;
   g.link = std::make_shared<GroupLink>(g.ranks, g.prefix, [this, weak] {
     std::lock_guard<std::mutex> l2(mu_);
@@ -210,30 +212,36 @@ void WorkerGroups::FromRank(const GroupMember& m, Command cmd) {
     return;
   }
   if (auto* s = std::get_if<WorkerStepCmd>(&cmd)) {
-    for (int r = 0; r < g.world; ++r)
-      if (g.step[r] && g.step[r]->step_id != s->result.step_id)
-        return GoneLocked(g,
-                          absl::StrCat(who, ": protocol error: answered step ", s->result.step_id,
-                                       " while rank ", r, " answered step ", g.step[r]->step_id));
-    if (g.step[m.rank])
-      return GoneLocked(
-          g, absl::StrCat(who, ": protocol error: step ", s->result.step_id, " answered twice"));
-    g.step[m.rank] = std::move(s->result);
-    for (const auto& x : g.step)
-      if (!x) return;
-    // Rank 0 sampled; the others only ran the forward. The step's time is the slowest rank's.
-    WorkerStepResult merged = std::move(*g.step[0]);
-    std::vector<std::string> errors;
-    if (!merged.error.empty()) errors.push_back("rank 0: " + merged.error);
-    for (int r = 1; r < g.world; ++r) {
-      merged.forward_seconds = std::max(merged.forward_seconds, g.step[r]->forward_seconds);
-      merged.handle_seconds = std::max(merged.handle_seconds, g.step[r]->handle_seconds);
-      if (!g.step[r]->error.empty())
-        errors.push_back(absl::StrCat("rank ", r, ": ", g.step[r]->error));
+    std::deque<WorkerStepResult>& mine = g.step[m.rank];
+    // Each rank answers steps in order, and the loop keeps at most two in flight.
+    if (!mine.empty() && s->result.step_id <= mine.back().step_id)
+      return GoneLocked(g, absl::StrCat(who, ": protocol error: answered step ", s->result.step_id,
+                                        " after step ", mine.back().step_id));
+    if (mine.size() >= 2)
+      return GoneLocked(g, absl::StrCat(who, ": protocol error: more than two unmerged answers"));
+    mine.push_back(std::move(s->result));
+    // Merge every step all ranks have answered, oldest first.
+    while (std::all_of(g.step.begin(), g.step.end(), [](const auto& q) { return !q.empty(); })) {
+      const uint64_t id = g.step[0].front().step_id;
+      for (int r = 1; r < g.world; ++r)
+        if (g.step[r].front().step_id != id)
+          return GoneLocked(g, absl::StrCat("tp group ", g.name, ": protocol error: rank 0 answered step ",
+                                            id, " where rank ", r, " answered step ",
+                                            g.step[r].front().step_id));
+      // Rank 0 sampled; the others only ran the forward. The step's time is the slowest rank's.
+      WorkerStepResult merged = std::move(g.step[0].front());
+      std::vector<std::string> errors;
+      if (!merged.error.empty()) errors.push_back("rank 0: " + merged.error);
+      for (int r = 1; r < g.world; ++r) {
+        const WorkerStepResult& x = g.step[r].front();
+        merged.forward_seconds = std::max(merged.forward_seconds, x.forward_seconds);
+        merged.handle_seconds = std::max(merged.handle_seconds, x.handle_seconds);
+        if (!x.error.empty()) errors.push_back(absl::StrCat("rank ", r, ": ", x.error));
+      }
+      merged.error = absl::StrJoin(errors, "; ");
+      for (auto& q : g.step) q.pop_front();
+      push_(WorkerStepCmd{g.link, std::move(merged)});
     }
-    merged.error = absl::StrJoin(errors, "; ");
-    for (auto& x : g.step) x.reset();
-    push_(WorkerStepCmd{g.link, std::move(merged)});
   }
 }
 

@@ -191,7 +191,13 @@ class Session {
       stream_->Finish().IgnoreError();
       return result;
     }
-    if (absl::IsUnavailable(result)) return Broken("reading");
+    if (absl::IsUnavailable(result)) {
+      // A broken TP group: the scheduler ends this session when it reads our fatal_error, but a
+      // step it sent ahead may still be unread, and Finish() does not return before the unread
+      // messages are consumed. Read them until the stream ends (cancelled after 10 s at most).
+      if (executor_ && executor_->group_broken()) DrainUntilClosed(std::chrono::seconds(10));
+      return Broken("reading");
+    }
     ctx_.TryCancel();
     stream_->Finish().IgnoreError();
     return result;
@@ -214,6 +220,25 @@ class Session {
                                                    " attempts in ", o_.connect_timeout_s, " s"));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
     }
+  }
+
+  void DrainUntilClosed(std::chrono::seconds limit) {
+    std::mutex m;
+    std::condition_variable cv;
+    bool drained = false;
+    std::thread guard([&] {
+      std::unique_lock<std::mutex> l(m);
+      if (!cv.wait_for(l, limit, [&] { return drained; })) ctx_.TryCancel();
+    });
+    pb::SchedulerMessage unread;
+    while (stream_->Read(&unread)) {
+    }
+    {
+      std::lock_guard<std::mutex> l(m);
+      drained = true;
+    }
+    cv.notify_all();
+    guard.join();
   }
 
   absl::Status Broken(const char* what) {
