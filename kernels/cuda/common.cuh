@@ -44,7 +44,8 @@ inline absl::Status LastLaunchStatus(const char* what) {
 inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 #ifdef __CUDACC__
-__device__ __forceinline__ float WarpSum(float v) {
+template <typename T>  // float, double, int
+__device__ __forceinline__ T WarpSum(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -55,14 +56,15 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 // Sum over the whole block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// `scratch` must hold 32 floats; the call contains two __syncthreads.
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+// `scratch` must hold 32 values; the call contains two __syncthreads.
+template <typename T>
+__device__ __forceinline__ T BlockSum(T v, T* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   v = WarpSum(v);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  float t = lane < nw ? scratch[lane] : 0.f;
+  T t = lane < nw ? scratch[lane] : T(0);
   return WarpSum(t);
 }
 __device__ __forceinline__ float BlockMax(float v, float* scratch) {

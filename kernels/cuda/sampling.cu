@@ -33,6 +33,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "common/sampling/exp_constants.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/sampling.cuh"
 
@@ -99,18 +100,8 @@ constexpr int kFastMaxK = 1024;      // top-k above this takes the general path
 constexpr int kPoolPickTopP = 1024;  // top-p alone: S = tokens >= the pool's 1024th key
 constexpr int kBins = 2048;          // radix histogram bins (11-bit digits)
 
-// Same constants as common/sampling/kernels.cc (Cephes expf).
-constexpr float kExpLo = -87.33654f;
-constexpr float kExpHi = 88.0f;
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f;
-constexpr float kLn2Lo = -2.12194440e-4f;
-constexpr float kP0 = 1.9875691500e-4f;
-constexpr float kP1 = 1.3981999507e-3f;
-constexpr float kP2 = 8.3334519073e-3f;
-constexpr float kP3 = 4.1665795894e-2f;
-constexpr float kP4 = 1.6666665459e-1f;
-constexpr float kP5 = 5.0000001201e-1f;
+// The CPU sampler's exp constants (Cephes expf).
+using namespace sampling::exp_constants;  // NOLINT
 
 // internal::Exp of the CPU sampler, operation for operation (explicit roundings: no contraction).
 __device__ __forceinline__ float SamplerExp(float s) {
@@ -228,40 +219,8 @@ struct Smem {
   double bcast_d[2];
 };
 
-// ---- block reductions (all threads get the result; each contains two __syncthreads) ----
-__device__ __forceinline__ double WarpSumD(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
-__device__ double BlockSumD(double v, Smem& s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = WarpSumD(v);
-  __syncthreads();
-  if (lane == 0) s.red_d[warp] = v;
-  __syncthreads();
-  return WarpSumD(s.red_d[lane]);
-}
-__device__ int BlockSumI(int v, Smem& s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  __syncthreads();
-  if (lane == 0) s.red_i[warp] = v;
-  __syncthreads();
-  v = s.red_i[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
-__device__ float BlockMaxF(float v, Smem& s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = WarpMax(v);
-  __syncthreads();
-  if (lane == 0) s.red_f[warp] = v;
-  __syncthreads();
-  return WarpMax(s.red_f[lane]);
-}
+// ---- block reductions: common.cuh's BlockSum / BlockMax over the Smem scratch arrays; the
+// argmax below (all threads get the result; two __syncthreads) ----
 __device__ void BlockArgmax(float& bv, int& bi, Smem& s) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -563,7 +522,7 @@ __device__ __noinline__ int GeneralPath(const RowCtx& r, const SampleRowParams& 
         if (lv == 0) {
           double t = 0.0;
           for (int b = lane; b < nb; b += 32) t += s.u.hist.mass[b];
-          t = WarpSumD(t);
+          t = WarpSum(t);
           target = static_cast<double>(P.top_p) * t;
         }
         double above = 0.0;
@@ -602,14 +561,14 @@ __device__ __noinline__ int GeneralPath(const RowCtx& r, const SampleRowParams& 
     WarpChunk(r, c, [&](int i, float v, bool valid) {
       if (valid) acc += static_cast<double>(FinalWeight(f, i, v));
     });
-    acc = WarpSumD(acc);
+    acc = WarpSum(acc);
     if (lane == 0) s.chunk_sum[c] = acc;
   }
   __syncthreads();
   if (threadIdx.x < 32) {
     double total = 0.0;
     for (int c = lane; c < r.n_chunks; c += 32) total += s.chunk_sum[c];
-    total = WarpSumD(total);
+    total = WarpSum(total);
     const double target = P.uniform * total;
     double base = 0.0;
     int chunk = WarpFindChunk<double, true>(s.chunk_sum, r.n_chunks, target, &base);
@@ -691,8 +650,8 @@ __device__ __noinline__ int FastPath(const RowCtx& r, const SampleRowParams& P, 
   __syncthreads();
   const int cnt = s.count;
   if (!topk) {
-    tot = BlockSumD(tot, s);
-    wout = BlockMaxF(wout, s);
+    tot = BlockSum(tot, s.red_d);
+    wout = BlockMax(wout, s.red_f);
   }
   __syncthreads();
   // Overflow; top-k: fewer than k collected cannot happen (the pool's k-th key has >= k tokens at
@@ -717,7 +676,7 @@ __device__ __noinline__ int FastPath(const RowCtx& r, const SampleRowParams& P, 
     s.u.cand[e] = (static_cast<uint64_t>(__float_as_uint(w)) << 32) | (k & 0xFFFFFFFFull);
   }
   __syncthreads();
-  const double total = topk ? BlockSumD(part, s) : tot;
+  const double total = topk ? BlockSum(part, s.red_d) : tot;
 
   int Lp = L;
   if (topp) {
@@ -755,7 +714,7 @@ __device__ __noinline__ int FastPath(const RowCtx& r, const SampleRowParams& P, 
     s.u.cand[e] = out;
   }
   __syncthreads();
-  keep = BlockSumI(keep, s);
+  keep = BlockSum(keep, s.red_i);
   BitonicSort<uint64_t, false>(s.u.cand, len);
   const uint64_t* cand = s.u.cand;
   auto wv = [&](int j) {
@@ -763,7 +722,7 @@ __device__ __noinline__ int FastPath(const RowCtx& r, const SampleRowParams& P, 
   };
   double fpart = 0.0;
   for (int e = threadIdx.x; e < keep; e += kThreads) fpart += wv(e);
-  const double ftotal = BlockSumD(fpart, s);
+  const double ftotal = BlockSum(fpart, s.red_d);
   int e = BlockScanFirst<true>(keep, wv, P.uniform * ftotal, s);
   if (e < 0) e = keep - 1;  // u * total rounded up to total: the last candidate
   return e < 0 ? 0 : static_cast<int>(s.u.cand[e] >> 32);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <random>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -51,5 +52,13 @@ struct Dev {
   }
   std::vector<T> Down() const { return Down(n); }
 };
+
+// n floats uniform in [lo, hi) from `rng` (each test binary keeps its own seeded engine).
+inline std::vector<float> RandVec(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
 
 }  // namespace ds::cuda

@@ -35,12 +35,7 @@ std::mt19937& Rng() {
   static std::mt19937 rng(1234);
   return rng;
 }
-std::vector<float> RandVec(size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(Rng());
-  return v;
-}
+std::vector<float> RandVec(size_t n, float lo, float hi) { return ds::cuda::RandVec(Rng(), n, lo, hi); }
 
 // Random raw blocks: every quant bit pattern appears; the fp16 scale fields are set to sane
 // values so the dequantized weights are in a realistic range (|w| ~ 1e-2..1).

@@ -42,12 +42,7 @@ std::mt19937& Rng() {
   static std::mt19937 rng(4321);
   return rng;
 }
-std::vector<float> RandVec(size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(Rng());
-  return v;
-}
+std::vector<float> RandVec(size_t n, float lo, float hi) { return ds::cuda::RandVec(Rng(), n, lo, hi); }
 
 const char* Name(GgmlType t) {
   return t == GgmlType::F16 ? "f16" : t == GgmlType::Q8_0 ? "q8_0" : "q4_0";
