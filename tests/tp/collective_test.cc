@@ -11,37 +11,16 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/tp/gloo_ranks.h"
 
 namespace ds {
 namespace {
 
-std::string FreshDir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "/ds_coll_" + name + "_" + std::to_string(::getpid());
-  std::filesystem::remove_all(d);
-  return d;
-}
-
 // Runs fn(rank, collective) on `world` threads, each with its own GlooCollective.
 void RunGroup(int world, const std::string& name, const std::function<void(int, Collective&)>& fn) {
-  const std::string dir = FreshDir(name);
-  // The collectives outlive every thread: a rank that closed its sockets while a peer is still
-  // inside the last collective would make that peer fail ("connection closed by peer").
-  std::vector<std::unique_ptr<GlooCollective>> coll(world);
-  std::vector<std::thread> th;
-  for (int r = 0; r < world; ++r)
-    th.emplace_back([&, r] {
-      GlooOptions o;
-      o.rank = r;
-      o.world = world;
-      o.store_dir = dir;
-      o.prefix = name;
-      auto c = GlooCollective::Create(o);
-      ASSERT_TRUE(c.ok()) << c.status();
-      coll[r] = std::move(*c);
-      fn(r, *coll[r]);
-      EXPECT_TRUE(coll[r]->Barrier().ok());
-    });
-  for (auto& t : th) t.join();
+  RunRanks<GlooCollective>(
+      world, name, [](int, std::unique_ptr<GlooCollective> g) { return g; },
+      [&](int r, GlooCollective& c) { fn(r, c); });
 }
 
 TEST(GlooCollective, AllReduceSumIsExactForSmallIntegers) {

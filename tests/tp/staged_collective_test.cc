@@ -16,6 +16,7 @@
 
 #include "common/collective/gloo_collective.h"
 #include "gtest/gtest.h"
+#include "tests/tp/gloo_ranks.h"
 
 namespace ds {
 namespace {
@@ -87,28 +88,15 @@ class FakeDevice final : public StagingDevice {
 // Runs fn(rank, staged collective, its fake device) on `world` threads.
 void RunStaged(int world, const std::string& name,
                const std::function<void(int, HostStagedCollective&, FakeDevice&)>& fn) {
-  const std::string dir =
-      ::testing::TempDir() + "/ds_staged_" + name + "_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  std::vector<std::unique_ptr<HostStagedCollective>> coll(world);
   std::vector<FakeDevice*> devs(world);
-  std::vector<std::thread> th;
-  for (int r = 0; r < world; ++r)
-    th.emplace_back([&, r] {
-      GlooOptions o;
-      o.rank = r;
-      o.world = world;
-      o.store_dir = dir;
-      o.prefix = name;
-      auto g = GlooCollective::Create(o);
-      ASSERT_TRUE(g.ok()) << g.status();
-      auto dev = std::make_unique<FakeDevice>(1 << 22);
-      devs[r] = dev.get();
-      coll[r] = std::make_unique<HostStagedCollective>(std::move(*g), std::move(dev));
-      fn(r, *coll[r], *devs[r]);
-      EXPECT_TRUE(coll[r]->Barrier().ok());
-    });
-  for (auto& t : th) t.join();
+  RunRanks<HostStagedCollective>(
+      world, "staged_" + name,
+      [&](int r, std::unique_ptr<GlooCollective> g) {
+        auto dev = std::make_unique<FakeDevice>(1 << 22);
+        devs[r] = dev.get();
+        return std::make_unique<HostStagedCollective>(std::move(g), std::move(dev));
+      },
+      [&](int r, HostStagedCollective& c) { fn(r, c, *devs[r]); });
 }
 
 TEST(HostStagedCollective, DescribesItself) {
