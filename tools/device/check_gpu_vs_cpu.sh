@@ -16,7 +16,6 @@ for t in F32 F16 Q8_0 Q6_K; do
   "$B" gguf-synth --preset tiny --type $t --seed 3 --out $W/tiny_$t.gguf 2>/dev/null
   models="$models $t:$W/tiny_$t.gguf"
 done
-rc=0
 for m in $models; do
   name=${m%%:*}; f=${m#*:}
   "$B" logits --model $f --prompt-ids $IDS --out $W/c.f32 --backend cpu 2>/dev/null

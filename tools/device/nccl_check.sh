@@ -17,9 +17,6 @@ source tools/device/env.sh
 B=$BIN/deltaserve
 LOG=${OUT:-/tmp}/nccl_check; mkdir -p "$LOG"
 W=$(mktemp -d)
-rc=0
-pass() { echo "PASS $*"; }
-fail() { echo "FAIL $*"; rc=1; }
 
 echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
 echo "libnccl: $(ls /usr/local/cuda/lib64/libnccl.so* 2>&1 | tr '\n' ' ')"

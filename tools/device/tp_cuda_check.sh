@@ -30,9 +30,6 @@ R=$BIN/ds_tp_rank
 B=$BIN/deltaserve
 LOG=${OUT:-/tmp}/tp_cuda_check; mkdir -p "$LOG"
 W=$(mktemp -d)
-rc=0
-pass() { echo "PASS $*"; }
-fail() { echo "FAIL $*"; rc=1; }
 
 echo "date: $(date -u +%FT%TZ)"
 echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
