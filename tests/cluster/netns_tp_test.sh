@@ -202,25 +202,36 @@ for k in 0 1 2; do
 done
 say "3 concurrent greedy generations equal single-process deltaserve generate"
 
+# A request long enough to be streaming when the group breaks: in_flight NAME starts it ($INFLIGHT).
+in_flight() {
+  in_ns "$NS_S" "$CTL" generate --addr "$GW" --prompt-ids "${PROMPTS[0]}" --max-tokens 3000 \
+    --ignore-eos --ids-only --timeout 60 >"$WORK/$1.out" 2>"$WORK/$1.log" &
+  INFLIGHT=$!
+  sleep 1
+  kill -0 "$INFLIGHT" 2>/dev/null || fail "the long request ended early: $(cat "$WORK/$1.log")"
+}
+# fails_unavailable NAME WHAT: it must end with gRPC UNAVAILABLE, and health go NOT_SERVING;
+# sets T_FAILED.
+fails_unavailable() {
+  local r
+  wait "$INFLIGHT"
+  r=$?
+  T_FAILED=$(date +%s.%N)
+  [ $r != 0 ] && grep -q "gRPC code 14" "$WORK/$1.log" ||
+    fail "in-flight request after $2: rc $r, want UNAVAILABLE: $(cat "$WORK/$1.log")"
+  for _ in $(seq 50); do
+    [ "$(health)" = NOT_SERVING ] && break
+    sleep 0.1
+  done
+  [ "$(health)" = NOT_SERVING ] || fail "health is $(health) after $2, want NOT_SERVING"
+}
+
 # ---- rank 1's host loses its worker --------------------------------------------------------
-in_ns "$NS_S" "$CTL" generate --addr "$GW" --prompt-ids "${PROMPTS[0]}" --max-tokens 3000 \
-  --ignore-eos --ids-only --timeout 60 >"$WORK/long.out" 2>"$WORK/long.log" &
-LONG=$!
-sleep 1
-kill -0 "$LONG" 2>/dev/null || fail "the long request ended early: $(cat "$WORK/long.log")"
+in_flight long
 T_KILL=$(date +%s.%N)
 { kill -KILL "$R1" && wait "$R1"; } 2>/dev/null
-wait "$LONG"
-rc=$?
-T_FAILED=$(date +%s.%N)
-[ $rc != 0 ] && grep -q "gRPC code 14" "$WORK/long.log" ||
-  fail "in-flight request after killing rank 1: rc $rc, want UNAVAILABLE: $(cat "$WORK/long.log")"
+fails_unavailable long "killing rank 1"
 say "in-flight request failed UNAVAILABLE $(python3 -c "print(f'{($T_FAILED - $T_KILL) * 1e3:.0f}')") ms after rank 1 was killed"
-for _ in $(seq 50); do
-  [ "$(health)" = NOT_SERVING ] && break
-  sleep 0.1
-done
-[ "$(health)" = NOT_SERVING ] || fail "health is $(health) after rank 1 died, want NOT_SERVING"
 for _ in $(seq 150); do
   kill -0 "$R0" 2>/dev/null || break
   sleep 0.1
@@ -247,26 +258,13 @@ in_ns "$NS_S" "$CTL" generate --addr "$GW" --prompt-ids "${PROMPTS[1]}" \
   2>"$WORK/again.log" || fail "generate on the restarted group: $(cat "$WORK/again.log")"
 [ "$(cat "$WORK/again.out")" = "$(cat "$WORK/want1")" ] || fail "restarted group: wrong tokens"
 say "a restarted group serves again (same greedy output)"
-in_ns "$NS_S" "$CTL" generate --addr "$GW" --prompt-ids "${PROMPTS[0]}" --max-tokens 3000 \
-  --ignore-eos --ids-only --timeout 60 >"$WORK/cut.out" 2>"$WORK/cut.log" &
-CUT=$!
-sleep 1
-kill -0 "$CUT" 2>/dev/null || fail "the long request ended early: $(cat "$WORK/cut.log")"
+in_flight cut
 T_CUT=$(date +%s.%N)
 ip -n "$NS_B" link set eth0 down
-wait "$CUT"
-rc=$?
-T_FAILED=$(date +%s.%N)
-[ $rc != 0 ] && grep -q "gRPC code 14" "$WORK/cut.log" ||
-  fail "in-flight request after cutting host B off: rc $rc, want UNAVAILABLE: $(cat "$WORK/cut.log")"
+fails_unavailable cut "cutting host B off"
 CUT_S=$(python3 -c "print(f'{$T_FAILED - $T_CUT:.1f}')")
 python3 -c "import sys; sys.exit(0 if $CUT_S < $STEP_TIMEOUT + 5 else 1)" ||
   fail "the request failed only after $CUT_S s (step timeout $STEP_TIMEOUT s)"
-for _ in $(seq 50); do
-  [ "$(health)" = NOT_SERVING ] && break
-  sleep 0.1
-done
-[ "$(health)" = NOT_SERVING ] || fail "health is $(health) after host B was cut off"
 say "host B cut off (link down): request UNAVAILABLE after $CUT_S s (step timeout $STEP_TIMEOUT s), NOT_SERVING"
 say "PASS"
 exit 0
