@@ -60,6 +60,16 @@ struct Pipeline {
   }
 };
 
+// A small scheduler (budget 16, chunk 16, pool 100 with a 50-position cap), its fake worker and
+// the pipeline driver; tests unpack it: auto& [s, w, p, ev] = rig.
+struct Rig {
+  explicit Rig(int n_slots) : s(Make(Config(n_slots, 16, 16, Pool(100, 50)))) {}
+  std::unique_ptr<Scheduler> s;
+  FakeWorker w;
+  Pipeline p{*s, w, {}, 0};
+  std::vector<Event> ev;
+};
+
 // What the clients saw: id -> tokens streamed, id -> finish reason.
 struct Seen {
   std::map<RequestId, std::vector<int32_t>> toks;
@@ -102,7 +112,7 @@ TEST(SchedulerAhead, SameTokensAsOneStepAtATime) {
     auto s = Make(Config(2, 16, 8, Pool(200, 64)));
     FakeWorker w;
     add_all(*s);
-    Pipeline p{*s, w};
+    Pipeline p{*s, w, {}, 0};
     std::vector<Event> ev;
     p.RunToIdle(T(0), &ev);
     two = Collect(ev);
@@ -117,13 +127,11 @@ TEST(SchedulerAhead, SameTokensAsOneStepAtATime) {
 }
 
 TEST(SchedulerAhead, StopInTheFirstPlanKeepsTheSlotUntilTheSecondIsApplied) {
-  auto s = Make(Config(1, 16, 16, Pool(100, 50)));
-  FakeWorker w;
+  Rig rig(1);
+  auto& [s, w, p, ev] = rig;
   // Prompt of 3: the prefill samples the token for position 3, which is a stop id.
   ASSERT_TRUE(s->Add(Req(7, 3, 10, 0, {FakeToken(7, 3)})).ok());
   ASSERT_TRUE(s->Add(Req(8, 2, 2)).ok());  // queued: one slot
-  Pipeline p{*s, w};
-  std::vector<Event> ev;
   p.Issue(T(0));  // prefill of 7; ahead: nothing (8 is queued but no slot is free)
   ASSERT_EQ(p.flight.size(), 2u);
   ASSERT_TRUE(p.ApplyOne(T(1), &ev));
@@ -148,11 +156,9 @@ TEST(SchedulerAhead, StopInTheFirstPlanKeepsTheSlotUntilTheSecondIsApplied) {
 }
 
 TEST(SchedulerAhead, AbortBetweenDropsBothResults) {
-  auto s = Make(Config(2, 16, 16, Pool(100, 50)));
-  FakeWorker w;
+  Rig rig(2);
+  auto& [s, w, p, ev] = rig;
   ASSERT_TRUE(s->Add(Req(1, 4, 10)).ok());
-  Pipeline p{*s, w};
-  std::vector<Event> ev;
   p.Issue(T(0));
   ASSERT_EQ(p.flight.size(), 2u);
   ASSERT_TRUE(s->Abort(1, "client left").ok());
@@ -166,8 +172,8 @@ TEST(SchedulerAhead, AbortBetweenDropsBothResults) {
 
 TEST(SchedulerAhead, NothingAheadForTheLastTokenOrWhileAdmissionsWait) {
   {
-    auto s = Make(Config(2, 16, 16, Pool(100, 50)));
-    FakeWorker w;
+    Rig rig(2);
+    auto& [s, w, p, ev] = rig;
     ASSERT_TRUE(s->Add(Req(1, 4, 1)).ok());  // its prefill token is its last
     ASSERT_TRUE(s->Schedule(T(0)).ok());
     absl::StatusOr<StepPlan> a = s->ScheduleAhead(T(0));
@@ -176,7 +182,8 @@ TEST(SchedulerAhead, NothingAheadForTheLastTokenOrWhileAdmissionsWait) {
     EXPECT_EQ(s->plans_in_flight(), 1);
   }
   {
-    auto s = Make(Config(2, 16, 16, Pool(100, 50)));
+    Rig rig(2);
+    auto& s = rig.s;
     ASSERT_TRUE(s->Add(Req(1, 4, 10)).ok());
     ASSERT_TRUE(s->Schedule(T(0)).ok());
     ASSERT_TRUE(s->Add(Req(2, 4, 10)).ok());  // a free slot and room: Schedule() would admit it
@@ -185,7 +192,8 @@ TEST(SchedulerAhead, NothingAheadForTheLastTokenOrWhileAdmissionsWait) {
     EXPECT_TRUE(a->empty());
   }
   {
-    auto s = Make(Config(2, 16, 16, Pool(100, 50)));
+    Rig rig(2);
+    auto& s = rig.s;
     ASSERT_TRUE(s->Add(Req(1, 40, 10)).ok());  // prompt over max_chunk: still prefilling
     ASSERT_TRUE(s->Schedule(T(0)).ok());
     absl::StatusOr<StepPlan> a = s->ScheduleAhead(T(0));
@@ -193,7 +201,8 @@ TEST(SchedulerAhead, NothingAheadForTheLastTokenOrWhileAdmissionsWait) {
     EXPECT_TRUE(a->empty());
   }
   {
-    auto s = Make(Config(2, 16, 16, Pool(100, 50)));
+    Rig rig(2);
+    auto& s = rig.s;
     EXPECT_FALSE(s->ScheduleAhead(T(0)).ok());  // nothing in flight
     ASSERT_TRUE(s->Add(Req(1, 4, 10)).ok());
     ASSERT_TRUE(s->Schedule(T(0)).ok());
@@ -205,11 +214,9 @@ TEST(SchedulerAhead, NothingAheadForTheLastTokenOrWhileAdmissionsWait) {
 
 TEST(SchedulerAhead, FailedStepsWithRequeueReplayTheWholeHistory) {
   // The failover pattern: requests are requeued, then both in-flight plans fail.
-  auto s = Make(Config(2, 16, 16, Pool(100, 50)));
-  FakeWorker w;
+  Rig rig(2);
+  auto& [s, w, p, ev] = rig;
   ASSERT_TRUE(s->Add(Req(1, 4, 10)).ok());
-  Pipeline p{*s, w};
-  std::vector<Event> ev;
   p.Issue(T(0));
   p.ApplyOne(T(1), &ev);  // prefill token
   p.Issue(T(1));          // a second ahead plan behind the first one
@@ -224,7 +231,7 @@ TEST(SchedulerAhead, FailedStepsWithRequeueReplayTheWholeHistory) {
   EXPECT_FALSE(s->Status().slots[0].busy);
   // A new worker: replayed from position 0 and finished with the same tokens as without failure.
   FakeWorker w2;
-  Pipeline p2{*s, w2};
+  Pipeline p2{*s, w2, {}, 0};
   p2.RunToIdle(T(4), &ev);
   auto [toks, fin] = Collect(ev);
   EXPECT_EQ(fin[1], FinishReason::kLength);
@@ -233,11 +240,9 @@ TEST(SchedulerAhead, FailedStepsWithRequeueReplayTheWholeHistory) {
 }
 
 TEST(SchedulerAhead, FailedFirstPlanFinishesWithErrorAndFreesTheSlotAfterTheSecond) {
-  auto s = Make(Config(1, 16, 16, Pool(100, 50)));
-  FakeWorker w;
+  Rig rig(1);
+  auto& [s, w, p, ev] = rig;
   ASSERT_TRUE(s->Add(Req(1, 4, 10)).ok());
-  Pipeline p{*s, w};
-  std::vector<Event> ev;
   p.Issue(T(0));
   ASSERT_EQ(p.flight.size(), 2u);
   p.ApplyOne(T(1), &ev, absl::InternalError("oom"));
@@ -251,8 +256,8 @@ TEST(SchedulerAhead, FailedFirstPlanFinishesWithErrorAndFreesTheSlotAfterTheSeco
 }
 
 TEST(SchedulerAhead, DeadlineWhileInFlightAbortsAtTheNextApply) {
-  auto s = Make(Config(1, 16, 16, Pool(100, 50)));
-  FakeWorker w;
+  Rig rig(1);
+  auto& [s, w, p, ev] = rig;
   Request r = Req(1, 4, 10);
   r.deadline = T(5);
   ASSERT_TRUE(s->Add(r).ok());
