@@ -301,7 +301,7 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   t.total_us = Micros(t_end - (ahead ? last_result_ : done.t0));
   t.worker_us = (wr.forward_seconds + wr.sample_seconds) * 1e6;
   t.worker_handle_us = std::max(t.worker_us, wr.handle_seconds * 1e6);
-  t.schedule_us = ahead ? 0 : done.schedule_us;
+  t.schedule_us = ahead ? 0 : Micros(done.sent - done.t0);
   t.apply_us = Micros(t_end - t_recv);
   last_result_ = t_recv;
   stats_.Record(t);
@@ -353,12 +353,11 @@ void SchedulerLoop::ScheduleAndSend(bool ahead) {
     w->set_n_tokens(static_cast<uint32_t>(e.tokens.size()));
     w->set_sample(e.sample);
   }
-  flight_.push_back({std::move(*plan), t0, {}, 0});
+  flight_.push_back({std::move(*plan), t0, {}});
   // A plan sent ahead waits behind the one in flight: the timer of the oldest one runs.
   if (flight_.size() == 1) deadline_ = After(opts_.step_timeout_s);
   if (!worker_->Send(msg)) return LoseWorker("stream closed while sending a step");
   flight_.back().sent = SteadyClock::now();
-  flight_.back().schedule_us = Micros(flight_.back().sent - t0);
 }
 
 void SchedulerLoop::Route(std::vector<Event> events,

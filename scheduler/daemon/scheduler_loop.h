@@ -230,7 +230,6 @@ class SchedulerLoop {
     StepPlan plan;
     SteadyClock::time_point t0;    // Schedule() started
     SteadyClock::time_point sent;  // the Step was written
-    double schedule_us = 0;
   };
   std::deque<InFlight> flight_;             // issued, not answered; oldest first (<= 2)
   SteadyClock::time_point last_result_;     // when the previous step's answer was handled

@@ -185,19 +185,11 @@ class Session {
     heartbeat.join();
     if (result.ok()) {
       stream_->WritesDone();
-      pb::SchedulerMessage drain;
-      while (stream_->Read(&drain)) {
-      }
+      DrainUntilClosed(std::chrono::seconds(10));
       stream_->Finish().IgnoreError();
       return result;
     }
-    if (absl::IsUnavailable(result)) {
-      // A broken TP group: the scheduler ends this session when it reads our fatal_error, but a
-      // step it sent ahead may still be unread, and Finish() does not return before the unread
-      // messages are consumed. Read them until the stream ends (cancelled after 10 s at most).
-      if (executor_ && executor_->group_broken()) DrainUntilClosed(std::chrono::seconds(10));
-      return Broken("reading");
-    }
+    if (absl::IsUnavailable(result)) return Broken("reading");
     ctx_.TryCancel();
     stream_->Finish().IgnoreError();
     return result;
@@ -222,6 +214,9 @@ class Session {
     }
   }
 
+  // Finish() does not return before every message the scheduler sent is read, and a step sent
+  // ahead (the scheduler's lookahead) may still be unread: read until the scheduler ends the
+  // stream, cancelling it after `limit`.
   void DrainUntilClosed(std::chrono::seconds limit) {
     std::mutex m;
     std::condition_variable cv;
@@ -246,6 +241,7 @@ class Session {
       std::lock_guard<std::mutex> l(mu_);
       closed_ = true;
     }
+    DrainUntilClosed(std::chrono::seconds(10));
     grpc::Status s = stream_->Finish();
     return absl::UnavailableError(absl::StrCat("scheduler stream broke while ", what, ": ",
                                                s.ok() ? "closed by the scheduler" : s.error_message(),
