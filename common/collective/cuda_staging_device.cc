@@ -38,24 +38,24 @@ class CudaStagingDevice final : public StagingDevice {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
 
-  // Async copy on the caller's stream (after its kernels), then a sync of that stream: the data
-  // is complete on return and the host buffer may be reused at once.
   absl::Status ToHost(void* host, const void* dev, size_t bytes, void* stream) override {
-    cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : stream_;
-    if (cudaError_t e = cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s); e != cudaSuccess)
-      return CudaErr("MemcpyAsync D2H", e);
-    if (cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess) return CudaErr("StreamSynchronize", e);
-    return absl::OkStatus();
+    return CopySync(host, dev, bytes, cudaMemcpyDeviceToHost, stream, "MemcpyAsync D2H");
   }
   absl::Status ToDevice(void* dev, const void* host, size_t bytes, void* stream) override {
+    return CopySync(dev, host, bytes, cudaMemcpyHostToDevice, stream, "MemcpyAsync H2D");
+  }
+
+ private:
+  // Async copy on the caller's stream (after its kernels), then a sync of that stream: the data
+  // is complete on return and the host buffer may be reused at once.
+  absl::Status CopySync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, void* stream,
+                        const char* what) {
     cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : stream_;
-    if (cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s); e != cudaSuccess)
-      return CudaErr("MemcpyAsync H2D", e);
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, s); e != cudaSuccess) return CudaErr(what, e);
     if (cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess) return CudaErr("StreamSynchronize", e);
     return absl::OkStatus();
   }
 
- private:
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
 };
