@@ -264,18 +264,6 @@ void Scheduler::RequeueNow(Seq& s) {
 void Scheduler::ExpireDeadlines(absl::Time now) {
   std::vector<Seq*> expired;
   for (Seq* s : running_) {
-    if (s->req.deadline <= now) expired.push_back(s);
-  }
-  for (const RequestQueue::Key& k : queue_) {
-    Seq* s = seqs_.at(k.id).get();
-    if (s->req.deadline <= now) expired.push_back(s);
-  }
-  for (Seq* s : expired) FinishNow(*s, FinishReason::kAborted, "deadline exceeded", now);
-}
-
-void Scheduler::ExpireDeadlinesInFlight(absl::Time now) {
-  std::vector<Seq*> expired;
-  for (Seq* s : running_) {
     if (!s->zombie && s->req.deadline <= now) expired.push_back(s);
   }
   for (const RequestQueue::Key& k : queue_) {
@@ -283,7 +271,7 @@ void Scheduler::ExpireDeadlinesInFlight(absl::Time now) {
     if (s->req.deadline <= now) expired.push_back(s);
   }
   for (Seq* s : expired) {
-    if (s->plans > 0) {
+    if (s->plans > 0) {  // only under ScheduleAhead: aborted when its plan is applied
       MarkDone(s->req.id, Pending::kFinish, FinishReason::kAborted, "deadline exceeded").IgnoreError();
     } else {
       FinishNow(*s, FinishReason::kAborted, "deadline exceeded", now);
@@ -375,7 +363,7 @@ absl::StatusOr<StepPlan> Scheduler::ScheduleAhead(absl::Time now) {
         "ScheduleAhead needs exactly one plan in flight, there are ", in_flight_.size()));
   }
   last_now_ = std::max(last_now_, now);
-  ExpireDeadlinesInFlight(now);
+  ExpireDeadlines(now);
   StepPlan plan;
   // Only when Schedule() after the in-flight plan would just decode: an admission or a prefill
   // chunk waits for it (a queued request sees at most one step of extra delay).

@@ -145,10 +145,10 @@ class Scheduler {
   // FinishNow, or with a plan still in flight: the event now, the slot when that plan is applied.
   void FinishSoon(Seq& s, FinishReason reason, std::string detail, absl::Time now);
   Event FinishedEvent(Seq& s, FinishReason reason, std::string detail, absl::Time now);
-  // Deadline expiry of requests with a plan in flight: a pending abort.
-  void ExpireDeadlinesInFlight(absl::Time now);
   void RequeueNow(Seq& s);
   void FailQueuedThatNoLongerFit();
+  // Finishes expired requests (kAborted); one with a plan in flight (ScheduleAhead) when that
+  // plan is applied.
   void ExpireDeadlines(absl::Time now);
   absl::Status MarkDone(RequestId id, Pending action, FinishReason reason, std::string_view detail);
 
