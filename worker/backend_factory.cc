@@ -24,21 +24,48 @@ bool CudaAvailable() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
-                                                       const std::string& model_path,
-                                                       const BackendOptions& opts) {
-  if (kind == "cpu") return CreateCpuBackend(model_path, opts);
+absl::StatusOr<std::string> ResolveBackendKind(const std::string& kind) {
+  if (kind == "cpu") return std::string("cpu");
   if (kind == "cuda" || kind == "auto") {
 #ifdef DS_HAVE_CUDA
-    if (CudaDeviceCount() > 0) return CreateCudaBackend(model_path, opts);
+    if (CudaDeviceCount() > 0) return std::string("cuda");
     if (kind == "cuda") return absl::UnavailableError("no CUDA device is visible");
 #else
     if (kind == "cuda")
       return absl::UnimplementedError("this build has no CUDA backend (built without nvcc)");
 #endif
-    return CreateCpuBackend(model_path, opts);
+    return std::string("cpu");
   }
   return absl::InvalidArgumentError("unknown backend '" + kind + "' (expected cpu, cuda or auto)");
+}
+
+absl::StatusOr<std::string> BackendDeviceName(const std::string& kind, const BackendOptions& opts) {
+  absl::StatusOr<std::string> k = ResolveBackendKind(kind);
+  if (!k.ok()) return k.status();
+  return *k == "cuda" ? "cuda:" + std::to_string(opts.device) : *k;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
+                                                       std::shared_ptr<const gguf::File> file,
+                                                       const BackendOptions& opts) {
+  absl::StatusOr<std::string> k = ResolveBackendKind(kind);
+  if (!k.ok()) return k.status();
+#ifdef DS_HAVE_CUDA
+  if (*k == "cuda") {
+    CudaBackendOptions copts;
+    copts.kv_type = opts.kv_type;
+    return CreateCudaBackend(std::move(file), opts, copts);
+  }
+#endif
+  return CreateCpuBackend(std::move(file), opts);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
+                                                       const std::string& model_path,
+                                                       const BackendOptions& opts) {
+  DS_RETURN_IF_ERROR(ResolveBackendKind(kind).status());  // a bad kind before opening the file
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<gguf::File> f, gguf::File::Open(model_path));
+  return CreateBackend(kind, std::shared_ptr<const gguf::File>(std::move(f)), opts);
 }
 
 }  // namespace ds

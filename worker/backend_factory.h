@@ -4,12 +4,25 @@
 #include <memory>
 #include <string>
 
+#include "common/gguf/gguf.h"
 #include "worker/model/backend.h"
 
 namespace ds {
 
 bool CudaAvailable();  // compiled with CUDA and at least one device visible
 
+// "cpu" or "cuda" for a --backend value: "auto" resolves to what CreateBackend would create;
+// errors as CreateBackend's (unknown kind, no CUDA in this build or no device visible).
+absl::StatusOr<std::string> ResolveBackendKind(const std::string& kind);
+
+// The device a backend of `kind` runs on: "cpu" or "cuda:<opts.device>".
+absl::StatusOr<std::string> BackendDeviceName(const std::string& kind, const BackendOptions& opts);
+
+// Over a file that is already open (the backend keeps a reference: CPU weights are views into it).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
+                                                       std::shared_ptr<const gguf::File> file,
+                                                       const BackendOptions& opts);
+// Opens model_path first.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
                                                        const std::string& model_path,
                                                        const BackendOptions& opts);

@@ -16,6 +16,7 @@
 
 #include "common/sampling/sampler.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/model/kv_type.h"
 
 namespace ds {
 namespace {
@@ -197,6 +198,7 @@ int RunBench(const BenchOptions& o) {
     CudaBackendOptions co;
     co.max_step_tokens = o.max_step_tokens;
     co.kv_type = kv_type;
+    co.tiled = o.tiled;
     return cuda::CreateCudaBackendApi(o.model, bo, co);
   };
 
@@ -448,6 +450,14 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--max-step-tokens") o.max_step_tokens = std::atoi(next());
     else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--no-profile") o.profile = false;
+    else if (a == "--tiled") {
+      const std::string v = next();
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "bench: --tiled expects on or off, got '%s'\n", v.c_str());
+        return 2;
+      }
+      o.tiled = v == "on";
+    }
     else if (a == "--sample") {
       const std::string v = next();
       float t = 0, p = 1;
@@ -470,7 +480,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off]\n"
                   "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
                   "head_dim, dequantized in the attention kernels)\n");
       return 0;

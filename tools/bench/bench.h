@@ -19,6 +19,7 @@ struct BenchOptions {
   bool profile = true;
   int max_step_tokens = 4096;
   std::string kv_type = "f16";               // KV cache element type: f16 | q8_0 | q4_0
+  bool tiled = true;                         // --tiled off: raw Q6_K layout (A/B runs)
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU
   // sampler), one sampler per sequence. Off when sample_temperature <= 0.
@@ -32,7 +33,7 @@ int RunBench(const BenchOptions& opts);
 
 // argv parsing for the CLI: --model PATH [--device N] [--prefill 512,2048] [--decode N]
 // [--depth N] [--conc 1,4,16] [--conc-prompt N] [--conc-gen N] [--kv-type f16|q8_0|q4_0]
-// [--no-profile] [--quick] [--sample T,TOP_K,TOP_P].
+// [--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off].
 int BenchMain(int argc, char** argv);
 
 }  // namespace ds

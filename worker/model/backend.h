@@ -67,10 +67,20 @@ struct StepOptions {
   std::span<const DeviceSampleRow> device_sample = {};
 };
 
-// Opaque copy of one slot's state (GDN conv + recurrent state and the attention KV up to n_past).
+// Copy of one slot's state (GDN conv + recurrent state and the attention KV up to n_past) in the
+// versioned format of worker/runner/slot_snapshot.h.
 struct SlotSnapshot {
   int32_t n_past = 0;
   std::vector<uint8_t> bytes;
+};
+
+// Bytes a backend holds on its device, by kind (reported to the scheduler and to metrics).
+struct MemoryFootprint {
+  uint64_t weights = 0;
+  uint64_t kv_cache = 0;
+  uint64_t recurrent = 0;
+  uint64_t workspace = 0;
+  uint64_t total() const { return weights + kv_cache + recurrent + workspace; }
 };
 
 class Backend {
@@ -92,6 +102,7 @@ class Backend {
   virtual int32_t SlotLength(int slot) const = 0;     // tokens currently in the slot
   virtual absl::StatusOr<SlotSnapshot> Snapshot(int slot) const = 0;
   virtual absl::Status Restore(int slot, const SlotSnapshot& snap) = 0;
+  virtual MemoryFootprint memory() const = 0;
 
   // MTP draft step (spec §8.2) for one slot's MTP KV; hidden = [n_embd] final-normed main-model
   // state at position pos, token = the token following it. Writes [n_vocab] logits and the
@@ -124,14 +135,11 @@ struct BackendOptions {
   GgmlType kv_type = GgmlType::F16;
 };
 
-// The TP plan a backend applies for `opts` (tp_world > 1): split weights (empty = even), the FFN
-// granule and, with tp_align_heads, the block-aligned head granules of the file, and the lm_head
-// placement. Shared by the CPU and CUDA backends so that both cut a rank's shard identically.
-absl::StatusOr<tp::Plan> MakeTpPlan(const gguf::File& f, const ModelConfig& c,
-                                    const BackendOptions& opts);
-
-// Opens the model file and creates the CPU reference backend.
+// Opens the model file and creates the CPU reference backend (worker/model/cpu_backend.h).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const std::string& model_path,
+                                                          const BackendOptions& opts);
+// The same over a file that is already open (shared: the backend keeps it while it lives).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const gguf::File> file,
                                                           const BackendOptions& opts);
 
 }  // namespace ds

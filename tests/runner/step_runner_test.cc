@@ -1,0 +1,235 @@
+// The step runner's own rules: the micro-step split, the snapshot format, and the runner over the
+// CPU device cutting steps as it does for a GPU (same logits as one whole step), ForwardGreedy.
+#include "worker/runner/step_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/model/test_util.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/runner/micro_steps.h"
+#include "worker/runner/slot_snapshot.h"
+
+namespace ds {
+namespace {
+
+std::vector<int32_t> Tokens(int n, int n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % n_vocab);
+  return t;
+}
+
+SeqStep Seq(int slot, int32_t pos0, int n, bool all_logits) {
+  SeqStep s;
+  s.slot = slot;
+  s.pos0 = pos0;
+  s.tokens.assign(n, 1);
+  s.all_logits = all_logits;
+  return s;
+}
+
+int LogitRows(std::span<const SeqStep> batch, const std::vector<StepPiece>& m) {
+  int n = 0;
+  for (const StepPiece& p : m) n += batch[p.seq].all_logits ? p.n : (p.last ? 1 : 0);
+  return n;
+}
+
+TEST(MicroSteps, EveryTokenOnceInOrderWithinLimits) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int max_rows = 1 + rng() % 40, max_logit = 1 + rng() % 10;
+    std::vector<SeqStep> batch;
+    const int n_seq = 1 + rng() % 6;
+    for (int i = 0; i < n_seq; ++i) batch.push_back(Seq(i, 0, 1 + rng() % 50, rng() % 3 == 0));
+    const auto steps = SplitIntoMicroSteps(batch, max_rows, max_logit);
+    std::vector<int> next(batch.size(), 0);  // next token expected of every sequence
+    int last_seq = 0;
+    for (const auto& m : steps) {
+      ASSERT_FALSE(m.empty());
+      int rows = 0;
+      for (const StepPiece& p : m) {
+        ASSERT_GE(p.seq, last_seq);  // sequences in batch order
+        last_seq = p.seq;
+        EXPECT_EQ(p.t0, next[p.seq]);
+        next[p.seq] += p.n;
+        EXPECT_EQ(p.last, next[p.seq] == static_cast<int>(batch[p.seq].tokens.size()));
+        rows += p.n;
+      }
+      EXPECT_LE(rows, max_rows);
+      EXPECT_LE(LogitRows(batch, m), max_logit);
+    }
+    for (size_t i = 0; i < batch.size(); ++i)
+      EXPECT_EQ(next[i], static_cast<int>(batch[i].tokens.size()));
+  }
+}
+
+TEST(MicroSteps, DecodeBatchIsOnePureDecodeStep) {
+  std::vector<SeqStep> batch = {Seq(0, 7, 1, false), Seq(3, 2, 1, false), Seq(1, 0, 1, false)};
+  const auto steps = SplitIntoMicroSteps(batch, 4096, 64);
+  ASSERT_EQ(steps.size(), 1u);
+  MicroStep m;
+  BuildMicroStep(batch, steps[0], &m);
+  EXPECT_TRUE(m.pure_decode);
+  EXPECT_EQ(m.rows(), 3);
+  EXPECT_EQ(m.logit_rows, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(m.slots, (std::vector<int32_t>{0, 3, 1}));
+  EXPECT_EQ(m.positions, (std::vector<int32_t>{7, 2, 0}));
+  // A prefill piece, or an all_logits token, is no pure decode.
+  batch.push_back(Seq(2, 0, 5, false));
+  BuildMicroStep(batch, SplitIntoMicroSteps(batch, 4096, 64)[0], &m);
+  EXPECT_FALSE(m.pure_decode);
+  std::vector<SeqStep> all = {Seq(0, 0, 1, true)};
+  BuildMicroStep(all, SplitIntoMicroSteps(all, 4096, 64)[0], &m);
+  EXPECT_FALSE(m.pure_decode);
+}
+
+TEST(MicroSteps, LongPrefillCarriesOverAndOnlyItsLastPieceHasALogitRow) {
+  std::vector<SeqStep> batch = {Seq(0, 10, 10, false)};
+  const auto steps = SplitIntoMicroSteps(batch, 4, 64);
+  ASSERT_EQ(steps.size(), 3u);
+  MicroStep m;
+  BuildMicroStep(batch, steps[0], &m);
+  EXPECT_EQ(m.positions, (std::vector<int32_t>{10, 11, 12, 13}));
+  EXPECT_TRUE(m.logit_rows.empty());
+  BuildMicroStep(batch, steps[2], &m);
+  EXPECT_EQ(m.positions, (std::vector<int32_t>{18, 19}));
+  EXPECT_EQ(m.logit_rows, (std::vector<int32_t>{1}));
+}
+
+TEST(SlotSnapshotFormat, RoundTripsAndRefusesWhatIsNotOne) {
+  const std::vector<uint8_t> payload = {1, 2, 3, 4, 5};
+  const auto bytes = EncodeSlotSnapshot("cpu f32 test", 42, payload);
+  auto d = DecodeSlotSnapshot(bytes);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->layout, "cpu f32 test");
+  EXPECT_EQ(d->n_past, 42);
+  EXPECT_EQ(std::vector<uint8_t>(d->payload.begin(), d->payload.end()), payload);
+
+  auto bad = bytes;
+  bad[0] = 'X';
+  EXPECT_NE(DecodeSlotSnapshot(bad).status().message().find("magic"), std::string::npos);
+  bad = bytes;
+  bad[8] = 99;  // version
+  EXPECT_NE(DecodeSlotSnapshot(bad).status().message().find("version 99"), std::string::npos);
+  bad = bytes;
+  bad.pop_back();
+  EXPECT_FALSE(DecodeSlotSnapshot(bad).ok());
+  bad = bytes;
+  bad.push_back(0);
+  EXPECT_FALSE(DecodeSlotSnapshot(bad).ok());
+  for (size_t n = 0; n < 20; ++n)
+    EXPECT_FALSE(DecodeSlotSnapshot(std::span<const uint8_t>(bytes.data(), n)).ok());
+}
+
+std::unique_ptr<CpuBackend> Make(int n_slots) {
+  BackendOptions o;
+  o.n_slots = n_slots;
+  o.slot_ctx = 256;
+  o.n_threads = 2;
+  auto b = CpuBackend::Create(testing::TinyModelPath(), o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
+  return d;
+}
+
+// A mixed step (an all_logits prefill, a last-row prefill, a decode) cut into micro-steps of 5
+// rows and 3 logit rows gives the logits and hidden states of the whole step at once.
+TEST(StepRunner, MicroStepsGiveTheLogitsOfTheWholeStep) {
+  auto whole = Make(3);
+  auto cut = Make(3);
+  cut->set_micro_step_limits(5, 3);
+  const int V = whole->config().n_vocab;
+  std::vector<SeqStep> warm = {{2, 0, Tokens(6, V, 1), false}};
+  StepOutput o1, o2;
+  ASSERT_TRUE(whole->Forward(warm, {}, &o1).ok());
+  ASSERT_TRUE(cut->Forward(warm, {}, &o2).ok());
+  std::vector<SeqStep> batch = {{0, 0, Tokens(9, V, 2), true},
+                                {1, 0, Tokens(13, V, 3), false},
+                                {2, 6, Tokens(1, V, 4), false}};
+  StepOptions so;
+  so.want_hidden = true;
+  ASSERT_TRUE(whole->Forward(batch, so, &o1).ok());
+  ASSERT_TRUE(cut->Forward(batch, so, &o2).ok());
+  EXPECT_EQ(whole->last_micro_steps(), 1);
+  EXPECT_EQ(cut->last_micro_steps(), 6);  // 23 rows by 5, and 11 logit rows by 3
+  EXPECT_EQ(o1.n_rows, 11);
+  EXPECT_EQ(o2.n_rows, 11);
+  EXPECT_LT(MaxAbsDiff(o1.logits, o2.logits), 1e-4);
+  EXPECT_LT(MaxAbsDiff(o1.hidden, o2.hidden), 1e-5);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(whole->SlotLength(s), cut->SlotLength(s));
+}
+
+TEST(StepRunner, ForwardGreedyPicksTheArgmaxOfForward) {
+  auto a = Make(2);
+  auto b = Make(2);
+  const int V = a->config().n_vocab;
+  std::vector<SeqStep> batch = {{0, 0, Tokens(7, V, 8), false}, {1, 0, Tokens(3, V, 9), false}};
+  StepOutput out;
+  ASSERT_TRUE(a->Forward(batch, {}, &out).ok());
+  std::vector<int32_t> tokens;
+  double secs = -1;
+  ASSERT_TRUE(b->ForwardGreedy(batch, &tokens, &secs).ok());
+  ASSERT_EQ(tokens.size(), 2u);
+  EXPECT_GE(secs, 0);
+  for (int r = 0; r < 2; ++r) {
+    const float* row = out.logits.data() + static_cast<size_t>(r) * V;
+    EXPECT_EQ(tokens[r], std::max_element(row, row + V) - row);
+  }
+  EXPECT_EQ(b->SlotLength(0), 7);
+  batch[0].all_logits = true;
+  EXPECT_FALSE(b->ForwardGreedy(batch, &tokens, nullptr).ok());
+}
+
+TEST(StepRunner, RestoreRefusesASnapshotOfAnotherLayout) {
+  auto be = Make(2);
+  const int V = be->config().n_vocab;
+  std::vector<SeqStep> batch = {{0, 0, Tokens(5, V, 3), false}};
+  StepOutput out;
+  ASSERT_TRUE(be->Forward(batch, {}, &out).ok());
+  auto snap = be->Snapshot(0);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  auto d = DecodeSlotSnapshot(snap->bytes);
+  ASSERT_TRUE(d.ok());
+  SlotSnapshot foreign;
+  foreign.n_past = snap->n_past;
+  foreign.bytes = EncodeSlotSnapshot("cuda kv=f16 page=64", d->n_past, d->payload);
+  absl::Status st = be->Restore(1, foreign);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cannot be restored"), std::string::npos) << st;
+  EXPECT_EQ(be->SlotLength(1), 0);
+  ASSERT_TRUE(be->Restore(1, *snap).ok());
+  EXPECT_EQ(be->SlotLength(1), 5);
+}
+
+TEST(StepRunner, DeviceSamplingIsRefusedWhereTheDeviceHasNone) {
+  auto be = Make(1);
+  std::vector<SeqStep> batch = {{0, 0, {1, 2}, false}};
+  DeviceSampleRow row;
+  row.mode = DeviceSampleRow::Mode::kLogits;
+  StepOptions so;
+  so.device_sample = {&row, 1};
+  StepOutput out;
+  EXPECT_EQ(be->Forward(batch, so, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->SlotLength(0), 0);
+}
+
+TEST(StepRunner, ReportsTheMemoryItHolds) {
+  auto one = Make(1);
+  auto four = Make(4);
+  EXPECT_GT(one->memory().kv_cache, 0u);
+  EXPECT_EQ(four->memory().kv_cache, 4 * one->memory().kv_cache);
+  EXPECT_EQ(four->memory().recurrent, 4 * one->memory().recurrent);
+}
+
+}  // namespace
+}  // namespace ds

@@ -1,0 +1,280 @@
+// CudaDevice: the qwen35 layers on one GPU, under the step runner (worker/runner/device.h).
+//
+// Weights stay in their GGUF block formats in one device allocation (under tensor parallelism only
+// this rank's shard, cut by the runner's plan: docs/tp.md "CUDA shards"). Decode rows (one token of
+// a sequence) go through the quantized GEMV kernels (up to 16 activation columns per weight read;
+// Q6_K through the tiled int8 mma kernel), prefill rows through dequantize-to-bf16 + cuBLAS.
+// Pure-decode steps are captured once per row count as a CUDA graph and replayed. A memory plan
+// (weights / KV / recurrent state / workspace) is computed before any allocation and a clear error
+// names the shortfall.
+//
+// Files: cuda_device_init.cc (memory plan, allocation, weight upload and repack),
+// matmul_dispatch.cc (which kernel runs a matrix product), forward.cc (one micro-step: embed,
+// layers, head, graphs), outputs.cc (logits, sampling, profiling), slot_state.cc (reset, save,
+// load). One stream; every tensor op is a kernel from kernels/cuda.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/gguf/gguf.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/sampling.cuh"
+#include "worker/cuda/cuda_options.h"
+#include "worker/model/weights.h"
+#include "worker/runner/device.h"
+#include "worker/runner/step_runner.h"
+
+namespace ds::cuda {
+
+// A weight matrix on the device.
+struct DMat {
+  GgmlType type = GgmlType::F32;
+  const void* d = nullptr;  // [rows, row_bytes]; tiled: kernels/cuda/gemv_tiled.cuh
+  int rows = 0, cols = 0;
+  uint64_t bytes = 0;
+  bool tiled = false;       // Q6_K repacked into 16-row mma tiles at upload
+};
+
+struct DLayer {
+  bool rec = false;
+  const float* attn_norm = nullptr;  // [H]
+  const float* post_norm = nullptr;  // [H]
+  // GDN
+  DMat qkv, gate, beta, alpha, ssm_out;
+  GdnLayerParams gdn;
+  float* ring = nullptr;   // [n_slots, 4, C]
+  float* state = nullptr;  // [n_slots, Hv, dk, dv]
+  // attention
+  DMat q, k, v, o;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  uint8_t* kc = nullptr;  // [n_pages, page, n_kv, row_bytes] (KvCacheView: f16 or q8_0/q4_0 blocks)
+  uint8_t* vc = nullptr;
+  // FFN
+  DMat ffn_gate, ffn_up, ffn_down;
+};
+
+class CudaDevice final : public Device {
+ public:
+  ~CudaDevice() override;
+  // Uploads rank tp.rank's weights of `file` to GPU `device` and allocates the state of n_slots
+  // slots of slot_ctx positions. tp.collective (if any) must reduce device buffers on a stream.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(const gguf::File& file,
+                                                            const ModelConfig& cfg,
+                                                            const TpPlacement& tp, int device,
+                                                            int n_slots, int slot_ctx,
+                                                            const CudaBackendOptions& copts);
+
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
+  const DeviceLimits& limits() const override { return limits_; }
+  MemoryFootprint memory() const override {
+    return {plan_.weights, plan_.kv_cache, plan_.recurrent, plan_.workspace};
+  }
+
+  absl::Status Prepare(const MicroStep& step) override;
+  absl::Status Embed() override;
+  absl::Status Layer(int layer) override;
+  absl::Status Head() override;
+  absl::Status RunCaptured(int rows, const std::function<absl::Status()>& body) override;
+
+  LogitBuffers logit_buffers() override { return {logits_part_, logits_gather_, logits_}; }
+  absl::Status CopyColumns(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                           int64_t width, int64_t rows) override;
+  absl::Status ReadLogits(int n, float* dst) override;
+  absl::Status ReadHidden(int n, float* dst) override;
+  absl::Status Argmax(int n, int32_t* tokens) override;
+  absl::Status Sample(std::span<const DeviceSampleRow> rows, int32_t* tokens) override;
+  absl::Status Finish() override;
+  double TakeCommSeconds() override { return 0; }  // collectives are stream-ordered: not timed
+
+  void ResetSlot(int slot) override;
+  absl::StatusOr<std::vector<uint8_t>> SaveState(int slot, int32_t n_past) const override;
+  absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) override;
+  std::string state_layout() const override;
+
+  const CudaMemoryPlan& memory_plan() const { return plan_; }
+  // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
+  uint64_t StepWeightBytes() const { return step_weight_bytes_; }
+  // Profiling pass: when on, graphs are off and every op class is bracketed by CUDA events;
+  // ProfileTotals() gives accumulated milliseconds per class since ResetProfile().
+  void SetProfiling(bool on) { profiling_ = on; }
+  void ResetProfile() { prof_ms_.clear(); }
+  std::vector<std::pair<std::string, double>> ProfileTotals() const {
+    return {prof_ms_.begin(), prof_ms_.end()};
+  }
+
+ private:
+  CudaDevice() = default;
+  absl::Status Init(const gguf::File& file, const ModelConfig& cfg, const TpPlacement& tp,
+                    int device, int n_slots, int slot_ctx, const CudaBackendOptions& copts);
+
+  // ---- matmul_dispatch.cc
+  absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
+  absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
+  absl::Status GemvColumns(const DMat& w, const DMat* w2, const float* x, int R, float* y,
+                           GemvEpilogue epilogue);
+  // Several matrices on the same input x (store epilogue): one GemvMulti launch per column chunk
+  // when they share type and K, else one Linear each.
+  absl::Status LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
+                           const float* x, int R);
+  // a_ = RMSNorm(h_) * w; for GEMV-sized steps fused with the int8 quantization of a_.
+  absl::Status NormToA(const float* w, int R);
+  absl::Status EnsureQuantized(const float* x, int R, int K);
+  absl::Status EnsureHalf(const float* x, int R, int K);
+  // The int8 / 16-bit copies of an activation are reused by the matmuls that share it; call this
+  // whenever a buffer that may be cached gets new contents.
+  void InvalidateX() {
+    xq_src_ = nullptr;
+    xh_src_ = nullptr;
+  }
+  // Rows that take a matmul on int8 activations (GEMV or tiled kernel): the xq_/xd_ capacity.
+  int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
+  // Whether an R-row matmul on `w` takes the column kernels (tiled mma or v2 GEMV) rather than
+  // dequantization + cuBLAS.
+  bool ColumnPath(const DMat& w, int R) const {
+    return R <= (w.tiled ? tiled_max_rows_ : copts_.gemv_max_rows);
+  }
+
+  // ---- forward.cc
+  absl::Status GdnMixer(const DLayer& L, int R);
+  absl::Status AttnMixer(const DLayer& L, int R);
+  // Tensor parallelism: h_ <- Σ over ranks after a row-parallel projection (docs/tp.md §8).
+  absl::Status AllReduceResidual(int R);
+  // Row-parallel projections accumulate into the residual h_ on rank 0 only; the other ranks
+  // store their partial product there. The all-reduce then gives every rank h + Σ_r y_r with no
+  // extra buffer or add kernel, and without a collective (or at world 1) the arithmetic is
+  // exactly the single-GPU path's h += y.
+  bool ResidualOnThisRank() const { return tp_rank_ == 0; }
+  // A TP rank that owns no units of a kind (e.g. more ranks than KV heads) skips that block and
+  // contributes zeros to its all-reduce: rank 0 leaves h_ as it is, the others clear it.
+  absl::Status ContributeNothing(int R);
+  bool VocabParallel() const { return tp_world_ > 1 && vocab_parallel_; }
+  // Decode attention splits: enough blocks for ~2 waves of the GPU's SMs, none under 256 tokens.
+  int AttnSplits(int n_dec) const;
+
+  // ---- outputs.cc
+  // Blocking copy between host and device (either way) ordered on stream_. Every transfer of
+  // the device goes through it: stream_ is non-blocking, so a plain cudaMemcpy (legacy stream)
+  // is not ordered with its kernels, and a pageable host->device cudaMemcpy may return before
+  // its DMA lands (that raced the repack of the tiled weights against their staging copy).
+  absl::Status Copy(void* dst, const void* src, size_t n) const;
+  void ProfBegin(const char* cls);
+  void ProfEnd();
+  absl::Status FlushProfile();
+
+  ModelConfig cfg_;
+  // TP collective (caller-owned, stream-ordered, e.g. NCCL); null = no reduction at all.
+  Collective* coll_ = nullptr;
+  int tp_rank_ = 0;
+  int tp_world_ = 1;
+  bool vocab_parallel_ = false;
+  int n_vocab_local_ = 0;  // lm_head rows on this rank (n_vocab without TP)
+  int device_ = 0, n_slots_ = 0, slot_ctx_ = 0;
+  int sm_count_ = 1;       // multiprocessors of the GPU (cudaDeviceProp)
+  CudaBackendOptions copts_;
+  DeviceLimits limits_;
+  bool bf16_ = true;  // 16-bit GEMM operand type: bf16 on sm_80+, f16 below
+  CudaMemoryPlan plan_;
+  uint64_t step_weight_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasGemm> gemm_;
+  void* weights_mem_ = nullptr;
+  void* state_mem_ = nullptr;
+  void* work_mem_ = nullptr;
+
+  DMat token_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<DLayer> layers_;
+  GdnShape gdn_shape_;
+  AttnShape attn_shape_;
+  KvCacheView kv_base_;  // k/v set per layer
+  int max_pages_ = 0;
+  uint64_t kv_token_bytes_ = 0;  // one token's K (or V) over all KV heads, in copts_.kv_type
+
+  // Workspace (device), sized for max_step_tokens rows.
+  int T_max_ = 0, max_k_ = 0, logit_rows_max_ = 64;
+  bool tiled_ = false;       // copts_.tiled on a GPU that has the tiled kernel
+  int tiled_max_rows_ = 0;
+  int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
+  int32_t* d_logit_rows_ = nullptr;  // [T_max]
+  int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
+  int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ + d_logit_rows_
+  float* h_ = nullptr;      // [T, H] residual stream
+  float* a_ = nullptr;      // [T, H] normed
+  float* mixed_ = nullptr;  // [T, C]   (also attention qg [T, 2*n_head*hd])
+  float* z_ = nullptr;      // [T, Hv*dv]
+  float* gb_ = nullptr;     // [T, Hv]
+  float* ga_ = nullptr;     // [T, Hv]
+  float* gy_ = nullptr;     // [T, C]
+  float* gg_ = nullptr;     // [T, Hv]
+  float* gbeta_ = nullptr;  // [T, Hv]
+  float* mix_out_ = nullptr;  // [T, max(Hv*dv, n_head*hd)]
+  float* kx_ = nullptr;     // [T, n_kv*hd]
+  float* vx_ = nullptr;     // [T, n_kv*hd]
+  float* q_ = nullptr;      // [T, n_head*hd]
+  uint16_t* q16_ = nullptr;  // [T, n_head*hd]
+  float* ffa_ = nullptr;    // [T, n_ff]
+  float* ffb_ = nullptr;    // [T, n_ff]
+  int8_t* xq_ = nullptr;    // [QuantRows(), max_k]
+  float* xd_ = nullptr;     // [QuantRows(), max_k/32]
+  uint16_t* xh_ = nullptr;  // [T, max_k]
+  uint16_t* wh_ = nullptr;  // [wh_elems] dequantized weight scratch
+  uint64_t wh_elems_ = 0;
+  uint16_t* kt_ = nullptr;  // [slot_ctx, n_kv*hd]
+  uint16_t* vt_ = nullptr;
+  float* scores_ = nullptr;    // [G, tq, slot_ctx]
+  uint16_t* probs_ = nullptr;  // [G, tq, slot_ctx]
+  int attn_tq_ = 256;
+  float* partials_ = nullptr;  // decode attention partials
+  int64_t partial_floats_ = 0;
+  float* hn_ = nullptr;      // [logit_rows_max, H]
+  float* logits_ = nullptr;  // [logit_rows_max, n_vocab]
+  float* logits_part_ = nullptr;    // [logit_rows_max, V_r] vocab-parallel TP: this rank's logits
+  float* logits_gather_ = nullptr;  // [world][n_rows][V_r] the gathered ones, rank-major
+  // Device sampling (Sample): per-row parameters and penalty pairs, staged on the host and
+  // copied before each SampleRows launch; device buffers grow on demand (outside the memory plan:
+  // ~64 B per row plus 8 B per penalty pair).
+  struct SampleBuffers {
+    SampleRowParams* params = nullptr;  // [logit_rows_max]
+    int32_t* tokens = nullptr;          // [logit_rows_max]
+    PenaltyPair* pairs = nullptr;       // [pairs_cap]
+    size_t pairs_cap = 0;
+    ~SampleBuffers() {
+      cudaFree(params);
+      cudaFree(tokens);
+      cudaFree(pairs);
+    }
+  } sample_;
+  std::vector<SampleRowParams> h_sample_rows_;
+  std::vector<PenaltyPair> h_sample_pairs_;
+  const float* xq_src_ = nullptr;  // activation currently in xq_/xd_
+  int xq_rows_ = 0;
+  const float* xh_src_ = nullptr;  // activation currently in xh_
+  int xh_rows_ = 0;
+
+  // The prepared micro-step (host).
+  int rows_ = 0, n_logit_rows_ = 0, n_dec_ = 0, n_splits_ = 1;
+  std::vector<RowRun> prefill_;  // runs of more than one token
+
+  std::map<int, cudaGraphExec_t> graphs_;  // pure-decode row count -> graph
+  std::map<int, bool> graph_failed_;
+  std::map<int, int> decode_runs_;  // eager pure-decode runs per row count (capture on the 2nd)
+
+  bool profiling_ = false;
+  std::map<std::string, double> prof_ms_;
+  std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> prof_events_;
+  std::vector<cudaEvent_t> event_pool_;
+  size_t event_next_ = 0;
+};
+
+}  // namespace ds::cuda

@@ -1,0 +1,365 @@
+// CudaDevice (cuda_device.h): the memory plan, the allocations and the weight upload.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "common/collective/collective.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/gemv_tiled.cuh"
+#include "worker/cuda/cuda_device.h"
+#include "worker/model/kv_type.h"
+
+namespace ds {
+
+std::string CudaMemoryPlan::ToString() const {
+  auto gib = [](uint64_t b) { return static_cast<double>(b) / (1ull << 30); };
+  return absl::StrFormat("weights %.2f GiB + KV cache %.2f GiB + recurrent state %.2f GiB + "
+                         "workspace %.2f GiB = %.2f GiB",
+                         gib(weights), gib(kv_cache), gib(recurrent), gib(workspace), gib(total()));
+}
+
+namespace cuda {
+namespace {
+
+constexpr uint64_t kAlign = 256;
+uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Bump allocator over one cudaMalloc.
+struct Arena {
+  uint8_t* base = nullptr;
+  uint64_t size = 0, used = 0;
+  template <typename T>
+  T* Take(uint64_t count) {
+    T* p = reinterpret_cast<T*>(base + used);
+    used += AlignUp(count * sizeof(T));
+    return p;
+  }
+};
+
+}  // namespace
+
+CudaDevice::~CudaDevice() {
+  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
+  if (h_ints_) cudaFreeHost(h_ints_);
+  cudaFree(weights_mem_);
+  cudaFree(state_mem_);
+  cudaFree(work_mem_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
+    const gguf::File& file, const ModelConfig& cfg, const TpPlacement& tp, int device,
+    int n_slots, int slot_ctx, const CudaBackendOptions& copts) {
+  std::unique_ptr<CudaDevice> d(new CudaDevice());
+  DS_RETURN_IF_ERROR(d->Init(file, cfg, tp, device, n_slots, slot_ctx, copts));
+  return d;
+}
+
+absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
+                              const TpPlacement& tp, int device, int n_slots, int slot_ctx,
+                              const CudaBackendOptions& copts) {
+  // Tensor parallelism (docs/tp.md): with tp.world > 1 only this rank's shard is uploaded (the
+  // runner's plan) and the residual is all-reduced over the collective on the stream.
+  if (tp.collective) {
+    if (!tp.collective->supports_stream_ordered())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA backend: collective ", tp.collective->name(),
+          " cannot reduce device buffers on a stream (use nccl, or gloo through "
+          "HostStagedCollective)"));
+    coll_ = tp.collective;
+  }
+  tp_rank_ = tp.rank;
+  tp_world_ = tp.world;
+  vocab_parallel_ = tp.world > 1 && tp.plan.lm_head == tp::LmHead::kVocabParallel;
+  copts_ = copts;
+  if (!KvTypeSupported(copts_.kv_type))
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend: KV type ",
+                                                   KvTypeName(copts_.kv_type),
+                                                   " (expected f16, q8_0 or q4_0)"));
+  device_ = device;
+  n_slots_ = n_slots;
+  slot_ctx_ = slot_ctx;
+  cfg_ = cfg;
+  DS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  cudaDeviceProp prop;
+  DS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+  bf16_ = prop.major >= 8;
+  sm_count_ = std::max(1, prop.multiProcessorCount);
+
+  const ModelConfig& c = cfg_;
+  // Local sizes: this rank's heads, FFN columns and vocabulary rows (all of them without TP).
+  // State and KV stay with the heads that own them; local GDN value heads keep the tiled order,
+  // so the unchanged kernels run on the shard (worker/tp/plan.h).
+  const LocalShape lc = tp.Local(c);
+  const int n_head = lc.n_head, n_kv = lc.n_head_kv, gdn_k = lc.gdn_k_heads, gdn_v = lc.gdn_v_heads;
+  n_vocab_local_ = static_cast<int>(lc.n_vocab);
+  ModelWeights mw;
+  if (tp.world > 1) {
+    DS_ASSIGN_OR_RETURN(mw, ModelWeights::Load(file, c, &tp.plan, tp.rank));
+  } else {
+    DS_ASSIGN_OR_RETURN(mw, ModelWeights::Load(file, c));
+  }
+  if (c.n_recurrent() > 0 && gdn_k > 0) DS_RETURN_IF_ERROR(GdnShapeSupported(gdn_shape_));
+  attn_shape_ = AttnShape{n_head, n_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
+  if (c.n_attention() > 0 && (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
+    return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {32,64,128,256}"));
+  // Bytes of one token's K (or V) row over all KV heads: hd/32 blocks per head for q8_0 / q4_0.
+  kv_token_bytes_ = static_cast<uint64_t>(n_kv) * KvRowBytes(copts_.kv_type, c.head_dim);
+
+  // ---- memory plan (before any allocation) ----
+  std::vector<std::pair<std::string, const cpu::WeightView*>> mats;
+  auto add_mat = [&](const std::string& n, const cpu::WeightView& w) { mats.push_back({n, &w}); };
+  add_mat("token_embd", mw.token_embd);
+  add_mat("output", mw.output);
+  uint64_t small_floats = c.n_embd;  // output_norm
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = mw.layers[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    small_floats += 2 * c.n_embd;
+    if (L.recurrent) {
+      add_mat(p + "attn_qkv", L.gdn.qkv);
+      add_mat(p + "attn_gate", L.gdn.gate);
+      add_mat(p + "ssm_beta", L.gdn.beta);
+      add_mat(p + "ssm_alpha", L.gdn.alpha);
+      add_mat(p + "ssm_out", L.gdn.out);
+      small_floats += L.gdn.conv.size() + L.gdn.ssm_a.size() + L.gdn.dt_bias.size() + L.gdn.norm.size() + 64;
+    } else {
+      add_mat(p + "attn_q", L.attn.q);
+      add_mat(p + "attn_k", L.attn.k);
+      add_mat(p + "attn_v", L.attn.v);
+      add_mat(p + "attn_output", L.attn.out);
+      small_floats += L.attn.q_norm.size() + L.attn.k_norm.size() + 64;
+    }
+    add_mat(p + "ffn_gate", L.ffn_gate);
+    add_mat(p + "ffn_up", L.ffn_up);
+    add_mat(p + "ffn_down", L.ffn_down);
+  }
+  uint64_t max_mat_elems = 0;
+  tiled_ = copts_.tiled && TiledAvailable(device_);
+  tiled_max_rows_ = tiled_ ? std::clamp(copts_.tiled_max_rows, 0, kTiledMaxCols) : 0;
+  // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
+  // by row lookups), so also the LM head unless it is tied to the embedding.
+  auto tile_it = [&](const cpu::WeightView* w) {
+    return tiled_ && w != &mw.token_embd && TiledSupported(w->type) && w->cols % 256 == 0;
+  };
+  auto mat_bytes = [&](const cpu::WeightView* w) -> uint64_t {
+    return tile_it(w) ? TiledBytes(w->type, w->rows, static_cast<int>(w->cols))
+                      : GgmlRowBytes(w->type, w->cols) * w->rows;
+  };
+  uint64_t staging_bytes = 0;  // transient upload buffer of the repack (freed before state/work)
+  for (auto& [n, w] : mats) {
+    if (!GemvSupported(w->type))
+      return absl::UnimplementedError(absl::StrCat("CUDA backend: tensor ", n, " has type ",
+                                                   std::string(GgmlInfo(w->type).name),
+                                                   " which the CUDA kernels do not support"));
+    plan_.weights += AlignUp(mat_bytes(w));
+    if (tile_it(w))
+      staging_bytes = std::max<uint64_t>(staging_bytes, std::min<uint64_t>(GgmlRowBytes(w->type, w->cols) * w->rows, 64ull << 20) + GgmlRowBytes(w->type, w->cols) * kTiledRows);
+    max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));
+    if (w != &mw.output && w != &mw.token_embd)
+      max_mat_elems = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(w->rows) * w->cols);
+  }
+  // A tied lm_head is (a row range of) the uploaded embedding: no bytes of its own.
+  if (mw.tied_output) plan_.weights -= AlignUp(GgmlRowBytes(mw.output.type, mw.output.cols) * mw.output.rows);
+  plan_.weights += small_floats * 4 + 64 * kAlign * c.n_layer;
+  for (auto& [n, w] : mats)
+    if (w != &mw.token_embd) step_weight_bytes_ += GgmlRowBytes(w->type, w->cols) * w->rows;
+
+  max_pages_ = (slot_ctx_ + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int n_pages = max_pages_ * n_slots_;
+  const uint64_t kv_layer = static_cast<uint64_t>(n_pages) * copts_.kv_page_size * kv_token_bytes_;
+  plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(static_cast<uint64_t>(n_pages) * 4);
+  const int C = c.n_recurrent() > 0 ? gdn_shape_.channels() : 0;
+  const uint64_t ring_bytes = static_cast<uint64_t>(n_slots_) * 4 * C * 4;
+  const uint64_t st_bytes = static_cast<uint64_t>(n_slots_) * gdn_v * c.gdn_k_dim * c.gdn_v_dim * 4;
+  plan_.recurrent = c.n_recurrent() * (AlignUp(ring_bytes) + AlignUp(st_bytes));
+
+  T_max_ = std::max(1, copts_.max_step_tokens);
+  limits_.max_rows = T_max_;
+  limits_.max_logit_rows = logit_rows_max_;
+  limits_.device_sampling = true;
+  const uint64_t T = T_max_, H = c.n_embd;
+  const uint64_t Vw = static_cast<uint64_t>(gdn_v) * c.gdn_v_dim;
+  const uint64_t qgw = 2ull * n_head * c.head_dim, ow = static_cast<uint64_t>(n_head) * c.head_dim;
+  const uint64_t kvw = static_cast<uint64_t>(n_kv) * c.head_dim;
+  const int G = n_kv > 0 ? n_head / n_kv : 1;
+  const uint64_t n_ff = lc.n_ff;
+  // Vocab-parallel lm_head: this rank's logits [rows, V_r] and the gathered ones, rank-major.
+  const bool gather = VocabParallel();
+  const uint64_t part_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * n_vocab_local_ : 0;
+  const uint64_t gather_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * c.n_vocab : 0;
+  partial_floats_ = AttnDecodePartialFloats(attn_shape_, T_max_, AttnSplits(1));
+  wh_elems_ = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(c.n_embd) * 4096);
+  struct Buf {
+    void** p;
+    uint64_t bytes;
+  };
+  std::vector<Buf> bufs = {
+      {reinterpret_cast<void**>(&d_ints_), 6 * T * 4},
+      {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
+      {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
+      {reinterpret_cast<void**>(&h_), T * H * 4},
+      {reinterpret_cast<void**>(&a_), T * H * 4},
+      {reinterpret_cast<void**>(&mixed_), T * std::max<uint64_t>(C, qgw) * 4},
+      {reinterpret_cast<void**>(&z_), T * Vw * 4},
+      {reinterpret_cast<void**>(&gb_), T * gdn_v * 4ull},
+      {reinterpret_cast<void**>(&ga_), T * gdn_v * 4ull},
+      {reinterpret_cast<void**>(&gy_), T * C * 4},
+      {reinterpret_cast<void**>(&gg_), T * gdn_v * 4ull},
+      {reinterpret_cast<void**>(&gbeta_), T * gdn_v * 4ull},
+      {reinterpret_cast<void**>(&mix_out_), T * std::max(Vw, ow) * 4},
+      {reinterpret_cast<void**>(&kx_), T * kvw * 4},
+      {reinterpret_cast<void**>(&vx_), T * kvw * 4},
+      {reinterpret_cast<void**>(&q_), T * ow * 4},
+      {reinterpret_cast<void**>(&q16_), T * ow * 2},
+      {reinterpret_cast<void**>(&ffa_), T * n_ff * 4},
+      {reinterpret_cast<void**>(&ffb_), T * n_ff * 4},
+      {reinterpret_cast<void**>(&xq_), static_cast<uint64_t>(QuantRows()) * max_k_},
+      {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 4 + 4},
+      {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
+      {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
+      {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
+      {reinterpret_cast<void**>(&vt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
+      {reinterpret_cast<void**>(&scores_), static_cast<uint64_t>(G) * attn_tq_ * slot_ctx_ * 4},
+      {reinterpret_cast<void**>(&probs_), static_cast<uint64_t>(G) * attn_tq_ * slot_ctx_ * 2},
+      {reinterpret_cast<void**>(&partials_), static_cast<uint64_t>(partial_floats_) * 4},
+      {reinterpret_cast<void**>(&hn_), static_cast<uint64_t>(logit_rows_max_) * H * 4},
+      {reinterpret_cast<void**>(&logits_), static_cast<uint64_t>(logit_rows_max_) * c.n_vocab * 4},
+      {reinterpret_cast<void**>(&logits_part_), part_floats * 4},
+      {reinterpret_cast<void**>(&logits_gather_), gather_floats * 4},
+  };
+  for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
+  plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
+
+  size_t free_b = 0, total_b = 0;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  if (plan_.total() > free_b || plan_.weights + staging_bytes > free_b)
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "CUDA backend: model needs %s (+ %.2f GiB transient upload staging) but device %d has "
+        "%.2f GiB free (n_slots=%d, slot_ctx=%d, kv_type=%s); lower --slots/--ctx or "
+        "--max-step-tokens, or quantize the KV cache (--kv-type q8_0 / q4_0)",
+        plan_.ToString(), static_cast<double>(staging_bytes) / (1ull << 30), device_,
+        static_cast<double>(free_b) / (1ull << 30), n_slots_, slot_ctx_,
+        KvTypeName(copts_.kv_type)));
+
+  // ---- allocate and upload ----
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DS_ASSIGN_OR_RETURN(CublasGemm * g, CublasGemm::Create());
+  gemm_.reset(g);
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&weights_mem_, plan_.weights));
+  Arena wa{static_cast<uint8_t*>(weights_mem_), plan_.weights, 0};
+  void* staging = nullptr;
+  if (staging_bytes) DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&staging, staging_bytes));
+  std::unique_ptr<void, cudaError_t (*)(void*)> staging_owner(staging, cudaFree);
+  auto up_mat = [&](const cpu::WeightView& w, DMat* m) -> absl::Status {
+    m->type = w.type;
+    m->rows = static_cast<int>(w.rows);
+    m->cols = static_cast<int>(w.cols);
+    m->tiled = tile_it(&w);
+    m->bytes = mat_bytes(&w);
+    uint8_t* d = wa.Take<uint8_t>(m->bytes);
+    m->d = d;
+    if (!m->tiled) {
+      DS_RETURN_IF_ERROR(Copy(d, w.data, m->bytes));
+      return absl::OkStatus();
+    }
+    // Raw rows go through the staging buffer in chunks of whole tiles and are repacked there.
+    const uint64_t rb = GgmlRowBytes(w.type, w.cols);
+    const int64_t chunk = std::max<int64_t>(kTiledRows, staging_bytes / rb / kTiledRows * kTiledRows);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, w.rows - r0);
+      DS_RETURN_IF_ERROR(Copy(staging, static_cast<const uint8_t*>(w.data) + r0 * rb, n * rb));
+      DS_RETURN_IF_ERROR(TileRows(w.type, staging, r0, n, m->cols, d, stream_));
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
+    return absl::OkStatus();
+  };
+  auto up_vec = [&](const std::vector<float>& v) -> absl::StatusOr<const float*> {
+    float* d = wa.Take<float>(v.size());
+    if (!v.empty()) DS_RETURN_IF_ERROR(Copy(d, v.data(), v.size() * 4));
+    return d;
+  };
+  DS_RETURN_IF_ERROR(up_mat(mw.token_embd, &token_embd_));
+  if (mw.tied_output) {
+    // The lm_head is the embedding, or under TP a row range of it (a view into the same mapping):
+    // point into the uploaded embedding.
+    const auto* e = static_cast<const uint8_t*>(mw.token_embd.data);
+    const auto* o = static_cast<const uint8_t*>(mw.output.data);
+    output_ = token_embd_;
+    output_.rows = static_cast<int>(mw.output.rows);
+    output_.bytes = GgmlRowBytes(mw.output.type, mw.output.cols) * mw.output.rows;
+    if (o < e || o + output_.bytes > e + token_embd_.bytes)
+      return absl::InternalError("CUDA backend: tied lm_head shard is not a row range of token_embd");
+    output_.d = static_cast<const uint8_t*>(token_embd_.d) + (o - e);
+  } else {
+    DS_RETURN_IF_ERROR(up_mat(mw.output, &output_));
+  }
+  DS_ASSIGN_OR_RETURN(output_norm_, up_vec(mw.output_norm));
+  layers_.resize(c.n_layer);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = mw.layers[l];
+    DLayer& D = layers_[l];
+    D.rec = L.recurrent;
+    DS_ASSIGN_OR_RETURN(D.attn_norm, up_vec(L.attn_norm));
+    DS_ASSIGN_OR_RETURN(D.post_norm, up_vec(L.post_norm));
+    if (L.recurrent) {
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.qkv, &D.qkv));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.gate, &D.gate));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.beta, &D.beta));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.alpha, &D.alpha));
+      DS_RETURN_IF_ERROR(up_mat(L.gdn.out, &D.ssm_out));
+      DS_ASSIGN_OR_RETURN(D.gdn.conv_w, up_vec(L.gdn.conv));
+      DS_ASSIGN_OR_RETURN(D.gdn.ssm_a, up_vec(L.gdn.ssm_a));
+      DS_ASSIGN_OR_RETURN(D.gdn.dt_bias, up_vec(L.gdn.dt_bias));
+      DS_ASSIGN_OR_RETURN(D.gdn.norm_w, up_vec(L.gdn.norm));
+      D.gdn.eps = c.rms_eps;
+    } else {
+      DS_RETURN_IF_ERROR(up_mat(L.attn.q, &D.q));
+      DS_RETURN_IF_ERROR(up_mat(L.attn.k, &D.k));
+      DS_RETURN_IF_ERROR(up_mat(L.attn.v, &D.v));
+      DS_RETURN_IF_ERROR(up_mat(L.attn.out, &D.o));
+      DS_ASSIGN_OR_RETURN(D.q_norm, up_vec(L.attn.q_norm));
+      DS_ASSIGN_OR_RETURN(D.k_norm, up_vec(L.attn.k_norm));
+    }
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_gate, &D.ffn_gate));
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_up, &D.ffn_up));
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_down, &D.ffn_down));
+  }
+  staging_owner.reset();  // before the state and workspace allocations (checked in the plan)
+
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&state_mem_, plan_.kv_cache + plan_.recurrent));
+  Arena sa{static_cast<uint8_t*>(state_mem_), plan_.kv_cache + plan_.recurrent, 0};
+  // Zero KV and recurrent state first: the block table lives in the same arena (it used to be
+  // zeroed after its upload, which mapped every page of every slot to page 0).
+  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state_mem_, 0, plan_.kv_cache + plan_.recurrent, stream_));
+  int32_t* table = sa.Take<int32_t>(n_pages);
+  {
+    std::vector<int32_t> t(n_pages);
+    for (int i = 0; i < n_pages; ++i) t[i] = i;  // slot s owns pages [s*max_pages, (s+1)*max_pages)
+    DS_RETURN_IF_ERROR(Copy(table, t.data(), n_pages * 4));
+  }
+  kv_base_ = KvCacheView{nullptr, nullptr,   table,     copts_.kv_page_size,
+                         max_pages_, n_kv, c.head_dim, copts_.kv_type};
+  for (DLayer& D : layers_) {
+    if (D.rec) {
+      D.ring = sa.Take<float>(ring_bytes / 4);
+      D.state = sa.Take<float>(st_bytes / 4);
+    } else {
+      D.kc = sa.Take<uint8_t>(kv_layer);
+      D.vc = sa.Take<uint8_t>(kv_layer);
+    }
+  }
+
+  uint64_t work_bytes = 0;
+  for (auto& b : bufs) work_bytes += AlignUp(b.bytes);
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&work_mem_, work_bytes));
+  Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
+  for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
+  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_ints_, 7 * T * 4));
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace ds

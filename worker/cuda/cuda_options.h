@@ -1,0 +1,42 @@
+// Options and the memory plan of the CUDA device (worker/cuda/cuda_device.h). Plain structs with
+// no CUDA types, so the programs that set them (bench, CLI, TP test driver) include them freely.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "common/gguf/ggml_types.h"
+
+namespace ds {
+
+struct CudaBackendOptions {
+  int max_step_tokens = 4096;  // token rows per internal micro-step (longer prefills are split)
+  int kv_page_size = 64;       // tokens per KV page
+  bool use_graphs = true;      // CUDA graphs for pure-decode steps
+  int gemv_max_rows = 32;      // up to this many rows per matmul use GEMV (in groups of 8)
+  // KV cache element type (worker/model/kv_type.h): F16, Q8_0 (8.5 bits) or Q4_0 (4.5 bits) per
+  // element. Per token and attention layer: 2 x n_kv x GgmlRowBytes(kv_type, hd), i.e. at
+  // n_kv 4, hd 256: 4096 / 2176 / 1152 bytes.
+  GgmlType kv_type = GgmlType::F16;
+  // Q6_K matrices repacked at upload into 16-row int8 mma tiles (sm_80+; false keeps the raw
+  // layout, for A/B runs). Steps of up to tiled_max_rows rows run the tiled tensor-core kernel;
+  // at 64 rows dequantization + cuBLAS measured faster (54 vs 84 ms per x64 step).
+  bool tiled = true;
+  int tiled_max_rows = 32;
+  // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
+  // = never), shorter ones the per-token recurrence.
+  int gdn_chunk_min = 16;
+};
+
+// Bytes the device needs, computed from the file and options before any cudaMalloc. Under
+// tensor parallelism: this rank's share (its shard of the weights, the KV of its KV heads, the
+// recurrent state of its GDN heads, workspace sized for its local widths).
+struct CudaMemoryPlan {
+  uint64_t weights = 0;
+  uint64_t kv_cache = 0;
+  uint64_t recurrent = 0;
+  uint64_t workspace = 0;
+  uint64_t total() const { return weights + kv_cache + recurrent + workspace; }
+  std::string ToString() const;
+};
+
+}  // namespace ds

@@ -1,0 +1,281 @@
+// CudaDevice (cuda_device.h): one micro-step — its index arrays, the embedding, the layers, the
+// head — and the decode graphs that replay it.
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/collective/collective.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "worker/cuda/cuda_device.h"
+
+namespace ds::cuda {
+
+int CudaDevice::AttnSplits(int n_dec) const {
+  const int want = std::max(1, 2 * sm_count_ / std::max(1, attn_shape_.n_kv * n_dec));
+  return std::min(want, std::max(1, (slot_ctx_ + 255) / 256));
+}
+
+absl::Status CudaDevice::Prepare(const MicroStep& step) {
+  rows_ = step.rows();
+  n_logit_rows_ = step.n_logit_rows();
+  if (rows_ > T_max_ || n_logit_rows_ > logit_rows_max_)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA micro-step of ", rows_, " rows / ",
+                                                   n_logit_rows_, " logit rows exceeds ", T_max_,
+                                                   " / ", logit_rows_max_));
+  // Host index arrays (pinned): token rows, then the decode runs (one token each).
+  int32_t* ids = h_ints_;
+  int32_t* tslot = h_ints_ + T_max_;
+  int32_t* tpos = h_ints_ + 2 * T_max_;
+  int32_t* drow = h_ints_ + 3 * T_max_;
+  int32_t* dslot = h_ints_ + 4 * T_max_;
+  int32_t* dpos = h_ints_ + 5 * T_max_;
+  int32_t* lrows = h_ints_ + 6 * T_max_;
+  std::copy(step.ids.begin(), step.ids.end(), ids);
+  std::copy(step.slots.begin(), step.slots.end(), tslot);
+  std::copy(step.positions.begin(), step.positions.end(), tpos);
+  std::copy(step.logit_rows.begin(), step.logit_rows.end(), lrows);
+  n_dec_ = 0;
+  prefill_.clear();
+  for (const RowRun& r : step.runs) {
+    if (r.n == 1) {
+      drow[n_dec_] = r.row0;
+      dslot[n_dec_] = r.slot;
+      dpos[n_dec_] = r.pos0;
+      ++n_dec_;
+    } else {
+      prefill_.push_back(r);
+    }
+  }
+  n_splits_ = AttnSplits(std::max(1, n_dec_));
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_ints_, h_ints_, 6ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_logit_rows_, lrows,
+                                          static_cast<size_t>(std::max(n_logit_rows_, 1)) * 4,
+                                          cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::RunCaptured(int rows, const std::function<absl::Status()>& body) {
+  // The first pure-decode step of a row count runs eagerly so that lazy library state (cuBLAS
+  // workspaces for the R > gemv_max_rows path) exists before capture; the second one captures.
+  // A collective that cannot be captured (the host-staged one) keeps every step eager.
+  const bool graph = copts_.use_graphs && !profiling_ &&
+                     (!coll_ || coll_->graph_capturable()) && !graph_failed_[rows] &&
+                     decode_runs_[rows]++ > 0;
+  if (!graph) return body();
+  auto it = graphs_.find(rows);
+  if (it == graphs_.end()) {
+    cudaGraph_t g = nullptr;
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status st = body();
+    cudaError_t e = cudaStreamEndCapture(stream_, &g);
+    cudaGraphExec_t exec = nullptr;
+    if (st.ok() && e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
+      it = graphs_.emplace(rows, exec).first;
+    } else {
+      std::fprintf(stderr,
+                   "cuda backend: graph capture for batch %d failed (%s); running eagerly\n", rows,
+                   st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
+      cudaGetLastError();
+      graph_failed_[rows] = true;
+    }
+    if (g) cudaGraphDestroy(g);
+    if (it == graphs_.end()) return body();
+  }
+  DS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Embed() {
+  InvalidateX();
+  ProfBegin("embed");
+  DS_RETURN_IF_ERROR(
+      EmbedRows(token_embd_.type, token_embd_.d, cfg_.n_embd, d_ints_, rows_, h_, stream_));
+  ProfEnd();
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
+  const GdnShape& s = gdn_shape_;
+  const int C = s.channels(), Vw = s.v_heads * s.v_dim;
+  ProfBegin("gdn_proj");
+  DS_RETURN_IF_ERROR(LinearMulti({{&L.qkv, mixed_}, {&L.gate, z_}}, a_, R));
+  DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));
+  ProfEnd();
+  ProfBegin("gdn_core");
+  if (n_dec_ > 0) {
+    GdnDecodeArgs a;
+    a.shape = s;
+    a.p = L.gdn;
+    a.n_seqs = n_dec_;
+    a.rows = d_ints_ + 3 * T_max_;
+    a.slots = d_ints_ + 4 * T_max_;
+    a.pos = d_ints_ + 5 * T_max_;
+    a.mixed = mixed_;
+    a.z = z_;
+    a.b = gb_;
+    a.alpha = ga_;
+    a.conv_ring = L.ring;
+    a.state = L.state;
+    a.out = mix_out_;
+    DS_RETURN_IF_ERROR(GdnDecode(a, stream_));
+  }
+  for (const RowRun& p : prefill_) {
+    GdnPrefillArgs a;
+    a.shape = s;
+    a.p = L.gdn;
+    a.T = p.n;
+    a.slot = p.slot;
+    a.pos0 = p.pos0;
+    a.mixed = mixed_ + static_cast<int64_t>(p.row0) * C;
+    a.z = z_ + static_cast<int64_t>(p.row0) * Vw;
+    a.b = gb_ + static_cast<int64_t>(p.row0) * s.v_heads;
+    a.alpha = ga_ + static_cast<int64_t>(p.row0) * s.v_heads;
+    a.conv_ring = L.ring;
+    a.state = L.state;
+    a.y = gy_;
+    a.g = gg_;
+    a.beta = gbeta_;
+    a.out = mix_out_ + static_cast<int64_t>(p.row0) * Vw;
+    a.chunk = p.n >= copts_.gdn_chunk_min ? kGdnChunk : 0;
+    DS_RETURN_IF_ERROR(GdnPrefill(a, stream_));
+  }
+  ProfEnd();
+  ProfBegin("gdn_proj");
+  InvalidateX();
+  DS_RETURN_IF_ERROR(Linear(L.ssm_out, mix_out_, R, h_, ResidualOnThisRank()));
+  ProfEnd();
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
+  const AttnShape& s = attn_shape_;
+  ProfBegin("attn_proj");
+  DS_RETURN_IF_ERROR(LinearMulti({{&L.q, mixed_}, {&L.k, kx_}, {&L.v, vx_}}, a_, R));
+  ProfEnd();
+  ProfBegin("attn_core");
+  KvCacheView kv = kv_base_;
+  kv.k = L.kc;
+  kv.v = L.vc;
+  QkvPrepArgs pa;
+  pa.shape = s;
+  pa.T = R;
+  pa.tok_slot = d_ints_ + T_max_;
+  pa.tok_pos = d_ints_ + 2 * T_max_;
+  pa.qg = mixed_;
+  pa.k = kx_;
+  pa.v = vx_;
+  pa.q_norm = L.q_norm;
+  pa.k_norm = L.k_norm;
+  pa.q_out = q_;
+  pa.q16 = prefill_.empty() ? nullptr : q16_;
+  pa.kv = kv;
+  DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
+  if (n_dec_ > 0) {
+    AttnDecodeArgs a;
+    a.shape = s;
+    a.n_seqs = n_dec_;
+    a.rows = d_ints_ + 3 * T_max_;
+    a.slots = d_ints_ + 4 * T_max_;
+    a.pos = d_ints_ + 5 * T_max_;
+    a.q = q_;
+    a.qg = mixed_;
+    a.kv = kv;
+    a.n_splits = n_splits_;
+    a.partials = partials_;
+    a.out = mix_out_;
+    DS_RETURN_IF_ERROR(AttnDecode(a, stream_));
+  }
+  const int64_t ow = static_cast<int64_t>(s.n_head) * s.hd, qgw = 2 * ow;
+  for (const RowRun& p : prefill_) {
+    AttnPrefillArgs a;
+    a.shape = s;
+    a.T = p.n;
+    a.pos0 = p.pos0;
+    a.slot = p.slot;
+    a.q16 = q16_ + p.row0 * ow;
+    a.qg = mixed_ + p.row0 * qgw;
+    a.kv = kv;
+    a.k_tmp = kt_;
+    a.v_tmp = vt_;
+    a.scores = scores_;
+    a.probs = probs_;
+    a.tq = attn_tq_;
+    a.out = mix_out_ + p.row0 * ow;
+    DS_RETURN_IF_ERROR(AttnPrefill(a, gemm_.get(), stream_));
+  }
+  ProfEnd();
+  ProfBegin("attn_proj");
+  InvalidateX();
+  DS_RETURN_IF_ERROR(Linear(L.o, mix_out_, R, h_, ResidualOnThisRank()));
+  ProfEnd();
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Layer(int layer) {
+  const DLayer& L = layers_[layer];
+  const int R = rows_;
+  ProfBegin("norm");
+  DS_RETURN_IF_ERROR(NormToA(L.attn_norm, R));
+  ProfEnd();
+  if ((L.rec && gdn_shape_.k_heads == 0) || (!L.rec && attn_shape_.n_kv == 0))
+    DS_RETURN_IF_ERROR(ContributeNothing(R));  // TP rank without heads of this mixer
+  else if (L.rec)
+    DS_RETURN_IF_ERROR(GdnMixer(L, R));
+  else
+    DS_RETURN_IF_ERROR(AttnMixer(L, R));
+  DS_RETURN_IF_ERROR(AllReduceResidual(R));
+  ProfBegin("norm");
+  DS_RETURN_IF_ERROR(NormToA(L.post_norm, R));
+  ProfEnd();
+  ProfBegin("ffn");
+  if (L.ffn_gate.rows == 0) {  // TP rank without FFN columns
+    DS_RETURN_IF_ERROR(ContributeNothing(R));
+  } else {
+    DS_RETURN_IF_ERROR(LinearSiluPair(L.ffn_gate, L.ffn_up, a_, R, ffa_));
+    InvalidateX();
+    DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, ResidualOnThisRank()));
+  }
+  ProfEnd();
+  return AllReduceResidual(R);
+}
+
+absl::Status CudaDevice::AllReduceResidual(int R) {
+  if (!coll_) return absl::OkStatus();
+  // Enqueued on stream_ after the projection, no host sync: it orders like a kernel and is
+  // captured into the decode graphs like one (the first pure-decode step of a row count runs
+  // eagerly, so NCCL's lazy connection setup never happens during capture).
+  ProfBegin("allreduce");
+  absl::Status st =
+      coll_->AllReduceSumOnStream(h_, static_cast<size_t>(R) * cfg_.n_embd, stream_);
+  ProfEnd();
+  return st;
+}
+
+absl::Status CudaDevice::ContributeNothing(int R) {
+  InvalidateX();
+  if (ResidualOnThisRank()) return absl::OkStatus();
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(h_, 0, static_cast<size_t>(R) * cfg_.n_embd * sizeof(float), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Head() {
+  // Leading micro-steps of a long prefill produce no logits: nothing to do (and a zero-row launch
+  // is an invalid configuration).
+  if (n_logit_rows_ == 0) return absl::OkStatus();
+  ProfBegin("lm_head");
+  DS_RETURN_IF_ERROR(RmsNormRows(h_, cfg_.n_embd, d_logit_rows_, output_norm_, hn_, n_logit_rows_,
+                                 cfg_.n_embd, cfg_.rms_eps, stream_));
+  InvalidateX();
+  // Under TP with the lm_head on rank 0 only, the other ranks hold no rows of it.
+  if (n_vocab_local_ > 0)
+    DS_RETURN_IF_ERROR(
+        Linear(output_, hn_, n_logit_rows_, VocabParallel() ? logits_part_ : logits_, false));
+  ProfEnd();
+  return absl::OkStatus();
+}
+
+}  // namespace ds::cuda

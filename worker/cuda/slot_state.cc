@@ -1,0 +1,96 @@
+// CudaDevice (cuda_device.h): a slot's state — reset, save to the host, load from it. The slot's
+// KV pages are contiguous (identity block table), so its used pages copy in one piece per layer.
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
+#include "worker/cuda/cuda_device.h"
+#include "worker/model/kv_type.h"
+
+namespace ds::cuda {
+namespace {
+
+// Bytes of one slot's recurrent state per GDN layer: its conv ring and its delta-rule state.
+struct RecurrentBytes {
+  size_t ring = 0, state = 0;
+};
+RecurrentBytes SlotRecurrentBytes(const GdnShape& s) {
+  return {4ull * s.channels() * sizeof(float),
+          static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim * sizeof(float)};
+}
+
+// Bytes of a slot's saved state: every GDN layer's ring + state, every attention layer's used
+// K and V pages (kv_bytes of them together).
+size_t SlotStateBytes(const std::vector<DLayer>& layers, const RecurrentBytes& rb, size_t kv_bytes) {
+  size_t total = 0;
+  for (const DLayer& L : layers) total += L.rec ? rb.ring + rb.state : kv_bytes;
+  return total;
+}
+
+}  // namespace
+
+void CudaDevice::ResetSlot(int slot) {
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  for (DLayer& L : layers_) {
+    if (!L.rec) continue;
+    cudaMemsetAsync(reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, 0, rb.ring, stream_);
+    cudaMemsetAsync(reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, 0, rb.state, stream_);
+  }
+  cudaStreamSynchronize(stream_);
+}
+
+std::string CudaDevice::state_layout() const {
+  return absl::StrCat("cuda kv=", KvTypeName(copts_.kv_type), " page=", copts_.kv_page_size,
+                      " gdn=", gdn_shape_.k_heads, "x", gdn_shape_.v_heads, " kv_heads=",
+                      attn_shape_.n_kv, " layers=", layers_.size());
+}
+
+absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_past) const {
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
+  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
+  std::vector<uint8_t> bytes(total);
+  uint8_t* p = bytes.data();
+  for (const DLayer& L : layers_) {
+    if (L.rec) {
+      DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, rb.ring));
+      p += rb.ring;
+      DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, rb.state));
+      p += rb.state;
+    } else {
+      const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
+      DS_RETURN_IF_ERROR(Copy(p, L.kc + off, pages * page_bytes));
+      p += pages * page_bytes;
+      DS_RETURN_IF_ERROR(Copy(p, L.vc + off, pages * page_bytes));
+      p += pages * page_bytes;
+    }
+  }
+  return bytes;
+}
+
+absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) {
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
+  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
+  if (bytes.size() != total)
+    return absl::InvalidArgumentError(
+        absl::StrCat("Restore: state of ", bytes.size(), " bytes, expected ", total));
+  const uint8_t* p = bytes.data();
+  for (DLayer& L : layers_) {
+    if (L.rec) {
+      DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, p, rb.ring));
+      p += rb.ring;
+      DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, p, rb.state));
+      p += rb.state;
+    } else {
+      const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
+      DS_RETURN_IF_ERROR(Copy(L.kc + off, p, pages * page_bytes));
+      p += pages * page_bytes;
+      DS_RETURN_IF_ERROR(Copy(L.vc + off, p, pages * page_bytes));
+      p += pages * page_bytes;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ds::cuda

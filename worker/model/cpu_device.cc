@@ -1,0 +1,415 @@
+// CpuDevice (see cpu_device.h): the layers of the qwen35 hybrid model over a stacked micro-step.
+#include "worker/model/cpu_device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/ops.h"
+
+namespace ds {
+
+absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const gguf::File& file,
+                                                             const ModelConfig& cfg,
+                                                             const TpPlacement& tp, int n_slots,
+                                                             int slot_ctx, int n_threads) {
+  std::unique_ptr<CpuDevice> d(new CpuDevice());
+  d->cfg_ = cfg;
+  d->tp_ = tp;
+  d->lc_ = tp.Local(cfg);
+  if (tp.world > 1) {
+    DS_ASSIGN_OR_RETURN(d->w_, ModelWeights::Load(file, cfg, &d->tp_.plan, tp.rank));
+  } else {
+    DS_ASSIGN_OR_RETURN(d->w_, ModelWeights::Load(file, cfg));
+  }
+  const ModelConfig& c = d->cfg_;
+  d->slot_ctx_ = slot_ctx;
+  d->gdn_index_.assign(c.n_layer, -1);
+  d->attn_index_.assign(c.n_layer, -1);
+  for (int i = 0; i < c.n_layer; ++i) {
+    if (c.is_recurrent[i])
+      d->gdn_index_[i] = d->n_gdn_++;
+    else
+      d->attn_index_[i] = d->n_attn_++;
+  }
+  // State and KV of this rank's heads only (all heads without TP).
+  const LocalShape& lc = d->lc_;
+  d->conv_elems_ = static_cast<int64_t>(c.conv_kernel - 1) *
+                   (2LL * lc.gdn_k_heads * c.gdn_k_dim +
+                    static_cast<int64_t>(lc.gdn_v_heads) * c.gdn_v_dim);
+  d->ssm_elems_ = static_cast<int64_t>(lc.gdn_v_heads) * c.gdn_k_dim * c.gdn_v_dim;
+  d->kv_width_ = static_cast<int64_t>(lc.n_head_kv) * c.head_dim;
+  d->slots_.resize(n_slots);
+  for (Slot& s : d->slots_) {
+    s.conv.assign(d->n_gdn_ * d->conv_elems_, 0.f);
+    s.ssm.assign(d->n_gdn_ * d->ssm_elems_, 0.f);
+    s.k.assign(static_cast<size_t>(d->n_attn_) * slot_ctx * d->kv_width_, 0.f);
+    s.v.assign(s.k.size(), 0.f);
+    if (d->w_.has_mtp) {
+      s.mtp_k.assign(static_cast<size_t>(slot_ctx) * d->kv_width_, 0.f);
+      s.mtp_v.assign(s.mtp_k.size(), 0.f);
+      s.mtp_valid.assign(slot_ctx, 0);
+    }
+  }
+  if (n_threads > 0) {
+    d->own_pool_ = std::make_unique<ThreadPool>(n_threads);
+    d->pool_ = d->own_pool_.get();
+  } else {
+    d->pool_ = &ThreadPool::Global();
+  }
+  return d;
+}
+
+MemoryFootprint CpuDevice::memory() const {
+  MemoryFootprint m;
+  // Matrices stay in the mapping (page cache); what this process holds of its own is the f32
+  // copies of the small tensors and of unaligned TP column slices.
+  m.weights = w_.dequantized_bytes;
+  for (const Slot& s : slots_) {
+    m.recurrent += (s.conv.size() + s.ssm.size()) * sizeof(float);
+    m.kv_cache += (s.k.size() + s.v.size() + s.mtp_k.size() + s.mtp_v.size()) * sizeof(float) +
+                  s.mtp_valid.size();
+  }
+  m.workspace = (h_.capacity() + a_.capacity() + y_.capacity() + hn_.capacity() +
+                 logits_.capacity() + local_logits_.capacity() + gathered_.capacity()) *
+                sizeof(float);
+  return m;
+}
+
+void CpuDevice::ResetSlot(int slot) {
+  Slot& s = slots_[slot];
+  std::fill(s.conv.begin(), s.conv.end(), 0.f);  // new sequences start from zero state (§5.5)
+  std::fill(s.ssm.begin(), s.ssm.end(), 0.f);
+  s.mtp_len = 0;
+  std::fill(s.mtp_valid.begin(), s.mtp_valid.end(), 0);
+}
+
+absl::Status CpuDevice::Prepare(const MicroStep& step) {
+  step_ = &step;
+  const int64_t N = step.rows(), H = cfg_.n_embd, nl = step.n_logit_rows();
+  runs_.assign(step.runs.size(), SeqRun{});
+  for (size_t i = 0; i < step.runs.size(); ++i) {
+    runs_[i].row0 = step.runs[i].row0;
+    runs_[i].n = step.runs[i].n;
+    runs_[i].pos0 = step.runs[i].pos0;
+  }
+  h_.assign(N * H, 0.f);
+  a_.assign(N * H, 0.f);
+  y_.assign(N * H, 0.f);
+  hn_.assign(nl * H, 0.f);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Embed() {
+  const int64_t H = cfg_.n_embd;
+  for (int r = 0; r < step_->rows(); ++r)
+    cpu::GetRow(w_.token_embd, step_->ids[r], h_.data() + r * H);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AllReduce(float* y, int64_t n) {
+  if (tp_.world == 1) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = tp_.collective->AllReduceSum(y, static_cast<size_t>(n));
+  comm_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+double CpuDevice::TakeCommSeconds() {
+  const double s = comm_;
+  comm_ = 0;
+  return s;
+}
+
+void CpuDevice::AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
+                          const std::vector<SeqRun>& seqs, float* y) {
+  const ModelConfig& c = cfg_;
+  if (lc_.n_head_kv == 0) {  // TP rank without attention heads: contributes zeros
+    std::fill(y, y + N * c.n_embd, 0.f);
+    return;
+  }
+  const int64_t qgw = 2LL * lc_.n_head * c.head_dim,
+                ow = static_cast<int64_t>(lc_.n_head) * c.head_dim;
+  std::vector<float> qg(N * qgw), k(N * kv_width_), v(N * kv_width_), o(N * ow);  // [N, ·]
+  cpu::MatMul(w.q, a, N, qg.data(), pool_);
+  cpu::MatMul(w.k, a, N, k.data(), pool_);
+  cpu::MatMul(w.v, a, N, v.data(), pool_);
+  for (const SeqRun& s : seqs) {
+    cpu::AttnArgs aa;
+    aa.n_head = lc_.n_head;
+    aa.n_head_kv = lc_.n_head_kv;
+    aa.head_dim = c.head_dim;
+    aa.n_rot = c.n_rot;
+    aa.rope_base = c.rope_base;
+    aa.eps = c.rms_eps;
+    aa.T = s.n;
+    aa.pos0 = s.pos0;
+    aa.qg = qg.data() + s.row0 * qgw;
+    aa.k = k.data() + s.row0 * kv_width_;
+    aa.v = v.data() + s.row0 * kv_width_;
+    aa.q_norm = w.q_norm.data();
+    aa.k_norm = w.k_norm.data();
+    aa.k_cache = s.k_cache;
+    aa.v_cache = s.v_cache;
+    aa.valid = s.valid;
+    aa.out = o.data() + s.row0 * ow;
+    aa.pool = pool_;
+    cpu::GatedAttention(aa);
+  }
+  cpu::MatMul(w.out, o.data(), N, y, pool_);
+}
+
+void CpuDevice::Mlp(const LayerWeights& w, const float* f, int64_t N, float* y) {
+  const int64_t ff = lc_.n_ff;
+  if (ff == 0) {  // TP rank without FFN columns
+    std::fill(y, y + N * cfg_.n_embd, 0.f);
+    return;
+  }
+  std::vector<float> g(N * ff), u(N * ff);  // [N, n_ff]
+  cpu::MatMul(w.ffn_gate, f, N, g.data(), pool_);
+  cpu::MatMul(w.ffn_up, f, N, u.data(), pool_);
+  for (int64_t i = 0; i < N * ff; ++i) g[i] = cpu::Silu(g[i]) * u[i];
+  cpu::MatMul(w.ffn_down, g.data(), N, y, pool_);
+}
+
+void CpuDevice::GdnMixer(const LayerWeights& L, int gi, float* y) {
+  const ModelConfig& c = cfg_;
+  const int64_t N = step_->rows();
+  // This rank's GDN heads (all of them without TP): local value head j reads local key head
+  // j mod Hk' — the tiled rule survives the sharding (worker/tp/plan.h).
+  const int Hv = lc_.gdn_v_heads, Vw = Hv * c.gdn_v_dim, C = 2 * lc_.gdn_k_heads * c.gdn_k_dim + Vw;
+  if (Hv == 0) {  // TP rank without GDN heads
+    std::fill(y, y + N * c.n_embd, 0.f);
+    return;
+  }
+  const cpu::GdnDims dims{lc_.gdn_k_heads, lc_.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim,
+                          c.conv_kernel};
+  std::vector<float> mixed(N * C), z(N * Vw), b(N * Hv), al(N * Hv), o(N * Vw);
+  cpu::MatMul(L.gdn.qkv, a_.data(), N, mixed.data(), pool_);   // [N, C]
+  cpu::MatMul(L.gdn.gate, a_.data(), N, z.data(), pool_);      // [N, Vw]
+  cpu::MatMul(L.gdn.beta, a_.data(), N, b.data(), pool_);      // [N, Hv]
+  cpu::MatMul(L.gdn.alpha, a_.data(), N, al.data(), pool_);    // [N, Hv]
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    Slot& s = slots_[step_->runs[i].slot];
+    const SeqRun& r = runs_[i];
+    cpu::GdnSeqArgs g;
+    g.dims = dims;
+    g.T = r.n;
+    g.eps = c.rms_eps;
+    g.mixed = mixed.data() + r.row0 * C;
+    g.z = z.data() + r.row0 * Vw;
+    g.b = b.data() + r.row0 * Hv;
+    g.alpha = al.data() + r.row0 * Hv;
+    g.conv_w = L.gdn.conv.data();
+    g.ssm_a = L.gdn.ssm_a.data();
+    g.dt_bias = L.gdn.dt_bias.data();
+    g.norm_w = L.gdn.norm.data();
+    g.conv_state = s.conv.data() + gi * conv_elems_;
+    g.state = s.ssm.data() + gi * ssm_elems_;
+    g.out = o.data() + r.row0 * Vw;
+    g.chunk = r.n > 1 ? gdn_chunk_ : 0;  // prefill pieces: WY form; decode: recurrence
+    g.pool = pool_;
+    cpu::GdnSequence(g);
+  }
+  cpu::MatMul(L.gdn.out, o.data(), N, y, pool_);
+}
+
+absl::Status CpuDevice::Layer(int l) {
+  const ModelConfig& c = cfg_;
+  const LayerWeights& L = w_.layers[l];
+  const int64_t N = step_->rows(), H = c.n_embd;
+  cpu::RmsNormRows(h_.data(), L.attn_norm.data(), N, H, c.rms_eps, a_.data());
+  if (L.recurrent) {
+    GdnMixer(L, gdn_index_[l], y_.data());
+  } else {
+    const size_t base = static_cast<size_t>(attn_index_[l]) * slot_ctx_ * kv_width_;
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      Slot& s = slots_[step_->runs[i].slot];
+      runs_[i].k_cache = s.k.data() + base;
+      runs_[i].v_cache = s.v.data() + base;
+      runs_[i].valid = nullptr;
+    }
+    AttnMixer(L.attn, a_.data(), N, runs_, y_.data());
+  }
+  DS_RETURN_IF_ERROR(AllReduce(y_.data(), N * H));  // row-parallel mixer output: Σ over ranks
+  for (int64_t i = 0; i < N * H; ++i) h_[i] += y_[i];
+  cpu::RmsNormRows(h_.data(), L.post_norm.data(), N, H, c.rms_eps, a_.data());
+  Mlp(L, a_.data(), N, y_.data());
+  DS_RETURN_IF_ERROR(AllReduce(y_.data(), N * H));  // row-parallel ffn_down: Σ over ranks
+  for (int64_t i = 0; i < N * H; ++i) h_[i] += y_[i];
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Head() {
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.n_embd, nl = step_->n_logit_rows();
+  for (int64_t i = 0; i < nl; ++i)
+    cpu::RmsNorm(h_.data() + static_cast<int64_t>(step_->logit_rows[i]) * H,
+                 w_.output_norm.data(), H, c.rms_eps, hn_.data() + i * H);
+  logits_.assign(nl * static_cast<int64_t>(c.n_vocab), 0.f);
+  const bool vocab_parallel = tp_.world > 1 && tp_.plan.lm_head == tp::LmHead::kVocabParallel;
+  if (vocab_parallel) {
+    // This rank's rows [v0_r, v1_r) of the lm_head; the runner gathers and interleaves them.
+    local_logits_.assign(nl * lc_.n_vocab, 0.f);
+    gathered_.assign(nl * static_cast<int64_t>(c.n_vocab), 0.f);
+    cpu::MatMul(w_.output, hn_.data(), nl, local_logits_.data(), pool_);
+  } else if (tp_.world == 1 || tp_.rank == 0) {
+    // Whole lm_head here (with tp_lm_head_rank0 the other ranks hold none of it).
+    cpu::MatMul(w_.output, hn_.data(), nl, logits_.data(), pool_);
+  }
+  return absl::OkStatus();
+}
+
+LogitBuffers CpuDevice::logit_buffers() {
+  return {local_logits_.data(), gathered_.data(), logits_.data()};
+}
+
+absl::Status CpuDevice::CopyColumns(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                                    int64_t width, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * ld_dst, src + r * ld_src, width * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::ReadLogits(int n, float* dst) {
+  std::memcpy(dst, logits_.data(), static_cast<size_t>(n) * cfg_.n_vocab * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::ReadHidden(int n, float* dst) {
+  std::memcpy(dst, hn_.data(), static_cast<size_t>(n) * cfg_.n_embd * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Argmax(int n, int32_t* tokens) {
+  const int64_t V = cfg_.n_vocab;
+  for (int r = 0; r < n; ++r) {
+    const float* row = logits_.data() + r * V;
+    tokens[r] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
+                                std::span<const float> hidden, std::vector<float>* logits,
+                                std::vector<float>* hidden_out) {
+  const ModelConfig& c = cfg_;
+  if (!w_.has_mtp)
+    return absl::UnimplementedError(
+        "MtpStep: the model file has no MTP block (nextn_predict_layers = 0)");
+  const int64_t H = c.n_embd;
+  const MtpWeights& m = w_.mtp;
+  std::vector<float> cat(2 * H), u(H), a(H), y(H);
+  cpu::GetRow(m.embed, token, cat.data());
+  cpu::RmsNorm(cat.data(), m.enorm.data(), H, c.rms_eps, cat.data());         // e (first half)
+  cpu::RmsNorm(hidden.data(), m.hnorm.data(), H, c.rms_eps, cat.data() + H);  // hh
+  cpu::MatMul(m.eh_proj, cat.data(), 1, u.data(), pool_);
+
+  Slot& s = slots_[slot];
+  // Row pos replaces whatever was there and drops every later row (rejected drafts).
+  for (int32_t j = pos; j < s.mtp_len; ++j) s.mtp_valid[j] = 0;
+  s.mtp_valid[pos] = 1;
+  s.mtp_len = pos + 1;
+  cpu::RmsNorm(u.data(), m.layer.attn_norm.data(), H, c.rms_eps, a.data());
+  std::vector<SeqRun> run(1);
+  run[0].row0 = 0;
+  run[0].n = 1;
+  run[0].pos0 = pos;
+  run[0].k_cache = s.mtp_k.data();
+  run[0].v_cache = s.mtp_v.data();
+  run[0].valid = s.mtp_valid.data();
+  AttnMixer(m.layer.attn, a.data(), 1, run, y.data());
+  for (int64_t i = 0; i < H; ++i) u[i] += y[i];
+  cpu::RmsNorm(u.data(), m.layer.post_norm.data(), H, c.rms_eps, a.data());
+  Mlp(m.layer, a.data(), 1, y.data());
+  for (int64_t i = 0; i < H; ++i) u[i] += y[i];
+  hidden_out->assign(H, 0.f);
+  cpu::RmsNorm(u.data(), m.shared_head_norm.data(), H, c.rms_eps, hidden_out->data());
+  logits->assign(c.n_vocab, 0.f);
+  cpu::MatMul(m.head, hidden_out->data(), 1, logits->data(), pool_);
+  return absl::OkStatus();
+}
+
+// Payload: [mtp_len i32][conv f32...][ssm f32...]
+//   [per attention layer: K rows [0,n_past), V rows [0,n_past)][MTP K, V rows [0,mtp_len)]
+//   [MTP valid bytes [0,mtp_len)]
+size_t CpuDevice::StateBytes(int32_t n_past, int32_t mtp_len) const {
+  size_t n = 4;
+  n += sizeof(float) * static_cast<size_t>(n_gdn_) * (conv_elems_ + ssm_elems_);
+  n += sizeof(float) * 2 * static_cast<size_t>(n_attn_) * n_past * kv_width_;
+  if (w_.has_mtp) n += sizeof(float) * 2 * static_cast<size_t>(mtp_len) * kv_width_ + mtp_len;
+  return n;
+}
+
+std::string CpuDevice::state_layout() const {
+  return absl::StrCat("cpu f32 gdn=", n_gdn_, "x", conv_elems_, "+", ssm_elems_, " attn=", n_attn_,
+                      "x", kv_width_, " mtp=", w_.has_mtp ? 1 : 0);
+}
+
+absl::StatusOr<std::vector<uint8_t>> CpuDevice::SaveState(int slot, int32_t n_past) const {
+  const Slot& s = slots_[slot];
+  std::vector<uint8_t> bytes(StateBytes(n_past, s.mtp_len));
+  uint8_t* p = bytes.data();
+  auto put = [&p](const void* src, size_t n) {
+    if (n) std::memcpy(p, src, n);
+    p += n;
+  };
+  put(&s.mtp_len, 4);
+  put(s.conv.data(), s.conv.size() * 4);
+  put(s.ssm.data(), s.ssm.size() * 4);
+  const size_t rows = static_cast<size_t>(n_past) * kv_width_;
+  for (int l = 0; l < n_attn_; ++l) {
+    const size_t base = static_cast<size_t>(l) * slot_ctx_ * kv_width_;
+    put(s.k.data() + base, rows * 4);
+    put(s.v.data() + base, rows * 4);
+  }
+  if (w_.has_mtp) {
+    const size_t mrows = static_cast<size_t>(s.mtp_len) * kv_width_;
+    put(s.mtp_k.data(), mrows * 4);
+    put(s.mtp_v.data(), mrows * 4);
+    put(s.mtp_valid.data(), s.mtp_len);
+  }
+  return bytes;
+}
+
+absl::Status CpuDevice::LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) {
+  int32_t mtp_len = 0;
+  if (bytes.size() >= 4) std::memcpy(&mtp_len, bytes.data(), 4);
+  if (bytes.size() < 4 || mtp_len < 0 || mtp_len > slot_ctx_ || (!w_.has_mtp && mtp_len != 0))
+    return absl::InvalidArgumentError(absl::StrCat("Restore: MTP length ", mtp_len,
+                                                   " does not fit this device (slot_ctx ",
+                                                   slot_ctx_, ")"));
+  if (bytes.size() != StateBytes(n_past, mtp_len))
+    return absl::InvalidArgumentError(absl::StrCat("Restore: state of ", bytes.size(),
+                                                   " bytes, expected ",
+                                                   StateBytes(n_past, mtp_len),
+                                                   " (taken from a different model?)"));
+  Slot& s = slots_[slot];
+  const uint8_t* p = bytes.data() + 4;
+  auto get = [&p](void* dst, size_t n) {
+    if (n) std::memcpy(dst, p, n);
+    p += n;
+  };
+  get(s.conv.data(), s.conv.size() * 4);
+  get(s.ssm.data(), s.ssm.size() * 4);
+  const size_t rows = static_cast<size_t>(n_past) * kv_width_;
+  for (int l = 0; l < n_attn_; ++l) {
+    const size_t base = static_cast<size_t>(l) * slot_ctx_ * kv_width_;
+    get(s.k.data() + base, rows * 4);
+    get(s.v.data() + base, rows * 4);
+  }
+  if (w_.has_mtp) {
+    const size_t mrows = static_cast<size_t>(mtp_len) * kv_width_;
+    get(s.mtp_k.data(), mrows * 4);
+    get(s.mtp_v.data(), mrows * 4);
+    std::fill(s.mtp_valid.begin(), s.mtp_valid.end(), 0);
+    get(s.mtp_valid.data(), mtp_len);
+  }
+  s.mtp_len = mtp_len;
+  return absl::OkStatus();
+}
+
+}  // namespace ds

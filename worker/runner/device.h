@@ -1,0 +1,117 @@
+// The device layer under the step runner (worker/runner/step_runner.h): only the math of one
+// micro-step on one device — embed, one layer over the step's rows (with its tensor-parallel
+// reductions), the head, optional token selection, and copies of a slot's state. Everything
+// around it (validating a batch, slot lengths, cutting a step into micro-steps, the TP plan and
+// the vocab-parallel gather, the snapshot format, timing) is the runner's, written once for every
+// device. Implementations: worker/model/cpu_device.h (the f32 reference) and
+// worker/cuda/cuda_device.h.
+//
+// Per micro-step the runner calls, in this order:
+//   Prepare(step) -> [Embed -> Layer(0..n_layer-1) -> Head]  (inside RunCaptured when the step is
+//   a pure decode and the device captures graphs) -> optional vocab gather (LogitBuffers,
+//   CopyColumns) -> ReadLogits / ReadHidden / Argmax / Sample -> Finish.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/util/status.h"
+#include "worker/model/backend.h"
+
+namespace ds {
+
+// A piece of one sequence inside a micro-step: token rows [row0, row0 + n) of the step are that
+// sequence's positions [pos0, pos0 + n) in state slot `slot`.
+struct RowRun {
+  int32_t row0 = 0;
+  int32_t n = 0;
+  int32_t slot = 0;
+  int32_t pos0 = 0;
+};
+
+// One micro-step as the device sees it. Built by the runner (worker/runner/micro_steps.h).
+struct MicroStep {
+  std::vector<int32_t> ids;        // [rows] token id of every row
+  std::vector<int32_t> slots;      // [rows] its slot
+  std::vector<int32_t> positions;  // [rows] its position
+  std::vector<RowRun> runs;        // the pieces, in row order
+  std::vector<int32_t> logit_rows; // rows whose final state goes through the head, ascending
+  // Every run is one token with its logit row: the shape a decode graph is captured for.
+  bool pure_decode = false;
+  int rows() const { return static_cast<int>(ids.size()); }
+  int n_logit_rows() const { return static_cast<int>(logit_rows.size()); }
+};
+
+// What a device can take in one micro-step, and what it offers beyond the math.
+struct DeviceLimits {
+  int max_rows = 1 << 30;        // token rows per micro-step
+  int max_logit_rows = 1 << 30;  // rows through the head per micro-step
+  bool device_sampling = false;  // Sample() is implemented
+};
+
+// The vocab-parallel head's buffers (tensor parallel, lm_head cut by vocabulary rows): the
+// device's own logits [n_logit_rows, V_local], room for every rank's [world][n_logit_rows][V_r],
+// and the full logits [n_logit_rows, n_vocab] that ReadLogits / Argmax / Sample read. Pointers
+// are in the device's memory (the collective takes them as they are).
+struct LogitBuffers {
+  float* local = nullptr;
+  float* gathered = nullptr;
+  float* full = nullptr;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"
+  virtual const DeviceLimits& limits() const = 0;
+  virtual MemoryFootprint memory() const = 0;
+
+  // ---- one micro-step
+  virtual absl::Status Prepare(const MicroStep& step) = 0;
+  virtual absl::Status Embed() = 0;
+  // One layer over every row of the prepared step: mixer, its all-reduce, FFN, its all-reduce.
+  virtual absl::Status Layer(int layer) = 0;
+  // Final norm of the logit rows and this rank's rows of the lm_head.
+  virtual absl::Status Head() = 0;
+  // Runs `body` (Embed, the layers, Head) for a pure-decode step of `rows` rows; a device with
+  // graphs captures it once per row count and replays it. The default runs it as it is.
+  virtual absl::Status RunCaptured(int rows, const std::function<absl::Status()>& body) {
+    return body();
+  }
+
+  // ---- outputs of the last micro-step (n = its logit rows); host destinations
+  virtual LogitBuffers logit_buffers() = 0;
+  // dst[r * ld_dst + c] = src[r * ld_src + c] for r < rows, c < width (device memory both).
+  virtual absl::Status CopyColumns(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                                   int64_t width, int64_t rows) = 0;
+  // The copies below may complete only at Finish() (a device stream); Finish also waits for the
+  // device and folds its profile.
+  virtual absl::Status ReadLogits(int n, float* dst) = 0;   // [n, n_vocab]
+  virtual absl::Status ReadHidden(int n, float* dst) = 0;   // [n, n_embd] final-normed states
+  virtual absl::Status Argmax(int n, int32_t* tokens) = 0;  // [n]
+  // Token selection where the logits are (limits().device_sampling): rows [n] of the step.
+  virtual absl::Status Sample(std::span<const DeviceSampleRow> rows, int32_t* tokens) {
+    return absl::UnimplementedError("device sampling is not implemented by " + name());
+  }
+  virtual absl::Status Finish() = 0;
+  // Seconds spent inside collectives since the last call (0 without TP).
+  virtual double TakeCommSeconds() = 0;
+
+  // ---- state of a slot (its recurrent state, KV rows and any MTP KV)
+  virtual void ResetSlot(int slot) = 0;
+  // The slot's state for a sequence of n_past tokens, in the device's own layout (named by
+  // state_layout(); the runner wraps it in the versioned snapshot format).
+  virtual absl::StatusOr<std::vector<uint8_t>> SaveState(int slot, int32_t n_past) const = 0;
+  virtual absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) = 0;
+  virtual std::string state_layout() const = 0;
+
+  // MTP draft step (Backend::MtpStep); arguments already validated by the runner.
+  virtual absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
+                               std::vector<float>* logits, std::vector<float>* hidden_out) {
+    return absl::UnimplementedError("MTP is not implemented by device " + name());
+  }
+};
+
+}  // namespace ds

@@ -1,0 +1,68 @@
+#include "worker/runner/micro_steps.h"
+
+#include <algorithm>
+
+namespace ds {
+
+std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep> batch,
+                                                        int max_rows, int max_logit_rows) {
+  std::vector<std::vector<StepPiece>> steps;
+  std::vector<StepPiece> cur;
+  int rows = 0, logit_rows = 0;
+  auto flush = [&] {
+    if (!cur.empty()) steps.push_back(std::move(cur));
+    cur.clear();
+    rows = 0;
+    logit_rows = 0;
+  };
+  for (int i = 0; i < static_cast<int>(batch.size()); ++i) {
+    const SeqStep& s = batch[i];
+    const int n = static_cast<int>(s.tokens.size());
+    for (int t0 = 0; t0 < n;) {
+      int take = std::min(n - t0, max_rows - rows);
+      if (s.all_logits)
+        take = std::min(take, max_logit_rows - logit_rows);
+      else if (t0 + take == n && logit_rows >= max_logit_rows)
+        take = 0;  // the last piece needs a logit row of its own
+      if (take <= 0) {
+        flush();
+        continue;
+      }
+      const bool last = t0 + take == n;
+      cur.push_back({i, t0, take, last});
+      rows += take;
+      logit_rows += s.all_logits ? take : (last ? 1 : 0);
+      t0 += take;
+      if (rows == max_rows) flush();
+    }
+  }
+  flush();
+  return steps;
+}
+
+void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> pieces,
+                    MicroStep* out) {
+  out->ids.clear();
+  out->slots.clear();
+  out->positions.clear();
+  out->runs.clear();
+  out->logit_rows.clear();
+  bool pure_decode = true;
+  int32_t row = 0;
+  for (const StepPiece& p : pieces) {
+    const SeqStep& s = batch[p.seq];
+    const int32_t pos0 = s.pos0 + p.t0;
+    out->runs.push_back({row, p.n, s.slot, pos0});
+    for (int t = 0; t < p.n; ++t) {
+      out->ids.push_back(s.tokens[p.t0 + t]);
+      out->slots.push_back(s.slot);
+      out->positions.push_back(pos0 + t);
+      if (s.all_logits || (p.last && t == p.n - 1)) out->logit_rows.push_back(row + t);
+    }
+    pure_decode = pure_decode && p.n == 1 && p.last && !s.all_logits;
+    row += p.n;
+  }
+  out->pure_decode = pure_decode && !pieces.empty();
+}
+
+}  // namespace ds

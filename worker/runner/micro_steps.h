@@ -1,0 +1,31 @@
+// The one rule that cuts a step (Backend::Forward's batch) into micro-steps a device can take:
+// at most DeviceLimits::max_rows token rows and max_logit_rows rows through the head each. A
+// sequence longer than what is left of a micro-step continues in the next one (its state carries
+// over); an all_logits sequence counts every row against the logit budget, any other sequence
+// only its last row.
+#pragma once
+#include <span>
+#include <vector>
+
+#include "worker/model/backend.h"
+#include "worker/runner/device.h"
+
+namespace ds {
+
+// Tokens [t0, t0 + n) of batch[seq]; `last` when the piece ends that sequence.
+struct StepPiece {
+  int seq = 0;
+  int t0 = 0;
+  int n = 0;
+  bool last = false;
+};
+
+// Micro-steps in execution order. max_rows and max_logit_rows must be >= 1.
+std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep> batch,
+                                                        int max_rows, int max_logit_rows);
+
+// The device's description of one micro-step made of `pieces` (rows in piece order).
+void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> pieces,
+                    MicroStep* out);
+
+}  // namespace ds

@@ -1,0 +1,304 @@
+#include "worker/runner/step_runner.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "worker/runner/micro_steps.h"
+#include "worker/runner/slot_snapshot.h"
+
+namespace ds {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+absl::StatusOr<tp::Plan> MakeTpPlan(const gguf::File& f, const ModelConfig& c,
+                                    const BackendOptions& opts) {
+  std::vector<double> split = opts.tp_split;
+  if (split.empty()) split.assign(opts.tp_world, 1.0);
+  if (static_cast<int>(split.size()) != opts.tp_world)
+    return absl::InvalidArgumentError(absl::StrCat("BackendOptions.tp_split has ", split.size(),
+                                                   " weights for tp_world ", opts.tp_world));
+  DS_ASSIGN_OR_RETURN(const int64_t granule, tp::FfnGranule(f, c));
+  tp::HeadGranules hg;
+  if (opts.tp_align_heads) {
+    DS_ASSIGN_OR_RETURN(hg, tp::AlignedHeadGranules(f, c));
+  }
+  return tp::Plan::Make(c, split, granule,
+                        opts.tp_lm_head_rank0 ? tp::LmHead::kRank0 : tp::LmHead::kVocabParallel,
+                        hg.attn, hg.gdn);
+}
+
+LocalShape TpPlacement::Local(const ModelConfig& c) const {
+  if (world == 1) return {c.n_head, c.n_head_kv, c.gdn_k_heads, c.gdn_v_heads, c.n_ff, c.n_vocab};
+  return {plan.q_heads(rank),
+          plan.kv_heads(rank),
+          plan.gdn_k(rank),
+          plan.gdn_v(rank),
+          plan.ranks[rank].ffn.size(),
+          plan.ranks[rank].vocab.size()};
+}
+
+absl::StatusOr<TpPlacement> PlaceInGroup(const gguf::File& f, const ModelConfig& c,
+                                         const BackendOptions& opts) {
+  if (opts.n_slots < 1 || opts.n_slots > 4096)
+    return absl::InvalidArgumentError(absl::StrCat("BackendOptions.n_slots = ", opts.n_slots,
+                                                   " must be in [1, 4096]"));
+  if (opts.slot_ctx < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("BackendOptions.slot_ctx = ", opts.slot_ctx, " must be >= 1"));
+  if (opts.tp_world < 1 || opts.tp_rank < 0 || opts.tp_rank >= opts.tp_world)
+    return absl::InvalidArgumentError(absl::StrCat("BackendOptions: tp_rank ", opts.tp_rank,
+                                                   " not in a tp_world of ", opts.tp_world));
+  if (opts.tp_world > 1 && !opts.collective)
+    return absl::InvalidArgumentError(absl::StrCat("BackendOptions: tp_world ", opts.tp_world,
+                                                   " needs a collective (collective is null)"));
+  TpPlacement p;
+  if (opts.collective) {
+    Collective* coll = opts.collective;
+    if (coll->world() != opts.tp_world || coll->rank() != opts.tp_rank)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BackendOptions: collective ", coll->name(), " is rank ", coll->rank(), " of ",
+          coll->world(), " but the options say rank ", opts.tp_rank, " of ", opts.tp_world));
+    p.collective = coll;
+  }
+  p.rank = opts.tp_rank;
+  p.world = opts.tp_world;
+  p.lm_head_rank0 = opts.tp_lm_head_rank0;
+  if (opts.tp_world > 1) {
+    DS_ASSIGN_OR_RETURN(p.plan, MakeTpPlan(f, c, opts));
+  }
+  return p;
+}
+
+StepRunner::StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const gguf::File> file,
+                       const ModelConfig& cfg, int n_slots, int slot_ctx, TpPlacement tp)
+    : file_(std::move(file)),
+      dev_(std::move(device)),
+      cfg_(cfg),
+      slot_ctx_(slot_ctx),
+      tp_(std::move(tp)),
+      len_(static_cast<size_t>(n_slots), 0) {}
+
+absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
+  if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
+  std::vector<bool> seen(len_.size(), false);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqStep& s = batch[i];
+    if (s.slot < 0 || s.slot >= n_slots())
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", i, "]: slot ", s.slot, " out of range [0, ", n_slots(), ")"));
+    if (seen[s.slot])
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", i, "]: slot ", s.slot, " appears more than once in the step"));
+    seen[s.slot] = true;
+    if (s.tokens.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", i, "]: slot ", s.slot, " has no tokens"));
+    if (s.pos0 != len_[s.slot])
+      return absl::InvalidArgumentError(absl::StrCat("batch[", i, "]: pos0 ", s.pos0,
+                                                     " != current length ", len_[s.slot],
+                                                     " of slot ", s.slot));
+    for (size_t j = 0; j < s.tokens.size(); ++j)
+      if (s.tokens[j] < 0 || s.tokens[j] >= cfg_.n_vocab)
+        return absl::InvalidArgumentError(absl::StrCat("batch[", i, "]: token id ", s.tokens[j],
+                                                       " at index ", j, " out of range [0, ",
+                                                       cfg_.n_vocab, ")"));
+    const int64_t end = static_cast<int64_t>(s.pos0) + static_cast<int64_t>(s.tokens.size());
+    if (end > slot_ctx_)
+      return absl::OutOfRangeError(absl::StrCat("batch[", i, "]: slot ", s.slot, " would hold ",
+                                                end, " tokens > slot_ctx ", slot_ctx_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::RunMicroStep() {
+  DS_RETURN_IF_ERROR(dev_->Prepare(micro_));
+  auto body = [this]() -> absl::Status {
+    DS_RETURN_IF_ERROR(dev_->Embed());
+    for (int l = 0; l < cfg_.n_layer; ++l) DS_RETURN_IF_ERROR(dev_->Layer(l));
+    return dev_->Head();
+  };
+  if (micro_.pure_decode)
+    DS_RETURN_IF_ERROR(dev_->RunCaptured(micro_.rows(), body));
+  else
+    DS_RETURN_IF_ERROR(body());
+  if (VocabParallel() && micro_.n_logit_rows() > 0)
+    DS_RETURN_IF_ERROR(GatherVocabParallelLogits(micro_.n_logit_rows()));
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::GatherVocabParallelLogits(int n_rows) {
+  // The collective takes the device's buffers but is not ordered with its work (NCCL runs the
+  // gather on its own stream, the staged collective through host copies): finish the head first.
+  DS_RETURN_IF_ERROR(dev_->Finish());
+  const LogitBuffers b = dev_->logit_buffers();
+  std::vector<size_t> counts(tp_.world);
+  for (int r = 0; r < tp_.world; ++r) counts[r] = n_rows * tp_.plan.ranks[r].vocab.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_RETURN_IF_ERROR(tp_.collective->AllGatherV(b.local, counts, b.gathered));
+  gather_seconds_ += SecondsSince(t0);
+  // [r][n][V_r] rank-major -> [n][V]: rank r's block is an n x V_r matrix that lands in columns
+  // [v0_r, v1_r) of every row.
+  const float* src = b.gathered;
+  for (int r = 0; r < tp_.world; ++r) {
+    const tp::Range v = tp_.plan.ranks[r].vocab;
+    if (v.size() > 0)
+      DS_RETURN_IF_ERROR(
+          dev_->CopyColumns(b.full + v.begin, cfg_.n_vocab, src, v.size(), v.size(), n_rows));
+    src += static_cast<int64_t>(n_rows) * v.size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptions& opts,
+                                 StepOutput* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!out) return absl::InvalidArgumentError("Forward: out is null");
+  DS_RETURN_IF_ERROR(Validate(batch));
+  // Device sampling: one entry per output row; logits cross to the host only if a row asks.
+  const std::span<const DeviceSampleRow> sample = opts.device_sample;
+  bool host_logits = true;
+  if (!sample.empty()) {
+    if (!SupportsDeviceSampling())
+      return absl::InvalidArgumentError(
+          absl::StrCat("Forward: device sampling is not available on ", name(),
+                       tp_.world > 1 ? " under tensor parallelism" : ""));
+    size_t n_out = 0;
+    for (const SeqStep& s : batch) n_out += s.all_logits ? s.tokens.size() : 1;
+    if (sample.size() != n_out)
+      return absl::InvalidArgumentError(absl::StrCat("Forward: ", sample.size(),
+                                                     " device_sample rows for ", n_out,
+                                                     " output rows"));
+    host_logits = false;
+    for (const DeviceSampleRow& d : sample) host_logits |= d.mode == DeviceSampleRow::Mode::kLogits;
+  }
+  out->logits.clear();
+  out->hidden.clear();
+  out->tokens.assign(sample.size(), -1);
+  out->n_rows = 0;
+  gather_seconds_ = 0;
+  dev_->TakeCommSeconds();
+  const DeviceLimits& lim = dev_->limits();
+  last_micro_steps_ = 0;
+  for (const auto& pieces : SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows)) {
+    ++last_micro_steps_;
+    BuildMicroStep(batch, pieces, &micro_);
+    DS_RETURN_IF_ERROR(RunMicroStep());
+    const int nl = micro_.n_logit_rows();
+    if (nl > 0) {
+      if (!sample.empty())
+        DS_RETURN_IF_ERROR(dev_->Sample(sample.subspan(out->n_rows, nl),
+                                        out->tokens.data() + out->n_rows));
+      if (host_logits && HasLogits()) {
+        const size_t old = out->logits.size();
+        out->logits.resize(old + static_cast<size_t>(nl) * cfg_.n_vocab);
+        DS_RETURN_IF_ERROR(dev_->ReadLogits(nl, out->logits.data() + old));
+      }
+      if (opts.want_hidden) {
+        const size_t old = out->hidden.size();
+        out->hidden.resize(old + static_cast<size_t>(nl) * cfg_.n_embd);
+        DS_RETURN_IF_ERROR(dev_->ReadHidden(nl, out->hidden.data() + old));
+      }
+    }
+    // The copies above land before the next micro-step grows the vectors.
+    DS_RETURN_IF_ERROR(dev_->Finish());
+    out->n_rows += nl;
+  }
+  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+  out->comm_seconds = dev_->TakeCommSeconds() + gather_seconds_;
+  out->forward_seconds = SecondsSince(t0);
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::ForwardGreedy(std::span<const SeqStep> batch,
+                                       std::vector<int32_t>* tokens, double* seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_RETURN_IF_ERROR(Validate(batch));
+  for (const SeqStep& s : batch)
+    if (s.all_logits) return absl::InvalidArgumentError("ForwardGreedy: all_logits not supported");
+  tokens->clear();
+  const DeviceLimits& lim = dev_->limits();
+  last_micro_steps_ = 0;
+  for (const auto& pieces : SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows)) {
+    ++last_micro_steps_;
+    BuildMicroStep(batch, pieces, &micro_);
+    DS_RETURN_IF_ERROR(RunMicroStep());
+    const int nl = micro_.n_logit_rows();
+    if (nl > 0 && HasLogits()) {  // TP with the lm_head on rank 0: the other ranks pick nothing
+      const size_t old = tokens->size();
+      tokens->resize(old + nl);
+      DS_RETURN_IF_ERROR(dev_->Argmax(nl, tokens->data() + old));
+    }
+    DS_RETURN_IF_ERROR(dev_->Finish());
+  }
+  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+  if (seconds) *seconds = SecondsSince(t0);
+  return absl::OkStatus();
+}
+
+void StepRunner::ResetSlot(int slot) {
+  if (slot < 0 || slot >= n_slots()) return;
+  dev_->ResetSlot(slot);
+  len_[slot] = 0;
+}
+
+int32_t StepRunner::SlotLength(int slot) const {
+  return slot >= 0 && slot < n_slots() ? len_[slot] : 0;
+}
+
+absl::StatusOr<SlotSnapshot> StepRunner::Snapshot(int slot) const {
+  if (slot < 0 || slot >= n_slots())
+    return absl::InvalidArgumentError(
+        absl::StrCat("Snapshot: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> payload, dev_->SaveState(slot, len_[slot]));
+  SlotSnapshot snap;
+  snap.n_past = len_[slot];
+  snap.bytes = EncodeSlotSnapshot(dev_->state_layout(), len_[slot], payload);
+  return snap;
+}
+
+absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
+  if (slot < 0 || slot >= n_slots())
+    return absl::InvalidArgumentError(
+        absl::StrCat("Restore: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  DS_ASSIGN_OR_RETURN(DecodedSlotSnapshot d, DecodeSlotSnapshot(snap.bytes));
+  if (d.layout != dev_->state_layout())
+    return absl::InvalidArgumentError(absl::StrCat("Restore: snapshot of state layout '",
+                                                   d.layout, "' cannot be restored on '",
+                                                   dev_->state_layout(), "'"));
+  if (d.n_past != snap.n_past || d.n_past < 0 || d.n_past > slot_ctx_)
+    return absl::InvalidArgumentError(absl::StrCat("Restore: snapshot of ", d.n_past,
+                                                   " tokens (SlotSnapshot.n_past ", snap.n_past,
+                                                   ") does not fit slot_ctx ", slot_ctx_));
+  DS_RETURN_IF_ERROR(dev_->LoadState(slot, d.n_past, d.payload));
+  len_[slot] = d.n_past;
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,
+                                 std::span<const float> hidden, std::vector<float>* logits,
+                                 std::vector<float>* hidden_out) {
+  if (tp_.world > 1)
+    return absl::UnimplementedError(
+        "MtpStep: the MTP block is not sharded under tensor parallelism");
+  if (slot < 0 || slot >= n_slots())
+    return absl::InvalidArgumentError(
+        absl::StrCat("MtpStep: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  if (token < 0 || token >= cfg_.n_vocab)
+    return absl::InvalidArgumentError(
+        absl::StrCat("MtpStep: token id ", token, " out of range [0, ", cfg_.n_vocab, ")"));
+  if (pos < 0 || pos >= slot_ctx_)
+    return absl::OutOfRangeError(
+        absl::StrCat("MtpStep: pos ", pos, " out of range [0, ", slot_ctx_, ")"));
+  if (static_cast<int64_t>(hidden.size()) != cfg_.n_embd)
+    return absl::InvalidArgumentError(absl::StrCat("MtpStep: hidden has ", hidden.size(),
+                                                   " elements, expected n_embd = ", cfg_.n_embd));
+  if (!logits || !hidden_out) return absl::InvalidArgumentError("MtpStep: null output");
+  return dev_->MtpStep(slot, token, pos, hidden, logits, hidden_out);
+}
+
+}  // namespace ds

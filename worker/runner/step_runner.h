@@ -1,0 +1,121 @@
+// StepRunner: the host side of a step, written once for every device (worker/runner/device.h).
+//
+// It is the Backend the worker, the CLI, the bench and the tests talk to. Per Forward it
+//   1. validates the batch (slots distinct and in range, pos0 = the slot's length, token ids,
+//      capacity) before touching any state;
+//   2. cuts it into micro-steps by one rule (worker/runner/micro_steps.h) from the device's limits;
+//   3. per micro-step drives the device: Prepare, Embed, Layer x n_layer, Head (a pure-decode
+//      step inside Device::RunCaptured, where a device replays CUDA graphs), then under tensor
+//      parallelism with a vocab-parallel lm_head all-gathers every rank's logits and interleaves
+//      them (the plan's vocabulary ranges), and reads back what the caller asked for: logits,
+//      hidden states, tokens sampled on the device, or argmax tokens;
+//   4. advances the slots' lengths, which it owns.
+// It also owns the TP plan (MakeTpPlan) and the snapshot format (worker/runner/slot_snapshot.h).
+//
+// Not thread-safe: one caller drives a runner (the worker's step thread).
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/collective/collective.h"
+#include "worker/model/backend.h"
+#include "worker/model/config.h"
+#include "worker/runner/device.h"
+#include "worker/tp/plan.h"
+
+namespace ds {
+
+// The TP plan a backend applies for `opts` (tp_world > 1): split weights (empty = even), the FFN
+// granule and, with tp_align_heads, the block-aligned head granules of the file, and the lm_head
+// placement. Every device cuts a rank's shard by it, so they all cut it identically.
+absl::StatusOr<tp::Plan> MakeTpPlan(const gguf::File& f, const ModelConfig& c,
+                                    const BackendOptions& opts);
+
+// This rank's head / column counts (the config's own without TP).
+struct LocalShape {
+  int n_head = 0, n_head_kv = 0, gdn_k_heads = 0, gdn_v_heads = 0;
+  int64_t n_ff = 0, n_vocab = 0;
+};
+
+// Where a backend sits in its tensor-parallel group (world 1: alone, no plan, no collective).
+struct TpPlacement {
+  int rank = 0;
+  int world = 1;
+  tp::Plan plan;                    // when world > 1
+  Collective* collective = nullptr; // caller-owned, when world > 1 (or a TP = 1 NCCL test)
+  bool lm_head_rank0 = false;
+  LocalShape Local(const ModelConfig& c) const;
+};
+
+// Checks the options every device shares (slots, context, TP rank/world and collective) and
+// makes the placement (with the plan when tp_world > 1).
+absl::StatusOr<TpPlacement> PlaceInGroup(const gguf::File& f, const ModelConfig& c,
+                                         const BackendOptions& opts);
+
+class StepRunner : public Backend {
+ public:
+  StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const gguf::File> file,
+             const ModelConfig& cfg, int n_slots, int slot_ctx, TpPlacement tp);
+
+  std::string name() const override { return dev_->name(); }
+  const ModelConfig& config() const override { return cfg_; }
+  int n_slots() const override { return static_cast<int>(len_.size()); }
+  int slot_ctx() const override { return slot_ctx_; }
+
+  absl::Status Forward(std::span<const SeqStep> batch, const StepOptions& opts,
+                       StepOutput* out) override;
+  // Device sampling needs the full logits where they are computed: not under TP.
+  bool SupportsDeviceSampling() const override {
+    return dev_->limits().device_sampling && tp_.world == 1;
+  }
+  // Forward that keeps the logits on the device and returns the argmax token of every output row
+  // (the benchmark's path). all_logits sequences are refused.
+  absl::Status ForwardGreedy(std::span<const SeqStep> batch, std::vector<int32_t>* tokens,
+                             double* seconds);
+
+  void ResetSlot(int slot) override;
+  int32_t SlotLength(int slot) const override;
+  absl::StatusOr<SlotSnapshot> Snapshot(int slot) const override;
+  absl::Status Restore(int slot, const SlotSnapshot& snap) override;
+  MemoryFootprint memory() const override { return dev_->memory(); }
+  absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
+                       std::vector<float>* logits, std::vector<float>* hidden_out) override;
+
+  // Micro-steps the last Forward / ForwardGreedy ran (the device's limits cut it).
+  int last_micro_steps() const { return last_micro_steps_; }
+  // The TP plan this rank applied (null without tensor parallelism).
+  const tp::Plan* tp_plan() const { return tp_.world > 1 ? &tp_.plan : nullptr; }
+  int tp_rank() const { return tp_.rank; }
+  const gguf::File& file() const { return *file_; }
+
+ protected:
+  Device& device() { return *dev_; }
+  const Device& device() const { return *dev_; }
+
+ private:
+  absl::Status Validate(std::span<const SeqStep> batch) const;
+  // Prepare + Embed + layers + Head (+ the vocab-parallel gather) for micro_.
+  absl::Status RunMicroStep();
+  absl::Status GatherVocabParallelLogits(int n_rows);
+  bool VocabParallel() const {
+    return tp_.world > 1 && tp_.plan.lm_head == tp::LmHead::kVocabParallel;
+  }
+  // Whether this rank ends a step with the full logits: every rank, except with the lm_head on
+  // rank 0 only (BackendOptions::tp_lm_head_rank0), where the others have none.
+  bool HasLogits() const { return tp_.world == 1 || VocabParallel() || tp_.rank == 0; }
+
+  // Declared first, destroyed last: the device's weights may be views into the file's mapping.
+  std::shared_ptr<const gguf::File> file_;
+  std::unique_ptr<Device> dev_;
+  ModelConfig cfg_;
+  int slot_ctx_ = 0;
+  TpPlacement tp_;
+  std::vector<int32_t> len_;  // [n_slots] tokens in each slot
+  MicroStep micro_;           // reused between micro-steps
+  double gather_seconds_ = 0;
+  int last_micro_steps_ = 0;
+};
+
+}  // namespace ds
