@@ -2,7 +2,7 @@
 # Perf runs of docs/perf/tp.md: one CPU TP group of ds_tp_rank processes on perf.gguf (made with
 # `ds_tp_rank --make-model perf.gguf --shape perf`), prints per-rank step and collective times.
 # usage: run_perf.sh WORLD SPLIT LMHEAD THREADS TAG
-B=${DS_TP_RANK:-$(dirname "$0")/../../build-tp/worker/tp/ds_tp_rank}
+B=${DS_TP_RANK:-$(dirname "$0")/../../build-tp/tests/tp/ds_tp_rank}
 W=$1; SPLIT=$2; LM=$3; T=$4; TAG=$5
 rm -rf st_$TAG
 args="--model perf.gguf --world $W --store st_$TAG --prefix $TAG --lm-head $LM --threads $T --prompt 64 --prompt2 16 --gen 32 --no-logits --comm-bench 20 --out perf_$TAG.json"
