@@ -1,4 +1,4 @@
-#include "common/sampling/sampling_proto.h"
+#include "proto/convert/sampling_proto.h"
 
 namespace ds::sampling {
 
@@ -14,6 +14,19 @@ SamplingParams FromProto(const deltaserve::v1::SamplingParams& p, int n_logprobs
   s.seed = p.seed();
   s.n_logprobs = n_logprobs;
   return s;
+}
+
+deltaserve::v1::SamplingParams ToProto(const SamplingParams& s) {
+  deltaserve::v1::SamplingParams p;
+  p.set_temperature(s.temperature);
+  p.set_top_k(s.top_k);
+  p.set_top_p(s.top_p);
+  p.set_min_p(s.min_p);
+  p.set_repetition_penalty(s.repetition_penalty);
+  p.set_presence_penalty(s.presence_penalty);
+  p.set_frequency_penalty(s.frequency_penalty);
+  p.set_seed(s.seed);
+  return p;
 }
 
 }  // namespace ds::sampling

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/sampling/sampling_proto.h"
+#include "proto/convert/sampling_proto.h"
 
 namespace ds::sched {
 namespace {

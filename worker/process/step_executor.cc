@@ -6,7 +6,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/sampling/sampling_proto.h"
 
 namespace ds::worker {
 namespace {
@@ -16,11 +15,9 @@ double SteadySeconds() {
       .count();
 }
 
-}  // namespace
-
-sampling::SamplingParams ToSamplingParams(const deltaserve::v1::SamplingParams& p,
-                                          int n_logprobs) {
-  sampling::SamplingParams s = sampling::FromProto(p, std::min(n_logprobs, sampling::kMaxLogprobs));
+// The sampler's parameters for a start: n_logprobs within what the sampler returns, and a seed.
+sampling::SamplingParams Seeded(sampling::SamplingParams s) {
+  s.n_logprobs = std::clamp(s.n_logprobs, 0, sampling::kMaxLogprobs);
   if (s.seed == 0) {
     // 0 = random: two draws from the OS entropy source, so concurrent workers never collide.
     std::random_device rd;
@@ -30,82 +27,85 @@ sampling::SamplingParams ToSamplingParams(const deltaserve::v1::SamplingParams& 
   return s;
 }
 
+}  // namespace
+
 StepExecutor::StepExecutor(Backend* backend, int n_usable)
     : backend_(backend), slots_(static_cast<size_t>(n_usable)) {}
 
-absl::Status StepExecutor::Validate(const deltaserve::internal::Step& step) const {
+absl::Status StepExecutor::Validate(const Step& step) const {
   const int n = static_cast<int>(slots_.size());
-  for (uint32_t s : step.released())
+  for (uint32_t s : step.released)
     if (s >= static_cast<uint32_t>(n))
       return absl::InvalidArgumentError(absl::StrCat("released slot ", s, " >= n_slots ", n));
   std::vector<bool> started(n, false);
-  for (const auto& st : step.started()) {
-    if (st.slot() >= static_cast<uint32_t>(n))
-      return absl::InvalidArgumentError(absl::StrCat("started slot ", st.slot(), " >= n_slots ", n));
-    if (st.tokens().empty())
+  for (const SequenceStart& st : step.started) {
+    if (st.slot >= static_cast<uint32_t>(n))
+      return absl::InvalidArgumentError(absl::StrCat("started slot ", st.slot, " >= n_slots ", n));
+    if (st.tokens.empty())
       return absl::InvalidArgumentError(
-          absl::StrCat("request ", st.request_id(), " started with no tokens"));
-    started[st.slot()] = true;
+          absl::StrCat("request ", st.request_id, " started with no tokens"));
+    started[st.slot] = true;
   }
   std::vector<bool> seen(n, false);
-  for (const auto& w : step.work()) {
-    if (w.slot() >= static_cast<uint32_t>(n))
-      return absl::InvalidArgumentError(absl::StrCat("work slot ", w.slot(), " >= n_slots ", n));
-    if (seen[w.slot()])
-      return absl::InvalidArgumentError(absl::StrCat("slot ", w.slot(), " twice in one step"));
-    seen[w.slot()] = true;
-    const bool active = started[w.slot()] || slots_[w.slot()].active;
-    if (!active) return absl::InvalidArgumentError(absl::StrCat("work for idle slot ", w.slot()));
+  for (const SlotWork& w : step.work) {
+    if (w.slot >= static_cast<uint32_t>(n))
+      return absl::InvalidArgumentError(absl::StrCat("work slot ", w.slot, " >= n_slots ", n));
+    if (seen[w.slot])
+      return absl::InvalidArgumentError(absl::StrCat("slot ", w.slot, " twice in one step"));
+    seen[w.slot] = true;
+    const bool active = started[w.slot] || slots_[w.slot].active;
+    if (!active) return absl::InvalidArgumentError(absl::StrCat("work for idle slot ", w.slot));
     // Known length after this step's starts (a start replaces the slot's tokens).
-    size_t n_known = slots_[w.slot()].known.size();
-    if (started[w.slot()])
-      for (const auto& st : step.started())
-        if (st.slot() == w.slot()) n_known = st.tokens_size();
-    if (w.n_tokens() == 0 || uint64_t{w.pos0()} + w.n_tokens() > n_known)
-      return absl::InvalidArgumentError(absl::StrCat("slot ", w.slot(), " work [", w.pos0(), ", ",
-                                                     w.pos0() + w.n_tokens(), ") outside its ",
+    size_t n_known = slots_[w.slot].known.size();
+    if (started[w.slot])
+      for (const SequenceStart& st : step.started)
+        if (st.slot == w.slot) n_known = st.tokens.size();
+    if (w.n_tokens == 0 || uint64_t{w.pos0} + w.n_tokens > n_known)
+      return absl::InvalidArgumentError(absl::StrCat("slot ", w.slot, " work [", w.pos0, ", ",
+                                                     w.pos0 + w.n_tokens, ") outside its ",
                                                      n_known, " known tokens"));
-    if (w.sample() && uint64_t{w.pos0()} + w.n_tokens() != n_known)
+    if (w.sample && uint64_t{w.pos0} + w.n_tokens != n_known)
       return absl::InvalidArgumentError(
-          absl::StrCat("slot ", w.slot(), " asks to sample before the end of its known tokens"));
+          absl::StrCat("slot ", w.slot, " asks to sample before the end of its known tokens"));
   }
   return absl::OkStatus();
 }
 
-deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::Step& step) {
-  deltaserve::internal::StepResult result;
-  result.set_step_id(step.step_id());
+StepResult StepExecutor::Run(const Step& step) {
+  StepResult result;
+  result.step_id = step.step_id;
   if (absl::Status s = Validate(step); !s.ok()) {
-    result.set_error(std::string(s.message()));
+    result.error = std::string(s.message());
     return result;
   }
   // Releases first: a slot freed and re-bound in the same step is reset exactly once here.
-  for (uint32_t s : step.released()) {
+  for (uint32_t s : step.released) {
     backend_->ResetSlot(static_cast<int>(s));
     slots_[s] = SlotState{};
   }
-  for (const auto& st : step.started()) {
-    SlotState& slot = slots_[st.slot()];
-    backend_->ResetSlot(static_cast<int>(st.slot()));
+  for (const SequenceStart& st : step.started) {
+    SlotState& slot = slots_[st.slot];
+    backend_->ResetSlot(static_cast<int>(st.slot));
     slot = SlotState{};
     slot.active = true;
-    slot.request_id = st.request_id();
-    slot.known.assign(st.tokens().begin(), st.tokens().end());
-    slot.want_logprob = st.logprobs() > 0;
+    slot.request_id = st.request_id;
+    slot.known.assign(st.tokens.begin(), st.tokens.end());
     // The public API's `logprobs = n` asks for the chosen token's logprob plus the top n.
-    slot.sampler.emplace(ToSamplingParams(st.sampling(), static_cast<int>(st.logprobs())));
+    slot.want_logprob = st.sampling.n_logprobs > 0;
+    slot.sampler.emplace(Seeded(st.sampling));
   }
-  if (step.work().empty()) return result;
+  if (step.work.empty()) return result;
   const int n_vocab = backend_->config().n_vocab;
+  const int n_work = static_cast<int>(step.work.size());
 
-  batch_.resize(static_cast<size_t>(step.work_size()));
-  for (int i = 0; i < step.work_size(); ++i) {
-    const auto& w = step.work(i);
-    const std::vector<int32_t>& known = slots_[w.slot()].known;
+  batch_.resize(step.work.size());
+  for (int i = 0; i < n_work; ++i) {
+    const SlotWork& w = step.work[i];
+    const std::vector<int32_t>& known = slots_[w.slot].known;
     SeqStep& q = batch_[i];
-    q.slot = static_cast<int>(w.slot());
-    q.pos0 = static_cast<int32_t>(w.pos0());
-    q.tokens.assign(known.begin() + w.pos0(), known.begin() + w.pos0() + w.n_tokens());
+    q.slot = static_cast<int>(w.slot);
+    q.pos0 = static_cast<int32_t>(w.pos0);
+    q.tokens.assign(known.begin() + w.pos0, known.begin() + w.pos0 + w.n_tokens);
     q.all_logits = false;
   }
   // Device sampling (no TP, backend offers it): rows that want no logprobs are sampled where the
@@ -114,11 +114,11 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
   const bool device = group_ == nullptr && backend_->SupportsDeviceSampling();
   StepOptions opts;
   if (device) {
-    dev_rows_.assign(static_cast<size_t>(step.work_size()), DeviceSampleRow{});
-    for (int i = 0; i < step.work_size(); ++i) {
-      const auto& w = step.work(i);
-      if (!w.sample()) continue;  // kSkip
-      SlotState& slot = slots_[w.slot()];
+    dev_rows_.assign(step.work.size(), DeviceSampleRow{});
+    for (int i = 0; i < n_work; ++i) {
+      const SlotWork& w = step.work[i];
+      if (!w.sample) continue;  // kSkip
+      SlotState& slot = slots_[w.slot];
       DeviceSampleRow& d = dev_rows_[i];
       if (slot.want_logprob || slot.sampler->params().n_logprobs > 0) {
         d.mode = DeviceSampleRow::Mode::kLogits;
@@ -135,12 +135,12 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
   const double t0 = SteadySeconds();
   absl::Status fs = backend_->Forward(batch_, opts, &out);
   const double t1 = SteadySeconds();
-  result.set_forward_seconds(t1 - t0);
+  result.forward_seconds = t1 - t0;
   // Validation errors are found before any collective, identically on every rank; anything else
   // under TP may have left the ranks at different collectives.
   if (!fs.ok()) {
     if (group_ && !absl::IsInvalidArgument(fs) && !absl::IsOutOfRange(fs)) group_broken_ = true;
-    result.set_error(absl::StrCat("backend ", backend_->name(), ": ", fs.ToString()));
+    result.error = absl::StrCat("backend ", backend_->name(), ": ", fs.ToString());
     return result;
   }
   const bool samples = group_ == nullptr || group_->rank() == 0;
@@ -149,34 +149,33 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
     need_logits = false;
     for (const DeviceSampleRow& d : dev_rows_) need_logits |= d.mode == DeviceSampleRow::Mode::kLogits;
   }
-  if (out.n_rows != step.work_size() ||
+  if (out.n_rows != n_work ||
       (need_logits && out.logits.size() != static_cast<size_t>(out.n_rows) * n_vocab) ||
       (device && out.tokens.size() != static_cast<size_t>(out.n_rows))) {
     if (group_) group_broken_ = true;  // the other ranks would wait for our broadcast
-    result.set_error(absl::StrCat("backend returned ", out.n_rows, " logit rows for ",
-                                  step.work_size(), " sequences"));
+    result.error =
+        absl::StrCat("backend returned ", out.n_rows, " logit rows for ", n_work, " sequences");
     return result;
   }
   // Device tokens are checked before any slot changes.
-  for (int i = 0; device && i < step.work_size(); ++i) {
+  for (int i = 0; device && i < n_work; ++i) {
     const int32_t t = out.tokens[i];
     if (dev_rows_[i].mode == DeviceSampleRow::Mode::kSample && (t < 0 || t >= n_vocab)) {
-      result.set_error(absl::StrCat("backend ", backend_->name(), " sampled token ", t,
-                                    " for slot ", step.work(i).slot(), " outside [0, ", n_vocab,
-                                    ")"));
+      result.error = absl::StrCat("backend ", backend_->name(), " sampled token ", t, " for slot ",
+                                  step.work[i].slot, " outside [0, ", n_vocab, ")");
       return result;
     }
   }
   if (group_) {
     shared_.clear();
-    for (const auto& w : step.work())
-      if (w.sample()) shared_.push_back(0);
+    for (const SlotWork& w : step.work)
+      if (w.sample) shared_.push_back(0);
   }
   size_t k = 0;  // index into shared_ (rank > 0 reads it after the broadcast below)
-  for (int i = 0; i < step.work_size() && samples; ++i) {
-    const auto& w = step.work(i);
-    if (!w.sample()) continue;
-    SlotState& slot = slots_[w.slot()];
+  for (int i = 0; i < n_work && samples; ++i) {
+    const SlotWork& w = step.work[i];
+    if (!w.sample) continue;
+    SlotState& slot = slots_[w.slot];
     sampling::SampleResult r;
     if (device && dev_rows_[i].mode == DeviceSampleRow::Mode::kSample) {
       r.token = out.tokens[i];  // range-checked above
@@ -188,35 +187,32 @@ deltaserve::internal::StepResult StepExecutor::Run(const deltaserve::internal::S
     }
     slot.known.push_back(r.token);
     if (group_) shared_[k++] = r.token;
-    deltaserve::internal::SampledToken* t = result.add_tokens();
-    t->set_slot(w.slot());
-    t->set_token(r.token);
+    SampledToken& t = result.tokens.emplace_back();
+    t.slot = w.slot;
+    t.token = r.token;
     if (slot.want_logprob) {
-      deltaserve::v1::TokenLogprob* lp = t->mutable_logprob();
-      lp->set_token_id(r.token);
-      lp->set_logprob(r.logprob);
-      for (const auto& [id, l] : r.top_logprobs) {
-        deltaserve::v1::TopLogprob* top = lp->add_top();
-        top->set_token_id(id);
-        top->set_logprob(l);
-      }
+      TokenLogprob& lp = t.logprob.emplace();
+      lp.token_id = r.token;
+      lp.logprob = r.logprob;
+      lp.top.reserve(r.top_logprobs.size());
+      for (const auto& [id, l] : r.top_logprobs) lp.top.push_back(TopLogprob{id, l});
     }
   }
   if (group_ && !shared_.empty()) {
     absl::Status bs = group_->Broadcast(shared_.data(), shared_.size() * sizeof(int32_t), 0);
     if (!bs.ok()) {
       group_broken_ = true;
-      result.clear_tokens();
-      result.set_error("tp broadcast of the sampled tokens: " + bs.ToString());
+      result.tokens.clear();
+      result.error = "tp broadcast of the sampled tokens: " + bs.ToString();
       return result;
     }
     if (!samples) {
       k = 0;
-      for (const auto& w : step.work())
-        if (w.sample()) slots_[w.slot()].known.push_back(shared_[k++]);
+      for (const SlotWork& w : step.work)
+        if (w.sample) slots_[w.slot].known.push_back(shared_[k++]);
     }
   }
-  result.set_sample_seconds(SteadySeconds() - t1);
+  result.sample_seconds = SteadySeconds() - t1;
   return result;
 }
 

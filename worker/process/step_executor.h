@@ -1,8 +1,9 @@
-// The worker side of the scheduler -> worker protocol (proto/deltaserve/internal/cluster.proto):
-// keeps every active slot's known tokens and sampler, turns one `Step` (releases, starts, slot
-// work diffs) into one Backend::Forward and samples where asked: on the device when the backend
-// offers it (Backend::SupportsDeviceSampling, no TP) and the request wants no logprobs, else on
-// the host from the returned logits. Both give the same token for the same seed.
+// The worker side of the scheduler -> worker protocol (proto/deltaserve/internal/cluster.proto,
+// as the plain types of step_types.h): keeps every active slot's known tokens and sampler, turns
+// one `Step` (releases, starts, slot work diffs) into one Backend::Forward and samples where
+// asked: on the device when the backend offers it (Backend::SupportsDeviceSampling, no TP) and the
+// request wants no logprobs, else on the host from the returned logits. Both give the same token
+// for the same seed.
 //
 // The scheduler sends a sequence's full tokens once (SequenceStart); afterwards a SlotWork only
 // names [pos0, pos0 + n_tokens) of the slot's known tokens, and the tokens this executor samples
@@ -14,15 +15,10 @@
 
 #include "common/collective/collective.h"
 #include "common/sampling/sampler.h"
-#include "deltaserve/internal/cluster.pb.h"
 #include "worker/model/backend.h"
+#include "worker/process/step_types.h"
 
 namespace ds::worker {
-
-// SamplingParams of the public proto -> the sampler's, with the proto's "0 = disabled"
-// conventions (top_p 0, repetition_penalty 0) mapped to the sampler's neutral values.
-// seed 0 = a random seed.
-sampling::SamplingParams ToSamplingParams(const deltaserve::v1::SamplingParams& p, int n_logprobs);
 
 class StepExecutor {
  public:
@@ -31,9 +27,9 @@ class StepExecutor {
   StepExecutor(Backend* backend, int n_usable);
 
   // Applies released -> started -> work. A malformed step (unknown slot, a range outside the known
-  // tokens) or a backend error answers with StepResult.error and leaves every slot as it was
-  // before the Forward (the backend validates before it touches state).
-  deltaserve::internal::StepResult Run(const deltaserve::internal::Step& step);
+  // tokens) or a backend error answers with StepResult::error and leaves every slot as it was
+  // before the Forward (the backend validates before it touches state). handle_seconds is left 0.
+  StepResult Run(const Step& step);
 
   // Tensor parallelism (docs/tp.md §6): every rank runs the same steps; only rank 0 of `group`
   // samples, then broadcasts the sampled ids over `group` so every rank appends the same tokens.
@@ -52,11 +48,10 @@ class StepExecutor {
     uint64_t request_id = 0;
     std::vector<int32_t> known;  // [n_known] prompt + generated so far
     std::optional<sampling::Sampler> sampler;
-    int n_logprobs = 0;  // 0: no logprob; >= 1: chosen token's logprob + (n_logprobs) top
-    bool want_logprob = false;
+    bool want_logprob = false;  // chosen token's logprob + the sampler's n_logprobs top ones
   };
 
-  absl::Status Validate(const deltaserve::internal::Step& step) const;
+  absl::Status Validate(const Step& step) const;
 
   Backend* backend_;
   std::vector<SlotState> slots_;  // [n_usable]

@@ -33,6 +33,7 @@
 #include "worker/backend_factory.h"
 #include "worker/model/kv_type.h"
 #include "worker/process/step_executor.h"
+#include "worker/process/step_proto.h"
 #include "worker/process/tp_session.h"
 
 namespace ds {
@@ -377,27 +378,30 @@ class Session {
         }
         case pb::SchedulerMessage::kStep: {
           if (!executor_) return Fatal(absl::FailedPreconditionError("Step before Configure"));
-          pb::WorkerMessage m;
           const auto t_recv = std::chrono::steady_clock::now();
+          // Protobuf stays here, at the stream: the executor sees only worker/process/step_types.h.
+          worker::StepResult r;
           {
             sd::Watchdog::Loop::Work work(step_loop_.get());
-            *m.mutable_step_result() = executor_->Run(msg.step());
+            worker::FromProto(msg.step(), &step_);
+            r = executor_->Run(step_);
           }
-          const pb::StepResult& r = m.step_result();
           if (metrics_) {
             int tokens = 0;
-            for (const pb::SlotWork& w : msg.step().work()) tokens += static_cast<int>(w.n_tokens());
-            metrics_->OnStep(r.forward_seconds(), r.sample_seconds(), tokens, !r.error().empty());
+            for (const worker::SlotWork& w : step_.work) tokens += static_cast<int>(w.n_tokens);
+            metrics_->OnStep(r.forward_seconds, r.sample_seconds, tokens, !r.error.empty());
           }
-          if (!r.error().empty())
-            DS_LOG(ERROR, "step_failed", {{"step", msg.step().step_id()}, {"error", r.error()}});
+          if (!r.error.empty())
+            DS_LOG(ERROR, "step_failed", {{"step", step_.step_id}, {"error", r.error}});
+          pb::WorkerMessage m;
+          worker::ToProto(r, m.mutable_step_result());
           m.mutable_step_result()->set_handle_seconds(
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_recv).count());
           if (!Write(m)) return absl::UnavailableError("write");
           // TP: a failed collective leaves the group unusable; leave it (the scheduler drops
           // the whole group and fails or replays its requests).
           if (executor_->group_broken())
-            return Fatal(absl::UnavailableError("tp group broken: " + r.error()));
+            return Fatal(absl::UnavailableError("tp group broken: " + r.error));
           break;
         }
         case pb::SchedulerMessage::kShutdown:
@@ -426,6 +430,7 @@ class Session {
   metrics::WorkerMetrics* metrics_ = nullptr;
   std::shared_ptr<sd::Watchdog::Loop> step_loop_, heartbeat_loop_;
   std::unique_ptr<worker::StepExecutor> executor_;
+  worker::Step step_;  // the Step being run, converted from the stream's message (reused)
   std::shared_ptr<grpc::Channel> channel_;  // to the scheduler (also the TP rendezvous)
   MemoryFigures mem_;
   grpc::ClientContext ctx_;  // outlives stream_ (declared first)

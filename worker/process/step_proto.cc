@@ -1,0 +1,97 @@
+#include "worker/process/step_proto.h"
+
+#include <algorithm>
+
+#include "proto/convert/sampling_proto.h"
+
+namespace ds::worker {
+
+namespace pb = deltaserve::internal;
+
+void FromProto(const pb::Step& in, Step* out) {
+  out->step_id = in.step_id();
+  out->started.resize(static_cast<size_t>(in.started_size()));
+  for (int i = 0; i < in.started_size(); ++i) {
+    const pb::SequenceStart& p = in.started(i);
+    SequenceStart& s = out->started[i];
+    s.request_id = p.request_id();
+    s.slot = p.slot();
+    s.tokens.assign(p.tokens().begin(), p.tokens().end());
+    const uint32_t n_logprobs = std::min<uint32_t>(p.logprobs(), sampling::kMaxLogprobs);
+    s.sampling = sampling::FromProto(p.sampling(), static_cast<int>(n_logprobs));
+  }
+  out->released.assign(in.released().begin(), in.released().end());
+  out->work.resize(static_cast<size_t>(in.work_size()));
+  for (int i = 0; i < in.work_size(); ++i) {
+    const pb::SlotWork& p = in.work(i);
+    out->work[i] = SlotWork{p.slot(), p.pos0(), p.n_tokens(), p.sample()};
+  }
+}
+
+void ToProto(const Step& in, pb::Step* out) {
+  out->Clear();
+  out->set_step_id(in.step_id);
+  for (const SequenceStart& s : in.started) {
+    pb::SequenceStart* p = out->add_started();
+    p->set_request_id(s.request_id);
+    p->set_slot(s.slot);
+    p->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
+    *p->mutable_sampling() = sampling::ToProto(s.sampling);
+    p->set_logprobs(static_cast<uint32_t>(std::max(s.sampling.n_logprobs, 0)));
+  }
+  out->mutable_released()->Add(in.released.begin(), in.released.end());
+  for (const SlotWork& w : in.work) {
+    pb::SlotWork* p = out->add_work();
+    p->set_slot(w.slot);
+    p->set_pos0(w.pos0);
+    p->set_n_tokens(w.n_tokens);
+    p->set_sample(w.sample);
+  }
+}
+
+void FromProto(const pb::StepResult& in, StepResult* out) {
+  out->step_id = in.step_id();
+  out->tokens.resize(static_cast<size_t>(in.tokens_size()));
+  for (int i = 0; i < in.tokens_size(); ++i) {
+    const pb::SampledToken& p = in.tokens(i);
+    SampledToken& t = out->tokens[i];
+    t.slot = p.slot();
+    t.token = p.token();
+    t.logprob.reset();
+    if (!p.has_logprob()) continue;
+    TokenLogprob& lp = t.logprob.emplace();
+    lp.token_id = p.logprob().token_id();
+    lp.logprob = p.logprob().logprob();
+    for (const deltaserve::v1::TopLogprob& top : p.logprob().top())
+      lp.top.push_back(TopLogprob{top.token_id(), top.logprob()});
+  }
+  out->forward_seconds = in.forward_seconds();
+  out->sample_seconds = in.sample_seconds();
+  out->error = in.error();
+  out->handle_seconds = in.handle_seconds();
+}
+
+void ToProto(const StepResult& in, pb::StepResult* out) {
+  out->Clear();
+  out->set_step_id(in.step_id);
+  for (const SampledToken& t : in.tokens) {
+    pb::SampledToken* p = out->add_tokens();
+    p->set_slot(t.slot);
+    p->set_token(t.token);
+    if (!t.logprob) continue;
+    deltaserve::v1::TokenLogprob* lp = p->mutable_logprob();
+    lp->set_token_id(t.logprob->token_id);
+    lp->set_logprob(t.logprob->logprob);
+    for (const TopLogprob& top : t.logprob->top) {
+      deltaserve::v1::TopLogprob* q = lp->add_top();
+      q->set_token_id(top.token_id);
+      q->set_logprob(top.logprob);
+    }
+  }
+  out->set_forward_seconds(in.forward_seconds);
+  out->set_sample_seconds(in.sample_seconds);
+  out->set_error(in.error);
+  out->set_handle_seconds(in.handle_seconds);
+}
+
+}  // namespace ds::worker
