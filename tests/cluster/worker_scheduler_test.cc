@@ -442,9 +442,44 @@ TEST(TpAddress, LoopbackSchedulerTargetsGiveLoopback) {
   EXPECT_FALSE(worker::LocalAddressToward("[::1:50061").ok());
 }
 
-// Control overhead per step at batch 1 (scheduler + RPC + worker bookkeeping, excluding the
-// worker's forward + sample). Prints the numbers docs/perf/cluster.md records.
-TEST_F(ClusterTest, StepOverheadAtBatchOne) {
+// The step statistics (GetStepStats) count every step of a batch-1 request once, with ordered
+// percentiles and a histogram that adds up; `reset` clears them. Behaviour only: the numbers are
+// the benchmark below.
+TEST_F(ClusterTest, StepStatsCountEveryStepAtBatchOne) {
+  StartCluster({"--slots", "1", "--ctx", "4096"});
+  Submit(600, Prompt(4, 1), 16);
+  {
+    grpc::ClientContext ctx;
+    pb::StepStatsRequest req;
+    req.set_reset(true);
+    pb::StepStats st;
+    ASSERT_TRUE(stub_->GetStepStats(&ctx, req, &st).ok());
+    EXPECT_GE(st.steps(), 16u);
+  }
+  const int kTokens = 64;
+  Outcome o = Submit(601, Prompt(4, 2), kTokens);
+  ASSERT_TRUE(o.status.ok());
+  ASSERT_EQ(o.tokens.size(), static_cast<size_t>(kTokens));
+  grpc::ClientContext ctx;
+  pb::StepStats st;
+  ASSERT_TRUE(stub_->GetStepStats(&ctx, pb::StepStatsRequest(), &st).ok());
+  EXPECT_EQ(st.steps(), static_cast<uint64_t>(kTokens)) << "reset did not clear, or steps missed";
+  EXPECT_GT(st.mean_us(), 0);
+  EXPECT_LE(st.p50_us(), st.p90_us());
+  EXPECT_LE(st.p90_us(), st.p99_us());
+  EXPECT_LE(st.p99_us(), st.max_us());
+  EXPECT_GT(st.mean_worker_us(), 0);
+  ASSERT_EQ(st.bucket_upper_us_size(), st.bucket_count_size());
+  uint64_t counted = 0;
+  for (uint64_t n : st.bucket_count()) counted += n;
+  EXPECT_EQ(counted, st.steps());
+}
+
+// Benchmark, not a test (DISABLED_: ctest skips it; docs/conventions.md "Benchmarks"): control
+// overhead per step at batch 1 (scheduler + RPC + worker bookkeeping, excluding the worker's
+// forward + sample), the numbers docs/perf/cluster.md records. Run it with --gtest_filter=
+// ClusterTest.DISABLED_StepOverheadAtBatchOne --gtest_also_run_disabled_tests.
+TEST_F(ClusterTest, DISABLED_StepOverheadAtBatchOne) {
   StartCluster({"--slots", "1", "--ctx", "4096"});
   Submit(600, Prompt(4, 1), 16);  // warm the path
   {
@@ -471,9 +506,6 @@ TEST_F(ClusterTest, StepOverheadAtBatchOne) {
       static_cast<unsigned long long>(st.steps()), st.mean_us(), st.p50_us(), st.p90_us(),
       st.p99_us(), st.max_us(), st.mean_worker_us(), st.mean_schedule_us(), st.mean_apply_us(),
       wall * 1e6 / kTokens);
-  // Generous bound for a loaded shared 2-core VM; the design goal (150 us) is tracked in
-  // docs/perf/cluster.md, not asserted.
-  EXPECT_LT(st.p50_us(), 5000.0);
 }
 
 }  // namespace
