@@ -13,13 +13,13 @@ namespace {
 constexpr auto kAdminTimeout = std::chrono::seconds(10);
 
 template <typename Req, typename Method>
-grpc::Status Proxy(grpc::ServerContext* server_ctx, const KeySet& keys, const Req& req,
-                   v1::ClusterStatus* resp, Method call) {
+grpc::Status Proxy(grpc::ServerContext* server_ctx, const KeySet& keys, SchedulerClient* scheduler,
+                   const Req& req, v1::ClusterStatus* resp, Method call) {
   if (absl::Status s = CheckAuth(*server_ctx, keys); !s.ok()) return ToPublicStatus(s);
   grpc::ClientContext ctx;
   auto deadline = std::chrono::system_clock::now() + kAdminTimeout;
   ctx.set_deadline(std::min(deadline, server_ctx->deadline()));
-  absl::Status s = FromInternal(call(&ctx, req, resp));
+  absl::Status s = scheduler->Explain(FromInternal(call(&ctx, req, resp)));
   if (s.code() == absl::StatusCode::kDeadlineExceeded && !server_ctx->IsCancelled())
     s = absl::UnavailableError("scheduler did not answer");
   return ToPublicStatus(s);
@@ -30,14 +30,14 @@ grpc::Status Proxy(grpc::ServerContext* server_ctx, const KeySet& keys, const Re
 grpc::Status AdminService::GetClusterStatus(grpc::ServerContext* ctx,
                                             const v1::GetClusterStatusRequest* req,
                                             v1::ClusterStatus* resp) {
-  return Proxy(ctx, *keys_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
+  return Proxy(ctx, *keys_, scheduler_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
     return scheduler_->stub()->GetClusterStatus(c, r, o);
   });
 }
 
 grpc::Status AdminService::SetSlots(grpc::ServerContext* ctx, const v1::SetSlotsRequest* req,
                                     v1::ClusterStatus* resp) {
-  return Proxy(ctx, *keys_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
+  return Proxy(ctx, *keys_, scheduler_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
     return scheduler_->stub()->SetSlots(c, r, o);
   });
 }
@@ -45,16 +45,19 @@ grpc::Status AdminService::SetSlots(grpc::ServerContext* ctx, const v1::SetSlots
 grpc::Status AdminService::SetContextPolicy(grpc::ServerContext* ctx,
                                             const v1::SetContextPolicyRequest* req,
                                             v1::ClusterStatus* resp) {
-  return Proxy(ctx, *keys_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
+  return Proxy(ctx, *keys_, scheduler_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
     return scheduler_->stub()->SetContextPolicy(c, r, o);
   });
 }
 
 grpc::Status AdminService::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                                  v1::ClusterStatus* resp) {
-  return Proxy(ctx, *keys_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
+  grpc::Status s = Proxy(ctx, *keys_, scheduler_, *req, resp, [&](grpc::ClientContext* c, auto& r, auto* o) {
     return scheduler_->stub()->Drain(c, r, o);
   });
+  // Health follows the drain now, not at the next poll (other gateways of the cluster: at theirs).
+  if (s.ok() && health_) health_->PollOnce();
+  return s;
 }
 
 }  // namespace ds::gw

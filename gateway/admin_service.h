@@ -5,14 +5,16 @@
 
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/auth.h"
+#include "gateway/health.h"
 #include "gateway/scheduler_client.h"
 
 namespace ds::gw {
 
 class AdminService final : public deltaserve::v1::Admin::Service {
  public:
-  AdminService(SchedulerClient* scheduler, const KeySet* keys)
-      : scheduler_(scheduler), keys_(keys) {}
+  // `health` (may be null) is re-polled after a Drain so health follows it at once.
+  AdminService(SchedulerClient* scheduler, const KeySet* keys, HealthMonitor* health = nullptr)
+      : scheduler_(scheduler), keys_(keys), health_(health) {}
 
   grpc::Status GetClusterStatus(grpc::ServerContext* ctx,
                                 const deltaserve::v1::GetClusterStatusRequest* req,
@@ -28,6 +30,7 @@ class AdminService final : public deltaserve::v1::Admin::Service {
  private:
   SchedulerClient* scheduler_;
   const KeySet* keys_;
+  HealthMonitor* health_;
 };
 
 }  // namespace ds::gw

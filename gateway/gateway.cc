@@ -1,6 +1,7 @@
 #include "gateway/gateway.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include <csignal>
@@ -13,11 +14,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth/bearer.h"
+#include "common/auth/listener.h"
 #include "common/auth/tls.h"
 #include "common/config/config_file.h"
 #include "common/config/role.h"
 #include "common/gguf/gguf.h"
 #include "common/log/log.h"
+#include "common/log/protobuf_log.h"
 #include "common/metrics/gateway_metrics.h"
 #include "common/metrics/metrics_server.h"
 #include "common/systemd/notify.h"
@@ -26,6 +29,7 @@
 #include "gateway/admin_service.h"
 #include "gateway/generation_service.h"
 #include "gateway/health.h"
+#include "gateway/malformed_request.h"
 #include "gateway/scheduler_client.h"
 
 namespace ds::gw {
@@ -180,25 +184,33 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
     m->SetInflight(a->in_flight());
     m->SetServing(h->serving());
   });
-  g.admin = std::make_unique<AdminService>(g.scheduler.get(), &g.admin_keys);
+  g.admin = std::make_unique<AdminService>(g.scheduler.get(), &g.admin_keys, g.health.get());
 
+  // Before the first request is parsed: a request that fails to parse must not print
+  // libprotobuf's own line (malformed_request.h answers and logs it).
+  log::RouteProtobufLogs();
   grpc::EnableDefaultHealthCheckService(true);
+  // grpc.reflection.v1alpha on both listeners: grpcurl / grpc_cli work without the proto files.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   {
     grpc::ServerBuilder b;
-    b.AddListeningPort(opts.listen, public_creds, &g.port);
+    auth::AddExclusiveListeningPort(&b, opts.listen, public_creds, &g.port);
+    // The documented request limits (gateway/request.h): gRPC refuses bigger ones unparsed.
+    b.SetMaxReceiveMessageSize(kMaxRequestBytes);
+    b.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxMetadataBytes);
+    b.experimental().SetInterceptorCreators(MalformedRequestInterceptors(g.metrics.get()));
     b.RegisterService(g.generation.get());
-    g.public_server = b.BuildAndStart();
-    if (!g.public_server || g.port == 0)
-      return absl::UnavailableError("cannot listen on " + opts.listen);
+    DS_ASSIGN_OR_RETURN(g.public_server, auth::BuildAndStartListener(&b, opts.listen, &g.port));
     g.health->Attach(g.public_server.get());
   }
   {
     grpc::ServerBuilder b;
-    b.AddListeningPort(opts.admin_listen, grpc::InsecureServerCredentials(), &g.admin_port);
+    auth::AddExclusiveListeningPort(&b, opts.admin_listen, grpc::InsecureServerCredentials(),
+                                    &g.admin_port);
+    b.experimental().SetInterceptorCreators(MalformedRequestInterceptors(nullptr));
     b.RegisterService(g.admin.get());
-    g.admin_server = b.BuildAndStart();
-    if (!g.admin_server || g.admin_port == 0)
-      return absl::UnavailableError("cannot listen on " + opts.admin_listen);
+    DS_ASSIGN_OR_RETURN(g.admin_server,
+                        auth::BuildAndStartListener(&b, opts.admin_listen, &g.admin_port));
     g.health->Attach(g.admin_server.get());
   }
   g.health->Start();
@@ -243,6 +255,7 @@ int RunGatewayMain(int argc, char** argv) {
       "[--metrics-listen HOST:PORT] [--drain-timeout S] [--log-level L] [--port-file F] "
       "[--health-interval-ms N] [--scheduler-key-file F] "
       "[--scheduler-ca F [--scheduler-tls-name N]]\n";
+  if (config::HelpRequested(argc, argv, kUsage)) return 0;
   auto role = config::SetUpRole("gateway", argc, argv);
   absl::StatusOr<GatewayOptions> o =
       role.ok() ? ParseGatewayFlags(role->args.argc(), role->args.argv())

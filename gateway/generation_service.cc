@@ -69,7 +69,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   const auto t0 = std::chrono::steady_clock::now();
   metrics::GatewayMetrics::Request mr(metrics_);
   CallInfo info;
-  info.public_id = req->request_id();
+  // Logged only once it is known to be small and printable (else "-": the error says why).
+  if (CheckRequestId(req->request_id()).ok()) info.public_id = req->request_id();
   const grpc::Status s = GenerateImpl(ctx, req, writer, &mr, &info);
   // gRPC and absl share the canonical code numbering.
   const metrics::Outcome outcome =
@@ -122,6 +123,12 @@ grpc::Status GenerationService::GenerateImpl(grpc::ServerContext* ctx,
   const uint64_t id = next_id_.fetch_add(1);
   const std::string public_id = in.request_id.empty() ? absl::StrCat("gw-", id) : in.request_id;
   info->public_id = public_id;
+  // Clients learn the id even when the call fails before any message (deltactl prints it).
+  ctx->AddTrailingMetadata("x-request-id", public_id);
+  // The scheduler's messages name its own numeric id; the client knows the public one.
+  auto to_client = [&](const absl::Status& s) {
+    return ToPublicStatus(WithPublicRequestId(scheduler_->Explain(s), id, public_id));
+  };
   info->prompt_tokens = static_cast<uint32_t>(prepared->prompt_ids.size());
   std::unique_ptr<SchedulerClient::SubmitCall> call = scheduler_->Submit(id, *prepared, ctx);
   OutputStream out(model_.tokenizer, *prepared);
@@ -174,11 +181,12 @@ grpc::Status GenerationService::GenerateImpl(grpc::ServerContext* ctx,
     // worker) or the scheduler went away.
     if (internal.ok())
       return ToPublicStatus(absl::UnavailableError("scheduler ended the request without a result"));
-    if (internal.code() == absl::StatusCode::kCancelled ||
-        internal.code() == absl::StatusCode::kUnknown)
-      return ToPublicStatus(
-          absl::UnavailableError(absl::StrCat("scheduler connection lost: ", internal.message())));
-    return ToPublicStatus(internal);
+    const absl::Status explained = scheduler_->Explain(internal);
+    if (explained.code() == absl::StatusCode::kCancelled ||
+        explained.code() == absl::StatusCode::kUnknown)
+      return ToPublicStatus(absl::UnavailableError(
+          absl::StrCat("scheduler connection lost: ", explained.message())));
+    return ToPublicStatus(WithPublicRequestId(explained, id, public_id));
   }
 
   FinishInfo fin;
@@ -209,12 +217,12 @@ grpc::Status GenerationService::GenerateImpl(grpc::ServerContext* ctx,
   switch (fin.reason) {
     case FinishReason::kError:
       // UNAVAILABLE (retryable) when the scheduler says the worker was lost.
-      if (!internal.ok()) return ToPublicStatus(internal);
-      return ToPublicStatus(absl::InternalError(finished->error));
+      if (!internal.ok()) return to_client(internal);
+      return to_client(absl::InternalError(finished->error));
     case FinishReason::kCancelled:
       // Aborted by the scheduler: the deadline passed there (the client's own cancel returned
       // above).
-      return ToPublicStatus(absl::DeadlineExceededError(
+      return to_client(absl::DeadlineExceededError(
           finished->error.empty() ? "deadline exceeded" : finished->error));
     default:
       return grpc::Status::OK;

@@ -67,6 +67,9 @@ void HealthMonitor::Publish(bool serving) {
 }
 
 void HealthMonitor::PollOnce() {
+  // One poll at a time (the thread's and the one after an Admin Drain): an older answer must
+  // never be published after a newer one.
+  std::lock_guard<std::mutex> poll(poll_mu_);
   // A poll slower than the interval counts as unreachable: health must not lag the cluster.
   absl::StatusOr<ClusterView> v =
       scheduler_->Poll(std::max(interval_, std::chrono::milliseconds(300)));
@@ -75,7 +78,8 @@ void HealthMonitor::PollOnce() {
       std::lock_guard<std::mutex> l(mu_);
       view_ = *v;
     }
-    Publish(v->serving);
+    // A drained scheduler refuses new requests: load balancers must stop sending them here.
+    Publish(v->serving && !v->draining);
   } else {
     {
       std::lock_guard<std::mutex> l(mu_);

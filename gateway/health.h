@@ -1,7 +1,8 @@
 // Health that does not lie: the gateway reports SERVING (grpc.health.v1, service "" and
 // "deltaserve.v1.Generation") only while the scheduler answers and says serving=true, i.e. a
-// worker completed its warmup. Polled every `interval`; an unreachable scheduler or a lost worker
-// flips it to NOT_SERVING at the next poll.
+// worker completed its warmup, and is not drained (Admin Drain). Polled every `interval`; an
+// unreachable scheduler, a lost worker or a drain flips it to NOT_SERVING at the next poll (a
+// Drain through this gateway's Admin listener at once).
 #pragma once
 #include <grpcpp/grpcpp.h>
 
@@ -34,7 +35,7 @@ class HealthMonitor {
   // Beaten after every poll (systemd watchdog; common/systemd/watchdog.h).
   void SetWatchdogLoop(std::shared_ptr<sd::Watchdog::Loop> loop);
   ClusterView view() const;
-  // Polls once now (used at startup and by tests of the monitor).
+  // Polls once now (at startup, after an Admin Drain, and by tests of the monitor).
   void PollOnce();
 
  private:
@@ -46,6 +47,7 @@ class HealthMonitor {
   std::atomic<bool> serving_{false};
   std::atomic<bool> draining_{false};
   std::shared_ptr<sd::Watchdog::Loop> watchdog_;
+  std::mutex poll_mu_;  // serializes PollOnce (taken before mu_)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -20,6 +20,9 @@ constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
 
 absl::Status CheckChat(const std::vector<ChatMessage>& chat) {
   if (chat.empty()) return Bad("chat.messages is empty: the prompt needs at least one message");
+  if (chat.size() > kMaxChatMessages)
+    return Bad("chat.messages has ", chat.size(), " entries, at most ", kMaxChatMessages,
+               " allowed");
   for (size_t i = 0; i < chat.size(); ++i) {
     const ChatMessage& m = chat[i];
     if (std::find(std::begin(kRoles), std::end(kRoles), m.role) == std::end(kRoles))
@@ -34,6 +37,17 @@ absl::Status CheckChat(const std::vector<ChatMessage>& chat) {
 }
 
 }  // namespace
+
+absl::Status CheckRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdBytes)
+    return Bad("request_id is ", id.size(), " bytes, at most ", kMaxRequestIdBytes, " allowed");
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c < 0x21 || c > 0x7e)
+      return Bad("request_id: byte ", i, " is not printable ASCII (0x21-0x7e allowed)");
+  }
+  return absl::OkStatus();
+}
 
 sampling::SamplingParams ToSamplerParams(const SamplingInput& s) {
   sampling::SamplingParams p;
@@ -94,6 +108,14 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
 
 absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView& m) {
   PreparedRequest p;
+  // Sizes first: cheap, and nothing big is tokenized or scanned for a request refused anyway.
+  DS_RETURN_IF_ERROR(CheckRequestId(in.request_id));
+  if (in.stop_token_ids.size() > kMaxStopTokenIds)
+    return Bad("stop_token_ids has ", in.stop_token_ids.size(), " entries, at most ",
+               kMaxStopTokenIds, " allowed");
+  if (in.stop.size() > sampling::kMaxStopStrings)
+    return Bad("stop has ", in.stop.size(), " entries, at most ", sampling::kMaxStopStrings,
+               " allowed");
   DS_ASSIGN_OR_RETURN(p.prompt_ids, TokenizePrompt(in, m));
   if (p.prompt_ids.empty()) return Bad("prompt encodes to zero tokens");
 
@@ -101,9 +123,6 @@ absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView
     return Bad("logprobs must be in [0, ", sampling::kMaxLogprobs, "], got ", in.logprobs);
   if (in.priority < kMinPriority || in.priority > kMaxPriority)
     return Bad("priority must be in [", kMinPriority, ", ", kMaxPriority, "], got ", in.priority);
-  if (in.stop.size() > sampling::kMaxStopStrings)
-    return Bad("stop has ", in.stop.size(), " entries, at most ", sampling::kMaxStopStrings,
-               " allowed");
   for (size_t i = 0; i < in.stop.size(); ++i) {
     if (in.stop[i].empty()) return Bad("stop[", i, "] is empty");
     if (in.stop[i].size() > sampling::kMaxStopStringBytes)
@@ -138,6 +157,9 @@ absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView
     }
   } else {
     p.max_tokens = in.max_tokens;
+    if (m.slot_context > 0 && n_prompt >= m.slot_context)
+      return Bad("prompt (", n_prompt, " tokens) does not fit the slot context (", m.slot_context,
+                 " tokens) with room for any generated token");
     if (m.slot_context > 0 && n_prompt + p.max_tokens > m.slot_context)
       return Bad("max_tokens: prompt (", n_prompt, " tokens) + max_tokens (", in.max_tokens,
                  ") = ", n_prompt + in.max_tokens, " exceeds the slot context (", m.slot_context,

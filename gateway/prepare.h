@@ -29,6 +29,10 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
 // ds::sampling::Validate), stop strings / ids, logprobs, priority.
 absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView& m);
 
+// request_id: at most kMaxRequestIdBytes of printable ASCII (it is echoed in every message and log
+// line of the request).
+absl::Status CheckRequestId(const std::string& id);
+
 // The sampler's view of the public sampling fields (0 = disabled mapped to neutral values).
 sampling::SamplingParams ToSamplerParams(const SamplingInput& s);
 

@@ -46,6 +46,19 @@ inline constexpr uint32_t kDefaultMaxTokens = 256;
 inline constexpr int32_t kMinPriority = -10;
 inline constexpr int32_t kMaxPriority = 10;
 
+// Limits of the public request (documented in proto/deltaserve/v1/deltaserve.proto). Every
+// repeated or free-text field has one: the scheduler scans stop ids for every generated token and
+// the request id is echoed in every streamed message and log line, so neither may grow with what
+// a client sends. Stop strings: sampling::kMaxStopStrings of kMaxStopStringBytes each.
+inline constexpr size_t kMaxStopTokenIds = 256;
+inline constexpr size_t kMaxRequestIdBytes = 128;
+inline constexpr size_t kMaxChatMessages = 1024;
+// A whole request message (text, chat contents, token ids together); bigger ones are refused by
+// gRPC with RESOURCE_EXHAUSTED before any parsing.
+inline constexpr int kMaxRequestBytes = 4 << 20;
+// All request metadata (headers) of one call.
+inline constexpr int kMaxMetadataBytes = 8 << 10;
+
 // A request ready for the scheduler: token ids, the sampler's own conventions, and the stop ids the
 // scheduler must honour (the request's plus the model's EOS ids unless ignore_eos).
 struct PreparedRequest {

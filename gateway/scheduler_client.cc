@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
 #include "gateway/proto_convert.h"
 #include "gateway/status_map.h"
 
@@ -110,7 +112,7 @@ grpc::ChannelArguments SchedulerClient::Args() {
   return args;
 }
 
-SchedulerClient::SchedulerClient(const std::string& address) {
+SchedulerClient::SchedulerClient(const std::string& address) : address_(address) {
   channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), Args());
   stub_ = pb::Scheduler::NewStub(channel_);
 }
@@ -118,6 +120,7 @@ SchedulerClient::SchedulerClient(const std::string& address) {
 absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
     const std::string& address, const auth::ClientTlsFiles& tls, const std::string& token) {
   std::unique_ptr<SchedulerClient> c(new SchedulerClient());
+  c->address_ = address;
   DS_ASSIGN_OR_RETURN(c->channel_, auth::MakeChannel(address, tls, token, Args()));
   c->stub_ = pb::Scheduler::NewStub(c->channel_);
   return c;
@@ -188,6 +191,20 @@ absl::Status SchedulerClient::Finish(uint64_t request_id, FinishReason reason) {
   return FromInternal(stub_->Finish(&ctx, req, &resp));
 }
 
+absl::Status SchedulerClient::Explain(const absl::Status& s) const {
+  using C = absl::StatusCode;
+  if (s.ok() || (s.code() != C::kUnavailable && s.code() != C::kUnknown &&
+                 s.code() != C::kInternal && s.code() != C::kCancelled))
+    return s;
+  // The scheduler's own refusals arrive over a healthy connection; after a transport failure the
+  // channel is no longer READY (gRPC moves it to IDLE / TRANSIENT_FAILURE at once).
+  if (channel_->GetState(false) == GRPC_CHANNEL_READY) return s;
+  DS_LOG(WARNING, "scheduler_unreachable", {{"scheduler", address_}, {"detail", s}});
+  return absl::UnavailableError(absl::StrCat(
+      "scheduler unreachable at ", address_,
+      " (connection refused or lost; the cluster is restarting or down): retry later"));
+}
+
 absl::StatusOr<ClusterView> SchedulerClient::Poll(std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
@@ -197,6 +214,7 @@ absl::StatusOr<ClusterView> SchedulerClient::Poll(std::chrono::milliseconds time
   ClusterView v;
   v.reachable = true;
   v.serving = st.serving();
+  v.draining = st.draining();
   v.slots = static_cast<uint32_t>(st.slots_size());
   for (const v1::SlotStatus& s : st.slots())
     if (!s.retiring() && s.context_cap() > 0)

@@ -42,6 +42,7 @@ class CancelWatchdog {
 struct ClusterView {
   bool reachable = false;
   bool serving = false;
+  bool draining = false;  // Admin Drain: admission closed until resumed
   uint32_t slot_context = 0;  // per-slot cap (0 = unknown)
   uint32_t slots = 0;
 };
@@ -79,6 +80,12 @@ class SchedulerClient {
 
   absl::StatusOr<ClusterView> Poll(std::chrono::milliseconds timeout);
 
+  // A failed internal call as the client should read it: transport failures (the scheduler was
+  // killed, refused the connection, reset it) become UNAVAILABLE "scheduler unreachable ..."
+  // instead of gRPC's transport text; the scheduler's own errors pass unchanged.
+  absl::Status Explain(const absl::Status& s) const;
+  const std::string& address() const { return address_; }
+
   // Admin pass-through (public messages both ways: the gateway adds nothing).
   deltaserve::internal::Scheduler::Stub* stub() { return stub_.get(); }
 
@@ -86,6 +93,7 @@ class SchedulerClient {
   SchedulerClient() = default;
   static grpc::ChannelArguments Args();
 
+  std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<deltaserve::internal::Scheduler::Stub> stub_;
   CancelWatchdog watchdog_;

@@ -1,5 +1,6 @@
 #include "gateway/status_map.h"
 
+#include <cctype>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,23 @@ absl::Status FromInternal(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   // gRPC and absl share code numbers (both follow google.rpc.Code).
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::Status WithPublicRequestId(const absl::Status& s, uint64_t internal_id,
+                                 const std::string& public_id) {
+  if (s.ok()) return s;
+  const std::string internal = absl::StrCat("request ", internal_id);
+  std::string msg(s.message());
+  for (size_t at = msg.find(internal); at != std::string::npos; at = msg.find(internal, at)) {
+    const size_t end = at + internal.size();
+    if (end < msg.size() && std::isdigit(static_cast<unsigned char>(msg[end]))) {
+      at = end;  // a longer number that starts with the same digits
+      continue;
+    }
+    msg.replace(at, internal.size(), "request " + public_id);
+    at += public_id.size() + 8;
+  }
+  return absl::Status(s.code(), msg);
 }
 
 grpc::Status ToPublicStatus(const absl::Status& s) {

@@ -6,6 +6,9 @@
 #pragma once
 #include <grpcpp/support/status.h>
 
+#include <cstdint>
+#include <string>
+
 #include "absl/status/status.h"
 
 namespace ds::gw {
@@ -13,6 +16,11 @@ namespace ds::gw {
 // Internal call status (gateway -> scheduler) as absl. Transport failures of the internal channel
 // (scheduler gone, connection refused, reset) come back as UNAVAILABLE.
 absl::Status FromInternal(const grpc::Status& s);
+
+// The scheduler's messages say "request <internal id>"; clients know the request by its public id
+// (theirs, or "gw-<n>"). Replaces the one by the other in `s`'s message.
+absl::Status WithPublicRequestId(const absl::Status& s, uint64_t internal_id,
+                                 const std::string& public_id);
 
 // absl (internal) -> public gRPC status.
 grpc::Status ToPublicStatus(const absl::Status& s);

@@ -1,5 +1,7 @@
 #include "common/config/role.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 
 namespace ds::config {
@@ -23,6 +25,15 @@ absl::StatusOr<RoleSetup> SetUpRole(std::string_view component, int argc, char**
   DS_ASSIGN_OR_RETURN(std::optional<std::string> metrics, r.args.Take("--metrics-listen"));
   if (metrics) r.metrics_listen = *metrics;
   return r;
+}
+
+bool HelpRequested(int argc, char** argv, const char* usage) {
+  for (int i = 0; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      if (usage) std::fputs(usage, stdout);
+      return true;
+    }
+  return false;
 }
 
 }  // namespace ds::config

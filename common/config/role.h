@@ -20,4 +20,8 @@ struct RoleSetup {
 // the file and line where the value came from one.
 absl::StatusOr<RoleSetup> SetUpRole(std::string_view component, int argc, char** argv);
 
+// `--help` or `-h` among the flags: the role prints its usage on stdout and exits 0. With
+// `usage`, it is printed here.
+bool HelpRequested(int argc, char** argv, const char* usage = nullptr);
+
 }  // namespace ds::config

@@ -19,6 +19,13 @@ namespace v1 = deltaserve::v1;
 constexpr auto kCancelPoll = std::chrono::milliseconds(5);
 // gateway default when max_tokens is 0 (deltaserve.v1 GenerateRequest.max_tokens)
 constexpr int32_t kDefaultMaxTokens = 256;
+// Limits of the internal port (README "Submit contract"): the loop scans stop ids for every
+// generated token, so their number is bounded; the gateway sends at most 256 of the client's plus
+// the model's EOS ids. Priority is clamped to the public range, so a process on the internal port
+// cannot jump every queue.
+constexpr int kMaxStopIds = 1024;
+constexpr int32_t kMinPriority = -10;
+constexpr int32_t kMaxPriority = 10;
 
 double SteadyNowSeconds() {
   return std::chrono::duration<double>(SteadyClock::now().time_since_epoch()).count();
@@ -285,6 +292,10 @@ grpc::Status ClusterService::Submit(grpc::ServerContext* ctx, const pb::SubmitRe
   if (req->logprobs() > static_cast<uint32_t>(sampling::kMaxLogprobs))
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("logprobs ", req->logprobs(), " > ", sampling::kMaxLogprobs));
+  if (req->stop_token_ids_size() > kMaxStopIds)
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("stop_token_ids has ", req->stop_token_ids_size(),
+                                     " entries, at most ", kMaxStopIds, " allowed"));
   AddCmd add;
   Request& r = add.request;
   r.id = req->request_id() != 0 ? req->request_id() : next_auto_id_.fetch_add(1);
@@ -292,7 +303,7 @@ grpc::Status ClusterService::Submit(grpc::ServerContext* ctx, const pb::SubmitRe
   r.max_new_tokens = req->max_tokens() == 0 ? kDefaultMaxTokens
                                             : static_cast<int32_t>(std::min<uint32_t>(
                                                   req->max_tokens(), INT32_MAX));
-  r.priority = req->priority();
+  r.priority = std::clamp(req->priority(), kMinPriority, kMaxPriority);
   r.stop_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   r.arrival = absl::Now();
   if (req->deadline_unix_seconds() > 0)

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth/bearer.h"
+#include "common/auth/listener.h"
 #include "common/auth/tls.h"
 #include "common/config/config_file.h"
 #include "common/config/role.h"
@@ -126,22 +127,24 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
 }
 
 int RunSchedulerDaemon(int argc, char** argv) {
+  constexpr const char* kUsage =
+      "usage: deltaserve scheduler [--listen 127.0.0.1:PORT] "
+      "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
+      "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
+      "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] "
+      "[--lookahead on|off] "
+      "[--internal-key-file F] [--tls-cert F --tls-key F] "
+      "[--allow-unauthenticated true] "
+      "[--metrics-listen HOST:PORT] [--log-level L] [--config FILE]\n";
+  if (config::HelpRequested(argc, argv, kUsage)) return 0;
   auto role = config::SetUpRole("scheduler", argc, argv);
   absl::StatusOr<SchedulerDaemonOptions> o =
       role.ok() ? ParseSchedulerFlags(role->args.argc(), role->args.argv())
                 : absl::StatusOr<SchedulerDaemonOptions>(role.status());
   if (role.ok() && !o.ok()) o = role->args.Explain(o.status());
   if (!o.ok()) {
-    std::fprintf(stderr,
-                 "deltaserve scheduler: %s\nusage: deltaserve scheduler [--listen 127.0.0.1:PORT] "
-                 "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
-                 "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
-                 "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] "
-                 "[--lookahead on|off] "
-                 "[--internal-key-file F] [--tls-cert F --tls-key F] "
-                 "[--allow-unauthenticated true] "
-                 "[--metrics-listen HOST:PORT] [--log-level L] [--config FILE]\n",
-                 std::string(o.status().message()).c_str());
+    std::fprintf(stderr, "deltaserve scheduler: %s\n%s", std::string(o.status().message()).c_str(),
+                 kUsage);
     return 2;
   }
   // Signals are taken synchronously by this thread (sigwait); every thread started from here on
@@ -196,16 +199,17 @@ int RunSchedulerDaemon(int argc, char** argv) {
   service.SetTokens(std::move(tokens));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(o->listen, *creds, &port);
+  auth::AddExclusiveListeningPort(&builder, o->listen, *creds, &port);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(&service);
   (*loop)->Start();
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
+  auto started = auth::BuildAndStartListener(&builder, o->listen, &port);
+  if (!started.ok()) {
     (*loop)->Stop();
-    return fail(absl::UnavailableError("cannot listen on " + o->listen));
+    return fail(started.status());
   }
+  std::unique_ptr<grpc::Server> server = std::move(*started);
   const std::string host = o->listen.substr(0, o->listen.rfind(':'));
   const int metrics_port = (*metrics_server)->port();
   DS_LOG(INFO, "listening",

@@ -209,8 +209,12 @@ void SchedulerLoop::Handle(WorkerJoinCmd& c) {
     return;
   }
   const SchedulerStatus st = core_->Status();
-  const int slots = opts_.max_slots > 0 ? opts_.max_slots
-                                        : (c.info.device.rfind("cuda", 0) == 0 ? 64 : 8);
+  // Auto (--max-slots 0): the device's default, but never fewer than --slots asks for, so
+  // `--slots 16` on a CPU worker runs 16 slots instead of quietly 8.
+  const int slots =
+      opts_.max_slots > 0
+          ? opts_.max_slots
+          : std::max(st.n_slots_target, c.info.device.rfind("cuda", 0) == 0 ? 64 : 8);
   const int64_t cap = PerSlotCapFor(st.n_slots_target, st.policy);
   const int64_t slot_ctx = opts_.slot_ctx > 0 ? opts_.slot_ctx : st.policy.n_ctx;
   if (slot_ctx < cap) {
@@ -426,8 +430,8 @@ void SchedulerLoop::HoldForReplay(const std::string& why) {
   hold_until_ = After(opts_.failover_wait_s);
   hold_why_ = why;
   if (holding_)
-    std::fprintf(stderr, "[scheduler] holding %zu requests up to %g s for a replacement worker\n",
-                 side_.size(), opts_.failover_wait_s);
+    DS_LOG(WARNING, "holding_for_replacement",
+           {{"requests", side_.size()}, {"failover_wait_s", opts_.failover_wait_s}, {"reason", why}});
 }
 
 void SchedulerLoop::LoseWorker(const std::string& why) {

@@ -143,7 +143,7 @@ using Command = std::variant<AddCmd, AbortCmd, FinishCmd, AdminCmd, WorkerJoinCm
 
 struct LoopOptions {
   SchedulerConfig core;
-  int max_slots = 0;          // worker backend slots; 0 = 64 on a CUDA worker, 8 on CPU
+  int max_slots = 0;          // worker backend slots; 0 = max(--slots, 64 on a CUDA worker, 8 on CPU)
   int slot_ctx = 0;           // worker positions per slot; 0 = the policy's n_ctx
   double step_timeout_s = 120;  // a step (or warmup) taking longer means the worker is lost
   int warmup_tokens = 8;

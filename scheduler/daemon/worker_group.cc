@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log/log.h"
 #include "deltaserve/internal/cluster.pb.h"
 
 namespace ds::sched {
@@ -45,11 +46,6 @@ size_t RendezvousKv::size() {
 namespace {
 
 namespace pb = deltaserve::internal;
-
-void Log(const std::string& msg) {
-  std::fprintf(stderr, "[scheduler] %s\n", msg.c_str());
-  std::fflush(stderr);
-}
 
 // What the loop holds of a complete group: one link fanning out to the ranks.
 class GroupLink final : public WorkerLink {
@@ -138,8 +134,8 @@ absl::StatusOr<GroupMember> WorkerGroups::Join(const TpJoin& j, const WorkerInfo
   g.ranks[j.rank] = rank_link;
   g.infos[j.rank] = info;
   g.heartbeat[j.rank] = rank_link->last_heartbeat.load();
-  Log(absl::StrCat("tp group ", g.name, ": rank ", j.rank, "/", g.world, " (", info.id,
-                   ") registered; ", g.joined(), " of ", g.world, " ranks"));
+  DS_LOG(INFO, "tp_rank_registered", {{"group", g.name}, {"rank", j.rank}, {"world", g.world},
+                                      {"worker", info.id}, {"joined", g.joined()}});
   GroupMember m{slot, j.rank, rank_link};
   if (g.joined() < g.world) return m;
 
@@ -167,8 +163,7 @@ absl::StatusOr<GroupMember> WorkerGroups::Join(const TpJoin& j, const WorkerInfo
     }
   });
   g.link->last_heartbeat.store(*std::min_element(g.heartbeat.begin(), g.heartbeat.end()));
-  Log(absl::StrCat("tp group ", g.name, " complete (", g.world, " ranks, rendezvous prefix ",
-                   g.prefix, ")"));
+  DS_LOG(INFO, "tp_group_complete", {{"group", g.name}, {"world", g.world}, {"prefix", g.prefix}});
   push_(WorkerJoinCmd{g.link, gi});
   return m;
 }
@@ -260,8 +255,8 @@ void WorkerGroups::Leave(const GroupMember& m, const std::string& why) {
   // Still forming: free the rank's place; a restarted rank may take it.
   if (g.ranks[m.rank] == m.link) {
     g.ranks[m.rank].reset();
-    Log(absl::StrCat("tp group ", g.name, ": rank ", m.rank, " left before the group formed (", why,
-                     ")"));
+    DS_LOG(WARNING, "tp_rank_left",
+           {{"group", g.name}, {"rank", m.rank}, {"reason", why}, {"group_formed", false}});
   }
   if (g.joined() == 0) {
     auto it = forming_or_live_.find(g.name);

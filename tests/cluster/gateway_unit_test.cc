@@ -10,6 +10,7 @@
 #include "common/tokenizer/tokenizer_data.h"
 #include "gateway/admission.h"
 #include "gateway/auth.h"
+#include "gateway/malformed_request.h"
 #include "gateway/output_stream.h"
 #include "gateway/prepare.h"
 #include "gateway/status_map.h"
@@ -182,6 +183,38 @@ TEST(Prepare, ExplicitMaxTokensMustFitTheSlotButTheDefaultShrinks) {
   EXPECT_TRUE(Prepare(ids, View(0)).ok());
 }
 
+// Issue #18: every repeated or free-text field has a limit, named with the field in the message.
+TEST(Prepare, RepeatedAndFreeTextFieldsHaveLimits) {
+  GenerateInput in = Text("hello");
+  in.stop_token_ids.assign(kMaxStopTokenIds, 3);
+  EXPECT_TRUE(Prepare(in, View()).ok());
+  in.stop_token_ids.push_back(3);
+  ExpectInvalid(in, "stop_token_ids has 257 entries, at most 256");
+  in = Text("hello");
+  in.request_id.assign(kMaxRequestIdBytes, 'r');
+  EXPECT_TRUE(Prepare(in, View()).ok());
+  in.request_id.push_back('r');
+  ExpectInvalid(in, "request_id is 129 bytes, at most 128");
+  in.request_id = "two words";
+  ExpectInvalid(in, "request_id: byte 3");
+  GenerateInput chat;
+  chat.kind = PromptKind::kChat;
+  chat.chat.assign(kMaxChatMessages + 1, {"user", "hi"});
+  ExpectInvalid(chat, "chat.messages has 1025 entries, at most 1024");
+}
+
+// A prompt that fills the slot is the prompt's fault, whatever max_tokens says.
+TEST(Prepare, AnOverLongPromptIsNamedAsThePrompt) {
+  GenerateInput ids;
+  ids.kind = PromptKind::kIds;
+  ids.ids.assign(200, 5);
+  ids.max_tokens = 10;
+  auto p = Prepare(ids, View(128));
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message().rfind("prompt (200 tokens)", 0), 0u) << p.status();
+  EXPECT_EQ(p.status().message().find("max_tokens"), std::string::npos) << p.status();
+}
+
 TEST(Prepare, ModelWithoutVocabularyTakesIdsOnly) {
   ModelView v = View();
   v.tokenizer = &NoVocab();
@@ -299,6 +332,24 @@ TEST(StatusMap, InternalErrorsBecomePublicCodes) {
   EXPECT_EQ(
       ToPublicStatus(FromInternal(grpc::Status(C::UNIMPLEMENTED, "no such method"))).error_code(),
       C::INTERNAL);
+}
+
+TEST(StatusMap, SchedulerMessagesNameThePublicRequestId) {
+  const absl::Status s = WithPublicRequestId(
+      absl::UnavailableError("request 4294967297: scheduler is draining (request 42949672970)"),
+      4294967297, "gw-7");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "request gw-7: scheduler is draining (request 42949672970)");
+}
+
+TEST(MalformedRequest, FieldPathsAndMessages) {
+  EXPECT_EQ(PublicFieldPath("deltaserve.v1.GenerateRequest.text"), "text");
+  EXPECT_EQ(PublicFieldPath("deltaserve.v1.ChatMessage.content"), "chat.messages[].content");
+  const std::string m =
+      MalformedRequestMessage("/deltaserve.v1.Generation/Generate", "deltaserve.v1.GenerateRequest.stop");
+  EXPECT_EQ(m.rfind("stop is not valid UTF-8", 0), 0u) << m;
+  EXPECT_NE(MalformedRequestMessage("/deltaserve.v1.Generation/Tokenize", "").find("Tokenize"),
+            std::string::npos);
 }
 
 TEST(Auth, BearerTokens) {

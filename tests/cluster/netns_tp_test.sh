@@ -217,7 +217,7 @@ fails_unavailable() {
   wait "$INFLIGHT"
   r=$?
   T_FAILED=$(date +%s.%N)
-  [ $r != 0 ] && grep -q "gRPC code 14" "$WORK/$1.log" ||
+  [ $r != 0 ] && grep -q "UNAVAILABLE: " "$WORK/$1.log" ||
     fail "in-flight request after $2: rc $r, want UNAVAILABLE: $(cat "$WORK/$1.log")"
   for _ in $(seq 50); do
     [ "$(health)" = NOT_SERVING ] && break

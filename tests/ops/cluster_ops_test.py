@@ -46,9 +46,19 @@ def deltactl(a, *args, timeout=60):
     return subprocess.run([a.deltactl, *args], capture_output=True, text=True, timeout=timeout)
 
 
+# deltactl prints failures as "deltactl: [request id] CODE_NAME: message".
+GRPC_CODES = {"CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+              "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7,
+              "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9, "ABORTED": 10,
+              "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
+              "DATA_LOSS": 15, "UNAUTHENTICATED": 16}
+
+
 def grpc_code(r):
-    m = re.search(r"gRPC code (\d+)", r.stderr + r.stdout)
-    return int(m.group(1)) if m else (0 if r.returncode == 0 else None)
+    m = re.search(r"deltactl: (?:\[[^\]]*\] )?([A-Z_]+): ", r.stderr + r.stdout)
+    if m and m.group(1) in GRPC_CODES:
+        return GRPC_CODES[m.group(1)]
+    return 0 if r.returncode == 0 else None
 
 
 def listening_sockets(pid):
@@ -319,17 +329,20 @@ def test_shipped_configs(a, work):
     try:
         pf = os.path.join(work, "cfg-sched.port")
         start("scheduler", ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                            "--port-file", pf, "--ctx", "1024", "--slots", "2"])
+                            "--port-file", pf, "--ctx", "1024", "--slots", "2",
+                            "--internal-key-file", keys])
         expect(wait_for(lambda: sd["scheduler"].first("READY=1"), 30),
                "scheduler starts from deploy/config/scheduler.conf")
         sched = "127.0.0.1:" + open(pf).read().split()[0]
         start("worker", ["--scheduler", sched, "--model", model, "--backend", "cpu",
-                         "--threads", "2", "--metrics-listen", "127.0.0.1:0"])
+                         "--threads", "2", "--metrics-listen", "127.0.0.1:0",
+                         "--scheduler-key-file", keys])
         expect(wait_for(lambda: sd["worker"].first("READY=1"), 120),
                "worker starts from deploy/config/worker.conf")
         start("gateway", ["--scheduler", sched, "--model", model, "--listen", "127.0.0.1:0",
                           "--admin-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                          "--api-key-file", keys, "--admin-key-file", keys])
+                          "--api-key-file", keys, "--admin-key-file", keys,
+                          "--scheduler-key-file", keys])
         expect(wait_for(lambda: sd["gateway"].first("READY=1"), 30),
                "gateway starts from deploy/config/gateway.conf")
     finally:

@@ -1,5 +1,7 @@
 #include "tools/deltactl/flags.h"
 
+#include <cmath>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,19 +36,38 @@ std::vector<std::string> Flags::All(const std::string& f) const {
   return it == values_.end() ? std::vector<std::string>{} : it->second;
 }
 
-absl::StatusOr<int64_t> Flags::Int(const std::string& f, int64_t dflt) const {
-  if (!Has(f)) return dflt;
+absl::StatusOr<int64_t> ParseInt(const std::string& what, const std::string& s, int64_t lo,
+                                 int64_t hi) {
   int64_t v = 0;
-  if (!absl::SimpleAtoi(Str(f), &v))
-    return absl::InvalidArgumentError(absl::StrCat(f, ": not an integer: '", Str(f), "'"));
+  // SimpleAtoi refuses overflow of int64 and trailing junk; the range check catches the rest.
+  if (!absl::SimpleAtoi(s, &v) || v < lo || v > hi)
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " expects an integer in [", lo, ", ", hi, "], got '", s, "'"));
   return v;
 }
 
-absl::StatusOr<double> Flags::Float(const std::string& f, double dflt) const {
+absl::StatusOr<int64_t> Flags::Int(const std::string& f, int64_t dflt, int64_t lo,
+                                   int64_t hi) const {
+  if (!Has(f)) return dflt;
+  return ParseInt(f, Str(f), lo, hi);
+}
+
+absl::StatusOr<uint64_t> Flags::Uint(const std::string& f, uint64_t dflt) const {
+  if (!Has(f)) return dflt;
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(Str(f), &v))
+    return absl::InvalidArgumentError(absl::StrCat(f, " expects an integer in [0, ", UINT64_MAX,
+                                                   "], got '", Str(f), "'"));
+  return v;
+}
+
+absl::StatusOr<double> Flags::Float(const std::string& f, double dflt, double lo,
+                                    double hi) const {
   if (!Has(f)) return dflt;
   double v = 0;
-  if (!absl::SimpleAtod(Str(f), &v))
-    return absl::InvalidArgumentError(absl::StrCat(f, ": not a number: '", Str(f), "'"));
+  if (!absl::SimpleAtod(Str(f), &v) || !std::isfinite(v) || v < lo || v > hi)
+    return absl::InvalidArgumentError(
+        absl::StrCat(f, " expects a number in [", lo, ", ", hi, "], got '", Str(f), "'"));
   return v;
 }
 

@@ -6,8 +6,13 @@
 #include <cstring>
 #include <string>
 
+#include <set>
+
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/auth/tls.h"
+#include "common/config/role.h"
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/client.h"
 #include "tools/deltactl/flags.h"
@@ -21,25 +26,54 @@ using ds::ctl::Flags;
 constexpr const char* kDefaultAddr = "127.0.0.1:50051";
 constexpr const char* kDefaultAdminAddr = "127.0.0.1:50052";
 
-void Usage() {
+void Usage(FILE* out) {
   std::fprintf(
-      stderr,
-      "usage: deltactl <command> [flags]\n"
+      out,
+      "usage: deltactl <command> [flags]   (deltactl <command> --help: this text, exit 0)\n"
       "commands:\n"
       "  generate    --addr A (--prompt TEXT | --prompt-ids 1,2,3 | --chat-user TEXT "
       "[--chat-system "
       "TEXT])\n"
       "              [--max-tokens N --temperature T --top-k K --top-p P --min-p P --seed S\n"
       "               --stop S (repeatable) --stop-id N (repeatable) --logprobs N --priority N\n"
-      "               --ignore-eos --timeout SECONDS --api-key K --show-ids | --ids-only]\n"
+      "               --ignore-eos --timeout SECONDS --api-key K --request-id ID\n"
+      "               --show-ids | --ids-only]\n"
       "  tokenize    --addr A (--prompt TEXT | --chat-user TEXT)\n"
       "  health      --addr A: grpc.health.v1 status\n"
       "  status      --admin-addr A: workers, slots, queue and context pool\n"
-      "  set-slots   N --admin-addr A\n"
+      "  set-slots   N --admin-addr A   (N >= 1, at most the worker's configured slots)\n"
       "  set-context --split static|pool --total N [--slot-cap N] --admin-addr A\n"
       "  drain       [--resume] --admin-addr A\n"
       "  load        --addr A --concurrency C --requests N --prompt-len L --max-tokens M [--seed S "
-      "--vocab V --no-ignore-eos --timeout SECONDS --reject-backoff-ms MS]\n");
+      "--vocab V --no-ignore-eos --timeout SECONDS --reject-backoff-ms MS]\n"
+      "TLS to the public listener (generate, tokenize, health): --tls (system roots) or\n"
+      "  --ca-file F [--server-name NAME] [--cert F --key F]   (the admin listener is plaintext)\n"
+      "Numbers are checked against what the request field holds: no silent wrap-around.\n");
+}
+
+// Flags of the public-listener commands that select TLS.
+const std::set<std::string> kTlsFlags = {"--ca-file", "--server-name", "--cert", "--key"};
+
+// The public listener's channel: plaintext, or TLS when --tls / --ca-file are given.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> PublicChannel(const Flags& f) {
+  const std::string addr = f.Str("--addr", kDefaultAddr);
+  ds::auth::ClientTlsFiles tls;
+  tls.tls = f.Has("--tls") || f.Has("--ca-file");
+  if (!tls.tls) {
+    for (const std::string& flag : kTlsFlags)
+      if (f.Has(flag)) return absl::InvalidArgumentError(flag + " needs --tls or --ca-file");
+    return ds::gw::MakeChannel(addr);
+  }
+  tls.ca_file = f.Str("--ca-file");
+  tls.server_name = f.Str("--server-name");
+  tls.cert_file = f.Str("--cert");
+  tls.key_file = f.Str("--key");
+  return ds::auth::MakeChannel(addr, tls);
+}
+
+std::set<std::string> With(std::set<std::string> a, const std::set<std::string>& b) {
+  a.insert(b.begin(), b.end());
+  return a;
 }
 
 int Fail(const std::string& what) {
@@ -47,9 +81,36 @@ int Fail(const std::string& what) {
   return 1;
 }
 int Fail(const absl::Status& s) { return Fail(std::string(s.message())); }
-int Fail(const grpc::Status& s) {
-  return Fail(
-      absl::StrFormat("%s (gRPC code %d)", s.error_message(), static_cast<int>(s.error_code())));
+// "UNAVAILABLE: <message>", with a hint where gRPC gives no message.
+std::string Describe(const grpc::Status& s) {
+  const auto code = static_cast<absl::StatusCode>(s.error_code());
+  std::string msg = s.error_message();
+  if (msg.empty()) {
+    switch (s.error_code()) {
+      case grpc::StatusCode::UNIMPLEMENTED:
+        msg = "the server does not serve this API (wrong port? the public API is on --addr, "
+              "Admin on --admin-addr)";
+        break;
+      case grpc::StatusCode::UNAVAILABLE:
+        msg = "cannot reach the server";
+        break;
+      default:
+        msg = "(no message from the server)";
+    }
+  }
+  return absl::StrCat(absl::StatusCodeToString(code), ": ", msg);
+}
+// `request_id`: the public id ("gw-..."), when known, leads the message.
+int Fail(const grpc::Status& s, const std::string& request_id = "") {
+  return Fail(request_id.empty() ? Describe(s) : absl::StrCat("[", request_id, "] ", Describe(s)));
+}
+
+// The public request id of a finished call: from its messages, else the gateway's trailer.
+std::string RequestIdOf(const grpc::ClientContext& ctx, const std::string& from_messages) {
+  if (!from_messages.empty()) return from_messages;
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find("x-request-id");
+  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
 }
 
 void AddAuth(const Flags& f, grpc::ClientContext* ctx) {
@@ -86,10 +147,11 @@ void PrintStatus(const v1::ClusterStatus& s) {
 int CmdGenerate(int argc, char** argv) {
   auto f = Flags::Parse(
       argc, argv,
-      {"--addr", "--prompt", "--prompt-ids", "--chat-user", "--chat-system", "--max-tokens",
-       "--temperature", "--top-k", "--top-p", "--min-p", "--seed", "--stop", "--stop-id",
-       "--logprobs", "--priority", "--timeout", "--api-key", "--request-id"},
-      {"--ignore-eos", "--show-ids", "--ids-only"});
+      With({"--addr", "--prompt", "--prompt-ids", "--chat-user", "--chat-system", "--max-tokens",
+            "--temperature", "--top-k", "--top-p", "--min-p", "--seed", "--stop", "--stop-id",
+            "--logprobs", "--priority", "--timeout", "--api-key", "--request-id"},
+           kTlsFlags),
+      {"--ignore-eos", "--show-ids", "--ids-only", "--tls"});
   if (!f.ok()) return Fail(f.status());
   const int n_prompts = f->Has("--prompt") + f->Has("--prompt-ids") + f->Has("--chat-user");
   if (n_prompts != 1) return Fail("give exactly one of --prompt, --prompt-ids, --chat-user");
@@ -110,22 +172,22 @@ int CmdGenerate(int argc, char** argv) {
     m->set_role("user");
     m->set_content(f->Str("--chat-user"));
   }
-  auto max_tokens = f->Int("--max-tokens", 0);
-  auto temp = f->Float("--temperature", 0);
-  auto top_k = f->Int("--top-k", 0);
-  auto top_p = f->Float("--top-p", 0);
-  auto min_p = f->Float("--min-p", 0);
-  auto seed = f->Int("--seed", 0);
-  auto logprobs = f->Int("--logprobs", 0);
-  auto priority = f->Int("--priority", 0);
-  auto timeout = f->Float("--timeout", 600);
+  // Range checks of meaning are the gateway's job (it names the field); here every value must fit
+  // its wire type exactly, so nothing is wrapped or truncated on the way.
+  constexpr double kFloatMax = 3.4e38;
+  auto max_tokens = f->Int("--max-tokens", 0, 0, UINT32_MAX);
+  auto temp = f->Float("--temperature", 0, -kFloatMax, kFloatMax);
+  auto top_k = f->Int("--top-k", 0, INT32_MIN, INT32_MAX);
+  auto top_p = f->Float("--top-p", 0, -kFloatMax, kFloatMax);
+  auto min_p = f->Float("--min-p", 0, -kFloatMax, kFloatMax);
+  auto seed = f->Uint("--seed", 0);
+  auto logprobs = f->Int("--logprobs", 0, 0, UINT32_MAX);
+  auto priority = f->Int("--priority", 0, INT32_MIN, INT32_MAX);
+  auto timeout = f->Float("--timeout", 600, 0.001, 1e7);
   for (const absl::Status& s :
        {max_tokens.status(), temp.status(), top_k.status(), top_p.status(), min_p.status(),
         seed.status(), logprobs.status(), priority.status(), timeout.status()})
     if (!s.ok()) return Fail(s);
-  // Range checks are the gateway's job (it names the field); only the wire types are checked here.
-  if (*max_tokens < 0 || *logprobs < 0 || *seed < 0)
-    return Fail("--max-tokens, --logprobs and --seed must not be negative");
   req.set_max_tokens(static_cast<uint32_t>(*max_tokens));
   req.mutable_sampling()->set_temperature(static_cast<float>(*temp));
   req.mutable_sampling()->set_top_k(static_cast<int32_t>(*top_k));
@@ -147,14 +209,18 @@ int CmdGenerate(int argc, char** argv) {
   const bool ids_only = f->Has("--ids-only");
   std::vector<int32_t> ids;
 
-  auto stub = v1::Generation::NewStub(ds::gw::MakeChannel(f->Str("--addr", kDefaultAddr)));
+  auto channel = PublicChannel(*f);
+  if (!channel.ok()) return Fail(channel.status());
+  auto stub = v1::Generation::NewStub(*channel);
   grpc::ClientContext ctx;
   AddAuth(*f, &ctx);
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1e3)));
   auto reader = stub->Generate(&ctx, req);
   v1::GenerateResponse msg;
+  std::string request_id;
   while (reader->Read(&msg)) {
+    request_id = msg.request_id();
     if (msg.has_chunk()) {
       const auto& c = msg.chunk();
       if (ids_only) {
@@ -188,12 +254,16 @@ int CmdGenerate(int argc, char** argv) {
     }
   }
   grpc::Status s = reader->Finish();
-  if (!s.ok()) return Fail(s);
+  if (!s.ok()) {
+    if (!request_id.empty() && !ids_only) std::printf("\n");
+    return Fail(s, RequestIdOf(ctx, request_id));
+  }
   return 0;
 }
 
 int CmdTokenize(int argc, char** argv) {
-  auto f = Flags::Parse(argc, argv, {"--addr", "--prompt", "--chat-user", "--api-key"}, {});
+  auto f = Flags::Parse(argc, argv, With({"--addr", "--prompt", "--chat-user", "--api-key"}, kTlsFlags),
+                        {"--tls"});
   if (!f.ok()) return Fail(f.status());
   v1::TokenizeRequest req;
   if (f->Has("--prompt")) {
@@ -205,7 +275,9 @@ int CmdTokenize(int argc, char** argv) {
   } else {
     return Fail("give --prompt or --chat-user");
   }
-  auto stub = v1::Generation::NewStub(ds::gw::MakeChannel(f->Str("--addr", kDefaultAddr)));
+  auto channel = PublicChannel(*f);
+  if (!channel.ok()) return Fail(channel.status());
+  auto stub = v1::Generation::NewStub(*channel);
   grpc::ClientContext ctx;
   AddAuth(*f, &ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -218,10 +290,11 @@ int CmdTokenize(int argc, char** argv) {
 }
 
 int CmdHealth(int argc, char** argv) {
-  auto f = Flags::Parse(argc, argv, {"--addr"}, {});
+  auto f = Flags::Parse(argc, argv, With({"--addr"}, kTlsFlags), {"--tls"});
   if (!f.ok()) return Fail(f.status());
-  auto ch = ds::gw::MakeChannel(f->Str("--addr", kDefaultAddr));
-  const ds::gw::Health h = ds::gw::CheckHealth(ch.get(), std::chrono::seconds(5));
+  auto ch = PublicChannel(*f);
+  if (!ch.ok()) return Fail(ch.status());
+  const ds::gw::Health h = ds::gw::CheckHealth(ch->get(), std::chrono::seconds(5));
   std::printf("%s\n", ds::gw::HealthName(h));
   return h == ds::gw::Health::kServing ? 0 : 1;
 }
@@ -248,10 +321,13 @@ int CmdAdmin(const std::string& cmd, int argc, char** argv) {
     s = stub->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &st);
   } else if (cmd == "set-slots") {
     const std::string n = positional.empty() ? f->Str("--slots") : positional;
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(n, &v) || v < 0) return Fail("set-slots needs a slot count N >= 0");
+    if (n.empty()) return Fail("set-slots needs a slot count N >= 1");
+    // The scheduler refuses 0 (a cluster with no slot serves nothing) and bounds the top by the
+    // worker's configured slots; the wire field is 32 bits.
+    auto v = ds::ctl::ParseInt("set-slots N", n, 1, UINT32_MAX);
+    if (!v.ok()) return Fail(v.status());
     v1::SetSlotsRequest req;
-    req.set_slots(static_cast<uint32_t>(v));
+    req.set_slots(static_cast<uint32_t>(*v));
     s = stub->SetSlots(&ctx, req, &st);
   } else if (cmd == "set-context") {
     v1::SetContextPolicyRequest req;
@@ -263,12 +339,11 @@ int CmdAdmin(const std::string& cmd, int argc, char** argv) {
     } else {
       return Fail("set-context needs --split static|pool");
     }
-    auto total = f->Int("--total", 0);
-    auto cap = f->Int("--slot-cap", 0);
+    if (!f->Has("--total")) return Fail("set-context needs --total N >= 1");
+    auto total = f->Int("--total", 0, 1, UINT32_MAX);
+    auto cap = f->Int("--slot-cap", 0, 0, UINT32_MAX);
     if (!total.ok()) return Fail(total.status());
     if (!cap.ok()) return Fail(cap.status());
-    if (*total <= 0) return Fail("set-context needs --total N > 0");
-    if (*cap < 0) return Fail("--slot-cap must not be negative");
     req.mutable_policy()->set_total_context(static_cast<uint32_t>(*total));
     req.mutable_policy()->set_slot_cap(static_cast<uint32_t>(*cap));
     s = stub->SetContextPolicy(&ctx, req, &st);
@@ -282,6 +357,26 @@ int CmdAdmin(const std::string& cmd, int argc, char** argv) {
   return 0;
 }
 
+// One Generate shaped like the load's requests (prompt of prompt_len ids below vocab, max_tokens,
+// ignore_eos): the reason of its failure ("" when it succeeds).
+std::string ProbeReason(const ds::loadgen::LoadOptions& o) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < o.prompt_len; ++i) req.mutable_token_ids()->add_ids(i % o.vocab);
+  req.set_max_tokens(static_cast<uint32_t>(o.max_tokens));
+  req.set_ignore_eos(o.ignore_eos);
+  auto stub = v1::Generation::NewStub(ds::gw::MakeChannel(o.addr));
+  grpc::ClientContext ctx;
+  if (!o.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + o.api_key);
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1e3)));
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  grpc::Status s = reader->Finish();
+  return s.ok() ? "" : Describe(s);
+}
+
 int CmdLoad(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv,
                         {"--addr", "--concurrency", "--requests", "--prompt-len", "--max-tokens",
@@ -290,10 +385,12 @@ int CmdLoad(int argc, char** argv) {
   if (!f.ok()) return Fail(f.status());
   ds::loadgen::LoadOptions o;
   o.addr = f->Str("--addr", kDefaultAddr);
-  auto c = f->Int("--concurrency", 1), n = f->Int("--requests", 16), l = f->Int("--prompt-len", 32),
-       m = f->Int("--max-tokens", 32), seed = f->Int("--seed", 1), vocab = f->Int("--vocab", 256);
-  auto timeout = f->Float("--timeout", 300);
-  auto backoff = f->Int("--reject-backoff-ms", 20);
+  auto c = f->Int("--concurrency", 1, 1, 100000), n = f->Int("--requests", 16, 1, INT32_MAX),
+       l = f->Int("--prompt-len", 32, 1, INT32_MAX), m = f->Int("--max-tokens", 32, 1, INT32_MAX),
+       vocab = f->Int("--vocab", 256, 1, INT32_MAX);
+  auto seed = f->Uint("--seed", 1);
+  auto timeout = f->Float("--timeout", 300, 0.001, 1e7);
+  auto backoff = f->Int("--reject-backoff-ms", 20, 0, 3600000);
   for (const absl::Status& s : {c.status(), n.status(), l.status(), m.status(), seed.status(),
                                 vocab.status(), timeout.status(), backoff.status()})
     if (!s.ok()) return Fail(s);
@@ -304,21 +401,31 @@ int CmdLoad(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(*seed);
   o.vocab = static_cast<int>(*vocab);
   o.timeout_s = *timeout;
-  o.reject_backoff_ms = static_cast<int>(std::max<int64_t>(0, *backoff));
+  o.reject_backoff_ms = static_cast<int>(*backoff);
   o.ignore_eos = !f->Has("--no-ignore-eos");
   o.api_key = f->Str("--api-key");
   auto r = ds::loadgen::RunLoad(o);
   if (!r.ok()) return Fail(r.status());
   std::printf("%s", ds::loadgen::FormatReport(*r).c_str());
+  if (!r->errors.empty()) {
+    // The report counts failures by code; one request of the same shape tells why.
+    const std::string why = ProbeReason(o);
+    if (!why.empty()) std::fprintf(stderr, "deltactl load: a request of this shape fails: %s\n", why.c_str());
+  }
   return r->ok > 0 ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    Usage();
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    Usage(stderr);
+    return 2;
+  }
+  // --help anywhere (deltactl --help, deltactl set-slots --help): usage on stdout, exit 0.
+  if (ds::config::HelpRequested(argc - 1, argv + 1)) {
+    Usage(stdout);
+    return 0;
   }
   const std::string cmd = argv[1];
   if (cmd == "generate") return CmdGenerate(argc - 2, argv + 2);
@@ -328,6 +435,6 @@ int main(int argc, char** argv) {
     return CmdAdmin(cmd, argc - 2, argv + 2);
   if (cmd == "load") return CmdLoad(argc - 2, argv + 2);
   std::fprintf(stderr, "deltactl: unknown command '%s'\n", cmd.c_str());
-  Usage();
+  Usage(stderr);
   return 2;
 }

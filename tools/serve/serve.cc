@@ -1,10 +1,13 @@
 #include "tools/serve/serve.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -15,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/config_file.h"
+#include "common/config/role.h"
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/client.h"
 #include "gateway/gateway.h"
@@ -52,8 +56,8 @@ struct ServeOptions {
   std::string api_key_file, admin_key_file, tls_cert, tls_key, nvml_device;
 };
 
-void Usage() {
-  std::fprintf(stderr,
+void Usage(FILE* out) {
+  std::fprintf(out,
                "usage: deltaserve serve --model FILE [--workers 1] [--slots N] [--ctx N] "
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
                "[--threads N] [--tp N [--split 1,2|mem]] [--demo PROMPT [--demo-max-tokens N]]\n"
@@ -63,7 +67,9 @@ void Usage() {
                "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
                "[--tls-cert F --tls-key F] [--nvml-device N|off]\n"
                "  starts scheduler, worker and gateway as child processes; the gateway listens on "
-               "127.0.0.1:P (admin P+1; --port 0 picks free ports)\n");
+               "127.0.0.1:P (admin P+1; --port 0 picks free ports); a port in use is an error\n"
+               "  with --api-key-file or --admin-key-file, the scheduler's internal port takes only a\n"
+               "  key generated for this run (mode 0600 in the run's directory)\n");
 }
 
 absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
@@ -185,6 +191,25 @@ int RunDemo(const std::string& addr, const ServeOptions& o) {
   return 0;
 }
 
+// A random bearer token (32 bytes, hex) in `dir`/internal.key, created with mode 0600.
+absl::StatusOr<std::string> WriteInternalKey(const std::string& dir) {
+  unsigned char raw[32];
+  std::FILE* r = std::fopen("/dev/urandom", "rb");
+  const bool got = r && std::fread(raw, 1, sizeof raw, r) == sizeof raw;
+  if (r) std::fclose(r);
+  if (!got) return absl::InternalError("cannot read /dev/urandom for the internal key");
+  std::string token;
+  for (unsigned char b : raw) absl::StrAppend(&token, absl::Hex(b, absl::kZeroPad2));
+  const std::string path = dir + "/internal.key";
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return absl::InternalError("cannot create " + path + ": " + std::strerror(errno));
+  const std::string line = token + "\n";
+  const bool ok = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  close(fd);
+  if (!ok) return absl::InternalError("cannot write " + path);
+  return path;
+}
+
 int ReadPort(const std::string& text, int index) {
   std::istringstream in(text);
   int p = 0;
@@ -198,10 +223,14 @@ int ReadPort(const std::string& text, int index) {
 int RunGateway(int argc, char** argv) { return gw::RunGatewayMain(argc, argv); }
 
 int RunServe(int argc, char** argv) {
+  if (config::HelpRequested(argc, argv)) {
+    Usage(stdout);
+    return 0;
+  }
   absl::StatusOr<ServeOptions> o = Parse(argc, argv);
   if (!o.ok()) {
     std::fprintf(stderr, "deltaserve serve: %s\n", std::string(o.status().message()).c_str());
-    Usage();
+    Usage(stderr);
     return 2;
   }
   // SIGINT/SIGTERM are taken with sigtimedwait between child checks (children unblock them).
@@ -239,6 +268,16 @@ int RunServe(int argc, char** argv) {
     return nullptr;
   };
 
+  // 0. With keys on the gateway, the scheduler's internal port (which can submit at any priority,
+  // drain and register workers) must not stay open to every local process: a key for this run,
+  // known to the three roles only.
+  std::string internal_key_file;
+  if (!o->api_key_file.empty() || !o->admin_key_file.empty()) {
+    auto k = WriteInternalKey(dir);
+    if (!k.ok()) return fail(std::string(k.status().message()));
+    internal_key_file = *k;
+  }
+
   // 1. scheduler (port from its port file)
   const std::string sched_port_file = dir + "/scheduler.port";
   // Metrics of each role on loopback: P, P+1, P+2 (or any free port with 0).
@@ -252,6 +291,7 @@ int RunServe(int argc, char** argv) {
     sargs.push_back("--metrics-listen");
     sargs.push_back(metrics_listen(0));
   }
+  if (!internal_key_file.empty()) sargs.insert(sargs.end(), {"--internal-key-file", internal_key_file});
   children.push_back(serve::Spawn("scheduler", exe, sargs));
   if (children.back().pid < 0) return fail("cannot start the scheduler");
   const std::string sched_ports =
@@ -272,6 +312,8 @@ int RunServe(int argc, char** argv) {
     wargs.push_back(std::to_string(o->threads));
   }
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
+  if (!internal_key_file.empty())
+    wargs.insert(wargs.end(), {"--scheduler-key-file", internal_key_file});
   // TP: rank 0 here (index 1), ranks 1.. after the gateway (indices 3..); one group "serve".
   const std::string worker_port_file = dir + "/worker.port";
   auto rank_args = [&](int r) {
@@ -311,6 +353,8 @@ int RunServe(int argc, char** argv) {
       // Below the launcher's stop grace, so a stop drains before anything is killed.
       "--drain-timeout", "5"};
   if (o->metrics_port >= 0) gargs.insert(gargs.end(), {"--metrics-listen", metrics_listen(1)});
+  if (!internal_key_file.empty())
+    gargs.insert(gargs.end(), {"--scheduler-key-file", internal_key_file});
   for (auto [flag, value] : {std::pair{"--api-key-file", &o->api_key_file},
                              {"--admin-key-file", &o->admin_key_file},
                              {"--tls-cert", &o->tls_cert},
@@ -357,6 +401,9 @@ int RunServe(int argc, char** argv) {
       "  pids        scheduler %d, worker %d, gateway %d\n",
       gw_addr.c_str(), admin_addr.c_str(), sched_addr.c_str(), children[0].pid, children[1].pid,
       children[2].pid);
+  if (!internal_key_file.empty())
+    std::printf("  internal key %s   (mode 0600; the scheduler port takes only this key)\n",
+                internal_key_file.c_str());
   if (o->metrics_port >= 0)
     std::printf("  metrics     gateway 127.0.0.1:%d, scheduler 127.0.0.1:%d, worker 127.0.0.1:%d\n",
                 gw_metrics_port, sched_metrics_port, worker_metrics_port);
