@@ -255,6 +255,25 @@ TEST(Limits, OversizedFieldsAreInvalidArgumentNamingFieldAndLimit) {
   EXPECT_TRUE(Contains(s.error_message(), "stop_token_ids")) << s.error_message();
 }
 
+TEST(Limits, RequestMetadataOver8KiBIsRefused) {
+  auto gw = gw::Gateway::Start(InProcessOptions());
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  auto stub = v1::Generation::NewStub(gw::MakeChannel("127.0.0.1:" + std::to_string((*gw)->port())));
+  auto tokenize = [&](size_t pad) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    ctx.AddMetadata("x-pad", std::string(pad, 'p'));
+    v1::TokenizeRequest req;
+    req.set_text("hello");
+    v1::TokenizeResponse resp;
+    return stub->Tokenize(&ctx, req, &resp);
+  };
+  EXPECT_TRUE(tokenize(4 << 10).ok());
+  const grpc::Status s = tokenize(12 << 10);
+  EXPECT_FALSE(s.ok()) << "12 KiB of metadata accepted";
+  (*gw)->Shutdown();
+}
+
 // ---- 4. requests that do not parse ----
 
 // Collects the structured log lines of this process while alive.
