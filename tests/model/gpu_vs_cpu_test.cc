@@ -344,22 +344,6 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuVsCpu, ::testing::ValuesIn(kCases),
                            return std::string(i.param.name);
                          });
 
-// Restores an environment variable when it goes out of scope.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const char* name) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v;
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // The tiled Q6_K layout (matrices repacked into 16-row int8 mma tiles at upload) against the raw
 // GGUF layout, prefill only: > 32 rows go through dequantization to bf16 + cuBLAS on both, the
 // same bf16 values, so the logits agree to 1e-5. Decode is not compared here: the int8 activation
@@ -386,8 +370,10 @@ TEST(GpuTiledQ6K, PrefillTiledMatchesRawLayout) {
   SeqStep a;
   a.all_logits = true;
   for (int i = 0; i < kPromptLen; ++i) a.tokens.push_back((i * 37) % 500 + 1);
-  auto prefill = [&](std::vector<float>* logits) {
-    auto be = CreateCudaBackend(path, bo);
+  auto prefill = [&](bool tiled_layout, std::vector<float>* logits) {
+    CudaBackendOptions co;
+    co.tiled = tiled_layout;
+    auto be = cuda::CreateCudaBackendApi(path, bo, co);
     ASSERT_TRUE(be.ok()) << be.status();
     StepOutput out;
     absl::Status st = (*be)->Forward({&a, 1}, StepOptions{}, &out);
@@ -396,13 +382,8 @@ TEST(GpuTiledQ6K, PrefillTiledMatchesRawLayout) {
     *logits = std::move(out.logits);
   };
   std::vector<float> tiled, raw;
-  {
-    ScopedEnv keep("DS_TILED");
-    setenv("DS_TILED", "1", 1);
-    prefill(&tiled);
-    setenv("DS_TILED", "0", 1);  // TODO(options): CudaBackendOptions::tiled
-    prefill(&raw);
-  }
+  prefill(true, &tiled);
+  prefill(false, &raw);
   std::filesystem::remove(path);
   ASSERT_FALSE(tiled.empty());
   const double rel = RelDiff(tiled, raw);

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/cpu_backend.h"
+#include "worker/runner/slot_snapshot.h"
 #include "worker/tp/plan.h"
 
 extern char** environ;
@@ -287,7 +288,10 @@ TEST(TpShard, EachRankHoldsOnlyItsShard) {
   // Snapshots carry only the rank's own state.
   auto s0 = be[0]->Snapshot(0), s1 = be[1]->Snapshot(0);
   ASSERT_TRUE(s0.ok() && s1.ok());
-  EXPECT_EQ(s0->bytes.size() - 8 + s1->bytes.size() - 8, full_state);
+  // (The CPU device's payload: a 4-byte MTP length, then the state; no KV at n_past 0.)
+  auto p0 = DecodeSlotSnapshot(s0->bytes), p1 = DecodeSlotSnapshot(s1->bytes);
+  ASSERT_TRUE(p0.ok() && p1.ok());
+  EXPECT_EQ(p0->payload.size() - 4 + p1->payload.size() - 4, full_state);
   // MTP is not sharded.
   std::vector<float> lg, hid;
   EXPECT_EQ(be[0]->MtpStep(0, 1, 0, std::vector<float>(c.n_embd), &lg, &hid).code(),

@@ -3,7 +3,7 @@
 # root, after `DS_PACK_XZ=1 bash tools/device/pack.sh deltaserve ds_tp_rank`):
 # a 4-layer model of the 27B width (K % 256 == 0, so the tiled layout is used) runs one prefill step
 # of two sequences and 6 decode steps on the CPU backend (the reference: it picks the tokens), then
-# on the CUDA backend with the tiled layout and with the raw layout (DS_TILED=0), each with and
+# on the CUDA backend with the tiled layout and with the raw layout (--tiled off), each with and
 # without decode CUDA graphs, all fed the CPU's tokens (--follow), and prints max |Δlogit| / max
 # |logit| per step for every pair. Checked: two tiled runs are bit-identical (the load is
 # deterministic: an upload race once made them differ), graphs on/off are bit-identical, the
@@ -24,11 +24,11 @@ run() {  # name backend [flags]
     { echo "$n failed: $(tail -2 $W/$n.log | tr '\n' ' ')"; return 1; }
 }
 run cpu cpu || exit 1
-DS_TILED=1 run til cuda --follow $W/cpu.json
-DS_TILED=1 run til2 cuda --follow $W/cpu.json
-DS_TILED=0 run raw cuda --follow $W/cpu.json
-DS_TILED=1 run til_ng cuda --follow $W/cpu.json --no-graphs
-DS_TILED=0 run raw_ng cuda --follow $W/cpu.json --no-graphs
+run til cuda --follow $W/cpu.json --tiled on
+run til2 cuda --follow $W/cpu.json --tiled on
+run raw cuda --follow $W/cpu.json --tiled off
+run til_ng cuda --follow $W/cpu.json --no-graphs --tiled on
+run raw_ng cuda --follow $W/cpu.json --no-graphs --tiled off
 python3 - $W <<'PY'
 import json, os, sys
 w = sys.argv[1]

@@ -101,6 +101,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   } else {
     DS_ASSIGN_OR_RETURN(mw, ModelWeights::Load(file, c));
   }
+  gdn_shape_ = GdnShape{gdn_k, gdn_v, c.gdn_k_dim, c.gdn_v_dim, c.conv_kernel};
   if (c.n_recurrent() > 0 && gdn_k > 0) DS_RETURN_IF_ERROR(GdnShapeSupported(gdn_shape_));
   attn_shape_ = AttnShape{n_head, n_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
   if (c.n_attention() > 0 && (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))

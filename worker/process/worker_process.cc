@@ -31,7 +31,9 @@
 #include "common/systemd/watchdog.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "worker/backend_factory.h"
+#include "worker/model/config.h"
 #include "worker/model/kv_type.h"
+#include "worker/model/weights.h"
 #include "worker/process/step_executor.h"
 #include "worker/process/step_proto.h"
 #include "worker/process/tp_session.h"
@@ -115,11 +117,11 @@ auth::ClientTlsFiles SchedulerTls(const WorkerOptions& o) {
 
 class Session {
  public:
-  // `device` names the device the worker serves on (be->name(), except for a CUDA TP rank whose
-  // probe backend is a CPU one, see RunWorker).
-  Session(const WorkerOptions& o, std::unique_ptr<Backend> be, std::string device,
-          metrics::WorkerMetrics* metrics, sd::Watchdog* watchdog)
-      : o_(o), device_(std::move(device)), be_(std::move(be)), metrics_(metrics) {
+  // `file` is the model, opened once (RunWorker); the backend is created over it at Configure.
+  // `device` names the device the worker serves on ("cpu", "cuda:N").
+  Session(const WorkerOptions& o, std::shared_ptr<const gguf::File> file, const ModelConfig& cfg,
+          std::string device, metrics::WorkerMetrics* metrics, sd::Watchdog* watchdog)
+      : o_(o), device_(std::move(device)), file_(std::move(file)), cfg_(cfg), metrics_(metrics) {
     if (watchdog && watchdog->enabled()) {
       // A forward pass must finish within half the watchdog interval (a hung GPU otherwise);
       // the heartbeat thread proves the process is not deadlocked on the stream lock.
@@ -131,13 +133,10 @@ class Session {
   }
 
   absl::Status Run() {
-    auto file = gguf::File::Open(o_.model);
-    if (!file.ok()) return file.status();
-    const uint64_t file_bytes = (*file)->size();
+    const uint64_t file_bytes = file_->size();
     const std::string fingerprint =
         absl::StrCat(std::filesystem::path(o_.model).filename().string(), ":",
-                     (*file)->tensors().size(), ":", file_bytes);
-    file->reset();
+                     file_->tensors().size(), ":", file_bytes);
 
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
@@ -153,8 +152,8 @@ class Session {
     auto stub = pb::Scheduler::NewStub(channel);
     stream_ = stub->WorkerSession(&ctx_);
 
-    const ModelConfig& c = be_->config();
-    mem_ = Figures(c, file_bytes, be_->name() == "cpu", o_.kv_type);
+    const ModelConfig& c = cfg_;
+    mem_ = Figures(c, file_bytes, device_ == "cpu", o_.kv_type);
     pb::WorkerMessage reg;
     pb::Register* r = reg.mutable_register_();
     r->set_worker_id(o_.worker_id);
@@ -329,7 +328,7 @@ class Session {
             bo.tp_split = tp_.split;
             bo.collective = tp_.collective.get();
           }
-          auto be = CreateBackend(o_.backend, o_.model, bo);
+          auto be = CreateBackend(o_.backend, file_, bo);
           if (!be.ok()) return Fatal(be.status());
           be_ = std::move(*be);
           n_usable = static_cast<int>(cf.n_slots());
@@ -348,9 +347,12 @@ class Session {
                           tp_.collective && tp_.collective->world() > 1 ? tp_.collective.get()
                                                                         : nullptr);
           if (!w.ok()) return Fatal(w.status());
-          w->set_weights_bytes(mem_.weights);
-          w->set_kv_bytes(mem_.kv_per_token * uint64_t(n_usable + 1) * be_->slot_ctx());
-          w->set_state_bytes(mem_.recurrent_per_slot * uint64_t(n_usable + 1));
+          // What the backend holds (its own report); weights: the file, mapped or uploaded.
+          const MemoryFootprint held = be_->memory();
+          w->set_weights_bytes(std::max(mem_.weights, held.weights));
+          w->set_kv_bytes(held.kv_cache);
+          w->set_state_bytes(held.recurrent);
+          w->set_workspace_bytes(held.workspace);
           DS_LOG(INFO, "warmup_done",
                  {{"prefill_tokens_per_s", w->prefill_tokens_per_second()},
                   {"decode_tokens_per_s", w->decode_tokens_per_second()},
@@ -426,6 +428,8 @@ class Session {
   const WorkerOptions& o_;
   worker::TpGroup tp_;  // TP collective; declared before be_, whose backend points into it
   std::string device_;
+  std::shared_ptr<const gguf::File> file_;  // the model, opened once; the backend's weights view it
+  ModelConfig cfg_;
   std::unique_ptr<Backend> be_;
   metrics::WorkerMetrics* metrics_ = nullptr;
   std::shared_ptr<sd::Watchdog::Loop> step_loop_, heartbeat_loop_;
@@ -525,24 +529,17 @@ absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
     DS_RETURN_IF_ERROR(auth::ReadClientToken(o.scheduler_key_file).status());
   if (!o.scheduler_ca.empty())
     DS_RETURN_IF_ERROR(auth::MakeChannelCredentials(SchedulerTls(o)).status());
-  // A small backend first: validates the model file and gives the figures for Register; Configure
-  // recreates it with the scheduler's slot shape.
+  // The model is opened once and checked (configuration, every tensor's shape and type: weights
+  // bound as views into the mapping, nothing copied to a device); Configure creates the backend
+  // over the same file with the scheduler's slot shape, so the weights are uploaded once.
   BackendOptions bo;
-  bo.n_slots = 1;
-  bo.slot_ctx = 16;
-  bo.n_threads = o.threads;
   bo.device = o.device;
-  bo.kv_type = o.kv_type;
+  DS_ASSIGN_OR_RETURN(const std::string device, BackendDeviceName(o.backend, bo));
   sd::NotifyStatus("opening " + o.model);
-  // A rank of a CUDA TP group must never hold the whole model on its device (that is what TP is
-  // for): its probe is the CPU backend, whose weights are views into the mapping; the shard is
-  // uploaded at Configure.
-  const bool cuda_tp =
-      o.tp_world > 1 && (o.backend == "cuda" || (o.backend == "auto" && CudaAvailable()));
-  if (cuda_tp && !CudaAvailable())
-    return absl::UnavailableError("--backend cuda: no CUDA device is visible");
-  DS_ASSIGN_OR_RETURN(auto be, CreateBackend(cuda_tp ? "cpu" : o.backend, o.model, bo));
-  const std::string device = cuda_tp ? absl::StrCat("cuda:", o.device) : be->name();
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<gguf::File> opened, gguf::File::Open(o.model));
+  std::shared_ptr<const gguf::File> file(std::move(opened));
+  DS_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::FromGguf(*file));
+  DS_RETURN_IF_ERROR(ModelWeights::Load(*file, cfg).status());
   if (metrics) {
     // GPU metrics where NVML is: the CUDA device by default, an explicit index on request.
     int gpu = o.nvml_device;
@@ -556,7 +553,7 @@ absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
       }
     }
   }
-  Session s(o, std::move(be), device, metrics, watchdog);
+  Session s(o, std::move(file), cfg, device, metrics, watchdog);
   return s.Run();
 }
 
