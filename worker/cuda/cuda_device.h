@@ -77,9 +77,7 @@ class CudaDevice final : public Device {
 
   std::string name() const override { return "cuda:" + std::to_string(device_); }
   const DeviceLimits& limits() const override { return limits_; }
-  MemoryFootprint memory() const override {
-    return {plan_.weights, plan_.kv_cache, plan_.recurrent, plan_.workspace};
-  }
+  MemoryFootprint memory() const override { return plan_; }
 
   absl::Status Prepare(const MicroStep& step) override;
   absl::Status Embed() override;

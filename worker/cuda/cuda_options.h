@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/gguf/ggml_types.h"
+#include "worker/model/backend.h"
 
 namespace ds {
 
@@ -30,12 +31,7 @@ struct CudaBackendOptions {
 // Bytes the device needs, computed from the file and options before any cudaMalloc. Under
 // tensor parallelism: this rank's share (its shard of the weights, the KV of its KV heads, the
 // recurrent state of its GDN heads, workspace sized for its local widths).
-struct CudaMemoryPlan {
-  uint64_t weights = 0;
-  uint64_t kv_cache = 0;
-  uint64_t recurrent = 0;
-  uint64_t workspace = 0;
-  uint64_t total() const { return weights + kv_cache + recurrent + workspace; }
+struct CudaMemoryPlan : MemoryFootprint {
   std::string ToString() const;
 };
 

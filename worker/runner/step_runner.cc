@@ -131,6 +131,22 @@ absl::Status StepRunner::RunMicroStep() {
   return absl::OkStatus();
 }
 
+absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
+                                       const std::function<absl::Status(int)>& read_outputs) {
+  const DeviceLimits& lim = dev_->limits();
+  last_micro_steps_ = 0;
+  for (const auto& pieces : SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows)) {
+    ++last_micro_steps_;
+    BuildMicroStep(batch, pieces, &micro_);
+    DS_RETURN_IF_ERROR(RunMicroStep());
+    DS_RETURN_IF_ERROR(read_outputs(micro_.n_logit_rows()));
+    // The reads land before the next micro-step (or the caller) touches their destinations.
+    DS_RETURN_IF_ERROR(dev_->Finish());
+  }
+  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+  return absl::OkStatus();
+}
+
 absl::Status StepRunner::GatherVocabParallelLogits(int n_rows) {
   // The collective takes the device's buffers but is not ordered with its work (NCCL runs the
   // gather on its own stream, the staged collective through host copies): finish the head first.
@@ -182,13 +198,7 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
   out->n_rows = 0;
   gather_seconds_ = 0;
   dev_->TakeCommSeconds();
-  const DeviceLimits& lim = dev_->limits();
-  last_micro_steps_ = 0;
-  for (const auto& pieces : SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows)) {
-    ++last_micro_steps_;
-    BuildMicroStep(batch, pieces, &micro_);
-    DS_RETURN_IF_ERROR(RunMicroStep());
-    const int nl = micro_.n_logit_rows();
+  DS_RETURN_IF_ERROR(RunMicroSteps(batch, [&](int nl) -> absl::Status {
     if (nl > 0) {
       if (!sample.empty())
         DS_RETURN_IF_ERROR(dev_->Sample(sample.subspan(out->n_rows, nl),
@@ -204,11 +214,9 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
         DS_RETURN_IF_ERROR(dev_->ReadHidden(nl, out->hidden.data() + old));
       }
     }
-    // The copies above land before the next micro-step grows the vectors.
-    DS_RETURN_IF_ERROR(dev_->Finish());
     out->n_rows += nl;
-  }
-  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+    return absl::OkStatus();
+  }));
   out->comm_seconds = dev_->TakeCommSeconds() + gather_seconds_;
   out->forward_seconds = SecondsSince(t0);
   return absl::OkStatus();
@@ -221,21 +229,12 @@ absl::Status StepRunner::ForwardGreedy(std::span<const SeqStep> batch,
   for (const SeqStep& s : batch)
     if (s.all_logits) return absl::InvalidArgumentError("ForwardGreedy: all_logits not supported");
   tokens->clear();
-  const DeviceLimits& lim = dev_->limits();
-  last_micro_steps_ = 0;
-  for (const auto& pieces : SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows)) {
-    ++last_micro_steps_;
-    BuildMicroStep(batch, pieces, &micro_);
-    DS_RETURN_IF_ERROR(RunMicroStep());
-    const int nl = micro_.n_logit_rows();
-    if (nl > 0 && HasLogits()) {  // TP with the lm_head on rank 0: the other ranks pick nothing
-      const size_t old = tokens->size();
-      tokens->resize(old + nl);
-      DS_RETURN_IF_ERROR(dev_->Argmax(nl, tokens->data() + old));
-    }
-    DS_RETURN_IF_ERROR(dev_->Finish());
-  }
-  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+  DS_RETURN_IF_ERROR(RunMicroSteps(batch, [&](int nl) -> absl::Status {
+    if (nl == 0 || !HasLogits()) return absl::OkStatus();  // rank0 lm_head: the others pick none
+    const size_t old = tokens->size();
+    tokens->resize(old + nl);
+    return dev_->Argmax(nl, tokens->data() + old);
+  }));
   if (seconds) *seconds = SecondsSince(t0);
   return absl::OkStatus();
 }

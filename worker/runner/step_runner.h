@@ -14,6 +14,7 @@
 //
 // Not thread-safe: one caller drives a runner (the worker's step thread).
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -98,6 +99,10 @@ class StepRunner : public Backend {
   absl::Status Validate(std::span<const SeqStep> batch) const;
   // Prepare + Embed + layers + Head (+ the vocab-parallel gather) for micro_.
   absl::Status RunMicroStep();
+  // Every micro-step of a validated batch: runs it, lets `read_outputs(n_logit_rows)` queue the
+  // reads of its outputs, waits for the device; then advances the slots' lengths.
+  absl::Status RunMicroSteps(std::span<const SeqStep> batch,
+                             const std::function<absl::Status(int)>& read_outputs);
   absl::Status GatherVocabParallelLogits(int n_rows);
   bool VocabParallel() const {
     return tp_.world > 1 && tp_.plan.lm_head == tp::LmHead::kVocabParallel;
