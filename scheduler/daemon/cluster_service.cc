@@ -92,17 +92,21 @@ void ToProto(const Event& e, const std::optional<TokenLogprobInfo>& lp, pb::Requ
 
 void ToProto(const ClusterSnapshot& s, v1::ClusterStatus* out) {
   out->Clear();
-  if (s.has_worker) {
+  for (const ReplicaSnapshot& r : s.replicas) {
     auto* w = out->add_workers();
-    w->set_id(s.worker.id);
-    w->set_device(s.worker.device);
-    w->set_ready(s.worker_ready);
-    w->set_heartbeat_age_seconds(s.heartbeat_age_s);
-    w->set_weights_bytes(s.warmup.weights_bytes ? s.warmup.weights_bytes : s.worker.weights_bytes);
-    w->set_kv_bytes(s.warmup.kv_bytes);
-    w->set_state_bytes(s.warmup.state_bytes);
-    w->set_workspace_bytes(s.warmup.workspace_bytes);
-    w->set_warmup_decode_tokens_per_second(s.warmup.decode_tps);
+    w->set_id(r.worker.id);
+    w->set_device(r.worker.device);
+    w->set_ready(r.ready);
+    w->set_heartbeat_age_seconds(r.heartbeat_age_s);
+    w->set_weights_bytes(r.warmup.weights_bytes ? r.warmup.weights_bytes : r.worker.weights_bytes);
+    w->set_kv_bytes(r.warmup.kv_bytes);
+    w->set_state_bytes(r.warmup.state_bytes);
+    w->set_workspace_bytes(r.warmup.workspace_bytes);
+    w->set_warmup_decode_tokens_per_second(r.warmup.decode_tps);
+    w->set_replica(static_cast<uint32_t>(r.id));
+    w->set_slots(static_cast<uint32_t>(r.core.n_slots_target));
+    w->set_running_requests(static_cast<uint32_t>(r.core.running));
+    w->set_waiting_requests(static_cast<uint32_t>(r.core.queued));
   }
   for (const SlotStatus& sl : s.core.slots) {
     auto* o = out->add_slots();
@@ -125,7 +129,7 @@ void ToProto(const ClusterSnapshot& s, v1::ClusterStatus* out) {
   out->set_context_total(static_cast<uint64_t>(s.core.pool_total));
   out->set_draining(s.core.draining);
   out->set_serving(s.serving);
-  out->set_model(s.worker.model_fingerprint);
+  if (!s.replicas.empty()) out->set_model(s.replicas.front().worker.model_fingerprint);
 }
 
 // The WorkerSession stream's writing half, handed to the loop.

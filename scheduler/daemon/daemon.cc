@@ -39,7 +39,7 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
       "--slot-cap",   "--max-queue", "--max-batch-tokens", "--max-chunk", "--max-slots",
       "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval",
       "--failover-wait", "--internal-key-file", "--tls-cert", "--tls-key",
-      "--allow-unauthenticated", "--lookahead"};
+      "--allow-unauthenticated", "--lookahead", "--heartbeat-timeout"};
   DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   SchedulerDaemonOptions o;
   sched::LoopOptions& l = o.loop;
@@ -94,6 +94,7 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
   DS_RETURN_IF_ERROR(real("--step-timeout", &l.step_timeout_s));
   DS_RETURN_IF_ERROR(real("--log-interval", &l.log_interval_s));
   DS_RETURN_IF_ERROR(real("--failover-wait", &l.failover_wait_s));
+  DS_RETURN_IF_ERROR(real("--heartbeat-timeout", &l.heartbeat_timeout_s));
   if (m.count("--lookahead")) {
     if (m["--lookahead"] != "on" && m["--lookahead"] != "off")
       return absl::InvalidArgumentError("--lookahead expects on or off, got '" + m["--lookahead"] + "'");
@@ -131,7 +132,7 @@ int RunSchedulerDaemon(int argc, char** argv) {
       "usage: deltaserve scheduler [--listen 127.0.0.1:PORT] "
       "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
       "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
-      "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] "
+      "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] [--heartbeat-timeout S] "
       "[--lookahead on|off] "
       "[--internal-key-file F] [--tls-cert F --tls-key F] "
       "[--allow-unauthenticated true] "

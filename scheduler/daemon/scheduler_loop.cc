@@ -1,11 +1,14 @@
 #include "scheduler/daemon/scheduler_loop.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/util/status.h"
 #include "deltaserve/internal/cluster.pb.h"
+#include "proto/convert/sampling_proto.h"
 
 namespace ds::sched {
 namespace {
@@ -23,28 +26,26 @@ SteadyClock::time_point After(double seconds) {
          std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
 }
 
-
-void ToProto(const sampling::SamplingParams& s, deltaserve::v1::SamplingParams* p) {
-  p->set_temperature(s.temperature);
-  p->set_top_k(s.top_k);
-  p->set_top_p(s.top_p);
-  p->set_min_p(s.min_p);
-  p->set_repetition_penalty(s.repetition_penalty);
-  p->set_presence_penalty(s.presence_penalty);
-  p->set_frequency_penalty(s.frequency_penalty);
-  p->set_seed(s.seed);
+// A seed for a request that asked for none (0): drawn once here, so every replay of the request
+// on another replica continues the same random stream.
+uint64_t RandomSeed() {
+  std::random_device rd;
+  const uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return s == 0 ? 1 : s;
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SchedulerLoop>> SchedulerLoop::Create(const LoopOptions& opts) {
   if (opts.step_timeout_s <= 0) return absl::InvalidArgumentError("step timeout must be > 0");
+  if (opts.heartbeat_timeout_s < 0)
+    return absl::InvalidArgumentError("heartbeat timeout must be >= 0 (0 = off)");
   DS_ASSIGN_OR_RETURN(auto core, Scheduler::Create(opts.core));
   return std::unique_ptr<SchedulerLoop>(new SchedulerLoop(opts, std::move(core)));
 }
 
-SchedulerLoop::SchedulerLoop(const LoopOptions& opts, std::unique_ptr<Scheduler> core)
-    : opts_(opts), core_(std::move(core)), last_log_(SteadyClock::now()) {}
+SchedulerLoop::SchedulerLoop(const LoopOptions& opts, std::unique_ptr<Scheduler> config_core)
+    : opts_(opts), config_core_(std::move(config_core)), last_log_(SteadyClock::now()) {}
 
 SchedulerLoop::~SchedulerLoop() { Stop(); }
 
@@ -57,39 +58,73 @@ void SchedulerLoop::Stop() {
   thread_.join();
 }
 
+bool SchedulerLoop::serving() const {
+  for (const auto& r : replicas_)
+    if (r->state == WorkerState::kReady) return true;
+  return false;
+}
+
+SteadyClock::time_point SchedulerLoop::NextWake() const {
+  const auto now = SteadyClock::now();
+  auto until = SteadyClock::time_point::max();
+  for (const auto& r : replicas_) {
+    if (r->busy()) {
+      until = std::min(until, r->deadline);
+    } else if (r->state == WorkerState::kReady && !r->core->Idle()) {
+      // An empty plan with requests present: only queued deadlines can change that without a
+      // command, so a coarse timer is enough.
+      until = std::min(until, r->last_plan_empty ? now + std::chrono::milliseconds(20) : now);
+    }
+  }
+  if (!held_.empty()) until = std::min(until, hold_until_);
+  // At least once a second (the watchdog sees a live loop, ages and gauges stay current); with
+  // replicas, often enough to notice a missing heartbeat well within its limit.
+  const auto tick = replicas_.empty() || opts_.heartbeat_timeout_s <= 0
+                        ? std::chrono::milliseconds(1000)
+                        : std::chrono::milliseconds(std::clamp(
+                              static_cast<int>(opts_.heartbeat_timeout_s * 100), 10, 1000));
+  return std::min(until, now + tick);
+}
+
 void SchedulerLoop::Run() {
   std::vector<Command> cmds;
   while (!stop_) {
-    // Block on the command queue: forever when there is nothing to do, until the step / warmup
-    // deadline while the worker computes, not at all when the core has runnable work.
-    auto until = SteadyClock::time_point::max();
-    if (!flight_.empty() || state_ == WorkerState::kWarming) {
-      until = deadline_;
-    } else if (state_ == WorkerState::kReady && !core_->Idle()) {
-      // An empty plan with requests present: only queued deadlines can change that without a
-      // command, so a coarse timer is enough.
-      until = last_plan_empty_ ? SteadyClock::now() + std::chrono::milliseconds(20)
-                               : SteadyClock::now();
-    }
-    // At least once a second: the watchdog sees a live loop, ages and gauges stay current.
-    until = std::min(until, SteadyClock::now() + std::chrono::seconds(1));
-    commands_.PopAll(&cmds, until);
-    if (!cmds.empty()) last_plan_empty_ = false;
+    commands_.PopAll(&cmds, NextWake());
+    if (!cmds.empty())
+      for (auto& r : replicas_) r->last_plan_empty = false;
     for (Command& c : cmds) std::visit([this](auto& x) { Handle(x); }, c);
     if (stop_) break;
-    if (holding_ && state_ == WorkerState::kReady) holding_ = false;  // replaying on the new one
-    if (holding_ && SteadyClock::now() >= hold_until_) {
-      holding_ = false;
-      FailAll(absl::StrCat("worker lost: ", hold_why_, "; no replacement within ",
-                           opts_.failover_wait_s, " s"),
-              /*unavailable=*/true);
+    if (!held_.empty() && SteadyClock::now() >= hold_until_) {
+      std::vector<Request> held = std::move(held_);
+      held_.clear();
+      for (const Request& q : held)
+        FailRequest(q.id,
+                    absl::StrCat("worker lost: ", hold_why_, "; no replacement within ",
+                                 opts_.failover_wait_s, " s"),
+                    /*unavailable=*/true);
     }
-    if ((!flight_.empty() || state_ == WorkerState::kWarming) && SteadyClock::now() >= deadline_)
-      LoseWorker(absl::StrCat("no answer within ", opts_.step_timeout_s, " s"));
-    if (state_ == WorkerState::kReady && flight_.empty()) ScheduleAndSend(/*ahead=*/false);
-    if (state_ == WorkerState::kReady && lookahead_ && flight_.size() == 1) ScheduleAndSend(/*ahead=*/true);
+    // Lost replicas: no answer in time, or no heartbeat (a hung or stopped process).
+    const double now_s = SteadySeconds(SteadyClock::now());
+    for (size_t i = 0; i < replicas_.size();) {
+      Replica* r = replicas_[i].get();
+      const double hb_age = now_s - r->link->last_heartbeat.load();
+      if (r->busy() && SteadyClock::now() >= r->deadline) {
+        LoseReplica(r, absl::StrCat("no answer within ", opts_.step_timeout_s, " s"));
+      } else if (opts_.heartbeat_timeout_s > 0 && hb_age > opts_.heartbeat_timeout_s) {
+        LoseReplica(r, absl::StrCat("no heartbeat for ", static_cast<int>(hb_age * 1000), " ms"));
+      } else {
+        ++i;
+      }
+    }
+    for (size_t i = 0; i < replicas_.size(); ++i) {
+      Replica* r = replicas_[i].get();
+      if (r->state != WorkerState::kReady) continue;
+      if (r->flight.empty()) ScheduleAndSend(r, /*ahead=*/false);
+      if (i < replicas_.size() && replicas_[i].get() == r && r->lookahead && r->flight.size() == 1)
+        ScheduleAndSend(r, /*ahead=*/true);
+    }
     // Events produced outside Apply (aborts of queued requests, expired deadlines).
-    Route(core_->TakeEvents(), nullptr, false);
+    for (auto& r : replicas_) Route(r->core->TakeEvents(), nullptr, false);
 
     if (opts_.log_interval_s > 0 && stats_.steps() > steps_at_last_log_ &&
         SteadyClock::now() - last_log_ >= std::chrono::duration<double>(opts_.log_interval_s)) {
@@ -102,11 +137,42 @@ void SchedulerLoop::Run() {
   }
   FailAll("scheduler shutting down", /*unavailable=*/true);
   if (stats_.steps() > 0) DS_LOG(INFO, "step_overhead", {{"summary", stats_.Snapshot().ToString()}});
-  if (worker_) {
+  for (auto& r : replicas_) {
     pb::SchedulerMessage m;
     m.mutable_shutdown();
-    worker_->Send(m);
+    r->link->Send(m);
   }
+}
+
+// ---- placement ----
+
+SchedulerLoop::Replica* SchedulerLoop::FindReplica(const WorkerLink* link) {
+  for (auto& r : replicas_)
+    if (r->link.get() == link) return r.get();
+  return nullptr;
+}
+
+SchedulerLoop::Replica* SchedulerLoop::FindReplica(int id) {
+  for (auto& r : replicas_)
+    if (r->id == id) return r.get();
+  return nullptr;
+}
+
+SchedulerLoop::Replica* SchedulerLoop::PlaceNew() {
+  Replica* best = nullptr;
+  int best_free = 0, best_load = 0;
+  for (auto& r : replicas_) {
+    if (r->state != WorkerState::kReady) continue;
+    const SchedulerStatus st = r->core->Status();
+    const int free = st.n_slots_target - st.running - st.queued;
+    const int load = st.running + st.queued;
+    if (!best || free > best_free || (free == best_free && load < best_load)) {
+      best = r.get();
+      best_free = free;
+      best_load = load;
+    }
+  }
+  return best;
 }
 
 // ---- commands ----
@@ -117,9 +183,9 @@ void SchedulerLoop::Handle(AddCmd& c) {
     item.reject = std::move(s);
     c.side.channel->Push(std::move(item));
   };
-  if (state_ != WorkerState::kReady)
-    return reject(absl::UnavailableError("no worker is ready (cluster not serving)"));
-  const int n_vocab = worker_info_.n_vocab;
+  Replica* r = PlaceNew();
+  if (!r) return reject(absl::UnavailableError("no worker is ready (cluster not serving)"));
+  const int n_vocab = r->info.n_vocab;
   for (size_t i = 0; i < c.request.prompt.size(); ++i)
     if (c.request.prompt[i] >= n_vocab)
       return reject(absl::InvalidArgumentError(absl::StrCat("prompt token id ", c.request.prompt[i],
@@ -127,62 +193,117 @@ void SchedulerLoop::Handle(AddCmd& c) {
                                                             " is outside the vocabulary (",
                                                             n_vocab, ")")));
   const RequestId id = c.request.id;
-  if (absl::Status s = core_->Add(std::move(c.request)); !s.ok()) return reject(s);
+  if (side_.contains(id))
+    return reject(absl::AlreadyExistsError(absl::StrCat("request ", id, " is already active")));
+  const int n_prompt = static_cast<int>(c.request.prompt.size());
+  if (absl::Status s = r->core->Add(std::move(c.request)); !s.ok()) return reject(s);
+  if (c.side.sampling.seed == 0) c.side.sampling.seed = RandomSeed();
+  c.side.replica = r->id;
+  c.side.n_prompt = n_prompt;
   side_[id] = std::move(c.side);
 }
 
 void SchedulerLoop::Handle(AbortCmd& c) {
-  // NotFound: it finished meanwhile; nothing to do.
-  core_->Abort(c.id, c.why).IgnoreError();
+  auto it = side_.find(c.id);
+  if (it == side_.end()) return;  // it finished meanwhile
+  if (Replica* r = FindReplica(it->second.replica)) {
+    r->core->Abort(c.id, c.why).IgnoreError();
+    return;
+  }
+  // Held for a replica: it never reaches one.
+  held_.erase(std::remove_if(held_.begin(), held_.end(),
+                             [&](const Request& q) { return q.id == c.id; }),
+              held_.end());
+  RequestEventItem item;
+  item.event.kind = Event::Kind::kFinished;
+  item.event.id = c.id;
+  item.event.reason = FinishReason::kAborted;
+  item.event.detail = c.why;
+  it->second.channel->Push(std::move(item));
+  side_.erase(it);
 }
 
-void SchedulerLoop::Handle(FinishCmd& c) { c.done->set_value(core_->Finish(c.id, c.reason, c.detail)); }
+void SchedulerLoop::Handle(FinishCmd& c) {
+  auto it = side_.find(c.id);
+  Replica* r = it == side_.end() ? nullptr : FindReplica(it->second.replica);
+  if (!r) {
+    c.done->set_value(absl::NotFoundError(absl::StrCat("request ", c.id, " is not running")));
+    return;
+  }
+  c.done->set_value(r->core->Finish(c.id, c.reason, c.detail));
+}
 
 int64_t SchedulerLoop::PerSlotCapFor(int n_slots, const ContextPolicy& p) const {
   if (p.kind == ContextPolicy::Kind::kStatic) return p.n_ctx / std::max(1, n_slots);
   return p.slot_cap > 0 ? std::min<int64_t>(p.slot_cap, p.n_ctx) : p.n_ctx;
 }
 
+absl::Status SchedulerLoop::ForEachCore(const std::function<absl::Status(Scheduler&)>& f) {
+  DS_RETURN_IF_ERROR(f(*config_core_));
+  absl::Status first;
+  for (auto& r : replicas_) {
+    absl::Status s = f(*r->core);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+void SchedulerLoop::ApplyTemplate(Scheduler* core) const {
+  const SchedulerStatus t = config_core_->Status();
+  core->SetSlots(t.n_slots_target).IgnoreError();
+  core->SetContextPolicy(t.policy).IgnoreError();
+  if (t.draining) core->Drain();
+}
+
 void SchedulerLoop::Handle(AdminCmd& c) {
   absl::Status s;
-  const SchedulerStatus st = core_->Status();
+  const SchedulerStatus st = config_core_->Status();
+  // Slots are the scheduler's concept (per replica); each worker's backend was configured once
+  // with its `slots` (--max-slots) of `slot_ctx` positions, which bound them.
+  int bound = opts_.max_slots, slot_ctx_bound = 0;
+  for (const auto& r : replicas_) {
+    bound = bound > 0 ? std::min(bound, r->slots) : r->slots;
+    slot_ctx_bound = slot_ctx_bound > 0 ? std::min(slot_ctx_bound, r->slot_ctx) : r->slot_ctx;
+  }
   switch (c.op) {
     case AdminCmd::Op::kStatus:
       break;
-    case AdminCmd::Op::kSetSlots: {
-      // Slots are the scheduler's concept; the worker's backend was configured once with
-      // worker_slots_ (--max-slots) slots of worker_slot_ctx_ positions, which bound them.
-      const int bound = worker_slots_ > 0 ? worker_slots_ : opts_.max_slots;
+    case AdminCmd::Op::kSetSlots:
       if (c.n_slots < 1) {
         s = absl::InvalidArgumentError("slots must be >= 1");
       } else if (bound > 0 && c.n_slots > bound) {
         s = absl::OutOfRangeError(absl::StrCat("slots ", c.n_slots, " exceeds the worker's ", bound,
                                                " configured slots (scheduler --max-slots)"));
-      } else if (worker_slot_ctx_ > 0 && PerSlotCapFor(c.n_slots, st.policy) > worker_slot_ctx_) {
+      } else if (slot_ctx_bound > 0 && PerSlotCapFor(c.n_slots, st.policy) > slot_ctx_bound) {
         s = absl::OutOfRangeError(absl::StrCat("slots ", c.n_slots, " would give each slot ",
                                                PerSlotCapFor(c.n_slots, st.policy),
                                                " positions, more than the worker's slot_ctx ",
-                                               worker_slot_ctx_, " (scheduler --slot-ctx)"));
+                                               slot_ctx_bound, " (scheduler --slot-ctx)"));
       } else {
-        s = core_->SetSlots(c.n_slots);
+        s = ForEachCore([&](Scheduler& core) { return core.SetSlots(c.n_slots); });
       }
       break;
-    }
     case AdminCmd::Op::kSetPolicy:
-      if (worker_slot_ctx_ > 0 && PerSlotCapFor(st.n_slots_target, c.policy) > worker_slot_ctx_) {
+      if (slot_ctx_bound > 0 && PerSlotCapFor(st.n_slots_target, c.policy) > slot_ctx_bound) {
         s = absl::OutOfRangeError(absl::StrCat(
             "the policy gives a slot up to ", PerSlotCapFor(st.n_slots_target, c.policy),
-            " positions, more than the worker's slot_ctx ", worker_slot_ctx_,
+            " positions, more than the worker's slot_ctx ", slot_ctx_bound,
             " (scheduler --slot-ctx)"));
       } else {
-        s = core_->SetContextPolicy(c.policy);
+        s = ForEachCore([&](Scheduler& core) { return core.SetContextPolicy(c.policy); });
       }
       break;
     case AdminCmd::Op::kDrain:
-      core_->Drain();
+      ForEachCore([](Scheduler& core) {
+        core.Drain();
+        return absl::OkStatus();
+      }).IgnoreError();
       break;
     case AdminCmd::Op::kResume:
-      core_->Resume();
+      ForEachCore([](Scheduler& core) {
+        core.Resume();
+        return absl::OkStatus();
+      }).IgnoreError();
       break;
     case AdminCmd::Op::kStatsReset: {
       ClusterSnapshot snap = Snapshot();
@@ -200,15 +321,18 @@ void SchedulerLoop::Handle(AdminCmd& c) {
 }
 
 void SchedulerLoop::Handle(WorkerJoinCmd& c) {
-  if (worker_) {
-    DS_LOG(WARNING, "worker_refused",
-           {{"worker", c.info.id}, {"attached", worker_info_.id}, {"reason", "one worker per scheduler"}});
-    c.link->Close(absl::AlreadyExistsError(
-        absl::StrCat("worker ", worker_info_.id,
-                     " is already attached (one worker per scheduler until worker groups land)")));
-    return;
+  // Every replica serves the same model: a worker with another one is refused.
+  for (const auto& r : replicas_) {
+    if (r->info.model_fingerprint != c.info.model_fingerprint || r->info.n_vocab != c.info.n_vocab) {
+      const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
+          "worker ", c.info.id, " serves model ", c.info.model_fingerprint, " but replica ",
+          r->id, " (", r->info.id, ") serves ", r->info.model_fingerprint));
+      DS_LOG(WARNING, "worker_refused", {{"worker", c.info.id}, {"reason", std::string(why.message())}});
+      c.link->Close(why);
+      return;
+    }
   }
-  const SchedulerStatus st = core_->Status();
+  const SchedulerStatus st = config_core_->Status();
   // Auto (--max-slots 0): the device's default, but never fewer than --slots asks for, so
   // `--slots 16` on a CPU worker runs 16 slots instead of quietly 8.
   const int slots =
@@ -224,47 +348,73 @@ void SchedulerLoop::Handle(WorkerJoinCmd& c) {
     c.link->Close(why);
     return;
   }
-  worker_ = c.link;
-  worker_info_ = c.info;
-  lookahead_ = opts_.lookahead;
-  worker_slots_ = slots;
-  worker_slot_ctx_ = static_cast<int>(slot_ctx);
-  if (st.n_slots_target > slots) {
-    DS_LOG(INFO, "slots_reduced", {{"from", st.n_slots_target}, {"to", slots},
-                                   {"reason", "the worker's slot count"}});
-    core_->SetSlots(slots).IgnoreError();
+  auto core = Scheduler::Create(opts_.core);
+  if (!core.ok()) {
+    c.link->Close(core.status());
+    return;
   }
-  state_ = WorkerState::kWarming;
-  deadline_ = After(opts_.step_timeout_s);
+  auto r = std::make_unique<Replica>();
+  r->id = next_replica_id_++;
+  r->core = std::move(*core);
+  ApplyTemplate(r->core.get());
+  r->link = c.link;
+  r->info = c.info;
+  r->lookahead = opts_.lookahead;
+  r->slots = slots;
+  r->slot_ctx = static_cast<int>(slot_ctx);
+  if (st.n_slots_target > slots) {
+    DS_LOG(INFO, "slots_reduced", {{"replica", r->id}, {"from", st.n_slots_target}, {"to", slots},
+                                   {"reason", "the worker's slot count"}});
+    r->core->SetSlots(slots).IgnoreError();
+  }
+  r->state = WorkerState::kWarming;
+  r->deadline = After(opts_.step_timeout_s);
+  // The heartbeat clock starts at the join (the first heartbeat comes within a second).
+  double zero = 0;
+  r->link->last_heartbeat.compare_exchange_strong(zero, SteadySeconds(SteadyClock::now()));
   DS_LOG(INFO, "worker_registered",
-         {{"worker", c.info.id}, {"device", c.info.device}, {"model", c.info.model_fingerprint},
-          {"vocab", c.info.n_vocab}, {"slots", slots}, {"slot_ctx", slot_ctx}});
+         {{"worker", c.info.id}, {"replica", r->id}, {"device", c.info.device},
+          {"model", c.info.model_fingerprint}, {"vocab", c.info.n_vocab}, {"slots", slots},
+          {"slot_ctx", slot_ctx}});
   pb::SchedulerMessage cf;
   cf.mutable_configure()->set_n_slots(static_cast<uint32_t>(slots));
   cf.mutable_configure()->set_slot_ctx(static_cast<uint32_t>(slot_ctx));
   pb::SchedulerMessage wu;
   wu.mutable_warmup()->set_tokens(static_cast<uint32_t>(opts_.warmup_tokens));
-  if (!worker_->Send(cf) || !worker_->Send(wu)) LoseWorker("stream closed during configure");
+  Replica* added = r.get();
+  replicas_.push_back(std::move(r));
+  if (!added->link->Send(cf) || !added->link->Send(wu))
+    LoseReplica(added, "stream closed during configure");
 }
 
 void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
-  if (c.link != worker_ || state_ != WorkerState::kWarming) return;
-  warmup_ = c.info;
-  state_ = WorkerState::kReady;
-  n_vocab_.store(worker_info_.n_vocab, std::memory_order_release);
+  Replica* r = FindReplica(c.link.get());
+  if (!r || r->state != WorkerState::kWarming) return;
+  r->warmup = c.info;
+  r->state = WorkerState::kReady;
+  n_vocab_.store(r->info.n_vocab, std::memory_order_release);
   DS_LOG(INFO, "worker_ready",
-         {{"worker", worker_info_.id}, {"prefill_tokens_per_s", c.info.prefill_tps},
+         {{"worker", r->info.id}, {"replica", r->id}, {"prefill_tokens_per_s", c.info.prefill_tps},
           {"decode_tokens_per_s", c.info.decode_tps}, {"serving", true}});
+  // Requests of a lost replica waiting for one continue here (and on any other ready one).
+  std::vector<Request> held = std::move(held_);
+  held_.clear();
+  for (Request& q : held) {
+    const RequestId id = q.id;
+    if (!Replay(std::move(q)))
+      FailRequest(id, absl::StrCat("worker lost: ", hold_why_, "; no replica could take it"), true);
+  }
 }
 
 void SchedulerLoop::Handle(WorkerStepCmd& c) {
   const auto t_recv = SteadyClock::now();
-  if (c.link != worker_ || flight_.empty()) return;  // a stale answer of a lost worker
+  Replica* rep = FindReplica(c.link.get());
+  if (!rep || rep->flight.empty()) return;  // a stale answer of a lost worker
   const WorkerStepResult& wr = c.result;
-  const StepPlan& plan = flight_.front().plan;
+  const StepPlan& plan = rep->flight.front().plan;
   if (wr.step_id != plan.step_id)
-    return LoseWorker(absl::StrCat("protocol error: result for step ", wr.step_id, ", expected ",
-                                   plan.step_id));
+    return LoseReplica(rep, absl::StrCat("protocol error: result for step ", wr.step_id,
+                                         ", expected ", plan.step_id));
   StepResults r;
   r.step_id = wr.step_id;
   r.forward_seconds = wr.forward_seconds;
@@ -287,12 +437,13 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
       if (it->second->logprob) lps[e.id] = *it->second->logprob;
     }
   }
-  auto events = core_->Apply(plan, r, absl::Now());
-  if (!events.ok()) return LoseWorker("cannot apply the step result: " + events.status().ToString());
-  InFlight done = std::move(flight_.front());
-  flight_.pop_front();
+  auto events = rep->core->Apply(plan, r, absl::Now());
+  if (!events.ok())
+    return LoseReplica(rep, "cannot apply the step result: " + events.status().ToString());
+  InFlight done = std::move(rep->flight.front());
+  rep->flight.pop_front();
   // The next plan (sent ahead) is what the worker computes now.
-  if (!flight_.empty()) deadline_ = After(opts_.step_timeout_s);
+  if (!rep->flight.empty()) rep->deadline = After(opts_.step_timeout_s);
   StepTiming t;
   t.n_tokens = done.plan.n_tokens;
   t.n_seqs = static_cast<int>(done.plan.entries.size());
@@ -301,34 +452,34 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   // A step sent ahead starts, for the worker, when the previous answer left it: its interval is
   // measured from the previous answer here, and its scheduling (done during the previous step)
   // is off the critical path.
-  const bool ahead = done.sent < last_result_;
-  t.total_us = Micros(t_end - (ahead ? last_result_ : done.t0));
+  const bool ahead = done.sent < rep->last_result;
+  t.total_us = Micros(t_end - (ahead ? rep->last_result : done.t0));
   t.worker_us = (wr.forward_seconds + wr.sample_seconds) * 1e6;
   t.worker_handle_us = std::max(t.worker_us, wr.handle_seconds * 1e6);
   t.schedule_us = ahead ? 0 : Micros(done.sent - done.t0);
   t.apply_us = Micros(t_end - t_recv);
-  last_result_ = t_recv;
+  rep->last_result = t_recv;
   stats_.Record(t);
   if (metrics_) metrics_->OnStep(t.total_us * 1e-6, t.n_tokens, t.n_seqs, t.worker_us * 1e-6);
 }
 
 void SchedulerLoop::Handle(WorkerGoneCmd& c) {
-  if (c.link == worker_) LoseWorker(c.why);
+  if (Replica* r = FindReplica(c.link.get())) LoseReplica(r, c.why);
 }
 
 void SchedulerLoop::Handle(StopCmd&) { stop_ = true; }
 
 // ---- steps ----
 
-void SchedulerLoop::ScheduleAndSend(bool ahead) {
+void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
   const auto t0 = SteadyClock::now();
-  auto plan = ahead ? core_->ScheduleAhead(absl::Now()) : core_->Schedule(absl::Now());
+  auto plan = ahead ? r->core->ScheduleAhead(absl::Now()) : r->core->Schedule(absl::Now());
   if (!plan.ok()) {
     DS_LOG(ERROR, ahead ? "schedule_ahead_failed" : "schedule_failed", {{"error", plan.status()}});
     return;
   }
   if (plan->empty()) {
-    if (!ahead) last_plan_empty_ = true;
+    if (!ahead) r->last_plan_empty = true;
     return;
   }
   // Full data for sequences bound by this plan, diffs (slot, pos0, n) for everything else. A plan
@@ -337,8 +488,7 @@ void SchedulerLoop::ScheduleAndSend(bool ahead) {
   pb::SchedulerMessage msg;
   pb::Step* step = msg.mutable_step();
   step->set_step_id(plan->step_id);
-  for (int s : plan->released)  // (after failover: slots of the old worker the new one lacks)
-    if (s < worker_slots_) step->add_released(static_cast<uint32_t>(s));
+  for (int s : plan->released) step->add_released(static_cast<uint32_t>(s));
   for (const SeqStart& st : plan->started) {
     pb::SequenceStart* q = step->add_started();
     q->set_request_id(st.id);
@@ -346,8 +496,12 @@ void SchedulerLoop::ScheduleAndSend(bool ahead) {
     q->mutable_tokens()->Add(st.tokens.begin(), st.tokens.end());
     auto it = side_.find(st.id);
     if (it != side_.end()) {
-      ToProto(it->second.sampling, q->mutable_sampling());
+      *q->mutable_sampling() = sampling::ToProto(it->second.sampling);
       q->set_logprobs(static_cast<uint32_t>(it->second.logprobs));
+      // A replay: the tokens after the prompt were sampled already; the worker's sampler skips
+      // the draws they took, so seeded sampling continues where it was.
+      q->set_n_generated(static_cast<uint32_t>(
+          std::max<int64_t>(0, static_cast<int64_t>(st.tokens.size()) - it->second.n_prompt)));
     }
   }
   for (const PlanEntry& e : plan->entries) {
@@ -357,11 +511,11 @@ void SchedulerLoop::ScheduleAndSend(bool ahead) {
     w->set_n_tokens(static_cast<uint32_t>(e.tokens.size()));
     w->set_sample(e.sample);
   }
-  flight_.push_back({std::move(*plan), t0, {}});
+  r->flight.push_back({std::move(*plan), t0, {}});
   // A plan sent ahead waits behind the one in flight: the timer of the oldest one runs.
-  if (flight_.size() == 1) deadline_ = After(opts_.step_timeout_s);
-  if (!worker_->Send(msg)) return LoseWorker("stream closed while sending a step");
-  flight_.back().sent = SteadyClock::now();
+  if (r->flight.size() == 1) r->deadline = After(opts_.step_timeout_s);
+  if (!r->link->Send(msg)) return LoseReplica(r, "stream closed while sending a step");
+  r->flight.back().sent = SteadyClock::now();
 }
 
 void SchedulerLoop::Route(std::vector<Event> events,
@@ -387,84 +541,151 @@ void SchedulerLoop::Route(std::vector<Event> events,
   }
 }
 
-void SchedulerLoop::FailInFlightPlan(const std::string& why, bool unavailable) {
+void SchedulerLoop::FailInFlightPlan(Replica* r, const std::string& why, bool unavailable) {
   // Oldest first, as the core applies them.
-  while (!flight_.empty()) {
-    StepResults r;
-    r.step_id = flight_.front().plan.step_id;
-    r.status = absl::UnavailableError(why);
-    auto events = core_->Apply(flight_.front().plan, r, absl::Now());
-    flight_.pop_front();
+  while (!r->flight.empty()) {
+    StepResults res;
+    res.step_id = r->flight.front().plan.step_id;
+    res.status = absl::UnavailableError(why);
+    auto events = r->core->Apply(r->flight.front().plan, res, absl::Now());
+    r->flight.pop_front();
     if (events.ok()) Route(std::move(*events), nullptr, unavailable);
   }
 }
 
+void SchedulerLoop::FailRequest(RequestId id, const std::string& why, bool unavailable) {
+  auto it = side_.find(id);
+  if (it == side_.end()) return;
+  RequestEventItem item;
+  item.unavailable = unavailable;
+  item.event.kind = Event::Kind::kFinished;
+  item.event.id = id;
+  item.event.reason = FinishReason::kError;
+  item.event.detail = why;
+  it->second.channel->Push(std::move(item));
+  side_.erase(it);
+}
+
 void SchedulerLoop::FailAll(const std::string& why, bool unavailable) {
-  FailInFlightPlan(why, unavailable);
+  for (auto& r : replicas_) {
+    FailInFlightPlan(r.get(), why, unavailable);
+    std::vector<RequestId> ids;
+    for (const auto& [id, side] : side_)
+      if (side.replica == r->id) ids.push_back(id);
+    for (RequestId id : ids) r->core->Finish(id, FinishReason::kError, why).IgnoreError();
+    Route(r->core->TakeEvents(), nullptr, unavailable);
+  }
+  held_.clear();
+  // Held requests, and anything a core no longer knew.
+  std::vector<RequestId> rest;
+  for (const auto& [id, side] : side_) rest.push_back(id);
+  for (RequestId id : rest) FailRequest(id, why, unavailable);
+}
+
+bool SchedulerLoop::Replay(Request req) {
+  const RequestId id = req.id;
+  // The ready replica with the most free capacity; a full queue there tries the next.
+  std::vector<Replica*> order;
+  for (auto& r : replicas_)
+    if (r->state == WorkerState::kReady) order.push_back(r.get());
+  std::stable_sort(order.begin(), order.end(), [](Replica* a, Replica* b) {
+    const SchedulerStatus x = a->core->Status(), y = b->core->Status();
+    return x.n_slots_target - x.running - x.queued > y.n_slots_target - y.running - y.queued;
+  });
+  for (Replica* r : order) {
+    if (!r->core->Add(req).ok()) continue;
+    side_[id].replica = r->id;
+    return true;
+  }
+  return false;
+}
+
+void SchedulerLoop::LoseReplica(Replica* r, const std::string& why) {
   std::vector<RequestId> ids;
-  for (const auto& [id, side] : side_) ids.push_back(id);
-  for (RequestId id : ids) core_->Finish(id, FinishReason::kError, why).IgnoreError();
-  Route(core_->TakeEvents(), nullptr, unavailable);
-  // Anything the core no longer knew (cannot happen unless the core and side table disagree).
-  for (auto& [id, side] : side_) {
-    RequestEventItem item;
-    item.unavailable = unavailable;
-    item.event.kind = Event::Kind::kFinished;
-    item.event.id = id;
-    item.event.reason = FinishReason::kError;
-    item.event.detail = why;
-    side.channel->Push(std::move(item));
+  for (const auto& [id, side] : side_)
+    if (side.replica == r->id) ids.push_back(id);
+  DS_LOG(ERROR, "worker_lost", {{"worker", r->info.id}, {"replica", r->id}, {"reason", why},
+                                {"requests", ids.size()}});
+  // Each request leaves the lost core with what it generated so far (the tokens of its steps
+  // that were applied: those the client has; an unanswered step's are recomputed).
+  std::vector<Request> moving;
+  for (RequestId id : ids) {
+    auto q = r->core->ExportForReplay(id);
+    if (q.ok()) {
+      moving.push_back(std::move(*q));
+    } else {
+      FailRequest(id, "worker lost: " + why, /*unavailable=*/true);
+    }
   }
-  side_.clear();
-}
-
-void SchedulerLoop::HoldForReplay(const std::string& why) {
-  // Running requests go back to the queue with their full history (prompt + generated); the ones
-  // of the in-flight plan when it is applied as failed just below. A replacement worker then
-  // re-prefills the history and continues; the core emits Token events only for tokens generated
-  // from then on, so nothing already streamed is sent again. Greedy output is unchanged.
-  for (const auto& [id, side] : side_) core_->Requeue(id).IgnoreError();
-  FailInFlightPlan(why, /*unavailable=*/true);
-  Route(core_->TakeEvents(), nullptr, /*unavailable=*/true);
-  holding_ = !side_.empty();
-  hold_until_ = After(opts_.failover_wait_s);
-  hold_why_ = why;
-  if (holding_)
+  r->link->Close(absl::UnavailableError("worker lost: " + why));
+  worker_heartbeats_.erase(r->info.id);
+  if (metrics_) metrics_->SetWorker(r->info.id, false, 0);
+  replicas_.erase(std::remove_if(replicas_.begin(), replicas_.end(),
+                                 [r](const std::unique_ptr<Replica>& x) { return x.get() == r; }),
+                  replicas_.end());
+  if (!serving()) n_vocab_.store(0, std::memory_order_release);
+  int replayed = 0, held = 0;
+  for (Request& q : moving) {
+    const RequestId id = q.id;
+    side_[id].replica = -1;
+    if (Replay(q)) {
+      ++replayed;
+    } else if (opts_.failover_wait_s > 0) {
+      if (held_.empty()) {
+        hold_until_ = After(opts_.failover_wait_s);
+        hold_why_ = why;
+      }
+      held_.push_back(std::move(q));
+      ++held;
+    } else {
+      FailRequest(id, "worker lost: " + why, /*unavailable=*/true);
+    }
+  }
+  if (replayed > 0)
+    DS_LOG(WARNING, "requests_replayed", {{"requests", replayed}, {"reason", why}});
+  if (held > 0)
     DS_LOG(WARNING, "holding_for_replacement",
-           {{"requests", side_.size()}, {"failover_wait_s", opts_.failover_wait_s}, {"reason", why}});
+           {{"requests", held}, {"failover_wait_s", opts_.failover_wait_s}, {"reason", why}});
+  if (const int failed = static_cast<int>(moving.size()) - replayed - held; failed > 0)
+    DS_LOG(ERROR, "requests_failed", {{"requests", failed}, {"reason", why}});
 }
 
-void SchedulerLoop::LoseWorker(const std::string& why) {
-  if (!worker_) return;
-  DS_LOG(ERROR, "worker_lost", {{"worker", worker_info_.id}, {"reason", why},
-                                {"requests", side_.size()}, {"serving", false}});
-  if (opts_.failover_wait_s > 0) {
-    HoldForReplay(why);
-  } else {
-    FailAll("worker lost: " + why, /*unavailable=*/true);
-  }
-  worker_->Close(absl::UnavailableError("worker lost: " + why));
-  worker_.reset();
-  state_ = WorkerState::kNone;
-  n_vocab_.store(0, std::memory_order_release);
-  worker_slots_ = 0;
-  worker_slot_ctx_ = 0;
-}
+// ---- status ----
 
 ClusterSnapshot SchedulerLoop::Snapshot() const {
   ClusterSnapshot s;
-  s.core = core_->Status();
-  s.serving = state_ == WorkerState::kReady;  // draining is reported on its own
-  s.has_worker = worker_ != nullptr;
-  s.worker_ready = state_ == WorkerState::kReady;
-  s.worker = worker_info_;
-  s.warmup = warmup_;
-  if (worker_) {
-    const double hb = worker_->last_heartbeat.load();
-    s.heartbeat_age_s = hb > 0 ? SteadySeconds(SteadyClock::now()) - hb : -1;
+  s.core = config_core_->Status();
+  s.core.slots.clear();
+  s.serving = serving();
+  const double now_s = SteadySeconds(SteadyClock::now());
+  int first_slot = 0;
+  for (const auto& r : replicas_) {
+    ReplicaSnapshot x;
+    x.id = r->id;
+    x.worker = r->info;
+    x.warmup = r->warmup;
+    x.ready = r->state == WorkerState::kReady;
+    const double hb = r->link->last_heartbeat.load();
+    x.heartbeat_age_s = hb > 0 ? now_s - hb : -1;
+    x.worker_slots = r->slots;
+    x.worker_slot_ctx = r->slot_ctx;
+    x.core = r->core->Status();
+    // The cluster's slots: every replica's, numbered one after the other.
+    for (SlotStatus sl : x.core.slots) {
+      sl.slot += first_slot;
+      s.core.slots.push_back(sl);
+    }
+    first_slot += static_cast<int>(x.core.slots.size());
+    s.core.queued += x.core.queued;
+    s.core.running += x.core.running;
+    s.core.pool_reserved += x.core.pool_reserved;
+    s.core.pool_used += x.core.pool_used;
+    s.core.pool_total += x.core.pool_total;
+    s.replicas.push_back(std::move(x));
   }
-  s.worker_slots = worker_slots_;
-  s.worker_slot_ctx = worker_slot_ctx_;
+  if (replicas_.empty()) s.core.pool_total = config_core_->Status().pool_total;
+  s.held = static_cast<int>(held_.size());
+  s.core.queued += s.held;
   s.max_queue = opts_.core.max_queue;
   s.stats = stats_.Snapshot();
   return s;
@@ -472,7 +693,8 @@ ClusterSnapshot SchedulerLoop::Snapshot() const {
 
 void SchedulerLoop::UpdateMetrics() {
   if (!metrics_) return;
-  const SchedulerStatus st = core_->Status();
+  const ClusterSnapshot snap = Snapshot();
+  const SchedulerStatus& st = snap.core;
   metrics::SchedulerGaugeState g;
   g.waiting = st.queued;
   g.running = st.running;
@@ -487,19 +709,12 @@ void SchedulerLoop::UpdateMetrics() {
   g.context_reserved = st.pool_reserved;
   g.context_capacity = st.pool_total;
   g.draining = st.draining;
-  g.serving = state_ == WorkerState::kReady;
+  g.serving = snap.serving;
   metrics_->Update(g);
-  if (worker_) {
-    last_worker_id_ = worker_info_.id;
-    const double hb = worker_->last_heartbeat.load();
-    if (hb > 0) last_heartbeat_ = hb;
-  }
-  if (!last_worker_id_.empty()) {
-    const double age = last_heartbeat_ > 0 ? SteadySeconds(SteadyClock::now()) - last_heartbeat_ : 0;
-    // Up while attached (warming up or serving); a restarted worker with the same id (systemd:
-    // %H-gpu%i) brings the series back to 1.
-    metrics_->SetWorker(last_worker_id_, worker_ != nullptr, age);
-  }
+  // Up while attached (warming up or serving); a lost replica's series stays at 0 until a worker
+  // with the same id (systemd: %H-gpu%i) brings it back.
+  for (const ReplicaSnapshot& r : snap.replicas)
+    metrics_->SetWorker(r.worker.id, true, std::max(0.0, r.heartbeat_age_s));
 }
 
 }  // namespace ds::sched

@@ -1,10 +1,14 @@
-// The daemon's loop thread: the only owner of the ds::sched::Scheduler and of the worker session
-// state (scheduler/daemon/README.md has the threading diagram). gRPC threads push Commands; the
-// loop drains them, schedules, sends one Step to the worker, applies the worker's StepResult when
-// it comes back (as a command too) and routes Events to each Submit call's EventChannel.
+// The daemon's loop thread: the only owner of the schedulers (one ds::sched::Scheduler per replica:
+// a worker or TP group with its own slots and queue) and of the worker session state
+// (scheduler/daemon/README.md has the threading diagram). gRPC threads push Commands; the loop
+// drains them, places each new request on the replica with the most free capacity, schedules each
+// replica, sends its Steps, applies the StepResults when they come back (as commands too) and
+// routes Events to each Submit call's EventChannel. A lost replica's requests continue on the
+// others.
 #pragma once
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <chrono>
 #include <cstdint>
 #include <future>
@@ -79,22 +83,34 @@ class WorkerLink {
 // Per-request data the core does not keep: what the worker needs in SequenceStart and where the
 // events go.
 struct RequestSide {
-  sampling::SamplingParams sampling;  // proto conventions already mapped; seed 0 = worker picks
+  // Proto conventions already mapped; seed 0 is replaced by a random seed at admission, so a
+  // replay on another replica draws from the same stream.
+  sampling::SamplingParams sampling;
   int logprobs = 0;
   std::shared_ptr<EventChannel> channel;
   bool admitted = false;  // Started routed (a replay after failover does not send it again)
+  int replica = -1;       // ReplicaSnapshot::id of the replica whose core holds it; -1: held
+  int n_prompt = 0;       // prompt tokens (the rest of a replayed sequence was generated)
 };
 
-struct ClusterSnapshot {
-  SchedulerStatus core;
-  bool serving = false;
-  bool has_worker = false;
-  bool worker_ready = false;
+// One replica: a worker (or TP group) with its own core, slots and queue.
+struct ReplicaSnapshot {
+  int id = 0;  // stable for the replica's life; a rejoining worker gets a new one
   WorkerInfo worker;
   WarmupInfo warmup;
+  bool ready = false;
   double heartbeat_age_s = 0;
   int worker_slots = 0;     // slots the worker's backend was configured with (SetSlots bound)
   int worker_slot_ctx = 0;  // positions per worker slot (per-slot cap bound)
+  SchedulerStatus core;
+};
+
+struct ClusterSnapshot {
+  // The cluster as one: slots of every replica, summed counts, the shared policy / slot target.
+  SchedulerStatus core;
+  bool serving = false;  // at least one replica is ready
+  std::vector<ReplicaSnapshot> replicas;
+  int held = 0;  // requests of lost replicas waiting for one (failover)
   int max_queue = 0;
   StepStatsSnapshot stats;
 };
@@ -148,10 +164,13 @@ struct LoopOptions {
   double step_timeout_s = 120;  // a step (or warmup) taking longer means the worker is lost
   int warmup_tokens = 8;
   double log_interval_s = 10;   // step-overhead log line at most this often (0 = never)
-  // Failover: when the worker (group) is lost, hold its requests this long for a replacement
-  // worker and replay them there (full history re-prefilled, streamed tokens not re-sent);
-  // 0 = fail them at once with UNAVAILABLE.
+  // Failover: the requests of a lost replica continue on the surviving ones (full history
+  // re-prefilled, streamed tokens not re-sent, the sampler's position restored). With no replica
+  // left, they are held this long for a new one; 0 = they fail at once with UNAVAILABLE.
   double failover_wait_s = 0;
+  // A replica whose worker sent no heartbeat for this long is lost (a hung or stopped process;
+  // heartbeats come from their own thread, so a long step is no hang). 0 = off.
+  double heartbeat_timeout_s = 2.5;
   // Send the next decode step before the current one is answered (Scheduler::ScheduleAhead,
   // docs/async_scheduling.md): the control path runs while the worker (or TP group) computes.
   bool lookahead = true;
@@ -172,15 +191,40 @@ class SchedulerLoop {
   void Stop();
   void Push(Command cmd) { commands_.Push(std::move(cmd)); }
 
-  // Read by gRPC threads for validation; 0 while no worker is ready.
+  // Read by gRPC threads for validation; 0 while no worker is ready (every replica serves one
+  // model, so one vocabulary).
   int n_vocab() const { return n_vocab_.load(std::memory_order_acquire); }
   bool stopped() const { return stopped_.load(std::memory_order_acquire); }
 
  private:
-  enum class WorkerState : uint8_t { kNone, kWarming, kReady };
+  enum class WorkerState : uint8_t { kWarming, kReady };
+  struct InFlight {
+    StepPlan plan;
+    SteadyClock::time_point t0;    // Schedule() started
+    SteadyClock::time_point sent;  // the Step was written
+  };
+  // One worker (or TP group) and the core that schedules it.
+  struct Replica {
+    int id = 0;
+    std::unique_ptr<Scheduler> core;
+    std::shared_ptr<WorkerLink> link;
+    WorkerState state = WorkerState::kWarming;
+    WorkerInfo info;
+    WarmupInfo warmup;
+    int slots = 0;
+    int slot_ctx = 0;
+    SteadyClock::time_point deadline;   // in flight (step or warmup): lost past it
+    std::deque<InFlight> flight;        // issued, not answered; oldest first (<= 2)
+    SteadyClock::time_point last_result;  // when the previous step's answer was handled
+    bool lookahead = false;
+    bool last_plan_empty = false;
+    bool busy() const { return !flight.empty() || state == WorkerState::kWarming; }
+  };
 
-  explicit SchedulerLoop(const LoopOptions& opts, std::unique_ptr<Scheduler> core);
+  explicit SchedulerLoop(const LoopOptions& opts, std::unique_ptr<Scheduler> config_core);
   void Run();
+  // When the loop must look again without a command (a deadline, runnable work, a hold).
+  SteadyClock::time_point NextWake() const;
   void Handle(AddCmd& c);
   void Handle(AbortCmd& c);
   void Handle(FinishCmd& c);
@@ -190,57 +234,52 @@ class SchedulerLoop {
   void Handle(WorkerStepCmd& c);
   void Handle(WorkerGoneCmd& c);
   void Handle(StopCmd& c);
-  // Fails every request with kError (`unavailable` marks it retryable) and forgets the worker.
-  void LoseWorker(const std::string& why);
-  // Applies the in-flight plan (if any) as a failed step and routes its events.
-  void FailInFlightPlan(const std::string& why, bool unavailable);
+  Replica* FindReplica(const WorkerLink* link);
+  Replica* FindReplica(int id);
+  // The ready replica with the most free capacity (idle slots minus queued requests), or null.
+  Replica* PlaceNew();
+  // A lost replica: its requests continue on the others (or are held, or fail), it is removed.
+  void LoseReplica(Replica* r, const std::string& why);
+  // Adds a replayed request to a ready replica; false when none takes it.
+  bool Replay(Request req);
+  // Applies a replica's in-flight plans as failed and routes their events.
+  void FailInFlightPlan(Replica* r, const std::string& why, bool unavailable);
+  // Ends a request the loop holds outside any core (Finished{kError}).
+  void FailRequest(RequestId id, const std::string& why, bool unavailable);
   void FailAll(const std::string& why, bool unavailable);
-  // Failover: requeues every request of the lost worker (the core keeps its history).
-  void HoldForReplay(const std::string& why);
-  // Schedule() (or, ahead, ScheduleAhead()) and send the plan to the worker.
-  void ScheduleAndSend(bool ahead);
+  // Schedule() (or, ahead, ScheduleAhead()) on the replica's core and send the plan.
+  void ScheduleAndSend(Replica* r, bool ahead);
   void Route(std::vector<Event> events, const absl::flat_hash_map<RequestId, TokenLogprobInfo>* lps,
              bool unavailable);
+  // Admin changes go to config_core_ (the template every new replica copies) and every replica.
+  absl::Status ForEachCore(const std::function<absl::Status(Scheduler&)>& f);
+  void ApplyTemplate(Scheduler* core) const;
   ClusterSnapshot Snapshot() const;
   void UpdateMetrics();
   int64_t PerSlotCapFor(int n_slots, const ContextPolicy& p) const;
+  bool serving() const;
 
   LoopOptions opts_;
-  std::unique_ptr<Scheduler> core_;
+  // Never scheduled: holds the slot target, the context policy and the drain flag that admin
+  // commands set, validates them, and is what status shows while no replica exists.
+  std::unique_ptr<Scheduler> config_core_;
   CommandQueue<Command> commands_;
   std::thread thread_;
   std::atomic<int> n_vocab_{0};
   std::atomic<bool> stopped_{false};
   bool stop_ = false;
 
-  absl::flat_hash_map<RequestId, RequestSide> side_;  // every queued or running request
-
-  std::shared_ptr<WorkerLink> worker_;
-  WorkerState state_ = WorkerState::kNone;
-  WorkerInfo worker_info_;
-  WarmupInfo warmup_;
-  int worker_slots_ = 0;
-  int worker_slot_ctx_ = 0;
-  SteadyClock::time_point deadline_;  // in flight (step or warmup): the worker is lost past it
-  bool holding_ = false;                // requests held for a replacement worker (failover)
-  SteadyClock::time_point hold_until_;  // ... until then, then they fail UNAVAILABLE
+  absl::flat_hash_map<RequestId, RequestSide> side_;  // every queued, running or held request
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  int next_replica_id_ = 0;
+  std::vector<Request> held_;            // requests of a lost replica waiting for a ready one
+  SteadyClock::time_point hold_until_;   // ... until then, then they fail UNAVAILABLE
   std::string hold_why_;
-
-  struct InFlight {
-    StepPlan plan;
-    SteadyClock::time_point t0;    // Schedule() started
-    SteadyClock::time_point sent;  // the Step was written
-  };
-  std::deque<InFlight> flight_;             // issued, not answered; oldest first (<= 2)
-  SteadyClock::time_point last_result_;     // when the previous step's answer was handled
-  bool lookahead_ = false;                  // opts_.lookahead, for the attached worker
-  bool last_plan_empty_ = false;
 
   StepStats stats_;
   metrics::SchedulerMetrics* metrics_ = nullptr;
   std::shared_ptr<sd::Watchdog::Loop> watchdog_;
-  std::string last_worker_id_;  // keeps deltaserve_worker_up{worker} at 0 once lost
-  double last_heartbeat_ = 0;   // steady seconds
+  absl::flat_hash_map<std::string, double> worker_heartbeats_;  // id -> last heartbeat (metrics)
   SteadyClock::time_point last_log_;
   uint64_t steps_at_last_log_ = 0;
 };

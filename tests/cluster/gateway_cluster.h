@@ -30,7 +30,12 @@ namespace v1 = deltaserve::v1;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-inline const std::string kBin = DS_DELTASERVE_BIN;
+// The built `deltaserve`; DS_DELTASERVE_BIN in the environment overrides it (carried binaries on
+// the device machine).
+inline const std::string kBin = [] {
+  const char* b = std::getenv("DS_DELTASERVE_BIN");
+  return std::string(b && *b ? b : DS_DELTASERVE_BIN);
+}();
 
 struct Proc {
   std::string role;
@@ -64,6 +69,18 @@ inline std::string WaitFile(const std::string& path, pid_t pid, std::chrono::mil
     std::this_thread::sleep_for(10ms);
   }
   return "";
+}
+
+// The model and worker backend of the rig: the tiny model on the CPU, or what DS_CLUSTER_MODEL /
+// DS_CLUSTER_BACKEND name (the device machine runs the replica tests on the 27B file and CUDA).
+inline std::string ClusterModel() {
+  const char* m = std::getenv("DS_CLUSTER_MODEL");
+  return m && *m ? std::string(m) : TinyModel();
+}
+inline std::vector<std::string> ClusterBackendArgs() {
+  const char* b = std::getenv("DS_CLUSTER_BACKEND");
+  if (b && *b && std::string(b) != "cpu") return {"--backend", b};
+  return {"--backend", "cpu", "--threads", "1"};
 }
 
 struct ClusterOptions {
@@ -126,12 +143,16 @@ class Cluster {
         std::fprintf(stderr, "----- %s log -----\n%s\n", p.role.c_str(), ReadFile(p.log).c_str());
   }
 
-  void StartWorker() {
-    std::vector<std::string> wargs = {"--scheduler", sched_addr_, "--model", TinyModel(),
-                                      "--backend", "cpu", "--threads", "1"};
+  // Starts one more worker (a replica of its own); returns its pid.
+  pid_t StartWorker() {
+    std::vector<std::string> wargs = {"--scheduler", sched_addr_, "--model", ClusterModel()};
+    for (const std::string& a : ClusterBackendArgs()) wargs.push_back(a);
     wargs.insert(wargs.end(), o_.worker_args.begin(), o_.worker_args.end());
-    procs_.push_back(Spawn("worker", wargs, dir_ + "/worker.log"));
+    const int n = n_workers_++;
+    procs_.push_back(
+        Spawn("worker", wargs, dir_ + (n == 0 ? "/worker.log" : "/worker" + std::to_string(n) + ".log")));
     worker_pid_ = procs_.back().pid;
+    return worker_pid_;
   }
 
   // A gateway on free ports; returns {public addr, admin addr}.
@@ -140,7 +161,7 @@ class Cluster {
     const std::string pf = dir_ + "/gw" + std::to_string(g) + ".port";
     std::vector<std::string> gargs = {
         "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--scheduler", sched_addr_,
-        "--model", TinyModel(), "--max-inflight", std::to_string(max_inflight), "--port-file", pf,
+        "--model", ClusterModel(), "--max-inflight", std::to_string(max_inflight), "--port-file", pf,
         "--health-interval-ms", "200"};
     gargs.insert(gargs.end(), o_.gateway_args.begin(), o_.gateway_args.end());
     procs_.push_back(Spawn("gateway", gargs, dir_ + "/gateway" + std::to_string(g++) + ".log"));
@@ -234,6 +255,7 @@ class Cluster {
   std::string sched_addr_;
   std::vector<Proc> procs_;
   pid_t worker_pid_ = -1;
+  int n_workers_ = 0;
   std::pair<std::string, std::string> gateway_;
 };
 

@@ -242,5 +242,28 @@ TEST(StepExecutor, LogprobsAreCappedAtTheSamplersMaximum) {
   EXPECT_EQ(r.tokens[0].logprob->top[0].token_id, 3);  // most likely first
 }
 
+// A replay after failover (SequenceStart.n_generated = 2): the sampler skips the two draws the
+// earlier tokens took, so the next uniform is the third of the seed's stream (seeded sampling
+// continues exactly); greedy requests draw nothing and skip nothing.
+TEST(StepExecutor, ReplayedSequenceContinuesTheSeededRandomStream) {
+  FakeBackend be(3, 64);
+  be.device_sampling = true;
+  worker::StepExecutor ex(&be, 2);
+  sampling::Rng rng(42);
+  rng.NextDouble();
+  rng.NextDouble();
+  const double third = rng.NextDouble();
+  worker::Step s = MakeStep(1);
+  AddStart(s, 7, 0, {1, 2, 30, 31});
+  s.started[0].sampling.temperature = 1.0f;
+  s.started[0].sampling.seed = 42;
+  s.started[0].n_generated = 2;
+  AddWork(s, 0, 0, 4, true);
+  worker::StepResult r = ex.Run(s);
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(be.seen.size(), 1u);
+  EXPECT_EQ(be.seen[0].second, third);
+}
+
 }  // namespace
 }  // namespace ds

@@ -35,6 +35,7 @@ pb::Step FullStep() {
     p->set_frequency_penalty(1.5f);
     p->set_seed(0xfeedbeefcafeull + i);
     st->set_logprobs(4 + i);
+    st->set_n_generated(9 + i);
   }
   s.add_released(1);
   s.add_released(6);
@@ -71,6 +72,7 @@ TEST(StepProto, StepFieldsLandInTheirPlainFieldsAndRoundTrip) {
   EXPECT_EQ(st.sampling.frequency_penalty, 1.5f);
   EXPECT_EQ(st.sampling.seed, 0xfeedbeefcafeull + 1);
   EXPECT_EQ(st.sampling.n_logprobs, 5);
+  EXPECT_EQ(st.n_generated, 10u);
   EXPECT_EQ(plain.released, (std::vector<uint32_t>{1, 6}));
   ASSERT_EQ(plain.work.size(), 2u);
   EXPECT_EQ(plain.work[0].slot, 3u);

@@ -127,12 +127,14 @@ void PrintStatus(const v1::ClusterStatus& s) {
               p.split() == v1::CONTEXT_SPLIT_STATIC ? "static" : "pool", p.total_context(),
               p.slot_cap(), static_cast<unsigned long long>(s.context_reserved()),
               static_cast<unsigned long long>(s.context_total()));
+  // One line per replica (a worker or a TP group, each with its own slots and queue).
   std::printf(
-      "\nWORKER                 DEVICE                 READY  HEARTBEAT  WEIGHTS MiB  KV MiB  "
-      "STATE MiB  WARMUP tok/s\n");
+      "\nREPLICA  WORKER                 DEVICE                 READY  HEARTBEAT  SLOTS  RUNNING  "
+      "WAITING  WEIGHTS MiB  KV MiB  STATE MiB  WARMUP tok/s\n");
   for (const v1::WorkerStatus& w : s.workers())
-    std::printf("%-22s %-22s %-6s %8.2fs  %11.1f  %6.1f  %9.1f  %12.1f\n", w.id().c_str(),
-                w.device().c_str(), w.ready() ? "yes" : "no", w.heartbeat_age_seconds(),
+    std::printf("%7u  %-22s %-22s %-6s %8.2fs  %5u  %7u  %7u  %11.1f  %6.1f  %9.1f  %12.1f\n",
+                w.replica(), w.id().c_str(), w.device().c_str(), w.ready() ? "yes" : "no",
+                w.heartbeat_age_seconds(), w.slots(), w.running_requests(), w.waiting_requests(),
                 w.weights_bytes() / 1048576.0, w.kv_bytes() / 1048576.0,
                 w.state_bytes() / 1048576.0, w.warmup_decode_tokens_per_second());
   if (s.workers().empty()) std::printf("(no worker)\n");

@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/config/config_file.h"
 #include "common/config/role.h"
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
@@ -38,8 +39,10 @@ constexpr milliseconds kStopGrace{10'000};
 
 struct ServeOptions {
   std::string model;
-  int workers = 1;
-  int tp = 1;            // worker processes in the one TP group (docs/tp.md §6)
+  int workers = 1;       // replicas: independent workers (or TP groups) under one scheduler
+  int tp = 1;            // worker processes per replica, one TP group each (docs/tp.md §6)
+  std::vector<int> gpus; // CUDA device of every rank, replica by replica; empty = --device 0
+  double failover_wait = 60;  // a lost replica's requests wait this long for one (0 = fail)
   std::string tp_split;  // TP share weights ("1,2") or "mem"; empty = even
   int slots = 4;
   int ctx = 4096;
@@ -58,7 +61,7 @@ struct ServeOptions {
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: deltaserve serve --model FILE [--workers 1] [--slots N] [--ctx N] "
+               "usage: deltaserve serve --model FILE [--workers N | --gpus 0,1,...] [--slots N] [--ctx N] "
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
                "[--threads N] [--tp N [--split 1,2|mem]] [--demo PROMPT [--demo-max-tokens N]]\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
@@ -66,6 +69,10 @@ void Usage(FILE* out) {
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
                "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
                "[--tls-cert F --tls-key F] [--nvml-device N|off]\n"
+               "  [--failover-wait S]  how long the requests of a lost replica wait when no other "
+               "replica can take them (default 60; 0 = fail at once)\n"
+               "  --workers N: N replicas (workers or --tp groups), each with its own slots; --gpus "
+               "gives every rank its own GPU (replica by replica); a dead worker is restarted\n"
                "  starts scheduler, worker and gateway as child processes; the gateway listens on "
                "127.0.0.1:P (admin P+1; --port 0 picks free ports); a port in use is an error\n"
                "  with --api-key-file or --admin-key-file, the scheduler's internal port takes only a\n"
@@ -76,7 +83,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-max-tokens", "--tp",
-      "--tp-split", "--kv-type",
+      "--tp-split", "--kv-type", "--gpus", "--failover-wait",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device"};
@@ -108,9 +115,25 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
                              {"--nvml-device", &o.nvml_device}})
     if (m.count(flag)) *field = m[flag];
   if (o.port > 65534) return absl::InvalidArgumentError("--port must be <= 65534 (admin is P+1)");
-  if (o.workers != 1)
-    return absl::UnimplementedError(
-        "--workers: the scheduler drives one worker (group) today; run more clusters instead");
+  if (m.count("--failover-wait") &&
+      (!absl::SimpleAtod(m["--failover-wait"], &o.failover_wait) || o.failover_wait < 0))
+    return absl::InvalidArgumentError("--failover-wait expects seconds >= 0, got '" +
+                                      m["--failover-wait"] + "'");
+  if (m.count("--gpus")) {
+    for (absl::string_view g : absl::StrSplit(m["--gpus"], ',')) {
+      int d = -1;
+      if (!absl::SimpleAtoi(g, &d) || d < 0)
+        return absl::InvalidArgumentError("--gpus expects GPU indices like 0,1, got '" +
+                                          m["--gpus"] + "'");
+      o.gpus.push_back(d);
+    }
+    // Every rank gets its own GPU: --gpus 0,1 is two replicas, --gpus 0,1,2,3 --tp 2 two groups.
+    if (!m.count("--workers")) o.workers = static_cast<int>(o.gpus.size()) / o.tp;
+    if (o.workers < 1 || static_cast<int>(o.gpus.size()) != o.workers * o.tp)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--gpus lists ", o.gpus.size(), " GPUs for ", o.workers, " replica(s) of ", o.tp,
+          " rank(s): give exactly one GPU per rank"));
+  }
   // --split is the context split (static|pool) or, with --tp > 1, the TP share weights
   // ("1,1", "1:1.5", "mem"; also --tp-split); the worker ranks validate the weights.
   if (m.count("--split") && o.tp > 1 && m["--split"] != "static" && m["--split"] != "pool") {
@@ -253,7 +276,7 @@ int RunServe(int argc, char** argv) {
     // worker its Shutdown; the worker is signalled last only if it is still there.
     for (size_t i : {size_t{2}, size_t{0}, size_t{1}})
       if (i < children.size()) serve::Stop(&children[i], kStopGrace);
-    for (size_t i = 3; i < children.size(); ++i) serve::Stop(&children[i], kStopGrace);  // TP ranks
+    for (size_t i = 3; i < children.size(); ++i) serve::Stop(&children[i], kStopGrace);  // more workers
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   };
@@ -292,6 +315,8 @@ int RunServe(int argc, char** argv) {
     sargs.push_back(metrics_listen(0));
   }
   if (!internal_key_file.empty()) sargs.insert(sargs.end(), {"--internal-key-file", internal_key_file});
+  // Failover on: a lost replica's requests continue on the others, or wait for one.
+  sargs.insert(sargs.end(), {"--failover-wait", absl::StrCat(o->failover_wait)});
   children.push_back(serve::Spawn("scheduler", exe, sargs));
   if (children.back().pid < 0) return fail("cannot start the scheduler");
   const std::string sched_ports =
@@ -314,11 +339,15 @@ int RunServe(int argc, char** argv) {
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
   if (!internal_key_file.empty())
     wargs.insert(wargs.end(), {"--scheduler-key-file", internal_key_file});
-  // TP: rank 0 here (index 1), ranks 1.. after the gateway (indices 3..); one group "serve".
+  // Replica 0's rank 0 here (index 1), every other rank after the gateway (indices 3..). A
+  // replica is one worker ("serve-w<i>") or one TP group ("serve-g<i>" of ranks "serve-g<i>-r<r>").
   const std::string worker_port_file = dir + "/worker.port";
-  auto rank_args = [&](int r) {
+  auto rank_args = [&](int replica, int r) {
     std::vector<std::string> a = wargs;
-    if (r == 0) {
+    if (!o->gpus.empty())
+      a.insert(a.end(), {"--device", std::to_string(o->gpus[replica * o->tp + r])});
+    if (o->tp == 1) a.insert(a.end(), {"--worker-id", absl::StrCat("serve-w", replica)});
+    if (replica == 0 && r == 0) {
       // Rank 0 reports its metrics port (written before the model loads; 0 when off). Other
       // ranks export no metrics yet (their endpoint would not be discoverable).
       a.insert(a.end(), {"--port-file", worker_port_file});
@@ -327,12 +356,23 @@ int RunServe(int argc, char** argv) {
     }
     if (o->tp > 1) {
       a.insert(a.end(), {"--tp-rank", std::to_string(r), "--tp-world", std::to_string(o->tp),
-                         "--tp-group", "serve", "--worker-id", absl::StrCat("serve-tp", r)});
+                         "--tp-group", absl::StrCat("serve-g", replica), "--worker-id",
+                         absl::StrCat("serve-g", replica, "-r", r)});
       if (!o->tp_split.empty()) a.insert(a.end(), {"--split", o->tp_split});
     }
     return a;
   };
-  children.push_back(serve::Spawn("worker", exe, rank_args(0)));
+  // Every worker process, for restarts: its arguments and its index in `children`.
+  struct WorkerProc {
+    std::vector<std::string> args;
+    size_t child = 0;
+    int restarts = 0;
+    std::chrono::steady_clock::time_point restart_at{};  // pending restart (dead)
+    bool dead = false;
+  };
+  std::vector<WorkerProc> workers;
+  workers.push_back({rank_args(0, 0), children.size()});
+  children.push_back(serve::Spawn("worker", exe, workers.back().args));
   if (children.back().pid < 0) return fail("cannot start the worker");
   const std::string worker_ports =
       serve::WaitForFile(worker_port_file, &children.back(), kStartTimeout);
@@ -362,10 +402,17 @@ int RunServe(int argc, char** argv) {
     if (!value->empty()) gargs.insert(gargs.end(), {flag, *value});
   children.push_back(serve::Spawn("gateway", exe, gargs));
   if (children.back().pid < 0) return fail("cannot start the gateway");
-  for (int r = 1; r < o->tp; ++r) {
-    children.push_back(serve::Spawn("worker", exe, rank_args(r)));
-    if (children.back().pid < 0) return fail("cannot start a worker rank");
-  }
+  for (int i = 0; i < o->workers; ++i)
+    for (int r = (i == 0 ? 1 : 0); r < o->tp; ++r) {
+      workers.push_back({rank_args(i, r), children.size()});
+      children.push_back(serve::Spawn("worker", exe, workers.back().args));
+      if (children.back().pid < 0) return fail("cannot start a worker rank");
+    }
+  auto is_worker = [&](const Child* c) {
+    for (const WorkerProc& w : workers)
+      if (&children[w.child] == c) return true;
+    return false;
+  };
   const std::string ports =
       serve::WaitForFile(gw_port_file, &children[2], kStartTimeout);  // [2] = gateway
   const int gw_port = ReadPort(ports, 0), admin_port = ReadPort(ports, 1),
@@ -423,6 +470,9 @@ int RunServe(int argc, char** argv) {
 
   std::printf("deltaserve serve: ^C or SIGTERM stops the cluster\n");
   std::fflush(stdout);
+  // Supervision: a dead worker is restarted (backoff 1, 2, 4 ... 30 s) and rejoins as a new
+  // replica; its requests meanwhile continue on the other replicas (or wait --failover-wait). A
+  // dead scheduler or gateway stops the cluster.
   while (true) {
     timespec tick{0, 200'000'000};
     const int sig = sigtimedwait(&sigs, nullptr, &tick);
@@ -431,9 +481,31 @@ int RunServe(int argc, char** argv) {
       stop_all();
       return 0;
     }
-    if (Child* d = dead_child())
-      return fail(d->role + " (pid " + std::to_string(d->pid) + ") " + serve::DescribeExit(*d) +
-                  "; stopping the cluster");
+    const auto now = std::chrono::steady_clock::now();
+    for (WorkerProc& w : workers) {
+      Child& c = children[w.child];
+      if (!w.dead && serve::Reap(&c)) {
+        w.dead = true;
+        const int backoff = std::min(30, 1 << std::min(w.restarts, 5));
+        w.restart_at = now + std::chrono::seconds(backoff);
+        std::fprintf(stderr, "deltaserve serve: worker (pid %d) %s; restarting in %d s\n", c.pid,
+                     serve::DescribeExit(c).c_str(), backoff);
+      } else if (w.dead && now >= w.restart_at) {
+        c = serve::Spawn("worker", exe, w.args);
+        w.dead = c.pid < 0;
+        ++w.restarts;
+        if (w.dead) {
+          w.restart_at = now + std::chrono::seconds(30);
+        } else {
+          std::fprintf(stderr, "deltaserve serve: worker restarted (pid %d, restart %d)\n", c.pid,
+                       w.restarts);
+        }
+      }
+    }
+    for (Child& c : children)
+      if (!is_worker(&c) && serve::Reap(&c))
+        return fail(c.role + " (pid " + std::to_string(c.pid) + ") " + serve::DescribeExit(c) +
+                    "; stopping the cluster");
   }
 }
 

@@ -93,6 +93,10 @@ StepResult StepExecutor::Run(const Step& step) {
     // The public API's `logprobs = n` asks for the chosen token's logprob plus the top n.
     slot.want_logprob = st.sampling.n_logprobs > 0;
     slot.sampler.emplace(Seeded(st.sampling));
+    // A replay: every earlier non-greedy token took one draw; skip them so the stream goes on
+    // where it was (greedy tokens drew nothing).
+    if (st.sampling.temperature > 0)
+      for (uint32_t i = 0; i < st.n_generated; ++i) slot.sampler->ConsumeUniform();
   }
   if (step.work.empty()) return result;
   const int n_vocab = backend_->config().n_vocab;

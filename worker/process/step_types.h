@@ -22,6 +22,9 @@ struct SequenceStart {
   // `logprobs` (the public API's `logprobs = n`): > 0 returns the chosen token's logprob plus the
   // top n_logprobs, at most sampling::kMaxLogprobs.
   sampling::SamplingParams sampling;
+  // A replay after failover: the last n_generated of `tokens` were sampled already, so the
+  // sampler skips the random draws they took (proto SequenceStart.n_generated).
+  uint32_t n_generated = 0;
 };
 
 // One slot's work in a step: process known tokens [pos0, pos0 + n_tokens) (proto SlotWork).

@@ -22,7 +22,9 @@ struct WorkerOptions {
   int threads = 0;                // CPU backend threads (0 = all cores)
   int device = 0;                 // CUDA device ordinal
   double connect_timeout_s = 30;  // give up dialing after this long
-  double heartbeat_s = 1.0;
+  // Heartbeats come from their own thread, so a long step never delays them; the scheduler calls
+  // a worker lost after --heartbeat-timeout (default 2.5 s: five missed beats).
+  double heartbeat_s = 0.5;
   // Tensor parallelism (docs/tp.md §6): rank tp_rank of the tp_world processes of group tp_group;
   // tp_split = share weights ("1,2") or "mem". Where the other ranks reach this one
   // (docs/tp.md "Multi-host"): tp_iface (an interface: Gloo binds its address, NCCL gets it as
