@@ -229,99 +229,189 @@ TEST(Replicas, LastReplicaLostRequestsWaitForANewWorker) {
   EXPECT_NE(c.Log("scheduler").find("event=holding_for_replacement"), std::string::npos);
 }
 
-// `deltaserve serve --workers 2`: two replicas; kill -9 of a worker loses nothing and serve
-// restarts it (it rejoins as a replica).
-TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
-  const std::string out = TestDir() + "/serve_replicas.out";
-  const std::string model = TinyModel();  // synthesized here, before the fork
-  const pid_t serve = fork();
-  if (serve == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    FILE* o = std::freopen(out.c_str(), "w", stdout);
-    FILE* e = std::freopen((out + ".err").c_str(), "w", stderr);
-    (void)o;
-    (void)e;
-    execl(kBin.c_str(), kBin.c_str(), "serve", "--model", model.c_str(), "--workers", "2",
-          "--backend", "cpu", "--threads", "1", "--port", "0", "--slots", "2", "--ctx", "2048",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  std::string addr, admin;
-  const std::regex gen_re("generation  (127\\.0\\.0\\.1:[0-9]+)"), admin_re("admin       (127\\.0\\.0\\.1:[0-9]+)");
-  for (auto end = Clock::now() + 60s; Clock::now() < end && addr.empty();) {
-    const std::string s = ReadFile(out);
-    std::smatch m, n;
-    if (std::regex_search(s, m, gen_re) && std::regex_search(s, n, admin_re)) {
-      addr = m[1];
-      admin = n[1];
-    } else {
-      std::this_thread::sleep_for(50ms);
+// Whether a process that is not our child (serve's workers) still runs: it exists and is no zombie.
+bool ProcessLives(pid_t pid) {
+  if (pid <= 0 || kill(pid, 0) != 0) return false;
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// A `deltaserve serve` child with its output in files; the test reaches it through the printed
+// addresses and finds its workers by --worker-id.
+class ServeRun {
+ public:
+  explicit ServeRun(std::vector<std::string> flags) {
+    static int n = 0;
+    out_ = TestDir() + "/serve_run" + std::to_string(n++) + ".out";
+    const std::string model = TinyModel();  // synthesized here, before the fork
+    std::vector<std::string> args = {kBin, "serve", "--model", model, "--backend", "cpu",
+                                     "--threads", "1", "--port", "0", "--ctx", "2048"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      FILE* o = std::freopen(out_.c_str(), "w", stdout);
+      FILE* e = std::freopen((out_ + ".err").c_str(), "w", stderr);
+      (void)o;
+      (void)e;
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(kBin.c_str(), argv.data());
+      _exit(127);
+    }
+    const std::regex gen_re("generation  (127\\.0\\.0\\.1:[0-9]+)"),
+        admin_re("admin       (127\\.0\\.0\\.1:[0-9]+)");
+    for (auto end = Clock::now() + 60s; Clock::now() < end && addr_.empty();) {
+      const std::string text = ReadFile(out_);
+      std::smatch m, a;
+      if (std::regex_search(text, m, gen_re) && std::regex_search(text, a, admin_re)) {
+        addr_ = m[1];
+        admin_ = a[1];
+      } else {
+        std::this_thread::sleep_for(50ms);
+      }
     }
   }
-  ASSERT_FALSE(addr.empty()) << ReadFile(out) << ReadFile(out + ".err");
-  auto status = [&] {
-    auto stub = v1::Admin::NewStub(gw::MakeChannel(admin));
+  ~ServeRun() {
+    if (pid_ > 0 && Alive(pid_)) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  const std::string& addr() const { return addr_; }
+  std::string Errors() const { return ReadFile(out_ + ".err"); }
+  std::string Output() const { return ReadFile(out_) + ReadFile(out_ + ".err"); }
+
+  int ReadyReplicas() const {
+    auto stub = v1::Admin::NewStub(gw::MakeChannel(admin_));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 5s);
     v1::ClusterStatus st;
-    stub->GetClusterStatus(&ctx, {}, &st);
-    return st;
-  };
-  auto ready_replicas = [&] {
+    if (!stub->GetClusterStatus(&ctx, {}, &st).ok()) return -1;
     int n = 0;
-    const v1::ClusterStatus st = status();
     for (const auto& w : st.workers()) n += w.ready() ? 1 : 0;
     return n;
-  };
-  for (auto end = Clock::now() + 30s; Clock::now() < end && ready_replicas() < 2;)
-    std::this_thread::sleep_for(50ms);
-  ASSERT_EQ(ready_replicas(), 2);
-  const GenResult want = Cluster::Generate(addr, Greedy(kTokens));
-  ASSERT_TRUE(want.status.ok());
-  // The workers are serve's children named by their --worker-id.
-  auto worker_pid = [&](const std::string& id) -> pid_t {
+  }
+  bool WaitReady(int n, std::chrono::milliseconds timeout) const {
+    for (auto end = Clock::now() + timeout; Clock::now() < end;) {
+      if (ReadyReplicas() == n) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
+  // The worker process started with `--worker-id id` (serve's child), or -1.
+  pid_t WorkerPid(const std::string& id) const {
     for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-      const std::string cmd = ReadFile(e.path().string() + "/cmdline");
-      std::string flat(cmd);
-      std::replace(flat.begin(), flat.end(), '\0', ' ');
-      if (flat.find(" worker ") != std::string::npos && flat.find("--worker-id " + id + " ") != std::string::npos &&
-          flat.find(TinyModel()) != std::string::npos)
+      std::string cmd = ReadFile(e.path().string() + "/cmdline");
+      std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+      if (cmd.find(" worker ") != std::string::npos &&
+          cmd.find("--worker-id " + id + " ") != std::string::npos &&
+          cmd.find(TinyModel()) != std::string::npos)
         return std::atoi(e.path().filename().c_str());
     }
     return -1;
-  };
-  const pid_t w0 = worker_pid("serve-w0");
-  ASSERT_GT(w0, 0);
+  }
+  // SIGTERM; true when serve exited 0.
+  bool Stop() {
+    kill(pid_, SIGTERM);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string out_, addr_, admin_;
+};
+
+// Four streams through `serve`; `worker_id`'s process is killed once the first has 20 tokens.
+// Every stream must end with the tokens of `want`.
+void KillMidStream(ServeRun& s, const std::string& worker_id, const std::vector<int32_t>& want,
+                   Clock::time_point* killed_at) {
+  const pid_t victim = s.WorkerPid(worker_id);
+  ASSERT_GT(victim, 0) << worker_id;
   std::promise<void> streaming;
   std::atomic<bool> fired{false};
   std::vector<std::future<GenResult>> f;
   for (int i = 0; i < 4; ++i)
     f.push_back(std::async(std::launch::async, [&, i] {
-      return Cluster::Generate(addr, Greedy(kTokens), 90s, [&, i](const GenResult& g) {
+      return Cluster::Generate(s.addr(), Greedy(kTokens), 120s, [&, i](const GenResult& g) {
         if (i == 0 && g.ids.size() >= 20 && !fired.exchange(true)) streaming.set_value();
         return false;
       });
     }));
   ASSERT_EQ(streaming.get_future().wait_for(30s), std::future_status::ready);
-  ASSERT_EQ(kill(w0, SIGKILL), 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  *killed_at = Clock::now();
   for (auto& x : f) {
     GenResult g = x.get();
-    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-    EXPECT_EQ(g.ids, want.ids);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message() << s.Output();
+    EXPECT_EQ(g.ids, want);
   }
+}
+
+// `deltaserve serve --workers 2`: two replicas; kill -9 of a worker loses nothing and serve
+// restarts it (it rejoins as a replica).
+TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
+  ServeRun s({"--workers", "2", "--slots", "2"});
+  ASSERT_FALSE(s.addr().empty()) << s.Output();
+  ASSERT_TRUE(s.WaitReady(2, 30s)) << s.Output();
+  const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
+  ASSERT_TRUE(want.status.ok());
+  const pid_t w0 = s.WorkerPid("serve-w0");
+  Clock::time_point killed;
+  KillMidStream(s, "serve-w0", want.ids, &killed);
   // Restarted (backoff 1 s) and serving again as the second replica.
   bool back = false;
   for (auto end = Clock::now() + 30s; Clock::now() < end && !back;) {
-    const pid_t p = worker_pid("serve-w0");
-    back = p > 0 && p != w0 && ready_replicas() == 2;
+    const pid_t p = s.WorkerPid("serve-w0");
+    back = p > 0 && p != w0 && s.ReadyReplicas() == 2;
     if (!back) std::this_thread::sleep_for(100ms);
   }
-  EXPECT_TRUE(back) << ReadFile(out + ".err");
-  EXPECT_NE(ReadFile(out + ".err").find("restarting in"), std::string::npos);
-  kill(serve, SIGTERM);
-  int st = 0;
-  waitpid(serve, &st, 0);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(out + ".err");
+  EXPECT_TRUE(back) << s.Errors();
+  EXPECT_NE(s.Errors().find("restarting in"), std::string::npos);
+  EXPECT_TRUE(s.Stop()) << s.Errors();
+}
+
+// `serve --tp 2`: one TP group over Gloo; kill -9 of rank 1 mid-stream. The surviving rank leaves
+// the broken group (its session is closed; a collective with a dead peer fails), serve restarts
+// both ranks, the group re-forms, and the held requests continue with nothing lost.
+TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
+  ServeRun s({"--tp", "2", "--split", "1,1", "--slots", "4"});
+  ASSERT_FALSE(s.addr().empty()) << s.Output();
+  ASSERT_TRUE(s.WaitReady(1, 30s)) << s.Output();
+  const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
+  ASSERT_TRUE(want.status.ok());
+  const pid_t rank0 = s.WorkerPid("serve-g0-r0");
+  ASSERT_GT(rank0, 0);
+  // When the survivor leaves the broken group (its process ends).
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> left_ns{0};
+  std::thread watch([&] {
+    while (!done && ProcessLives(rank0)) std::this_thread::sleep_for(5ms);
+    if (!ProcessLives(rank0)) left_ns = Clock::now().time_since_epoch().count();
+  });
+  Clock::time_point killed;
+  KillMidStream(s, "serve-g0-r1", want.ids, &killed);
+  done = true;
+  watch.join();
+  ASSERT_NE(left_ns.load(), 0) << "rank 0 never left the broken group";
+  const double leave_s =
+      std::chrono::duration<double>(Clock::time_point(Clock::duration(left_ns.load())) - killed)
+          .count();
+  std::printf("tp group: rank 0 left the broken group %.3f s after rank 1 was killed\n", leave_s);
+  EXPECT_LT(leave_s, 2.0);
+  bool reformed = false;
+  for (auto end = Clock::now() + 30s; Clock::now() < end && !reformed;) {
+    const pid_t p0 = s.WorkerPid("serve-g0-r0"), p1 = s.WorkerPid("serve-g0-r1");
+    reformed = p0 > 0 && p0 != rank0 && p1 > 0 && s.ReadyReplicas() == 1;
+    if (!reformed) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(reformed) << s.Errors();
+  EXPECT_TRUE(s.Stop()) << s.Errors();
 }
 
 }  // namespace
