@@ -8,21 +8,17 @@
 
 namespace ds {
 
+int CudaDeviceCount() {
 #ifdef DS_HAVE_CUDA
-static int CudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
   return n;
-}
-#endif
-
-bool CudaAvailable() {
-#ifdef DS_HAVE_CUDA
-  return CudaDeviceCount() > 0;
 #else
-  return false;
+  return 0;
 #endif
 }
+
+bool CudaAvailable() { return CudaDeviceCount() > 0; }
 
 absl::StatusOr<std::string> ResolveBackendKind(const std::string& kind) {
   if (kind == "cpu") return std::string("cpu");

@@ -10,6 +10,7 @@
 namespace ds {
 
 bool CudaAvailable();  // compiled with CUDA and at least one device visible
+int CudaDeviceCount();  // visible CUDA devices; 0 without CUDA in this build
 
 // "cpu" or "cuda" for a --backend value: "auto" resolves to what CreateBackend would create;
 // errors as CreateBackend's (unknown kind, no CUDA in this build or no device visible).

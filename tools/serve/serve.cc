@@ -24,6 +24,7 @@
 #include "gateway/client.h"
 #include "gateway/gateway.h"
 #include "tools/serve/children.h"
+#include "worker/backend_factory.h"
 #include "worker/model/kv_type.h"
 
 namespace ds {
@@ -269,6 +270,20 @@ int RunServe(int argc, char** argv) {
     return 1;
   }
   const std::string dir = dir_template;
+  // A CUDA TP rank needs a GPU of its own (NCCL refuses two ranks on one device): without --gpus,
+  // rank r of replica i takes GPU i * tp + r, and too few GPUs is an error that says so.
+  if (o->gpus.empty() && o->tp > 1 && o->backend != "cpu") {
+    const int n_gpus = CudaDeviceCount(), ranks = o->workers * o->tp;
+    if (n_gpus > 0 && n_gpus < ranks) {
+      std::fprintf(stderr,
+                   "deltaserve serve: --tp %d x %d replica(s) = %d ranks need one GPU each, but "
+                   "this host has %d (use --backend cpu, fewer ranks, or --gpus to place them)\n",
+                   o->tp, o->workers, ranks, n_gpus);
+      std::filesystem::remove(dir);
+      return 2;
+    }
+    for (int r = 0; n_gpus > 0 && r < ranks; ++r) o->gpus.push_back(r);
+  }
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
   std::vector<Child> children;  // start order: scheduler, worker, gateway
   auto stop_all = [&]() {
