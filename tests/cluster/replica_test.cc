@@ -116,6 +116,10 @@ TEST(Replicas, TwoWorkersAreTwoReplicasAndNewRequestsGoWhereSlotsAreFree) {
   }
 }
 
+const char* SignalName(int sig) {
+  return sig == SIGKILL ? "kill -9" : sig == SIGSTOP ? "SIGSTOP" : "SIGTERM";
+}
+
 // Running requests of the cluster (all replicas).
 int Running(Cluster& c) {
   int n = 0;
@@ -138,7 +142,7 @@ size_t Agreement(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   return i;
 }
 
-// Kill -9 of a replica mid-stream (`stop`: SIGKILL) or SIGSTOP (a hang: no heartbeat): every
+// Kill -9 of a replica mid-stream, SIGSTOP (a hang: no heartbeat) or SIGTERM (a graceful leave): every
 // request completes with exactly the tokens of an uninterrupted run, the client sees one stream.
 // Four slots per replica, so the survivor takes the lost one's requests at once.
 void LoseAReplicaUnderLoad(int sig) {
@@ -171,7 +175,7 @@ void LoseAReplicaUnderLoad(int sig) {
   ASSERT_TRUE(WaitReplicas(c, 1, 10s));
   const double detect_s = std::chrono::duration<double>(Clock::now() - t_fault).count();
   EXPECT_LE(detect_s, 3.0) << "replica loss noticed after " << detect_s << " s";
-  std::printf("%s: replica loss noticed after %.3f s\n", sig == SIGKILL ? "kill -9" : "SIGSTOP",
+  std::printf("%s: replica loss noticed after %.3f s\n", SignalName(sig),
               detect_s);
   EXPECT_EQ(c.Health(), gw::Health::kServing);  // one replica is left
   for (int i = 0; i < 4; ++i) {
@@ -183,11 +187,16 @@ void LoseAReplicaUnderLoad(int sig) {
     EXPECT_EQ(t.r.ids.size(), want.size());
     EXPECT_EQ(t.r.fin.usage().completion_tokens(), kTokens);
     // SIGKILL: the stream closes, the replay starts at once. SIGSTOP: the heartbeat limit first.
-    EXPECT_LT(t.max_gap_s, sig == SIGKILL ? 1.0 : 3.5) << "request " << i;
+    EXPECT_LT(t.max_gap_s, sig == SIGSTOP ? 3.5 : 1.0) << "request " << i;
     std::printf("%s: request %d (%s) max gap between messages %.3f s, %d tokens, %zu equal to "
                 "the uninterrupted run before the first difference\n",
-                sig == SIGKILL ? "kill -9" : "SIGSTOP", i, i < 2 ? "greedy" : "seeded",
+                SignalName(sig), i, i < 2 ? "greedy" : "seeded",
                 t.max_gap_s, static_cast<int>(t.r.ids.size()), Agreement(t.r.ids, want));
+  }
+  if (sig == SIGTERM) {  // a graceful leave: the worker answers its step and exits 0
+    int st = 0;
+    ASSERT_EQ(waitpid(first, &st, 0), first);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   }
   const std::string log = c.Log("scheduler");
   EXPECT_NE(log.find("event=worker_lost"), std::string::npos) << log;
@@ -203,6 +212,10 @@ TEST(Replicas, KillOneMidStreamAndEveryRequestCompletesIdentically) { LoseARepli
 
 TEST(Replicas, StoppedWorkerIsDetectedWithinThreeSecondsAndReplayed) {
   LoseAReplicaUnderLoad(SIGSTOP);
+}
+
+TEST(Replicas, TerminatedWorkerFinishesItsStepLeavesAndLosesNothing) {
+  LoseAReplicaUnderLoad(SIGTERM);
 }
 
 // The last replica lost with --failover-wait: requests wait for a new worker and then continue.

@@ -1,8 +1,10 @@
 #include "worker/process/worker_process.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -132,6 +134,21 @@ class Session {
     }
   }
 
+  // WorkerLeaveRequest: finish the step in progress, then end the session (see Serve).
+  void Leave() {
+    std::lock_guard<std::mutex> l(leave_mu_);
+    if (leaving_) return;
+    leaving_ = true;
+    DS_LOG(INFO, "leaving", {{"reason", "asked to stop"}, {"step_in_progress", in_step_}});
+    sd::NotifyStopping("leaving the cluster");
+    // Idle in Read: wake it (before the call starts, Run checks leaving() once it has a stream).
+    if (!in_step_) ctx_.TryCancel();
+  }
+  bool leaving() {
+    std::lock_guard<std::mutex> l(leave_mu_);
+    return leaving_;
+  }
+
   absl::Status Run() {
     const uint64_t file_bytes = file_->size();
     const std::string fingerprint =
@@ -151,6 +168,11 @@ class Session {
     channel_ = channel;
     auto stub = pb::Scheduler::NewStub(channel);
     stream_ = stub->WorkerSession(&ctx_);
+    if (leaving()) {  // asked to stop while loading: never join
+      ctx_.TryCancel();
+      stream_->Finish().IgnoreError();
+      return absl::OkStatus();
+    }
 
     const ModelConfig& c = cfg_;
     mem_ = Figures(c, file_bytes, device_ == "cpu", o_.kv_type);
@@ -380,6 +402,11 @@ class Session {
         }
         case pb::SchedulerMessage::kStep: {
           if (!executor_) return Fatal(absl::FailedPreconditionError("Step before Configure"));
+          {
+            std::lock_guard<std::mutex> l(leave_mu_);
+            if (leaving_) return absl::OkStatus();
+            in_step_ = true;
+          }
           const auto t_recv = std::chrono::steady_clock::now();
           // Protobuf stays here, at the stream: the executor sees only worker/process/step_types.h.
           worker::StepResult r;
@@ -404,6 +431,12 @@ class Session {
           // the whole group and fails or replays its requests).
           if (executor_->group_broken())
             return Fatal(absl::UnavailableError("tp group broken: " + r.error));
+          {
+            std::lock_guard<std::mutex> l(leave_mu_);
+            in_step_ = false;
+            // Asked to leave during the step: it is answered; the scheduler replays the rest.
+            if (leaving_) return absl::OkStatus();
+          }
           break;
         }
         case pb::SchedulerMessage::kShutdown:
@@ -414,6 +447,7 @@ class Session {
           return Fatal(absl::InvalidArgumentError("unknown scheduler message"));
       }
     }
+    if (leaving()) return absl::OkStatus();  // our own cancel ended the stream
     return absl::UnavailableError("stream ended");
   }
 
@@ -440,6 +474,9 @@ class Session {
   grpc::ClientContext ctx_;  // outlives stream_ (declared first)
   std::unique_ptr<grpc::ClientReaderWriter<pb::WorkerMessage, pb::SchedulerMessage>> stream_;
   std::mutex mu_;  // serializes stream writes (steps, heartbeats) and guards closed_
+  std::mutex leave_mu_;  // guards leaving_ and in_step_ (Leave comes from the signal thread)
+  bool leaving_ = false;
+  bool in_step_ = false;
   std::condition_variable hb_cv_;
   bool closed_ = false;
 };
@@ -520,10 +557,27 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   return o;
 }
 
+void WorkerLeaveRequest::Request() {
+  std::lock_guard<std::mutex> l(mu_);
+  requested_ = true;
+  if (on_request_) on_request_();
+}
+
+bool WorkerLeaveRequest::requested() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return requested_;
+}
+
+void WorkerLeaveRequest::Attach(std::function<void()> on_request) {
+  std::lock_guard<std::mutex> l(mu_);
+  on_request_ = std::move(on_request);
+  if (requested_ && on_request_) on_request_();
+}
+
 absl::Status RunWorker(const WorkerOptions& o) { return RunWorker(o, nullptr, nullptr); }
 
 absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
-                       sd::Watchdog* watchdog) {
+                       sd::Watchdog* watchdog, WorkerLeaveRequest* leave) {
   // Credentials first: a bad key or CA file is reported before a long model load.
   if (!o.scheduler_key_file.empty())
     DS_RETURN_IF_ERROR(auth::ReadClientToken(o.scheduler_key_file).status());
@@ -554,10 +608,21 @@ absl::Status RunWorker(const WorkerOptions& o, metrics::WorkerMetrics* metrics,
     }
   }
   Session s(o, std::move(file), cfg, device, metrics, watchdog);
-  return s.Run();
+  if (leave) leave->Attach([&s] { s.Leave(); });
+  absl::Status st = s.Run();
+  if (leave) leave->Attach(nullptr);
+  return st;
 }
 
 int RunWorkerProcess(int argc, char** argv) {
+  // SIGTERM / SIGINT: leave gracefully (finish the step in progress, hand the requests back).
+  // Blocked here, before any thread exists, so every thread inherits the mask and only the
+  // signal thread below takes them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   auto role = config::SetUpRole("worker", argc, argv);
   absl::StatusOr<WorkerOptions> o = role.ok() ? ParseWorkerFlags(role->args.argc(), role->args.argv())
                                               : absl::StatusOr<WorkerOptions>(role.status());
@@ -593,7 +658,21 @@ int RunWorkerProcess(int argc, char** argv) {
     DS_LOG(ERROR, "watchdog_stall", {{"loop", name}, {"overdue_s", overdue_s}});
   });
   watchdog->Start();
-  absl::Status s = RunWorker(*o, &worker_metrics, watchdog.get());
+  WorkerLeaveRequest leave;
+  std::atomic<bool> done{false};
+  std::thread signals([&] {
+    while (!done.load()) {
+      timespec tick{0, 100'000'000};
+      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig > 0) {
+        DS_LOG(INFO, "signal", {{"signal", sig}, {"action", "leave after the step in progress"}});
+        leave.Request();
+      }
+    }
+  });
+  absl::Status s = RunWorker(*o, &worker_metrics, watchdog.get(), &leave);
+  done = true;
+  signals.join();
   watchdog->Stop();
   if (!s.ok()) return fail(s);
   DS_LOG(INFO, "exiting", {{"reason", "shutdown"}});

@@ -1,6 +1,8 @@
 // `deltaserve worker`: one process per device. Creates the backend, dials the scheduler and serves
 // its WorkerSession stream (cluster.proto): Register -> Configure -> Warmup -> Steps until Shutdown.
 #pragma once
+#include <functional>
+#include <mutex>
 #include <string>
 
 #include "common/gguf/ggml_types.h"
@@ -60,13 +62,30 @@ struct WorkerOptions {
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv);
 
+// Asks a running worker to leave the cluster gracefully (SIGTERM / SIGINT in `deltaserve
+// worker`): it finishes the step in progress, answers it, and closes its session; the scheduler
+// moves its requests to the other replicas (or holds them for a new worker). RunWorker then
+// returns OK. Thread-safe; a request before the session exists applies once it does.
+class WorkerLeaveRequest {
+ public:
+  void Request();
+  bool requested() const;
+  // The session's hook (called under the lock, once, when requested); nullptr detaches.
+  void Attach(std::function<void()> on_request);
+
+ private:
+  mutable std::mutex mu_;
+  bool requested_ = false;
+  std::function<void()> on_request_;
+};
+
 // Runs the session. OK after a Shutdown from the scheduler; an error when the scheduler cannot be
 // reached, refuses the worker, or the stream breaks.
 absl::Status RunWorker(const WorkerOptions& opts);
 // The same with metrics (common/metrics/worker_metrics.h) and a systemd watchdog to feed from
 // the step loop and the heartbeat thread; either may be null.
 absl::Status RunWorker(const WorkerOptions& opts, metrics::WorkerMetrics* metrics,
-                       sd::Watchdog* watchdog);
+                       sd::Watchdog* watchdog, WorkerLeaveRequest* leave = nullptr);
 
 // Flags (and --config files) -> metrics -> RunWorker (READY=1 after warmup) -> exit code (0 after
 // Shutdown, 1 with one clear log line otherwise, 2 for bad flags / config).
