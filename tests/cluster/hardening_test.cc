@@ -576,6 +576,13 @@ TEST(Deltactl, ErrorsNameTheCodeAndTalkTls) {
   r = Ctl("tokenize --prompt hello --addr 127.0.0.1:" + std::to_string((*gw)->port()) +
           " --ca-file " + dir + "/cert.pem --server-name localhost");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // load over TLS reaches the gateway (its answer: no scheduler behind it); plaintext does not.
+  r = Ctl("load --requests 1 --prompt-len 3 --max-tokens 2 --addr " + pub + " --ca-file " + dir +
+          "/cert.pem");
+  EXPECT_TRUE(Contains(r.output, "first UNAVAILABLE: ")) << r.output;
+  EXPECT_FALSE(Contains(r.output, "failed to connect")) << r.output;
+  CommandResult plain = Ctl("load --requests 1 --prompt-len 3 --max-tokens 2 --addr " + pub);
+  EXPECT_TRUE(Contains(plain.output, "first UNAVAILABLE: failed to connect")) << plain.output;
   r = Ctl("tokenize --prompt hello --addr " + pub);  // plaintext to a TLS listener
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(Contains(r.output, "deltactl: UNAVAILABLE: ")) << r.output;

@@ -1,5 +1,7 @@
 #include "tools/loadgen/loadgen.h"
 
+#include "common/auth/tls.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -50,7 +52,9 @@ struct Samples {
   std::vector<double> ttft, itl, e2e, srv_queue, srv_ttft, srv_itl, srv_total;
   int ok = 0, rejected = 0;
   std::map<std::string, int> errors;
+  std::map<std::string, std::string> first_error;
   uint64_t generated = 0, prompt = 0;
+  absl::Status channel_error;  // a client could not build its channel (TLS files)
 };
 
 void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* out) {
@@ -58,8 +62,14 @@ void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* o
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt("deltactl.load.client", client);
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateCustomChannel(o.addr, grpc::InsecureChannelCredentials(), args));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      auth::MakeChannel(o.addr, o.tls, /*bearer_token=*/"", args);
+  if (!channel.ok()) {
+    std::lock_guard<std::mutex> l(out->mu);
+    out->channel_error = channel.status();
+    return;
+  }
+  auto stub = v1::Generation::NewStub(*channel);
   std::mt19937_64 rng(o.seed * 1000003 + static_cast<uint64_t>(client));
   std::uniform_int_distribution<int32_t> id(0, std::max(1, o.vocab) - 1);
   std::vector<double> itl;
@@ -118,7 +128,11 @@ void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* o
     }
     std::lock_guard<std::mutex> l(out->mu);
     if (!s.ok() || !have_fin) {
-      ++out->errors[CodeName(s.error_code())];
+      const std::string code = CodeName(s.error_code());
+      ++out->errors[code];
+      // The first message of each code, so the report says why, not only how often.
+      if (!out->first_error.count(code))
+        out->first_error[code] = s.ok() ? "stream ended without Finished" : s.error_message();
       continue;
     }
     ++out->ok;
@@ -173,7 +187,9 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o) {
   r.wall_s = Sec(Clock::now() - t0);
   r.ok = s.ok;
   r.rejected = s.rejected;
+  if (!s.channel_error.ok()) return s.channel_error;
   r.errors = s.errors;
+  r.first_error = s.first_error;
   r.generated_tokens = s.generated;
   r.prompt_tokens = s.prompt;
   r.ttft = Summarize(s.ttft);
@@ -199,6 +215,8 @@ std::string FormatReport(const LoadReport& r) {
                         r.rejected);
   for (const auto& [code, n] : r.errors) absl::StrAppendFormat(&out, ", %d %s", n, code);
   absl::StrAppendFormat(&out, " | wall %.2f s\n", r.wall_s);
+  for (const auto& [code, msg] : r.first_error)
+    absl::StrAppendFormat(&out, "first %s: %s\n", code, msg);
   absl::StrAppendFormat(&out,
                         "client throughput: %.1f generated tok/s, %.2f req/s (%llu generated, "
                         "%llu prompt tokens)\n",

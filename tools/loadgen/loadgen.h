@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth/tls.h"
 #include "common/util/status.h"
 
 namespace ds::loadgen {
@@ -28,6 +29,8 @@ struct LoadOptions {
   // as the public API asks ("retry later with backoff"); the rejected request is not retried.
   int reject_backoff_ms = 20;
   std::string api_key;
+  // TLS to the public listener (auth::ClientTlsFiles::tls false: plaintext).
+  auth::ClientTlsFiles tls;
 };
 
 struct Percentiles {
@@ -41,6 +44,7 @@ struct LoadReport {
   int ok = 0;
   int rejected = 0;                   // RESOURCE_EXHAUSTED (admission)
   std::map<std::string, int> errors;  // other failures by status code name
+  std::map<std::string, std::string> first_error;  // code name -> the first such message
   double wall_s = 0;
   uint64_t generated_tokens = 0;
   uint64_t prompt_tokens = 0;
