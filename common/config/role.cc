@@ -3,12 +3,15 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/log/protobuf_log.h"
 
 namespace ds::config {
 
 absl::StatusOr<RoleSetup> SetUpRole(std::string_view component, int argc, char** argv) {
   log::Init(component);
   log::SetMinLevelFromEnv();
+  // Every role parses protobuf: libprotobuf's own lines go through the structured log too.
+  log::RouteProtobufLogs();
   DS_ASSIGN_OR_RETURN(Args args, Args::Expand(argc, argv));
   RoleSetup r{std::move(args), ""};
   // Validated on a copy: Explain() needs the flag still in place to name its file and line.
