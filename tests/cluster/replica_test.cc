@@ -257,9 +257,9 @@ class ServeRun {
   explicit ServeRun(std::vector<std::string> flags) {
     static int n = 0;
     out_ = TestDir() + "/serve_run" + std::to_string(n++) + ".out";
-    const std::string model = TinyModel();  // synthesized here, before the fork
-    std::vector<std::string> args = {kBin, "serve", "--model", model, "--backend", "cpu",
-                                     "--threads", "1", "--port", "0", "--ctx", "2048"};
+    model_ = ClusterModel();  // synthesized here, before the fork
+    std::vector<std::string> args = {kBin, "serve", "--model", model_, "--port", "0", "--ctx", "2048"};
+    for (const std::string& a : ClusterBackendArgs()) args.push_back(a);
     args.insert(args.end(), flags.begin(), flags.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -276,7 +276,7 @@ class ServeRun {
     }
     const std::regex gen_re("generation  (127\\.0\\.0\\.1:[0-9]+)"),
         admin_re("admin       (127\\.0\\.0\\.1:[0-9]+)");
-    for (auto end = Clock::now() + 60s; Clock::now() < end && addr_.empty();) {
+    for (auto end = Clock::now() + StartTimeout() + 60s; Clock::now() < end && addr_.empty();) {
       const std::string text = ReadFile(out_);
       std::smatch m, a;
       if (std::regex_search(text, m, gen_re) && std::regex_search(text, a, admin_re)) {
@@ -321,7 +321,7 @@ class ServeRun {
       std::replace(cmd.begin(), cmd.end(), '\0', ' ');
       if (cmd.find(" worker ") != std::string::npos &&
           cmd.find("--worker-id " + id + " ") != std::string::npos &&
-          cmd.find(TinyModel()) != std::string::npos)
+          cmd.find(model_) != std::string::npos)
         return std::atoi(e.path().filename().c_str());
     }
     return -1;
@@ -337,7 +337,7 @@ class ServeRun {
 
  private:
   pid_t pid_ = -1;
-  std::string out_, addr_, admin_;
+  std::string model_, out_, addr_, admin_;
 };
 
 // Four streams through `serve`; `worker_id`'s process is killed once the first has 20 tokens.
@@ -362,7 +362,10 @@ void KillMidStream(ServeRun& s, const std::string& worker_id, const std::vector<
   for (auto& x : f) {
     GenResult g = x.get();
     ASSERT_TRUE(g.status.ok()) << g.status.error_message() << s.Output();
-    EXPECT_EQ(g.ids, want);
+    if (ExactReplay()) EXPECT_EQ(g.ids, want);
+    EXPECT_EQ(g.ids.size(), want.size());
+    std::printf("serve: %zu tokens, %zu equal to the uninterrupted run before the first "
+                "difference\n", g.ids.size(), Agreement(g.ids, want));
   }
 }
 
@@ -371,7 +374,7 @@ void KillMidStream(ServeRun& s, const std::string& worker_id, const std::vector<
 TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
   ServeRun s({"--workers", "2", "--slots", "2"});
   ASSERT_FALSE(s.addr().empty()) << s.Output();
-  ASSERT_TRUE(s.WaitReady(2, 30s)) << s.Output();
+  ASSERT_TRUE(s.WaitReady(2, StartTimeout())) << s.Output();
   const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
   ASSERT_TRUE(want.status.ok());
   const pid_t w0 = s.WorkerPid("serve-w0");
@@ -379,7 +382,7 @@ TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
   KillMidStream(s, "serve-w0", want.ids, &killed);
   // Restarted (backoff 1 s) and serving again as the second replica.
   bool back = false;
-  for (auto end = Clock::now() + 30s; Clock::now() < end && !back;) {
+  for (auto end = Clock::now() + StartTimeout(); Clock::now() < end && !back;) {
     const pid_t p = s.WorkerPid("serve-w0");
     back = p > 0 && p != w0 && s.ReadyReplicas() == 2;
     if (!back) std::this_thread::sleep_for(100ms);
@@ -393,9 +396,12 @@ TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
 // the broken group (its session is closed; a collective with a dead peer fails), serve restarts
 // both ranks, the group re-forms, and the held requests continue with nothing lost.
 TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
-  ServeRun s({"--tp", "2", "--split", "1,1", "--slots", "4"});
+  std::vector<std::string> flags = {"--tp", "2", "--split", "1,1", "--slots", "4"};
+  // CUDA ranks on one GPU (the device machine): Gloo behind the host-staged collective.
+  if (!ExactReplay()) flags.insert(flags.end(), {"--tp-collective", "gloo", "--gpus", "0,0"});
+  ServeRun s(flags);
   ASSERT_FALSE(s.addr().empty()) << s.Output();
-  ASSERT_TRUE(s.WaitReady(1, 30s)) << s.Output();
+  ASSERT_TRUE(s.WaitReady(1, StartTimeout())) << s.Output();
   const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
   ASSERT_TRUE(want.status.ok());
   const pid_t rank0 = s.WorkerPid("serve-g0-r0");
@@ -418,7 +424,7 @@ TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
   std::printf("tp group: rank 0 left the broken group %.3f s after rank 1 was killed\n", leave_s);
   EXPECT_LT(leave_s, 2.0);
   bool reformed = false;
-  for (auto end = Clock::now() + 30s; Clock::now() < end && !reformed;) {
+  for (auto end = Clock::now() + StartTimeout(); Clock::now() < end && !reformed;) {
     const pid_t p0 = s.WorkerPid("serve-g0-r0"), p1 = s.WorkerPid("serve-g0-r1");
     reformed = p0 > 0 && p0 != rank0 && p1 > 0 && s.ReadyReplicas() == 1;
     if (!reformed) std::this_thread::sleep_for(100ms);

@@ -45,6 +45,7 @@ struct ServeOptions {
   std::vector<int> gpus; // CUDA device of every rank, replica by replica; empty = --device 0
   double failover_wait = 60;  // a lost replica's requests wait this long for one (0 = fail)
   std::string tp_split;  // TP share weights ("1,2") or "mem"; empty = even
+  std::string tp_collective;  // worker --tp-collective (auto|gloo|nccl); empty = the worker's auto
   int slots = 4;
   int ctx = 4096;
   std::string split = "pool";
@@ -64,7 +65,8 @@ void Usage(FILE* out) {
   std::fprintf(out,
                "usage: deltaserve serve --model FILE [--workers N | --gpus 0,1,...] [--slots N] [--ctx N] "
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
-               "[--threads N] [--tp N [--split 1,2|mem]] [--demo PROMPT [--demo-max-tokens N]]\n"
+               "[--threads N] [--tp N [--split 1,2|mem] [--tp-collective auto|gloo|nccl]] "
+               "[--demo PROMPT [--demo-max-tokens N]]\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
@@ -84,7 +86,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-max-tokens", "--tp",
-      "--tp-split", "--kv-type", "--gpus", "--failover-wait",
+      "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device"};
@@ -142,6 +144,9 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     m.erase("--split");
   }
   if (m.count("--tp-split")) o.tp_split = m["--tp-split"];
+  // gloo with CUDA ranks: Gloo behind the host-staged collective, which lets ranks share a GPU
+  // (--gpus 0,0); the worker validates the value.
+  if (m.count("--tp-collective")) o.tp_collective = m["--tp-collective"];
   if (!o.tp_split.empty() && o.tp == 1)
     return absl::InvalidArgumentError("TP share weights need --tp > 1");
   if (m.count("--split")) o.split = m["--split"];
@@ -374,6 +379,7 @@ int RunServe(int argc, char** argv) {
                          "--tp-group", absl::StrCat("serve-g", replica), "--worker-id",
                          absl::StrCat("serve-g", replica, "-r", r)});
       if (!o->tp_split.empty()) a.insert(a.end(), {"--split", o->tp_split});
+      if (!o->tp_collective.empty()) a.insert(a.end(), {"--tp-collective", o->tp_collective});
     }
     return a;
   };
