@@ -82,8 +82,9 @@ SERVER_ERRORS = 'outcome=~"error|unavailable|deadline_exceeded"'
 row("Throughput")
 panel("Gateways serving", [("sum(deltaserve_gateway_serving)", "serving")], kind="stat", w=4,
       h=4, desc="Gateways reporting SERVING (a warmed-up worker behind them).")
-panel("Workers up", [("sum(deltaserve_worker_up)", "up")], kind="stat", w=4, h=4,
-      desc="Workers attached to a scheduler and warmed up.")
+panel("Replicas up", [("sum(deltaserve_worker_up)", "up")], kind="stat", w=4, h=4,
+      desc="Replicas attached to the scheduler: every worker (or TP group) is one, with its own "
+           "slots; a lost one's requests continue on the others.")
 panel("Requests in flight", [("sum(deltaserve_gateway_requests_inflight)", "in flight")],
       kind="stat", w=4, h=4, desc="Generate calls holding an admission permit.")
 panel("Generated tokens/s", [(f"sum(rate(deltaserve_generation_tokens_total[{RI}]))", "tokens/s")],
@@ -161,7 +162,7 @@ panel("Admission in flight vs limit",
 
 # ---------------------------------------------------------------------------------------------
 row("Workers and GPUs")
-panel("Worker up (scheduler view)", [("deltaserve_worker_up", "{{worker}}")], minv=0, maxv=1)
+panel("Replica up (scheduler view)", [("deltaserve_worker_up", "{{worker}}")], minv=0, maxv=1)
 panel("Worker heartbeat age", [("deltaserve_worker_heartbeat_age_seconds", "{{worker}}")],
       unit="s")
 panel("Scrape targets up", [('up{job=~"deltaserve-.*"}', "{{job}} {{instance}}")], minv=0,
