@@ -372,8 +372,12 @@ void KillMidStream(ServeRun& s, const std::string& worker_id, const std::vector<
 // `deltaserve serve --workers 2`: two replicas; kill -9 of a worker loses nothing and serve
 // restarts it (it rejoins as a replica).
 TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
-  ServeRun s({"--workers", "2", "--slots", "2"});
+  ServeRun s({"--workers", "2", "--slots", "2", "--metrics-port", "0"});
   ASSERT_FALSE(s.addr().empty()) << s.Output();
+  // Every worker exports its metrics (each replica's endpoint is printed).
+  EXPECT_TRUE(std::regex_search(
+      s.Output(), std::regex("worker 127\\.0\\.0\\.1:[1-9][0-9]*, 127\\.0\\.0\\.1:[1-9][0-9]*\\n")))
+      << s.Output();
   ASSERT_TRUE(s.WaitReady(2, StartTimeout())) << s.Output();
   const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
   ASSERT_TRUE(want.status.ok());

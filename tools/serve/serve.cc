@@ -110,7 +110,8 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   DS_RETURN_IF_ERROR(integer("--demo-max-tokens", &o.demo_max_tokens, 1));
   DS_RETURN_IF_ERROR(integer("--metrics-port", &o.metrics_port, 0));
   if (o.metrics_port > 65533)
-    return absl::InvalidArgumentError("--metrics-port must be <= 65533 (the worker gets P+2)");
+    return absl::InvalidArgumentError(
+        "--metrics-port must be <= 65533 (the workers get P+2, P+3, ...)");
   for (auto [flag, field] : {std::pair{"--api-key-file", &o.api_key_file},
                              {"--admin-key-file", &o.admin_key_file},
                              {"--tls-cert", &o.tls_cert},
@@ -170,6 +171,10 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     // A demo is a one-shot run: free ports unless asked, so it never collides with a server.
     if (!m.count("--port")) o.port = 0;
   }
+  if (o.metrics_port > 0 && o.metrics_port + 1 + o.workers * o.tp > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics-port ", o.metrics_port, ": the ", o.workers * o.tp,
+        " worker processes would need ports up to ", o.metrics_port + 1 + o.workers * o.tp));
   if (!std::filesystem::exists(o.model))
     return absl::NotFoundError("--model: no such file '" + o.model + "'");
   return o;
@@ -237,6 +242,11 @@ absl::StatusOr<std::string> WriteInternalKey(const std::string& dir) {
   close(fd);
   if (!ok) return absl::InternalError("cannot write " + path);
   return path;
+}
+
+// The port file of the k-th worker process (k >= 1; the first one's is worker.port).
+std::string WorkerPortFile(const std::string& dir, int k) {
+  return absl::StrCat(dir, "/worker", k, ".port");
 }
 
 int ReadPort(const std::string& text, int index) {
@@ -367,13 +377,13 @@ int RunServe(int argc, char** argv) {
     if (!o->gpus.empty())
       a.insert(a.end(), {"--device", std::to_string(o->gpus[replica * o->tp + r])});
     if (o->tp == 1) a.insert(a.end(), {"--worker-id", absl::StrCat("serve-w", replica)});
-    if (replica == 0 && r == 0) {
-      // Rank 0 reports its metrics port (written before the model loads; 0 when off). Other
-      // ranks export no metrics yet (their endpoint would not be discoverable).
-      a.insert(a.end(), {"--port-file", worker_port_file});
-      if (o->metrics_port >= 0) a.insert(a.end(), {"--metrics-listen", metrics_listen(2)});
-      if (!o->nvml_device.empty()) a.insert(a.end(), {"--nvml-device", o->nvml_device});
-    }
+    // Every worker process (rank) exports its metrics: the k-th on P+2+k (any free port with
+    // --metrics-port 0), reported through its port file (written before the model loads).
+    const int k = replica * o->tp + r;
+    a.insert(a.end(), {"--port-file", k == 0 ? worker_port_file : WorkerPortFile(dir, k)});
+    if (o->metrics_port >= 0) a.insert(a.end(), {"--metrics-listen", metrics_listen(2 + k)});
+    if (replica == 0 && r == 0 && !o->nvml_device.empty())
+      a.insert(a.end(), {"--nvml-device", o->nvml_device});
     if (o->tp > 1) {
       a.insert(a.end(), {"--tp-rank", std::to_string(r), "--tp-world", std::to_string(o->tp),
                          "--tp-group", absl::StrCat("serve-g", replica), "--worker-id",
@@ -472,9 +482,16 @@ int RunServe(int argc, char** argv) {
   if (!internal_key_file.empty())
     std::printf("  internal key %s   (mode 0600; the scheduler port takes only this key)\n",
                 internal_key_file.c_str());
-  if (o->metrics_port >= 0)
-    std::printf("  metrics     gateway 127.0.0.1:%d, scheduler 127.0.0.1:%d, worker 127.0.0.1:%d\n",
+  if (o->metrics_port >= 0) {
+    std::printf("  metrics     gateway 127.0.0.1:%d, scheduler 127.0.0.1:%d, worker 127.0.0.1:%d",
                 gw_metrics_port, sched_metrics_port, worker_metrics_port);
+    for (int k = 1; k < o->workers * o->tp; ++k)
+      std::printf(", 127.0.0.1:%d", ReadPort(serve::WaitForFile(WorkerPortFile(dir, k),
+                                                                &children[workers[k].child],
+                                                                kStartTimeout),
+                                             0));
+    std::printf("\n");
+  }
   std::fflush(stdout);
 
   if (o->demo) {
