@@ -109,6 +109,12 @@ TEST(Replicas, TwoWorkersAreTwoReplicasAndNewRequestsGoWhereSlotsAreFree) {
   const v1::ClusterStatus st = c.Status();
   EXPECT_EQ(st.slots_size(), 4);  // both replicas' slots
   EXPECT_NE(st.workers(0).replica(), st.workers(1).replica());
+  // Each worker reports what its backend holds (workspace_bytes was always 0: issue #18 item 7).
+  for (const auto& w : st.workers()) {
+    EXPECT_GT(w.workspace_bytes(), 0u) << w.DebugString();
+    EXPECT_GT(w.kv_bytes(), 0u) << w.DebugString();
+    EXPECT_GT(w.state_bytes(), 0u) << w.DebugString();
+  }
   for (auto& x : f) {
     GenResult g = x.get();
     EXPECT_TRUE(g.status.ok()) << g.status.error_message();
