@@ -158,21 +158,28 @@ SchedulerLoop::Replica* SchedulerLoop::FindReplica(int id) {
   return nullptr;
 }
 
-SchedulerLoop::Replica* SchedulerLoop::PlaceNew() {
-  Replica* best = nullptr;
-  int best_free = 0, best_load = 0;
+std::vector<SchedulerLoop::Replica*> SchedulerLoop::ReadyByFreeCapacity() {
+  struct Ranked {
+    Replica* r;
+    int free, load;
+  };
+  std::vector<Ranked> ranked;
   for (auto& r : replicas_) {
     if (r->state != WorkerState::kReady) continue;
     const SchedulerStatus st = r->core->Status();
-    const int free = st.n_slots_target - st.running - st.queued;
-    const int load = st.running + st.queued;
-    if (!best || free > best_free || (free == best_free && load < best_load)) {
-      best = r.get();
-      best_free = free;
-      best_load = load;
-    }
+    ranked.push_back({r.get(), st.n_slots_target - st.running - st.queued, st.running + st.queued});
   }
-  return best;
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    return a.free != b.free ? a.free > b.free : a.load < b.load;
+  });
+  std::vector<Replica*> order;
+  for (const Ranked& x : ranked) order.push_back(x.r);
+  return order;
+}
+
+SchedulerLoop::Replica* SchedulerLoop::PlaceNew() {
+  const std::vector<Replica*> order = ReadyByFreeCapacity();
+  return order.empty() ? nullptr : order.front();
 }
 
 // ---- commands ----
@@ -214,13 +221,7 @@ void SchedulerLoop::Handle(AbortCmd& c) {
   held_.erase(std::remove_if(held_.begin(), held_.end(),
                              [&](const Request& q) { return q.id == c.id; }),
               held_.end());
-  RequestEventItem item;
-  item.event.kind = Event::Kind::kFinished;
-  item.event.id = c.id;
-  item.event.reason = FinishReason::kAborted;
-  item.event.detail = c.why;
-  it->second.channel->Push(std::move(item));
-  side_.erase(it);
+  FinishOutsideCore(c.id, FinishReason::kAborted, c.why, /*unavailable=*/false);
 }
 
 void SchedulerLoop::Handle(FinishCmd& c) {
@@ -553,17 +554,22 @@ void SchedulerLoop::FailInFlightPlan(Replica* r, const std::string& why, bool un
   }
 }
 
-void SchedulerLoop::FailRequest(RequestId id, const std::string& why, bool unavailable) {
+void SchedulerLoop::FinishOutsideCore(RequestId id, FinishReason reason, const std::string& why,
+                                      bool unavailable) {
   auto it = side_.find(id);
   if (it == side_.end()) return;
   RequestEventItem item;
   item.unavailable = unavailable;
   item.event.kind = Event::Kind::kFinished;
   item.event.id = id;
-  item.event.reason = FinishReason::kError;
+  item.event.reason = reason;
   item.event.detail = why;
   it->second.channel->Push(std::move(item));
   side_.erase(it);
+}
+
+void SchedulerLoop::FailRequest(RequestId id, const std::string& why, bool unavailable) {
+  FinishOutsideCore(id, FinishReason::kError, why, unavailable);
 }
 
 void SchedulerLoop::FailAll(const std::string& why, bool unavailable) {
@@ -585,14 +591,7 @@ void SchedulerLoop::FailAll(const std::string& why, bool unavailable) {
 bool SchedulerLoop::Replay(Request req) {
   const RequestId id = req.id;
   // The ready replica with the most free capacity; a full queue there tries the next.
-  std::vector<Replica*> order;
-  for (auto& r : replicas_)
-    if (r->state == WorkerState::kReady) order.push_back(r.get());
-  std::stable_sort(order.begin(), order.end(), [](Replica* a, Replica* b) {
-    const SchedulerStatus x = a->core->Status(), y = b->core->Status();
-    return x.n_slots_target - x.running - x.queued > y.n_slots_target - y.running - y.queued;
-  });
-  for (Replica* r : order) {
+  for (Replica* r : ReadyByFreeCapacity()) {
     if (!r->core->Add(req).ok()) continue;
     side_[id].replica = r->id;
     return true;
@@ -652,10 +651,11 @@ void SchedulerLoop::LoseReplica(Replica* r, const std::string& why) {
 
 // ---- status ----
 
-ClusterSnapshot SchedulerLoop::Snapshot() const {
+ClusterSnapshot SchedulerLoop::Snapshot(bool with_step_stats) const {
   ClusterSnapshot s;
-  s.core = config_core_->Status();
+  s.core = config_core_->Status();  // target slots, policy, drain flag; no requests of its own
   s.core.slots.clear();
+  if (!replicas_.empty()) s.core.pool_total = 0;  // the replicas' pools, summed below
   s.serving = serving();
   const double now_s = SteadySeconds(SteadyClock::now());
   int first_slot = 0;
@@ -683,17 +683,17 @@ ClusterSnapshot SchedulerLoop::Snapshot() const {
     s.core.pool_total += x.core.pool_total;
     s.replicas.push_back(std::move(x));
   }
-  if (replicas_.empty()) s.core.pool_total = config_core_->Status().pool_total;
   s.held = static_cast<int>(held_.size());
   s.core.queued += s.held;
   s.max_queue = opts_.core.max_queue;
-  s.stats = stats_.Snapshot();
+  // Exact percentiles sort the last 8192 steps: for status calls, not for every loop turn.
+  if (with_step_stats) s.stats = stats_.Snapshot();
   return s;
 }
 
 void SchedulerLoop::UpdateMetrics() {
   if (!metrics_) return;
-  const ClusterSnapshot snap = Snapshot();
+  const ClusterSnapshot snap = Snapshot(/*with_step_stats=*/false);
   const SchedulerStatus& st = snap.core;
   metrics::SchedulerGaugeState g;
   g.waiting = st.queued;

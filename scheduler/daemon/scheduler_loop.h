@@ -236,7 +236,9 @@ class SchedulerLoop {
   void Handle(StopCmd& c);
   Replica* FindReplica(const WorkerLink* link);
   Replica* FindReplica(int id);
-  // The ready replica with the most free capacity (idle slots minus queued requests), or null.
+  // Ready replicas, most free capacity (target slots - running - queued) first, ties: the least
+  // loaded; PlaceNew is the first of them, or null.
+  std::vector<Replica*> ReadyByFreeCapacity();
   Replica* PlaceNew();
   // A lost replica: its requests continue on the others (or are held, or fail), it is removed.
   void LoseReplica(Replica* r, const std::string& why);
@@ -244,7 +246,9 @@ class SchedulerLoop {
   bool Replay(Request req);
   // Applies a replica's in-flight plans as failed and routes their events.
   void FailInFlightPlan(Replica* r, const std::string& why, bool unavailable);
-  // Ends a request the loop holds outside any core (Finished{kError}).
+  // Ends a request the loop holds outside any core (held, or its core is gone): Finished{reason}.
+  void FinishOutsideCore(RequestId id, FinishReason reason, const std::string& why,
+                         bool unavailable);
   void FailRequest(RequestId id, const std::string& why, bool unavailable);
   void FailAll(const std::string& why, bool unavailable);
   // Schedule() (or, ahead, ScheduleAhead()) on the replica's core and send the plan.
@@ -254,7 +258,7 @@ class SchedulerLoop {
   // Admin changes go to config_core_ (the template every new replica copies) and every replica.
   absl::Status ForEachCore(const std::function<absl::Status(Scheduler&)>& f);
   void ApplyTemplate(Scheduler* core) const;
-  ClusterSnapshot Snapshot() const;
+  ClusterSnapshot Snapshot(bool with_step_stats = true) const;
   void UpdateMetrics();
   int64_t PerSlotCapFor(int n_slots, const ContextPolicy& p) const;
   bool serving() const;
