@@ -204,6 +204,12 @@ class CudaDevice final : public Device {
   bool tiled_ = false;       // copts_.tiled on a GPU that has the tiled kernel
   int tiled_max_rows_ = 0;
   int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
+  // The prepared step's arrays in d_ints_ (kernel arguments): per token row, then per decode run.
+  const int32_t* TokenSlots() const { return d_ints_ + T_max_; }
+  const int32_t* TokenPositions() const { return d_ints_ + 2 * T_max_; }
+  const int32_t* DecodeRows() const { return d_ints_ + 3 * T_max_; }
+  const int32_t* DecodeSlots() const { return d_ints_ + 4 * T_max_; }
+  const int32_t* DecodePositions() const { return d_ints_ + 5 * T_max_; }
   int32_t* d_logit_rows_ = nullptr;  // [T_max]
   int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
   int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ + d_logit_rows_

@@ -110,9 +110,9 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.shape = s;
     a.p = L.gdn;
     a.n_seqs = n_dec_;
-    a.rows = d_ints_ + 3 * T_max_;
-    a.slots = d_ints_ + 4 * T_max_;
-    a.pos = d_ints_ + 5 * T_max_;
+    a.rows = DecodeRows();
+    a.slots = DecodeSlots();
+    a.pos = DecodePositions();
     a.mixed = mixed_;
     a.z = z_;
     a.b = gb_;
@@ -162,8 +162,8 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
   QkvPrepArgs pa;
   pa.shape = s;
   pa.T = R;
-  pa.tok_slot = d_ints_ + T_max_;
-  pa.tok_pos = d_ints_ + 2 * T_max_;
+  pa.tok_slot = TokenSlots();
+  pa.tok_pos = TokenPositions();
   pa.qg = mixed_;
   pa.k = kx_;
   pa.v = vx_;
@@ -177,9 +177,9 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
     AttnDecodeArgs a;
     a.shape = s;
     a.n_seqs = n_dec_;
-    a.rows = d_ints_ + 3 * T_max_;
-    a.slots = d_ints_ + 4 * T_max_;
-    a.pos = d_ints_ + 5 * T_max_;
+    a.rows = DecodeRows();
+    a.slots = DecodeSlots();
+    a.pos = DecodePositions();
     a.q = q_;
     a.qg = mixed_;
     a.kv = kv;
