@@ -5,21 +5,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGETS=${*:-deltaserve kernels_cuda_test}
-cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=90a \
+BUILD=${DS_PACK_BUILD:-build-dev}
+OUT=${DS_PACK_OUT:-.devcarry}
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=90a \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
-cmake --build build-dev -j"${DS_JOBS:-2}" --target $TARGETS
-rm -rf .devcarry && mkdir -p .devcarry/bin .devcarry/lib
+cmake --build "$BUILD" -j"${DS_JOBS:-2}" --target $TARGETS
+rm -rf "$OUT" && mkdir -p "$OUT/bin" "$OUT/lib"
 for t in $TARGETS; do
-  f=$(find build-dev -type f -name "$t" -perm -u+x | head -1)
+  f=$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)
   [ -n "$f" ] || { echo "pack: target $t not built" >&2; exit 1; }
-  cp "$f" .devcarry/bin/
+  cp "$f" "$OUT/bin/"
   ldd "$f" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       # glibc and the driver are the machine's; the CUDA toolkit libraries (cudart, cublas,
       # cublasLt: ~700 MB) are on the device image under /usr/local/cuda/lib64.
       libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
       libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*) ;;
-      *) cp -Ln "$lib" .devcarry/lib/ ;;
+      *) cp -Ln "$lib" "$OUT/lib/" ;;
     esac
   done
 done
@@ -28,8 +30,8 @@ done
 # it first on the device: mkdir -p /tmp/x && tar -C /tmp/x -xJf .devcarry/dc.tar.xz &&
 # rm -rf .devcarry && mv /tmp/x/dc .devcarry
 if [ "${DS_PACK_XZ:-0}" = 1 ]; then
-  tmp=$(mktemp -d) && mv .devcarry "$tmp/dc" && mkdir .devcarry
-  tar -C "$tmp" -cf - dc | xz -T"${DS_JOBS:-2}" -6 > .devcarry/dc.tar.xz
+  tmp=$(mktemp -d) && mv "$OUT" "$tmp/dc" && mkdir "$OUT"
+  tar -C "$tmp" -cf - dc | xz -T"${DS_JOBS:-2}" -6 > "$OUT/dc.tar.xz"
   rm -rf "$tmp"
 fi
-du -sh .devcarry
+du -sh "$OUT"
