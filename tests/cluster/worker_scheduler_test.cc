@@ -62,9 +62,21 @@ TEST(TpCollectiveChoice, FollowsTheBackend) {
   EXPECT_EQ(worker::ResolveTpCollective("gloo", true).status().code(),
             absl::StatusCode::kUnimplemented);
 #endif
+  EXPECT_EQ(worker::ResolveTpCollective("custom", false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+#ifdef DS_HAVE_CUSTOM_ALLREDUCE
+  // CUDA ranks default to the IPC all-reduce (falling back when the group cannot use it).
+  EXPECT_EQ(*worker::ResolveTpCollective("custom", true), "custom");
+  EXPECT_EQ(*worker::ResolveTpCollective("auto", true), "auto-custom");
+#else
+  EXPECT_EQ(worker::ResolveTpCollective("custom", true).status().code(),
+            absl::StatusCode::kUnimplemented);
+#endif
 #ifdef DS_HAVE_NCCL
   EXPECT_EQ(*worker::ResolveTpCollective("nccl", true), "nccl");
+#ifndef DS_HAVE_CUSTOM_ALLREDUCE
   EXPECT_EQ(*worker::ResolveTpCollective("auto", true), "nccl");
+#endif
 #else
   EXPECT_EQ(worker::ResolveTpCollective("nccl", true).status().code(),
             absl::StatusCode::kUnimplemented);

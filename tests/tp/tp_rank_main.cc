@@ -7,12 +7,14 @@
 //              [--free-gib X] [--lm-head vocab|rank0] [--prompt 24] [--prompt2 9] [--gen 8]
 //              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
 //              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
-//              [--follow REF.json] [--no-graphs] [--tiled on|off]
+//              [--follow REF.json] [--no-graphs] [--tiled on|off] [--collective staged|custom]
 //
 // --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
 // wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
 // may share one GPU (NCCL refuses that). A testing path: every all-reduce synchronises the stream
 // and decode runs without CUDA graphs. Each rank prints its CUDA memory plan.
+// --collective custom (CUDA): the IPC all-reduce (CustomAllReduceCollective) over that Gloo group:
+// device all-reduces and gathers through CUDA IPC buffers, graph-capturable (decode graphs on).
 //   ds_tp_rank --make-model M.gguf --shape tp|perf [--type Q8_0] [--seed 1]
 //
 // The run: one prefill step with two sequences (slot 0: --prompt tokens, all logits; slot 1:
@@ -36,6 +38,9 @@
 
 #include "common/collective/gloo_collective.h"
 #include "common/collective/host_staged_collective.h"
+#ifdef DS_HAVE_CUSTOM_ALLREDUCE
+#include "common/collective/custom_allreduce.h"
+#endif
 #include "nlohmann/json.hpp"
 #include "tools/synth/synth.h"
 #include "worker/model/cpu_backend.h"
@@ -151,6 +156,17 @@ int Main(int argc, char** argv) {
       auto dev = NewCudaStagingDevice(num("--device", 0));
       if (!dev.ok()) return Fail(dev.status());
       coll = std::make_unique<HostStagedCollective>(std::move(coll), std::move(*dev));
+      if (str("--collective", "staged") == "custom") {
+#ifdef DS_HAVE_CUSTOM_ALLREDUCE
+        auto car = CustomAllReduceCollective::Create(std::move(coll), num("--device", 0));
+        if (!car.ok()) return Fail(car.status());
+        coll = std::move(*car);
+#else
+        return Fail(absl::UnimplementedError("--collective custom: this build has no CUDA"));
+#endif
+      } else if (str("--collective", "staged") != "staged") {
+        return Fail(absl::InvalidArgumentError("--collective expects staged or custom"));
+      }
     }
 #endif
   }
@@ -217,6 +233,7 @@ int Main(int argc, char** argv) {
   res["rank"] = rank;
   res["world"] = world;
   res["backend"] = backend;
+  res["collective"] = coll ? coll->name() : "none";
   if (plan) {
     const tp::Plan* p = plan;
     auto file = gguf::File::Open(a["--model"]);  // for the planner's tensor list (mmap, cheap)

@@ -15,7 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "deltaserve/internal/cluster.grpc.pb.h"
 #include "common/collective/host_staged_collective.h"
+#include "common/log/log.h"
 #include "worker/tp/plan.h"
+#ifdef DS_HAVE_CUSTOM_ALLREDUCE
+#include "common/collective/custom_allreduce.h"
+#endif
 #if defined(DS_HAVE_NCCL) || defined(DS_HAVE_CUDA_STAGING)
 #include <cuda_runtime_api.h>
 #endif
@@ -172,18 +176,31 @@ absl::StatusOr<std::string> ResolveTpCollective(const std::string& requested, bo
 #else
   constexpr bool kStaged = false;
 #endif
-  if (requested != "auto" && requested != "gloo" && requested != "nccl")
-    return absl::InvalidArgumentError("--tp-collective expects auto, gloo or nccl, got '" +
+#ifdef DS_HAVE_CUSTOM_ALLREDUCE
+  constexpr bool kCustom = true;
+#else
+  constexpr bool kCustom = false;
+#endif
+  if (requested != "auto" && requested != "gloo" && requested != "nccl" && requested != "custom")
+    return absl::InvalidArgumentError("--tp-collective expects auto, gloo, nccl or custom, got '" +
                                       requested + "'");
   if (!cuda_backend) {
-    if (requested == "nccl")
-      return absl::InvalidArgumentError("--tp-collective nccl needs --backend cuda");
+    if (requested == "nccl" || requested == "custom")
+      return absl::InvalidArgumentError("--tp-collective " + requested + " needs --backend cuda");
     return std::string("gloo");
+  }
+  // CUDA: the IPC all-reduce first (ranks on one host; JoinTpGroup falls back for auto), then
+  // NCCL, then Gloo staged through the host.
+  if (requested == "custom" || (requested == "auto" && kCustom)) {
+    if (!kCustom)
+      return absl::UnimplementedError(
+          "--tp-collective custom: this build has no CUDA (CustomAllReduceCollective)");
+    return std::string(requested == "auto" ? "auto-custom" : "custom");
   }
   if (requested == "nccl" || (requested == "auto" && kNccl)) {
     if (!kNccl)
       return absl::UnimplementedError(
-          "--tp-collective nccl: this build has no NCCL (use --tp-collective gloo)");
+          "--tp-collective nccl: this build has no NCCL (use --tp-collective gloo or custom)");
     return std::string("nccl");
   }
   if (!kStaged)
@@ -198,11 +215,12 @@ absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& colle
   if (prefix.empty())
     return absl::FailedPreconditionError(
         "the scheduler sent no tp_prefix in Configure (scheduler too old for tensor parallelism?)");
-  if (collective != "gloo" && collective != "nccl" && collective != "staged-gloo")
+  if (collective != "gloo" && collective != "nccl" && collective != "staged-gloo" &&
+      collective != "custom" && collective != "auto-custom")
     return absl::InvalidArgumentError("unknown TP collective '" + collective + "'");
   TpGroup g;
   SchedulerRendezvousStore store(std::move(scheduler));
-  if (collective == "nccl") {
+  auto make_nccl = [&]() -> absl::StatusOr<std::unique_ptr<Collective>> {
 #ifdef DS_HAVE_NCCL
     // NCCL finds its interface itself (IB/RoCE first, then non-loopback sockets); --tp-iface
     // pins it unless the operator's environment already does. Set before the unique id: rank
@@ -220,29 +238,66 @@ absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& colle
         return absl::DataLossError(absl::StrCat("nccl_id has ", v.size(), " bytes"));
       std::copy(v.begin(), v.end(), id.begin());
     }
-    DS_ASSIGN_OR_RETURN(g.collective, NcclCollective::Create(o.rank, o.world, id, device));
+    DS_ASSIGN_OR_RETURN(std::unique_ptr<NcclCollective> n,
+                        NcclCollective::Create(o.rank, o.world, id, device));
+    return std::unique_ptr<Collective>(std::move(n));
 #else
     return absl::UnimplementedError(
-        "tensor parallelism on CUDA needs a build with NCCL (NcclCollective)");
+        "tensor parallelism over NCCL needs a build with NCCL (NcclCollective)");
 #endif
-  } else {
+  };
+  // The Gloo mesh (CPU), wrapped for device buffers when `staged`.
+  auto make_gloo = [&](const std::string& key, bool staged)
+      -> absl::StatusOr<std::unique_ptr<Collective>> {
     GlooOptions go;
     go.rank = o.rank;
     go.world = o.world;
     go.store = &store;
-    go.prefix = prefix + "gloo";
+    go.prefix = prefix + key;
     go.iface = o.iface;
     go.hostname = o.addr;
     go.timeout = o.timeout;
-    DS_ASSIGN_OR_RETURN(g.collective, GlooCollective::Create(go));
-    if (collective == "staged-gloo") {
+    DS_ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> gl, GlooCollective::Create(go));
+    std::unique_ptr<Collective> c = std::move(gl);
+    if (staged) {
 #ifdef DS_HAVE_CUDA_STAGING
       DS_ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> dev, NewCudaStagingDevice(device));
-      g.collective = std::make_unique<HostStagedCollective>(std::move(g.collective), std::move(dev));
+      c = std::make_unique<HostStagedCollective>(std::move(c), std::move(dev));
 #else
       return absl::UnimplementedError("staged-gloo: this build has no CUDA (HostStagedCollective)");
 #endif
     }
+    return c;
+  };
+  if (collective == "nccl") {
+    DS_ASSIGN_OR_RETURN(g.collective, make_nccl());
+  } else if (collective == "custom" || collective == "auto-custom") {
+#ifdef DS_HAVE_CUSTOM_ALLREDUCE
+    // The IPC handles travel over the Gloo mesh (met through the scheduler's store), which
+    // also keeps Broadcast / Barrier and host buffers.
+    DS_ASSIGN_OR_RETURN(std::unique_ptr<Collective> base, make_gloo("gloo", true));
+    auto car = CustomAllReduceCollective::Create(std::move(base), device);
+    if (car.ok()) {
+      g.collective = std::move(*car);
+    } else if (collective == "auto-custom" &&
+               car.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // Every rank got the same answer (the ranks agree inside Create), so all fall back alike:
+      // NCCL when built (ranks on several hosts, no P2P), else Gloo staged through the host.
+      DS_LOG(WARNING, "tp_custom_allreduce_unavailable",
+             {{"reason", std::string(car.status().message())}});
+#ifdef DS_HAVE_NCCL
+      DS_ASSIGN_OR_RETURN(g.collective, make_nccl());
+#else
+      DS_ASSIGN_OR_RETURN(g.collective, make_gloo("gloo-fallback", true));
+#endif
+    } else {
+      return car.status();
+    }
+#else
+    return absl::UnimplementedError("--tp-collective custom: this build has no CUDA");
+#endif
+  } else {
+    DS_ASSIGN_OR_RETURN(g.collective, make_gloo("gloo", collective == "staged-gloo"));
   }
   if (o.split == "mem") {
     // Every rank derives the same plan from every rank's free memory, exchanged through the

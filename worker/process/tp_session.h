@@ -10,7 +10,12 @@
 //     bytes under `<prefix>nccl_id`; the others read them and every rank calls ncclCommInitRank;
 //   * CUDA over Gloo ("staged-gloo", `--backend cuda --tp-collective gloo`): the Gloo mesh as on
 //     CPU, wrapped in a HostStagedCollective that stages device buffers through the host. A
-//     testing / fallback path (several ranks on one GPU, or no NCCL); NCCL is the fast one.
+//     testing / fallback path (several ranks on one GPU, or no NCCL);
+//   * CUDA, custom (`--tp-collective custom`, and the default for CUDA ranks): the Gloo mesh as
+//     above, then CustomAllReduceCollective exchanges CUDA IPC handles over it and reduces /
+//     gathers device buffers by reading the peers' memory (one host: NVLink / P2P, or several
+//     ranks on one GPU); graph-capturable. With `auto`, a group that cannot use it (ranks on
+//     several hosts, no P2P) falls back to NCCL (or staged Gloo without NCCL), every rank alike.
 // Nothing but the scheduler's address is needed, so ranks on other hosts join the same way.
 #pragma once
 #include <grpcpp/grpcpp.h>
@@ -63,9 +68,10 @@ struct TpGroup {
   std::vector<double> split;  // [world] share weights, identical on every rank
 };
 
-// The collective a rank builds for `--tp-collective` (auto | gloo | nccl) and its backend:
-// "gloo" (CPU backend), "nccl" or "staged-gloo" (CUDA backend; auto = nccl when built with it).
-// Errors for a pair that cannot work (nccl on CPU, a kind this build lacks).
+// The collective a rank builds for `--tp-collective` (auto | gloo | nccl | custom) and its
+// backend: "gloo" (CPU backend), "custom", "auto-custom" (custom, falling back when the group
+// cannot use it), "nccl" or "staged-gloo" (CUDA backend; auto = auto-custom in CUDA builds).
+// Errors for a pair that cannot work (nccl / custom on CPU, a kind this build lacks).
 absl::StatusOr<std::string> ResolveTpCollective(const std::string& requested, bool cuda_backend);
 
 // Builds rank `o.rank`'s collective of kind `collective` (ResolveTpCollective) under `prefix`
