@@ -31,6 +31,7 @@
 #include "gateway/health.h"
 #include "gateway/malformed_request.h"
 #include "gateway/scheduler_client.h"
+#include "common/util/model_alias.h"
 
 namespace ds::gw {
 namespace {
@@ -51,7 +52,7 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
   if (!m.count("--scheduler"))
     return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
-  o.model = m["--model"];
+  o.model = ResolveModelAlias(m["--model"]);  // "demo": models/demo/
   o.scheduler = m["--scheduler"];
   if (m.count("--listen")) o.listen = m["--listen"];
   if (m.count("--admin-listen")) o.admin_listen = m["--admin-listen"];

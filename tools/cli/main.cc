@@ -18,6 +18,12 @@ void Usage() {
                "  logits      --model FILE --prompt-ids 1,2,3 --out FILE.f32\n"
                "  generate    --model FILE (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
                "  info        --model FILE: print the model's configuration\n"
+               "  perplexity  --model FILE --text FILE [--ctx N]: perplexity over a text\n"
+               "  mtp-accept  --model FILE --text FILE [--draft K]: MTP draft acceptance per position\n"
+               "  bpe-train   --text FILE --vocab-size N --out VOCAB.gguf (demo model pipeline)\n"
+               "  tokenize    --model FILE --text FILE --out IDS.u16\n"
+               "  gguf-from-dump --dump DIR --vocab VOCAB.gguf --type T --out FILE\n"
+               "  (--model demo names the committed demo model, models/demo/)\n"
                "  bench       GPU benchmark (CUDA builds)\n"
                "  scheduler   scheduler daemon (--listen 127.0.0.1:PORT --slots N --ctx N ...)\n"
                "  worker      worker process (--scheduler HOST:PORT --model FILE --backend ...)\n"
@@ -39,6 +45,11 @@ int main(int argc, char** argv) {
   if (cmd == "logits") return ds::cli::CmdLogits(sub_argc, sub_argv);
   if (cmd == "generate") return ds::cli::CmdGenerate(sub_argc, sub_argv);
   if (cmd == "info") return ds::cli::CmdInfo(sub_argc, sub_argv);
+  if (cmd == "perplexity") return ds::cli::CmdPerplexity(sub_argc, sub_argv);
+  if (cmd == "mtp-accept") return ds::cli::CmdMtpAccept(sub_argc, sub_argv);
+  if (cmd == "bpe-train") return ds::cli::CmdBpeTrain(sub_argc, sub_argv);
+  if (cmd == "tokenize") return ds::cli::CmdTokenize(sub_argc, sub_argv);
+  if (cmd == "gguf-from-dump") return ds::cli::CmdGgufFromDump(sub_argc, sub_argv);
   if (cmd == "bench") return ds::cli::CmdBench(sub_argc, sub_argv);
   if (cmd == "scheduler") return ds::RunSchedulerDaemon(sub_argc, sub_argv);
   if (cmd == "worker") return ds::RunWorkerProcess(sub_argc, sub_argv);

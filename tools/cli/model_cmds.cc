@@ -16,6 +16,7 @@
 #include "common/tokenizer/chat_format.h"
 #include "common/tokenizer/incremental_decoder.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/util/model_alias.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
@@ -71,6 +72,7 @@ int CmdLogits(int argc, char** argv) {
       Args::Parse(argc, argv, {"--model", "--prompt-ids", "--out", "--backend"}, {"--tp-nccl"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
+  if (model.ok()) *model = ResolveModelAlias(*model);
   auto ids_s = args->Required("--prompt-ids");
   auto out_path = args->Required("--out");
   if (!model.ok()) return Fail(model.status());
@@ -120,6 +122,7 @@ int CmdGenerate(int argc, char** argv) {
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
   if (!model.ok()) return Fail(model.status());
+  *model = ResolveModelAlias(*model);
   if (args->Has("--prompt") == args->Has("--prompt-ids"))
     return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --prompt-ids"));
   auto max_tokens = args->Int("--max-tokens", 64);
@@ -276,6 +279,7 @@ int CmdInfo(int argc, char** argv) {
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
   if (!model.ok()) return Fail(model.status());
+  *model = ResolveModelAlias(*model);
   auto file = gguf::File::Open(*model);
   if (!file.ok()) return Fail(file.status());
   auto cfg = ModelConfig::FromGguf(**file);

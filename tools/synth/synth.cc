@@ -286,7 +286,9 @@ double UnitBlockRms(GgmlType t) {
   return std::sqrt(ss / x.size());
 }
 
-uint32_t FileType(GgmlType t) {  // llama.cpp LLAMA_FTYPE_* (MOSTLY_*)
+}  // namespace
+
+uint32_t LlamaFileType(GgmlType t) {  // llama.cpp LLAMA_FTYPE_* (MOSTLY_*)
   switch (t) {
     case GgmlType::F32: return 0;
     case GgmlType::F16: return 1;
@@ -301,7 +303,51 @@ uint32_t FileType(GgmlType t) {  // llama.cpp LLAMA_FTYPE_* (MOSTLY_*)
   }
 }
 
-}  // namespace
+void WriteQwen35Metadata(const SynthOptions& o, int n_vocab, const std::string& name,
+                         gguf::Writer* w) {
+  const std::string a = "qwen35.";
+  w->AddString("general.architecture", "qwen35");
+  w->AddString("general.name", name);
+  w->AddU32("general.file_type", LlamaFileType(o.weight_type));
+  w->AddU32("general.quantization_version", 2);
+  w->AddU32(a + "block_count", o.n_layer + (o.with_mtp ? 1 : 0));
+  if (o.with_mtp) w->AddU32(a + "nextn_predict_layers", 1);
+  w->AddU32(a + "context_length", o.ctx_train);
+  w->AddU32(a + "embedding_length", o.n_embd);
+  w->AddU32(a + "feed_forward_length", o.n_ff);
+  w->AddU32(a + "attention.head_count", o.n_head);
+  w->AddU32(a + "attention.head_count_kv", o.n_head_kv);
+  w->AddU32(a + "attention.key_length", o.head_dim);
+  w->AddU32(a + "attention.value_length", o.head_dim);
+  w->AddF32(a + "attention.layer_norm_rms_epsilon", o.rms_eps);
+  w->AddF32(a + "rope.freq_base", o.rope_base);
+  w->AddU32(a + "rope.dimension_count", o.n_rot);
+  {
+    const int s = o.n_rot / 2;  // 32 pairs -> [11, 11, 10, 0] as the real model
+    w->AddI32Array(a + "rope.dimension_sections", {(s + 2) / 3, (s + 1) / 3, s / 3, 0});
+  }
+  w->AddU32(a + "ssm.conv_kernel", o.conv_kernel);
+  w->AddU32(a + "ssm.state_size", o.gdn_k_dim);
+  w->AddU32(a + "ssm.group_count", o.gdn_k_heads);
+  w->AddU32(a + "ssm.time_step_rank", o.gdn_v_heads);
+  w->AddU32(a + "ssm.inner_size", o.gdn_v_heads * o.gdn_v_dim);
+  w->AddU32(a + "full_attention_interval", o.interval);
+  w->AddU32(a + "vocab_size", n_vocab);
+  if (o.write_recurrent_layers) {
+    gguf::Value v;
+    v.type = gguf::ValueType::ARRAY;
+    gguf::Array arr;
+    arr.elem_type = gguf::ValueType::BOOL;
+    for (int i = 0; i < o.n_layer + (o.with_mtp ? 1 : 0); ++i) {
+      gguf::Value e;
+      e.type = gguf::ValueType::BOOL;
+      e.v = i < o.n_layer && (i + 1) % o.interval != 0;
+      arr.items.push_back(std::move(e));
+    }
+    v.v = std::move(arr);
+    w->AddValue(a + "attention.recurrent_layers", std::move(v));
+  }
+}
 
 absl::StatusOr<SynthPlan> DescribeGguf(const SynthOptions& opts) {
   DS_RETURN_IF_ERROR(Validate(opts));
@@ -330,49 +376,10 @@ absl::Status SynthesizeGguf(const SynthOptions& o, const std::string& path) {
       (o.quant_mode == SynthQuantMode::kAuto && total > (512ull << 20));
 
   gguf::Writer w;
-  const std::string a = "qwen35.";
-  w.AddString("general.architecture", "qwen35");
-  w.AddString("general.name", absl::StrCat("deltaserve-synth-", o.n_layer, "L-", o.n_embd, "H-",
-                                           std::string(GgmlInfo(o.weight_type).name)));
-  w.AddU32("general.file_type", FileType(o.weight_type));
-  w.AddU32("general.quantization_version", 2);
-  w.AddU32(a + "block_count", o.n_layer + (o.with_mtp ? 1 : 0));
-  if (o.with_mtp) w.AddU32(a + "nextn_predict_layers", 1);
-  w.AddU32(a + "context_length", o.ctx_train);
-  w.AddU32(a + "embedding_length", o.n_embd);
-  w.AddU32(a + "feed_forward_length", o.n_ff);
-  w.AddU32(a + "attention.head_count", o.n_head);
-  w.AddU32(a + "attention.head_count_kv", o.n_head_kv);
-  w.AddU32(a + "attention.key_length", o.head_dim);
-  w.AddU32(a + "attention.value_length", o.head_dim);
-  w.AddF32(a + "attention.layer_norm_rms_epsilon", o.rms_eps);
-  w.AddF32(a + "rope.freq_base", o.rope_base);
-  w.AddU32(a + "rope.dimension_count", o.n_rot);
-  {
-    const int s = o.n_rot / 2;  // 32 pairs -> [11, 11, 10, 0] as the real model
-    w.AddI32Array(a + "rope.dimension_sections", {(s + 2) / 3, (s + 1) / 3, s / 3, 0});
-  }
-  w.AddU32(a + "ssm.conv_kernel", o.conv_kernel);
-  w.AddU32(a + "ssm.state_size", o.gdn_k_dim);
-  w.AddU32(a + "ssm.group_count", o.gdn_k_heads);
-  w.AddU32(a + "ssm.time_step_rank", o.gdn_v_heads);
-  w.AddU32(a + "ssm.inner_size", o.gdn_v_heads * o.gdn_v_dim);
-  w.AddU32(a + "full_attention_interval", o.interval);
-  w.AddU32(a + "vocab_size", n_vocab);
-  if (o.write_recurrent_layers) {
-    gguf::Value v;
-    v.type = gguf::ValueType::ARRAY;
-    gguf::Array arr;
-    arr.elem_type = gguf::ValueType::BOOL;
-    for (int i = 0; i < o.n_layer + (o.with_mtp ? 1 : 0); ++i) {
-      gguf::Value e;
-      e.type = gguf::ValueType::BOOL;
-      e.v = i < o.n_layer && (i + 1) % o.interval != 0;
-      arr.items.push_back(std::move(e));
-    }
-    v.v = std::move(arr);
-    w.AddValue(a + "attention.recurrent_layers", std::move(v));
-  }
+  WriteQwen35Metadata(o, n_vocab,
+                      absl::StrCat("deltaserve-synth-", o.n_layer, "L-", o.n_embd, "H-",
+                                   std::string(GgmlInfo(o.weight_type).name)),
+                      &w);
   WriteTokenizerMetadata(tok, &w);
 
   auto pool = std::make_shared<ThreadPool>(o.n_threads);

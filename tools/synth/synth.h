@@ -11,6 +11,9 @@
 #include "common/util/status.h"
 
 namespace ds {
+namespace gguf {
+class Writer;
+}  // namespace gguf
 
 enum class SynthTokenizer { kNone, kTinyBpe };
 
@@ -74,6 +77,13 @@ struct SynthPlan {
 
 // The tensor list a SynthesizeGguf call would write, without generating anything (dry run).
 absl::StatusOr<SynthPlan> DescribeGguf(const SynthOptions& opts);
+
+// Writes the general.* and qwen35.* keys of a model of shape `o` with `n_vocab` embedding rows
+// (shared by the synthetic writer and the trained-model exporter, tools/synth/from_dump.h).
+void WriteQwen35Metadata(const SynthOptions& o, int n_vocab, const std::string& name,
+                         gguf::Writer* w);
+// llama.cpp's general.file_type (LLAMA_FTYPE_MOSTLY_*) for a file whose matrices are `t`.
+uint32_t LlamaFileType(GgmlType t);
 
 // Writes the GGUF file. Errors name the bad option or the I/O failure.
 absl::Status SynthesizeGguf(const SynthOptions& opts, const std::string& path);

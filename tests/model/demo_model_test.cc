@@ -1,0 +1,112 @@
+// The committed demo model (models/demo/): the CPU backend's greedy tokens equal those PyTorch
+// produced for the same weights (tools/train/train.py, stored in tests/model/data/demo_pytorch_ref.json
+// by the training run), the vocabulary in the file encodes the prompts to the ids PyTorch was
+// given, and the MTP head's greedy drafts over held-out text equal PyTorch's.
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/gguf/gguf.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/util/model_alias.h"
+#include "gtest/gtest.h"
+#include "worker/model/cpu_backend.h"
+
+namespace ds {
+namespace {
+
+const std::string kRoot = DS_SOURCE_DIR;
+
+nlohmann::json LoadRef() {
+  std::ifstream f(kRoot + "/tests/model/data/demo_pytorch_ref.json");
+  EXPECT_TRUE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+std::unique_ptr<CpuBackend> MakeDemo(int ctx) {
+  BackendOptions o;
+  o.n_slots = 1;
+  o.slot_ctx = ctx;
+  o.n_threads = 2;
+  auto b = CpuBackend::Create(kRoot + "/" + kDemoModelRelPath, o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+int32_t Argmax(const float* row, int n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+TEST(DemoModel, AliasNamesTheCommittedFile) {
+  const std::string p = ResolveModelAlias("demo");
+  EXPECT_NE(p.find(kDemoModelRelPath), std::string::npos) << p;
+  EXPECT_TRUE(gguf::File::Open(p).ok()) << p;
+  EXPECT_EQ(ResolveModelAlias("other.gguf"), "other.gguf");
+}
+
+TEST(DemoModel, PromptsTokenizeAsForPyTorch) {
+  const nlohmann::json ref = LoadRef();
+  auto file = gguf::File::Open(kRoot + "/" + kDemoModelRelPath);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  ASSERT_EQ(ref["greedy_f16"].size(), 3u);
+  for (const auto& p : ref["greedy_f16"]) {
+    auto ids = tok->Encode(p["prompt"].get<std::string>(), /*parse_special=*/true);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(*ids, p["prompt_ids"].get<std::vector<int32_t>>()) << p["prompt"];
+  }
+}
+
+TEST(DemoModel, GreedyTokensEqualPyTorch) {
+  const nlohmann::json ref = LoadRef();
+  auto be = MakeDemo(256);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab;
+  for (const auto& p : ref["greedy_f16"]) {
+    const auto prompt = p["prompt_ids"].get<std::vector<int32_t>>();
+    const auto want = p["tokens"].get<std::vector<int32_t>>();
+    ASSERT_EQ(want.size(), 32u);
+    be->ResetSlot(0);
+    SeqStep s{0, 0, prompt, false};
+    StepOutput out;
+    ASSERT_TRUE(be->Forward({&s, 1}, StepOptions{}, &out).ok());
+    std::vector<int32_t> got;
+    for (size_t i = 0; i < want.size(); ++i) {
+      got.push_back(Argmax(out.logits.data() + out.logits.size() - V, V));
+      SeqStep d{0, static_cast<int32_t>(prompt.size() + i), {got.back()}, false};
+      out = StepOutput{};
+      ASSERT_TRUE(be->Forward({&d, 1}, StepOptions{}, &out).ok());
+    }
+    EXPECT_EQ(got, want) << p["prompt"];
+  }
+}
+
+TEST(DemoModel, MtpDraftsEqualPyTorch) {
+  const nlohmann::json ref = LoadRef();
+  const auto ids = ref["check_ids"].get<std::vector<int32_t>>();
+  const auto want = ref["mtp_argmax_f16"].get<std::vector<int32_t>>();
+  ASSERT_EQ(want.size() + 1, ids.size());
+  auto be = MakeDemo(128);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab, H = be->config().n_embd;
+  SeqStep s{0, 0, ids, true};
+  StepOptions o;
+  o.want_hidden = true;
+  StepOutput out;
+  ASSERT_TRUE(be->Forward({&s, 1}, o, &out).ok());
+  std::vector<int32_t> got;
+  std::vector<float> lg, ho;
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    std::span<const float> h(out.hidden.data() + t * H, H);
+    ASSERT_TRUE(be->MtpStep(0, ids[t + 1], static_cast<int32_t>(t), h, &lg, &ho).ok());
+    got.push_back(Argmax(lg.data(), V));
+  }
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace ds
