@@ -57,6 +57,7 @@ struct ServeOptions {
   int threads = 0;
   bool demo = false;
   std::string demo_prompt;
+  std::string demo_chat;  // --demo-chat: a second demo request, one user message (ChatML)
   int demo_max_tokens = 48;
   int metrics_port = -1;  // -1: no /metrics; P: scheduler P, gateway P+1, worker P+2; 0: any
   std::string api_key_file, admin_key_file, tls_cert, tls_key, nvml_device;
@@ -67,7 +68,7 @@ void Usage(FILE* out) {
                "usage: deltaserve serve --model FILE [--workers N | --gpus 0,1,...] [--slots N] [--ctx N] "
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
                "[--threads N] [--tp N [--split 1,2|mem] [--tp-collective auto|gloo|nccl]] "
-               "[--demo PROMPT [--demo-max-tokens N]]\n"
+               "[--demo PROMPT [--demo-chat MESSAGE] [--demo-max-tokens N]]\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
@@ -86,7 +87,7 @@ void Usage(FILE* out) {
 absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
-      "--port",  "--max-inflight", "--threads", "--demo", "--demo-max-tokens", "--tp",
+      "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
@@ -172,6 +173,10 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     // A demo is a one-shot run: free ports unless asked, so it never collides with a server.
     if (!m.count("--port")) o.port = 0;
   }
+  if (m.count("--demo-chat")) {
+    if (!o.demo) return absl::InvalidArgumentError("--demo-chat needs --demo PROMPT");
+    o.demo_chat = m["--demo-chat"];
+  }
   if (o.metrics_port > 0 && o.metrics_port + 1 + o.workers * o.tp > 65535)
     return absl::InvalidArgumentError(absl::StrCat(
         "--metrics-port ", o.metrics_port, ": the ", o.workers * o.tp,
@@ -181,17 +186,38 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   return o;
 }
 
-// One streamed Generate through the gateway, text to stdout as it arrives.
+// One streamed Generate through the gateway, text to stdout as it arrives: the --demo text as a
+// plain prompt, then the --demo-chat message as a chat turn. Sampling suits the small demo model
+// (models/demo/README.md: greedy decoding repeats itself).
+int RunDemoRequest(const std::string& addr, const ServeOptions& o, bool chat);
 int RunDemo(const std::string& addr, const ServeOptions& o) {
+  const int rc = RunDemoRequest(addr, o, /*chat=*/false);
+  if (rc != 0 || o.demo_chat.empty()) return rc;
+  return RunDemoRequest(addr, o, /*chat=*/true);
+}
+
+int RunDemoRequest(const std::string& addr, const ServeOptions& o, bool chat) {
   auto stub = v1::Generation::NewStub(gw::MakeChannel(addr));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
   v1::GenerateRequest req;
-  req.set_text(o.demo_prompt);
+  if (chat) {
+    v1::ChatMessage* m = req.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(o.demo_chat);
+  } else {
+    req.set_text(o.demo_prompt);
+  }
   req.set_max_tokens(static_cast<uint32_t>(o.demo_max_tokens));
   req.mutable_sampling()->set_temperature(0.8f);
+  req.mutable_sampling()->set_top_p(0.95f);
+  req.mutable_sampling()->set_repetition_penalty(1.1f);
   req.mutable_sampling()->set_seed(7);
-  std::printf("prompt: %s\n", o.demo_prompt.c_str());
+  if (chat) {
+    std::printf("\nchat, user: %s\nassistant: ", o.demo_chat.c_str());
+  } else {
+    std::printf("prompt: %s\n", o.demo_prompt.c_str());
+  }
   std::fflush(stdout);
   auto reader = stub->Generate(&ctx, req);
   v1::GenerateResponse msg;
