@@ -11,7 +11,12 @@ namespace ds::cuda {
 
 // table: [n_vocab, n_embd] GGUF rows; ids: [T] device token ids (validated on the host);
 // out: [T, n_embd] f32.
+//
+// Vocab-parallel (tensor parallelism, docs/tp.md §3): `table` holds only vocabulary rows
+// [v0, v1) (row id - v0); a token outside them gets a zero row, and the group's all-reduce then
+// gives every rank the full embedding (exactly: one rank adds its row to zeros). v1 < 0: the
+// whole vocabulary, v0 = 0.
 absl::Status EmbedRows(GgmlType type, const void* table, int n_embd, const int32_t* ids, int T,
-                       float* out, cudaStream_t stream);
+                       float* out, cudaStream_t stream, int64_t v0 = 0, int64_t v1 = -1);
 
 }  // namespace ds::cuda

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -157,7 +158,8 @@ int RankMain(int rank, int world, const std::string& store) {
         if (shift && n > 5120 * 64) continue;
         ++tag;
         for (size_t i = 0; i < n; ++i) host[i] = Value(rank, i, tag);
-        RANK_CUDA(cudaMemcpy(d + shift, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        RANK_CUDA(cudaMemcpyAsync(d + shift, host.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+                                  stream));
         RANK_OK(car.AllReduceSumOnStream(d + shift, n, stream));
         RANK_CUDA(cudaStreamSynchronize(stream));
         RANK_CUDA(cudaMemcpy(host.data(), d + shift, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -174,6 +176,7 @@ int RankMain(int rank, int world, const std::string& store) {
     ++tag;
     for (size_t i = 0; i < n; ++i) host[i] = Value(rank, i, tag);
     RANK_CUDA(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    RANK_CUDA(cudaDeviceSynchronize());  // a pageable copy may return before its DMA is done
     RANK_OK(car.AllReduceSum(d, n));
     RANK_CUDA(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
     const std::vector<float> want = Expected(world, n, tag);
@@ -195,7 +198,9 @@ int RankMain(int rank, int world, const std::string& store) {
       const uint64_t base = 1000 + 10 * replay;
       for (int k = 0; k < 3; ++k) {
         for (size_t i = 0; i < ns[k]; ++i) host[i] = Value(rank, i, base + k);
-        RANK_CUDA(cudaMemcpy(d + offs[k], host.data(), ns[k] * sizeof(float), cudaMemcpyHostToDevice));
+        RANK_CUDA(cudaMemcpyAsync(d + offs[k], host.data(), ns[k] * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream));
+        RANK_CUDA(cudaStreamSynchronize(stream));  // host is refilled for the next message
       }
       RANK_CUDA(cudaGraphLaunch(exec, stream));
       RANK_CUDA(cudaStreamSynchronize(stream));
@@ -222,6 +227,7 @@ int RankMain(int rank, int world, const std::string& store) {
     std::vector<float> mine(counts[rank]);
     for (size_t i = 0; i < mine.size(); ++i) mine[i] = Value(rank, i, tag);
     RANK_CUDA(cudaMemcpy(in, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+    RANK_CUDA(cudaDeviceSynchronize());
     RANK_OK(car.AllGatherV(in, counts, out));
     std::vector<float> got(total);
     RANK_CUDA(cudaMemcpy(got.data(), out, total * sizeof(float), cudaMemcpyDeviceToHost));
@@ -247,6 +253,11 @@ int RankMain(int rank, int world, const std::string& store) {
 }
 
 std::string self_exe;
+// ds_tp_rank: the build's, or $DS_TP_RANK_BIN (the device scripts run packed binaries elsewhere).
+std::string TpRankBin() {
+  const char* e = std::getenv("DS_TP_RANK_BIN");
+  return e && *e ? e : DS_TP_RANK_BIN;
+}
 
 void RunRanks(int world) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -278,7 +289,7 @@ const std::string& Model(const std::string& type) {
   auto it = paths.find(type);
   if (it != paths.end()) return it->second;
   const std::string p = Dir() + "/tp_" + type + ".gguf";
-  const auto rc = RunAll({{DS_TP_RANK_BIN, "--make-model", p, "--shape", "tp", "--type", type}});
+  const auto rc = RunAll({{TpRankBin(), "--make-model", p, "--shape", "tp", "--type", type}});
   EXPECT_EQ(rc[0], 0) << "synthesizing " << p;
   return paths[type] = p;
 }
@@ -289,7 +300,7 @@ nlohmann::json RunGroup(const std::string& model, int world, const std::string& 
   std::filesystem::remove_all(store);
   std::vector<std::vector<std::string>> cmds;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> c = {DS_TP_RANK_BIN, "--backend", "cuda", "--model", model, "--rank",
+    std::vector<std::string> c = {TpRankBin(), "--backend", "cuda", "--model", model, "--rank",
                                   std::to_string(r), "--world", std::to_string(world), "--store",
                                   store, "--prefix", name, "--out", out, "--gen", "8"};
     if (world > 1) c.insert(c.end(), {"--collective", "custom"});

@@ -262,6 +262,11 @@ TEST(TpShard, EachRankHoldsOnlyItsShard) {
     EXPECT_EQ(at.out.type, GgmlType::Q8_0);  // 3 heads x 32 = whole blocks: stays quantized
     EXPECT_EQ(w.layers[0].ffn_down.cols, p.ranks[r].ffn.size());
     EXPECT_EQ(w.output.rows, p.ranks[r].vocab.size());
+    // Vocab-parallel embedding: the same vocabulary rows of token_embd, a view into the mapping.
+    EXPECT_EQ(w.token_embd.rows, p.ranks[r].vocab.size());
+    const gguf::TensorInfo* te = be[r]->file().FindTensor("token_embd.weight");
+    ASSERT_NE(te, nullptr);
+    EXPECT_EQ(w.token_embd.data, te->data + p.ranks[r].vocab.begin * te->row_bytes());
     // Zero-copy: attn_k rows of this rank are a view into the mapping at the rank's first row.
     const gguf::TensorInfo* tk = be[r]->file().FindTensor("blk.3.attn_k.weight");
     ASSERT_NE(tk, nullptr);

@@ -176,6 +176,9 @@ class CudaDevice final : public Device {
   int tp_rank_ = 0;
   int tp_world_ = 1;
   bool vocab_parallel_ = false;
+  // Vocabulary rows [embd_v0_, embd_v1_) of token_embd_ (TP: the rank's vocab-parallel shard,
+  // the lm_head's rows; embd_v1_ = -1: the whole table).
+  int64_t embd_v0_ = 0, embd_v1_ = -1;
   int n_vocab_local_ = 0;  // lm_head rows on this rank (n_vocab without TP)
   int device_ = 0, n_slots_ = 0, slot_ctx_ = 0;
   int sm_count_ = 1;       // multiprocessors of the GPU (cudaDeviceProp)

@@ -73,6 +73,10 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   tp_rank_ = tp.rank;
   tp_world_ = tp.world;
   vocab_parallel_ = tp.world > 1 && tp.plan.lm_head == tp::LmHead::kVocabParallel;
+  if (tp.world > 1) {  // vocab-parallel embedding (ModelWeights::Load cut token_embd the same way)
+    embd_v0_ = tp.plan.ranks[tp.rank].vocab.begin;
+    embd_v1_ = tp.plan.ranks[tp.rank].vocab.end;
+  }
   copts_ = copts;
   if (!KvTypeSupported(copts_.kv_type))
     return absl::InvalidArgumentError(absl::StrCat("CUDA backend: KV type ",

@@ -91,9 +91,12 @@ absl::Status CudaDevice::RunCaptured(int rows, const std::function<absl::Status(
 absl::Status CudaDevice::Embed() {
   InvalidateX();
   ProfBegin("embed");
-  DS_RETURN_IF_ERROR(
-      EmbedRows(token_embd_.type, token_embd_.d, cfg_.n_embd, d_ints_, rows_, h_, stream_));
+  DS_RETURN_IF_ERROR(EmbedRows(token_embd_.type, token_embd_.d, cfg_.n_embd, d_ints_, rows_, h_,
+                               stream_, embd_v0_, embd_v1_));
   ProfEnd();
+  // Vocab-parallel under TP: other ranks' tokens came out as zero rows; the all-reduce (inside
+  // the decode graph like the layers' two) gives every rank the whole embedding, exactly.
+  if (tp_world_ > 1) return AllReduceResidual(rows_);
   return absl::OkStatus();
 }
 

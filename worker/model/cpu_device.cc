@@ -105,9 +105,24 @@ absl::Status CpuDevice::Prepare(const MicroStep& step) {
 
 absl::Status CpuDevice::Embed() {
   const int64_t H = cfg_.n_embd;
-  for (int r = 0; r < step_->rows(); ++r)
-    cpu::GetRow(w_.token_embd, step_->ids[r], h_.data() + r * H);
-  return absl::OkStatus();
+  if (tp_.world == 1) {
+    for (int r = 0; r < step_->rows(); ++r)
+      cpu::GetRow(w_.token_embd, step_->ids[r], h_.data() + r * H);
+    return absl::OkStatus();
+  }
+  // Vocab-parallel: this rank holds vocabulary rows [v0, v1) of the table; other tokens get zero
+  // rows and the all-reduce adds the owner's row (x + 0 is exact, so every rank ends with the
+  // same embedding as TP = 1).
+  const tp::Range v = tp_.plan.ranks[tp_.rank].vocab;
+  for (int r = 0; r < step_->rows(); ++r) {
+    const int64_t id = step_->ids[r];
+    float* row = h_.data() + r * H;
+    if (id >= v.begin && id < v.end)
+      cpu::GetRow(w_.token_embd, id - v.begin, row);
+    else
+      std::fill(row, row + H, 0.f);
+  }
+  return AllReduce(h_.data(), step_->rows() * H);
 }
 
 absl::Status CpuDevice::AllReduce(float* y, int64_t n) {

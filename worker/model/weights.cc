@@ -144,9 +144,12 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::File& f, const Model
     w.output = w.token_embd;  // tied embeddings (small Qwen3.5 models)
     w.tied_output = true;
   }
-  if (plan) {  // lm_head shard: vocabulary rows (the embedding itself stays whole, see docs/tp.md)
+  if (plan) {  // lm_head and embedding shards: the rank's vocabulary rows (docs/tp.md §3)
     DS_ASSIGN_OR_RETURN(w.output, tp::CutMatrix(w.output, tp::CutFor(c, *plan, tp_rank, "output.weight"),
                                                 "output.weight", &w.shard_store));
+    DS_ASSIGN_OR_RETURN(w.token_embd,
+                        tp::CutMatrix(w.token_embd, tp::CutFor(c, *plan, tp_rank, "token_embd.weight"),
+                                      "token_embd.weight", &w.shard_store));
   }
   w.layers.resize(c.n_layer);
   for (int i = 0; i < c.n_layer; ++i)

@@ -222,7 +222,8 @@ Cut CutFor(const ModelConfig& c, const Plan& p, int r, std::string_view n) {
   if (n == "ssm_out.weight") return cols(Scale(vh, dv));
   if (n == "ffn_gate.weight" || n == "ffn_up.weight") return rows({s.ffn});
   if (n == "ffn_down.weight") return cols({s.ffn});
-  if (n == "output.weight") return rows({s.vocab});
+  // The embedding is vocab-parallel like the lm_head, with the same rows (docs/tp.md §3).
+  if (n == "output.weight" || n == "token_embd.weight") return rows({s.vocab});
   return Cut{};
 }
 

@@ -579,6 +579,35 @@ TEST(Ops, EmbedRows) {
   }
 }
 
+// Vocab-parallel shard: the table holds rows [v0, v1) only; other ids give zero rows (the TP
+// all-reduce adds the owner's row to them), both the unit and the element kernels (n % 256).
+TEST(Ops, EmbedRowsVocabShard) {
+  for (GgmlType t : {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F32}) {
+    for (int n : {512, 96}) {
+      if (n % 256 != 0 && t == GgmlType::Q6_K) continue;  // K-quant rows are whole 256-blocks
+      const int vocab = 77, v0 = 30, v1 = 50;
+      auto w = RandomWeights(t, vocab, n);
+      const uint64_t rb = GgmlRowBytes(t, n);
+      std::vector<uint8_t> shard(w.begin() + v0 * rb, w.begin() + v1 * rb);
+      std::vector<int32_t> ids = {76, 30, 49, 50, 0, 41, 29};
+      Dev<uint8_t> dw(shard);
+      Dev<int32_t> did(ids);
+      Dev<float> out(ids.size() * n);
+      ASSERT_OK(EmbedRows(t, dw.p, n, did.p, static_cast<int>(ids.size()), out.p, nullptr, v0, v1));
+      const auto got = out.Down();
+      const auto W = DequantAll(t, w, vocab, n);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const bool mine = ids[i] >= v0 && ids[i] < v1;
+        for (int j = 0; j < n; ++j) {
+          const float want = mine ? W[static_cast<size_t>(ids[i]) * n + j] : 0.f;
+          ASSERT_NEAR(got[i * n + j], want, 1e-6f * (1 + std::fabs(want)))
+              << GgmlInfo(t).name << " n " << n << " id " << ids[i];
+        }
+      }
+    }
+  }
+}
+
 TEST(Ops, SiluMulAndGate) {
   const int T = 3, nh = 4, hd = 64;
   auto g = RandVec(1000, -6.f, 6.f), u = RandVec(1000, -2.f, 2.f);
