@@ -2,6 +2,7 @@
 // (every step ends in a device sync inside the backend), after warm-up steps that include graph
 // capture and cuBLAS handle setup.
 #include "tools/bench/bench.h"
+#include "tools/bench/bench_tp.h"
 
 #include <cuda_runtime.h>
 
@@ -182,10 +183,27 @@ int RunBench(const BenchOptions& o) {
     std::fprintf(stderr, "bench: no CUDA device %d\n", o.device);
     return 1;
   }
-  const double bw = MeasureCopyBandwidth(o.device);
+  // --tp N: this process is one rank (bench_tp.h); every rank runs every row in lock-step and
+  // only rank 0's output is shown. Ranks > 0 skip the bandwidth probe (they may share its GPU).
+  std::unique_ptr<Collective> tp_coll;
+  if (o.tp > 1) {
+    auto c = MakeBenchCollective(o);
+    if (!c.ok()) {
+      std::fprintf(stderr, "bench: rank %d: %s\n", o.tp_rank, c.status().ToString().c_str());
+      return 1;
+    }
+    tp_coll = std::move(*c);
+  }
+  const double bw = o.tp_rank > 0 ? 0 : MeasureCopyBandwidth(o.device);
   std::printf("device %d: %s, %d SMs, %.1f GiB; measured copy bandwidth %.0f GB/s (read+write)\n",
               o.device, prop.name, prop.multiProcessorCount,
               static_cast<double>(prop.totalGlobalMem) / (1ull << 30), bw * 1e-9);
+  if (tp_coll) {
+    std::printf("tensor parallel: %d ranks, collective %s, GPUs", o.tp, tp_coll->name().c_str());
+    for (int r = 0; r < o.tp; ++r) std::printf(" %d", o.gpus.empty() ? r : o.gpus[r]);
+    std::printf(" (rank 0's figures; every row runs on all ranks in lock-step)\n");
+  }
+  double ar_row_us = 0;  // graph-captured all-reduce of one decode row (TP), for the step share
   std::mt19937 rng(42);
   std::vector<Row> rows;
   auto pct = [&](double gbs) { return bw > 0 ? 100.0 * gbs * 1e9 / bw : 0.0; };
@@ -196,10 +214,14 @@ int RunBench(const BenchOptions& o) {
     bo.device = o.device;
     bo.n_slots = n_slots;
     bo.slot_ctx = slot_ctx;
+    bo.tp_rank = std::max(0, o.tp_rank);
+    bo.tp_world = o.tp;
+    bo.collective = tp_coll.get();
     CudaBackendOptions co;
     co.max_step_tokens = o.max_step_tokens;
     co.kv_type = kv_type;
     co.tiled = o.tiled;
+    co.batch_invariant = o.batch_invariant;
     return cuda::CreateCudaBackendApi(o.model, bo, co);
   };
 
@@ -231,6 +253,24 @@ int RunBench(const BenchOptions& o) {
       BENCH_CHECK(be.ForwardGreedy(b, &out, nullptr));
       auto d = DecodeLoop(be, {0}, out, 4);
       BENCH_CHECK(d.status());
+    }
+    if (tp_coll) {
+      // The all-reduce alone: one decode row, 16 rows (a batch of 16), 512 rows (prefill).
+      std::printf("\nall-reduce of [rows, %d] f32 (%s, %d ranks), median us per call:\n",
+                  be.config().n_embd, tp_coll->name().c_str(), o.tp);
+      for (int rows_n : {1, 16, 512}) {
+        auto t = TimeAllReduce(*tp_coll, o.device, static_cast<size_t>(rows_n) * be.config().n_embd);
+        BENCH_CHECK(t.status());
+        Row r{"allreduce " + std::to_string(rows_n) + "x" + std::to_string(be.config().n_embd), 0, 0,
+              0, ""};
+        char note[128];
+        std::snprintf(note, sizeof note, "eager %.2f us, graph %.2f us per call", t->eager_us,
+                      t->graph_us);
+        r.note = note;
+        PrintRow(r);
+        rows.push_back(r);
+        if (rows_n == 1) ar_row_us = t->graph_us > 0 ? t->graph_us : t->eager_us;
+      }
     }
     std::printf("\n%-34s %12s %10s %8s\n", "test", "tok/s", "GB/s", "of BW");
     for (int p : o.prefill) {
@@ -274,6 +314,14 @@ int RunBench(const BenchOptions& o) {
       std::snprintf(note, sizeof note, "%.2f ms/token", 1e3 / tps);
       r.note = note;
       if (bw > 0 && gbs * 1e9 > bw * 1.02) r.note += "  WARNING: exceeds measured bandwidth";
+      if (ar_row_us > 0) {
+        // Two all-reduces per layer (+ the embedding's), each of one row: their share of a step.
+        const int n_ar = 2 * be.config().n_layer + 1;
+        char share[160];
+        std::snprintf(share, sizeof share, "; all-reduce %d x %.2f us = %.3f ms/token (%.1f%%)",
+                      n_ar, ar_row_us, n_ar * ar_row_us * 1e-3, 100.0 * n_ar * ar_row_us * 1e-3 * tps / 1e3);
+        r.note += share;
+      }
       PrintRow(r);
       rows.push_back(r);
       if (o.profile && depth > 0) {
@@ -440,7 +488,12 @@ int BenchMain(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--model" || a == "-m") o.model = ResolveModelAlias(next());
+    if (a == "--tp") o.tp = std::atoi(next());
+    else if (a == "--gpus") o.gpus = ints(next());
+    else if (a == "--tp-collective") o.tp_collective = next();
+    else if (a == "--tp-rank") o.tp_rank = std::atoi(next());
+    else if (a == "--tp-store") o.tp_store = next();
+    else if (a == "--model" || a == "-m") o.model = ResolveModelAlias(next());
     else if (a == "--device") o.device = std::atoi(next());
     else if (a == "--prefill") o.prefill = ints(next());
     else if (a == "--decode") o.decode_tokens = std::atoi(next());
@@ -458,6 +511,14 @@ int BenchMain(int argc, char** argv) {
         return 2;
       }
       o.tiled = v == "on";
+    }
+    else if (a == "--batch-invariant") {
+      const std::string v = next();
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "bench: --batch-invariant expects on or off, got '%s'\n", v.c_str());
+        return 2;
+      }
+      o.batch_invariant = v == "on";
     }
     else if (a == "--sample") {
       const std::string v = next();
@@ -481,7 +542,10 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--batch-invariant on|off]\n"
+                  "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
+                  "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
+                  "all-reduce latency and its share of a decode step\n"
                   "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
                   "head_dim, dequantized in the attention kernels)\n");
       return 0;
@@ -490,6 +554,11 @@ int BenchMain(int argc, char** argv) {
       return 1;
     }
   }
+  if (o.tp < 1 || o.tp > 8) {
+    std::fprintf(stderr, "bench: --tp expects 1..8, got %d\n", o.tp);
+    return 1;
+  }
+  if (o.tp > 1 && o.tp_rank < 0) return RunBenchTpParent(o, argc, argv);
   return RunBench(o);
 }
 

@@ -20,12 +20,22 @@ struct BenchOptions {
   int max_step_tokens = 4096;
   std::string kv_type = "f16";               // KV cache element type: f16 | q8_0 | q4_0
   bool tiled = true;                         // --tiled off: raw Q6_K layout (A/B runs)
+  bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU
   // sampler), one sampler per sequence. Off when sample_temperature <= 0.
   float sample_temperature = 0.0f;
   int sample_top_k = 0;
   float sample_top_p = 1.0f;
+  // Tensor parallelism (--tp N [--gpus 0,1 | 0,0] [--tp-collective custom|staged|nccl]): the
+  // command spawns N rank processes of itself (rank r on gpus[r], default GPU r) that meet through
+  // a Gloo FileStore and run every row in lock-step; rank 0 prints. With N > 1 the bench adds
+  // the all-reduce latency of one decode row (eager and graph-captured) and its share of a step.
+  int tp = 1;
+  std::vector<int> gpus;                     // empty: rank r on GPU r
+  std::string tp_collective = "custom";      // custom (CUDA IPC) | staged (Gloo via host) | nccl
+  int tp_rank = -1;                          // set in the rank processes (internal flags)
+  std::string tp_store;
 };
 
 // Runs the benchmark; returns 0 on success, 1 on any error (printed to stderr).
@@ -33,7 +43,8 @@ int RunBench(const BenchOptions& opts);
 
 // argv parsing for the CLI: --model PATH [--device N] [--prefill 512,2048] [--decode N]
 // [--depth N] [--conc 1,4,16] [--conc-prompt N] [--conc-gen N] [--kv-type f16|q8_0|q4_0]
-// [--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off].
+// [--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off]
+// [--tp N [--gpus LIST] [--tp-collective custom|staged|nccl]].
 int BenchMain(int argc, char** argv);
 
 }  // namespace ds

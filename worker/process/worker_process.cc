@@ -542,9 +542,12 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   if (m.count("--scheduler-ca")) o.scheduler_ca = m["--scheduler-ca"];
   if (m.count("--scheduler-tls-name")) o.scheduler_tls_name = m["--scheduler-tls-name"];
   if (m.count("--tp-collective")) o.tp_collective = m["--tp-collective"];
-  if (o.tp_collective != "auto" && o.tp_collective != "gloo" && o.tp_collective != "nccl")
-    return absl::InvalidArgumentError("--tp-collective expects auto, gloo or nccl, got '" +
+  if (o.tp_collective != "auto" && o.tp_collective != "gloo" && o.tp_collective != "nccl" &&
+      o.tp_collective != "custom")
+    return absl::InvalidArgumentError("--tp-collective expects auto, gloo, nccl or custom, got '" +
                                       o.tp_collective + "'");
+  if (o.tp_collective == "custom" && o.backend == "cpu")
+    return absl::InvalidArgumentError("--tp-collective custom needs --backend cuda");
   if (o.tp_collective == "nccl" && o.backend == "cpu")
     return absl::InvalidArgumentError("--tp-collective nccl needs --backend cuda");
   if (m.count("--nvml-device")) {
@@ -635,7 +638,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
                  "[--port-file F] [--kv-type f16|q8_0|q4_0] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
                  "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
-                 "[--tp-collective auto|gloo|nccl]] [--scheduler-key-file F] [--scheduler-ca F "
+                 "[--tp-collective auto|gloo|nccl|custom]] [--scheduler-key-file F] [--scheduler-ca F "
                  "[--scheduler-tls-name N]]\n",
                  std::string(o.status().message()).c_str());
     return 2;

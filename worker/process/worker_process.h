@@ -44,9 +44,10 @@ struct WorkerOptions {
   std::string scheduler_key_file;
   std::string scheduler_ca;
   std::string scheduler_tls_name;
-  // The group's collective: "auto" (tp_world > 1: Gloo for a CPU group, NCCL for a CUDA group
-  // when built with it, else staged Gloo; none at tp_world 1), "gloo" (with the CUDA backend:
-  // Gloo behind a HostStagedCollective, a testing / fallback path that also allows several ranks
+  // The group's collective: "auto" (tp_world > 1: Gloo for a CPU group; for a CUDA group the
+  // custom IPC all-reduce when every rank is on one host, else NCCL when built with it, else
+  // staged Gloo; none at tp_world 1), "custom" (CUDA: the IPC all-reduce or an error), "gloo"
+  // (with the CUDA backend: Gloo behind a HostStagedCollective, a testing / fallback path that also allows several ranks
   // on one GPU), or "nccl" (CUDA backend; at tp_world 1 a one-rank NCCL communicator,
   // bootstrapped through the scheduler's rendezvous like a real group: the TP = 1 check of the
   // NCCL path).
