@@ -3,7 +3,8 @@
 // such as the <|endoftext|> between documents become their ids), cut into consecutive windows of
 // --ctx tokens, and each window is run from an empty state with logits for every position; every
 // token after the first of its window is scored: ppl = exp(mean(-log p(x_{i+1} | x_{<=i}))).
-// Progress (windows done, tokens, running perplexity, tokens/s) goes to stderr.
+// Progress (windows done, tokens, running perplexity, tokens/s) goes to stderr. --decode-path
+// scores the same windows through the device's decode kernels instead of its prefill kernels.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,7 +40,7 @@ double Now() {
 int CmdPerplexity(int argc, char** argv) {
   auto args = Args::Parse(argc, argv, {"--model", "--text", "--ctx", "--backend", "--threads",
                                        "--max-tokens", "--chunk"},
-                          {"--json", "--quiet"});
+                          {"--json", "--quiet", "--decode-path"});
   if (!args.ok()) return Fail(args.status());
   auto model_arg = args->Required("--model");
   auto text_path = args->Required("--text");
@@ -99,6 +100,9 @@ int CmdPerplexity(int argc, char** argv) {
       const size_t n = std::min<size_t>(*chunk, e - p);
       step.tokens.assign(ids.begin() + p, ids.begin() + p + n);
       step.all_logits = true;
+      // --decode-path: the device computes the window as one-token decode steps (its decode
+      // kernels), so the decode arithmetic's quality is measured too (SeqStep::decode_path).
+      step.decode_path = args->Has("--decode-path");
       StepOutput out;
       if (auto s = be.Forward({&step, 1}, StepOptions{}, &out); !s.ok()) return Fail(s);
       for (size_t i = 0; i < n; ++i) {
@@ -126,6 +130,7 @@ int CmdPerplexity(int argc, char** argv) {
     j["tokens"] = ids.size();
     j["scored"] = scored;
     j["ctx"] = *ctx;
+    j["decode_path"] = args->Has("--decode-path");
     j["mean_nll"] = nll / std::max<int64_t>(1, scored);
     j["perplexity"] = ppl;
     j["seconds"] = Now() - t0;
