@@ -128,6 +128,15 @@ absl::Status Scheduler::Add(Request r) {
   s->tokens = std::move(r.prompt);
   s->tokens.insert(s->tokens.end(), r.generated.begin(), r.generated.end());
   r.generated.clear();
+  // The recorded cut up to its first piece that does not fit this prompt: a numerics hint,
+  // never a reason to refuse the request.
+  int64_t cut = 0;
+  for (const int32_t piece : r.prompt_pieces) {
+    if (piece <= 0 || cut + piece > s->n_prompt) break;
+    s->prompt_pieces.push_back(piece);
+    cut += piece;
+  }
+  r.prompt_pieces.clear();
   s->seq = next_seq_++;
   s->timings.arrival = r.arrival;
   s->req = std::move(r);
@@ -291,11 +300,34 @@ void Scheduler::FailQueuedThatNoLongerFit() {
   }
 }
 
+int32_t Scheduler::NextPiece(const Seq& s, int32_t budget) const {
+  int32_t n = std::min({s.remaining(), budget, config_.max_chunk});
+  if (s.computed >= s.n_prompt) return n;
+  n = std::min(n, s.n_prompt - s.computed);
+  int32_t at = 0;
+  for (const int32_t piece : s.prompt_pieces) {
+    if (at == s.computed) {
+      // The recorded piece when this step has room for it; a step too full for it gets the
+      // ordinary cut (no stall, but the replay's numbers may part from the first run's).
+      return piece <= budget && piece <= s.n_prompt - s.computed ? piece : n;
+    }
+    at += piece;
+    if (at > s.computed) break;
+  }
+  return n;
+}
+
 void Scheduler::AddEntry(Seq& s, int32_t n, StepPlan& plan) {
   PlanEntry e;
   e.id = s.req.id;
   e.slot = s.slot;
   e.pos0 = s.computed;
+  e.decode_path = s.computed >= s.n_prompt;
+  if (s.computed < s.n_prompt) {
+    int64_t recorded = 0;
+    for (const int32_t piece : s.prompt_pieces) recorded += piece;
+    if (recorded == s.computed) s.prompt_pieces.push_back(n);
+  }
   e.tokens.assign(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
   e.reset = s.computed == 0;
   e.sample = s.computed + n == static_cast<int32_t>(s.tokens.size());
@@ -330,7 +362,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
   for (Seq* s : running_) {
     if (budget == 0) break;
     if (s->remaining() > 1) {
-      const int32_t n = std::min({s->remaining(), budget, config_.max_chunk});
+      const int32_t n = NextPiece(*s, budget);
       AddEntry(*s, n, plan);
       budget -= n;
     }
@@ -345,7 +377,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
     if (reserved_total_ + Reservation(s) > pool) break;
     Admit(s, slot, now);
     plan.started.push_back({s.req.id, slot, s.tokens});
-    const int32_t n = std::min({s.remaining(), budget, config_.max_chunk});
+    const int32_t n = NextPiece(s, budget);
     AddEntry(s, n, plan);
     budget -= n;
   }
@@ -585,6 +617,7 @@ absl::StatusOr<Request> Scheduler::ExportForReplay(RequestId id) const {
   r.id = id;
   r.prompt.assign(s.tokens.begin(), s.tokens.begin() + s.n_prompt);
   r.generated.assign(s.tokens.begin() + s.n_prompt, s.tokens.end());
+  r.prompt_pieces = s.prompt_pieces;
   r.max_new_tokens = s.req.max_new_tokens;
   r.priority = s.req.priority;
   r.stop_ids = s.req.stop_ids;

@@ -106,6 +106,7 @@ class Scheduler {
     std::vector<int32_t> tokens;  // [n_prompt + n_generated] full history
     int32_t n_prompt = 0;
     int32_t computed = 0;  // positions in the slot state
+    std::vector<int32_t> prompt_pieces;  // Request::prompt_pieces, extended as pieces are planned
     int slot = -1;         // -1 while queued
     int64_t reserved = 0;  // positions reserved while running
     uint64_t seq = 0;      // acceptance order
@@ -137,6 +138,10 @@ class Scheduler {
   absl::Status CheckFits(RequestId id, int64_t need_tokens) const;
   int FreeSlot() const;
   void AddEntry(Seq& s, int32_t n, StepPlan& plan);
+  // Tokens of s's next prefill piece within `budget` (> 0): the recorded cut of the prompt where
+  // there is one and it fits, else min(remaining, budget, max_chunk); a piece never crosses the
+  // end of the prompt, so re-prefilled generated tokens form decode-path pieces of their own.
+  int32_t NextPiece(const Seq& s, int32_t budget) const;
   void Admit(Seq& s, int slot, absl::Time now);
   // Frees the slot and reservation of a running request (retiring the slot if it is past target).
   void Unbind(Seq& s);

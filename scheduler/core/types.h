@@ -21,6 +21,11 @@ struct Request {
   // Tokens this request already generated on another worker (failover replay): they are
   // re-prefilled after the prompt and count toward max_new_tokens. Empty for a fresh request.
   std::vector<int32_t> generated;  // [n_generated]
+  // How the prompt was cut into prefill pieces on the worker that lost it (token counts, in
+  // order; may cover only part of the prompt). The replay cuts it the same way: on a GPU a
+  // piece's numbers depend on its length, so equal pieces (and the generated tokens on the decode
+  // path, PlanEntry::decode_path) continue with the tokens of the uninterrupted run.
+  std::vector<int32_t> prompt_pieces;
   int32_t max_new_tokens = 1;      // generated tokens in total, including `generated`
   int priority = 0;                // higher is admitted first; FIFO within a priority
   std::vector<int32_t> stop_ids;   // sampling one of these finishes with kStop
@@ -72,6 +77,9 @@ struct PlanEntry {
   // samples for this slot in the plan still in flight, unknown here (tokens = {-1}). The worker
   // protocol needs nothing for it: SlotWork names positions of the tokens the worker knows.
   bool ahead = false;
+  // The tokens are generated ones (pos0 >= the prompt's length): the worker computes them as
+  // decode steps of one token would (SeqStep::decode_path), also when a replay re-prefills many.
+  bool decode_path = false;
 };
 
 // Full data of a sequence bound to a slot in this plan: everything the worker needs once (prompt,

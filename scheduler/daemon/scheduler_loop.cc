@@ -511,6 +511,7 @@ void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
     w->set_pos0(static_cast<uint32_t>(e.pos0));
     w->set_n_tokens(static_cast<uint32_t>(e.tokens.size()));
     w->set_sample(e.sample);
+    w->set_decode_path(e.decode_path);
   }
   r->flight.push_back({std::move(*plan), t0, {}});
   // A plan sent ahead waits behind the one in flight: the timer of the oldest one runs.

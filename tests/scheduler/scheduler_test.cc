@@ -262,10 +262,12 @@ TEST(Scheduler, KeepsFullHistoryAndReplaysElsewhere) {
   EXPECT_EQ(info->computed, 4);
   EXPECT_EQ(info->state, RequestInfo::State::kRunning);
 
-  // Worker A dies: replay on B with the history; B re-prefills 5 tokens and generates the last 2.
+  // Worker A dies: replay on B with the history; B re-prefills the prompt as A cut it (one piece
+  // of 3), then the 2 generated tokens as a decode-path piece, and generates the last 2.
   absl::StatusOr<Request> replay = a->ExportForReplay(7);
   ASSERT_TRUE(replay.ok());
   EXPECT_EQ(replay->generated, (std::vector<int32_t>{FakeToken(7, 3), FakeToken(7, 4)}));
+  EXPECT_EQ(replay->prompt_pieces, (std::vector<int32_t>{3}));
   EXPECT_EQ(replay->priority, 2);
   auto b = Make(Config(1, 100, 100, Pool(1000, 500)));
   ASSERT_TRUE(b->Add(*replay).ok());
@@ -273,14 +275,58 @@ TEST(Scheduler, KeepsFullHistoryAndReplaysElsewhere) {
   std::vector<Event> ev;
   StepPlan p = Step(*b, wb, T(10), &ev);
   ASSERT_EQ(p.entries.size(), 1u);
-  EXPECT_EQ(p.entries[0].tokens, want);
+  EXPECT_EQ(p.entries[0].tokens, std::vector<int32_t>(want.begin(), want.begin() + 3));
+  EXPECT_FALSE(p.entries[0].sample);
+  EXPECT_FALSE(p.entries[0].decode_path);
+  p = Step(*b, wb, T(11), &ev);
+  ASSERT_EQ(p.entries.size(), 1u);
+  EXPECT_EQ(p.entries[0].tokens, std::vector<int32_t>(want.begin() + 3, want.end()));
   EXPECT_TRUE(p.entries[0].sample);
-  Step(*b, wb, T(11), &ev);
+  EXPECT_TRUE(p.entries[0].decode_path);
+  p = Step(*b, wb, T(12), &ev);
+  ASSERT_EQ(p.entries.size(), 1u);
+  EXPECT_TRUE(p.entries[0].decode_path);  // a plain decode: generated tokens always are
   std::vector<std::string> got;
   for (const Event& e : ev) got.push_back(Str(e));
   EXPECT_EQ(got, (std::vector<std::string>{"start 7@0", absl::StrCat("tok 7:", FakeToken(7, 5)),
                                            absl::StrCat("tok 7:", FakeToken(7, 6)),
                                            "fin 7 length gen 4"}));
+}
+
+// A replay cuts the prompt where the first worker did (its numbers on a GPU depend on the
+// pieces), whatever the new worker's budget would have chosen, unless a recorded piece does not
+// fit the step: then the ordinary cut (no stall).
+TEST(Scheduler, ReplayCutsThePromptAsTheFirstRunDid) {
+  // First run: budget 10 with a decode of another request in the step cuts prompt 2 in 9 + 9 + 2.
+  auto a = Make(Config(2, 10, 100, Pool(1000, 500)));
+  ASSERT_TRUE(a->Add(Req(1, 2, 50)).ok());
+  FakeWorker wa;
+  Step(*a, wa, T(0), nullptr);
+  ASSERT_TRUE(a->Add(Req(2, 20, 5)).ok());
+  for (int i = 1; i <= 4; ++i) Step(*a, wa, T(i), nullptr);
+  absl::StatusOr<Request> replay = a->ExportForReplay(2);
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(replay->prompt_pieces, (std::vector<int32_t>{9, 9, 2}));
+  ASSERT_FALSE(replay->generated.empty());
+  // The new worker has room for the whole prompt at once, yet cuts it 9 + 9 + 2.
+  auto b = Make(Config(1, 100, 100, Pool(1000, 500)));
+  ASSERT_TRUE(b->Add(*replay).ok());
+  FakeWorker wb;
+  std::vector<int32_t> cuts;
+  for (int i = 0; i < 4; ++i) {
+    StepPlan p = Step(*b, wb, T(10 + i), nullptr);
+    ASSERT_EQ(p.entries.size(), 1u);
+    cuts.push_back(static_cast<int32_t>(p.entries[0].tokens.size()));
+    EXPECT_EQ(p.entries[0].decode_path, i == 3) << i;
+  }
+  EXPECT_EQ(cuts, (std::vector<int32_t>{9, 9, 2, static_cast<int32_t>(replay->generated.size())}));
+  // A worker whose step cannot take a recorded piece of 9 cuts by its own budget instead.
+  auto c = Make(Config(1, 5, 100, Pool(1000, 500)));
+  ASSERT_TRUE(c->Add(*replay).ok());
+  FakeWorker wc;
+  StepPlan p = Step(*c, wc, T(20), nullptr);
+  ASSERT_EQ(p.entries.size(), 1u);
+  EXPECT_EQ(p.entries[0].tokens.size(), 5u);
 }
 
 TEST(Scheduler, RequeueReplaysFromPositionZeroKeepingItsPlace) {
@@ -293,10 +339,14 @@ TEST(Scheduler, RequeueReplaysFromPositionZeroKeepingItsPlace) {
   ASSERT_TRUE(s->Requeue(1).ok());
   EXPECT_EQ(s->Get(1)->state, RequestInfo::State::kQueued);
   EXPECT_EQ(s->Status().pool_reserved, 0);
-  // 1 was accepted before 2, so it is admitted again first, with its 3 + 2 known tokens.
+  // 1 was accepted before 2, so it is admitted again first, with its 3 + 2 known tokens: the
+  // prompt as first cut, then its generated tokens on the decode path.
   StepPlan p = Step(*s, w, T(2), nullptr);
-  EXPECT_EQ(Entries(p), (std::vector<E>{{1, 0, 0, 5, true}}));
+  EXPECT_EQ(Entries(p), (std::vector<E>{{1, 0, 0, 3, false}}));
   EXPECT_TRUE(p.entries[0].reset);
+  p = Step(*s, w, T(3), nullptr);
+  EXPECT_EQ(Entries(p), (std::vector<E>{{1, 0, 3, 2, true}}));
+  EXPECT_TRUE(p.entries[0].decode_path);
   EXPECT_EQ(s->Get(1)->tokens.size(), 6u);
 }
 

@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,14 +118,27 @@ class CudaDevice final : public Device {
                     int device, int n_slots, int slot_ctx, const CudaBackendOptions& copts);
 
   // ---- matmul_dispatch.cc
+  // The step's matmuls: x and y hold the micro-step's rows_ rows, which go through the kernels
+  // the prepared row segments (segs_) name. R must be rows_.
   absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
   absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
-  absl::Status GemvColumns(const DMat& w, const DMat* w2, const float* x, int R, float* y,
-                           GemvEpilogue epilogue);
   // Several matrices on the same input x (store epilogue): one GemvMulti launch per column chunk
   // when they share type and K, else one Linear each.
   absl::Status LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                            const float* x, int R);
+  // R rows that are not the step's (the head's logit rows): the column kernels up to
+  // ColumnRows(w) rows, else dequantization + cuBLAS.
+  absl::Status LinearRows(const DMat& w, const float* x, int R, float* y, bool accumulate);
+  // R rows of x / y through the column kernels (GEMV or tiled mma), kGemvMaxCols (tiled:
+  // kTiledMaxCols) columns per launch; every column's result is the same whatever its neighbours.
+  absl::Status GemvColumns(const DMat& w, const DMat* w2, const float* x, int R, float* y,
+                           GemvEpilogue epilogue);
+  // The GEMM segments `segs` of x through dequantization + cuBLAS (F32: SGEMM): each weight
+  // chunk is dequantized once and multiplied with every segment on its own, so a segment's
+  // result does not depend on the others.
+  struct RowSegment;
+  absl::Status GemmSegments(const DMat& w, const float* x, std::span<const RowSegment> segs,
+                            float* y, bool accumulate);
   // a_ = RMSNorm(h_) * w; for GEMV-sized steps fused with the int8 quantization of a_.
   absl::Status NormToA(const float* w, int R);
   absl::Status EnsureQuantized(const float* x, int R, int K);
@@ -137,11 +151,23 @@ class CudaDevice final : public Device {
   }
   // Rows that take a matmul on int8 activations (GEMV or tiled kernel): the xq_/xd_ capacity.
   int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
-  // Whether an R-row matmul on `w` takes the column kernels (tiled mma or v2 GEMV) rather than
+  // Rows up to which a matmul on `w` takes the column kernels (tiled mma or v2 GEMV) rather than
   // dequantization + cuBLAS.
-  bool ColumnPath(const DMat& w, int R) const {
-    return R <= (w.tiled ? tiled_max_rows_ : copts_.gemv_max_rows);
-  }
+  int ColumnRows(const DMat& w) const { return w.tiled ? tiled_max_rows_ : copts_.gemv_max_rows; }
+  bool ColumnPath(const DMat& w, int R) const { return R <= ColumnRows(w); }
+  // A piece of the step's rows and the kernels its matmuls take.
+  struct RowSegment {
+    int row0 = 0;
+    int n = 0;
+    bool column = false;  // column kernels (n <= ColumnRows), else dequantization + cuBLAS
+  };
+  // Cuts the prepared step's rows into segments for weights of each flavour (see
+  // CudaBackendOptions::batch_invariant): segs_[1] for tiled matrices, segs_[0] for the others.
+  void PlanRowSegments(const MicroStep& step);
+  const std::vector<RowSegment>& SegmentsFor(const DMat& w) const { return segs_[w.tiled ? 1 : 0]; }
+  // The column segments and the cuBLAS segments of `all`, each in row order.
+  static void SplitSegments(const std::vector<RowSegment>& all, std::vector<RowSegment>* column,
+                            std::vector<RowSegment>* gemm);
 
   // ---- forward.cc
   absl::Status GdnMixer(const DLayer& L, int R);
@@ -232,7 +258,7 @@ class CudaDevice final : public Device {
   uint16_t* q16_ = nullptr;  // [T, n_head*hd]
   float* ffa_ = nullptr;    // [T, n_ff]
   float* ffb_ = nullptr;    // [T, n_ff]
-  int8_t* xq_ = nullptr;    // [QuantRows(), max_k]
+  int8_t* xq_ = nullptr;    // [QuantRows(), max_k]: a column segment's rows
   float* xd_ = nullptr;     // [QuantRows(), max_k/32]
   uint16_t* xh_ = nullptr;  // [T, max_k]
   uint16_t* wh_ = nullptr;  // [wh_elems] dequantized weight scratch
@@ -271,7 +297,16 @@ class CudaDevice final : public Device {
 
   // The prepared micro-step (host).
   int rows_ = 0, n_logit_rows_ = 0, n_dec_ = 0, n_splits_ = 1;
-  std::vector<RowRun> prefill_;  // runs of more than one token
+  std::vector<RowRun> prefill_;  // runs through the prefill kernels
+  // Decode rows in waves: wave w holds the w-th token of every decode-like run (RowRun::
+  // decode_like) that has one; GDN steps through the waves in order, attention takes all rows at
+  // once. Entries [first, first + n) of the Decode*() arrays; a pure-decode step is one wave.
+  struct DecodeWave {
+    int first = 0;
+    int n = 0;
+  };
+  std::vector<DecodeWave> waves_;
+  std::vector<RowSegment> segs_[2];
 
   std::map<int, cudaGraphExec_t> graphs_;  // pure-decode row count -> graph
   std::map<int, bool> graph_failed_;

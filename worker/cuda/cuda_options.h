@@ -26,6 +26,16 @@ struct CudaBackendOptions {
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;
+  // Batch-invariant decode: while a micro-step holds at most gemv_max_rows (tiled:
+  // tiled_max_rows) decode sequences, every decode row (and every row of a SeqStep::decode_path
+  // run) takes the column kernels and the decode attention with a split length that depends on
+  // the sequence alone, and every prefill piece gets matmuls of its own: a row's numbers then do
+  // not depend on what else shares the step. That is what lets a failover replay (prompt pieces
+  // as first cut, generated tokens on the decode path) continue with the tokens of the
+  // uninterrupted run. Costs a second weight pass in steps that mix decodes with a long prefill
+  // piece (docs/perf/failover.md). false: one matmul path for the whole step, chosen by its
+  // row count (the behaviour before, for A/B runs).
+  bool batch_invariant = true;
 };
 
 // Bytes the device needs, computed from the file and options before any cudaMalloc. Under

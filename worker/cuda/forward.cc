@@ -24,7 +24,7 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA micro-step of ", rows_, " rows / ",
                                                    n_logit_rows_, " logit rows exceeds ", T_max_,
                                                    " / ", logit_rows_max_));
-  // Host index arrays (pinned): token rows, then the decode runs (one token each).
+  // Host index arrays (pinned): token rows, then the decode rows wave by wave.
   int32_t* ids = h_ints_;
   int32_t* tslot = h_ints_ + T_max_;
   int32_t* tpos = h_ints_ + 2 * T_max_;
@@ -37,18 +37,33 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   std::copy(step.positions.begin(), step.positions.end(), tpos);
   std::copy(step.logit_rows.begin(), step.logit_rows.end(), lrows);
   n_dec_ = 0;
+  int dec_runs = 0, longest = 0;
   prefill_.clear();
+  waves_.clear();
   for (const RowRun& r : step.runs) {
-    if (r.n == 1) {
-      drow[n_dec_] = r.row0;
-      dslot[n_dec_] = r.slot;
-      dpos[n_dec_] = r.pos0;
-      ++n_dec_;
+    if (r.decode_like()) {
+      ++dec_runs;
+      longest = std::max(longest, r.n);
     } else {
       prefill_.push_back(r);
     }
   }
-  n_splits_ = AttnSplits(std::max(1, n_dec_));
+  for (int w = 0; w < longest; ++w) {
+    const int first = n_dec_;
+    for (const RowRun& r : step.runs) {
+      if (!r.decode_like() || r.n <= w) continue;
+      drow[n_dec_] = r.row0 + w;
+      dslot[n_dec_] = r.slot;
+      dpos[n_dec_] = r.pos0 + w;
+      ++n_dec_;
+    }
+    waves_.push_back({first, n_dec_ - first});
+  }
+  // Batch-invariant: the split length of a decode row's attention depends on its own length
+  // only (the split count of a lone sequence; later splits exit early), not on how many rows
+  // share the launch.
+  n_splits_ = copts_.batch_invariant ? AttnSplits(1) : AttnSplits(std::max(1, dec_runs));
+  PlanRowSegments(step);
   DS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(d_ints_, h_ints_, 6ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_logit_rows_, lrows,
@@ -108,14 +123,15 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));
   ProfEnd();
   ProfBegin("gdn_core");
-  if (n_dec_ > 0) {
+  // Decode waves in order: the w-th token of a decode_path run follows its (w-1)-th.
+  for (const DecodeWave& wave : waves_) {
     GdnDecodeArgs a;
     a.shape = s;
     a.p = L.gdn;
-    a.n_seqs = n_dec_;
-    a.rows = DecodeRows();
-    a.slots = DecodeSlots();
-    a.pos = DecodePositions();
+    a.n_seqs = wave.n;
+    a.rows = DecodeRows() + wave.first;
+    a.slots = DecodeSlots() + wave.first;
+    a.pos = DecodePositions() + wave.first;
     a.mixed = mixed_;
     a.z = z_;
     a.b = gb_;
@@ -276,7 +292,7 @@ absl::Status CudaDevice::Head() {
   // Under TP with the lm_head on rank 0 only, the other ranks hold no rows of it.
   if (n_vocab_local_ > 0)
     DS_RETURN_IF_ERROR(
-        Linear(output_, hn_, n_logit_rows_, VocabParallel() ? logits_part_ : logits_, false));
+        LinearRows(output_, hn_, n_logit_rows_, VocabParallel() ? logits_part_ : logits_, false));
   ProfEnd();
   return absl::OkStatus();
 }

@@ -1,6 +1,12 @@
 // CudaDevice (cuda_device.h): which kernel runs a matrix product. Up to gemv_max_rows rows
 // (tiled Q6_K: tiled_max_rows) take the column kernels on int8 activations, more rows are
 // dequantized to bf16 and go through cuBLAS; F32 weights always go through cuBLAS's SGEMM there.
+// A step's rows are cut into segments first (PlanRowSegments, CudaBackendOptions::
+// batch_invariant): decode rows in column segments, each long prefill piece in a cuBLAS product
+// of its own, so that no row's numbers depend on the other rows of the step.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
@@ -51,14 +57,67 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
   return absl::OkStatus();
 }
 
-absl::Status CudaDevice::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
-  if (ColumnPath(w, R))
-    return GemvColumns(w, nullptr, x, R, y,
-                       accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore);
-  if (w.type == GgmlType::F32)
-    return gemm_->RunF32(static_cast<const float*>(w.d), x, y, w.rows, w.cols, R, w.rows,
-                         accumulate ? 1.f : 0.f, stream_);
-  DS_RETURN_IF_ERROR(EnsureHalf(x, R, w.cols));
+void CudaDevice::PlanRowSegments(const MicroStep& step) {
+  int dec_runs = 0;
+  for (const RowRun& r : step.runs) dec_runs += r.decode_like() ? 1 : 0;
+  for (int f = 0; f < 2; ++f) {
+    const int cap = f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
+    std::vector<RowSegment>& out = segs_[f];
+    out.clear();
+    if (!copts_.batch_invariant) {
+      out.push_back({0, rows_, rows_ <= cap});
+      continue;
+    }
+    // Decode rows keep the column kernels while the step has at most `cap` decode sequences
+    // (a long decode_path run is cut into column pieces, which compute every row the same);
+    // past that, throughput wins: they share one cuBLAS product and are no longer invariant.
+    const bool dec_column = cap > 0 && dec_runs <= cap;
+    bool shared_gemm = false;  // out.back() is the decode rows' shared cuBLAS segment
+    for (const RowRun& r : step.runs) {
+      const bool dec = r.decode_like();
+      if (dec ? !dec_column : r.n > cap) {
+        // A prefill piece's product is its own (its numbers depend on its rows only); the
+        // decode rows of a crowded step share one.
+        if (dec && shared_gemm && out.back().row0 + out.back().n == r.row0) {
+          out.back().n += r.n;
+        } else {
+          out.push_back({r.row0, r.n, false});
+        }
+        shared_gemm = dec;
+        continue;
+      }
+      shared_gemm = false;
+      for (int i = 0; i < r.n;) {
+        RowSegment* last = out.empty() ? nullptr : &out.back();
+        if (last && last->column && last->row0 + last->n == r.row0 + i && last->n < cap) {
+          const int take = std::min(cap - last->n, r.n - i);
+          last->n += take;
+          i += take;
+        } else {
+          const int take = std::min(cap, r.n - i);
+          out.push_back({r.row0 + i, take, true});
+          i += take;
+        }
+      }
+    }
+  }
+}
+
+absl::Status CudaDevice::GemmSegments(const DMat& w, const float* x,
+                                      std::span<const RowSegment> segs, float* y,
+                                      bool accumulate) {
+  if (segs.empty()) return absl::OkStatus();
+  const float beta = accumulate ? 1.f : 0.f;
+  if (w.type == GgmlType::F32) {
+    for (const RowSegment& g : segs)
+      DS_RETURN_IF_ERROR(gemm_->RunF32(static_cast<const float*>(w.d),
+                                       x + static_cast<int64_t>(g.row0) * w.cols,
+                                       y + static_cast<int64_t>(g.row0) * w.rows, w.rows, w.cols,
+                                       g.n, w.rows, beta, stream_));
+    return absl::OkStatus();
+  }
+  const int end = segs.back().row0 + segs.back().n;
+  DS_RETURN_IF_ERROR(EnsureHalf(x, end, w.cols));
   const uint64_t rb = GgmlRowBytes(w.type, w.cols);
   const int chunk = static_cast<int>(std::min<uint64_t>(w.rows, wh_elems_ / w.cols));
   for (int m0 = 0; m0 < w.rows; m0 += chunk) {
@@ -68,31 +127,63 @@ absl::Status CudaDevice::Linear(const DMat& w, const float* x, int R, float* y, 
     else
       DS_RETURN_IF_ERROR(DequantizeRows(w.type, static_cast<const uint8_t*>(w.d) + m0 * rb, mc,
                                         w.cols, wh_, bf16_, stream_));
-    DS_RETURN_IF_ERROR(gemm_->Run(wh_, xh_, y + m0, mc, w.cols, R, w.rows, bf16_,
-                                  accumulate ? 1.f : 0.f, stream_));
+    for (const RowSegment& g : segs)
+      DS_RETURN_IF_ERROR(gemm_->Run(wh_, xh_ + static_cast<int64_t>(g.row0) * w.cols,
+                                    y + static_cast<int64_t>(g.row0) * w.rows + m0, mc, w.cols,
+                                    g.n, w.rows, bf16_, beta, stream_));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaDevice::LinearRows(const DMat& w, const float* x, int R, float* y,
+                                    bool accumulate) {
+  if (ColumnPath(w, R))
+    return GemvColumns(w, nullptr, x, R, y,
+                       accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore);
+  const RowSegment all{0, R, false};
+  return GemmSegments(w, x, std::span<const RowSegment>(&all, 1), y, accumulate);
+}
+
+void CudaDevice::SplitSegments(const std::vector<RowSegment>& all, std::vector<RowSegment>* column,
+                               std::vector<RowSegment>* gemm) {
+  column->clear();
+  gemm->clear();
+  for (const RowSegment& g : all) (g.column ? column : gemm)->push_back(g);
+}
+
+absl::Status CudaDevice::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
+  if (R != rows_)
+    return absl::InternalError(absl::StrCat("Linear: ", R, " rows, the step has ", rows_));
+  std::vector<RowSegment> column, gemm;
+  SplitSegments(SegmentsFor(w), &column, &gemm);
+  const GemvEpilogue ep = accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore;
+  for (const RowSegment& g : column)
+    DS_RETURN_IF_ERROR(GemvColumns(w, nullptr, x + static_cast<int64_t>(g.row0) * w.cols, g.n,
+                                   y + static_cast<int64_t>(g.row0) * w.rows, ep));
+  return GemmSegments(w, x, gemm, y, accumulate);
 }
 
 absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                                       const float* x, int R) {
   const DMat& m0 = *mats.begin()->first;
-  bool same = ColumnPath(m0, R) &&
-              static_cast<int>(mats.size()) <= kGemvMaxSegs;
+  bool same = static_cast<int>(mats.size()) <= kGemvMaxSegs;
   for (auto& [m, y] : mats)
     same = same && m->type == m0.type && m->cols == m0.cols && m->tiled == m0.tiled;
-  if (!same) {
+  const std::vector<RowSegment>& segs = SegmentsFor(m0);
+  if (!same || segs.size() != 1 || !segs[0].column) {
     for (auto& [m, y] : mats) DS_RETURN_IF_ERROR(Linear(*m, x, R, y, false));
     return absl::OkStatus();
   }
+  // One column segment over the whole step (every decode step): one launch per column chunk
+  // for all matrices.
   const bool qx = m0.tiled || GemvWantsQuantizedX(m0.type, m0.cols);
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, m0.cols));
   const int max_cols = m0.tiled ? kTiledMaxCols : kGemvMaxCols;
   for (int c0 = 0; c0 < R; c0 += max_cols) {
-    GemvArgs segs[kGemvMaxSegs];
+    GemvArgs segs_args[kGemvMaxSegs];
     int n = 0;
     for (auto& [m, y] : mats) {
-      GemvArgs& a = segs[n++];
+      GemvArgs& a = segs_args[n++];
       a.type = m->type;
       a.w = m->d;
       a.M = m->rows;
@@ -106,7 +197,8 @@ absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
     }
-    DS_RETURN_IF_ERROR(m0.tiled ? TiledGemvMulti(segs, n, stream_) : GemvMulti(segs, n, stream_));
+    DS_RETURN_IF_ERROR(m0.tiled ? TiledGemvMulti(segs_args, n, stream_)
+                                : GemvMulti(segs_args, n, stream_));
   }
   return absl::OkStatus();
 }
@@ -125,11 +217,28 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
 
 absl::Status CudaDevice::LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R,
                                          float* y) {
-  if (g.type == u.type && g.tiled == u.tiled && ColumnPath(g, R))
-    return GemvColumns(g, &u, x, R, y, GemvEpilogue::kSiluMul);
-  DS_RETURN_IF_ERROR(Linear(g, x, R, y, false));
-  DS_RETURN_IF_ERROR(Linear(u, x, R, ffb_, false));
-  return SiluMul(y, ffb_, y, static_cast<int64_t>(R) * g.rows, stream_);
+  if (R != rows_)
+    return absl::InternalError(absl::StrCat("LinearSiluPair: ", R, " rows, the step has ", rows_));
+  if (g.type != u.type || g.tiled != u.tiled) {
+    DS_RETURN_IF_ERROR(Linear(g, x, R, y, false));
+    DS_RETURN_IF_ERROR(Linear(u, x, R, ffb_, false));
+    return SiluMul(y, ffb_, y, static_cast<int64_t>(R) * g.rows, stream_);
+  }
+  std::vector<RowSegment> column, gemm;
+  SplitSegments(SegmentsFor(g), &column, &gemm);
+  for (const RowSegment& s : column)
+    DS_RETURN_IF_ERROR(GemvColumns(g, &u, x + static_cast<int64_t>(s.row0) * g.cols, s.n,
+                                   y + static_cast<int64_t>(s.row0) * g.rows,
+                                   GemvEpilogue::kSiluMul));
+  if (gemm.empty()) return absl::OkStatus();
+  DS_RETURN_IF_ERROR(GemmSegments(g, x, gemm, y, false));
+  DS_RETURN_IF_ERROR(GemmSegments(u, x, gemm, ffb_, false));
+  for (const RowSegment& s : gemm) {
+    const int64_t off = static_cast<int64_t>(s.row0) * g.rows;
+    DS_RETURN_IF_ERROR(SiluMul(y + off, ffb_ + off, y + off, static_cast<int64_t>(s.n) * g.rows,
+                               stream_));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ds::cuda

@@ -28,6 +28,11 @@ struct SeqStep {
   int32_t pos0 = 0;              // position of tokens[0]; must equal the slot's current length
   std::vector<int32_t> tokens;   // [n] tokens to append (n >= 1)
   bool all_logits = false;       // true: logits for every token; false: only for the last one
+  // Compute the tokens as n decode steps of one token would (the decode kernels, one position
+  // after another), not as a prefill chunk: a failover replay of tokens that were generated one
+  // by one, or a speculative verify, then reproduces the decode steps' numerics exactly. A device
+  // whose prefill and decode arithmetic are the same (the CPU) may ignore it.
+  bool decode_path = false;
 };
 
 // What the caller needs from one output row when it asks for device sampling

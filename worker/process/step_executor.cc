@@ -111,6 +111,7 @@ StepResult StepExecutor::Run(const Step& step) {
     q.pos0 = static_cast<int32_t>(w.pos0);
     q.tokens.assign(known.begin() + w.pos0, known.begin() + w.pos0 + w.n_tokens);
     q.all_logits = false;
+    q.decode_path = w.decode_path;
   }
   // Device sampling (no TP, backend offers it): rows that want no logprobs are sampled where the
   // logits are, with the uniform the CPU sampler would draw (Sampler::PeekUniform), so the tokens

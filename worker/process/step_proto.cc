@@ -25,7 +25,7 @@ void FromProto(const pb::Step& in, Step* out) {
   out->work.resize(static_cast<size_t>(in.work_size()));
   for (int i = 0; i < in.work_size(); ++i) {
     const pb::SlotWork& p = in.work(i);
-    out->work[i] = SlotWork{p.slot(), p.pos0(), p.n_tokens(), p.sample()};
+    out->work[i] = SlotWork{p.slot(), p.pos0(), p.n_tokens(), p.sample(), p.decode_path()};
   }
 }
 
@@ -48,6 +48,7 @@ void ToProto(const Step& in, pb::Step* out) {
     p->set_pos0(w.pos0);
     p->set_n_tokens(w.n_tokens);
     p->set_sample(w.sample);
+    p->set_decode_path(w.decode_path);
   }
 }
 

@@ -33,6 +33,7 @@ struct SlotWork {
   uint32_t pos0 = 0;
   uint32_t n_tokens = 0;
   bool sample = false;  // sample a token after this chunk (it reaches the end of the known tokens)
+  bool decode_path = false;  // SeqStep::decode_path (proto SlotWork.decode_path)
 };
 
 // Applied in this order: released, started, work.

@@ -29,6 +29,11 @@ struct RowRun {
   int32_t n = 0;
   int32_t slot = 0;
   int32_t pos0 = 0;
+  // SeqStep::decode_path: the device runs these positions one after another through its decode
+  // kernels (a one-token run always does), so each row equals what a decode step of that token
+  // alone would give.
+  bool decode_path = false;
+  bool decode_like() const { return n == 1 || decode_path; }
 };
 
 // One micro-step as the device sees it. Built by the runner (worker/runner/micro_steps.h).

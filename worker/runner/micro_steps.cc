@@ -52,7 +52,7 @@ void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> p
   for (const StepPiece& p : pieces) {
     const SeqStep& s = batch[p.seq];
     const int32_t pos0 = s.pos0 + p.t0;
-    out->runs.push_back({row, p.n, s.slot, pos0});
+    out->runs.push_back({row, p.n, s.slot, pos0, s.decode_path});
     for (int t = 0; t < p.n; ++t) {
       out->ids.push_back(s.tokens[p.t0 + t]);
       out->slots.push_back(s.slot);
