@@ -46,7 +46,7 @@ struct ServeOptions {
   std::vector<int> gpus; // CUDA device of every rank, replica by replica; empty = --device 0
   double failover_wait = 60;  // a lost replica's requests wait this long for one (0 = fail)
   std::string tp_split;  // TP share weights ("1,2") or "mem"; empty = even
-  std::string tp_collective;  // worker --tp-collective (auto|gloo|nccl); empty = the worker's auto
+  std::string tp_collective;  // worker --tp-collective (auto|custom|nccl|gloo); empty = auto
   int slots = 4;
   int ctx = 4096;
   std::string split = "pool";
@@ -67,7 +67,7 @@ void Usage(FILE* out) {
   std::fprintf(out,
                "usage: deltaserve serve --model FILE [--workers N | --gpus 0,1,...] [--slots N] [--ctx N] "
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
-               "[--threads N] [--tp N [--split 1,2|mem] [--tp-collective auto|gloo|nccl]] "
+               "[--threads N] [--tp N [--split 1,2|mem] [--tp-collective auto|custom|nccl|gloo]] "
                "[--demo PROMPT [--demo-chat MESSAGE] [--demo-max-tokens N]]\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
@@ -147,8 +147,8 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     m.erase("--split");
   }
   if (m.count("--tp-split")) o.tp_split = m["--tp-split"];
-  // gloo with CUDA ranks: Gloo behind the host-staged collective, which lets ranks share a GPU
-  // (--gpus 0,0); the worker validates the value.
+  // CUDA ranks: auto = the custom IPC all-reduce (ranks may share a GPU, --gpus 0,0; NCCL when
+  // the group spans hosts), gloo = Gloo behind the host-staged collective; the worker validates.
   if (m.count("--tp-collective")) o.tp_collective = m["--tp-collective"];
   if (!o.tp_split.empty() && o.tp == 1)
     return absl::InvalidArgumentError("TP share weights need --tp > 1");
@@ -312,7 +312,8 @@ int RunServe(int argc, char** argv) {
     return 1;
   }
   const std::string dir = dir_template;
-  // A CUDA TP rank needs a GPU of its own (NCCL refuses two ranks on one device): without --gpus,
+  // A CUDA TP rank gets a GPU of its own (NCCL refuses two ranks on one device; several ranks on
+  // one GPU only make sense for tests, --gpus 0,0 with the default collective): without --gpus,
   // rank r of replica i takes GPU i * tp + r, and too few GPUs is an error that says so.
   if (o->gpus.empty() && o->tp > 1 && o->backend != "cpu") {
     const int n_gpus = CudaDeviceCount(), ranks = o->workers * o->tp;
