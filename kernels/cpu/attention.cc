@@ -16,11 +16,17 @@ void GatedAttention(const AttnArgs& a) {
   const int kvw = a.n_head_kv * hd;
   const int qgw = a.n_head * 2 * hd;
   const int group = a.n_head / a.n_head_kv;
+  // Row j of the cache: contiguous, or through the page table.
+  auto row = [&a, kvw](int64_t j) -> int64_t {
+    if (!a.page_table) return j * kvw;
+    return (static_cast<int64_t>(a.page_table[j / a.page_size]) * a.page_size + j % a.page_size) *
+           kvw;
+  };
   // 1. New K: per-head RMSNorm then rope, written into the cache; V copied as is.
   for (int64_t t = 0; t < a.T; ++t) {
     const int32_t pos = a.pos0 + static_cast<int32_t>(t);
-    float* kc = a.k_cache + static_cast<int64_t>(pos) * kvw;  // [kvw]
-    float* vc = a.v_cache + static_cast<int64_t>(pos) * kvw;
+    float* kc = a.k_cache + row(pos);  // [kvw]
+    float* vc = a.v_cache + row(pos);
     for (int j = 0; j < a.n_head_kv; ++j) {
       RmsNorm(a.k + t * kvw + j * hd, a.k_norm, hd, a.eps, kc + j * hd);
       RopeNeox(kc + j * hd, a.n_rot, pos, a.rope_base);
@@ -47,7 +53,7 @@ void GatedAttention(const AttnArgs& a) {
           p[j] = -INFINITY;
           continue;
         }
-        const float* kj = a.k_cache + j * kvw + kvh * hd;
+        const float* kj = a.k_cache + row(j) + kvh * hd;
         float d = 0.f;
         for (int e = 0; e < hd; ++e) d += q[e] * kj[e];
         p[j] = d * scale;
@@ -64,7 +70,7 @@ void GatedAttention(const AttnArgs& a) {
       for (int64_t j = 0; j < n_keys; ++j) {
         if (p[j] == 0.f) continue;
         const float w = p[j] * inv;
-        const float* vj = a.v_cache + j * kvw + kvh * hd;
+        const float* vj = a.v_cache + row(j) + kvh * hd;
         for (int e = 0; e < hd; ++e) o[e] += w * vj[e];
       }
       for (int e = 0; e < hd; ++e) o[e] *= Sigmoid(gate[e]);

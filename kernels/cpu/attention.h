@@ -24,6 +24,11 @@ struct AttnArgs {
   const float* k_norm = nullptr;  // [head_dim]
   float* k_cache = nullptr;       // [>= pos0 + T, n_head_kv * head_dim]; rows pos0.. written
   float* v_cache = nullptr;       // same
+  // Paged cache (issue #23): when page_table is set, k_cache / v_cache are a pool of pages of
+  // page_size rows and cache row j lives at row page_table[j / page_size] * page_size +
+  // j % page_size of it (the CUDA KvCacheView rule). Null: rows are contiguous.
+  const int32_t* page_table = nullptr;  // [>= ceil((pos0 + T) / page_size)]
+  int page_size = 0;
   // Optional row mask over cache rows [0, pos0 + T): rows with valid[j] == 0 are not attended.
   const uint8_t* valid = nullptr;
   float* out = nullptr;           // [T, n_head * head_dim] = attention output ⊙ sigmoid(gate)

@@ -23,9 +23,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         " disagrees with CudaBackendOptions.kv_type ", KvTypeName(copts.kv_type)));
   DS_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::FromGguf(*file));
   DS_ASSIGN_OR_RETURN(TpPlacement tp, PlaceInGroup(*file, cfg, opts));
+  // The pool figures of the generic options win where they are set.
+  CudaBackendOptions co = copts;
+  if (opts.kv_pool_tokens > 0) co.kv_pool_tokens = opts.kv_pool_tokens;
+  if (opts.kv_page_size > 0) co.kv_page_size = opts.kv_page_size;
+  if (opts.memory_fraction < 1.0) co.memory_fraction = opts.memory_fraction;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> dev,
                       CudaDevice::Create(*file, cfg, tp, opts.device, opts.n_slots,
-                                         opts.slot_ctx, copts));
+                                         opts.slot_ctx, co));
   return std::unique_ptr<CudaBackend>(
       new CudaBackend(std::move(dev), std::move(file), cfg, opts, std::move(tp)));
 }

@@ -59,7 +59,7 @@ struct DLayer {
   DMat q, k, v, o;
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
-  uint8_t* kc = nullptr;  // [n_pages, page, n_kv, row_bytes] (KvCacheView: f16 or q8_0/q4_0 blocks)
+  uint8_t* kc = nullptr;  // [n_pages, page, n_kv, row_bytes] the shared pool (KvCacheView: f16 or q8_0/q4_0 blocks)
   uint8_t* vc = nullptr;
   // FFN
   DMat ffn_gate, ffn_up, ffn_down;
@@ -96,6 +96,8 @@ class CudaDevice final : public Device {
   absl::Status Finish() override;
   double TakeCommSeconds() override { return 0; }  // collectives are stream-ordered: not timed
 
+  KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
+  absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
   void ResetSlot(int slot) override;
   absl::StatusOr<std::vector<uint8_t>> SaveState(int slot, int32_t n_past) const override;
   absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) override;
@@ -225,7 +227,10 @@ class CudaDevice final : public Device {
   GdnShape gdn_shape_;
   AttnShape attn_shape_;
   KvCacheView kv_base_;  // k/v set per layer
-  int max_pages_ = 0;
+  int max_pages_ = 0;        // page table entries per slot (slot_ctx in pages)
+  int64_t n_pages_ = 0;      // pages in the KV pool (the planner's pool_pages)
+  int32_t* d_table_ = nullptr;       // [n_slots, max_pages] device (kv_base_.block_table)
+  std::vector<int32_t> h_table_;     // its host copy (SaveState / LoadState walk it)
   uint64_t kv_token_bytes_ = 0;  // one token's K (or V) over all KV heads, in copts_.kv_type
 
   // Workspace (device), sized for max_step_tokens rows.

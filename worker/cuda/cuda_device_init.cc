@@ -14,9 +14,10 @@ namespace ds {
 
 std::string CudaMemoryPlan::ToString() const {
   auto gib = [](uint64_t b) { return static_cast<double>(b) / (1ull << 30); };
-  return absl::StrFormat("weights %.2f GiB + KV cache %.2f GiB + recurrent state %.2f GiB + "
-                         "workspace %.2f GiB = %.2f GiB",
-                         gib(weights), gib(kv_cache), gib(recurrent), gib(workspace), gib(total()));
+  return absl::StrFormat("weights %.2f GiB + KV pool %.2f GiB (%d tokens) + recurrent state "
+                         "%.2f GiB + workspace %.2f GiB = %.2f GiB",
+                         gib(weights), gib(kv_cache), plan.pool_tokens(), gib(recurrent),
+                         gib(workspace), gib(total()));
 }
 
 namespace cuda {
@@ -172,14 +173,17 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   for (auto& [n, w] : mats)
     if (w != &mw.token_embd) step_weight_bytes_ += GgmlRowBytes(w->type, w->cols) * w->rows;
 
+  if (copts_.kv_page_size < 1 || copts_.kv_pool_tokens < 0)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend: KV page size ",
+                                                   copts_.kv_page_size, " / pool tokens ",
+                                                   copts_.kv_pool_tokens));
   max_pages_ = (slot_ctx_ + copts_.kv_page_size - 1) / copts_.kv_page_size;
-  const int n_pages = max_pages_ * n_slots_;
-  const uint64_t kv_layer = static_cast<uint64_t>(n_pages) * copts_.kv_page_size * kv_token_bytes_;
-  plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(static_cast<uint64_t>(n_pages) * 4);
   const int C = c.n_recurrent() > 0 ? gdn_shape_.channels() : 0;
   const uint64_t ring_bytes = static_cast<uint64_t>(n_slots_) * 4 * C * 4;
   const uint64_t st_bytes = static_cast<uint64_t>(n_slots_) * gdn_v * c.gdn_k_dim * c.gdn_v_dim * 4;
   plan_.recurrent = c.n_recurrent() * (AlignUp(ring_bytes) + AlignUp(st_bytes));
+  // Recurrent state stays per slot (the GDN kernels index it by slot); the slot count is the
+  // scheduler's and the planner below charges every one of them.
 
   T_max_ = std::max(1, copts_.max_step_tokens);
   limits_.max_rows = T_max_;
@@ -238,8 +242,35 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
 
+  // ---- the memory plan: what fits beside weights, workspace and recurrent state is the KV pool
+  // shared by all slots (worker/runner/memory_planner.h) ----
   size_t free_b = 0, total_b = 0;
   DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  MemoryPlanInput pin;
+  pin.device_free = free_b;
+  pin.device_total = total_b;
+  pin.memory_fraction = copts_.memory_fraction;
+  pin.weights = plan_.weights;
+  // kt_/vt_/scores_/probs_ grow with the context; the rest does not.
+  pin.workspace_per_ctx = kvw * 2 * 2 + static_cast<uint64_t>(G) * attn_tq_ * (4 + 2);
+  pin.workspace_fixed = plan_.workspace - std::min<uint64_t>(plan_.workspace, pin.workspace_per_ctx * slot_ctx_);
+  pin.recurrent_per_slot = plan_.recurrent / std::max(1, n_slots_);
+  pin.kv_per_token = static_cast<uint64_t>(c.n_attention()) * 2 * kv_token_bytes_;
+  pin.page_size = copts_.kv_page_size;
+  pin.slots = std::max(1, n_slots_ - 1);  // + the warmup scratch slot the planner adds
+  pin.slot_ctx = slot_ctx_;
+  pin.pool_tokens = copts_.kv_pool_tokens;
+  if (c.n_attention() == 0 || n_kv == 0) pin.kv_per_token = 0;
+  auto mp = PlanMemory(pin);
+  if (!mp.ok())
+    return absl::ResourceExhaustedError(absl::StrCat("CUDA backend on device ", device_, " (kv_type ",
+                                                     KvTypeName(copts_.kv_type), "): ",
+                                                     mp.status().message()));
+  plan_.plan = *mp;
+  n_pages_ = std::max<int64_t>(1, mp->pool_pages);
+  const uint64_t kv_layer = static_cast<uint64_t>(n_pages_) * copts_.kv_page_size * kv_token_bytes_;
+  const uint64_t table_entries = static_cast<uint64_t>(n_slots_) * max_pages_;
+  plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(table_entries * 4);
   if (plan_.total() > free_b || plan_.weights + staging_bytes > free_b)
     return absl::ResourceExhaustedError(absl::StrFormat(
         "CUDA backend: model needs %s (+ %.2f GiB transient upload staging) but device %d has "
@@ -339,13 +370,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // Zero KV and recurrent state first: the block table lives in the same arena (it used to be
   // zeroed after its upload, which mapped every page of every slot to page 0).
   DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state_mem_, 0, plan_.kv_cache + plan_.recurrent, stream_));
-  int32_t* table = sa.Take<int32_t>(n_pages);
-  {
-    std::vector<int32_t> t(n_pages);
-    for (int i = 0; i < n_pages; ++i) t[i] = i;  // slot s owns pages [s*max_pages, (s+1)*max_pages)
-    DS_RETURN_IF_ERROR(Copy(table, t.data(), n_pages * 4));
-  }
-  kv_base_ = KvCacheView{nullptr, nullptr,   table,     copts_.kv_page_size,
+  // Page tables start all zero (page 0 is a valid page: a stray read stays in bounds); the
+  // runner maps each slot's pages as its sequence grows (MapPages).
+  d_table_ = sa.Take<int32_t>(table_entries);
+  h_table_.assign(table_entries, 0);
+  kv_base_ = KvCacheView{nullptr, nullptr,   d_table_,  copts_.kv_page_size,
                          max_pages_, n_kv, c.head_dim, copts_.kv_type};
   for (DLayer& D : layers_) {
     if (D.rec) {

@@ -6,12 +6,17 @@
 
 #include "common/gguf/ggml_types.h"
 #include "worker/model/backend.h"
+#include "worker/runner/memory_planner.h"
 
 namespace ds {
 
 struct CudaBackendOptions {
   int max_step_tokens = 4096;  // token rows per internal micro-step (longer prefills are split)
   int kv_page_size = 64;       // tokens per KV page
+  // Paged KV pool shared by the slots (worker/runner/memory_planner.h): tokens, 0 = what fits
+  // (at most every slot full); the share of the device's memory to plan for.
+  int64_t kv_pool_tokens = 0;
+  double memory_fraction = 1.0;
   bool use_graphs = true;      // CUDA graphs for pure-decode steps
   int gemv_max_rows = 32;      // up to this many rows per matmul use GEMV (in groups of 8)
   // KV cache element type (worker/model/kv_type.h): F16, Q8_0 (8.5 bits) or Q4_0 (4.5 bits) per
@@ -42,6 +47,7 @@ struct CudaBackendOptions {
 // tensor parallelism: this rank's share (its shard of the weights, the KV of its KV heads, the
 // recurrent state of its GDN heads, workspace sized for its local widths).
 struct CudaMemoryPlan : MemoryFootprint {
+  MemoryPlan plan;  // the planner's figures: slots, context, KV pool pages, budget
   std::string ToString() const;
 };
 

@@ -1,5 +1,6 @@
-// CudaDevice (cuda_device.h): a slot's state — reset, save to the host, load from it. The slot's
-// KV pages are contiguous (identity block table), so its used pages copy in one piece per layer.
+// CudaDevice (cuda_device.h): a slot's state — its page table (MapPages), reset, save to the
+// host, load from it. The slot's KV pages are wherever the runner's pool put them (issue #23):
+// save and load walk its page table (host copy), one page at a time.
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "worker/cuda/cuda_device.h"
@@ -26,6 +27,25 @@ size_t SlotStateBytes(const std::vector<DLayer>& layers, const RecurrentBytes& r
 }
 
 }  // namespace
+
+absl::Status CudaDevice::MapPages(int slot, int first, std::span<const int32_t> pages) {
+  if (slot < 0 || slot >= n_slots_ || first < 0 || first + static_cast<int64_t>(pages.size()) > max_pages_)
+    return absl::OutOfRangeError(absl::StrCat("MapPages: slot ", slot, " entries [", first, ", ",
+                                              first + pages.size(), ") of ", max_pages_));
+  int32_t* row = h_table_.data() + static_cast<size_t>(slot) * max_pages_;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] < 0 || pages[i] >= n_pages_)
+      return absl::OutOfRangeError(absl::StrCat("MapPages: page ", pages[i], " not in [0, ",
+                                                n_pages_, ")"));
+    row[first + i] = pages[i];
+  }
+  // Between micro-steps (the stream is idle after Finish), so a blocking copy costs one small
+  // transfer per page boundary a slot crosses.
+  if (!pages.empty())
+    DS_RETURN_IF_ERROR(Copy(d_table_ + static_cast<size_t>(slot) * max_pages_ + first, row + first,
+                            pages.size() * sizeof(int32_t)));
+  return absl::OkStatus();
+}
 
 void CudaDevice::ResetSlot(int slot) {
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
@@ -57,11 +77,12 @@ absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_p
       DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, rb.state));
       p += rb.state;
     } else {
-      const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
-      DS_RETURN_IF_ERROR(Copy(p, L.kc + off, pages * page_bytes));
-      p += pages * page_bytes;
-      DS_RETURN_IF_ERROR(Copy(p, L.vc + off, pages * page_bytes));
-      p += pages * page_bytes;
+      for (const uint8_t* pool : {L.kc, L.vc})
+        for (int i = 0; i < pages; ++i) {
+          const size_t off = static_cast<size_t>(h_table_[static_cast<size_t>(slot) * max_pages_ + i]) * page_bytes;
+          DS_RETURN_IF_ERROR(Copy(p, pool + off, page_bytes));
+          p += page_bytes;
+        }
     }
   }
   return bytes;
@@ -83,11 +104,12 @@ absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uin
       DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, p, rb.state));
       p += rb.state;
     } else {
-      const size_t off = static_cast<size_t>(slot) * max_pages_ * page_bytes;
-      DS_RETURN_IF_ERROR(Copy(L.kc + off, p, pages * page_bytes));
-      p += pages * page_bytes;
-      DS_RETURN_IF_ERROR(Copy(L.vc + off, p, pages * page_bytes));
-      p += pages * page_bytes;
+      for (uint8_t* pool : {L.kc, L.vc})
+        for (int i = 0; i < pages; ++i) {
+          const size_t off = static_cast<size_t>(h_table_[static_cast<size_t>(slot) * max_pages_ + i]) * page_bytes;
+          DS_RETURN_IF_ERROR(Copy(pool + off, p, page_bytes));
+          p += page_bytes;
+        }
     }
   }
   return absl::OkStatus();

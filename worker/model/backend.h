@@ -88,6 +88,16 @@ struct MemoryFootprint {
   uint64_t total() const { return weights + kv_cache + recurrent + workspace; }
 };
 
+// A backend's paged KV pool (issue #23; worker/runner/kv_page_pool.h): pages of page_size tokens
+// shared by all slots, taken as sequences grow and returned when they end.
+struct KvPoolStats {
+  int page_size = 0;       // tokens per page; 0 = the backend keeps no paged pool
+  int64_t total_pages = 0;
+  int64_t free_pages = 0;
+  int64_t total_tokens() const { return total_pages * page_size; }
+  int64_t free_tokens() const { return free_pages * page_size; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -108,6 +118,9 @@ class Backend {
   virtual absl::StatusOr<SlotSnapshot> Snapshot(int slot) const = 0;
   virtual absl::Status Restore(int slot, const SlotSnapshot& snap) = 0;
   virtual MemoryFootprint memory() const = 0;
+  // The paged KV pool: a step whose slots need more pages than are free fails with
+  // ResourceExhausted before touching any state (the scheduler preempts and retries).
+  virtual KvPoolStats kv_pool() const { return {}; }
 
   // MTP draft step (spec §8.2) for one slot's MTP KV; hidden = [n_embd] final-normed main-model
   // state at position pos, token = the token following it. Writes [n_vocab] logits and the
@@ -138,6 +151,15 @@ struct BackendOptions {
   // the CUDA backend stores quantized KV; the CPU backend keeps an f32 cache and rejects anything
   // but the default F16 with a clear error.
   GgmlType kv_type = GgmlType::F16;
+  // Paged KV pool (issue #23): tokens of KV the pool holds for all slots together, and tokens per
+  // page. kv_pool_tokens 0 = n_slots x slot_ctx (every slot can hold a full context: no sharing);
+  // less makes the slots share it (the scheduler admits against it). kv_page_size 0 = the
+  // device's default (CUDA 64, CPU 16).
+  int64_t kv_pool_tokens = 0;
+  int kv_page_size = 0;
+  // Share of the device's memory this backend may plan for (two replicas on one GPU: 0.5 each);
+  // the CUDA planner also never plans more than is free when it starts (worker/runner/memory_planner.h).
+  double memory_fraction = 1.0;
 };
 
 // Opens the model file and creates the CPU reference backend (worker/model/cpu_backend.h).

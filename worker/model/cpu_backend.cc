@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
   DS_ASSIGN_OR_RETURN(TpPlacement tp, PlaceInGroup(*file, cfg, opts));
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> dev,
                       CpuDevice::Create(*file, cfg, tp, opts.n_slots, opts.slot_ctx,
-                                        opts.n_threads));
+                                        opts.n_threads, opts.kv_page_size, opts.kv_pool_tokens));
   return std::unique_ptr<CpuBackend>(
       new CpuBackend(std::move(dev), std::move(file), cfg, opts, std::move(tp)));
 }

@@ -15,7 +15,11 @@ namespace ds {
 absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const gguf::File& file,
                                                              const ModelConfig& cfg,
                                                              const TpPlacement& tp, int n_slots,
-                                                             int slot_ctx, int n_threads) {
+                                                             int slot_ctx, int n_threads,
+                                                             int page_size, int64_t pool_tokens) {
+  if (page_size < 0 || pool_tokens < 0)
+    return absl::InvalidArgumentError(absl::StrCat("CPU backend: KV page size ", page_size,
+                                                   " / pool tokens ", pool_tokens, " < 0"));
   std::unique_ptr<CpuDevice> d(new CpuDevice());
   d->cfg_ = cfg;
   d->tp_ = tp;
@@ -42,12 +46,19 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const gguf::File& f
                     static_cast<int64_t>(lc.gdn_v_heads) * c.gdn_v_dim);
   d->ssm_elems_ = static_cast<int64_t>(lc.gdn_v_heads) * c.gdn_k_dim * c.gdn_v_dim;
   d->kv_width_ = static_cast<int64_t>(lc.n_head_kv) * c.head_dim;
+  // The paged KV pool shared by the slots (default: room for every slot's full context).
+  KvPaging& kp = d->paging_;
+  kp.page_size = page_size > 0 ? page_size : 16;
+  kp.max_pages_per_slot = (slot_ctx + kp.page_size - 1) / kp.page_size;
+  kp.n_pages = pool_tokens > 0 ? (pool_tokens + kp.page_size - 1) / kp.page_size
+                               : static_cast<int64_t>(n_slots) * kp.max_pages_per_slot;
+  d->k_pool_.assign(static_cast<size_t>(d->n_attn_) * d->PoolRows() * d->kv_width_, 0.f);
+  d->v_pool_.assign(d->k_pool_.size(), 0.f);
   d->slots_.resize(n_slots);
   for (Slot& s : d->slots_) {
     s.conv.assign(d->n_gdn_ * d->conv_elems_, 0.f);
     s.ssm.assign(d->n_gdn_ * d->ssm_elems_, 0.f);
-    s.k.assign(static_cast<size_t>(d->n_attn_) * slot_ctx * d->kv_width_, 0.f);
-    s.v.assign(s.k.size(), 0.f);
+    s.pages.assign(kp.max_pages_per_slot, 0);
     if (d->w_.has_mtp) {
       s.mtp_k.assign(static_cast<size_t>(slot_ctx) * d->kv_width_, 0.f);
       s.mtp_v.assign(s.mtp_k.size(), 0.f);
@@ -70,13 +81,29 @@ MemoryFootprint CpuDevice::memory() const {
   m.weights = w_.dequantized_bytes;
   for (const Slot& s : slots_) {
     m.recurrent += (s.conv.size() + s.ssm.size()) * sizeof(float);
-    m.kv_cache += (s.k.size() + s.v.size() + s.mtp_k.size() + s.mtp_v.size()) * sizeof(float) +
-                  s.mtp_valid.size();
+    m.kv_cache += (s.mtp_k.size() + s.mtp_v.size()) * sizeof(float) + s.mtp_valid.size() +
+                  s.pages.size() * sizeof(int32_t);
   }
+  m.kv_cache += (k_pool_.size() + v_pool_.size()) * sizeof(float);
   m.workspace = (h_.capacity() + a_.capacity() + y_.capacity() + hn_.capacity() +
                  logits_.capacity() + local_logits_.capacity() + gathered_.capacity()) *
                 sizeof(float);
   return m;
+}
+
+absl::Status CpuDevice::MapPages(int slot, int first, std::span<const int32_t> pages) {
+  Slot& s = slots_[slot];
+  if (first < 0 || first + pages.size() > s.pages.size())
+    return absl::OutOfRangeError(absl::StrCat("MapPages: entries [", first, ", ",
+                                              first + pages.size(), ") of a ", s.pages.size(),
+                                              "-page table"));
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] < 0 || pages[i] >= paging_.n_pages)
+      return absl::OutOfRangeError(absl::StrCat("MapPages: page ", pages[i], " not in [0, ",
+                                                paging_.n_pages, ")"));
+    s.pages[first + i] = pages[i];
+  }
+  return absl::OkStatus();
 }
 
 void CpuDevice::ResetSlot(int slot) {
@@ -169,6 +196,8 @@ void CpuDevice::AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
     aa.k_norm = w.k_norm.data();
     aa.k_cache = s.k_cache;
     aa.v_cache = s.v_cache;
+    aa.page_table = s.page_table;
+    aa.page_size = paging_.page_size;
     aa.valid = s.valid;
     aa.out = o.data() + s.row0 * ow;
     aa.pool = pool_;
@@ -240,11 +269,12 @@ absl::Status CpuDevice::Layer(int l) {
   if (L.recurrent) {
     GdnMixer(L, gdn_index_[l], y_.data());
   } else {
-    const size_t base = static_cast<size_t>(attn_index_[l]) * slot_ctx_ * kv_width_;
+    const size_t base = static_cast<size_t>(attn_index_[l]) * PoolRows() * kv_width_;
     for (size_t i = 0; i < runs_.size(); ++i) {
       Slot& s = slots_[step_->runs[i].slot];
-      runs_[i].k_cache = s.k.data() + base;
-      runs_[i].v_cache = s.v.data() + base;
+      runs_[i].k_cache = k_pool_.data() + base;
+      runs_[i].v_cache = v_pool_.data() + base;
+      runs_[i].page_table = s.pages.data();
       runs_[i].valid = nullptr;
     }
     AttnMixer(L.attn, a_.data(), N, runs_, y_.data());
@@ -375,11 +405,15 @@ absl::StatusOr<std::vector<uint8_t>> CpuDevice::SaveState(int slot, int32_t n_pa
   put(&s.mtp_len, 4);
   put(s.conv.data(), s.conv.size() * 4);
   put(s.ssm.data(), s.ssm.size() * 4);
-  const size_t rows = static_cast<size_t>(n_past) * kv_width_;
+  // K rows [0, n_past) then V rows of each layer, gathered through the page table (the format
+  // of the unpaged cache, so snapshots move between pool shapes and page sizes).
   for (int l = 0; l < n_attn_; ++l) {
-    const size_t base = static_cast<size_t>(l) * slot_ctx_ * kv_width_;
-    put(s.k.data() + base, rows * 4);
-    put(s.v.data() + base, rows * 4);
+    const size_t base = static_cast<size_t>(l) * PoolRows() * kv_width_;
+    for (const std::vector<float>* pool : {&k_pool_, &v_pool_})
+      for (int32_t j = 0; j < n_past; j += paging_.page_size) {
+        const int32_t n = std::min<int32_t>(paging_.page_size, n_past - j);
+        put(pool->data() + base + PoolRow(s, j) * kv_width_, static_cast<size_t>(n) * kv_width_ * 4);
+      }
   }
   if (w_.has_mtp) {
     const size_t mrows = static_cast<size_t>(s.mtp_len) * kv_width_;
@@ -410,11 +444,13 @@ absl::Status CpuDevice::LoadState(int slot, int32_t n_past, std::span<const uint
   };
   get(s.conv.data(), s.conv.size() * 4);
   get(s.ssm.data(), s.ssm.size() * 4);
-  const size_t rows = static_cast<size_t>(n_past) * kv_width_;
   for (int l = 0; l < n_attn_; ++l) {
-    const size_t base = static_cast<size_t>(l) * slot_ctx_ * kv_width_;
-    get(s.k.data() + base, rows * 4);
-    get(s.v.data() + base, rows * 4);
+    const size_t base = static_cast<size_t>(l) * PoolRows() * kv_width_;
+    for (std::vector<float>* pool : {&k_pool_, &v_pool_})
+      for (int32_t j = 0; j < n_past; j += paging_.page_size) {
+        const int32_t n = std::min<int32_t>(paging_.page_size, n_past - j);
+        get(pool->data() + base + PoolRow(s, j) * kv_width_, static_cast<size_t>(n) * kv_width_ * 4);
+      }
   }
   if (w_.has_mtp) {
     const size_t mrows = static_cast<size_t>(mtp_len) * kv_width_;

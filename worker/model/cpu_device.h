@@ -3,8 +3,10 @@
 // Slow but exact; every other device is tested against it.
 //
 // Per slot it keeps: GDN conv state [n_gdn][K-1][C] and delta-rule state [n_gdn][Hv][dk][dv] (f32),
-// attention K/V [n_attn][slot_ctx][n_kv*hd] (f32, post-norm/rope K), and the MTP layer's own K/V
-// [slot_ctx][n_kv*hd] with a per-row validity mask.
+// a page table into the shared paged KV pool, and the MTP layer's own K/V [slot_ctx][n_kv*hd]
+// with a per-row validity mask. The pool (issue #23) holds attention K/V
+// [n_attn][n_pages * page_size][n_kv*hd] (f32, post-norm/rope K) for all slots; the runner hands
+// out its pages (worker/runner/kv_page_pool.h) and maps them here (MapPages).
 //
 // Tensor parallelism (docs/tp.md): the device holds rank r's shard (worker/tp/plan.h): its
 // attention q/kv heads, GDN key heads with their tiled value heads, FFN columns and lm_head rows,
@@ -33,10 +35,13 @@ class CpuDevice final : public Device {
  public:
   // Binds rank tp.rank's weights of `file` (which must outlive the device) and allocates the
   // state of `n_slots` slots of `slot_ctx` positions. n_threads 0 = the global pool.
+  // KV pool: pool_tokens (0 = n_slots x slot_ctx) in pages of page_size (0 = 16) tokens.
   static absl::StatusOr<std::unique_ptr<CpuDevice>> Create(const gguf::File& file,
                                                            const ModelConfig& cfg,
                                                            const TpPlacement& tp, int n_slots,
-                                                           int slot_ctx, int n_threads);
+                                                           int slot_ctx, int n_threads,
+                                                           int page_size = 0,
+                                                           int64_t pool_tokens = 0);
 
   std::string name() const override { return "cpu"; }
   const DeviceLimits& limits() const override { return limits_; }
@@ -56,6 +61,8 @@ class CpuDevice final : public Device {
   absl::Status Finish() override { return absl::OkStatus(); }
   double TakeCommSeconds() override;
 
+  KvPaging kv_paging() const override { return paging_; }
+  absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
   void ResetSlot(int slot) override;
   absl::StatusOr<std::vector<uint8_t>> SaveState(int slot, int32_t n_past) const override;
   absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) override;
@@ -76,7 +83,7 @@ class CpuDevice final : public Device {
   struct Slot {
     std::vector<float> conv;   // [n_gdn][K-1][C]
     std::vector<float> ssm;    // [n_gdn][Hv][dk][dv]
-    std::vector<float> k, v;   // [n_attn][slot_ctx][n_kv*hd]
+    std::vector<int32_t> pages;  // [max_pages_per_slot] page table into k_pool_ / v_pool_
     int32_t mtp_len = 0;       // MTP rows [0, mtp_len) may be valid
     std::vector<float> mtp_k, mtp_v;   // [slot_ctx][n_kv*hd]
     std::vector<uint8_t> mtp_valid;    // [slot_ctx]
@@ -88,6 +95,7 @@ class CpuDevice final : public Device {
     int32_t pos0 = 0;
     float* k_cache = nullptr;
     float* v_cache = nullptr;
+    const int32_t* page_table = nullptr;  // null: k_cache / v_cache rows are contiguous
     const uint8_t* valid = nullptr;
   };
 
@@ -111,6 +119,14 @@ class CpuDevice final : public Device {
   int n_gdn_ = 0, n_attn_ = 0;
   int64_t conv_elems_ = 0, ssm_elems_ = 0, kv_width_ = 0;  // per GDN layer / per KV row
   std::vector<Slot> slots_;
+  KvPaging paging_;
+  std::vector<float> k_pool_, v_pool_;  // [n_attn][n_pages * page_size][kv_width]
+  // Row j of a slot's cache in its layer's pool (through the slot's page table).
+  int64_t PoolRow(const Slot& s, int64_t j) const {
+    return static_cast<int64_t>(s.pages[j / paging_.page_size]) * paging_.page_size +
+           j % paging_.page_size;
+  }
+  int64_t PoolRows() const { return paging_.n_pages * paging_.page_size; }
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_ = nullptr;
   double comm_ = 0;  // seconds inside collectives since TakeCommSeconds

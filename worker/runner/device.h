@@ -56,6 +56,15 @@ struct DeviceLimits {
   bool device_sampling = false;  // Sample() is implemented
 };
 
+// The device's paged KV store (issue #23): n_pages pages of page_size token rows per attention
+// layer, shared by all slots through a per-slot page table of max_pages_per_slot entries that
+// the runner fills (Device::MapPages) from its KvPagePool. n_pages 0 = not paged.
+struct KvPaging {
+  int page_size = 0;
+  int64_t n_pages = 0;
+  int max_pages_per_slot = 0;
+};
+
 // The vocab-parallel head's buffers (tensor parallel, lm_head cut by vocabulary rows): the
 // device's own logits [n_logit_rows, V_local], room for every rank's [world][n_logit_rows][V_r],
 // and the full logits [n_logit_rows, n_vocab] that ReadLogits / Argmax / Sample read. Pointers
@@ -105,6 +114,13 @@ class Device {
   virtual double TakeCommSeconds() = 0;
 
   // ---- state of a slot (its recurrent state, KV rows and any MTP KV)
+  virtual KvPaging kv_paging() const { return {}; }
+  // Entries [first, first + pages.size()) of the slot's page table become `pages` (pool page
+  // indices). Called between micro-steps only; the kernels read the table at run time, so
+  // captured graphs stay valid. SaveState / LoadState go through the table too.
+  virtual absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) {
+    return absl::UnimplementedError("paged KV is not implemented by device " + name());
+  }
   virtual void ResetSlot(int slot) = 0;
   // The slot's state for a sequence of n_past tokens, in the device's own layout (named by
   // state_layout(); the runner wraps it in the versioned snapshot format).

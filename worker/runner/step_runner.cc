@@ -81,7 +81,17 @@ StepRunner::StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const ggu
       cfg_(cfg),
       slot_ctx_(slot_ctx),
       tp_(std::move(tp)),
-      len_(static_cast<size_t>(n_slots), 0) {}
+      len_(static_cast<size_t>(n_slots), 0) {
+  const KvPaging kp = dev_->kv_paging();
+  if (kp.n_pages > 0) {
+    // The device validated these figures when it allocated the pages.
+    auto pool = KvPagePool::Create(kp.n_pages, kp.page_size, n_slots, kp.max_pages_per_slot);
+    if (pool.ok()) {
+      pool_ = std::move(*pool);
+      paged_ = true;
+    }
+  }
+}
 
 absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
   if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
@@ -112,6 +122,29 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
       return absl::OutOfRangeError(absl::StrCat("batch[", i, "]: slot ", s.slot, " would hold ",
                                                 end, " tokens > slot_ctx ", slot_ctx_));
   }
+  if (paged_) {
+    // Slots are distinct, so the pages the step needs add up exactly.
+    int64_t need = 0;
+    for (const SeqStep& s : batch)
+      need += pool_.PagesToGrow(s.slot, static_cast<int64_t>(s.pos0) + s.tokens.size());
+    if (need > pool_.free_pages())
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Forward: the step needs ", need, " more KV pages (", need * pool_.page_size(),
+          " tokens) but ", pool_.free_pages(), " of ", pool_.total_pages(),
+          " are free (KV pool exhausted: preempt a sequence and retry)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::GrowPages(std::span<const SeqStep> batch) {
+  if (!paged_) return absl::OkStatus();
+  for (const SeqStep& s : batch) {
+    DS_ASSIGN_OR_RETURN(const int first,
+                        pool_.Grow(s.slot, static_cast<int64_t>(s.pos0) + s.tokens.size()));
+    const std::span<const int32_t> pages = pool_.pages(s.slot);
+    if (first < static_cast<int>(pages.size()))
+      DS_RETURN_IF_ERROR(dev_->MapPages(s.slot, first, pages.subspan(first)));
+  }
   return absl::OkStatus();
 }
 
@@ -135,6 +168,7 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
                                        const std::function<absl::Status(int)>& read_outputs) {
   const DeviceLimits& lim = dev_->limits();
   last_micro_steps_ = 0;
+  DS_RETURN_IF_ERROR(GrowPages(batch));
   for (const auto& pieces : SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows)) {
     ++last_micro_steps_;
     BuildMicroStep(batch, pieces, &micro_);
@@ -242,6 +276,7 @@ absl::Status StepRunner::ForwardGreedy(std::span<const SeqStep> batch,
 void StepRunner::ResetSlot(int slot) {
   if (slot < 0 || slot >= n_slots()) return;
   dev_->ResetSlot(slot);
+  if (paged_) pool_.Release(slot);  // its pages go back to the pool for the other slots
   len_[slot] = 0;
 }
 
@@ -273,6 +308,23 @@ absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
     return absl::InvalidArgumentError(absl::StrCat("Restore: snapshot of ", d.n_past,
                                                    " tokens (SlotSnapshot.n_past ", snap.n_past,
                                                    ") does not fit slot_ctx ", slot_ctx_));
+  if (paged_) {
+    // The slot's old pages go back; the restored sequence takes fresh ones (refused, with the
+    // slot left empty, when the pool cannot hold it).
+    pool_.Release(slot);
+    len_[slot] = 0;
+    absl::StatusOr<int> first = pool_.Grow(slot, d.n_past);
+    if (!first.ok()) return first.status();
+    const std::span<const int32_t> pages = pool_.pages(slot);
+    absl::Status st = pages.empty() ? absl::OkStatus() : dev_->MapPages(slot, 0, pages);
+    if (st.ok()) st = dev_->LoadState(slot, d.n_past, d.payload);
+    if (!st.ok()) {
+      pool_.Release(slot);
+      return st;
+    }
+    len_[slot] = d.n_past;
+    return absl::OkStatus();
+  }
   DS_RETURN_IF_ERROR(dev_->LoadState(slot, d.n_past, d.payload));
   len_[slot] = d.n_past;
   return absl::OkStatus();

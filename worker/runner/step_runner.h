@@ -24,6 +24,7 @@
 #include "worker/model/backend.h"
 #include "worker/model/config.h"
 #include "worker/runner/device.h"
+#include "worker/runner/kv_page_pool.h"
 #include "worker/tp/plan.h"
 
 namespace ds {
@@ -81,6 +82,9 @@ class StepRunner : public Backend {
   absl::StatusOr<SlotSnapshot> Snapshot(int slot) const override;
   absl::Status Restore(int slot, const SlotSnapshot& snap) override;
   MemoryFootprint memory() const override { return dev_->memory(); }
+  KvPoolStats kv_pool() const override { return paged_ ? pool_.stats() : KvPoolStats{}; }
+  // Pages of every slot (tests: accounting under load); null when the device is not paged.
+  const KvPagePool* page_pool() const { return paged_ ? &pool_ : nullptr; }
   absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                        std::vector<float>* logits, std::vector<float>* hidden_out) override;
 
@@ -104,6 +108,9 @@ class StepRunner : public Backend {
   absl::Status RunMicroSteps(std::span<const SeqStep> batch,
                              const std::function<absl::Status(int)>& read_outputs);
   absl::Status GatherVocabParallelLogits(int n_rows);
+  // Paged KV: gives every slot of a validated batch the pages its new tokens need and maps them
+  // on the device (Validate checked that they are free).
+  absl::Status GrowPages(std::span<const SeqStep> batch);
   bool VocabParallel() const {
     return tp_.world > 1 && tp_.plan.lm_head == tp::LmHead::kVocabParallel;
   }
@@ -118,6 +125,8 @@ class StepRunner : public Backend {
   int slot_ctx_ = 0;
   TpPlacement tp_;
   std::vector<int32_t> len_;  // [n_slots] tokens in each slot
+  bool paged_ = false;        // the device keeps a paged KV pool; pool_ hands out its pages
+  KvPagePool pool_;
   MicroStep micro_;           // reused between micro-steps
   double gather_seconds_ = 0;
   int last_micro_steps_ = 0;
