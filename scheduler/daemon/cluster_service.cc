@@ -238,6 +238,8 @@ grpc::Status ClusterService::WorkerSession(
         wi.kv_bytes = w.kv_bytes();
         wi.state_bytes = w.state_bytes();
         wi.workspace_bytes = w.workspace_bytes();
+        wi.kv_pool_tokens = static_cast<int64_t>(w.kv_pool_tokens());
+        wi.kv_page_size = static_cast<int>(w.kv_page_size());
         deliver(WorkerWarmupCmd{link, wi});
         break;
       }

@@ -239,6 +239,15 @@ int64_t SchedulerLoop::PerSlotCapFor(int n_slots, const ContextPolicy& p) const 
   return p.slot_cap > 0 ? std::min<int64_t>(p.slot_cap, p.n_ctx) : p.n_ctx;
 }
 
+ContextPolicy SchedulerLoop::BoundByPool(const Replica& r, ContextPolicy p) const {
+  const int64_t tokens = r.warmup.kv_pool_tokens, page = std::max(1, r.warmup.kv_page_size);
+  if (tokens <= 0) return p;
+  const int64_t usable = std::max<int64_t>(page, tokens - static_cast<int64_t>(r.slots) * (page - 1));
+  p.n_ctx = std::min(p.n_ctx, usable);
+  if (p.slot_cap > p.n_ctx) p.slot_cap = static_cast<int32_t>(p.n_ctx);
+  return p;
+}
+
 absl::Status SchedulerLoop::ForEachCore(const std::function<absl::Status(Scheduler&)>& f) {
   DS_RETURN_IF_ERROR(f(*config_core_));
   absl::Status first;
@@ -291,7 +300,12 @@ void SchedulerLoop::Handle(AdminCmd& c) {
             " positions, more than the worker's slot_ctx ", slot_ctx_bound,
             " (scheduler --slot-ctx)"));
       } else {
-        s = ForEachCore([&](Scheduler& core) { return core.SetContextPolicy(c.policy); });
+        // Each replica admits within its own KV pool.
+        s = config_core_->SetContextPolicy(c.policy);
+        for (auto& r : replicas_) {
+          absl::Status rs = r->core->SetContextPolicy(BoundByPool(*r, c.policy));
+          if (s.ok()) s = rs;
+        }
       }
       break;
     case AdminCmd::Op::kDrain:
@@ -393,6 +407,14 @@ void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
   if (!r || r->state != WorkerState::kWarming) return;
   r->warmup = c.info;
   r->state = WorkerState::kReady;
+  if (c.info.kv_pool_tokens > 0) {
+    // Admit against the KV pool the worker actually holds.
+    const ContextPolicy want = config_core_->Status().policy, got = BoundByPool(*r, want);
+    if (got.n_ctx < want.n_ctx) r->core->SetContextPolicy(got).IgnoreError();
+    DS_LOG(INFO, "kv_pool", {{"replica", r->id}, {"pool_tokens", c.info.kv_pool_tokens},
+                             {"page", c.info.kv_page_size}, {"policy_n_ctx", want.n_ctx},
+                             {"admits_n_ctx", got.n_ctx}});
+  }
   n_vocab_.store(r->info.n_vocab, std::memory_order_release);
   DS_LOG(INFO, "worker_ready",
          {{"worker", r->info.id}, {"replica", r->id}, {"prefill_tokens_per_s", c.info.prefill_tps},

@@ -48,6 +48,9 @@ struct WorkerInfo {
 struct WarmupInfo {
   double decode_tps = 0, prefill_tps = 0;
   uint64_t weights_bytes = 0, kv_bytes = 0, state_bytes = 0, workspace_bytes = 0;
+  // The worker's paged KV pool (issue #23); 0 tokens: none reported.
+  int64_t kv_pool_tokens = 0;
+  int kv_page_size = 0;
 };
 
 struct WorkerSampled {
@@ -229,6 +232,10 @@ class SchedulerLoop {
   void Handle(AbortCmd& c);
   void Handle(FinishCmd& c);
   void Handle(AdminCmd& c);
+  // The policy `p` bounded by the replica's KV pool: admissions reserve at most what the pool
+  // holds (less one partial page per slot, the rounding of each sequence to whole pages), so a
+  // running sequence never finds the worker's pool dry.
+  ContextPolicy BoundByPool(const Replica& r, ContextPolicy p) const;
   void Handle(WorkerJoinCmd& c);
   void Handle(WorkerWarmupCmd& c);
   void Handle(WorkerStepCmd& c);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -52,6 +53,10 @@ struct ServeOptions {
   std::string split = "pool";
   std::string backend = "auto";
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
+  // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
+  // plans for (0 = 1 / the number of worker processes on that GPU).
+  std::string kv_pool_tokens;
+  double memory_fraction = 0;
   int port = 50051;
   int max_inflight = 64;
   int threads = 0;
@@ -72,6 +77,9 @@ void Usage(FILE* out) {
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
+               "  [--kv-pool-tokens N] [--memory-fraction F]  the KV pool the slots share (default: "
+               "what the worker's memory plan finds room for) and each worker's share of its GPU "
+               "(default: 1 / the workers on it)\n"
                "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
                "[--tls-cert F --tls-key F] [--nvml-device N|off]\n"
                "  [--failover-wait S]  how long the requests of a lost replica wait when no other "
@@ -89,6 +97,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
+      "--kv-pool-tokens", "--memory-fraction",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device"};
@@ -121,6 +130,12 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
                              {"--nvml-device", &o.nvml_device}})
     if (m.count(flag)) *field = m[flag];
   if (o.port > 65534) return absl::InvalidArgumentError("--port must be <= 65534 (admin is P+1)");
+  if (m.count("--kv-pool-tokens")) o.kv_pool_tokens = m["--kv-pool-tokens"];
+  if (m.count("--memory-fraction") &&
+      (!absl::SimpleAtod(m["--memory-fraction"], &o.memory_fraction) || o.memory_fraction <= 0 ||
+       o.memory_fraction > 1))
+    return absl::InvalidArgumentError("--memory-fraction expects a number in (0, 1], got '" +
+                                      m["--memory-fraction"] + "'");
   if (m.count("--failover-wait") &&
       (!absl::SimpleAtod(m["--failover-wait"], &o.failover_wait) || o.failover_wait < 0))
     return absl::InvalidArgumentError("--failover-wait expects seconds >= 0, got '" +
@@ -404,6 +419,17 @@ int RunServe(int argc, char** argv) {
     std::vector<std::string> a = wargs;
     if (!o->gpus.empty())
       a.insert(a.end(), {"--device", std::to_string(o->gpus[replica * o->tp + r])});
+    if (!o->kv_pool_tokens.empty()) a.insert(a.end(), {"--kv-pool-tokens", o->kv_pool_tokens});
+    {
+      // Worker processes sharing this rank's GPU each plan their share of it.
+      const int gpu = o->gpus.empty() ? 0 : o->gpus[replica * o->tp + r];
+      const int n_ranks = o->workers * o->tp;
+      const int sharing = o->gpus.empty()
+                              ? n_ranks
+                              : static_cast<int>(std::count(o->gpus.begin(), o->gpus.end(), gpu));
+      const double fraction = o->memory_fraction > 0 ? o->memory_fraction : 1.0 / std::max(1, sharing);
+      if (fraction < 1.0) a.insert(a.end(), {"--memory-fraction", absl::StrCat(fraction)});
+    }
     if (o->tp == 1) a.insert(a.end(), {"--worker-id", absl::StrCat("serve-w", replica)});
     // Every worker process (rank) exports its metrics: the k-th on P+2+k (any free port with
     // --metrics-port 0), reported through its port file (written before the model loads).

@@ -310,6 +310,9 @@ class Session {
           bo.n_threads = o_.threads;
           bo.device = o_.device;
           bo.kv_type = o_.kv_type;
+          bo.kv_pool_tokens = o_.kv_pool_tokens;
+          bo.kv_page_size = o_.kv_page_size;
+          bo.memory_fraction = o_.memory_fraction;
           sd::NotifyStatus(absl::StrCat("loading ", o_.model, " for ", cf.n_slots(), " slots x ",
                                         cf.slot_ctx(), " positions"));
           const bool nccl = o_.tp_collective == "nccl";
@@ -361,6 +364,18 @@ class Session {
             executor_->SetGroup(tp_.collective.get());
           DS_LOG(INFO, "configured", {{"slots", n_usable}, {"slot_ctx", cf.slot_ctx()},
                                       {"device", be_->name()}});
+          {
+            // The memory plan: what the device holds and the KV pool the slots share.
+            const MemoryFootprint mf = be_->memory();
+            const KvPoolStats kp = be_->kv_pool();
+            const double gib = 1.0 / (1ull << 30);
+            DS_LOG(INFO, "memory_plan",
+                   {{"weights_gib", mf.weights * gib}, {"kv_pool_gib", mf.kv_cache * gib},
+                    {"kv_pool_tokens", kp.total_tokens()}, {"kv_page", kp.page_size},
+                    {"recurrent_gib", mf.recurrent * gib}, {"workspace_gib", mf.workspace * gib},
+                    {"total_gib", mf.total() * gib}, {"slots", n_usable},
+                    {"slot_ctx", cf.slot_ctx()}, {"memory_fraction", o_.memory_fraction}});
+          }
           sd::NotifyStatus("warming up");
           break;
         }
@@ -376,6 +391,9 @@ class Session {
           w->set_kv_bytes(held.kv_cache);
           w->set_state_bytes(held.recurrent);
           w->set_workspace_bytes(held.workspace);
+          // The KV pool the scheduler admits against (0 tokens: no paged pool).
+          w->set_kv_pool_tokens(static_cast<uint64_t>(be_->kv_pool().total_tokens()));
+          w->set_kv_page_size(static_cast<uint32_t>(be_->kv_pool().page_size));
           DS_LOG(INFO, "warmup_done",
                  {{"prefill_tokens_per_s", w->prefill_tokens_per_second()},
                   {"decode_tokens_per_s", w->decode_tokens_per_second()},
@@ -491,7 +509,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--nvml-device", "--port-file", "--tp-rank",
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
-                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type"}));
+                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type",
+                                          "--kv-pool-tokens", "--kv-page", "--memory-fraction"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -516,6 +535,16 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   DS_RETURN_IF_ERROR(num("--connect-timeout", &o.connect_timeout_s));
   o.threads = static_cast<int>(threads);
   o.device = static_cast<int>(device);
+  double pool_tokens = 0, page = 0;
+  DS_RETURN_IF_ERROR(num("--kv-pool-tokens", &pool_tokens));
+  DS_RETURN_IF_ERROR(num("--kv-page", &page));
+  DS_RETURN_IF_ERROR(num("--memory-fraction", &o.memory_fraction));
+  if (pool_tokens < 0 || page < 0 || o.memory_fraction <= 0 || o.memory_fraction > 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-pool-tokens ", pool_tokens, " / --kv-page ", page, " must be >= 0 and ",
+        "--memory-fraction ", o.memory_fraction, " in (0, 1]"));
+  o.kv_pool_tokens = static_cast<int64_t>(pool_tokens);
+  o.kv_page_size = static_cast<int>(page);
   if (m.count("--port-file")) o.port_file = m["--port-file"];
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
@@ -636,7 +665,8 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--kv-pool-tokens N] [--kv-page N] "
+                 "[--memory-fraction F] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
                  "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
                  "[--tp-collective auto|gloo|nccl|custom]] [--scheduler-key-file F] [--scheduler-ca F "
                  "[--scheduler-tls-name N]]\n",

@@ -59,6 +59,12 @@ struct WorkerOptions {
   // KV cache element type (--kv-type f16|q8_0|q4_0, worker/model/kv_type.h); non-f16 needs the
   // CUDA backend (the CPU backend refuses it).
   GgmlType kv_type = GgmlType::F16;
+  // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
+  // every slot full), --kv-page N tokens per page (0 = the device's default), --memory-fraction F
+  // of the device this worker plans for (two replicas on one GPU: 0.5 each).
+  int64_t kv_pool_tokens = 0;
+  int kv_page_size = 0;
+  double memory_fraction = 1.0;
 };
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv);
