@@ -22,8 +22,10 @@ struct CustomAllReduceOptions {
   size_t two_shot_min_bytes = 512u << 10;
   enum class Algo { kAuto, kOneShot, kTwoShot };
   Algo algo = Algo::kAuto;  // tests force one or the other
-  // A block waiting longer than this for a peer gives up and the call fails (rank lost).
-  double peer_timeout_seconds = 30;
+  // A block waiting longer than this for a peer gives up and the call fails (rank lost). As long
+  // as Gloo's default (a peer that is still loading its shard must not trip it); JoinTpGroup
+  // passes the group's timeout.
+  double peer_timeout_seconds = 60;
 };
 
 // Whether a message of `bytes` runs two-shot in a group of `world` (the same on every rank).

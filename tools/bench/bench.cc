@@ -221,7 +221,11 @@ int RunBench(const BenchOptions& o) {
     co.max_step_tokens = o.max_step_tokens;
     co.kv_type = kv_type;
     co.tiled = o.tiled;
-    return cuda::CreateCudaBackendApi(o.model, bo, co);
+    auto be = cuda::CreateCudaBackendApi(o.model, bo, co);
+    // TP: every rank has loaded before any of them runs a step, so no all-reduce kernel waits in
+    // its device barrier for a peer that is still reading weights.
+    if (be.ok() && tp_coll) DS_RETURN_IF_ERROR(tp_coll->Barrier());
+    return be;
   };
 
   // ---- one long slot: prefill and single-stream decode ----

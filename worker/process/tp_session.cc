@@ -276,7 +276,9 @@ absl::StatusOr<TpGroup> JoinTpGroup(const TpOptions& o, const std::string& colle
     // The IPC handles travel over the Gloo mesh (met through the scheduler's store), which
     // also keeps Broadcast / Barrier and host buffers.
     DS_ASSIGN_OR_RETURN(std::unique_ptr<Collective> base, make_gloo("gloo", true));
-    auto car = CustomAllReduceCollective::Create(std::move(base), device);
+    CustomAllReduceOptions co;
+    co.peer_timeout_seconds = std::chrono::duration<double>(o.timeout).count();
+    auto car = CustomAllReduceCollective::Create(std::move(base), device, co);
     if (car.ok()) {
       g.collective = std::move(*car);
     } else if (collective == "auto-custom" &&
