@@ -14,7 +14,7 @@ L=${OUT:-/tmp}/paged_kv; mkdir -p "$L"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 stamp "paged_kv_gpu_test"
-timeout 120 "$BIN/paged_kv_gpu_test" >"$L/paged_kv_gpu_test.log" 2>&1
+timeout 60 "$BIN/paged_kv_gpu_test" >"$L/paged_kv_gpu_test.log" 2>&1
 r=$?; grep -E "^\[  |paged f16|Failure|Expected|Which is" "$L/paged_kv_gpu_test.log" | head -40
 [ $r = 0 ] && pass "paged_kv_gpu_test" || fail "paged_kv_gpu_test rc=$r"
 stamp "synth"
@@ -22,7 +22,7 @@ stamp "synth"
 serve_case() {  # name, serve flags...
   local name=$1; shift
   stamp "serve $*"
-  timeout 150 "$B" serve --model "$M" --backend cuda "$@" --demo "The paged pool" \
+  timeout 80 "$B" serve --model "$M" --backend cuda "$@" --demo "The paged pool" \
     --demo-max-tokens 24 >"$L/$name.log" 2>&1
   local r=$?
   grep -E "memory_plan|kv_pool|worker_ready|error|Error|refus" "$L/$name.log" | cut -c1-600 | head -8
@@ -31,7 +31,7 @@ serve_case() {  # name, serve flags...
 serve_case s4_ctx32k --slots 4 --ctx 32768 --split pool
 serve_case ctx128k_q4 --ctx 131072 --kv-type q4_0
 stamp "bench"
-timeout 150 "$B" bench --model "$M" --prefill 512 --decode 64 --depth 0 --conc 1,16,64 --conc-gen 32 \
+timeout 100 "$B" bench --model "$M" --prefill 512 --decode 64 --depth 0 --conc 1,16,64 --conc-gen 32 \
   --no-profile >"$L/bench.log" 2>&1
 r=$?; grep -vE "^\s*$" "$L/bench.log" | tail -25
 [ $r = 0 ] && pass "bench" || fail "bench rc=$r"
