@@ -394,5 +394,42 @@ TEST(Serve, DemoRunsOneStreamedGenerationAndExitsCleanly) {
   EXPECT_NE(out.find("reason=shutdown"), std::string::npos) << out;
 }
 
+// The quick start (tools/quickstart.sh) on the committed demo model: a continuation and a chat
+// answer come back through the cluster, and both read as English words, not the byte noise of
+// random weights.
+TEST(Serve, QuickStartDemoModelAnswersInEnglish) {
+  const std::string cmd = kBin +
+                          " serve --model demo --port 0 --slots 2 --ctx 1024 --backend cpu --threads 1 "
+                          "--demo 'The old man looked at the sea and' --demo-chat 'Tell me about the "
+                          "house by the river.' --demo-max-tokens 32 2>/dev/null";
+  const auto [rc, out] = RunCommand(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string pm = "prompt: The old man looked at the sea and\n";
+  const std::string cm = "chat, user: Tell me about the house by the river.\nassistant: ";
+  const size_t p = out.find(pm);
+  const size_t c = out.find(cm);
+  ASSERT_NE(p, std::string::npos) << out;
+  ASSERT_NE(c, std::string::npos) << out;
+  auto english = [](const std::string& text) {
+    int letters = 0, words = 0, in_word = 0;
+    for (char ch : text) {
+      const bool alpha = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z');
+      letters += alpha || ch == ' ' || ch == ',' || ch == '.' || ch == '\'' || ch == '"' || ch == '\n';
+      if (alpha) {
+        ++in_word;
+      } else {
+        words += in_word >= 2;
+        in_word = 0;
+      }
+    }
+    return text.size() > 40 && letters >= 0.9 * text.size() && words >= 8;
+  };
+  ASSERT_LT(p, c);
+  const std::string cont = out.substr(p + pm.size(), c - p - pm.size());
+  const std::string answer = out.substr(c + cm.size());
+  EXPECT_TRUE(english(cont)) << cont;
+  EXPECT_TRUE(english(answer)) << answer;
+}
+
 }  // namespace
 }  // namespace ds
