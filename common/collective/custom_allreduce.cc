@@ -210,7 +210,9 @@ absl::Status CustomAllReduceCollective::AllGatherV(const float* in, std::span<co
   const int W = world();
   if (static_cast<int>(counts.size()) != W)
     return absl::InvalidArgumentError(absl::StrCat("AllGatherV: ", counts.size(), " counts for ", W, " ranks"));
-  if (!IsDevicePointer(out)) return base_->AllGatherV(in, counts, out);
+  // Both sides in device memory, or the base collective does it (it stages what it must).
+  if (!IsDevicePointer(out) || (counts[rank()] > 0 && !IsDevicePointer(in)))
+    return base_->AllGatherV(in, counts, out);
   size_t offsets[cuda::kCarMaxRanks] = {}, max_count = 0;
   for (int q = 0; q < W; ++q) {
     offsets[q] = q == 0 ? 0 : offsets[q - 1] + counts[q - 1];

@@ -20,6 +20,10 @@
 // (no P2P), more than kCarMaxRanks ranks, or IPC refused. Callers then fall back to NCCL (the
 // multi-host path) or the host-staged collective (worker/process/tp_session.cc).
 //
+// Calls of one rank must not overlap in time (they share the buffer and the barrier epochs): the
+// stream-ordered ones are ordered by the caller's stream, and the blocking ones (own stream) are
+// only made after the caller synchronised its stream (the runner does before the logits gather).
+//
 // If a peer dies inside a call, the waiting blocks give up after
 // CustomAllReduceOptions::peer_timeout_seconds and the next blocking call (every step ends with
 // the logits gather) returns Unavailable; the group must be rebuilt.
