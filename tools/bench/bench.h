@@ -20,6 +20,7 @@ struct BenchOptions {
   int max_step_tokens = 4096;
   std::string kv_type = "f16";               // KV cache element type: f16 | q8_0 | q4_0
   bool tiled = true;                         // --tiled off: raw Q6_K layout (A/B runs)
+  bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU
   // sampler), one sampler per sequence. Off when sample_temperature <= 0.
