@@ -201,6 +201,12 @@ void WorkerGroups::FromRank(const GroupMember& m, Command cmd) {
       merged.kv_bytes += x->kv_bytes;
       merged.state_bytes += x->state_bytes;
       merged.workspace_bytes += x->workspace_bytes;
+      // Every rank holds its heads' KV for the same tokens: the smallest pool bounds the group
+      // (admitting within it keeps every rank's pool from running dry, so ranks never diverge).
+      if (x->kv_pool_tokens > 0 && (merged.kv_pool_tokens <= 0 || x->kv_pool_tokens < merged.kv_pool_tokens)) {
+        merged.kv_pool_tokens = x->kv_pool_tokens;
+        merged.kv_page_size = x->kv_page_size;
+      }
     }
     for (auto& x : g.warm) x.reset();
     push_(WorkerWarmupCmd{g.link, merged});
