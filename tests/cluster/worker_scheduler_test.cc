@@ -313,6 +313,31 @@ TEST_F(ClusterTest, MixedPromptsUnderChunkedPrefillMatchEachAlone) {
   }
 }
 
+// Issue #23: the worker's paged KV pool bounds what the scheduler admits. The CPU worker gets 8
+// slots (4 asked, 8 the CPU minimum) sharing 320 tokens in 16-token pages: the replica admits
+// within 320 - 8 x 15 = 200 positions (one partial page per slot), not the 2048 of its policy, so
+// requests whose reservations together outgrow the pool wait instead of failing, and every one
+// completes with the tokens it gives alone.
+TEST_F(ClusterTest, AdmissionsStayWithinTheWorkersKvPool) {
+  StartCluster({"--slots", "4", "--ctx", "2048"}, {"--kv-pool-tokens", "320", "--kv-page", "16"});
+  EXPECT_EQ(Status().context_total(), 200u);
+  Outcome big = Submit(1, Prompt(150, 9), 100);  // 250 positions can never fit 200
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << big.status.error_message();
+  const int kTokens = 40;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(Prompt(40 + 5 * i, 20 + i));  // 80-95 each
+  std::vector<Outcome> out(prompts.size());
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    th.emplace_back([&, i] { out[i] = Submit(10 + i, prompts[i], kTokens); });
+  for (auto& t : th) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(out[i].status.ok()) << out[i].status.error_message();
+    EXPECT_EQ(out[i].reason, v1::FINISH_REASON_LENGTH) << out[i].error;
+    EXPECT_EQ(out[i].tokens, Reference(*model_, prompts[i], kTokens)) << "request " << i;
+  }
+}
+
 TEST_F(ClusterTest, CancellingASubmitFreesItsSlot) {
   StartCluster({"--slots", "2", "--ctx", "8192", "--split", "pool"});
   grpc::ClientContext long_ctx;
