@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <regex>
 
@@ -346,10 +347,11 @@ class ServeRun {
   std::string model_, out_, addr_, admin_;
 };
 
-// Four streams through `serve`; `worker_id`'s process is killed once the first has 20 tokens.
-// Every stream must end with the tokens of `want`.
+// Four streams through `serve`; `worker_id`'s process gets `sig` (default kill -9) once the
+// first has 20 tokens, then `after_fault` runs. Every stream must end with the tokens of `want`.
 void KillMidStream(ServeRun& s, const std::string& worker_id, const std::vector<int32_t>& want,
-                   Clock::time_point* killed_at) {
+                   Clock::time_point* killed_at, int sig = SIGKILL,
+                   const std::function<void()>& after_fault = nullptr) {
   const pid_t victim = s.WorkerPid(worker_id);
   ASSERT_GT(victim, 0) << worker_id;
   std::promise<void> streaming;
@@ -363,8 +365,9 @@ void KillMidStream(ServeRun& s, const std::string& worker_id, const std::vector<
       });
     }));
   ASSERT_EQ(streaming.get_future().wait_for(30s), std::future_status::ready);
-  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_EQ(kill(victim, sig), 0);
   *killed_at = Clock::now();
+  if (after_fault) after_fault();
   for (auto& x : f) {
     GenResult g = x.get();
     ASSERT_TRUE(g.status.ok()) << g.status.error_message() << s.Output();
@@ -440,6 +443,40 @@ TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
     if (!reformed) std::this_thread::sleep_for(100ms);
   }
   EXPECT_TRUE(reformed) << s.Errors();
+  EXPECT_TRUE(s.Stop()) << s.Errors();
+}
+
+// A stopped rank (SIGSTOP: alive, silent, and its peer's all-reduce waits for it — Gloo for up
+// to 60 s, NCCL or the CUDA IPC all-reduce longer): the scheduler drops the group after the
+// heartbeat limit and closes both sessions; rank 0, stuck inside the collective, notices the
+// close on its heartbeat thread and exits (WorkerSession::LeaveBrokenGroupIfStuck). The stopped
+// rank is then killed, serve starts both again, the group re-forms and nothing is lost.
+TEST(ServeReplicas, TpRankStoppedTheSurvivorLeavesTheCollectiveWithinSeconds) {
+  std::vector<std::string> flags = {"--tp", "2", "--split", "1,1", "--slots", "4"};
+  if (OnGpu()) flags.insert(flags.end(), {"--tp-collective", "gloo", "--gpus", "0,0"});
+  ServeRun s(flags);
+  ASSERT_FALSE(s.addr().empty()) << s.Output();
+  ASSERT_TRUE(s.WaitReady(1, StartTimeout())) << s.Output();
+  const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
+  ASSERT_TRUE(want.status.ok());
+  const pid_t rank0 = s.WorkerPid("serve-g0-r0");
+  const pid_t rank1 = s.WorkerPid("serve-g0-r1");
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  double leave_s = -1;
+  Clock::time_point stopped;
+  KillMidStream(s, "serve-g0-r1", want.ids, &stopped, SIGSTOP, [&] {
+    while (ProcessLives(rank0) && Clock::now() - stopped < 20s)
+      std::this_thread::sleep_for(5ms);
+    if (!ProcessLives(rank0))
+      leave_s = std::chrono::duration<double>(Clock::now() - stopped).count();
+    kill(rank1, SIGKILL);
+    kill(rank1, SIGCONT);
+  });
+  std::printf("tp group: rank 1 stopped, rank 0 left the collective %.3f s later\n", leave_s);
+  ASSERT_GE(leave_s, 0) << "rank 0 still in the collective 20 s after its peer stopped";
+  // The heartbeat limit (2.5 s) + one heartbeat period (0.5 s) + scheduling slack.
+  EXPECT_LT(leave_s, 4.5);
   EXPECT_TRUE(s.Stop()) << s.Errors();
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,10 @@
 
 namespace ds {
 namespace {
+
+// Exit status of a TP rank that left a broken group mid-step (LeaveBrokenGroupIfStuck): not 0,
+// so that systemd's Restart=on-failure and serve's supervisor start it again.
+constexpr int kExitTpGroupBroken = 75;  // EX_TEMPFAIL
 
 namespace pb = deltaserve::internal;
 using Clock = std::chrono::steady_clock;
@@ -287,8 +292,32 @@ class Session {
       m.mutable_heartbeat()->set_unix_seconds(
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
               .count());
-      stream_->Write(m);  // under mu_: serialized with step results
+      // Under mu_: serialized with step results. A failed write means the scheduler closed
+      // this session.
+      if (!stream_->Write(m)) LeaveBrokenGroupIfStuck();
     }
+  }
+
+  // In a TP group the scheduler closes every rank's session as soon as one rank is lost. If this
+  // rank is inside a step then, its collective may wait for the lost peer for a long time (NCCL,
+  // the CUDA IPC all-reduce's barrier) and the step thread, which is the stream's reader, never
+  // sees the close. Leave at once instead: the process exit frees the GPU and the collective's
+  // resources, and the supervisor (serve, systemd) starts the rank again so the group re-forms.
+  void LeaveBrokenGroupIfStuck() {
+    if (o_.tp_world <= 1) return;
+    bool stepping = false;
+    {
+      std::lock_guard<std::mutex> l(leave_mu_);
+      stepping = in_step_;
+    }
+    if (!stepping) return;  // the step thread sees the closed stream itself
+    DS_LOG(ERROR, "tp_group_broken",
+           {{"tp_group", o_.tp_group},
+            {"tp_rank", o_.tp_rank},
+            {"action", "the session was closed during a step (a peer is lost): exiting now so "
+                       "the collective does not hold the GPU"}});
+    std::fflush(nullptr);
+    std::_Exit(kExitTpGroupBroken);
   }
 
   // OK on Shutdown; Unavailable when the stream ends without one; other errors are fatal.
