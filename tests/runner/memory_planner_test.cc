@@ -27,6 +27,7 @@ MemoryPlanInput Qwen27B(GgmlType kv, double card_gb, double share = 1.0, int ste
   MemoryPlanInput in;
   in.device_total = static_cast<uint64_t>(card_gb * kGB);
   in.device_free = in.device_total - (in.device_total / 100 + (300ull << 20));  // context + driver
+  in.margin = (512ull << 20) + in.device_total / 100;  // as the CUDA device keeps free
   in.weights = static_cast<uint64_t>(20.63 * kGiB * share);
   in.workspace_per_ctx = 13312;
   in.workspace_fixed =
