@@ -16,6 +16,8 @@ for u in deltaserve-scheduler.service deltaserve-gateway.service deltaserve-work
 done
 need lib/sysusers.d/deltaserve.conf
 for c in gateway scheduler worker; do need "share/deltaserve/config/$c.conf"; done
+need share/deltaserve/config/tp-gpu.conf.example
+need "lib/systemd/system/deltaserve-tp-rank@.service"
 need share/deltaserve/monitoring/grafana/deltaserve.json
 need share/deltaserve/monitoring/prometheus/prometheus.yml
 need share/deltaserve/monitoring/prometheus/rules/deltaserve-alerts.yml

@@ -11,11 +11,13 @@ trap 'rm -rf "$work"' EXIT
 cp "$UNITS"/deltaserve* "$work"/
 # A template is verified through an instance.
 ln -s "deltaserve-worker@.service" "$work/deltaserve-worker@0.service"
+ln -s "deltaserve-tp-rank@.service" "$work/deltaserve-tp-rank@1.service"
 fail=0
 check() {  # unit, pattern (grep -E, whole line), what
   if ! grep -qE "^$2\$" "$work/$1"; then echo "FAIL $1: missing $3 ($2)"; fail=1; fi
 }
-for u in deltaserve-scheduler.service deltaserve-gateway.service "deltaserve-worker@0.service"; do
+for u in deltaserve-scheduler.service deltaserve-gateway.service "deltaserve-worker@0.service" \
+         "deltaserve-tp-rank@1.service"; do
   out=$(cd "$work" && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "$u" 2>&1) || {
     echo "FAIL systemd-analyze verify $u:"; echo "$out"; fail=1; }
   # verify prints warnings without failing; any line naming our unit file is a finding.
@@ -34,6 +36,9 @@ for u in deltaserve-scheduler.service deltaserve-gateway.service "deltaserve-wor
 done
 check "deltaserve-worker@0.service" "DevicePolicy=closed" "a closed device policy"
 check "deltaserve-worker@0.service" "DeviceAllow=/dev/nvidia%i rw" "its own GPU only"
+check "deltaserve-tp-rank@1.service" "DeviceAllow=/dev/nvidia%i rw" "its own GPU"
+check "deltaserve-tp-rank@1.service" "ConditionPathExists=/etc/deltaserve/tp/gpu%i.conf" "its rank file"
+check "deltaserve-tp-rank@1.service" "ExecStart=.* --config /etc/deltaserve/tp/gpu%i.conf .*" "its group, rank and world"
 check "deltaserve-gateway.service" "TimeoutStopSec=[0-9]+s" "a stop timeout above the drain timeout"
 out=$(cd "$work" && systemd-analyze verify --man=no deltaserve.target 2>&1) || { echo "FAIL target: $out"; fail=1; }
 if [ $fail -ne 0 ]; then exit 1; fi
