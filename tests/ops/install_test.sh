@@ -11,7 +11,7 @@ fail=0
 need() { [ -e "$prefix/$1" ] || { echo "FAIL: $1 not installed"; fail=1; }; }
 need bin/deltaserve
 need bin/deltactl
-for u in deltaserve-scheduler.service deltaserve-gateway.service deltaserve-worker@.service deltaserve.target; do
+for u in deltaserve-scheduler.service deltaserve-gateway.service deltaserve-worker@.service deltaserve.target deltaserve-workers.target; do
   need "lib/systemd/system/$u"
 done
 need lib/sysusers.d/deltaserve.conf

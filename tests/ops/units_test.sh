@@ -40,6 +40,12 @@ check "deltaserve-tp-rank@1.service" "DeviceAllow=/dev/nvidia%i rw" "its own GPU
 check "deltaserve-tp-rank@1.service" "ConditionPathExists=/etc/deltaserve/tp/gpu%i.conf" "its rank file"
 check "deltaserve-tp-rank@1.service" "ExecStart=.* --config /etc/deltaserve/tp/gpu%i.conf .*" "its group, rank and world"
 check "deltaserve-gateway.service" "TimeoutStopSec=[0-9]+s" "a stop timeout above the drain timeout"
-out=$(cd "$work" && systemd-analyze verify --man=no deltaserve.target 2>&1) || { echo "FAIL target: $out"; fail=1; }
+for t in deltaserve.target deltaserve-workers.target; do
+  out=$(cd "$work" && systemd-analyze verify --man=no $t 2>&1) || { echo "FAIL $t: $out"; fail=1; }
+done
+# Stop order: the gateway drains while the workers still serve (it is ordered after them).
+check "deltaserve-gateway.service" "After=.*deltaserve-workers\.target.*" "ordering after the workers"
+check "deltaserve-worker@0.service" "Before=deltaserve-workers\.target" "ordering before the gateway"
+check "deltaserve-tp-rank@1.service" "Before=deltaserve-workers\.target" "ordering before the gateway"
 if [ $fail -ne 0 ]; then exit 1; fi
 echo "units OK: $(ls "$work" | tr '\n' ' ')"
