@@ -57,6 +57,7 @@ struct ServeOptions {
   // plans for (0 = 1 / the number of worker processes on that GPU).
   std::string kv_pool_tokens;
   double memory_fraction = 0;
+  std::string max_step_tokens;  // worker --max-step-tokens (empty = its default)
   int port = 50051;
   int max_inflight = 64;
   int threads = 0;
@@ -79,7 +80,8 @@ void Usage(FILE* out) {
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
                "  [--kv-pool-tokens N] [--memory-fraction F]  the KV pool the slots share (default: "
                "what the worker's memory plan finds room for) and each worker's share of its GPU "
-               "(default: 1 / the workers on it)\n"
+               "(default: 1 / the workers on it); [--max-step-tokens N] rows per CUDA micro-step "
+               "(less workspace, more KV pool; default 4096)\n"
                "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
                "[--tls-cert F --tls-key F] [--nvml-device N|off]\n"
                "  [--failover-wait S]  how long the requests of a lost replica wait when no other "
@@ -97,7 +99,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
-      "--kv-pool-tokens", "--memory-fraction",
+      "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device"};
@@ -131,6 +133,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     if (m.count(flag)) *field = m[flag];
   if (o.port > 65534) return absl::InvalidArgumentError("--port must be <= 65534 (admin is P+1)");
   if (m.count("--kv-pool-tokens")) o.kv_pool_tokens = m["--kv-pool-tokens"];
+  if (m.count("--max-step-tokens")) o.max_step_tokens = m["--max-step-tokens"];
   if (m.count("--memory-fraction") &&
       (!absl::SimpleAtod(m["--memory-fraction"], &o.memory_fraction) || o.memory_fraction <= 0 ||
        o.memory_fraction > 1))
@@ -420,6 +423,7 @@ int RunServe(int argc, char** argv) {
     if (!o->gpus.empty())
       a.insert(a.end(), {"--device", std::to_string(o->gpus[replica * o->tp + r])});
     if (!o->kv_pool_tokens.empty()) a.insert(a.end(), {"--kv-pool-tokens", o->kv_pool_tokens});
+    if (!o->max_step_tokens.empty()) a.insert(a.end(), {"--max-step-tokens", o->max_step_tokens});
     {
       // Worker processes sharing this rank's GPU each plan their share of it.
       const int gpu = o->gpus.empty() ? 0 : o->gpus[replica * o->tp + r];

@@ -160,6 +160,10 @@ struct BackendOptions {
   // Share of the device's memory this backend may plan for (two replicas on one GPU: 0.5 each);
   // the CUDA planner also never plans more than is free when it starts (worker/runner/memory_planner.h).
   double memory_fraction = 1.0;
+  // Token rows per device micro-step (0 = the device's default; CUDA 4096). Most of the CUDA
+  // workspace is [rows, width] buffers, so a smaller value leaves more memory for the KV pool
+  // (32 GB cards: docs/memory.md); longer prefills are cut into more micro-steps.
+  int max_step_tokens = 0;
 };
 
 // Opens the model file and creates the CPU reference backend (worker/model/cpu_backend.h).

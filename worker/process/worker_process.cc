@@ -342,6 +342,7 @@ class Session {
           bo.kv_pool_tokens = o_.kv_pool_tokens;
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
+          bo.max_step_tokens = o_.max_step_tokens;
           sd::NotifyStatus(absl::StrCat("loading ", o_.model, " for ", cf.n_slots(), " slots x ",
                                         cf.slot_ctx(), " positions"));
           const bool nccl = o_.tp_collective == "nccl";
@@ -539,7 +540,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type",
-                                          "--kv-pool-tokens", "--kv-page", "--memory-fraction"}));
+                                          "--kv-pool-tokens", "--kv-page", "--memory-fraction",
+                                          "--max-step-tokens"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -564,7 +566,12 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   DS_RETURN_IF_ERROR(num("--connect-timeout", &o.connect_timeout_s));
   o.threads = static_cast<int>(threads);
   o.device = static_cast<int>(device);
-  double pool_tokens = 0, page = 0;
+  double pool_tokens = 0, page = 0, step_tokens = 0;
+  DS_RETURN_IF_ERROR(num("--max-step-tokens", &step_tokens));
+  if (step_tokens < 0 || step_tokens > (1 << 20))
+    return absl::InvalidArgumentError(absl::StrCat("--max-step-tokens ", step_tokens,
+                                                   " must be in [0, 1048576]"));
+  o.max_step_tokens = static_cast<int>(step_tokens);
   DS_RETURN_IF_ERROR(num("--kv-pool-tokens", &pool_tokens));
   DS_RETURN_IF_ERROR(num("--kv-page", &page));
   DS_RETURN_IF_ERROR(num("--memory-fraction", &o.memory_fraction));
@@ -695,7 +702,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
                  "[--port-file F] [--kv-type f16|q8_0|q4_0] [--kv-pool-tokens N] [--kv-page N] "
-                 "[--memory-fraction F] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
+                 "[--memory-fraction F] [--max-step-tokens N] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
                  "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
                  "[--tp-collective auto|gloo|nccl|custom]] [--scheduler-key-file F] [--scheduler-ca F "
                  "[--scheduler-tls-name N]]\n",

@@ -65,6 +65,7 @@ struct WorkerOptions {
   int64_t kv_pool_tokens = 0;
   int kv_page_size = 0;
   double memory_fraction = 1.0;
+  int max_step_tokens = 0;  // --max-step-tokens: token rows per CUDA micro-step (0 = 4096)
 };
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv);

@@ -105,7 +105,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanInput& in) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "memory plan: %d slots x %d tokens needs %.2f GiB (weights %.2f + workspace %.2f + "
         "recurrent %.2f + KV for %d tokens %.2f) but the budget is %.2f GiB (%.2f GiB free, "
-        "memory fraction %.2f of %.2f GiB); nearest that fits:%s; or a smaller --kv-type",
+        "memory fraction %.2f of %.2f GiB); nearest that fits:%s; or a smaller --kv-type, or "
+        "--max-step-tokens (the workspace is mostly [step tokens, width] buffers)",
         slots, in.slot_ctx, Gib(need), Gib(in.weights),
         Gib(in.workspace_fixed + in.workspace_per_ctx * in.slot_ctx),
         Gib(in.recurrent_per_slot * (slots + 1)),
