@@ -42,14 +42,14 @@ def main():
                   load(f"{d}/cuda_decode_ppl.jsonl"))
     n = next(iter(cuda.values()))["scored"] if cuda else 0
     print(f"Whole held-out text ({n} scored tokens, windows of 512):\n")
-    print("| weights | file MB | CPU | CUDA | CUDA vs CPU | CPU vs CPU F32 |")
+    print("| weights | file MB | CPU | CUDA | CUDA vs CPU | CUDA vs CUDA F32 |")
     print("|---|---|---|---|---|---|")
     base = ppl(cpu, "f32")
     for t in TYPES:
         f = f"build/demo-variants/demo-{t}.gguf"
         size = f"{os.path.getsize(f) / 1e6:.1f}" if os.path.exists(f) else "-"
         print(f"| {t.upper()} | {size} | {fmt(ppl(cpu, t))} | {fmt(ppl(cuda, t))} | "
-              f"{rel(ppl(cuda, t), ppl(cpu, t))} | {rel(ppl(cpu, t), base) if t != 'f32' else ''} |")
+              f"{rel(ppl(cuda, t), ppl(cpu, t))} | {rel(ppl(cuda, t), ppl(cuda, 'f32')) if t != 'f32' else ''} |")
     print(f"| PyTorch F32 | | {ref['ppl_f32_ctx512']:.4f} | | | |")
     print(f"| PyTorch F16-rounded | | {ref['ppl_f16_ctx512']:.4f} | | | |")
     m = next(iter(ps.values()))["scored"] if ps else 0
