@@ -79,7 +79,52 @@ int64_t Scheduler::Reservation(const Seq& s) const {
   // Static: the slot's whole share, as llama.cpp's -c / -np; the pool accounting then guarantees
   // the shares never add up past n_ctx, even across SetSlots. Pool: the request's worst case.
   if (config_.context.kind == ContextPolicy::Kind::kStatic) return PerSlotCap();
-  return static_cast<int64_t>(s.n_prompt) + s.req.max_new_tokens;
+  const int64_t worst = static_cast<int64_t>(s.n_prompt) + s.req.max_new_tokens;
+  // Over-commit: what it knows now plus the headroom (grown later by GrowReservations).
+  if (Overcommit())
+    return std::min<int64_t>(worst, static_cast<int64_t>(s.tokens.size()) +
+                                        config_.context.overcommit_headroom);
+  return worst;
+}
+
+bool Scheduler::GrowReservations() {
+  bool preempted = false;
+  const int64_t pool = config_.context.n_ctx;
+  // Oldest admission first, so the youngest give way (they never preempt an older one, so the
+  // oldest always progresses and preemption cannot loop).
+  for (size_t i = 0; i < running_.size();) {
+    Seq& s = *running_[i];
+    // This step takes the slot to at most all known tokens.
+    if (s.zombie || s.reserved >= static_cast<int64_t>(s.tokens.size())) {
+      ++i;
+      continue;
+    }
+    const int64_t want = Reservation(s);
+    while (reserved_total_ - s.reserved + want > pool) {
+      Seq* victim = nullptr;
+      for (size_t j = running_.size(); j-- > i + 1;) {
+        if (!running_[j]->zombie && running_[j]->plans == 0) {
+          victim = running_[j];
+          break;
+        }
+      }
+      if (!victim) break;
+      ++preemptions_;
+      preempted = true;
+      RequeueNow(*victim);  // slot and reservation freed; resumes by re-prefill
+    }
+    if (reserved_total_ - s.reserved + want <= pool) {
+      reserved_total_ += want - s.reserved;
+      s.reserved = want;
+      ++i;
+    } else {
+      // Nobody younger to preempt and no room: it waits in the queue itself.
+      ++preemptions_;
+      preempted = true;
+      RequeueNow(s);  // erases running_[i]
+    }
+  }
+  return preempted;
 }
 
 absl::Status Scheduler::CheckFits(RequestId id, int64_t need_tokens) const {
@@ -348,6 +393,10 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
   last_now_ = std::max(last_now_, now);
   ExpireDeadlines(now);
 
+  // Over-commit: grow reservations that are used up, preempting the youngest when the pool is
+  // short; no admissions in a step that preempted (the preempted one would come straight back).
+  const bool preempted = Overcommit() && GrowReservations();
+
   StepPlan plan;
   int32_t budget = config_.max_num_batched_tokens;
   // 1) Decodes first: one token each, so running streams never stall behind a long prefill.
@@ -370,7 +419,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
   // 3) Admissions in queue order (priority, then FIFO). Strict head-of-line: when the head cannot
   // get its reservation, nobody behind it is admitted (README: "Head of line").
   const int64_t pool = config_.context.n_ctx;
-  while (budget > 0 && !queue_.empty()) {
+  while (!preempted && budget > 0 && !queue_.empty()) {
     const int slot = FreeSlot();
     if (slot < 0) break;
     Seq& s = *seqs_.at(queue_.front().id);
@@ -406,6 +455,12 @@ absl::StatusOr<StepPlan> Scheduler::ScheduleAhead(absl::Time now) {
   for (const Seq* s : running_) {
     if (s->zombie) continue;
     if (s->plans == 0 || !s->planned_sample) return plan;
+    // Over-commit: a decode ahead that would outgrow the reservation waits for Schedule (which
+    // grows it, or preempts).
+    if (Overcommit() && s->stale == false && s->pending == Pending::kNone &&
+        s->n_generated() + s->samples_in_flight < s->req.max_new_tokens &&
+        static_cast<int64_t>(s->planned_end) + 1 > s->reserved)
+      return plan;
   }
   for (Seq* s : running_) {
     if (s->zombie || s->stale || s->pending != Pending::kNone) continue;
@@ -585,6 +640,7 @@ SchedulerStatus Scheduler::Status() const {
   st.draining = draining_;
   st.plan_in_flight = !in_flight_.empty();
   st.steps_applied = steps_applied_;
+  st.preemptions = preemptions_;
   return st;
 }
 

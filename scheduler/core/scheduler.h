@@ -94,6 +94,8 @@ class Scheduler {
   absl::StatusOr<Request> ExportForReplay(RequestId id) const;
   // Nothing queued, running or in flight (a drain is complete).
   bool Idle() const { return seqs_.empty(); }
+  // Requests preempted so far (ContextPolicy::overcommit_headroom); cheap, for the daemon's log.
+  uint64_t preemptions() const { return preemptions_; }
   bool plan_in_flight() const { return !in_flight_.empty(); }
   int plans_in_flight() const { return static_cast<int>(in_flight_.size()); }
   const SchedulerConfig& config() const { return config_; }
@@ -133,6 +135,15 @@ class Scheduler {
 
   // Positions an admission reserves under the current policy and slot count.
   int64_t Reservation(const Seq& s) const;
+  // Over-commit (ContextPolicy::overcommit_headroom > 0): every running sequence whose
+  // reservation its known tokens have reached grows it, oldest admission first; when the pool
+  // cannot hold the growth, the youngest running sequences are preempted (RequeueNow). Only
+  // with no plan in flight. Returns whether it preempted.
+  bool GrowReservations();
+  bool Overcommit() const {
+    return config_.context.kind == ContextPolicy::Kind::kPool &&
+           config_.context.overcommit_headroom > 0;
+  }
   int64_t PerSlotCap() const;
   // OK, or InvalidArgument when prompt + max_new_tokens can never fit a slot.
   absl::Status CheckFits(RequestId id, int64_t need_tokens) const;
@@ -167,6 +178,7 @@ class Scheduler {
   uint64_t next_step_ = 1;
   std::vector<uint64_t> in_flight_;  // step ids issued and not applied, oldest first (<= 2)
   uint64_t steps_applied_ = 0;
+  uint64_t preemptions_ = 0;
   bool draining_ = false;
   absl::Time last_now_ = absl::InfinitePast();  // for events emitted outside a timed call
   std::vector<Event> outbox_;

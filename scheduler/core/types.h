@@ -119,6 +119,12 @@ struct ContextPolicy {
   Kind kind = Kind::kPool;
   int64_t n_ctx = 0;     // total positions of the worker, > 0
   int32_t slot_cap = 0;  // kPool: most positions one slot may hold; 0 = n_ctx. kStatic: ignored
+  // kPool only. 0: an admission reserves its worst case (prompt + max_new_tokens) and nothing is
+  // ever preempted. > 0: over-commit (issue #23): an admission reserves its known tokens + this
+  // many (at most its worst case), the reservation grows by as much whenever the sequence has
+  // used it up, and when the pool cannot grow it the youngest running requests are preempted
+  // (Requeue: slot and reservation freed, resumed later by re-prefilling prompt + generated).
+  int32_t overcommit_headroom = 0;
 };
 
 struct SchedulerConfig {
@@ -154,6 +160,7 @@ struct SchedulerStatus {
   bool draining = false;
   bool plan_in_flight = false;
   uint64_t steps_applied = 0;
+  uint64_t preemptions = 0;   // requests requeued to let older ones grow (overcommit_headroom)
 };
 
 // One request's state and full history (for failover or debugging).

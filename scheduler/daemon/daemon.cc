@@ -39,7 +39,8 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
       "--slot-cap",   "--max-queue", "--max-batch-tokens", "--max-chunk", "--max-slots",
       "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval",
       "--failover-wait", "--internal-key-file", "--tls-cert", "--tls-key",
-      "--allow-unauthenticated", "--lookahead", "--heartbeat-timeout"};
+      "--allow-unauthenticated", "--lookahead", "--heartbeat-timeout",
+      "--overcommit-headroom"};
   DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   SchedulerDaemonOptions o;
   sched::LoopOptions& l = o.loop;
@@ -85,6 +86,9 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
   DS_RETURN_IF_ERROR(integer("--slots", &l.core.n_slots));
   DS_RETURN_IF_ERROR(integer("--ctx", &l.core.context.n_ctx));
   DS_RETURN_IF_ERROR(integer("--slot-cap", &l.core.context.slot_cap));
+  // Pool policy over-commit (issue #23): reserve known tokens + N, grow by N, preempt the youngest
+  // when the pool is short (they resume by re-prefill). 0 = reserve the worst case.
+  DS_RETURN_IF_ERROR(integer("--overcommit-headroom", &l.core.context.overcommit_headroom));
   DS_RETURN_IF_ERROR(integer("--max-queue", &l.core.max_queue));
   DS_RETURN_IF_ERROR(integer("--max-batch-tokens", &l.core.max_num_batched_tokens));
   DS_RETURN_IF_ERROR(integer("--max-chunk", &l.core.max_chunk));
@@ -133,7 +137,7 @@ int RunSchedulerDaemon(int argc, char** argv) {
       "[--port-file FILE] [--slots N] [--ctx N] [--split static|pool] [--slot-cap N] "
       "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
       "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] [--heartbeat-timeout S] "
-      "[--lookahead on|off] "
+      "[--lookahead on|off] [--overcommit-headroom N] "
       "[--internal-key-file F] [--tls-cert F --tls-key F] "
       "[--allow-unauthenticated true] "
       "[--metrics-listen HOST:PORT] [--log-level L] [--config FILE]\n";

@@ -496,7 +496,12 @@ void SchedulerLoop::Handle(StopCmd&) { stop_ = true; }
 
 void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
   const auto t0 = SteadyClock::now();
+  const uint64_t preempted_before = r->core->preemptions();
   auto plan = ahead ? r->core->ScheduleAhead(absl::Now()) : r->core->Schedule(absl::Now());
+  if (r->core->preemptions() != preempted_before)
+    DS_LOG(INFO, "preempted", {{"replica", r->id},
+                               {"requests", r->core->preemptions() - preempted_before},
+                               {"total", r->core->preemptions()}});
   if (!plan.ok()) {
     DS_LOG(ERROR, ahead ? "schedule_ahead_failed" : "schedule_failed", {{"error", plan.status()}});
     return;

@@ -338,6 +338,30 @@ TEST_F(ClusterTest, AdmissionsStayWithinTheWorkersKvPool) {
   }
 }
 
+// Over-commit (issue #23): the scheduler reserves known tokens + 8 and grows the reservation as
+// requests generate; when the worker's pool (bounded as above) cannot hold the growth it preempts
+// the youngest, whose pages the worker frees, and which resumes later by re-prefilling prompt +
+// generated. Every request completes, untruncated, with the tokens it gives alone.
+TEST_F(ClusterTest, OvercommittedPoolPreemptsAndLosesNothing) {
+  StartCluster({"--slots", "4", "--ctx", "2048", "--overcommit-headroom", "8"},
+               {"--kv-pool-tokens", "320", "--kv-page", "16"});
+  const int kTokens = 40;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(Prompt(40 + 5 * i, 30 + i));
+  std::vector<Outcome> out(prompts.size());
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    th.emplace_back([&, i] { out[i] = Submit(50 + i, prompts[i], kTokens); });
+  for (auto& t : th) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(out[i].status.ok()) << out[i].status.error_message();
+    EXPECT_EQ(out[i].reason, v1::FINISH_REASON_LENGTH) << out[i].error;
+    EXPECT_EQ(out[i].tokens, Reference(*model_, prompts[i], kTokens)) << "request " << i;
+  }
+  EXPECT_NE(ReadFile(sched_->log).find("event=preempted"), std::string::npos)
+      << "the pool never ran short: nothing was preempted";
+}
+
 TEST_F(ClusterTest, CancellingASubmitFreesItsSlot) {
   StartCluster({"--slots", "2", "--ctx", "8192", "--split", "pool"});
   grpc::ClientContext long_ctx;

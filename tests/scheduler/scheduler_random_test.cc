@@ -27,11 +27,20 @@ struct Tracked {
 // `seen` counts what the script exercised (finish reasons, add status codes, in-flight aborts).
 // `ahead`: the daemon's lookahead (docs/async_scheduling.md): up to two plans in flight, the second
 // from ScheduleAhead(), controls and arrivals between any of them.
+// `headroom` > 0: the pool over-commits (ContextPolicy::overcommit_headroom) on a smaller pool, so
+// reservations grow and the youngest requests are preempted; the same invariants hold (nothing
+// truncated, reservations within the pool, every slot within its reservation).
 std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::string, int>* seen,
-                      bool ahead = false) {
+                      bool ahead = false, int32_t headroom = 0) {
   std::mt19937 rng(seed);
   auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  const ContextPolicy policy = kind == ContextPolicy::Kind::kPool ? Pool(400, 120) : Static(480);
+  auto pool_policy = [headroom](int64_t n_ctx) {
+    ContextPolicy p = Pool(n_ctx, 120);
+    p.overcommit_headroom = headroom;
+    return p;
+  };
+  const ContextPolicy policy =
+      kind == ContextPolicy::Kind::kPool ? pool_policy(headroom > 0 ? 200 : 400) : Static(480);
   SchedulerConfig cfg = Config(4, 48, 16, policy, /*max_queue=*/12);
   auto s = Make(cfg);
   FakeWorker w;
@@ -69,7 +78,7 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
       } else if (a == 3 && kind == ContextPolicy::Kind::kPool) {
         const int n_ctx = rnd(150, 500);
         ++policy_shrinks;
-        absl::StrAppend(&trace, "pool ", n_ctx, " ", s->SetContextPolicy(Pool(n_ctx, 120)).code(),
+        absl::StrAppend(&trace, "pool ", n_ctx, " ", s->SetContextPolicy(pool_policy(n_ctx)).code(),
                         "\n");
       }
     };
@@ -106,6 +115,14 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
     for (const SlotStatus& ss : st.slots) {
       if (ss.busy) {
         EXPECT_LE(ss.ctx_used, ss.ctx_reserved) << "slot " << ss.slot;
+      }
+    }
+    // Every entry stays within its request's reservation (over-commit grows it first).
+    for (const PlanEntry& e : plan->entries) {
+      auto info = s->Get(e.id);
+      if (info.ok() && kind == ContextPolicy::Kind::kPool) {
+        EXPECT_LE(e.pos0 + static_cast<int64_t>(e.tokens.size()), info->reserved)
+            << "request " << e.id << " outgrows its reservation";
       }
     }
     absl::StrAppend(&trace, "plan ", plan->step_id, ":");
@@ -190,6 +207,7 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
   }
   EXPECT_TRUE(s->Idle());
   EXPECT_TRUE(reqs.empty()) << reqs.size() << " requests never finished";
+  (*seen)["preemptions"] += static_cast<int>(s->Status().preemptions);
   return trace;
 }
 
@@ -234,6 +252,22 @@ TEST(SchedulerRandom, InvariantsAndDeterminismWithLookahead) {
   for (const char* k : {"ahead", "length", "stop", "aborted", "abort in flight", "requeue in flight"}) {
     EXPECT_GT(seen[k], 0) << k;
   }
+}
+
+TEST(SchedulerRandom, InvariantsAndDeterminismOvercommit) {
+  std::map<std::string, int> seen, again;
+  for (uint32_t seed : {10u, 11u, 12u}) {
+    for (bool ahead : {false, true}) {
+      EXPECT_EQ(RunScript(seed, ContextPolicy::Kind::kPool, &seen, ahead, /*headroom=*/8),
+                RunScript(seed, ContextPolicy::Kind::kPool, &again, ahead, /*headroom=*/8))
+          << "seed " << seed;
+    }
+  }
+  EXPECT_EQ(seen, again);
+  for (const char* k : {"preemptions", "length", "stop", "aborted", "requeue in flight"}) {
+    EXPECT_GT(seen[k], 0) << k;
+  }
+  EXPECT_EQ(seen["error"], 0);
 }
 
 }  // namespace
