@@ -58,6 +58,7 @@ struct ServeOptions {
   std::string kv_pool_tokens;
   double memory_fraction = 0;
   std::string max_step_tokens;  // worker --max-step-tokens (empty = its default)
+  std::string overcommit_headroom;  // scheduler --overcommit-headroom (empty = off)
   int port = 50051;
   int max_inflight = 64;
   int threads = 0;
@@ -81,7 +82,8 @@ void Usage(FILE* out) {
                "  [--kv-pool-tokens N] [--memory-fraction F]  the KV pool the slots share (default: "
                "what the worker's memory plan finds room for) and each worker's share of its GPU "
                "(default: 1 / the workers on it); [--max-step-tokens N] rows per CUDA micro-step "
-               "(less workspace, more KV pool; default 4096)\n"
+               "(less workspace, more KV pool; default 4096); [--overcommit-headroom N] the pool "
+               "split reserves known tokens + N and preempts the youngest when the KV pool is short\n"
                "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
                "[--tls-cert F --tls-key F] [--nvml-device N|off]\n"
                "  [--failover-wait S]  how long the requests of a lost replica wait when no other "
@@ -99,7 +101,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
-      "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens",
+      "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device"};
@@ -134,6 +136,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   if (o.port > 65534) return absl::InvalidArgumentError("--port must be <= 65534 (admin is P+1)");
   if (m.count("--kv-pool-tokens")) o.kv_pool_tokens = m["--kv-pool-tokens"];
   if (m.count("--max-step-tokens")) o.max_step_tokens = m["--max-step-tokens"];
+  if (m.count("--overcommit-headroom")) o.overcommit_headroom = m["--overcommit-headroom"];
   if (m.count("--memory-fraction") &&
       (!absl::SimpleAtod(m["--memory-fraction"], &o.memory_fraction) || o.memory_fraction <= 0 ||
        o.memory_fraction > 1))
@@ -391,6 +394,8 @@ int RunServe(int argc, char** argv) {
     sargs.push_back(metrics_listen(0));
   }
   if (!internal_key_file.empty()) sargs.insert(sargs.end(), {"--internal-key-file", internal_key_file});
+  if (!o->overcommit_headroom.empty())
+    sargs.insert(sargs.end(), {"--overcommit-headroom", o->overcommit_headroom});
   // Failover on: a lost replica's requests continue on the others, or wait for one.
   sargs.insert(sargs.end(), {"--failover-wait", absl::StrCat(o->failover_wait)});
   children.push_back(serve::Spawn("scheduler", exe, sargs));
