@@ -46,6 +46,24 @@ class Collective {
     return absl::UnimplementedError("collective " + name() +
                                     " has no stream-ordered all-reduce (device buffers need nccl)");
   }
+  // h[rows, n] <- sum over the ranks (as AllReduceSumOnStream), then out[rows, n] =
+  // RMSNorm(h) * w (eps), and when xq is set its int8 quantization in blocks of 32 (xq, scales
+  // xd; the layout of the GEMV kernels' activations): the TP all-reduce fused with the norm that
+  // follows it, one launch and one pass over the row instead of three. Device pointers; every
+  // rank gets the same h and out. Unimplemented: run AllReduceSumOnStream and the norm.
+  struct FusedNormArgs {
+    float* h = nullptr;
+    int rows = 0;
+    int n = 0;
+    const float* w = nullptr;
+    float eps = 1e-6f;
+    float* out = nullptr;
+    int8_t* xq = nullptr;  // optional
+    float* xd = nullptr;   // with xq
+  };
+  virtual absl::Status AllReduceRmsNormOnStream(const FusedNormArgs& a, void* stream) {
+    return absl::UnimplementedError("collective " + name() + " has no fused all-reduce + norm");
+  }
   // Whether AllReduceSumOnStream may be recorded into a CUDA graph (stream capture). True for
   // NCCL and Solo; false for HostStagedCollective, which synchronises the stream and runs the
   // sum on the host: a caller that captures graphs must run such a collective eagerly.

@@ -193,6 +193,19 @@ absl::Status CustomAllReduceCollective::AllReduceSumOnStream(float* data, size_t
   return absl::OkStatus();
 }
 
+absl::Status CustomAllReduceCollective::AllReduceRmsNormOnStream(const FusedNormArgs& a,
+                                                                void* stream) {
+  if (world() == 1) return absl::UnimplementedError("fused all-reduce + norm: world of one");
+  if (a.rows <= 0 || a.n <= 0) return absl::OkStatus();
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (a.rows > cuda::kCarMaxBlocks || a.n % 32 != 0 ||
+      static_cast<size_t>(a.rows) * a.n > capacity_floats_ || !aligned(a.h) || !aligned(a.w) ||
+      !aligned(a.out) || (a.xq && (!a.xd || reinterpret_cast<uintptr_t>(a.xq) % 8 != 0)))
+    return absl::UnimplementedError("fused all-reduce + norm: shape or alignment not supported");
+  return cuda::LaunchCarAllReduceRmsNorm(impl_->g, a.h, a.rows, a.n, a.w, a.eps, a.out, a.xq,
+                                         a.xd, static_cast<cudaStream_t>(stream));
+}
+
 absl::Status CustomAllReduceCollective::AllReduceSum(float* data, size_t n) {
   if (!IsDevicePointer(data)) return base_->AllReduceSum(data, n);
   DS_RETURN_IF_ERROR(AllReduceSumOnStream(data, n, impl_->stream));

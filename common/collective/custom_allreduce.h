@@ -54,6 +54,10 @@ class CustomAllReduceCollective final : public Collective {
   absl::Status Barrier() override;
   bool supports_stream_ordered() const override { return true; }
   absl::Status AllReduceSumOnStream(float* data, size_t n, void* stream) override;
+  // One block per row (rows <= kCarMaxBlocks, rows * n within the buffer, n % 32 == 0, 16-byte
+  // aligned pointers): the one-shot sum, then the norm and the quantization from the summed row
+  // while it is in registers. Else Unimplemented (the caller falls back).
+  absl::Status AllReduceRmsNormOnStream(const FusedNormArgs& a, void* stream) override;
   bool graph_capturable() const override { return true; }
 
   const CustomAllReduceOptions& options() const { return opts_; }

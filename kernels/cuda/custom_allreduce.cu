@@ -112,6 +112,66 @@ __global__ void CarAllReduceKernel(CarGroup g, float* data, size_t n, size_t uni
   CarBarrier(g);  // nobody still reads my buffer: the next call may overwrite it
 }
 
+// One block per row: the row's one-shot sum (rank order, as CarAllReduceKernel) written back
+// to h, then RMSNorm and (kQuant) the int8 quantization of the normed row, 8 consecutive floats
+// per thread so that a 32-float quantization block is 4 neighbouring lanes (as the layer's
+// RmsNormWideKernel).
+template <bool kQuant>
+__global__ void __launch_bounds__(kCarThreads) CarAllReduceNormKernel(CarGroup g, float* h, int n,
+                                                                      const float* w, float eps,
+                                                                      float* out, int8_t* xq,
+                                                                      float* xd) {
+  __shared__ float scratch[32];
+  const int row = blockIdx.x, groups = n / 8;
+  float4* hr = reinterpret_cast<float4*>(h + static_cast<int64_t>(row) * n);
+  const int64_t base_unit = static_cast<int64_t>(row) * (n / 4);
+  float4* mine = reinterpret_cast<float4*>(g.buf[g.rank]) + base_unit;
+  for (int u = threadIdx.x; u < n / 4; u += blockDim.x) mine[u] = hr[u];
+  CarBarrier(g);  // every rank's row is in its buffer
+  float ss = 0.f;
+  for (int gi = threadIdx.x; gi < groups; gi += blockDim.x) {
+    const float4 a = SumUnit(g, base_unit + 2 * gi), b = SumUnit(g, base_unit + 2 * gi + 1);
+    hr[2 * gi] = a;
+    hr[2 * gi + 1] = b;
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+  }
+  ss = BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / n + eps);
+  const float4* wr = reinterpret_cast<const float4*>(w);
+  float4* orow = reinterpret_cast<float4*>(out + static_cast<int64_t>(row) * n);
+  // Uniform trip count: every lane takes part in the quantization's shuffles.
+  for (int base = 0; base < groups; base += blockDim.x) {
+    const int gi = base + threadIdx.x;
+    const bool ok = gi < groups;
+    float v[8] = {};
+    if (ok) {  // this thread wrote these two units of h above
+      const float4 a = hr[2 * gi], b = hr[2 * gi + 1], wa = wr[2 * gi], wb = wr[2 * gi + 1];
+      v[0] = a.x * inv * wa.x; v[1] = a.y * inv * wa.y; v[2] = a.z * inv * wa.z; v[3] = a.w * inv * wa.w;
+      v[4] = b.x * inv * wb.x; v[5] = b.y * inv * wb.y; v[6] = b.z * inv * wb.z; v[7] = b.w * inv * wb.w;
+      orow[2 * gi] = make_float4(v[0], v[1], v[2], v[3]);
+      orow[2 * gi + 1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    if constexpr (kQuant) {
+      float amax = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      if (ok) {
+        const float d = amax / 127.f;
+        const float id = d > 0.f ? 1.f / d : 0.f;
+        uint32_t q[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          q[j >> 2] |= (static_cast<uint32_t>(__float2int_rn(v[j] * id)) & 0xFFu) << (8 * (j & 3));
+        *reinterpret_cast<uint2*>(xq + static_cast<int64_t>(row) * n + 8 * gi) = make_uint2(q[0], q[1]);
+        if ((gi & 3) == 0) xd[static_cast<int64_t>(row) * (n / 32) + gi / 4] = d;
+      }
+    }
+  }
+  CarBarrier(g);  // nobody still reads my buffer
+}
+
 struct GatherArgs {
   size_t counts[kCarMaxRanks];
   size_t offsets[kCarMaxRanks];
@@ -157,6 +217,22 @@ absl::Status LaunchCarAllReduce(const CarGroup& g, float* data, size_t n, bool t
       CarAllReduceKernel<false, false><<<grid, kCarThreads, 0, stream>>>(g, data, n, units, seg);
   }
   return LastLaunchStatus("custom all-reduce");
+}
+
+absl::Status LaunchCarAllReduceRmsNorm(const CarGroup& g, float* h, int rows, int n,
+                                       const float* w, float eps, float* out, int8_t* xq,
+                                       float* xd, cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  if (rows > kCarMaxBlocks || n % 32 != 0)
+    return absl::InvalidArgumentError(absl::StrCat("fused all-reduce + norm: ", rows, " rows of ",
+                                                   n, " (at most ", kCarMaxBlocks,
+                                                   " rows, n a multiple of 32)"));
+  if (xq)
+    CarAllReduceNormKernel<true><<<rows, kCarThreads, 0, stream>>>(g, h, n, w, eps, out, xq, xd);
+  else
+    CarAllReduceNormKernel<false><<<rows, kCarThreads, 0, stream>>>(g, h, n, w, eps, out, nullptr,
+                                                                    nullptr);
+  return LastLaunchStatus("custom all-reduce + norm");
 }
 
 absl::Status LaunchCarAllGatherV(const CarGroup& g, const float* in, const size_t* counts,

@@ -60,6 +60,14 @@ struct CarGroup {
 absl::Status LaunchCarAllReduce(const CarGroup& g, float* data, size_t n, bool two_shot,
                                 cudaStream_t stream);
 
+// The one-shot all-reduce of h[rows, n] (in place) fused with the RMSNorm that follows it in the
+// layer: out = h / rms(h) * w, and when xq is set the int8 quantization of out in blocks of 32
+// (same rounding as the GEMV activations: d = amax / 127, q = rint(v / d)). One block per row
+// (rows <= kCarMaxBlocks), n % 32 == 0, 16-byte aligned h, w, out; rows * n <= the buffer.
+absl::Status LaunchCarAllReduceRmsNorm(const CarGroup& g, float* h, int rows, int n,
+                                       const float* w, float eps, float* out, int8_t* xq,
+                                       float* xd, cudaStream_t stream);
+
 // out[offsets[q] + i] ← rank q's in[i] for i < counts[q], every q (rank-major gather; counts may
 // differ). in holds counts[rank] floats; every count ≤ the floats of a buffer. counts/offsets are
 // host arrays of world entries (passed to the kernel by value).

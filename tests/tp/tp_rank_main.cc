@@ -7,7 +7,7 @@
 //              [--free-gib X] [--lm-head vocab|rank0] [--prompt 24] [--prompt2 9] [--gen 8]
 //              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
 //              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
-//              [--follow REF.json] [--no-graphs] [--tiled on|off] [--collective staged|custom]
+//              [--follow REF.json] [--no-graphs] [--tiled on|off] [--fuse-norm on|off] [--collective staged|custom]
 //
 // --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
 // wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
@@ -216,6 +216,7 @@ int Main(int argc, char** argv) {
     CudaBackendOptions copts;
     copts.use_graphs = !a.count("--no-graphs");
     copts.tiled = str("--tiled", "on") != "off";  // --tiled off: the raw Q6_K layout (A/B)
+    copts.fuse_allreduce_norm = str("--fuse-norm", "off") == "on";  // CudaBackendOptions
     auto be = cuda::CreateCudaBackendApi(a["--model"], bo, copts);
     if (!be.ok()) return Fail(be.status());
     plan = (*be)->tp_plan();

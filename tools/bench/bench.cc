@@ -222,6 +222,7 @@ int RunBench(const BenchOptions& o) {
     co.kv_type = kv_type;
     co.tiled = o.tiled;
     co.batch_invariant = o.batch_invariant;
+    co.fuse_allreduce_norm = o.fuse_norm;
     auto be = cuda::CreateCudaBackendApi(o.model, bo, co);
     // TP: every rank has loaded before any of them runs a step, so no all-reduce kernel waits in
     // its device barrier for a peer that is still reading weights.
@@ -524,6 +525,14 @@ int BenchMain(int argc, char** argv) {
       }
       o.batch_invariant = v == "on";
     }
+    else if (a == "--fuse-norm") {
+      const std::string v = next();
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "bench: --fuse-norm expects on or off, got '%s'\n", v.c_str());
+        return 2;
+      }
+      o.fuse_norm = v == "on";
+    }
     else if (a == "--sample") {
       const std::string v = next();
       float t = 0, p = 1;
@@ -546,7 +555,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--batch-invariant on|off]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--batch-invariant on|off] [--fuse-norm on|off]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -21,6 +21,7 @@ struct BenchOptions {
   std::string kv_type = "f16";               // KV cache element type: f16 | q8_0 | q4_0
   bool tiled = true;                         // --tiled off: raw Q6_K layout (A/B runs)
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
+  bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU
   // sampler), one sampler per sequence. Off when sample_temperature <= 0.

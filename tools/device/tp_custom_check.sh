@@ -12,7 +12,8 @@
 #   4. (PARTS has worker) the worker path: scheduler + two `deltaserve worker --backend cuda
 #      --tp-world 2` ranks on GPU 0 with the default collective (auto = custom) join and warm up;
 #   5. (PARTS has tp1) `deltaserve bench` at TP = 1 with the same rows, for comparison.
-# PARTS (default "tests bench"): any of tests bench worker tp1.
+# PARTS (default "tests bench"): any of tests bench worker tp1. FUSE (default off): the bench's
+# --fuse-norm values, e.g. FUSE="off on off on" for an A/B of the fused all-reduce + RMSNorm.
 # Usage (device, repo root, after `DS_PACK_XZ=1 DS_PACK_BUILD=build-h2-dev DS_PACK_OUT=.devcarry-h2
 # tools/device/pack.sh deltaserve ds_tp_rank tp_custom_allreduce_test kernels_cuda_test` here):
 #   DS_CARRY=.devcarry-h2 [PARTS="tests worker tp1"] bash tools/device/tp_custom_check.sh
@@ -89,8 +90,12 @@ if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
 fi
 echo "MPS for the bench: $MPS"
 if [ -s /tmp/m.gguf ]; then
-  timeout 130 $BIN/deltaserve bench $B --tp 2 --gpus 0,0 2>&1 | tee "$LOG/bench_tp2.log"
-  [ ${PIPESTATUS[0]} = 0 ] && pass "bench --tp 2 --gpus 0,0 (MPS $MPS)" || fail "bench --tp 2 --gpus 0,0 (MPS $MPS)"
+  # FUSE="off on": the same bench with the all-reduce fused with the RMSNorm, for A/B.
+  for f in ${FUSE:-off}; do
+    echo "== bench --tp 2, --fuse-norm $f"
+    timeout 130 $BIN/deltaserve bench $B --tp 2 --gpus 0,0 --fuse-norm $f 2>&1 | tee "$LOG/bench_tp2_fuse_$f.log" | grep -E "^(decode|aggregate|prefill)"
+    [ ${PIPESTATUS[0]} = 0 ] && pass "bench --tp 2 --gpus 0,0 --fuse-norm $f (MPS $MPS)" || fail "bench --tp 2 --gpus 0,0 --fuse-norm $f (MPS $MPS)"
+  done
 else
   fail "no 27B file"
 fi

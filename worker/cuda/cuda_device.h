@@ -176,6 +176,10 @@ class CudaDevice final : public Device {
   absl::Status AttnMixer(const DLayer& L, int R);
   // Tensor parallelism: h_ <- Σ over ranks after a row-parallel projection (docs/tp.md §8).
   absl::Status AllReduceResidual(int R);
+  // The same, fused with the RMSNorm by `w` into a_ (and the int8 copy of a_) that comes next
+  // when the collective offers it (CustomAllReduceCollective; CudaBackendOptions::
+  // fuse_allreduce_norm): *normed says whether a_ holds the norm. w = nullptr: the plain one.
+  absl::Status AllReduceResidualFusedNorm(const float* w, int R, bool* normed);
   // Row-parallel projections accumulate into the residual h_ on rank 0 only; the other ranks
   // store their partial product there. The all-reduce then gives every rank h + Σ_r y_r with no
   // extra buffer or add kernel, and without a collective (or at world 1) the arithmetic is
@@ -302,6 +306,7 @@ class CudaDevice final : public Device {
 
   // The prepared micro-step (host).
   int rows_ = 0, n_logit_rows_ = 0, n_dec_ = 0, n_splits_ = 1;
+  int a_normed_for_ = -1;  // a_ holds this layer's attn_norm already (fused TP all-reduce)
   std::vector<RowRun> prefill_;  // runs through the prefill kernels
   // Decode rows in waves: wave w holds the w-th token of every decode-like run (RowRun::
   // decode_like) that has one; GDN steps through the waves in order, attention takes all rows at

@@ -41,6 +41,11 @@ struct CudaBackendOptions {
   // piece (docs/perf/failover.md). false: one matmul path for the whole step, chosen by its
   // row count (the behaviour before, for A/B runs).
   bool batch_invariant = true;
+  // Tensor parallelism with the CUDA IPC all-reduce: each of the layer's all-reduces runs fused
+  // with the RMSNorm after it (one launch instead of two per boundary). Off by default: on one
+  // H200 (both ranks on GPU 0 under MPS) it did not pay (docs/perf/tp.md); to be measured on
+  // two cards (bench --tp 2 --fuse-norm on).
+  bool fuse_allreduce_norm = false;
 };
 
 // Bytes the device needs, computed from the file and options before any cudaMalloc. Under

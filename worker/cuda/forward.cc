@@ -111,7 +111,13 @@ absl::Status CudaDevice::Embed() {
   ProfEnd();
   // Vocab-parallel under TP: other ranks' tokens came out as zero rows; the all-reduce (inside
   // the decode graph like the layers' two) gives every rank the whole embedding, exactly.
-  if (tp_world_ > 1) return AllReduceResidual(rows_);
+  a_normed_for_ = -1;
+  if (tp_world_ > 1) {
+    bool normed = false;
+    DS_RETURN_IF_ERROR(AllReduceResidualFusedNorm(
+        layers_.empty() ? nullptr : layers_[0].attn_norm, rows_, &normed));
+    if (normed) a_normed_for_ = 0;
+  }
   return absl::OkStatus();
 }
 
@@ -236,19 +242,25 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
 absl::Status CudaDevice::Layer(int layer) {
   const DLayer& L = layers_[layer];
   const int R = rows_;
-  ProfBegin("norm");
-  DS_RETURN_IF_ERROR(NormToA(L.attn_norm, R));
-  ProfEnd();
+  if (a_normed_for_ != layer) {  // else the all-reduce before this layer left the norm in a_
+    ProfBegin("norm");
+    DS_RETURN_IF_ERROR(NormToA(L.attn_norm, R));
+    ProfEnd();
+  }
+  a_normed_for_ = -1;
   if ((L.rec && gdn_shape_.k_heads == 0) || (!L.rec && attn_shape_.n_kv == 0))
     DS_RETURN_IF_ERROR(ContributeNothing(R));  // TP rank without heads of this mixer
   else if (L.rec)
     DS_RETURN_IF_ERROR(GdnMixer(L, R));
   else
     DS_RETURN_IF_ERROR(AttnMixer(L, R));
-  DS_RETURN_IF_ERROR(AllReduceResidual(R));
-  ProfBegin("norm");
-  DS_RETURN_IF_ERROR(NormToA(L.post_norm, R));
-  ProfEnd();
+  bool normed = false;
+  DS_RETURN_IF_ERROR(AllReduceResidualFusedNorm(L.post_norm, R, &normed));
+  if (!normed) {
+    ProfBegin("norm");
+    DS_RETURN_IF_ERROR(NormToA(L.post_norm, R));
+    ProfEnd();
+  }
   ProfBegin("ffn");
   if (L.ffn_gate.rows == 0) {  // TP rank without FFN columns
     DS_RETURN_IF_ERROR(ContributeNothing(R));
@@ -258,6 +270,44 @@ absl::Status CudaDevice::Layer(int layer) {
     DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, ResidualOnThisRank()));
   }
   ProfEnd();
+  const float* next_norm =
+      layer + 1 < static_cast<int>(layers_.size()) ? layers_[layer + 1].attn_norm : nullptr;
+  DS_RETURN_IF_ERROR(AllReduceResidualFusedNorm(next_norm, R, &normed));
+  if (normed) a_normed_for_ = layer + 1;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::AllReduceResidualFusedNorm(const float* w, int R, bool* normed) {
+  *normed = false;
+  if (!coll_) return absl::OkStatus();
+  if (w && copts_.fuse_allreduce_norm) {
+    const int H = cfg_.n_embd;
+    Collective::FusedNormArgs a;
+    a.h = h_;
+    a.rows = R;
+    a.n = H;
+    a.w = w;
+    a.eps = cfg_.rms_eps;
+    a.out = a_;
+    // The int8 copy of a_ the column kernels read, as NormToA makes it for GEMV-sized steps.
+    if (R <= QuantRows() && H % 32 == 0) {
+      a.xq = xq_;
+      a.xd = xd_;
+    }
+    InvalidateX();
+    ProfBegin("allreduce");
+    absl::Status st = coll_->AllReduceRmsNormOnStream(a, stream_);
+    ProfEnd();
+    if (st.ok()) {
+      if (a.xq) {
+        xq_src_ = a_;
+        xq_rows_ = R;
+      }
+      *normed = true;
+      return st;
+    }
+    if (!absl::IsUnimplemented(st)) return st;
+  }
   return AllReduceResidual(R);
 }
 
