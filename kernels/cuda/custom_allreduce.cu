@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/custom_allreduce.cuh"
+#include "kernels/cuda/norm_group.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -139,35 +140,16 @@ __global__ void __launch_bounds__(kCarThreads) CarAllReduceNormKernel(CarGroup g
   const float inv = rsqrtf(ss / n + eps);
   const float4* wr = reinterpret_cast<const float4*>(w);
   float4* orow = reinterpret_cast<float4*>(out + static_cast<int64_t>(row) * n);
+  int8_t* xq_row = kQuant ? xq + static_cast<int64_t>(row) * n : nullptr;
+  float* xd_row = kQuant ? xd + static_cast<int64_t>(row) * (n / 32) : nullptr;
   // Uniform trip count: every lane takes part in the quantization's shuffles.
   for (int base = 0; base < groups; base += blockDim.x) {
     const int gi = base + threadIdx.x;
     const bool ok = gi < groups;
     float v[8] = {};
-    if (ok) {  // this thread wrote these two units of h above
-      const float4 a = hr[2 * gi], b = hr[2 * gi + 1], wa = wr[2 * gi], wb = wr[2 * gi + 1];
-      v[0] = a.x * inv * wa.x; v[1] = a.y * inv * wa.y; v[2] = a.z * inv * wa.z; v[3] = a.w * inv * wa.w;
-      v[4] = b.x * inv * wb.x; v[5] = b.y * inv * wb.y; v[6] = b.z * inv * wb.z; v[7] = b.w * inv * wb.w;
-      orow[2 * gi] = make_float4(v[0], v[1], v[2], v[3]);
-      orow[2 * gi + 1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-    if constexpr (kQuant) {
-      float amax = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      if (ok) {
-        const float d = amax / 127.f;
-        const float id = d > 0.f ? 1.f / d : 0.f;
-        uint32_t q[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          q[j >> 2] |= (static_cast<uint32_t>(__float2int_rn(v[j] * id)) & 0xFFu) << (8 * (j & 3));
-        *reinterpret_cast<uint2*>(xq + static_cast<int64_t>(row) * n + 8 * gi) = make_uint2(q[0], q[1]);
-        if ((gi & 3) == 0) xd[static_cast<int64_t>(row) * (n / 32) + gi / 4] = d;
-      }
-    }
+    if (ok)  // this thread wrote these two units of h above
+      NormGroup(hr[2 * gi], hr[2 * gi + 1], wr[2 * gi], wr[2 * gi + 1], inv, v);
+    StoreNormGroup<kQuant>(v, ok, gi, orow, xq_row, xd_row);
   }
   CarBarrier(g);  // nobody still reads my buffer
 }

@@ -1,6 +1,7 @@
 // RMSNorm over rows (see norm.cuh): one block per row, float4 loads when n % 4 == 0.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/norm_group.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -52,35 +53,15 @@ __global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restric
   ss = BlockSum(ss, scratch);
   const float inv = rsqrtf(ss / n + eps);
   float4* yr = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * n);
+  int8_t* xq_row = kQuant ? xq + static_cast<int64_t>(t) * n : nullptr;
+  float* xd_row = kQuant ? xd + static_cast<int64_t>(t) * (n / 32) : nullptr;
   // Uniform trip count: every lane takes part in the shuffles of the quantization.
   for (int base = 0; base < groups; base += blockDim.x) {
     const int g = base + threadIdx.x;
     const bool ok = g < groups;
     float v[8] = {};
-    if (ok) {
-      const float4 a = xr[2 * g], b = xr[2 * g + 1], wa = wr[2 * g], wb = wr[2 * g + 1];
-      v[0] = a.x * inv * wa.x; v[1] = a.y * inv * wa.y; v[2] = a.z * inv * wa.z; v[3] = a.w * inv * wa.w;
-      v[4] = b.x * inv * wb.x; v[5] = b.y * inv * wb.y; v[6] = b.z * inv * wb.z; v[7] = b.w * inv * wb.w;
-      yr[2 * g] = make_float4(v[0], v[1], v[2], v[3]);
-      yr[2 * g + 1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-    if constexpr (kQuant) {
-      float amax = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      if (ok) {
-        const float d = amax / 127.f;
-        const float id = d > 0.f ? 1.f / d : 0.f;
-        uint32_t q[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          q[j >> 2] |= (static_cast<uint32_t>(__float2int_rn(v[j] * id)) & 0xFFu) << (8 * (j & 3));
-        *reinterpret_cast<uint2*>(xq + static_cast<int64_t>(t) * n + 8 * g) = make_uint2(q[0], q[1]);
-        if ((g & 3) == 0) xd[static_cast<int64_t>(t) * (n / 32) + g / 4] = d;
-      }
-    }
+    if (ok) NormGroup(xr[2 * g], xr[2 * g + 1], wr[2 * g], wr[2 * g + 1], inv, v);
+    StoreNormGroup<kQuant>(v, ok, g, yr, xq_row, xd_row);
   }
 }
 

@@ -408,15 +408,24 @@ TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
 // `serve --tp 2`: one TP group over Gloo; kill -9 of rank 1 mid-stream. The surviving rank leaves
 // the broken group (its session is closed; a collective with a dead peer fails), serve restarts
 // both ranks, the group re-forms, and the held requests continue with nothing lost.
-TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
+// `serve --tp 2` (one group of two ranks, Gloo; CUDA ranks on one GPU on the device machine:
+// Gloo behind the host-staged collective), ready, with its uninterrupted greedy answer in `want`.
+std::vector<std::string> TpServeFlags() {
   std::vector<std::string> flags = {"--tp", "2", "--split", "1,1", "--slots", "4"};
-  // CUDA ranks on one GPU (the device machine): Gloo behind the host-staged collective.
   if (OnGpu()) flags.insert(flags.end(), {"--tp-collective", "gloo", "--gpus", "0,0"});
-  ServeRun s(flags);
+  return flags;
+}
+void StartTpServe(ServeRun& s, GenResult* want) {
   ASSERT_FALSE(s.addr().empty()) << s.Output();
   ASSERT_TRUE(s.WaitReady(1, StartTimeout())) << s.Output();
-  const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
-  ASSERT_TRUE(want.status.ok());
+  *want = Cluster::Generate(s.addr(), Greedy(kTokens));
+  ASSERT_TRUE(want->status.ok());
+}
+
+TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
+  ServeRun s(TpServeFlags());
+  GenResult want;
+  ASSERT_NO_FATAL_FAILURE(StartTpServe(s, &want));
   const pid_t rank0 = s.WorkerPid("serve-g0-r0");
   ASSERT_GT(rank0, 0);
   // When the survivor leaves the broken group (its process ends).
@@ -452,13 +461,9 @@ TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
 // close on its heartbeat thread and exits (WorkerSession::LeaveBrokenGroupIfStuck). The stopped
 // rank is then killed, serve starts both again, the group re-forms and nothing is lost.
 TEST(ServeReplicas, TpRankStoppedTheSurvivorLeavesTheCollectiveWithinSeconds) {
-  std::vector<std::string> flags = {"--tp", "2", "--split", "1,1", "--slots", "4"};
-  if (OnGpu()) flags.insert(flags.end(), {"--tp-collective", "gloo", "--gpus", "0,0"});
-  ServeRun s(flags);
-  ASSERT_FALSE(s.addr().empty()) << s.Output();
-  ASSERT_TRUE(s.WaitReady(1, StartTimeout())) << s.Output();
-  const GenResult want = Cluster::Generate(s.addr(), Greedy(kTokens));
-  ASSERT_TRUE(want.status.ok());
+  ServeRun s(TpServeFlags());
+  GenResult want;
+  ASSERT_NO_FATAL_FAILURE(StartTpServe(s, &want));
   const pid_t rank0 = s.WorkerPid("serve-g0-r0");
   const pid_t rank1 = s.WorkerPid("serve-g0-r1");
   ASSERT_GT(rank0, 0);

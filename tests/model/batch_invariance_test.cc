@@ -14,7 +14,7 @@
 //            decode_path run (all_logits) in a step with other rows, then the last token as a
 //            decode step: every row's logits equal the reference's.
 //
-// Models: synthetic ones of the widened tiny shape (gpu_vs_cpu_test.cc kWide) for several weight
+// Models: synthetic ones of the widened tiny shape (tests/model/widened_tiny.h) for several weight
 // types, and 4 layers of the 27B width in Q6_K (the tiled tensor-core layout).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/gguf/ggml_types.h"
+#include "tests/model/widened_tiny.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
@@ -69,14 +70,7 @@ SynthOptions ModelOptions(const Case& c) {
     o.n_vocab = 2048;
     o.quant_mode = SynthQuantMode::kRandomBlocks;
   } else {
-    o.n_embd = 256;
-    o.n_ff = 512;
-    o.head_dim = 64;
-    o.n_rot = 16;
-    o.gdn_k_heads = 2;
-    o.gdn_v_heads = 4;
-    o.gdn_k_dim = 32;
-    o.gdn_v_dim = 64;
+    WidenTiny(&o);
   }
   o.weight_type = c.type;
   o.seed = 5;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/gguf/ggml_types.h"
+#include "tests/model/widened_tiny.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
@@ -142,20 +143,7 @@ std::optional<std::string> ReferenceModel() {
 
 SynthOptions ModelOptions(const Case& c) {
   SynthOptions o = SynthOptions::Tiny();
-  if (c.shape == Shape::kWide) {
-    // Row lengths: n_embd 256 (every projection from the residual stream, the LM head),
-    // n_ff 512 (ffn_down), n_head * head_dim = 4 * 64 (attn_output), Hv * dv = 4 * 64 (ssm_out),
-    // 2 * n_embd (MTP eh_proj). GDN dk 32 <= dv 64, Hv a multiple of Hk: supported by the CUDA
-    // kernels (GdnShapeSupported).
-    o.n_embd = 256;
-    o.n_ff = 512;
-    o.head_dim = 64;
-    o.n_rot = 16;
-    o.gdn_k_heads = 2;
-    o.gdn_v_heads = 4;
-    o.gdn_k_dim = 32;
-    o.gdn_v_dim = 64;
-  }
+  if (c.shape == Shape::kWide) WidenTiny(&o);  // tests/model/widened_tiny.h
   o.weight_type = c.type;
   o.seed = 3;
   return o;

@@ -509,29 +509,15 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--max-step-tokens") o.max_step_tokens = std::atoi(next());
     else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--no-profile") o.profile = false;
-    else if (a == "--tiled") {
+    else if (a == "--tiled" || a == "--batch-invariant" || a == "--fuse-norm") {
+      // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
-        std::fprintf(stderr, "bench: --tiled expects on or off, got '%s'\n", v.c_str());
+        std::fprintf(stderr, "bench: %s expects on or off, got '%s'\n", a.c_str(), v.c_str());
         return 2;
       }
-      o.tiled = v == "on";
-    }
-    else if (a == "--batch-invariant") {
-      const std::string v = next();
-      if (v != "on" && v != "off") {
-        std::fprintf(stderr, "bench: --batch-invariant expects on or off, got '%s'\n", v.c_str());
-        return 2;
-      }
-      o.batch_invariant = v == "on";
-    }
-    else if (a == "--fuse-norm") {
-      const std::string v = next();
-      if (v != "on" && v != "off") {
-        std::fprintf(stderr, "bench: --fuse-norm expects on or off, got '%s'\n", v.c_str());
-        return 2;
-      }
-      o.fuse_norm = v == "on";
+      bool& field = a == "--tiled" ? o.tiled : a == "--batch-invariant" ? o.batch_invariant : o.fuse_norm;
+      field = v == "on";
     }
     else if (a == "--sample") {
       const std::string v = next();
