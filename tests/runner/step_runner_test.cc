@@ -66,6 +66,38 @@ TEST(MicroSteps, EveryTokenOnceInOrderWithinLimits) {
   }
 }
 
+// The decode-row budget (DeviceLimits::max_decode_rows): pieces of one token and every row of a
+// decode_path sequence count against it; a long decode_path run continues in the next micro-step.
+TEST(MicroSteps, DecodeRowsStayWithinTheirBudget) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int max_rows = 4 + rng() % 60, max_decode = 1 + rng() % 12;
+    std::vector<SeqStep> batch;
+    const int n_seq = 1 + rng() % 8;
+    for (int i = 0; i < n_seq; ++i) {
+      const int kind = rng() % 3;  // a decode, a prefill chunk, a decode_path run
+      batch.push_back(Seq(i, 0, kind == 0 ? 1 : 1 + rng() % 40, false));
+      batch.back().decode_path = kind == 2;
+    }
+    const auto steps = SplitIntoMicroSteps(batch, max_rows, 64, max_decode);
+    std::vector<int> next(batch.size(), 0);
+    for (const auto& m : steps) {
+      ASSERT_FALSE(m.empty());
+      int rows = 0, decode_rows = 0;
+      for (const StepPiece& p : m) {
+        EXPECT_EQ(p.t0, next[p.seq]);
+        next[p.seq] += p.n;
+        rows += p.n;
+        if (batch[p.seq].decode_path || p.n == 1) decode_rows += p.n;
+      }
+      EXPECT_LE(rows, max_rows);
+      EXPECT_LE(decode_rows, max_decode) << "trial " << trial;
+    }
+    for (size_t i = 0; i < batch.size(); ++i)
+      EXPECT_EQ(next[i], static_cast<int>(batch[i].tokens.size()));
+  }
+}
+
 TEST(MicroSteps, DecodeBatchIsOnePureDecodeStep) {
   std::vector<SeqStep> batch = {Seq(0, 7, 1, false), Seq(3, 2, 1, false), Seq(1, 0, 1, false)};
   const auto steps = SplitIntoMicroSteps(batch, 4096, 64);

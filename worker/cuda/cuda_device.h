@@ -237,6 +237,8 @@ class CudaDevice final : public Device {
   std::vector<int32_t> h_table_;     // its host copy (SaveState / LoadState walk it)
   uint64_t kv_token_bytes_ = 0;  // one token's K (or V) over all KV heads, in copts_.kv_type
 
+  // Decode rows a micro-step may hold at least (DeviceLimits::max_decode_rows).
+  static constexpr int kDecodeRowsMin = 256;
   // Workspace (device), sized for max_step_tokens rows.
   int T_max_ = 0, max_k_ = 0, logit_rows_max_ = 64;
   bool tiled_ = false;       // copts_.tiled on a GPU that has the tiled kernel

@@ -188,6 +188,10 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   T_max_ = std::max(1, copts_.max_step_tokens);
   limits_.max_rows = T_max_;
   limits_.max_logit_rows = logit_rows_max_;
+  // Decode rows per micro-step: every slot's decode plus room for decode_path runs (a replay's
+  // generated tokens, which the runner otherwise cuts into more micro-steps). Their attention
+  // partials are sized by it: T_max rows of AttnSplits(1) splits were 6.2 GiB on the 27B.
+  limits_.max_decode_rows = std::min(T_max_, std::max(n_slots_ + 1, kDecodeRowsMin));
   limits_.device_sampling = true;
   const uint64_t T = T_max_, H = c.n_embd;
   const uint64_t Vw = static_cast<uint64_t>(gdn_v) * c.gdn_v_dim;
@@ -199,7 +203,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const bool gather = VocabParallel();
   const uint64_t part_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * n_vocab_local_ : 0;
   const uint64_t gather_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * c.n_vocab : 0;
-  partial_floats_ = AttnDecodePartialFloats(attn_shape_, T_max_, AttnSplits(1));
+  partial_floats_ = AttnDecodePartialFloats(attn_shape_, limits_.max_decode_rows, AttnSplits(1));
   wh_elems_ = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(c.n_embd) * 4096);
   struct Buf {
     void** p;

@@ -62,6 +62,10 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   // Batch-invariant: the split length of a decode row's attention depends on its own length
   // only (the split count of a lone sequence; later splits exit early), not on how many rows
   // share the launch.
+  if (n_dec_ > limits_.max_decode_rows)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA micro-step of ", n_dec_,
+                                                   " decode rows exceeds ",
+                                                   limits_.max_decode_rows));
   n_splits_ = copts_.batch_invariant ? AttnSplits(1) : AttnSplits(std::max(1, dec_runs));
   PlanRowSegments(step);
   DS_CUDA_RETURN_IF_ERROR(

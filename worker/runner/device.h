@@ -53,6 +53,7 @@ struct MicroStep {
 struct DeviceLimits {
   int max_rows = 1 << 30;        // token rows per micro-step
   int max_logit_rows = 1 << 30;  // rows through the head per micro-step
+  int max_decode_rows = 1 << 30; // rows through the decode kernels per micro-step (RowRun::decode_like)
   bool device_sampling = false;  // Sample() is implemented
 };
 

@@ -5,15 +5,17 @@
 namespace ds {
 
 std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep> batch,
-                                                        int max_rows, int max_logit_rows) {
+                                                        int max_rows, int max_logit_rows,
+                                                        int max_decode_rows) {
   std::vector<std::vector<StepPiece>> steps;
   std::vector<StepPiece> cur;
-  int rows = 0, logit_rows = 0;
+  int rows = 0, logit_rows = 0, decode_rows = 0;
   auto flush = [&] {
     if (!cur.empty()) steps.push_back(std::move(cur));
     cur.clear();
     rows = 0;
     logit_rows = 0;
+    decode_rows = 0;
   };
   for (int i = 0; i < static_cast<int>(batch.size()); ++i) {
     const SeqStep& s = batch[i];
@@ -24,6 +26,10 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
         take = std::min(take, max_logit_rows - logit_rows);
       else if (t0 + take == n && logit_rows >= max_logit_rows)
         take = 0;  // the last piece needs a logit row of its own
+      if (s.decode_path)
+        take = std::min(take, max_decode_rows - decode_rows);
+      else if (take == 1 && decode_rows >= max_decode_rows)
+        take = 0;  // a one-token piece runs through the decode kernels too
       if (take <= 0) {
         flush();
         continue;
@@ -32,6 +38,7 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
       cur.push_back({i, t0, take, last});
       rows += take;
       logit_rows += s.all_logits ? take : (last ? 1 : 0);
+      decode_rows += s.decode_path || take == 1 ? take : 0;
       t0 += take;
       if (rows == max_rows) flush();
     }

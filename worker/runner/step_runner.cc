@@ -169,7 +169,8 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
   const DeviceLimits& lim = dev_->limits();
   last_micro_steps_ = 0;
   DS_RETURN_IF_ERROR(GrowPages(batch));
-  for (const auto& pieces : SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows)) {
+  for (const auto& pieces :
+       SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows, lim.max_decode_rows)) {
     ++last_micro_steps_;
     BuildMicroStep(batch, pieces, &micro_);
     DS_RETURN_IF_ERROR(RunMicroStep());
