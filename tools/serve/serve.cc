@@ -51,6 +51,7 @@ struct ServeOptions {
   int slots = 4;
   int ctx = 4096;
   std::string split = "pool";
+  int slot_cap = 0;  // --slot-cap: pool split, the most positions one request may hold (0: --ctx)
   std::string backend = "auto";
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
@@ -79,6 +80,9 @@ void Usage(FILE* out) {
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
+               "  [--slot-cap N]  with --split pool: the most positions one request may hold "
+               "(default --ctx), e.g. --ctx 2000000 --slot-cap 131072: many short and a few long "
+               "requests in one pool\n"
                "  [--kv-pool-tokens N] [--memory-fraction F]  the KV pool the slots share (default: "
                "what the worker's memory plan finds room for) and each worker's share of its GPU "
                "(default: 1 / the workers on it); [--max-step-tokens N] rows per CUDA micro-step "
@@ -102,6 +106,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
+      "--slot-cap",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device"};
@@ -119,6 +124,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   DS_RETURN_IF_ERROR(integer("--tp", &o.tp, 1));
   DS_RETURN_IF_ERROR(integer("--slots", &o.slots, 1));
   DS_RETURN_IF_ERROR(integer("--ctx", &o.ctx, 1));
+  DS_RETURN_IF_ERROR(integer("--slot-cap", &o.slot_cap, 0));
   DS_RETURN_IF_ERROR(integer("--port", &o.port, 0));
   DS_RETURN_IF_ERROR(integer("--max-inflight", &o.max_inflight, 1));
   DS_RETURN_IF_ERROR(integer("--threads", &o.threads, 0));
@@ -396,6 +402,9 @@ int RunServe(int argc, char** argv) {
   if (!internal_key_file.empty()) sargs.insert(sargs.end(), {"--internal-key-file", internal_key_file});
   if (!o->overcommit_headroom.empty())
     sargs.insert(sargs.end(), {"--overcommit-headroom", o->overcommit_headroom});
+  // Many short and a few long requests in one pool: --ctx is the pool, --slot-cap one request's
+  // most (the worker sizes its per-slot tables and prefill scratch by it, not by the pool).
+  if (o->slot_cap > 0) sargs.insert(sargs.end(), {"--slot-cap", std::to_string(o->slot_cap)});
   // Failover on: a lost replica's requests continue on the others, or wait for one.
   sargs.insert(sargs.end(), {"--failover-wait", absl::StrCat(o->failover_wait)});
   children.push_back(serve::Spawn("scheduler", exe, sargs));
