@@ -455,6 +455,22 @@ TEST(ServeReplicas, TpGroupLosingARankReformsAndLosesNothing) {
   EXPECT_TRUE(s.Stop()) << s.Errors();
 }
 
+// `serve --ctx 8192 --slot-cap 1024`: the slots share an 8192-token pool, one request holds at
+// most 1024 (the scheduler's cap and the worker's slot size): one that can never fit is refused
+// INVALID_ARGUMENT at once, one that fits is served.
+TEST(ServeReplicas, SlotCapBoundsOneRequestWithinALargerPool) {
+  ServeRun s({"--slots", "4", "--ctx", "8192", "--slot-cap", "1024"});
+  ASSERT_FALSE(s.addr().empty()) << s.Output();
+  ASSERT_TRUE(s.WaitReady(1, StartTimeout())) << s.Output();
+  const GenResult too_long = Cluster::Generate(s.addr(), IdsRequest(kPrompt, 1100));
+  EXPECT_EQ(too_long.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << too_long.status.error_message();
+  const GenResult fits = Cluster::Generate(s.addr(), IdsRequest(kPrompt, 900));
+  ASSERT_TRUE(fits.status.ok()) << fits.status.error_message();
+  EXPECT_EQ(fits.ids.size(), 900u);
+  EXPECT_TRUE(s.Stop()) << s.Errors();
+}
+
 // A stopped rank (SIGSTOP: alive, silent, and its peer's all-reduce waits for it — Gloo for up
 // to 60 s, NCCL or the CUDA IPC all-reduce longer): the scheduler drops the group after the
 // heartbeat limit and closes both sessions; rank 0, stuck inside the collective, notices the

@@ -404,7 +404,9 @@ int RunServe(int argc, char** argv) {
     sargs.insert(sargs.end(), {"--overcommit-headroom", o->overcommit_headroom});
   // Many short and a few long requests in one pool: --ctx is the pool, --slot-cap one request's
   // most (the worker sizes its per-slot tables and prefill scratch by it, not by the pool).
-  if (o->slot_cap > 0) sargs.insert(sargs.end(), {"--slot-cap", std::to_string(o->slot_cap)});
+  if (o->slot_cap > 0)
+    sargs.insert(sargs.end(), {"--slot-cap", std::to_string(o->slot_cap), "--slot-ctx",
+                               std::to_string(o->slot_cap)});
   // Failover on: a lost replica's requests continue on the others, or wait for one.
   sargs.insert(sargs.end(), {"--failover-wait", absl::StrCat(o->failover_wait)});
   children.push_back(serve::Spawn("scheduler", exe, sargs));
