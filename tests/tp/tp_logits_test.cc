@@ -13,47 +13,20 @@
 
 #include "common/collective/gloo_collective.h"
 #include "gtest/gtest.h"
+#include "tests/tp/rank_processes.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/cpu_backend.h"
 #include "worker/runner/slot_snapshot.h"
 #include "worker/tp/plan.h"
 
-extern char** environ;
-
 namespace ds {
 namespace {
 
 std::string Dir() {
-  static const std::string d = [] {
-    std::string p = ::testing::TempDir() + "/ds_tp_" + std::to_string(::getpid());
-    std::filesystem::create_directories(p);
-    return p;
-  }();
+  static const std::string d = tp_test::ScratchDir("ds_tp_");
   return d;
 }
-
-// Runs the commands concurrently; returns their exit codes.
-std::vector<int> RunAll(const std::vector<std::vector<std::string>>& cmds) {
-  std::vector<pid_t> pids;
-  for (const auto& cmd : cmds) {
-    std::vector<char*> argv;
-    for (const auto& s : cmd) argv.push_back(const_cast<char*>(s.c_str()));
-    argv.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) pid = -1;
-    pids.push_back(pid);
-  }
-  std::vector<int> rc;
-  for (pid_t p : pids) {
-    int st = 0;
-    if (p < 0 || waitpid(p, &st, 0) != p) {
-      rc.push_back(-1);
-      continue;
-    }
-    rc.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-  }
-  return rc;
-}
+using tp_test::RunAll;
 
 const std::string& Model(const std::string& type) {
   static std::map<std::string, std::string> paths;
