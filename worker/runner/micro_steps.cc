@@ -7,6 +7,9 @@ namespace ds {
 std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep> batch,
                                                         int max_rows, int max_logit_rows,
                                                         int max_decode_rows) {
+  // A budget below one row could never be met (every piece would wait for the next micro-step):
+  // treat it as no budget, so a device that leaves the field unset cannot hang the runner.
+  if (max_decode_rows < 1) max_decode_rows = 1 << 30;
   std::vector<std::vector<StepPiece>> steps;
   std::vector<StepPiece> cur;
   int rows = 0, logit_rows = 0, decode_rows = 0;
