@@ -166,10 +166,12 @@ class CudaDevice final : public Device {
   // Cuts the prepared step's rows into segments for weights of each flavour (see
   // CudaBackendOptions::batch_invariant): segs_[1] for tiled matrices, segs_[0] for the others.
   void PlanRowSegments(const MicroStep& step);
-  const std::vector<RowSegment>& SegmentsFor(const DMat& w) const { return segs_[w.tiled ? 1 : 0]; }
-  // The column segments and the cuBLAS segments of `all`, each in row order.
-  static void SplitSegments(const std::vector<RowSegment>& all, std::vector<RowSegment>* column,
-                            std::vector<RowSegment>* gemm);
+  // The step's segments for one weight flavour, the column and the cuBLAS ones apart (each in
+  // row order), split once per micro-step rather than in every matmul.
+  struct StepSegments {
+    std::vector<RowSegment> column, gemm;
+  };
+  const StepSegments& SegmentsFor(const DMat& w) const { return segs_[w.tiled ? 1 : 0]; }
 
   // ---- forward.cc
   absl::Status GdnMixer(const DLayer& L, int R);
@@ -318,7 +320,8 @@ class CudaDevice final : public Device {
     int n = 0;
   };
   std::vector<DecodeWave> waves_;
-  std::vector<RowSegment> segs_[2];
+  StepSegments segs_[2];
+  std::vector<RowSegment> plan_scratch_;  // PlanRowSegments' working list (kept: no allocation per step)
 
   std::map<int, cudaGraphExec_t> graphs_;  // pure-decode row count -> graph
   std::map<int, bool> graph_failed_;

@@ -62,44 +62,48 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
   for (const RowRun& r : step.runs) dec_runs += r.decode_like() ? 1 : 0;
   for (int f = 0; f < 2; ++f) {
     const int cap = f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
-    std::vector<RowSegment>& out = segs_[f];
+    std::vector<RowSegment>& out = plan_scratch_;
     out.clear();
     if (!copts_.batch_invariant) {
       out.push_back({0, rows_, rows_ <= cap});
-      continue;
-    }
-    // Decode rows keep the column kernels while the step has at most `cap` decode sequences
-    // (a long decode_path run is cut into column pieces, which compute every row the same);
-    // past that, throughput wins: they share one cuBLAS product and are no longer invariant.
-    const bool dec_column = cap > 0 && dec_runs <= cap;
-    bool shared_gemm = false;  // out.back() is the decode rows' shared cuBLAS segment
-    for (const RowRun& r : step.runs) {
-      const bool dec = r.decode_like();
-      if (dec ? !dec_column : r.n > cap) {
-        // A prefill piece's product is its own (its numbers depend on its rows only); the
-        // decode rows of a crowded step share one.
-        if (dec && shared_gemm && out.back().row0 + out.back().n == r.row0) {
-          out.back().n += r.n;
-        } else {
-          out.push_back({r.row0, r.n, false});
+    } else {
+      // Decode rows keep the column kernels while the step has at most `cap` decode sequences
+      // (a long decode_path run is cut into column pieces, which compute every row the same);
+      // past that, throughput wins: they share one cuBLAS product and are no longer invariant.
+      const bool dec_column = cap > 0 && dec_runs <= cap;
+      bool shared_gemm = false;  // out.back() is the decode rows' shared cuBLAS segment
+      for (const RowRun& r : step.runs) {
+        const bool dec = r.decode_like();
+        if (dec ? !dec_column : r.n > cap) {
+          // A prefill piece's product is its own (its numbers depend on its rows only); the
+          // decode rows of a crowded step share one.
+          if (dec && shared_gemm && out.back().row0 + out.back().n == r.row0) {
+            out.back().n += r.n;
+          } else {
+            out.push_back({r.row0, r.n, false});
+          }
+          shared_gemm = dec;
+          continue;
         }
-        shared_gemm = dec;
-        continue;
-      }
-      shared_gemm = false;
-      for (int i = 0; i < r.n;) {
-        RowSegment* last = out.empty() ? nullptr : &out.back();
-        if (last && last->column && last->row0 + last->n == r.row0 + i && last->n < cap) {
-          const int take = std::min(cap - last->n, r.n - i);
-          last->n += take;
-          i += take;
-        } else {
-          const int take = std::min(cap, r.n - i);
-          out.push_back({r.row0 + i, take, true});
-          i += take;
+        shared_gemm = false;
+        for (int i = 0; i < r.n;) {
+          RowSegment* last = out.empty() ? nullptr : &out.back();
+          if (last && last->column && last->row0 + last->n == r.row0 + i && last->n < cap) {
+            const int take = std::min(cap - last->n, r.n - i);
+            last->n += take;
+            i += take;
+          } else {
+            const int take = std::min(cap, r.n - i);
+            out.push_back({r.row0 + i, take, true});
+            i += take;
+          }
         }
       }
     }
+    StepSegments& split = segs_[f];
+    split.column.clear();
+    split.gemm.clear();
+    for (const RowSegment& g : out) (g.column ? split.column : split.gemm).push_back(g);
   }
 }
 
@@ -144,23 +148,15 @@ absl::Status CudaDevice::LinearRows(const DMat& w, const float* x, int R, float*
   return GemmSegments(w, x, std::span<const RowSegment>(&all, 1), y, accumulate);
 }
 
-void CudaDevice::SplitSegments(const std::vector<RowSegment>& all, std::vector<RowSegment>* column,
-                               std::vector<RowSegment>* gemm) {
-  column->clear();
-  gemm->clear();
-  for (const RowSegment& g : all) (g.column ? column : gemm)->push_back(g);
-}
-
 absl::Status CudaDevice::Linear(const DMat& w, const float* x, int R, float* y, bool accumulate) {
   if (R != rows_)
     return absl::InternalError(absl::StrCat("Linear: ", R, " rows, the step has ", rows_));
-  std::vector<RowSegment> column, gemm;
-  SplitSegments(SegmentsFor(w), &column, &gemm);
+  const StepSegments& segs = SegmentsFor(w);
   const GemvEpilogue ep = accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore;
-  for (const RowSegment& g : column)
+  for (const RowSegment& g : segs.column)
     DS_RETURN_IF_ERROR(GemvColumns(w, nullptr, x + static_cast<int64_t>(g.row0) * w.cols, g.n,
                                    y + static_cast<int64_t>(g.row0) * w.rows, ep));
-  return GemmSegments(w, x, gemm, y, accumulate);
+  return GemmSegments(w, x, segs.gemm, y, accumulate);
 }
 
 absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
@@ -169,8 +165,8 @@ absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*
   bool same = static_cast<int>(mats.size()) <= kGemvMaxSegs;
   for (auto& [m, y] : mats)
     same = same && m->type == m0.type && m->cols == m0.cols && m->tiled == m0.tiled;
-  const std::vector<RowSegment>& segs = SegmentsFor(m0);
-  if (!same || segs.size() != 1 || !segs[0].column) {
+  const StepSegments& segs = SegmentsFor(m0);
+  if (!same || segs.column.size() != 1 || !segs.gemm.empty()) {
     for (auto& [m, y] : mats) DS_RETURN_IF_ERROR(Linear(*m, x, R, y, false));
     return absl::OkStatus();
   }
@@ -224,16 +220,15 @@ absl::Status CudaDevice::LinearSiluPair(const DMat& g, const DMat& u, const floa
     DS_RETURN_IF_ERROR(Linear(u, x, R, ffb_, false));
     return SiluMul(y, ffb_, y, static_cast<int64_t>(R) * g.rows, stream_);
   }
-  std::vector<RowSegment> column, gemm;
-  SplitSegments(SegmentsFor(g), &column, &gemm);
-  for (const RowSegment& s : column)
+  const StepSegments& segs = SegmentsFor(g);
+  for (const RowSegment& s : segs.column)
     DS_RETURN_IF_ERROR(GemvColumns(g, &u, x + static_cast<int64_t>(s.row0) * g.cols, s.n,
                                    y + static_cast<int64_t>(s.row0) * g.rows,
                                    GemvEpilogue::kSiluMul));
-  if (gemm.empty()) return absl::OkStatus();
-  DS_RETURN_IF_ERROR(GemmSegments(g, x, gemm, y, false));
-  DS_RETURN_IF_ERROR(GemmSegments(u, x, gemm, ffb_, false));
-  for (const RowSegment& s : gemm) {
+  if (segs.gemm.empty()) return absl::OkStatus();
+  DS_RETURN_IF_ERROR(GemmSegments(g, x, segs.gemm, y, false));
+  DS_RETURN_IF_ERROR(GemmSegments(u, x, segs.gemm, ffb_, false));
+  for (const RowSegment& s : segs.gemm) {
     const int64_t off = static_cast<int64_t>(s.row0) * g.rows;
     DS_RETURN_IF_ERROR(SiluMul(y + off, ffb_ + off, y + off, static_cast<int64_t>(s.n) * g.rows,
                                stream_));
