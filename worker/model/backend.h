@@ -33,6 +33,10 @@ struct SeqStep {
   // by one, or a speculative verify, then reproduces the decode steps' numerics exactly. A device
   // whose prefill and decode arithmetic are the same (the CPU) may ignore it.
   bool decode_path = false;
+  // Speculative verify (MTP, issue #15): keep the sequence's recurrent state after every one of
+  // its tokens, so that Backend::CommitSpeculative can keep any prefix of them without computing
+  // anything again. Implies decode_path. At most Backend::max_speculative_tokens() tokens.
+  bool speculative = false;
 };
 
 // What the caller needs from one output row when it asks for device sampling
@@ -121,6 +125,20 @@ class Backend {
   // The paged KV pool: a step whose slots need more pages than are free fails with
   // ResourceExhausted before touching any state (the scheduler preempts and retries).
   virtual KvPoolStats kv_pool() const { return {}; }
+
+  // Speculative verify (SeqStep::speculative): the most tokens one speculative sequence may have
+  // in a Forward, and how many speculative sequences one Forward may hold; 0 = not supported.
+  virtual int max_speculative_tokens() const { return 0; }
+  virtual int max_speculative_seqs() const { return 0; }
+  // After a Forward in which `slot` ran n speculative tokens from pos0: keep the first n_keep of
+  // them (1 <= n_keep <= n). The slot's length becomes pos0 + n_keep and its recurrent state the
+  // one after token n_keep - 1 (rollback without recompute); its attention KV rows past the new
+  // length are dead and are overwritten by the next tokens. Every speculative slot of a Forward
+  // must be committed before the next Forward, Snapshot or Restore of any slot
+  // (FailedPrecondition otherwise); ResetSlot drops a pending speculation.
+  virtual absl::Status CommitSpeculative(int slot, int32_t n_keep) {
+    return absl::UnimplementedError("speculative decoding is not implemented by backend " + name());
+  }
 
   // MTP draft step (spec §8.2) for one slot's MTP KV; hidden = [n_embd] final-normed main-model
   // state at position pos, token = the token following it. Writes [n_vocab] logits and the

@@ -24,7 +24,7 @@ class CpuBackend final : public StepRunner {
   void set_gdn_chunk(int chunk) { cpu_->set_gdn_chunk(chunk); }
   // Micro-step limits of the CPU device (default: a whole step at once); tests of the runner.
   void set_micro_step_limits(int max_rows, int max_logit_rows) {
-    DeviceLimits limits;  // by name: the struct grows (max_decode_rows)
+    DeviceLimits limits = cpu_->limits();  // by name: the struct grows (max_decode_rows)
     limits.max_rows = max_rows;
     limits.max_logit_rows = max_logit_rows;
     cpu_->set_limits(limits);

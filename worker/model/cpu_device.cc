@@ -54,6 +54,9 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const gguf::File& f
                                : static_cast<int64_t>(n_slots) * kp.max_pages_per_slot;
   d->k_pool_.assign(static_cast<size_t>(d->n_attn_) * d->PoolRows() * d->kv_width_, 0.f);
   d->v_pool_.assign(d->k_pool_.size(), 0.f);
+  d->limits_.max_spec_tokens = kMaxSpecTokens;
+  d->limits_.spec_entries = kMaxSpecTokens * n_slots;
+  d->spec_.resize(d->limits_.spec_entries);
   d->slots_.resize(n_slots);
   for (Slot& s : d->slots_) {
     s.conv.assign(d->n_gdn_ * d->conv_elems_, 0.f);
@@ -103,6 +106,16 @@ absl::Status CpuDevice::MapPages(int slot, int first, std::span<const int32_t> p
                                                 paging_.n_pages, ")"));
     s.pages[first + i] = pages[i];
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::CommitSpeculative(int slot, int entry) {
+  if (entry < 0 || entry >= static_cast<int>(spec_.size()) || spec_[entry].conv.empty())
+    return absl::InternalError(absl::StrCat("CommitSpeculative: speculative entry ", entry,
+                                            " holds no state"));
+  Slot& s = slots_[slot];
+  s.conv = spec_[entry].conv;
+  s.ssm = spec_[entry].ssm;
   return absl::OkStatus();
 }
 
@@ -239,6 +252,7 @@ void CpuDevice::GdnMixer(const LayerWeights& L, int gi, float* y) {
   for (size_t i = 0; i < runs_.size(); ++i) {
     Slot& s = slots_[step_->runs[i].slot];
     const SeqRun& r = runs_[i];
+    const int32_t spec_entry = step_->runs[i].spec_entry;
     cpu::GdnSeqArgs g;
     g.dims = dims;
     g.T = r.n;
@@ -256,7 +270,29 @@ void CpuDevice::GdnMixer(const LayerWeights& L, int gi, float* y) {
     g.out = o.data() + r.row0 * Vw;
     g.chunk = r.n > 1 ? gdn_chunk_ : 0;  // prefill pieces: WY form; decode: recurrence
     g.pool = pool_;
-    cpu::GdnSequence(g);
+    if (spec_entry < 0) {
+      cpu::GdnSequence(g);
+      continue;
+    }
+    // Speculative verify: one token at a time as decode steps run them, keeping the state after
+    // each in its entry (CommitSpeculative returns to any of them).
+    g.T = 1;
+    g.chunk = 0;
+    for (int64_t t = 0; t < r.n; ++t) {
+      cpu::GdnSequence(g);
+      SpecEntry& e = spec_[spec_entry + t];
+      if (e.conv.empty()) {
+        e.conv.assign(s.conv.size(), 0.f);
+        e.ssm.assign(s.ssm.size(), 0.f);
+      }
+      std::copy_n(g.conv_state, conv_elems_, e.conv.data() + gi * conv_elems_);
+      std::copy_n(g.state, ssm_elems_, e.ssm.data() + gi * ssm_elems_);
+      g.mixed += C;
+      g.z += Vw;
+      g.b += Hv;
+      g.alpha += Hv;
+      g.out += Vw;
+    }
   }
   cpu::MatMul(L.gdn.out, o.data(), N, y, pool_);
 }

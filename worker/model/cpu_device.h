@@ -70,6 +70,11 @@ class CpuDevice final : public Device {
 
   absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                        std::vector<float>* logits, std::vector<float>* hidden_out) override;
+  absl::Status CommitSpeculative(int slot, int entry) override;
+
+  // Speculative tokens one sequence may verify in a Forward (DeviceLimits::max_spec_tokens), and
+  // entries for all of a Forward's; the entries' memory is taken when first used.
+  static constexpr int kMaxSpecTokens = 16;
 
   // Chunk size of the chunked GDN form used for multi-token pieces (default 64). 0 = use the
   // per-token recurrence for prefill too (tests compare the two).
@@ -119,6 +124,12 @@ class CpuDevice final : public Device {
   int n_gdn_ = 0, n_attn_ = 0;
   int64_t conv_elems_ = 0, ssm_elems_ = 0, kv_width_ = 0;  // per GDN layer / per KV row
   std::vector<Slot> slots_;
+  // Speculative entries (RowRun::spec_entry): a sequence's recurrent state after one of its
+  // verified tokens, [n_gdn][K-1][C] and [n_gdn][Hv][dk][dv] like Slot::conv / Slot::ssm.
+  struct SpecEntry {
+    std::vector<float> conv, ssm;
+  };
+  std::vector<SpecEntry> spec_;
   KvPaging paging_;
   std::vector<float> k_pool_, v_pool_;  // [n_attn][n_pages * page_size][kv_width]
   // Row j of a slot's cache in its layer's pool (through the slot's page table).

@@ -33,6 +33,10 @@ struct RowRun {
   // kernels (a one-token run always does), so each row equals what a decode step of that token
   // alone would give.
   bool decode_path = false;
+  // SeqStep::speculative: after token i of this run (decode path) the device also keeps the
+  // sequence's recurrent state (GDN conv + delta-rule state) in speculative entry spec_entry + i,
+  // which Device::CommitSpeculative can make the slot's state. -1: not speculative.
+  int32_t spec_entry = -1;
   bool decode_like() const { return n == 1 || decode_path; }
 };
 
@@ -55,6 +59,10 @@ struct DeviceLimits {
   int max_logit_rows = 1 << 30;  // rows through the head per micro-step
   int max_decode_rows = 1 << 30; // rows through the decode kernels per micro-step (RowRun::decode_like)
   bool device_sampling = false;  // Sample() is implemented
+  // Speculative entries (RowRun::spec_entry) the device holds: one per speculative token of a
+  // Forward; 0 = the device cannot run speculative steps. max_spec_tokens bounds one sequence.
+  int spec_entries = 0;
+  int max_spec_tokens = 0;
 };
 
 // The device's paged KV store (issue #23): n_pages pages of page_size token rows per attention
@@ -128,6 +136,12 @@ class Device {
   virtual absl::StatusOr<std::vector<uint8_t>> SaveState(int slot, int32_t n_past) const = 0;
   virtual absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) = 0;
   virtual std::string state_layout() const = 0;
+
+  // The slot's recurrent state becomes the one kept in speculative entry `entry` by the last
+  // Forward (RowRun::spec_entry); its KV rows need nothing (the runner shortens the slot).
+  virtual absl::Status CommitSpeculative(int slot, int entry) {
+    return absl::UnimplementedError("speculative steps are not implemented by device " + name());
+  }
 
   // MTP draft step (Backend::MtpStep); arguments already validated by the runner.
   virtual absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,

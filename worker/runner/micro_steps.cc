@@ -23,13 +23,14 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
   for (int i = 0; i < static_cast<int>(batch.size()); ++i) {
     const SeqStep& s = batch[i];
     const int n = static_cast<int>(s.tokens.size());
+    const bool decode_path = s.decode_path || s.speculative;
     for (int t0 = 0; t0 < n;) {
       int take = std::min(n - t0, max_rows - rows);
       if (s.all_logits)
         take = std::min(take, max_logit_rows - logit_rows);
       else if (t0 + take == n && logit_rows >= max_logit_rows)
         take = 0;  // the last piece needs a logit row of its own
-      if (s.decode_path)
+      if (decode_path)
         take = std::min(take, max_decode_rows - decode_rows);
       else if (take == 1 && decode_rows >= max_decode_rows)
         take = 0;  // a one-token piece runs through the decode kernels too
@@ -41,7 +42,7 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
       cur.push_back({i, t0, take, last});
       rows += take;
       logit_rows += s.all_logits ? take : (last ? 1 : 0);
-      decode_rows += s.decode_path || take == 1 ? take : 0;
+      decode_rows += decode_path || take == 1 ? take : 0;
       t0 += take;
       if (rows == max_rows) flush();
     }
@@ -51,7 +52,7 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
 }
 
 void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> pieces,
-                    MicroStep* out) {
+                    MicroStep* out, std::span<const int32_t> spec_base) {
   out->ids.clear();
   out->slots.clear();
   out->positions.clear();
@@ -62,7 +63,9 @@ void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> p
   for (const StepPiece& p : pieces) {
     const SeqStep& s = batch[p.seq];
     const int32_t pos0 = s.pos0 + p.t0;
-    out->runs.push_back({row, p.n, s.slot, pos0, s.decode_path});
+    const int32_t base = spec_base.empty() ? -1 : spec_base[p.seq];
+    out->runs.push_back(
+        {row, p.n, s.slot, pos0, s.decode_path || s.speculative, base < 0 ? -1 : base + p.t0});
     for (int t = 0; t < p.n; ++t) {
       out->ids.push_back(s.tokens[p.t0 + t]);
       out->slots.push_back(s.slot);

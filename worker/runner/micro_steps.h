@@ -30,7 +30,9 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
                                                         int max_decode_rows = 1 << 30);
 
 // The device's description of one micro-step made of `pieces` (rows in piece order).
+// spec_base[seq] (empty = none speculative): the speculative entry of batch[seq]'s first token,
+// or -1; a piece starting at token t0 gets RowRun::spec_entry = spec_base[seq] + t0.
 void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> pieces,
-                    MicroStep* out);
+                    MicroStep* out, std::span<const int32_t> spec_base = {});
 
 }  // namespace ds

@@ -81,7 +81,8 @@ StepRunner::StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const ggu
       cfg_(cfg),
       slot_ctx_(slot_ctx),
       tp_(std::move(tp)),
-      len_(static_cast<size_t>(n_slots), 0) {
+      len_(static_cast<size_t>(n_slots), 0),
+      spec_(static_cast<size_t>(n_slots)) {
   const KvPaging kp = dev_->kv_paging();
   if (kp.n_pages > 0) {
     // The device validated these figures when it allocated the pages.
@@ -93,8 +94,40 @@ StepRunner::StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const ggu
   }
 }
 
+absl::Status StepRunner::NoPendingSpeculation(const char* what) const {
+  if (pending_specs_ == 0) return absl::OkStatus();
+  for (size_t s = 0; s < spec_.size(); ++s)
+    if (spec_[s])
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": slot ", s, " has a speculative step waiting for CommitSpeculative"));
+  return absl::OkStatus();
+}
+
+int StepRunner::max_speculative_seqs() const {
+  const DeviceLimits& lim = dev_->limits();
+  return lim.max_spec_tokens > 0 ? lim.spec_entries / lim.max_spec_tokens : 0;
+}
+
+absl::Status StepRunner::CommitSpeculative(int slot, int32_t n_keep) {
+  if (slot < 0 || slot >= n_slots() || !spec_[slot])
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CommitSpeculative: slot ", slot, " ran no speculative step in the last Forward"));
+  const PendingSpec p = *spec_[slot];
+  if (n_keep < 1 || n_keep > p.n)
+    return absl::InvalidArgumentError(absl::StrCat("CommitSpeculative: n_keep ", n_keep,
+                                                   " not in [1, ", p.n, "]"));
+  DS_RETURN_IF_ERROR(dev_->CommitSpeculative(slot, p.entry0 + n_keep - 1));
+  len_[slot] = p.pos0 + n_keep;
+  spec_[slot].reset();
+  --pending_specs_;
+  return absl::OkStatus();
+}
+
 absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
   if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
+  DS_RETURN_IF_ERROR(NoPendingSpeculation("Forward"));
+  const DeviceLimits& lim = dev_->limits();
+  int spec_tokens = 0;
   std::vector<bool> seen(len_.size(), false);
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqStep& s = batch[i];
@@ -117,11 +150,25 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
         return absl::InvalidArgumentError(absl::StrCat("batch[", i, "]: token id ", s.tokens[j],
                                                        " at index ", j, " out of range [0, ",
                                                        cfg_.n_vocab, ")"));
+    if (s.speculative) {
+      if (lim.max_spec_tokens == 0)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch[", i, "]: speculative steps are not available on ", name()));
+      if (static_cast<int>(s.tokens.size()) > lim.max_spec_tokens)
+        return absl::InvalidArgumentError(absl::StrCat("batch[", i, "]: ", s.tokens.size(),
+                                                       " speculative tokens > the device's ",
+                                                       lim.max_spec_tokens));
+      spec_tokens += static_cast<int>(s.tokens.size());
+    }
     const int64_t end = static_cast<int64_t>(s.pos0) + static_cast<int64_t>(s.tokens.size());
     if (end > slot_ctx_)
       return absl::OutOfRangeError(absl::StrCat("batch[", i, "]: slot ", s.slot, " would hold ",
                                                 end, " tokens > slot_ctx ", slot_ctx_));
   }
+  if (spec_tokens > lim.spec_entries)
+    return absl::InvalidArgumentError(absl::StrCat("Forward: ", spec_tokens,
+                                                   " speculative tokens > the device's ",
+                                                   lim.spec_entries, " speculative entries"));
   if (paged_) {
     // Slots are distinct, so the pages the step needs add up exactly.
     int64_t need = 0;
@@ -169,16 +216,34 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
   const DeviceLimits& lim = dev_->limits();
   last_micro_steps_ = 0;
   DS_RETURN_IF_ERROR(GrowPages(batch));
+  // Speculative sequences take consecutive entries, one per token, in batch order.
+  spec_base_.assign(batch.size(), -1);
+  bool any_spec = false;
+  for (int32_t i = 0, next = 0; i < static_cast<int32_t>(batch.size()); ++i)
+    if (batch[i].speculative) {
+      spec_base_[i] = next;
+      next += static_cast<int32_t>(batch[i].tokens.size());
+      any_spec = true;
+    }
+  const std::span<const int32_t> spec_base =
+      any_spec ? std::span<const int32_t>(spec_base_) : std::span<const int32_t>();
   for (const auto& pieces :
        SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows, lim.max_decode_rows)) {
     ++last_micro_steps_;
-    BuildMicroStep(batch, pieces, &micro_);
+    BuildMicroStep(batch, pieces, &micro_, spec_base);
     DS_RETURN_IF_ERROR(RunMicroStep());
     DS_RETURN_IF_ERROR(read_outputs(micro_.n_logit_rows()));
     // The reads land before the next micro-step (or the caller) touches their destinations.
     DS_RETURN_IF_ERROR(dev_->Finish());
   }
-  for (const SeqStep& s : batch) len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqStep& s = batch[i];
+    len_[s.slot] += static_cast<int32_t>(s.tokens.size());
+    if (s.speculative) {
+      spec_[s.slot] = PendingSpec{s.pos0, static_cast<int32_t>(s.tokens.size()), spec_base_[i]};
+      ++pending_specs_;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -276,6 +341,10 @@ absl::Status StepRunner::ForwardGreedy(std::span<const SeqStep> batch,
 
 void StepRunner::ResetSlot(int slot) {
   if (slot < 0 || slot >= n_slots()) return;
+  if (spec_[slot]) {
+    spec_[slot].reset();
+    --pending_specs_;
+  }
   dev_->ResetSlot(slot);
   if (paged_) pool_.Release(slot);  // its pages go back to the pool for the other slots
   len_[slot] = 0;
@@ -289,6 +358,7 @@ absl::StatusOr<SlotSnapshot> StepRunner::Snapshot(int slot) const {
   if (slot < 0 || slot >= n_slots())
     return absl::InvalidArgumentError(
         absl::StrCat("Snapshot: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  DS_RETURN_IF_ERROR(NoPendingSpeculation("Snapshot"));
   DS_ASSIGN_OR_RETURN(std::vector<uint8_t> payload, dev_->SaveState(slot, len_[slot]));
   SlotSnapshot snap;
   snap.n_past = len_[slot];
@@ -300,6 +370,7 @@ absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
   if (slot < 0 || slot >= n_slots())
     return absl::InvalidArgumentError(
         absl::StrCat("Restore: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  DS_RETURN_IF_ERROR(NoPendingSpeculation("Restore"));
   DS_ASSIGN_OR_RETURN(DecodedSlotSnapshot d, DecodeSlotSnapshot(snap.bytes));
   if (d.layout != dev_->state_layout())
     return absl::InvalidArgumentError(absl::StrCat("Restore: snapshot of state layout '",

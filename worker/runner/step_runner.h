@@ -16,6 +16,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -87,6 +88,9 @@ class StepRunner : public Backend {
   const KvPagePool* page_pool() const { return paged_ ? &pool_ : nullptr; }
   absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                        std::vector<float>* logits, std::vector<float>* hidden_out) override;
+  int max_speculative_tokens() const override { return dev_->limits().max_spec_tokens; }
+  int max_speculative_seqs() const override;
+  absl::Status CommitSpeculative(int slot, int32_t n_keep) override;
 
   // Micro-steps the last Forward / ForwardGreedy ran (the device's limits cut it).
   int last_micro_steps() const { return last_micro_steps_; }
@@ -125,6 +129,16 @@ class StepRunner : public Backend {
   int slot_ctx_ = 0;
   TpPlacement tp_;
   std::vector<int32_t> len_;  // [n_slots] tokens in each slot
+  // A speculative sequence of the last Forward, waiting for CommitSpeculative.
+  struct PendingSpec {
+    int32_t pos0 = 0;
+    int32_t n = 0;
+    int32_t entry0 = 0;  // its first token's speculative entry
+  };
+  std::vector<std::optional<PendingSpec>> spec_;  // [n_slots]
+  int pending_specs_ = 0;
+  std::vector<int32_t> spec_base_;  // [batch] per Forward: first entry, or -1
+  absl::Status NoPendingSpeculation(const char* what) const;
   bool paged_ = false;        // the device keeps a paged KV pool; pool_ hands out its pages
   KvPagePool pool_;
   MicroStep micro_;           // reused between micro-steps
