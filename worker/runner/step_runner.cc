@@ -421,6 +421,14 @@ absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,
     return absl::InvalidArgumentError(absl::StrCat("MtpStep: hidden has ", hidden.size(),
                                                    " elements, expected n_embd = ", cfg_.n_embd));
   if (!logits || !hidden_out) return absl::InvalidArgumentError("MtpStep: null output");
+  if (paged_) {
+    // A device may keep the MTP layer's K/V in the slot's pages (one more attention plane): a
+    // draft position past the slot's length needs its page mapped first.
+    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(slot, static_cast<int64_t>(pos) + 1));
+    const std::span<const int32_t> pages = pool_.pages(slot);
+    if (first < static_cast<int>(pages.size()))
+      DS_RETURN_IF_ERROR(dev_->MapPages(slot, first, pages.subspan(first)));
+  }
   return dev_->MtpStep(slot, token, pos, hidden, logits, hidden_out);
 }
 
