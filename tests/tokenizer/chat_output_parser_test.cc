@@ -1,0 +1,174 @@
+// The streaming reasoning / tool-call parser: expected splits of whole outputs, and the same
+// result for every way of cutting the text into chunks (every single split point, byte by byte,
+// random multi-way splits).
+#include "common/tokenizer/chat_output_parser.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace ds {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct Result {
+  std::string reasoning, content;
+  std::vector<std::string> calls;  // "id name args" per call, args concatenated
+  bool operator==(const Result&) const = default;
+};
+
+void Collect(const ParsedDelta& d, Result* r) {
+  r->reasoning += d.reasoning;
+  r->content += d.content;
+  for (const ToolCallDelta& t : d.tool_calls) {
+    if (!t.name.empty()) r->calls.push_back(t.id + " " + t.name + " ");
+    ASSERT_FALSE(r->calls.empty()) << "arguments before the call's name";
+    r->calls[static_cast<size_t>(t.index)] += t.arguments;
+  }
+}
+
+Result Parse(const ChatOutputOptions& o, const std::vector<std::string_view>& chunks) {
+  ChatOutputParser p(o);
+  Result r;
+  for (std::string_view c : chunks) Collect(p.Push(c), &r);
+  Collect(p.Finish(), &r);
+  return r;
+}
+
+ChatOutputOptions Opts(bool reasoning_open, bool tools) {
+  ChatOutputOptions o;
+  o.starts_in_reasoning = reasoning_open;
+  o.parse_tool_calls = tools;
+  o.tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+      "zip": {"type": "string"}, "days": {"type": "integer"}}}}}])");
+  return o;
+}
+
+// Every split point, byte by byte, and random 2..8-way splits give the one-chunk result.
+void ExpectSplitInvariant(const ChatOutputOptions& o, const std::string& text) {
+  const Result whole = Parse(o, {text});
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const std::string_view t(text);
+    ASSERT_EQ(Parse(o, {t.substr(0, i), t.substr(i)}), whole) << "split at " << i;
+  }
+  std::vector<std::string_view> bytes;
+  for (size_t i = 0; i < text.size(); ++i) bytes.push_back(std::string_view(text).substr(i, 1));
+  ASSERT_EQ(Parse(o, bytes), whole) << "byte by byte";
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<size_t> cuts = {0, text.size()};
+    const int n = std::uniform_int_distribution<int>(1, 7)(rng);
+    for (int k = 0; k < n; ++k)
+      cuts.push_back(std::uniform_int_distribution<size_t>(0, text.size())(rng));
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<std::string_view> chunks;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k)
+      chunks.push_back(std::string_view(text).substr(cuts[k], cuts[k + 1] - cuts[k]));
+    ASSERT_EQ(Parse(o, chunks), whole) << "random split " << trial;
+  }
+}
+
+TEST(ChatOutputParser, ReasoningThenAnswer) {
+  const std::string out = "Let me think.\nStill thinking.\n</think>\n\nThe answer is 4.";
+  const Result r = Parse(Opts(true, false), {out});
+  EXPECT_EQ(r.reasoning, "Let me think.\nStill thinking.");
+  EXPECT_EQ(r.content, "The answer is 4.");
+  EXPECT_TRUE(r.calls.empty());
+  ExpectSplitInvariant(Opts(true, false), out);
+}
+
+TEST(ChatOutputParser, ThinkingOffIsAllContent) {
+  ChatOutputOptions o = Opts(false, false);
+  const Result r = Parse(o, {"Plain answer with a < and </b> tag."});
+  EXPECT_EQ(r.content, "Plain answer with a < and </b> tag.");
+  EXPECT_EQ(r.reasoning, "");
+}
+
+TEST(ChatOutputParser, ModelOpenedThinkItself) {
+  const std::string out = "\n<think>\nhmm\n</think>\n\nok";
+  const Result r = Parse(Opts(false, false), {out});
+  EXPECT_EQ(r.reasoning, "hmm");
+  EXPECT_EQ(r.content, "ok");
+  ExpectSplitInvariant(Opts(false, false), out);
+}
+
+TEST(ChatOutputParser, ToolCallAfterThinkAtEveryBoundary) {
+  // The </think> -> <tool_call> boundary streaming clients lose on other servers.
+  const std::string out =
+      "I need the weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+      "Paris\n</parameter>\n<parameter=zip>\n75001\n</parameter>\n<parameter=days>\n3\n"
+      "</parameter>\n</function>\n</tool_call>";
+  const Result r = Parse(Opts(true, true), {out});
+  EXPECT_EQ(r.reasoning, "I need the weather.");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 1u);
+  // zip is typed string by the schema (stays "75001"), days integer.
+  EXPECT_EQ(r.calls[0], "call_0 get_weather {\"city\":\"Paris\",\"zip\":\"75001\",\"days\":3}");
+  ExpectSplitInvariant(Opts(true, true), out);
+}
+
+TEST(ChatOutputParser, ContentThenTwoToolCalls) {
+  const std::string out =
+      "</think>\n\nChecking both.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nLyon\n"
+      "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=other>\n<parameter=q>\n"
+      "{\"a\": [1, 2]}\n</parameter>\n<parameter=text>\nmulti\nline\n</parameter>\n</function>\n"
+      "</tool_call>";
+  const Result r = Parse(Opts(true, true), {out});
+  EXPECT_EQ(r.reasoning, "");
+  EXPECT_EQ(r.content, "Checking both.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0], "call_0 get_weather {\"city\":\"Lyon\"}");
+  // Unknown tool: values that parse as JSON become JSON, others stay strings.
+  EXPECT_EQ(r.calls[1], "call_1 other {\"q\":{\"a\":[1,2]},\"text\":\"multi\\nline\"}");
+  ExpectSplitInvariant(Opts(true, true), out);
+}
+
+TEST(ChatOutputParser, ToolCallInsideReasoningIsNotLost) {
+  const std::string out =
+      "thinking...\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+      "</function>\n</tool_call>";
+  const Result r = Parse(Opts(true, true), {out});
+  EXPECT_EQ(r.reasoning, "thinking...");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0], "call_0 get_weather {\"city\":\"Rome\"}");
+  ExpectSplitInvariant(Opts(true, true), out);
+}
+
+TEST(ChatOutputParser, MalformedOrUnfinishedToolCallComesBackAsContent) {
+  const std::string bad = "</think>\nok <tool_call>\nnot xml\n</tool_call> after";
+  const Result r = Parse(Opts(true, true), {bad});
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "ok<tool_call>\nnot xml\n</tool_call>after");
+  ExpectSplitInvariant(Opts(true, true), bad);
+  const std::string cut = "</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa";
+  const Result c = Parse(Opts(true, true), {cut});
+  EXPECT_TRUE(c.calls.empty());
+  EXPECT_EQ(c.content, "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa");
+  ExpectSplitInvariant(Opts(true, true), cut);
+  // Finished at </function> without </tool_call> (stopped by EOS): still a call.
+  const std::string eos = "</think>\n<tool_call>\n<function=get_weather>\n</function>\n";
+  const Result e = Parse(Opts(true, true), {eos});
+  ASSERT_EQ(e.calls.size(), 1u);
+  EXPECT_EQ(e.calls[0], "call_0 get_weather {}");
+}
+
+TEST(ChatOutputParser, WithoutToolsTagsAreText) {
+  const std::string out = "</think>\n<tool_call>\n<function=f>\n</function>\n</tool_call>";
+  const Result r = Parse(Opts(true, false), {out});
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "<tool_call>\n<function=f>\n</function>\n</tool_call>");
+  ExpectSplitInvariant(Opts(true, false), out);
+}
+
+TEST(ChatOutputParser, UnfinishedReasoningAndTagLookalikes) {
+  const std::string out = "a < b and <thinker> </thin\n\n";
+  ExpectSplitInvariant(Opts(true, true), out);
+  const Result r = Parse(Opts(true, true), {out});
+  EXPECT_EQ(r.reasoning, out);  // never closed: all of it is reasoning, nothing dropped
+  ExpectSplitInvariant(Opts(false, true), "x <tool_cal y\n <tool_call");
+}
+
+}  // namespace
+}  // namespace ds
