@@ -10,6 +10,8 @@ PKGS=(
   libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3
+  # chat template reference rendering (tests/tokenizer/render_chat_template.py)
+  python3-jinja2
   # operations tests: Prometheus + promtool (tests/ops/prometheus_test.sh), systemd-analyze
   # (unit verification), openssl (TLS test certificates), curl (scrapes)
   prometheus systemd openssl curl
