@@ -209,3 +209,35 @@ TEST(MemoryPlanner, TwoReplicasOnOneCardEachPlanTheirShare) {
 
 }  // namespace
 }  // namespace ds
+
+namespace ds {
+namespace {
+
+// Speculative entries (CudaBackendOptions::spec_tokens x spec_seqs) are recurrent state that does
+// not scale with the slots: the 27B's 4 tokens x 8 sequences (32 x 150 MiB = 4.7 GiB) come out of
+// the KV pool and count in the plan's recurrent figure; where they do not fit, a refusal.
+TEST(MemoryPlanner, SpeculativeEntriesComeOutOfThePool) {
+  MemoryPlanInput in = Qwen27B(GgmlType::F16, 141.0);
+  in.slot_ctx = 131072;  // the pool is what fits, not capped by slots x context
+  in.slots = 16;
+  auto base = PlanMemory(in);
+  ASSERT_TRUE(base.ok()) << base.status();
+  const uint64_t entries = 32 * in.recurrent_per_slot;
+  in.recurrent_fixed = entries;
+  auto spec = PlanMemory(in);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectWithinBudget(*spec);
+  EXPECT_EQ(spec->recurrent, base->recurrent + entries);
+  const double page_bytes = static_cast<double>(in.kv_per_token) * in.page_size;
+  EXPECT_NEAR(static_cast<double>(base->pool_pages - spec->pool_pages), entries / page_bytes, 1.0);
+  // A 32 GB card holds one 32k context, but not beside 64 entries (9.4 GiB).
+  MemoryPlanInput small = Qwen27B(GgmlType::F16, 32.0);
+  small.slot_ctx = 32768;
+  small.slots = 1;
+  ASSERT_TRUE(PlanMemory(small).ok());
+  small.recurrent_fixed = 64 * small.recurrent_per_slot;
+  EXPECT_EQ(PlanMemory(small).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace ds

@@ -19,7 +19,7 @@ uint64_t Budget(const MemoryPlanInput& in) {
 
 uint64_t Fixed(const MemoryPlanInput& in, int slots, int64_t ctx) {
   return in.weights + in.workspace_fixed + in.workspace_per_ctx * static_cast<uint64_t>(ctx) +
-         in.recurrent_per_slot * static_cast<uint64_t>(slots + 1);
+         in.recurrent_per_slot * static_cast<uint64_t>(slots + 1) + in.recurrent_fixed;
 }
 
 // Whole pages of KV that fit beside the fixed part (0 when nothing does).
@@ -109,7 +109,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanInput& in) {
         "--max-step-tokens (the workspace is mostly [step tokens, width] buffers)",
         slots, in.slot_ctx, Gib(need), Gib(in.weights),
         Gib(in.workspace_fixed + in.workspace_per_ctx * in.slot_ctx),
-        Gib(in.recurrent_per_slot * (slots + 1)),
+        Gib(in.recurrent_per_slot * (slots + 1) + in.recurrent_fixed),
         std::max(want_pages, ctx_pages) * in.page_size,
         Gib(in.kv_per_token * in.page_size * std::max(want_pages, ctx_pages)), Gib(Budget(in)),
         Gib(in.device_free), in.memory_fraction, Gib(in.device_total), nearest));
@@ -125,7 +125,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanInput& in) {
   p.budget = Budget(in);
   p.weights = in.weights;
   p.kv = in.kv_per_token * in.page_size * static_cast<uint64_t>(p.pool_pages);
-  p.recurrent = in.recurrent_per_slot * static_cast<uint64_t>(slots + 1);
+  p.recurrent = in.recurrent_per_slot * static_cast<uint64_t>(slots + 1) + in.recurrent_fixed;
   p.workspace = in.workspace_fixed + in.workspace_per_ctx * static_cast<uint64_t>(in.slot_ctx);
   return p;
 }

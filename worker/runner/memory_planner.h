@@ -4,6 +4,7 @@
 //   budget   = min(free now (after other processes), memory_fraction x total) - margin
 //   fixed    = weights + workspace_fixed + workspace_per_ctx x slot_ctx
 //              + recurrent_per_slot x (slots + 1)        (the worker's warmup scratch slot)
+//              + recurrent_fixed                          (speculative entries)
 //   KV pool  = (budget - fixed) / kv_per_token, in whole pages, at most slots x slot_ctx
 //
 // The pool is shared by the slots (pages handed out as sequences grow), so it only has to hold
@@ -30,6 +31,9 @@ struct MemoryPlanInput {
   uint64_t workspace_fixed = 0;    // activations etc. (independent of the context)
   uint64_t workspace_per_ctx = 0;  // per token of slot_ctx (prefill attention scratch)
   uint64_t recurrent_per_slot = 0;
+  // Recurrent state that does not scale with the slots: the speculative entries (one sequence's
+  // GDN state per verified token, CudaBackendOptions::spec_tokens x spec_seqs).
+  uint64_t recurrent_fixed = 0;
   uint64_t kv_per_token = 0;       // K + V of every attention layer, in the KV type
   int page_size = 64;
   // The operator's numbers; 0 = the planner picks.
