@@ -1,0 +1,285 @@
+// MTP speculative decoding over the CPU backend (worker/spec/mtp_speculator.h, issue #15):
+// greedy with drafts gives exactly the tokens of greedy without; the state after a rejection is
+// the state of a run that never saw the rejected drafts; sampled tokens follow the distribution
+// of plain sampling (two-sample chi-square on the first two generated positions).
+#include "worker/spec/mtp_speculator.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "common/util/model_alias.h"
+#include "tests/model/test_util.h"
+#include "worker/model/cpu_backend.h"
+
+namespace ds::spec {
+namespace {
+
+std::unique_ptr<CpuBackend> Make(const std::string& path, int n_slots, int ctx) {
+  BackendOptions o;
+  o.n_slots = n_slots;
+  o.slot_ctx = ctx;
+  o.n_threads = 2;
+  auto b = CpuBackend::Create(path, o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+std::vector<int32_t> Tokens(int n, int n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % n_vocab);
+  return t;
+}
+
+sampling::SamplingParams Params(float temperature, int top_k, uint64_t seed) {
+  sampling::SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.seed = seed;
+  return p;
+}
+
+// Plain decoding, one token per Forward: the reference.
+std::vector<int32_t> PlainDecode(Backend& be, int slot, const std::vector<int32_t>& prompt,
+                                 int n_new, sampling::Sampler& sampler) {
+  std::vector<int32_t> toks = prompt;
+  be.ResetSlot(slot);
+  SeqStep s;
+  s.slot = slot;
+  s.pos0 = 0;
+  s.tokens = prompt;
+  StepOutput out;
+  EXPECT_TRUE(be.Forward({&s, 1}, {}, &out).ok());
+  for (int i = 0; i < n_new; ++i) {
+    toks.push_back(sampler.Sample(out.logits, toks).token);
+    if (i + 1 == n_new) break;
+    s.pos0 = static_cast<int32_t>(toks.size()) - 1;
+    s.tokens = {toks.back()};
+    EXPECT_TRUE(be.Forward({&s, 1}, {}, &out).ok());
+  }
+  return toks;
+}
+
+// Runs sequences with MTP until each has n_new generated tokens (the speculator stops drafting
+// at max_new); returns each one's tokens.
+std::vector<std::vector<int32_t>> SpecDecode(Backend& be, int k,
+                                             const std::vector<std::vector<int32_t>>& prompts,
+                                             int n_new, std::vector<sampling::Sampler>& samplers,
+                                             SpecStats* stats = nullptr) {
+  auto sp = MtpSpeculator::Create(&be, k);
+  EXPECT_TRUE(sp.ok()) << sp.status();
+  std::vector<SpecSequence> seqs(prompts.size());
+  std::vector<SpecSequence*> ptrs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    be.ResetSlot(static_cast<int>(i));
+    seqs[i].slot = static_cast<int>(i);
+    seqs[i].tokens = prompts[i];
+    seqs[i].sampler = &samplers[i];
+    seqs[i].max_new = n_new;
+    ptrs.push_back(&seqs[i]);
+  }
+  absl::Status st = sp->Start(ptrs);
+  EXPECT_TRUE(st.ok()) << st;
+  while (st.ok()) {
+    std::vector<SpecSequence*> live;
+    for (SpecSequence* s : ptrs)
+      if (s->n_generated() < n_new) live.push_back(s);
+    if (live.empty()) break;
+    st = sp->Step(live);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  if (stats) *stats = sp->stats();
+  std::vector<std::vector<int32_t>> out;
+  for (const SpecSequence& s : seqs) out.push_back(s.tokens);
+  return out;
+}
+
+void ExpectGreedyEqual(const std::string& model, int k, int n_new, bool expect_accepts) {
+  const int kSeqs = 3;
+  auto be = Make(model, kSeqs, 512);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < kSeqs; ++i) prompts.push_back(Tokens(5 + 7 * i, V, 40 + i));
+  std::vector<std::vector<int32_t>> want;
+  for (int i = 0; i < kSeqs; ++i) {
+    sampling::Sampler greedy(Params(0, 0, 1));
+    want.push_back(PlainDecode(*be, i, prompts[i], n_new, greedy));
+  }
+  std::vector<sampling::Sampler> samplers;
+  for (int i = 0; i < kSeqs; ++i) samplers.emplace_back(Params(0, 0, 1));
+  SpecStats stats;
+  const auto got = SpecDecode(*be, k, prompts, n_new, samplers, &stats);
+  for (int i = 0; i < kSeqs; ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "sequence " << i;
+    EXPECT_EQ(got[i], want[i]) << "sequence " << i << " k " << k;
+  }
+  EXPECT_GT(stats.steps, 0);
+  if (expect_accepts) {
+    EXPECT_GT(stats.accepted[0], 0);
+    // Fewer steps than tokens: the drafts paid.
+    EXPECT_GT(stats.mean_accepted_length(), 1.2) << "k " << k;
+  }
+}
+
+TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheTinyModel) {
+  for (int k : {1, 3}) ExpectGreedyEqual(testing::TinyModelPath(), k, 256, false);
+}
+
+TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheDemoModelAndAccepts) {
+  ExpectGreedyEqual(ResolveModelAlias("demo"), 3, 48, true);
+}
+
+TEST(MtpSpeculator, RollbackEqualsARunThatNeverSawTheRejectedDrafts) {
+  const std::string& path = testing::TinyModelPath();
+  auto a = Make(path, 1, 128), b = Make(path, 1, 128);
+  ASSERT_TRUE(a && b);
+  const int V = a->config().n_vocab;
+  const auto prompt = Tokens(9, V, 5);
+  const auto extra = Tokens(5, V, 6);  // pending token + 4 drafts
+  for (int keep = 1; keep <= 5; ++keep) {
+    for (Backend* be : {static_cast<Backend*>(a.get()), static_cast<Backend*>(b.get())}) {
+      be->ResetSlot(0);
+      SeqStep s;
+      s.slot = 0;
+      s.tokens = prompt;
+      StepOutput out;
+      ASSERT_TRUE(be->Forward({&s, 1}, {}, &out).ok());
+    }
+    SeqStep v;
+    v.slot = 0;
+    v.pos0 = 9;
+    v.tokens = extra;
+    v.all_logits = true;
+    v.speculative = true;
+    StepOutput out;
+    ASSERT_TRUE(a->Forward({&v, 1}, {}, &out).ok());
+    // Nothing else may touch the backend before the commit.
+    EXPECT_EQ(a->Forward({&v, 1}, {}, &out).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(a->Snapshot(0).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(a->CommitSpeculative(0, 6).code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(a->CommitSpeculative(0, keep).ok());
+    EXPECT_EQ(a->CommitSpeculative(0, keep).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(a->SlotLength(0), 9 + keep);
+    // The reference only ever sees the kept tokens, one decode step each.
+    for (int t = 0; t < keep; ++t) {
+      SeqStep d;
+      d.slot = 0;
+      d.pos0 = 9 + t;
+      d.tokens = {extra[t]};
+      ASSERT_TRUE(b->Forward({&d, 1}, {}, &out).ok());
+    }
+    auto sa = a->Snapshot(0), sb = b->Snapshot(0);
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    EXPECT_EQ(sa->bytes, sb->bytes) << "keep " << keep;
+    // And the next step agrees bit for bit.
+    SeqStep n;
+    n.slot = 0;
+    n.pos0 = 9 + keep;
+    n.tokens = {3};
+    StepOutput oa, ob;
+    ASSERT_TRUE(a->Forward({&n, 1}, {}, &oa).ok());
+    ASSERT_TRUE(b->Forward({&n, 1}, {}, &ob).ok());
+    EXPECT_EQ(oa.logits, ob.logits) << "keep " << keep;
+  }
+}
+
+TEST(MtpSpeculator, RefusesWhatItCannotDo) {
+  auto be = Make(testing::TinyModelPath(), 1, 64);
+  ASSERT_TRUE(be);
+  EXPECT_EQ(MtpSpeculator::Create(be.get(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MtpSpeculator::Create(be.get(), be->max_speculative_tokens()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(MtpSpeculator::Create(be.get(), be->max_speculative_tokens() - 1).ok());
+  EXPECT_EQ(be->CommitSpeculative(0, 1).code(), absl::StatusCode::kFailedPrecondition);
+  SeqStep s;
+  s.slot = 0;
+  s.tokens.assign(be->max_speculative_tokens() + 1, 1);
+  s.speculative = true;
+  StepOutput out;
+  EXPECT_EQ(be->Forward({&s, 1}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->SlotLength(0), 0);
+}
+
+// Two-sample chi-square statistic of two count tables; categories with fewer than 10 draws in
+// both together are pooled. Returns {statistic, degrees of freedom}.
+std::pair<double, int> Homogeneity(const std::map<int32_t, int64_t>& a,
+                                   const std::map<int32_t, int64_t>& b) {
+  std::map<int32_t, std::pair<double, double>> cells;
+  for (const auto& [id, c] : a) cells[id].first += c;
+  for (const auto& [id, c] : b) cells[id].second += c;
+  std::vector<std::pair<double, double>> kept;
+  std::pair<double, double> pooled{0, 0};
+  for (const auto& [id, c] : cells) {
+    if (c.first + c.second < 10) {
+      pooled.first += c.first;
+      pooled.second += c.second;
+    } else {
+      kept.push_back(c);
+    }
+  }
+  if (pooled.first + pooled.second > 0) kept.push_back(pooled);
+  double na = 0, nb = 0;
+  for (const auto& c : kept) {
+    na += c.first;
+    nb += c.second;
+  }
+  double chi = 0;
+  for (const auto& c : kept) {
+    const double tot = c.first + c.second;
+    const double ea = tot * na / (na + nb), eb = tot * nb / (na + nb);
+    chi += (c.first - ea) * (c.first - ea) / ea + (c.second - eb) * (c.second - eb) / eb;
+  }
+  return {chi, static_cast<int>(kept.size()) - 1};
+}
+
+// Upper 0.1% point of chi-square with df degrees of freedom (Wilson-Hilferty).
+double Chi2Critical(int df) {
+  const double z = 3.09, h = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - h + z * std::sqrt(h), 3);
+}
+
+TEST(MtpSpeculator, SampledTokensFollowThePlainDistribution) {
+  auto be = Make(testing::TinyModelPath(), 1, 64);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab;
+  const auto prompt = Tokens(6, V, 77);
+  const int kRuns = 2500;
+  std::map<int32_t, int64_t> plain1, plain2, spec1, spec2;
+  SpecStats total;
+  total.offered.assign(2, 0);
+  total.accepted.assign(2, 0);
+  for (int r = 0; r < kRuns; ++r) {
+    // The whole vocabulary at temperature 1: the random tiny model's MTP head and main model
+    // overlap enough that drafts are both kept and resampled.
+    sampling::Sampler plain(Params(1.0f, 0, 1000 + r));
+    const auto p = PlainDecode(*be, 0, prompt, 2, plain);
+    ++plain1[p[6]];
+    ++plain2[p[7]];
+    std::vector<sampling::Sampler> samplers;
+    samplers.emplace_back(Params(1.0f, 0, 5000000 + r));
+    SpecStats stats;
+    const auto s = SpecDecode(*be, 2, {prompt}, 3, samplers, &stats);
+    ++spec1[s[0][6]];
+    ++spec2[s[0][7]];
+    for (int j = 0; j < 2; ++j) {
+      total.offered[j] += stats.offered[j];
+      total.accepted[j] += stats.accepted[j];
+    }
+  }
+  // The rule ran both ways: some drafts kept, some resampled.
+  EXPECT_GT(total.accepted[0], 0);
+  EXPECT_LT(total.accepted[0], total.offered[0]);
+  for (const auto& [a, b] : {std::pair{&plain1, &spec1}, std::pair{&plain2, &spec2}}) {
+    const auto [chi, df] = Homogeneity(*a, *b);
+    ASSERT_GE(df, 2);
+    EXPECT_LT(chi, Chi2Critical(df)) << "df " << df;
+  }
+}
+
+}  // namespace
+}  // namespace ds::spec

@@ -1,0 +1,27 @@
+#include "worker/spec/mtp_setting.h"
+
+#include <charconv>
+#include <string>
+
+namespace ds::spec {
+
+absl::StatusOr<MtpSetting> ParseMtpSetting(std::string_view text) {
+  if (text == "off" || text == "0") return MtpSetting{};
+  if (text == "auto") return MtpSetting{3, true};
+  int k = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), k);
+  if (ec != std::errc() || end != text.data() + text.size() || k < 1 || k > 15)
+    return absl::InvalidArgumentError("--mtp takes off, auto or a draft count 1..15, not '" +
+                                      std::string(text) + "'");
+  return MtpSetting{k, false};
+}
+
+int DraftsForBatch(const MtpSetting& s, int batch) {
+  if (!s.automatic) return s.drafts;
+  if (batch <= 4) return 3;
+  if (batch <= 16) return 2;
+  if (batch <= 32) return 1;
+  return 0;
+}
+
+}  // namespace ds::spec

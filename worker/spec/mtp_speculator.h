@@ -1,0 +1,90 @@
+// MTP speculative decoding over a Backend (issue #15; spec/model.md §8.3): the model's own MTP
+// head drafts k tokens per sequence, one Forward of the main model verifies every sequence's
+// drafts at once, and each sequence keeps the longest accepted prefix plus one token of the main
+// model — 1 to k + 1 tokens per step, with the output distribution of plain decoding.
+//
+// Per sequence and step:
+//   verify   SeqStep{tokens = [pending, d_1..d_k], all_logits, speculative} (decode path: the
+//            rows are computed as k + 1 decode steps would), hidden states of every row;
+//   accept   greedy: d_i is kept while it equals the main model's token at row i - 1;
+//            sampling: the speculative rule (speculative_rule.h) with the sequence's own seeded
+//            sampler, so the tokens follow the plain sampling distribution and repeat per seed;
+//            then the main model's token after the last kept draft (the bonus token);
+//   rollback Backend::CommitSpeculative(slot, kept + 1): the recurrent state after the last kept
+//            token, without recomputing anything; the attention KV past it is dead;
+//   draft    MtpStep over the accepted positions (h_p with the token after it) fills the MTP
+//            layer's KV, the last one gives d'_1, and d'_j = MTP(d'_{j-1}, h'_{j-1}) for j <= k.
+// The prompt is prefilled with every row's hidden state, so the MTP KV covers it too.
+//
+// Not thread-safe; one caller drives it (like the Backend under it).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/sampling/sampler.h"
+#include "common/util/status.h"
+#include "worker/model/backend.h"
+#include "worker/spec/speculative_rule.h"
+
+namespace ds::spec {
+
+// One sequence decoded with drafts. The caller owns it and its sampler.
+struct SpecSequence {
+  int slot = 0;
+  // Prompt, then every generated token; the last one is pending (not yet in the backend's state)
+  // once the sequence started.
+  std::vector<int32_t> tokens;
+  sampling::Sampler* sampler = nullptr;
+  int max_new = 1 << 30;  // drafts never reach past this many generated tokens
+  // Filled by the speculator.
+  int n_prompt = 0;
+  std::vector<int32_t> drafts;        // for the next step
+  std::vector<Distribution> draft_q;  // [drafts] draft distributions (sampling only)
+  int n_generated() const { return static_cast<int>(tokens.size()) - n_prompt; }
+};
+
+// Acceptance over a run: drafts offered and kept at each draft position (1-based in the text,
+// index 0 here), and steps.
+struct SpecStats {
+  std::vector<int64_t> offered, accepted;  // [k]
+  int64_t steps = 0;
+  int64_t tokens = 0;  // emitted by the verify steps
+  double mean_accepted_length() const { return steps ? static_cast<double>(tokens) / steps : 0; }
+};
+
+class MtpSpeculator {
+ public:
+  // k: drafts per step, 1..backend.max_speculative_tokens() - 1. The backend must implement
+  // MtpStep and speculative steps.
+  static absl::StatusOr<MtpSpeculator> Create(Backend* backend, int k);
+
+  // Prefills each sequence's prompt (its tokens; the slot must be empty), samples its first
+  // token and drafts. Appends one token to every sequence.
+  absl::Status Start(std::span<SpecSequence* const> seqs);
+  // One verify step for every sequence: appends 1..k+1 tokens to each.
+  absl::Status Step(std::span<SpecSequence* const> seqs);
+
+  const SpecStats& stats() const { return stats_; }
+  int k() const { return k_; }
+
+ private:
+  MtpSpeculator(Backend* backend, int k);
+  // Drafts for `s` from the MTP head: rows t in [p0, p0 + hidden rows) pair h_t with token t + 1.
+  absl::Status Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden, int n_rows);
+  // Draws a token from logits with the sequence's sampler conventions; q receives the
+  // distribution when sampling (non-greedy).
+  int32_t DraftToken(SpecSequence& s, std::span<const float> logits,
+                     std::span<const int32_t> history, Distribution* q);
+
+  Backend* be_;
+  int k_ = 0;
+  int n_vocab_ = 0, n_embd_ = 0;
+  SpecStats stats_;
+  std::vector<double> scratch_;  // [n_vocab] zero between JudgeDraft calls
+  std::vector<float> mtp_logits_, mtp_hidden_, chain_hidden_;
+  std::vector<SeqStep> batch_;
+  StepOutput out_;
+};
+
+}  // namespace ds::spec
