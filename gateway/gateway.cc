@@ -25,10 +25,13 @@
 #include "common/metrics/metrics_server.h"
 #include "common/systemd/notify.h"
 #include "common/systemd/watchdog.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/prompt_encoder.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gateway/admin_service.h"
 #include "gateway/generation_service.h"
 #include "gateway/health.h"
+#include "gateway/http/http_server.h"
 #include "gateway/malformed_request.h"
 #include "gateway/scheduler_client.h"
 #include "common/util/model_alias.h"
@@ -46,7 +49,7 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
       "--max-inflight",   "--api-key-file", "--admin-key-file",     "--port-file",
       "--health-interval-ms", "--tls-cert", "--tls-key",            "--tls-client-ca",
       "--drain-timeout",  "--metrics-listen", "--scheduler-key-file", "--scheduler-ca",
-      "--scheduler-tls-name"};
+      "--scheduler-tls-name", "--http-listen"};
   DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   GatewayOptions o;
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -62,6 +65,7 @@ absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv) {
   if (m.count("--tls-key")) o.tls_key = m["--tls-key"];
   if (m.count("--tls-client-ca")) o.tls_client_ca = m["--tls-client-ca"];
   if (m.count("--metrics-listen")) o.metrics_listen = m["--metrics-listen"];
+  if (m.count("--http-listen")) o.http_listen = m["--http-listen"];
   if (m.count("--scheduler-key-file")) o.scheduler_key_file = m["--scheduler-key-file"];
   if (m.count("--scheduler-ca")) o.scheduler_ca = m["--scheduler-ca"];
   if (m.count("--scheduler-tls-name")) o.scheduler_tls_name = m["--scheduler-tls-name"];
@@ -88,6 +92,9 @@ struct Gateway::Impl {
   GatewayOptions opts;
   std::unique_ptr<gguf::File> file;
   std::optional<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;
+  std::optional<PromptEncoder> encoder;
+  std::unique_ptr<http::HttpServer> http_server;
   KeySet api_keys, admin_keys;
   std::unique_ptr<SchedulerClient> scheduler;
   std::unique_ptr<Admission> admission;
@@ -108,6 +115,7 @@ Gateway::~Gateway() { Shutdown(); }
 int Gateway::port() const { return impl_->port; }
 int Gateway::admin_port() const { return impl_->admin_port; }
 bool Gateway::serving() const { return impl_->health->serving(); }
+int Gateway::http_port() const { return impl_->http_server ? impl_->http_server->port() : 0; }
 int Gateway::metrics_port() const {
   return impl_->metrics_server ? impl_->metrics_server->port() : 0;
 }
@@ -115,6 +123,7 @@ int Gateway::metrics_port() const {
 int Gateway::Drain(std::chrono::milliseconds timeout) {
   Impl& g = *impl_;
   g.generation->StartDraining();
+  if (g.http_server) g.http_server->StartDraining();
   g.health->SetDraining();
   if (g.metrics) g.metrics->SetDraining(true);
   const auto until = std::chrono::steady_clock::now() + timeout;
@@ -132,6 +141,7 @@ void Gateway::Shutdown() {
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (g.public_server) g.public_server->Shutdown(deadline);
   if (g.admin_server) g.admin_server->Shutdown(deadline);
+  if (g.http_server) g.http_server->Stop();
 }
 
 absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& opts) {
@@ -142,8 +152,17 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   DS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromGguf(*g.file));
   g.tokenizer.emplace(std::move(tok));
   DS_ASSIGN_OR_RETURN(const gguf::TensorInfo* emb, g.file->GetTensor("token_embd.weight"));
+  // The model's chat template, matched to a native renderer (common/tokenizer/chat_template.h);
+  // a GGUF without one gets plain ChatML.
+  {
+    absl::StatusOr<std::string> jinja = g.file->GetString("tokenizer.chat_template");
+    g.chat_template.emplace(ChatTemplate::FromJinja(jinja.ok() ? *jinja : std::string()));
+  }
+  g.encoder.emplace(&*g.tokenizer);
   ServedModel model;
   model.tokenizer = &*g.tokenizer;
+  model.chat_template = &*g.chat_template;
+  model.encoder = &*g.encoder;
   model.n_vocab = static_cast<int32_t>(emb->ne[1]);
   if (model.n_vocab <= 0)
     return absl::InvalidArgumentError("token_embd.weight has no rows: cannot bound token ids");
@@ -214,6 +233,23 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
                         auth::BuildAndStartListener(&b, opts.admin_listen, &g.admin_port));
     g.health->Attach(g.admin_server.get());
   }
+  if (!opts.http_listen.empty()) {
+    http::HttpServerOptions ho;
+    ho.listen = opts.http_listen;
+    ho.tls_cert = opts.tls_cert;
+    ho.tls_key = opts.tls_key;
+    ho.tls_client_ca = opts.tls_client_ca;
+    ho.threads = opts.max_inflight + 8;
+    ho.model_id = http::ModelIdFromPath(opts.model);
+    http::HttpBackend hb;
+    hb.model = model;
+    hb.scheduler = g.scheduler.get();
+    hb.health = g.health.get();
+    hb.admission = g.admission.get();
+    hb.keys = &g.api_keys;
+    hb.metrics = g.metrics.get();
+    DS_ASSIGN_OR_RETURN(g.http_server, http::HttpServer::Start(ho, hb));
+  }
   g.health->Start();
   DS_LOG(INFO, "listening",
          {{"public", absl::StrCat(HostOf(opts.listen), ":", g.port)},
@@ -224,6 +260,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
           {"metrics", g.metrics_server->port() > 0
                           ? absl::StrCat(HostOf(opts.metrics_listen), ":", g.metrics_server->port())
                           : std::string("off")},
+          {"http", g.http_server ? absl::StrCat(HostOf(opts.http_listen), ":", g.http_server->port())
+                                 : std::string("off")},
+          {"chat_template", g.chat_template->name()},
           {"scheduler", opts.scheduler},
           {"max_inflight", opts.max_inflight},
           {"vocab", model.n_vocab},
@@ -234,7 +273,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
                        "beyond loopback"}});
   if (!opts.port_file.empty()) {
     const std::string tmp = opts.port_file + ".tmp";
-    std::ofstream(tmp) << g.port << " " << g.admin_port << " " << g.metrics_server->port() << "\n";
+    std::ofstream(tmp) << g.port << " " << g.admin_port << " " << g.metrics_server->port() << " "
+                       << gw->http_port() << "\n";
     std::rename(tmp.c_str(), opts.port_file.c_str());
   }
   return gw;
@@ -253,7 +293,7 @@ int RunGatewayMain(int argc, char** argv) {
       "usage: deltaserve gateway [--config FILE] --model FILE --scheduler HOST:PORT "
       "[--listen 127.0.0.1:PORT] [--admin-listen 127.0.0.1:PORT] [--max-inflight N] "
       "[--api-key-file F] [--admin-key-file F] [--tls-cert F --tls-key F [--tls-client-ca F]] "
-      "[--metrics-listen HOST:PORT] [--drain-timeout S] [--log-level L] [--port-file F] "
+      "[--metrics-listen HOST:PORT] [--http-listen 127.0.0.1:PORT] [--drain-timeout S] [--log-level L] [--port-file F] "
       "[--health-interval-ms N] [--scheduler-key-file F] "
       "[--scheduler-ca F [--scheduler-tls-name N]]\n";
   if (config::HelpRequested(argc, argv, kUsage)) return 0;

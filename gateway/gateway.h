@@ -24,13 +24,17 @@ struct GatewayOptions {
   int max_inflight = 64;       // admission permits
   std::string api_key_file;    // empty: public listener open
   std::string admin_key_file;  // empty: admin listener open
-  std::string port_file;  // written "<public port> <admin port> <metrics port>\n" once listening
+  // Written "<public port> <admin port> <metrics port> <http port>\n" once listening (0: off).
+  std::string port_file;
   int health_interval_ms = 500;
   // TLS of the public listener (PEM files; both or neither) and optional client CA (mutual TLS).
   std::string tls_cert, tls_key, tls_client_ca;
   // Graceful stop: how long in-flight requests may take to finish after SIGTERM.
   double drain_timeout_s = 30;
   std::string metrics_listen;  // Prometheus /metrics; empty: not served
+  // OpenAI-compatible HTTP API (gateway/http/http_server.h); empty: not served. Shares the
+  // public listener's keys, TLS files, admission and metrics.
+  std::string http_listen;
 };
 
 absl::StatusOr<GatewayOptions> ParseGatewayFlags(int argc, char** argv);
@@ -43,6 +47,7 @@ class Gateway {
   int admin_port() const;
   bool serving() const;
   int metrics_port() const;  // 0 when metrics are not served
+  int http_port() const;     // 0 when the HTTP API is not served
   // Graceful stop, first half: health NOT_SERVING, new calls refused with UNAVAILABLE; waits up to
   // `timeout` for in-flight calls to finish. Returns how many were still running.
   int Drain(std::chrono::milliseconds timeout);

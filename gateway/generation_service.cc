@@ -37,6 +37,8 @@ ModelView GenerationService::View() const {
   v.tokenizer = model_.tokenizer;
   v.n_vocab = model_.n_vocab;
   v.slot_context = health_->view().slot_context;
+  v.chat_template = model_.chat_template;
+  v.encoder = model_.encoder;
   return v;
 }
 

@@ -22,6 +22,8 @@ absl::Status CheckAuth(const grpc::ServerContext& ctx, const KeySet& keys);
 struct ServedModel {
   const Tokenizer* tokenizer = nullptr;
   int32_t n_vocab = 0;
+  const ChatTemplate* chat_template = nullptr;  // the GGUF's, matched (null: ChatML)
+  const PromptEncoder* encoder = nullptr;
 };
 
 class GenerationService final : public deltaserve::v1::Generation::Service {

@@ -1,6 +1,7 @@
 #include "gateway/prepare.h"
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -85,13 +86,20 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
         return Bad(
             "chat: the model has no vocabulary (tokenizer.ggml.model = none); "
             "send token_ids instead");
-      auto text = FormatChatML(in.chat, /*add_generation_prompt=*/true);
-      if (!text.ok()) return Bad("chat.messages: ", text.status().message());
-      // Special-token parsing is safe here: CheckChat refused content carrying the delimiters,
-      // so only the template's own markers become control tokens.
-      auto ids = tok.Encode(*text, /*parse_special=*/true);
-      if (!ids.ok()) return Bad("chat: ", ids.status().message());
-      return ids;
+      std::vector<ChatTurn> turns;
+      for (const ChatMessage& msg : in.chat) {
+        ChatTurn t;
+        t.role = msg.role;
+        t.content = msg.content;
+        turns.push_back(std::move(t));
+      }
+      const ChatTemplate plain = ChatTemplate::Of(ChatTemplateKind::kChatML);
+      const ChatTemplate& tmpl = m.chat_template ? *m.chat_template : plain;
+      auto rendered = tmpl.Render(turns, ChatRenderOptions{});
+      if (!rendered.ok()) return Bad("chat.", rendered.status().message());
+      // Only the template's own markers become control tokens: `<|endoftext|>`, `<think>` or
+      // `<tool_call>` typed by a client stay text (issue #16).
+      return EncodeRendered(*rendered, m, "chat");
     }
     case PromptKind::kIds: {
       if (in.ids.empty()) return Bad("token_ids.ids is empty");
@@ -104,6 +112,16 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
     }
   }
   return Bad("prompt is missing");
+}
+
+absl::StatusOr<std::vector<int32_t>> EncodeRendered(const RenderedPrompt& p, const ModelView& m,
+                                                    const char* field) {
+  std::optional<PromptEncoder> local;
+  const PromptEncoder* enc = m.encoder;
+  if (!enc) enc = &local.emplace(m.tokenizer);
+  auto ids = enc->Encode(p);
+  if (!ids.ok()) return Bad(field, ": ", ids.status().message());
+  return ids;
 }
 
 absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView& m) {

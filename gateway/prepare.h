@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/prompt_encoder.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status.h"
 #include "gateway/request.h"
@@ -19,11 +21,21 @@ struct ModelView {
   // Per-slot context of the cluster (from the scheduler's status); 0 = not known yet, in which
   // case the scheduler checks it.
   uint32_t slot_context = 0;
+  // The model's chat template (null: plain ChatML) and the encoder that keeps client text from
+  // becoming special tokens (null: one is built per call, fine for tests on tiny vocabularies).
+  const ChatTemplate* chat_template = nullptr;
+  const PromptEncoder* encoder = nullptr;
 };
 
 // prompt (text / chat / ids) -> token ids. Text and chat content never produce special tokens
-// (chat is ChatML-formatted around the content). InvalidArgument names the field.
+// (chat is rendered by the model's template; only the template's own markers are special).
+// InvalidArgument names the field.
 absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, const ModelView& m);
+
+// A rendered conversation -> ids through m.encoder (special tokens only where the template wrote
+// them). `field` prefixes errors ("chat", "messages").
+absl::StatusOr<std::vector<int32_t>> EncodeRendered(const RenderedPrompt& p, const ModelView& m,
+                                                    const char* field);
 
 // Full validation: prompt, ids, max_tokens against the slot context, sampling (through
 // ds::sampling::Validate), stop strings / ids, logprobs, priority.

@@ -68,6 +68,7 @@ struct ServeOptions {
   std::string demo_chat;  // --demo-chat: a second demo request, one user message (ChatML)
   int demo_max_tokens = 48;
   int metrics_port = -1;  // -1: no /metrics; P: scheduler P, gateway P+1, worker P+2; 0: any
+  int http_port = -1;     // -1: no OpenAI HTTP API; P: the gateway's on 127.0.0.1:P; 0: any
   std::string api_key_file, admin_key_file, tls_cert, tls_key, nvml_device;
 };
 
@@ -88,6 +89,8 @@ void Usage(FILE* out) {
                "(default: 1 / the workers on it); [--max-step-tokens N] rows per CUDA micro-step "
                "(less workspace, more KV pool; default 4096); [--overcommit-headroom N] the pool "
                "split reserves known tokens + N and preempts the youngest when the KV pool is short\n"
+               "  [--http-port P]  the OpenAI-compatible HTTP API (/v1/chat/completions, "
+               "/v1/completions, /v1/models, /health) on 127.0.0.1:P (0: any free port)\n"
                "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
                "[--tls-cert F --tls-key F] [--nvml-device N|off]\n"
                "  [--failover-wait S]  how long the requests of a lost replica wait when no other "
@@ -109,7 +112,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--slot-cap",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
-      "--nvml-device"};
+      "--nvml-device", "--http-port"};
   DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   ServeOptions o;
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -130,6 +133,8 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   DS_RETURN_IF_ERROR(integer("--threads", &o.threads, 0));
   DS_RETURN_IF_ERROR(integer("--demo-max-tokens", &o.demo_max_tokens, 1));
   DS_RETURN_IF_ERROR(integer("--metrics-port", &o.metrics_port, 0));
+  DS_RETURN_IF_ERROR(integer("--http-port", &o.http_port, 0));
+  if (o.http_port > 65535) return absl::InvalidArgumentError("--http-port must be <= 65535");
   if (o.metrics_port > 65533)
     return absl::InvalidArgumentError(
         "--metrics-port must be <= 65533 (the workers get P+2, P+3, ...)");
@@ -498,6 +503,8 @@ int RunServe(int argc, char** argv) {
       // Below the launcher's stop grace, so a stop drains before anything is killed.
       "--drain-timeout", "5"};
   if (o->metrics_port >= 0) gargs.insert(gargs.end(), {"--metrics-listen", metrics_listen(1)});
+  if (o->http_port >= 0)
+    gargs.insert(gargs.end(), {"--http-listen", absl::StrCat("127.0.0.1:", o->http_port)});
   if (!internal_key_file.empty())
     gargs.insert(gargs.end(), {"--scheduler-key-file", internal_key_file});
   for (auto [flag, value] : {std::pair{"--api-key-file", &o->api_key_file},
@@ -521,7 +528,7 @@ int RunServe(int argc, char** argv) {
   const std::string ports =
       serve::WaitForFile(gw_port_file, &children[2], kStartTimeout);  // [2] = gateway
   const int gw_port = ReadPort(ports, 0), admin_port = ReadPort(ports, 1),
-            gw_metrics_port = ReadPort(ports, 2);
+            gw_metrics_port = ReadPort(ports, 2), gw_http_port = ReadPort(ports, 3);
   if (gw_port == 0 || admin_port == 0) {
     if (Child* d = dead_child())
       return fail(d->role + " " + serve::DescribeExit(*d) + " during startup");
@@ -553,6 +560,9 @@ int RunServe(int argc, char** argv) {
       "  pids        scheduler %d, worker %d, gateway %d\n",
       gw_addr.c_str(), admin_addr.c_str(), sched_addr.c_str(), children[0].pid, children[1].pid,
       children[2].pid);
+  if (gw_http_port > 0)
+    std::printf("  http        127.0.0.1:%d   (OpenAI API: /v1/chat/completions, /v1/completions)\n",
+                gw_http_port);
   if (!internal_key_file.empty())
     std::printf("  internal key %s   (mode 0600; the scheduler port takes only this key)\n",
                 internal_key_file.c_str());
