@@ -31,28 +31,36 @@ __global__ void __launch_bounds__(512) GdnDecodeKernel(const GdnDecodeArgs a) {
   const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
   const int kh = h % d.k_heads;
   const int row = a.rows[i], slot = a.slots[i], p = a.pos[i];
+  const int in = a.in_slots ? a.in_slots[i] : slot;  // speculative: read `in`, write `slot`
   const float* m = a.mixed + static_cast<int64_t>(row) * C;
   float* ring = a.conv_ring + static_cast<int64_t>(slot) * kConvK * C;
+  const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
   const int cur_row = Mod(p, kConvK);
   const bool jv = j < dv;
   float* S = a.state + (static_cast<int64_t>(slot) * Hv + h) * DK * dv + j;
+  const float* S_in = a.state + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
 
   // Issue the state loads first: they do not depend on the prologue.
   float st[KPT];
   if (jv) {
 #pragma unroll
-    for (int k = 0; k < KPT; ++k) st[k] = S[(grp * KPT + k) * dv];
+    for (int k = 0; k < KPT; ++k) st[k] = S_in[(grp * KPT + k) * dv];
   }
 
   // Causal conv over the ring (rows p-3..p-1) plus the current pre-conv value; the owner block
-  // stores the current value into ring row p % K. Group 0 does the prologue.
+  // stores the current value into ring row p % K (and, when the output is another state index,
+  // the K-1 rows it read, so that the output ring is complete). Group 0 does the prologue.
   auto conv = [&](int c, bool owner) {
     const float cur = m[c];
     const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
     float acc = w[kConvK - 1] * cur;
 #pragma unroll
-    for (int tap = 0; tap < kConvK - 1; ++tap)
-      acc += w[tap] * ring[Mod(p - (kConvK - 1) + tap, kConvK) * C + c];
+    for (int tap = 0; tap < kConvK - 1; ++tap) {
+      const int r = Mod(p - (kConvK - 1) + tap, kConvK);
+      const float prev = ring_in[r * C + c];
+      acc += w[tap] * prev;
+      if (owner && in != slot) ring[r * C + c] = prev;
+    }
     if (owner) ring[cur_row * C + c] = cur;
     return Silu(acc);
   };

@@ -40,14 +40,19 @@ struct GdnDecodeArgs {
   GdnLayerParams p;
   int n_seqs = 0;
   const int32_t* rows = nullptr;   // [n_seqs] device: row of the sequence's token in the buffers
-  const int32_t* slots = nullptr;  // [n_seqs] device
+  const int32_t* slots = nullptr;  // [n_seqs] device: state index written (and read)
+  // Speculative verify (RowRun::spec_entry): [n_seqs] device state index read, or null = slots.
+  // Where in_slots[i] != slots[i] the step reads the ring + state at in_slots[i] and writes the
+  // updated ones at slots[i] (the K-1 earlier ring rows copied along), leaving the input alone;
+  // the arithmetic is the same as in place.
+  const int32_t* in_slots = nullptr;
   const int32_t* pos = nullptr;    // [n_seqs] device: position of the token
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a
   const float* b = nullptr;        // [T, Hv]    W_beta·a
   const float* alpha = nullptr;    // [T, Hv]    W_alpha·a
-  float* conv_ring = nullptr;      // [n_slots, K, C]
-  float* state = nullptr;          // [n_slots, Hv, dk, dv]
+  float* conv_ring = nullptr;      // [n_states, K, C]   (n_states >= every index in slots / in_slots)
+  float* state = nullptr;          // [n_states, Hv, dk, dv]
   float* out = nullptr;            // [T, Hv*dv]  rows as above
 };
 absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream);

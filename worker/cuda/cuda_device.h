@@ -96,6 +96,13 @@ class CudaDevice final : public Device {
   absl::Status Finish() override;
   double TakeCommSeconds() override { return 0; }  // collectives are stream-ordered: not timed
 
+  // Speculative verify (CudaBackendOptions::spec_tokens): the slot's GDN state becomes entry
+  // `entry`'s (one strided copy per state kind over all GDN layers). MtpStep: the MTP block
+  // (spec §8.2) for one token, its K/V in an f16 plane of the paged pool (worker/cuda/mtp.cc).
+  absl::Status CommitSpeculative(int slot, int entry) override;
+  absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
+                       std::vector<float>* logits, std::vector<float>* hidden_out) override;
+
   KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
   absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
   void ResetSlot(int slot) override;
@@ -332,6 +339,42 @@ class CudaDevice final : public Device {
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> prof_events_;
   std::vector<cudaEvent_t> event_pool_;
   size_t event_next_ = 0;
+
+  // ---- speculative entries and the MTP block (worker/cuda/mtp.cc)
+  // GDN state indices: slot s is index s, speculative entry e is index n_slots + e; every GDN
+  // layer's rings (and states) lie at a fixed pitch from the previous layer's, so one 2-D copy
+  // moves a state index over all layers (CommitSpeculative).
+  int n_spec_entries_ = 0;
+  float* rings_ = nullptr;   // [n_gdn] x ring_pitch_ bytes, each [n_slots + n_spec, K, C]
+  float* states_ = nullptr;  // [n_gdn] x state_pitch_ bytes, each [n_slots + n_spec, Hv, dk, dv]
+  uint64_t ring_pitch_ = 0, state_pitch_ = 0;
+  int n_gdn_ = 0;
+  // The prepared step holds speculative runs: the GDN decode waves read GdnIn() and write
+  // GdnOut() (state indices, per decode row), and the step runs eagerly (no graph).
+  bool spec_step_ = false;
+  const int32_t* GdnOut() const { return d_ints_ + 6 * T_max_; }
+  const int32_t* GdnIn() const { return d_ints_ + 7 * T_max_; }
+  // Per slot: the state index holding its newest speculative state in the current Forward and
+  // that token's position (a speculative run cut over micro-steps continues from it); -1 = none.
+  std::vector<int32_t> spec_last_, spec_last_pos_;
+  // MTP (file has the block and spec_tokens > 0).
+  bool has_mtp_ = false;
+  DLayer mtp_layer_;  // a full-attention layer; kc / vc are its f16 planes of the pool
+  DMat mtp_eh_, mtp_embed_, mtp_head_;
+  const float* mtp_enorm_ = nullptr;
+  const float* mtp_hnorm_ = nullptr;
+  const float* mtp_norm_ = nullptr;
+  uint8_t* mtp_valid_ = nullptr;  // [n_slots, slot_ctx] device: MTP row written (CPU's mask)
+  std::vector<int32_t> mtp_len_;  // [n_slots] rows [0, len) may be valid
+  // MTP workspace (one row): cat [2H], u [H], a [H], qg, k, v, q, o, ff [2 n_ff], hid [H],
+  // logits [n_vocab], attention partials, ints [token, slot, pos].
+  float *mtp_cat_ = nullptr, *mtp_u_ = nullptr, *mtp_a_ = nullptr, *mtp_qg_ = nullptr,
+        *mtp_k_ = nullptr, *mtp_v_ = nullptr, *mtp_q_ = nullptr, *mtp_o_ = nullptr,
+        *mtp_ff_ = nullptr, *mtp_hid_ = nullptr, *mtp_logits_ = nullptr, *mtp_parts_ = nullptr;
+  int32_t* mtp_ints_ = nullptr;
+  int32_t* h_mtp_ints_ = nullptr;  // pinned [4]
+  int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)
+  void DropSpeculation(int slot);  // forget its speculative chain and MTP rows (reset, load)
 };
 
 }  // namespace ds::cuda

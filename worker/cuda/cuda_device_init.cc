@@ -7,6 +7,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
+#include "kernels/cuda/mtp_attention.cuh"
 #include "worker/cuda/cuda_device.h"
 #include "worker/model/kv_type.h"
 
@@ -142,13 +143,35 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     add_mat(p + "ffn_up", L.ffn_up);
     add_mat(p + "ffn_down", L.ffn_down);
   }
+  // The MTP block (spec §8.2) when speculative steps are asked for (and not under TP: the
+  // runner refuses MtpStep there). Its embedding and head are the model's unless the file has
+  // its own (nextn.embed_tokens / nextn.shared_head_head).
+  has_mtp_ = copts_.spec_tokens > 0 && mw.has_mtp && tp.world == 1;
+  const bool mtp_own_embed = has_mtp_ && mw.mtp.embed.data != mw.token_embd.data;
+  const bool mtp_own_head = has_mtp_ && mw.mtp.head.data != mw.output.data;
+  if (has_mtp_) {
+    const LayerWeights& L = mw.mtp.layer;
+    add_mat("mtp.eh_proj", mw.mtp.eh_proj);
+    add_mat("mtp.attn_q", L.attn.q);
+    add_mat("mtp.attn_k", L.attn.k);
+    add_mat("mtp.attn_v", L.attn.v);
+    add_mat("mtp.attn_output", L.attn.out);
+    add_mat("mtp.ffn_gate", L.ffn_gate);
+    add_mat("mtp.ffn_up", L.ffn_up);
+    add_mat("mtp.ffn_down", L.ffn_down);
+    if (mtp_own_embed) add_mat("mtp.embed", mw.mtp.embed);
+    if (mtp_own_head) add_mat("mtp.head", mw.mtp.head);
+    // enorm, hnorm, shared_head_norm, attn_norm, post_norm, q_norm, k_norm (+ alignment).
+    small_floats += 5ull * c.n_embd + L.attn.q_norm.size() + L.attn.k_norm.size() + 7 * 64;
+  }
   uint64_t max_mat_elems = 0;
   tiled_ = copts_.tiled && TiledAvailable(device_);
   tiled_max_rows_ = tiled_ ? std::clamp(copts_.tiled_max_rows, 0, kTiledMaxCols) : 0;
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
   // by row lookups), so also the LM head unless it is tied to the embedding.
   auto tile_it = [&](const cpu::WeightView* w) {
-    return tiled_ && w != &mw.token_embd && TiledSupported(w->type) && w->cols % 256 == 0;
+    return tiled_ && w != &mw.token_embd && w != &mw.mtp.embed && TiledSupported(w->type) &&
+           w->cols % 256 == 0;
   };
   auto mat_bytes = [&](const cpu::WeightView* w) -> uint64_t {
     return tile_it(w) ? TiledBytes(w->type, w->rows, static_cast<int>(w->cols))
@@ -164,14 +187,14 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     if (tile_it(w))
       staging_bytes = std::max<uint64_t>(staging_bytes, std::min<uint64_t>(GgmlRowBytes(w->type, w->cols) * w->rows, 64ull << 20) + GgmlRowBytes(w->type, w->cols) * kTiledRows);
     max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));
-    if (w != &mw.output && w != &mw.token_embd)
+    if (w != &mw.output && w != &mw.token_embd && w != &mw.mtp.embed && w != &mw.mtp.head)
       max_mat_elems = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(w->rows) * w->cols);
   }
   // A tied lm_head is (a row range of) the uploaded embedding: no bytes of its own.
   if (mw.tied_output) plan_.weights -= AlignUp(GgmlRowBytes(mw.output.type, mw.output.cols) * mw.output.rows);
   plan_.weights += small_floats * 4 + 64 * kAlign * c.n_layer;
   for (auto& [n, w] : mats)
-    if (w != &mw.token_embd) step_weight_bytes_ += GgmlRowBytes(w->type, w->cols) * w->rows;
+    if (w != &mw.token_embd && n.rfind("mtp.", 0) != 0) step_weight_bytes_ += GgmlRowBytes(w->type, w->cols) * w->rows;
 
   if (copts_.kv_page_size < 1 || copts_.kv_pool_tokens < 0)
     return absl::InvalidArgumentError(absl::StrCat("CUDA backend: KV page size ",
@@ -179,9 +202,24 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                                                    copts_.kv_pool_tokens));
   max_pages_ = (slot_ctx_ + copts_.kv_page_size - 1) / copts_.kv_page_size;
   const int C = c.n_recurrent() > 0 ? gdn_shape_.channels() : 0;
-  const uint64_t ring_bytes = static_cast<uint64_t>(n_slots_) * 4 * C * 4;
-  const uint64_t st_bytes = static_cast<uint64_t>(n_slots_) * gdn_v * c.gdn_k_dim * c.gdn_v_dim * 4;
-  plan_.recurrent = c.n_recurrent() * (AlignUp(ring_bytes) + AlignUp(st_bytes));
+  // Speculative entries: spec_tokens for each of spec_seqs sequences, state indices after the
+  // slots' (cuda_device.h).
+  if (copts_.spec_tokens < 0 || copts_.spec_seqs < 0)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend: spec_tokens ", copts_.spec_tokens,
+                                                   " / spec_seqs ", copts_.spec_seqs));
+  const int spec_seqs = copts_.spec_seqs > 0 ? copts_.spec_seqs : std::min(n_slots_, 8);
+  n_spec_entries_ = copts_.spec_tokens > 0 ? copts_.spec_tokens * spec_seqs : 0;
+  limits_.spec_entries = n_spec_entries_;
+  limits_.max_spec_tokens = copts_.spec_tokens;
+  const uint64_t n_idx = static_cast<uint64_t>(n_slots_) + n_spec_entries_;
+  const uint64_t ring1 = 4ull * C * 4, st1 = static_cast<uint64_t>(gdn_v) * c.gdn_k_dim * c.gdn_v_dim * 4;
+  ring_pitch_ = AlignUp(n_idx * ring1);
+  state_pitch_ = AlignUp(n_idx * st1);
+  n_gdn_ = c.n_recurrent();
+  plan_.recurrent = c.n_recurrent() * (ring_pitch_ + state_pitch_);
+  // What the slots alone take (the planner scales it with the slot count) and the entries' rest.
+  const uint64_t rec_slots =
+      c.n_recurrent() * (AlignUp(n_slots_ * ring1) + AlignUp(n_slots_ * st1));
   // Recurrent state stays per slot (the GDN kernels index it by slot); the slot count is the
   // scheduler's and the planner below charges every one of them.
 
@@ -210,7 +248,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     uint64_t bytes;
   };
   std::vector<Buf> bufs = {
-      {reinterpret_cast<void**>(&d_ints_), 6 * T * 4},
+      {reinterpret_cast<void**>(&d_ints_), 8 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
       {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
       {reinterpret_cast<void**>(&h_), T * H * 4},
@@ -242,6 +280,21 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&logits_), static_cast<uint64_t>(logit_rows_max_) * c.n_vocab * 4},
       {reinterpret_cast<void**>(&logits_part_), part_floats * 4},
       {reinterpret_cast<void**>(&logits_gather_), gather_floats * 4},
+      // MTP block, one row (MtpStep).
+      {reinterpret_cast<void**>(&mtp_cat_), has_mtp_ ? 2 * H * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_u_), has_mtp_ ? H * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_a_), has_mtp_ ? H * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_qg_), has_mtp_ ? qgw * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_k_), has_mtp_ ? kvw * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_v_), has_mtp_ ? kvw * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_q_), has_mtp_ ? ow * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_o_), has_mtp_ ? ow * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_ff_), has_mtp_ ? 2 * c.n_ff * 4ull : 0},
+      {reinterpret_cast<void**>(&mtp_hid_), has_mtp_ ? H * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_logits_), has_mtp_ ? c.n_vocab * 4ull : 0},
+      {reinterpret_cast<void**>(&mtp_parts_),
+       has_mtp_ ? MaskedAttnPartialFloats(attn_shape_, MtpAttnSplits()) * 4ull : 0},
+      {reinterpret_cast<void**>(&mtp_ints_), has_mtp_ ? 4 * 4ull : 0},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
@@ -260,13 +313,17 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // kt_/vt_/scores_/probs_ grow with the context; the rest does not.
   pin.workspace_per_ctx = kvw * 2 * 2 + static_cast<uint64_t>(G) * attn_tq_ * (4 + 2);
   pin.workspace_fixed = plan_.workspace - std::min<uint64_t>(plan_.workspace, pin.workspace_per_ctx * slot_ctx_);
-  pin.recurrent_per_slot = plan_.recurrent / std::max(1, n_slots_);
+  pin.recurrent_per_slot = rec_slots / std::max(1, n_slots_);
+  pin.recurrent_fixed = plan_.recurrent - rec_slots;
   pin.kv_per_token = static_cast<uint64_t>(c.n_attention()) * 2 * kv_token_bytes_;
   pin.page_size = copts_.kv_page_size;
   pin.slots = std::max(1, n_slots_ - 1);  // + the warmup scratch slot the planner adds
   pin.slot_ctx = slot_ctx_;
   pin.pool_tokens = copts_.kv_pool_tokens;
   if (c.n_attention() == 0 || n_kv == 0) pin.kv_per_token = 0;
+  // The MTP layer's K and V: one more f16 plane each in the pool's pages.
+  const uint64_t mtp_token_bytes = has_mtp_ ? static_cast<uint64_t>(n_kv) * c.head_dim * 2 : 0;
+  pin.kv_per_token += 2 * mtp_token_bytes;
   auto mp = PlanMemory(pin);
   if (!mp.ok())
     return absl::ResourceExhaustedError(absl::StrCat("CUDA backend on device ", device_, " (kv_type ",
@@ -277,6 +334,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const uint64_t kv_layer = static_cast<uint64_t>(n_pages_) * copts_.kv_page_size * kv_token_bytes_;
   const uint64_t table_entries = static_cast<uint64_t>(n_slots_) * max_pages_;
   plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(table_entries * 4);
+  const uint64_t mtp_layer = static_cast<uint64_t>(n_pages_) * copts_.kv_page_size * mtp_token_bytes;
+  const uint64_t mtp_valid_bytes = has_mtp_ ? static_cast<uint64_t>(n_slots_) * slot_ctx_ : 0;
+  plan_.kv_cache += 2 * AlignUp(mtp_layer) + AlignUp(mtp_valid_bytes);
   if (plan_.total() > free_b || plan_.weights + staging_bytes > free_b)
     return absl::ResourceExhaustedError(absl::StrFormat(
         "CUDA backend: model needs %s (+ %.2f GiB transient upload staging) but device %d has "
@@ -369,6 +429,35 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     DS_RETURN_IF_ERROR(up_mat(L.ffn_up, &D.ffn_up));
     DS_RETURN_IF_ERROR(up_mat(L.ffn_down, &D.ffn_down));
   }
+  if (has_mtp_) {
+    const LayerWeights& L = mw.mtp.layer;
+    DLayer& D = mtp_layer_;
+    DS_ASSIGN_OR_RETURN(D.attn_norm, up_vec(L.attn_norm));
+    DS_ASSIGN_OR_RETURN(D.post_norm, up_vec(L.post_norm));
+    DS_RETURN_IF_ERROR(up_mat(L.attn.q, &D.q));
+    DS_RETURN_IF_ERROR(up_mat(L.attn.k, &D.k));
+    DS_RETURN_IF_ERROR(up_mat(L.attn.v, &D.v));
+    DS_RETURN_IF_ERROR(up_mat(L.attn.out, &D.o));
+    DS_ASSIGN_OR_RETURN(D.q_norm, up_vec(L.attn.q_norm));
+    DS_ASSIGN_OR_RETURN(D.k_norm, up_vec(L.attn.k_norm));
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_gate, &D.ffn_gate));
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_up, &D.ffn_up));
+    DS_RETURN_IF_ERROR(up_mat(L.ffn_down, &D.ffn_down));
+    DS_RETURN_IF_ERROR(up_mat(mw.mtp.eh_proj, &mtp_eh_));
+    DS_ASSIGN_OR_RETURN(mtp_enorm_, up_vec(mw.mtp.enorm));
+    DS_ASSIGN_OR_RETURN(mtp_hnorm_, up_vec(mw.mtp.hnorm));
+    DS_ASSIGN_OR_RETURN(mtp_norm_, up_vec(mw.mtp.shared_head_norm));
+    if (mtp_own_embed) {
+      DS_RETURN_IF_ERROR(up_mat(mw.mtp.embed, &mtp_embed_));
+    } else {
+      mtp_embed_ = token_embd_;
+    }
+    if (mtp_own_head) {
+      DS_RETURN_IF_ERROR(up_mat(mw.mtp.head, &mtp_head_));
+    } else {
+      mtp_head_ = output_;
+    }
+  }
   staging_owner.reset();  // before the state and workspace allocations (checked in the plan)
 
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&state_mem_, plan_.kv_cache + plan_.recurrent));
@@ -382,22 +471,39 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   h_table_.assign(table_entries, 0);
   kv_base_ = KvCacheView{nullptr, nullptr,   d_table_,  copts_.kv_page_size,
                          max_pages_, n_kv, c.head_dim, copts_.kv_type};
+  // Every GDN layer's rings, then every layer's states, each layer at a fixed pitch.
+  rings_ = sa.Take<float>(n_gdn_ * ring_pitch_ / 4);
+  states_ = sa.Take<float>(n_gdn_ * state_pitch_ / 4);
+  int gi = 0;
   for (DLayer& D : layers_) {
     if (D.rec) {
-      D.ring = sa.Take<float>(ring_bytes / 4);
-      D.state = sa.Take<float>(st_bytes / 4);
+      D.ring = rings_ + gi * ring_pitch_ / 4;
+      D.state = states_ + gi * state_pitch_ / 4;
+      ++gi;
     } else {
       D.kc = sa.Take<uint8_t>(kv_layer);
       D.vc = sa.Take<uint8_t>(kv_layer);
     }
   }
 
+  if (has_mtp_) {
+    mtp_layer_.kc = sa.Take<uint8_t>(mtp_layer);
+    mtp_layer_.vc = sa.Take<uint8_t>(mtp_layer);
+    mtp_valid_ = sa.Take<uint8_t>(mtp_valid_bytes);  // zeroed with the arena: nothing written
+  }
+  mtp_len_.assign(n_slots_, 0);
+  spec_last_.assign(n_slots_, -1);
+  spec_last_pos_.assign(n_slots_, -1);
+
   uint64_t work_bytes = 0;
   for (auto& b : bufs) work_bytes += AlignUp(b.bytes);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&work_mem_, work_bytes));
   Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
-  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_ints_, 7 * T * 4));
+  // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
+  // speculative step (device rows 6 and 7), then MtpStep's [token, slot, pos].
+  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_ints_, 9 * T * 4 + 16));
+  h_mtp_ints_ = h_ints_ + 9 * T;
   return absl::OkStatus();
 }
 

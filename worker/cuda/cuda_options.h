@@ -31,6 +31,14 @@ struct CudaBackendOptions {
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;
+  // Speculative verify (MTP, issue #15; SeqStep::speculative): spec_tokens tokens per sequence
+  // (k drafts + 1) for up to spec_seqs sequences of one Forward (0 = min(n_slots, 8)). Each
+  // token's recurrent state (every GDN layer's conv ring + delta-rule state: ~150 MiB on the 27B)
+  // is kept in an entry of its own, spec_tokens x spec_seqs entries in all, charged by the memory
+  // planner; with MTP in the file the MTP layer's K/V gets one more (f16) plane of the paged KV
+  // pool. 0 = no speculative steps and no MtpStep: memory as without MTP.
+  int spec_tokens = 0;
+  int spec_seqs = 0;
   // Batch-invariant decode: while a micro-step holds at most gemv_max_rows (tiled:
   // tiled_max_rows) decode sequences, every decode row (and every row of a SeqStep::decode_path
   // run) takes the column kernels and the decode attention with a split length that depends on

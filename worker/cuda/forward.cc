@@ -48,6 +48,19 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
       prefill_.push_back(r);
     }
   }
+  // Speculative runs (RowRun::spec_entry): the GDN state indices each decode row reads and
+  // writes (cuda_device.h), host rows 7 and 8 of h_ints_ (device rows 6 and 7).
+  int32_t* gdn_out = h_ints_ + 7 * T_max_;
+  int32_t* gdn_in = h_ints_ + 8 * T_max_;
+  spec_step_ = false;
+  for (const RowRun& r : step.runs) {
+    if (r.spec_entry < 0) continue;
+    if (!r.decode_like() || r.spec_entry + r.n > n_spec_entries_)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA micro-step: speculative run of ", r.n, " tokens at entry ", r.spec_entry,
+          " (decode path: ", r.decode_like(), ") exceeds the ", n_spec_entries_, " entries"));
+    spec_step_ = true;
+  }
   for (int w = 0; w < longest; ++w) {
     const int first = n_dec_;
     for (const RowRun& r : step.runs) {
@@ -55,10 +68,28 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
       drow[n_dec_] = r.row0 + w;
       dslot[n_dec_] = r.slot;
       dpos[n_dec_] = r.pos0 + w;
+      if (spec_step_) {
+        int32_t in = r.slot, out = r.slot;
+        if (r.spec_entry >= 0) {
+          out = n_slots_ + r.spec_entry + w;
+          if (w > 0) {
+            in = out - 1;
+          } else if (spec_last_[r.slot] == out - 1 && spec_last_pos_[r.slot] == r.pos0 - 1) {
+            in = out - 1;  // the run continues one cut off at the previous micro-step's end
+          }
+        }
+        gdn_out[n_dec_] = out;
+        gdn_in[n_dec_] = in;
+      }
       ++n_dec_;
     }
     waves_.push_back({first, n_dec_ - first});
   }
+  for (const RowRun& r : step.runs)
+    if (r.spec_entry >= 0) {
+      spec_last_[r.slot] = n_slots_ + r.spec_entry + r.n - 1;
+      spec_last_pos_[r.slot] = r.pos0 + r.n - 1;
+    }
   // Batch-invariant: the split length of a decode row's attention depends on its own length
   // only (the split count of a lone sequence; later splits exit early), not on how many rows
   // share the launch.
@@ -73,10 +104,15 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_logit_rows_, lrows,
                                           static_cast<size_t>(std::max(n_logit_rows_, 1)) * 4,
                                           cudaMemcpyHostToDevice, stream_));
+  if (spec_step_)
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_ + 6 * T_max_, gdn_out, 2ull * T_max_ * 4,
+                                            cudaMemcpyHostToDevice, stream_));
   return absl::OkStatus();
 }
 
 absl::Status CudaDevice::RunCaptured(int rows, const std::function<absl::Status()>& body) {
+  // A speculative run of one token looks like a pure decode, but its GDN writes an entry: eager.
+  if (spec_step_) return body();
   // The first pure-decode step of a row count runs eagerly so that lazy library state (cuBLAS
   // workspaces for the R > gemv_max_rows path) exists before capture; the second one captures.
   // A collective that cannot be captured (the host-staged one) keeps every step eager.
@@ -140,7 +176,8 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.p = L.gdn;
     a.n_seqs = wave.n;
     a.rows = DecodeRows() + wave.first;
-    a.slots = DecodeSlots() + wave.first;
+    a.slots = (spec_step_ ? GdnOut() : DecodeSlots()) + wave.first;
+    a.in_slots = spec_step_ ? GdnIn() + wave.first : nullptr;
     a.pos = DecodePositions() + wave.first;
     a.mixed = mixed_;
     a.z = z_;

@@ -54,7 +54,17 @@ void CudaDevice::ResetSlot(int slot) {
     cudaMemsetAsync(reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, 0, rb.ring, stream_);
     cudaMemsetAsync(reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, 0, rb.state, stream_);
   }
+  DropSpeculation(slot);
   cudaStreamSynchronize(stream_);
+}
+
+void CudaDevice::DropSpeculation(int slot) {
+  spec_last_[slot] = -1;
+  spec_last_pos_[slot] = -1;
+  // No MTP row of the slot is valid any more (its pages may go to other slots).
+  if (has_mtp_ && mtp_len_[slot] > 0)
+    cudaMemsetAsync(mtp_valid_ + static_cast<size_t>(slot) * slot_ctx_, 0, mtp_len_[slot], stream_);
+  mtp_len_[slot] = 0;
 }
 
 std::string CudaDevice::state_layout() const {
@@ -97,6 +107,8 @@ absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uin
     return absl::InvalidArgumentError(
         absl::StrCat("Restore: state of ", bytes.size(), " bytes, expected ", total));
   const uint8_t* p = bytes.data();
+  // Snapshots hold no MTP rows (the drafts after a restore start from an empty MTP cache).
+  DropSpeculation(slot);
   for (DLayer& L : layers_) {
     if (L.rec) {
       DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, p, rb.ring));

@@ -1,0 +1,131 @@
+// Masked one-row decode attention (see mtp_attention.cuh). Two launches: per (head, split) a
+// block of 4 warps walks its positions (warp w takes every 4th), each warp keeping an online
+// softmax (max, sum, hd/32 accumulators per lane); the warps and then the splits are merged.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mtp_attention.cuh"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMinPerSplit = 128;
+
+template <int HD>
+__global__ void __launch_bounds__(kWarps * 32) MaskedAttnPartialKernel(const MaskedAttnArgs a) {
+  constexpr int E = HD / 32;  // elements per lane
+  const int h = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const AttnShape& s = a.shape;
+  const int group = s.n_head / s.n_kv, kvh = h / group;
+  const int n = a.pos + 1;
+  const int per = (n + a.n_splits - 1) / a.n_splits;
+  const int j0 = split * per, j1 = min(n, j0 + per);
+  float q[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) q[e] = a.q[h * HD + lane + 32 * e];
+  const float scale = rsqrtf(static_cast<float>(HD));
+  float m = -INFINITY, l = 0.f, acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
+  const int64_t rb = a.kv.row_bytes();
+  for (int j = j0 + warp; j < j1; j += kWarps) {
+    if (!a.valid[j]) continue;
+    const int page = a.kv.block_table[a.slot * a.kv.max_pages + j / a.kv.page_size];
+    const int64_t row = (static_cast<int64_t>(page) * a.kv.page_size + j % a.kv.page_size) * s.n_kv + kvh;
+    const __half* kr = reinterpret_cast<const __half*>(static_cast<const uint8_t*>(a.kv.k) + row * rb);
+    const __half* vr = reinterpret_cast<const __half*>(static_cast<const uint8_t*>(a.kv.v) + row * rb);
+    float d = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) d = fmaf(q[e], __half2float(kr[lane + 32 * e]), d);
+    d = WarpSum(d) * scale;
+    const float mn = fmaxf(m, d);
+    const float c = __expf(m - mn), p = __expf(d - mn);
+    l = l * c + p;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = fmaf(p, __half2float(vr[lane + 32 * e]), acc[e] * c);
+    m = mn;
+  }
+  // Merge the warps: shared max, rescaled sums.
+  __shared__ float sm[kWarps], sl[kWarps], sacc[kWarps][HD];
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) sacc[warp][lane + 32 * e] = acc[e];
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w]);
+  float* part = a.partials + (static_cast<int64_t>(h) * a.n_splits + split) * (HD + 2);
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (sm[w] > -INFINITY) v += sacc[w][d] * __expf(sm[w] - M);
+    part[d] = v;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
+    part[HD] = M;
+    part[HD + 1] = L;
+  }
+}
+
+// One block per head, one thread per output dimension.
+__global__ void MaskedAttnCombineKernel(const MaskedAttnArgs a) {
+  const int h = blockIdx.x, d = threadIdx.x, hd = a.shape.hd;
+  if (d >= hd) return;
+  const float* part = a.partials + static_cast<int64_t>(h) * a.n_splits * (hd + 2);
+  float M = -INFINITY;
+  for (int sp = 0; sp < a.n_splits; ++sp) M = fmaxf(M, part[sp * (hd + 2) + hd]);
+  float v = 0.f, L = 0.f;
+  for (int sp = 0; sp < a.n_splits; ++sp) {
+    const float* p = part + sp * (hd + 2);
+    if (!(p[hd] > -INFINITY)) continue;
+    const float w = __expf(p[hd] - M);
+    v += p[d] * w;
+    L += p[hd + 1] * w;
+  }
+  const float o = L > 0.f ? v / L : 0.f;
+  const float gate = a.qg[static_cast<int64_t>(h) * 2 * hd + hd + d];
+  a.out[static_cast<int64_t>(h) * hd + d] = o * Sigmoid(gate);
+}
+
+}  // namespace
+
+int MaskedAttnSplits(int pos, int max_splits) {
+  return std::clamp((pos + 1 + kMinPerSplit - 1) / kMinPerSplit, 1, std::max(1, max_splits));
+}
+
+int64_t MaskedAttnPartialFloats(const AttnShape& s, int max_splits) {
+  return static_cast<int64_t>(s.n_head) * std::max(1, max_splits) * (s.hd + 2);
+}
+
+absl::Status MaskedAttnDecode(const MaskedAttnArgs& a, cudaStream_t stream) {
+  const AttnShape& s = a.shape;
+  if (a.kv.type != GgmlType::F16)
+    return absl::InvalidArgumentError("MaskedAttnDecode: the K/V plane must be f16");
+  if (s.n_kv <= 0 || s.n_head % s.n_kv != 0 || a.pos < 0 || a.n_splits < 1 || !a.valid)
+    return absl::InvalidArgumentError("MaskedAttnDecode: bad shape or arguments");
+  const dim3 grid(s.n_head, a.n_splits);
+  switch (s.hd) {
+    case 32: MaskedAttnPartialKernel<32><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    case 64: MaskedAttnPartialKernel<64><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    case 128: MaskedAttnPartialKernel<128><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    case 256: MaskedAttnPartialKernel<256><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    default:
+      return absl::UnimplementedError("MaskedAttnDecode: head_dim not in {32, 64, 128, 256}");
+  }
+  DS_RETURN_IF_ERROR(LastLaunchStatus("masked attention partials"));
+  MaskedAttnCombineKernel<<<s.n_head, (s.hd + 31) / 32 * 32, 0, stream>>>(a);
+  return LastLaunchStatus("masked attention combine");
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,235 @@
+// The kernels of speculative decoding (issue #15) vs the CPU reference (kernels/cpu). Needs a GPU.
+//  * GdnDecode with separate input / output state indices (GdnDecodeArgs::in_slots): a chain of
+//    speculative tokens, each reading the previous token's entry and writing its own, against
+//    cpu::GdnSequence token by token (outputs, states and conv rows of every entry); the input
+//    slot stays untouched, and the outputs and final state are bit-identical to running the
+//    same tokens in place.
+//  * MaskedAttnDecode (the MTP layer's attention): one query over a paged f16 plane with rows
+//    masked out, against cpu::GatedAttention with the same mask.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gdn.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/mtp_attention.cuh"
+#include "tests/kernels/cuda/cuda_test_util.h"
+
+namespace ds::cuda {
+namespace {
+
+std::mt19937& Rng() {
+  static std::mt19937 rng(4321);
+  return rng;
+}
+std::vector<float> RandVec(size_t n, float lo, float hi) { return ds::cuda::RandVec(Rng(), n, lo, hi); }
+
+double Rel(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    num += double(got[i] - ref[i]) * (got[i] - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GDN decode, speculative chain.
+
+struct SpecCase {
+  int hk, hv, dk, dv, warm, k;  // warm: in-place decode tokens before the chain; k: chain tokens
+};
+
+void RunSpecChain(const SpecCase& sc) {
+  SCOPED_TRACE(::testing::Message() << "Hk=" << sc.hk << " Hv=" << sc.hv << " dk=" << sc.dk
+                                    << " dv=" << sc.dv << " warm=" << sc.warm << " k=" << sc.k);
+  GdnShape s{sc.hk, sc.hv, sc.dk, sc.dv, 4};
+  cpu::GdnDims cd{sc.hk, sc.hv, sc.dk, sc.dv, 4};
+  const int C = s.channels(), Vw = sc.hv * sc.dv, K = 4;
+  // State indices: 0 = the chain's slot, 1 = the in-place copy, 2.. = the chain's entries.
+  const int n_idx = 2 + sc.k;
+  const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(sc.hv) * sc.dk * sc.dv;
+  auto conv_w = RandVec(static_cast<size_t>(C) * K, -0.5f, 0.5f);
+  std::vector<float> ssm_a(sc.hv), dt(sc.hv);
+  for (int h = 0; h < sc.hv; ++h) {
+    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
+    dt[h] = RandVec(1, -2.f, 2.f)[0];
+  }
+  auto norm_w = RandVec(sc.dv, 0.5f, 1.5f);
+  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
+  GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
+  Dev<float> ring(n_idx * ring1), state(n_idx * st1);  // entries stay poisoned until written
+  CK(cudaMemset(ring.p, 0, 2 * ring1 * sizeof(float)));
+  CK(cudaMemset(state.p, 0, 2 * st1 * sizeof(float)));
+  std::vector<float> cpu_conv(static_cast<size_t>(K - 1) * C, 0.f), cpu_state(st1, 0.f);
+
+  struct Tok {
+    std::vector<float> mixed, z, b, al;
+  };
+  auto make = [&] {
+    return Tok{RandVec(C, -2.f, 2.f), RandVec(Vw, -3.f, 3.f), RandVec(sc.hv, -4.f, 4.f),
+               RandVec(sc.hv, -6.f, 3.f)};
+  };
+  // One token of one sequence on the GPU: reads index `in`, writes index `out`.
+  auto gpu_token = [&](const Tok& t, int in, int out, int pos) {
+    Dev<float> dm(t.mixed), dz(t.z), db(t.b), dal(t.al), o(Vw);
+    Dev<int32_t> rows(std::vector<int32_t>{0}), outs(std::vector<int32_t>{out}),
+        ins(std::vector<int32_t>{in}), poss(std::vector<int32_t>{pos});
+    GdnDecodeArgs a;
+    a.shape = s; a.p = p; a.n_seqs = 1; a.rows = rows.p; a.slots = outs.p;
+    a.in_slots = in == out ? nullptr : ins.p; a.pos = poss.p;
+    a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
+    a.conv_ring = ring.p; a.state = state.p; a.out = o.p;
+    EXPECT_TRUE(GdnDecode(a, nullptr).ok());
+    return o.Down();
+  };
+  auto cpu_token = [&](const Tok& t) {
+    std::vector<float> ref(Vw);
+    cpu::GdnSeqArgs c;
+    c.dims = cd; c.T = 1; c.eps = 1e-6f; c.mixed = t.mixed.data(); c.z = t.z.data(); c.b = t.b.data();
+    c.alpha = t.al.data(); c.conv_w = conv_w.data(); c.ssm_a = ssm_a.data(); c.dt_bias = dt.data();
+    c.norm_w = norm_w.data(); c.conv_state = cpu_conv.data(); c.state = cpu_state.data(); c.out = ref.data();
+    cpu::GdnSequence(c);
+    return ref;
+  };
+  // Warm-up tokens in place on slot 0 (and the CPU), then the same state copied to index 1.
+  int pos = 0;
+  for (; pos < sc.warm; ++pos) {
+    const Tok t = make();
+    gpu_token(t, 0, 0, pos);
+    cpu_token(t);
+  }
+  CK(cudaMemcpy(ring.p + ring1, ring.p, ring1 * sizeof(float), cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(state.p + st1, state.p, st1 * sizeof(float), cudaMemcpyDeviceToDevice));
+  const auto ring0 = ring.Down(ring1), state0 = state.Down(st1);
+
+  for (int i = 0; i < sc.k; ++i, ++pos) {
+    const Tok t = make();
+    const auto got = gpu_token(t, i == 0 ? 0 : 2 + i - 1, 2 + i, pos);
+    const auto inplace = gpu_token(t, 1, 1, pos);
+    const auto ref = cpu_token(t);
+    EXPECT_LT(Rel(got, ref), 2e-4) << "token " << i;
+    EXPECT_EQ(std::memcmp(got.data(), inplace.data(), got.size() * 4), 0) << "token " << i;
+    // The entry holds the CPU's state and its last K-1 pre-conv rows (ring row q % K).
+    const auto all_st = state.Down(), all_ring = ring.Down();
+    const std::vector<float> e_st(all_st.begin() + (2 + i) * st1, all_st.begin() + (3 + i) * st1);
+    EXPECT_LT(Rel(e_st, cpu_state), 2e-4) << "state after token " << i;
+    EXPECT_EQ(std::memcmp(e_st.data(), all_st.data() + st1, st1 * 4), 0) << "token " << i;
+    for (int r = 0; r < K - 1; ++r) {
+      const int q = pos - (K - 2) + r;  // position of CPU conv row r
+      const float* g = all_ring.data() + (2 + i) * ring1 + static_cast<size_t>(((q % K) + K) % K) * C;
+      const std::vector<float> gr(g, g + C), cr(cpu_conv.begin() + r * C, cpu_conv.begin() + (r + 1) * C);
+      EXPECT_EQ(gr, cr) << "conv row " << r << " after token " << i;
+    }
+  }
+  // The chain's input slot is untouched.
+  EXPECT_EQ(ring.Down(ring1), ring0);
+  EXPECT_EQ(state.Down(st1), state0);
+}
+
+TEST(GdnSpec, ChainMatchesCpuAndInPlace) {
+  RunSpecChain({2, 6, 16, 16, 5, 4});
+  RunSpecChain({2, 4, 32, 64, 2, 3});  // fewer warm tokens than conv rows: zero rows carried
+  RunSpecChain({2, 6, 64, 64, 0, 5});
+  RunSpecChain({16, 48, 128, 128, 3, 4});  // the 27B shape
+}
+
+// ---------------------------------------------------------------------------------------------
+// Masked one-row attention over a paged f16 plane.
+
+void RunMaskedAttn(int n_head, int n_kv, int hd, int n_rot, int P, int page, int max_splits,
+                   double gap_rate) {
+  SCOPED_TRACE(::testing::Message() << "heads " << n_head << "/" << n_kv << " hd " << hd << " P "
+                                    << P << " splits<=" << max_splits << " gaps " << gap_rate);
+  AttnShape s{n_head, n_kv, hd, n_rot, 1e7f, 1e-6f};
+  const int n_slots = 2, slot = 1, len = P + 1;
+  const int max_pages = (len + page - 1) / page;
+  std::vector<int32_t> table(static_cast<size_t>(n_slots) * max_pages);
+  for (int i = 0; i < max_pages; ++i) {  // slot 1's pages in reverse order
+    table[i] = max_pages + i;
+    table[max_pages + i] = max_pages - 1 - i;
+  }
+  const size_t kv_elems = static_cast<size_t>(n_slots) * max_pages * page * n_kv * hd;
+  Dev<uint16_t> kc(kv_elems), vc(kv_elems);  // poisoned: masked rows hold NaN on the GPU
+  Dev<int32_t> dtable(table);
+  KvCacheView kv{kc.p, vc.p, dtable.p, page, max_pages, n_kv, hd, GgmlType::F16};
+  auto qn = RandVec(hd, 0.5f, 1.5f), kn = RandVec(hd, 0.5f, 1.5f);
+  Dev<float> dqn(qn), dkn(kn);
+  const int qgw = n_head * 2 * hd, kvw = n_kv * hd, ow = n_head * hd;
+  // Rows written: all but a random share (row P, the query's own, always).
+  std::vector<uint8_t> valid(len);
+  std::bernoulli_distribution gap(gap_rate);
+  for (int j = 0; j < len; ++j) valid[j] = j == P || !gap(Rng());
+  std::vector<float> cpu_k(static_cast<size_t>(len) * kvw, 0.f), cpu_v(cpu_k.size(), 0.f);
+  // Write the valid rows (one QkvPrep launch over all of them), then the query row.
+  std::vector<int32_t> tslot, tpos;
+  for (int j = 0; j < P; ++j)
+    if (valid[j]) {
+      tslot.push_back(slot);
+      tpos.push_back(j);
+    }
+  const int T = static_cast<int>(tpos.size());
+  auto qg_all = RandVec(static_cast<size_t>(T + 1) * qgw, -2.f, 2.f);
+  auto k_all = RandVec(static_cast<size_t>(T + 1) * kvw, -2.f, 2.f);
+  auto v_all = RandVec(static_cast<size_t>(T + 1) * kvw, -2.f, 2.f);
+  tslot.push_back(slot);
+  tpos.push_back(P);
+  Dev<float> dqg(qg_all), dk(k_all), dv(v_all), q(static_cast<size_t>(T + 1) * ow);
+  Dev<int32_t> ds(tslot), dp(tpos);
+  QkvPrepArgs pa;
+  pa.shape = s; pa.T = T + 1; pa.tok_slot = ds.p; pa.tok_pos = dp.p; pa.qg = dqg.p; pa.k = dk.p;
+  pa.v = dv.p; pa.q_norm = dqn.p; pa.k_norm = dkn.p; pa.q_out = q.p; pa.kv = kv;
+  ASSERT_OK(QkvPrep(pa, nullptr));
+  Dev<uint8_t> dvalid(valid);
+  const int n_splits = MaskedAttnSplits(P, max_splits);
+  Dev<float> parts(MaskedAttnPartialFloats(s, max_splits)), out(ow);
+  MaskedAttnArgs a;
+  a.shape = s; a.slot = slot; a.pos = P; a.q = q.p + static_cast<size_t>(T) * ow;
+  a.qg = dqg.p + static_cast<size_t>(T) * qgw; a.kv = kv; a.valid = dvalid.p;
+  a.n_splits = n_splits; a.partials = parts.p; a.out = out.p;
+  ASSERT_OK(MaskedAttnDecode(a, nullptr));
+
+  // CPU: the same rows through GatedAttention (one token at a time writes its row), then the
+  // query with the mask.
+  std::vector<float> scratch(ow);
+  for (int t = 0; t <= T; ++t) {
+    cpu::AttnArgs c;
+    c.n_head = n_head; c.n_head_kv = n_kv; c.head_dim = hd; c.n_rot = n_rot; c.rope_base = 1e7f;
+    c.eps = 1e-6f; c.T = 1; c.pos0 = tpos[t]; c.qg = qg_all.data() + static_cast<size_t>(t) * qgw;
+    c.k = k_all.data() + static_cast<size_t>(t) * kvw; c.v = v_all.data() + static_cast<size_t>(t) * kvw;
+    c.q_norm = qn.data(); c.k_norm = kn.data(); c.k_cache = cpu_k.data(); c.v_cache = cpu_v.data();
+    c.valid = valid.data(); c.out = scratch.data();
+    cpu::GatedAttention(c);
+  }
+  const double rel = Rel(out.Down(), scratch);
+  std::printf("  masked attn heads %d/%d hd %d P %d splits %d: rel %.2e\n", n_head, n_kv, hd, P,
+              n_splits, rel);
+  EXPECT_LT(rel, 5e-3);  // f16 K/V
+}
+
+TEST(MaskedAttn, MatchesCpu) {
+  RunMaskedAttn(4, 2, 32, 8, 0, 16, 4, 0.0);       // the query's own row only
+  RunMaskedAttn(4, 2, 32, 8, 53, 16, 4, 0.2);
+  RunMaskedAttn(6, 2, 64, 16, 300, 16, 8, 0.3);   // 3 splits
+  RunMaskedAttn(4, 1, 128, 32, 700, 64, 3, 0.5);  // capped at 3 splits
+  RunMaskedAttn(24, 4, 256, 64, 1000, 64, 22, 0.1);  // the 27B shape, 8 splits
+}
+
+TEST(MaskedAttn, RejectsNonF16) {
+  MaskedAttnArgs a;
+  a.shape = AttnShape{4, 2, 32, 8, 1e7f, 1e-6f};
+  a.kv.type = GgmlType::Q8_0;
+  EXPECT_FALSE(MaskedAttnDecode(a, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace ds::cuda

@@ -1,0 +1,282 @@
+// MTP speculative decoding on the CUDA device (issue #15; label `gpu`, not run in CI; on a device:
+// tools/device/mtp_gpu_check.sh), on tiny synthetic models with an MTP block:
+//
+//  * MtpSteps: CUDA MtpStep against the CPU reference over a prompt's MTP rows (with a gap of
+//    rows never written, which both must mask out) and three chained draft steps, then a
+//    rollback (rewriting an earlier row drops the later ones). Both devices get the same inputs
+//    (the CPU's hidden states and tokens); logits and draft hidden states within the bounds of
+//    gpu_vs_cpu_test (F32 2e-3, quantized 0.3).
+//  * VerifyThenCommit: a speculative verify of k+1 = 4 tokens, then CommitSpeculative(n_keep)
+//    for every n_keep, then one more decode token, against a slot that only ever saw the kept
+//    tokens (as decode_path: the same decode kernels): the verify logits of the kept rows and the
+//    next step's logits are bit-identical. Also with micro-steps of 3 rows, so that a
+//    speculative run is cut in two and its second piece continues from the first's entry.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/gguf/gguf.h"
+#include "tools/synth/synth.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/model/backend.h"
+
+namespace ds {
+namespace {
+
+bool HaveGpu() {
+  static const bool have = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return have;
+}
+
+struct Model {
+  const char* name;
+  GgmlType type;
+  double bound;  // max |gpu - cpu| / max |cpu| for MtpStep outputs
+};
+constexpr Model kModels[] = {{"F32", GgmlType::F32, 2e-3}, {"Q8_0", GgmlType::Q8_0, 0.3}};
+void PrintTo(const Model& m, std::ostream* os) { *os << m.name; }
+
+constexpr int kSlotCtx = 256;
+constexpr int kPrompt = 40;
+
+std::shared_ptr<const gguf::File> Synth(const Model& m) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ds_mtp_gpu_" + std::to_string(getpid()) + "_" + m.name + ".gguf"))
+                               .string();
+  SynthOptions o = SynthOptions::Tiny();
+  o.weight_type = m.type;
+  o.seed = 5;
+  absl::Status s = SynthesizeGguf(o, path);
+  EXPECT_TRUE(s.ok()) << s;
+  auto f = gguf::File::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  std::filesystem::remove(path);  // the mapping stays valid
+  return f.ok() ? std::shared_ptr<const gguf::File>(std::move(*f)) : nullptr;
+}
+
+BackendOptions Opts() {
+  BackendOptions o;
+  o.n_slots = 2;
+  o.slot_ctx = kSlotCtx;
+  return o;
+}
+
+std::unique_ptr<Backend> Cuda(std::shared_ptr<const gguf::File> f, int max_step_tokens = 0) {
+  CudaBackendOptions c;
+  c.spec_tokens = 4;
+  c.spec_seqs = 2;
+  if (max_step_tokens > 0) c.max_step_tokens = max_step_tokens;
+  auto b = CreateCudaBackend(std::move(f), Opts(), c);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+std::vector<int32_t> Prompt(int n, int V) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(((i * 37) % 500 + 3) % V);
+  return t;
+}
+
+double RelDiff(const std::vector<float>& x, const std::vector<float>& ref) {
+  if (x.size() != ref.size() || ref.empty()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) return INFINITY;
+    num = std::max(num, std::abs(static_cast<double>(x[i]) - ref[i]));
+    den = std::max(den, std::abs(static_cast<double>(ref[i])));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+int32_t Argmax(const float* l, int V) { return static_cast<int32_t>(std::max_element(l, l + V) - l); }
+
+class Mtp : public ::testing::TestWithParam<Model> {};
+
+TEST_P(Mtp, MtpStepsMatchCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Model& m = GetParam();
+  auto file = Synth(m);
+  ASSERT_TRUE(file);
+  auto cpu = CreateCpuBackend(file, Opts());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = Cuda(file);
+  ASSERT_TRUE(gpu);
+  const int V = (*cpu)->config().n_vocab, H = (*cpu)->config().n_embd;
+  // The prompt on the CPU: its final-normed hidden states feed both devices' MTP.
+  SeqStep s;
+  s.slot = 1;
+  s.tokens = Prompt(kPrompt, V);
+  s.all_logits = true;
+  StepOptions so;
+  so.want_hidden = true;
+  StepOutput out;
+  ASSERT_TRUE((*cpu)->Forward({&s, 1}, so, &out).ok());
+  ASSERT_EQ(out.hidden.size(), static_cast<size_t>(kPrompt) * H);
+  // The GPU's slot holds the same prompt (its main KV is not read by the MTP, but the runner
+  // maps pages as the slot grows; an MTP row past the length maps its own).
+  StepOutput gout;
+  ASSERT_TRUE(gpu->Forward({&s, 1}, StepOptions{}, &gout).ok());
+
+  double worst = 0;
+  auto step = [&](int32_t tok, int32_t pos, std::span<const float> h, const char* what,
+                  std::vector<float>* h_next, int32_t* d_next) {
+    std::vector<float> cl, ch, gl, gh;
+    absl::Status a = (*cpu)->MtpStep(1, tok, pos, h, &cl, &ch);
+    absl::Status b = gpu->MtpStep(1, tok, pos, h, &gl, &gh);
+    ASSERT_TRUE(a.ok()) << a;
+    ASSERT_TRUE(b.ok()) << b;
+    const double rl = RelDiff(gl, cl), rh = RelDiff(gh, ch);
+    worst = std::max({worst, rl, rh});
+    EXPECT_LE(rl, m.bound) << what << " pos " << pos << " logits";
+    EXPECT_LE(rh, m.bound) << what << " pos " << pos << " hidden";
+    if (h_next) *h_next = ch;
+    if (d_next) *d_next = Argmax(cl.data(), V);
+  };
+  // MTP rows over the prompt (row t pairs h_t with x_{t+1}), leaving rows 10..14 unwritten.
+  for (int t = 0; t + 1 < kPrompt; ++t) {
+    if (t >= 10 && t < 15) continue;
+    step(s.tokens[t + 1], t, std::span<const float>(out.hidden).subspan(t * H, H), "prompt",
+         nullptr, nullptr);
+  }
+  // Three chained drafts from the last position: (x_P, h_{P-1}) at P-1, then (d_j, h'_j).
+  const int last = Argmax(out.logits.data() + static_cast<size_t>(kPrompt - 1) * V, V);
+  std::vector<float> h(out.hidden.end() - H, out.hidden.end());
+  int32_t tok = last;
+  for (int j = 0; j < 3; ++j) {
+    std::vector<float> hn;
+    int32_t d = 0;
+    step(tok, kPrompt - 1 + j, h, "draft", &hn, &d);
+    h = hn;
+    tok = d;
+  }
+  // Rollback: rewrite row P-1 (drops the draft rows P and P+1), then draft once more.
+  std::vector<float> hn;
+  int32_t d = 0;
+  step(last, kPrompt - 1, std::span<const float>(out.hidden).subspan((kPrompt - 1) * H, H),
+       "rewrite", &hn, &d);
+  step(d, kPrompt, hn, "after rollback", nullptr, nullptr);
+  std::printf("mtp_gpu %-5s MtpStep max rel %.3e (bound %.1e)\n", m.name, worst, m.bound);
+}
+
+// Prefill `prompt` into `slot` (after a reset).
+void Prefill(Backend& be, int slot, const std::vector<int32_t>& prompt) {
+  be.ResetSlot(slot);
+  SeqStep s;
+  s.slot = slot;
+  s.tokens = prompt;
+  StepOutput out;
+  absl::Status st = be.Forward({&s, 1}, StepOptions{}, &out);
+  ASSERT_TRUE(st.ok()) << st;
+}
+
+void VerifyThenCommit(const Model& m, int max_step_tokens) {
+  auto file = Synth(m);
+  ASSERT_TRUE(file);
+  auto gpu = Cuda(file, max_step_tokens);
+  ASSERT_TRUE(gpu);
+  ASSERT_EQ(gpu->max_speculative_tokens(), 4);
+  ASSERT_EQ(gpu->max_speculative_seqs(), 2);
+  const int V = gpu->config().n_vocab;
+  const std::vector<int32_t> prompt = Prompt(kPrompt, V);
+  const std::vector<int32_t> verify = {11, 42, 7, 99};  // x_{t+1} and 3 drafts
+  const int32_t next = 5;
+  for (int n_keep = 1; n_keep <= 4; ++n_keep) {
+    SCOPED_TRACE(::testing::Message() << m.name << " n_keep " << n_keep << " max_step_tokens "
+                                      << max_step_tokens);
+    // Slot 0: speculative verify, keep n_keep, then `next`.
+    Prefill(*gpu, 0, prompt);
+    SeqStep v;
+    v.slot = 0;
+    v.pos0 = kPrompt;
+    v.tokens = verify;
+    v.all_logits = true;
+    v.speculative = true;
+    StepOutput vout;
+    absl::Status st = gpu->Forward({&v, 1}, StepOptions{}, &vout);
+    ASSERT_TRUE(st.ok()) << st;
+    st = gpu->CommitSpeculative(0, n_keep);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(gpu->SlotLength(0), kPrompt + n_keep);
+    SeqStep a;
+    a.slot = 0;
+    a.pos0 = kPrompt + n_keep;
+    a.tokens = {next};
+    StepOutput aout;
+    st = gpu->Forward({&a, 1}, StepOptions{}, &aout);
+    ASSERT_TRUE(st.ok()) << st;
+
+    // Slot 1: only the kept tokens (decode path), then `next`.
+    Prefill(*gpu, 1, prompt);
+    SeqStep k;
+    k.slot = 1;
+    k.pos0 = kPrompt;
+    k.tokens.assign(verify.begin(), verify.begin() + n_keep);
+    k.all_logits = true;
+    k.decode_path = true;
+    StepOutput kout;
+    st = gpu->Forward({&k, 1}, StepOptions{}, &kout);
+    ASSERT_TRUE(st.ok()) << st;
+    SeqStep b = a;
+    b.slot = 1;
+    StepOutput bout;
+    st = gpu->Forward({&b, 1}, StepOptions{}, &bout);
+    ASSERT_TRUE(st.ok()) << st;
+
+    ASSERT_EQ(vout.logits.size(), 4u * V);
+    ASSERT_EQ(kout.logits.size(), static_cast<size_t>(n_keep) * V);
+    EXPECT_EQ(std::memcmp(vout.logits.data(), kout.logits.data(), kout.logits.size() * 4), 0)
+        << "verify rows differ from decoding the kept tokens";
+    ASSERT_EQ(aout.logits.size(), bout.logits.size());
+    EXPECT_EQ(std::memcmp(aout.logits.data(), bout.logits.data(), aout.logits.size() * 4), 0)
+        << "after the commit: max rel " << RelDiff(aout.logits, bout.logits);
+  }
+}
+
+TEST_P(Mtp, VerifyThenCommitEqualsKeptTokensOnly) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  VerifyThenCommit(GetParam(), 0);
+}
+
+TEST_P(Mtp, VerifyCutIntoMicroSteps) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  VerifyThenCommit(GetParam(), 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Mtp, ::testing::ValuesIn(kModels),
+                         [](const ::testing::TestParamInfo<Model>& i) {
+                           return std::string(i.param.name);
+                         });
+
+// Without spec_tokens the device holds no speculative entries nor MTP block: speculative steps
+// and MtpStep are refused with clear errors, and nothing changes.
+TEST(MtpOff, RefusedWithoutSpecTokens) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto file = Synth(kModels[0]);
+  ASSERT_TRUE(file);
+  auto b = CreateCudaBackend(file, Opts(), CudaBackendOptions{});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->max_speculative_tokens(), 0);
+  SeqStep v;
+  v.tokens = {1, 2};
+  v.speculative = true;
+  StepOutput out;
+  EXPECT_EQ((*b)->Forward({&v, 1}, StepOptions{}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*b)->SlotLength(0), 0);
+  std::vector<float> h((*b)->config().n_embd, 0.f), l, ho;
+  EXPECT_EQ((*b)->MtpStep(0, 1, 0, h, &l, &ho).code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace ds

@@ -1,0 +1,149 @@
+// CudaDevice (cuda_device.h): speculative entries (CommitSpeculative) and the MTP block
+// (MtpStep, spec §8.2) — one row through the device's own norm / matmul / attention kernels.
+//
+// MTP K/V: one more attention layer in the paged pool, f16, behind the slot's page table (the
+// runner maps a draft position's page before MtpStep). Rows are marked in a per-slot mask
+// (mtp_valid_) as they are written, and writing row p drops rows > p (rejected drafts), exactly
+// the CPU reference's rule (worker/model/cpu_device.h): rows never written — gaps, or pages
+// that held another slot's rows — are not attended (kernels/cuda/mtp_attention.cuh).
+#include <algorithm>
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/mtp_attention.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "worker/cuda/cuda_device.h"
+
+namespace ds::cuda {
+
+absl::Status CudaDevice::CommitSpeculative(int slot, int entry) {
+  if (slot < 0 || slot >= n_slots_ || entry < 0 || entry >= n_spec_entries_)
+    return absl::InternalError(absl::StrCat("CommitSpeculative: slot ", slot, " / entry ", entry,
+                                            " out of range (", n_slots_, " slots, ",
+                                            n_spec_entries_, " entries)"));
+  spec_last_[slot] = -1;
+  spec_last_pos_[slot] = -1;
+  if (n_gdn_ == 0) return absl::OkStatus();
+  // One strided copy per state kind: layer l's index `from` to its index `slot`, all layers.
+  const size_t from = static_cast<size_t>(n_slots_) + entry;
+  const size_t ring1 = 4ull * gdn_shape_.channels() * sizeof(float);
+  const size_t st1 = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim *
+                     sizeof(float);
+  auto copy = [&](float* base, uint64_t pitch, size_t bytes) -> absl::Status {
+    auto* b = reinterpret_cast<uint8_t*>(base);
+    if (pitch <= static_cast<uint64_t>(INT32_MAX)) {
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(b + slot * bytes, pitch, b + from * bytes, pitch,
+                                                bytes, n_gdn_, cudaMemcpyDeviceToDevice, stream_));
+      return absl::OkStatus();
+    }
+    for (int l = 0; l < n_gdn_; ++l)  // a pitch past what 2-D copies take: layer by layer
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b + l * pitch + slot * bytes,
+                                              b + l * pitch + from * bytes, bytes,
+                                              cudaMemcpyDeviceToDevice, stream_));
+    return absl::OkStatus();
+  };
+  DS_RETURN_IF_ERROR(copy(rings_, ring_pitch_, ring1));
+  return copy(states_, state_pitch_, st1);
+}
+
+int CudaDevice::MtpAttnSplits() const {
+  // About four blocks per SM for a full context; at least 128 positions per split.
+  const int by_sm = std::max(1, 4 * sm_count_ / std::max(1, attn_shape_.n_head));
+  return std::clamp((slot_ctx_ + 127) / 128, 1, by_sm);
+}
+
+absl::Status CudaDevice::MtpStep(int slot, int32_t token, int32_t pos,
+                                 std::span<const float> hidden, std::vector<float>* logits,
+                                 std::vector<float>* hidden_out) {
+  if (!has_mtp_)
+    return absl::UnimplementedError(
+        "MtpStep: the CUDA device holds no MTP block (the file has none, or the backend was "
+        "created without speculative entries: CudaBackendOptions::spec_tokens / --mtp)");
+  const int H = cfg_.n_embd;
+  const float eps = cfg_.rms_eps;
+  const DLayer& L = mtp_layer_;
+  // Row pos replaces whatever was there and drops every later row (rejected drafts).
+  uint8_t* valid = mtp_valid_ + static_cast<size_t>(slot) * slot_ctx_;
+  if (mtp_len_[slot] > pos)
+    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos, 0, mtp_len_[slot] - pos, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos, 1, 1, stream_));
+  mtp_len_[slot] = pos + 1;
+  h_mtp_ints_[0] = token;
+  h_mtp_ints_[1] = slot;
+  h_mtp_ints_[2] = pos;
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(mtp_ints_, h_mtp_ints_, 3 * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  DS_RETURN_IF_ERROR(Copy(mtp_u_, hidden.data(), static_cast<size_t>(H) * sizeof(float)));
+
+  // cat = [enorm(embed[token]) | hnorm(h)]; u = eh_proj · cat.
+  InvalidateX();
+  DS_RETURN_IF_ERROR(EmbedRows(mtp_embed_.type, mtp_embed_.d, H, mtp_ints_, 1, mtp_a_, stream_));
+  DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_));
+  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_));
+  DS_RETURN_IF_ERROR(LinearRows(mtp_eh_, mtp_cat_, 1, mtp_u_, false));
+
+  // u += GatedAttention(attn_norm(u)) over the slot's MTP rows.
+  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, 1, H, eps, stream_));
+  InvalidateX();
+  DS_RETURN_IF_ERROR(LinearRows(L.q, mtp_a_, 1, mtp_qg_, false));
+  DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, 1, mtp_k_, false));
+  DS_RETURN_IF_ERROR(LinearRows(L.v, mtp_a_, 1, mtp_v_, false));
+  KvCacheView kv = kv_base_;
+  kv.k = L.kc;
+  kv.v = L.vc;
+  kv.type = GgmlType::F16;
+  QkvPrepArgs pa;
+  pa.shape = attn_shape_;
+  pa.T = 1;
+  pa.tok_slot = mtp_ints_ + 1;
+  pa.tok_pos = mtp_ints_ + 2;
+  pa.qg = mtp_qg_;
+  pa.k = mtp_k_;
+  pa.v = mtp_v_;
+  pa.q_norm = L.q_norm;
+  pa.k_norm = L.k_norm;
+  pa.q_out = mtp_q_;
+  pa.kv = kv;
+  DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
+  MaskedAttnArgs ma;
+  ma.shape = attn_shape_;
+  ma.slot = slot;
+  ma.pos = pos;
+  ma.q = mtp_q_;
+  ma.qg = mtp_qg_;
+  ma.kv = kv;
+  ma.valid = valid;
+  ma.n_splits = MaskedAttnSplits(pos, MtpAttnSplits());
+  ma.partials = mtp_parts_;
+  ma.out = mtp_o_;
+  DS_RETURN_IF_ERROR(MaskedAttnDecode(ma, stream_));
+  InvalidateX();
+  DS_RETURN_IF_ERROR(LinearRows(L.o, mtp_o_, 1, mtp_u_, true));
+
+  // u += MLP(post_norm(u)).
+  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_));
+  InvalidateX();
+  const int n_ff = L.ffn_gate.rows;
+  DS_RETURN_IF_ERROR(LinearRows(L.ffn_gate, mtp_a_, 1, mtp_ff_, false));
+  DS_RETURN_IF_ERROR(LinearRows(L.ffn_up, mtp_a_, 1, mtp_ff_ + n_ff, false));
+  DS_RETURN_IF_ERROR(SiluMul(mtp_ff_, mtp_ff_ + n_ff, mtp_ff_, n_ff, stream_));
+  InvalidateX();
+  DS_RETURN_IF_ERROR(LinearRows(L.ffn_down, mtp_ff_, 1, mtp_u_, true));
+
+  // h' = shared_head_norm(u); logits = head · h'.
+  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_norm_, mtp_hid_, 1, H, eps, stream_));
+  InvalidateX();
+  DS_RETURN_IF_ERROR(LinearRows(mtp_head_, mtp_hid_, 1, mtp_logits_, false));
+  InvalidateX();
+  hidden_out->resize(H);
+  logits->resize(cfg_.n_vocab);
+  DS_RETURN_IF_ERROR(Copy(hidden_out->data(), mtp_hid_, static_cast<size_t>(H) * sizeof(float)));
+  DS_RETURN_IF_ERROR(
+      Copy(logits->data(), mtp_logits_, static_cast<size_t>(cfg_.n_vocab) * sizeof(float)));
+  return absl::OkStatus();
+}
+
+}  // namespace ds::cuda
