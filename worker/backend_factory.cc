@@ -44,12 +44,25 @@ absl::StatusOr<std::string> BackendDeviceName(const std::string& kind, const Bac
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
                                                        std::shared_ptr<const gguf::File> file,
                                                        const BackendOptions& opts) {
+  return CreateBackend(kind, std::move(file), opts, SpeculativeRoom{});
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
+                                                       std::shared_ptr<const gguf::File> file,
+                                                       const BackendOptions& opts,
+                                                       const SpeculativeRoom& spec) {
   absl::StatusOr<std::string> k = ResolveBackendKind(kind);
   if (!k.ok()) return k.status();
+  if (spec.tokens < 0 || spec.seqs < 0)
+    return absl::InvalidArgumentError("speculative room: tokens " + std::to_string(spec.tokens) +
+                                      ", sequences " + std::to_string(spec.seqs) +
+                                      " (expected >= 0)");
 #ifdef DS_HAVE_CUDA
   if (*k == "cuda") {
     CudaBackendOptions copts;
     copts.kv_type = opts.kv_type;
+    copts.spec_tokens = spec.tokens;
+    copts.spec_seqs = spec.seqs;
     return CreateCudaBackend(std::move(file), opts, copts);
   }
 #endif

@@ -28,4 +28,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
                                                        const std::string& model_path,
                                                        const BackendOptions& opts);
 
+// Room for speculative verify steps (MTP, issue #15; SeqStep::speculative): up to `tokens` tokens
+// per sequence (k drafts + 1; --mtp K gives K + 1) for `seqs` sequences of one Forward (0 = the
+// device's default). The CPU backend always has room for 16 tokens per slot (its state entries
+// are taken when first used) and ignores this; the CUDA backend reserves GDN state entries for
+// tokens x seqs tokens (~150 MiB each on the 27B, out of the KV pool) and uploads the MTP block
+// (CudaBackendOptions::spec_tokens / spec_seqs). tokens 0: no speculative steps on CUDA.
+struct SpeculativeRoom {
+  int tokens = 0;
+  int seqs = 0;
+};
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
+                                                       std::shared_ptr<const gguf::File> file,
+                                                       const BackendOptions& opts,
+                                                       const SpeculativeRoom& spec);
+
 }  // namespace ds
