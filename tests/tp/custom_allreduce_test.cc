@@ -10,7 +10,8 @@
 //     concatenation.
 //   * CustomTp.*: ds_tp_rank --backend cuda --collective custom groups (TP = 2, 3) against CUDA
 //     TP = 1 on the TP test shape: F32 logits within 1e-4 of max |logit| and greedy tokens equal
-//     (docs/tp.md §9), decode graphs on (the collective is graph-capturable); Q8_0 within 5e-2.
+//     (docs/tp.md §9), decode graphs on (the collective is graph-capturable); Q8_0 within 5e-2;
+//     the same with the all-reduces of a long prefill step overlapped with the GEMMs (--overlap).
 #include <cuda_runtime.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -431,6 +432,56 @@ TEST(CustomTp, CudaGroupsOnOneGpuMatchTp1) {
       for (int r = 1; r < world; ++r)
         EXPECT_EQ(Load(Dir() + "/res_" + name + ".json." + std::to_string(r))["tokens"], got["tokens"])
             << name << " rank " << r;
+    }
+  }
+}
+
+// TP all-reduce overlapped with the projection GEMMs (CudaBackendOptions::overlap_allreduce): a
+// 300-token prompt beside the 24-token one makes one 324-row prefill micro-step. With
+// --overlap-min-rows 256 (the default is 4,096) and 4 chunks, the flavour-0 plan: slot 0's 24
+// rows take the column kernels, the 300-row cuBLAS piece is cut into 128 + 128 + 44 rows; the
+// pieces, coalesced up to 64 rows, are [0,152) [152,280) [280,324): 3 all-reduces per
+// projection, 2 projections per layer, 4 layers. With --overlap-min-rows 64 --overlap-chunks 8:
+// chunks of 64 (ceil(300/8) rounded up), pieces of >= 8 rows: [0,24) + 4 x 64 + 44 = 6 per
+// projection. TP = 3 has a rank without GDN heads (the Q8_0 pair of key heads moves as one
+// granule), which must issue the same pieces. Everything must match overlap off and TP = 1
+// within the bounds of the other CustomTp test; the ranks report the same count.
+TEST(CustomTp, OverlappedAllReduceMatchesPlain) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::string> longp = {"--prompt2", "300", "--ctx", "512"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> v = longp;
+    v.insert(v.end(), more.begin(), more.end());
+    return v;
+  };
+  const int n_layer = 4;
+  for (const std::string type : {"F32", "Q8_0"}) {
+    const double bound = type == "F32" ? 1e-4 : 5e-2;
+    const nlohmann::json ref = RunGroup(Model(type), 1, "ovl_ref_" + type, longp);
+    const nlohmann::json off = RunGroup(Model(type), 2, "ovl_off_" + type, with({"--overlap", "off"}));
+    EXPECT_EQ(off["overlap_allreduces"], 0);
+    ExpectClose(off, ref, bound, "overlap off TP=2 vs TP=1 " + type);
+    struct Case {
+      int world;
+      std::vector<std::string> args;
+      int per_projection;
+    };
+    const std::vector<std::string> at256 = {"--overlap", "on", "--overlap-min-rows", "256",
+                                            "--overlap-chunks", "4"};
+    const std::vector<std::string> at64 = {"--overlap", "on", "--overlap-min-rows", "64",
+                                           "--overlap-chunks", "8"};
+    for (const Case& k : {Case{2, at256, 3}, Case{2, at64, 6}, Case{3, at256, 3}}) {
+      const std::string name = "ovl_w" + std::to_string(k.world) + "_" +
+                               std::to_string(k.per_projection) + "_" + type;
+      const nlohmann::json got = RunGroup(Model(type), k.world, name, with(k.args));
+      for (int r = 0; r < k.world; ++r) {
+        const nlohmann::json rr =
+            r == 0 ? got : Load(Dir() + "/res_" + name + ".json." + std::to_string(r));
+        EXPECT_EQ(rr["overlap_allreduces"], 2 * n_layer * k.per_projection) << name << " rank " << r;
+        EXPECT_EQ(rr["tokens"], got["tokens"]) << name << " rank " << r;
+      }
+      ExpectClose(got, ref, bound, name + " vs TP=1");
+      ExpectClose(got, off, bound, name + " vs overlap off");
     }
   }
 }

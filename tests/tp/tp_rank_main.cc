@@ -8,6 +8,7 @@
 //              [--seed 1] [--threads 1] [--out result.json] [--no-logits] [--iface lo]
 //              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
 //              [--follow REF.json] [--no-graphs] [--tiled on|off] [--fuse-norm on|off] [--collective staged|custom]
+//              [--overlap on|off] [--overlap-min-rows 256] [--overlap-chunks 4] [--ctx 256]
 //
 // --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
 // wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
@@ -191,7 +192,7 @@ int Main(int argc, char** argv) {
 
   BackendOptions bo;
   bo.n_slots = 2;
-  bo.slot_ctx = 256;
+  bo.slot_ctx = num("--ctx", 256);
   bo.n_threads = num("--threads", 1);
   bo.device = num("--device", 0);
   bo.tp_rank = rank;
@@ -203,6 +204,9 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Backend> owner;
   const tp::Plan* plan = nullptr;
   uint64_t dequantized_bytes = 0;
+#ifdef DS_HAVE_CUDA
+  cuda::CudaBackendApi* cuda_backend = nullptr;
+#endif
   nlohmann::json res;
   if (backend == "cpu") {
     auto be = CpuBackend::Create(a["--model"], bo);
@@ -217,6 +221,10 @@ int Main(int argc, char** argv) {
     copts.use_graphs = !a.count("--no-graphs");
     copts.tiled = str("--tiled", "on") != "off";  // --tiled off: the raw Q6_K layout (A/B)
     copts.fuse_allreduce_norm = str("--fuse-norm", "off") == "on";  // CudaBackendOptions
+    // TP all-reduce overlapped with the projection GEMMs in large steps (default: the option's).
+    if (a.count("--overlap")) copts.overlap_allreduce = str("--overlap", "off") == "on";
+    copts.overlap_min_rows = num("--overlap-min-rows", copts.overlap_min_rows);
+    copts.overlap_chunks = num("--overlap-chunks", copts.overlap_chunks);
     auto be = cuda::CreateCudaBackendApi(a["--model"], bo, copts);
     if (!be.ok()) return Fail(be.status());
     plan = (*be)->tp_plan();
@@ -225,6 +233,7 @@ int Main(int argc, char** argv) {
                           {"recurrent", m.recurrent}, {"workspace", m.workspace},
                           {"total", m.total()}, {"text", m.ToString()}};
     std::fprintf(stderr, "rank %d/%d CUDA memory plan: %s\n", rank, world, m.ToString().c_str());
+    cuda_backend = be->get();
     owner = std::move(*be);
   }
 #endif
@@ -355,6 +364,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: pure collective time per step: decode %.3f ms, prefill %.3f ms\n",
                  rank, *dec, *pre);
   }
+#ifdef DS_HAVE_CUDA
+  if (cuda_backend) res["overlap_allreduces"] = cuda_backend->OverlappedAllReduces();
+#endif
   const std::string out_path = str("--out", "");
   if (!out_path.empty()) {
     std::string p = out_path;

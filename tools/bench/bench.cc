@@ -223,6 +223,8 @@ int RunBench(const BenchOptions& o) {
     co.tiled = o.tiled;
     co.batch_invariant = o.batch_invariant;
     co.fuse_allreduce_norm = o.fuse_norm;
+    if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
+    if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
     auto be = cuda::CreateCudaBackendApi(o.model, bo, co);
     // TP: every rank has loaded before any of them runs a step, so no all-reduce kernel waits in
     // its device barrier for a peer that is still reading weights.
@@ -508,7 +510,16 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--conc-gen") o.conc_gen = std::atoi(next());
     else if (a == "--max-step-tokens") o.max_step_tokens = std::atoi(next());
     else if (a == "--kv-type") o.kv_type = next();
+    else if (a == "--overlap-chunks") o.overlap_chunks = std::atoi(next());
     else if (a == "--no-profile") o.profile = false;
+    else if (a == "--overlap") {
+      const std::string v = next();
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "bench: --overlap expects on or off, got '%s'\n", v.c_str());
+        return 2;
+      }
+      o.overlap = v == "on" ? 1 : 0;
+    }
     else if (a == "--tiled" || a == "--batch-invariant" || a == "--fuse-norm") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
@@ -541,7 +552,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--batch-invariant on|off] [--fuse-norm on|off]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--batch-invariant on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

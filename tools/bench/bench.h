@@ -22,6 +22,10 @@ struct BenchOptions {
   bool tiled = true;                         // --tiled off: raw Q6_K layout (A/B runs)
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
+  // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection
+  // GEMMs (CudaBackendOptions::overlap_allreduce); -1 = that option's default.
+  int overlap = -1;
+  int overlap_chunks = 0;                    // --overlap-chunks N (0: the option's default)
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU
   // sampler), one sampler per sequence. Off when sample_temperature <= 0.

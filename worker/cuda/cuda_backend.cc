@@ -40,6 +40,7 @@ const CudaMemoryPlan& CudaBackend::memory_plan() const { return cuda_->memory_pl
 uint64_t CudaBackend::StepWeightBytes() const { return cuda_->StepWeightBytes(); }
 void CudaBackend::SetProfiling(bool on) { cuda_->SetProfiling(on); }
 void CudaBackend::ResetProfile() { cuda_->ResetProfile(); }
+int64_t CudaBackend::OverlappedAllReduces() const { return cuda_->overlapped_allreduces(); }
 std::vector<std::pair<std::string, double>> CudaBackend::ProfileTotals() const {
   return cuda_->ProfileTotals();
 }

@@ -40,6 +40,9 @@ class CudaBackend final : public StepRunner {
   void SetProfiling(bool on);
   void ResetProfile();
   std::vector<std::pair<std::string, double>> ProfileTotals() const;
+  // TP all-reduces that ran overlapped with the projection GEMMs (CudaBackendOptions::
+  // overlap_allreduce), since start: lets tests see that the path ran.
+  int64_t OverlappedAllReduces() const;
 
  private:
   CudaBackend(std::unique_ptr<CudaDevice> device, std::shared_ptr<const gguf::File> file,

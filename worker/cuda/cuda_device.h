@@ -111,6 +111,8 @@ class CudaDevice final : public Device {
   std::string state_layout() const override;
 
   const CudaMemoryPlan& memory_plan() const { return plan_; }
+  // All-reduces that ran overlapped with the projection GEMMs (overlap_allreduce), since start.
+  int64_t overlapped_allreduces() const { return overlap_pieces_; }
   // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
   uint64_t StepWeightBytes() const { return step_weight_bytes_; }
   // Profiling pass: when on, graphs are off and every op class is bracketed by CUDA events;
@@ -179,6 +181,15 @@ class CudaDevice final : public Device {
     std::vector<RowSegment> column, gemm;
   };
   const StepSegments& SegmentsFor(const DMat& w) const { return segs_[w.tiled ? 1 : 0]; }
+  // TP overlap (CudaBackendOptions::overlap_allreduce): Linear into h_ with segs_[f].gemm cut
+  // into overlap_gemm_[f] chunks; after each column segment / chunk, ReduceRowsDone enqueues on
+  // comm_ the all-reduce of every planned piece (reduce_pieces_) whose rows are now all written,
+  // while stream_ goes on with the next chunk. The weight is dequantized once for all chunks
+  // (every layer matrix fits wh_), else once per chunk.
+  absl::Status LinearOverlapReduce(const DMat& w, const float* x, int R);
+  absl::Status BeginOverlapReduce();
+  absl::Status ReduceRowsDone(int row0, int n);
+  absl::Status EndOverlapReduce();  // every piece enqueued; sets residual_reduced_
 
   // ---- forward.cc
   absl::Status GdnMixer(const DLayer& L, int R);
@@ -189,6 +200,13 @@ class CudaDevice final : public Device {
   // when the collective offers it (CustomAllReduceCollective; CudaBackendOptions::
   // fuse_allreduce_norm): *normed says whether a_ holds the norm. w = nullptr: the plain one.
   absl::Status AllReduceResidualFusedNorm(const float* w, int R, bool* normed);
+  // The row-parallel projection h_ (+)= x · wᵀ of a layer's tail (attn_output / ssm_out,
+  // ffn_down). With CudaBackendOptions::overlap_allreduce on a large prefill step
+  // (OverlapStep) it also reduces h_ chunk by chunk on comm_ (LinearOverlapReduce) and sets
+  // residual_reduced_, so the AllReduceResidualFusedNorm after it only makes stream_ wait for
+  // comm_; otherwise it is Linear into h_ and the all-reduce comes after it as before.
+  absl::Status ProjectToResidual(const DMat& w, const float* x, int R);
+  bool OverlapStep() const;
   // Row-parallel projections accumulate into the residual h_ on rank 0 only; the other ranks
   // store their partial product there. The all-reduce then gives every rank h + Σ_r y_r with no
   // extra buffer or add kernel, and without a collective (or at world 1) the arithmetic is
@@ -328,6 +346,26 @@ class CudaDevice final : public Device {
   };
   std::vector<DecodeWave> waves_;
   StepSegments segs_[2];
+  // TP overlap: segs_[f].gemm with every segment of >= overlap_min_rows rows cut into chunks
+  // and the all-reduce pieces (PlanRowSegments), their progress, and the comm stream + events.
+  std::vector<RowSegment> overlap_gemm_[2];
+  std::vector<std::pair<int, int>> reduce_pieces_;  // [row0, n) all-reduced together, in order
+  std::vector<uint8_t> row_done_;                   // rows the current projection has written
+  size_t next_piece_ = 0;                           // first piece not yet enqueued on comm_
+  bool residual_reduced_ = false;  // h_ was reduced on comm_ by the last ProjectToResidual
+  int64_t overlap_pieces_ = 0;     // all-reduces run on comm_ (tests: the path really ran)
+  struct CommStream {
+    cudaStream_t s = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    ~CommStream() {
+      if (s) {
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      }
+      if (fork) cudaEventDestroy(fork);
+      if (join) cudaEventDestroy(join);
+    }
+  } comm_;
   std::vector<RowSegment> plan_scratch_;  // PlanRowSegments' working list (kept: no allocation per step)
 
   std::map<int, cudaGraphExec_t> graphs_;  // pure-decode row count -> graph

@@ -54,6 +54,23 @@ struct CudaBackendOptions {
   // H200 (both ranks on GPU 0 under MPS) it did not pay (docs/perf/tp.md); to be measured on
   // two cards (bench --tp 2 --fuse-norm on).
   bool fuse_allreduce_norm = false;
+  // Tensor parallelism, large (prefill) micro-steps: the row-parallel projections (attn_output /
+  // ssm_out, ffn_down) write the residual chunk by chunk, and each finished chunk's all-reduce
+  // runs on a second stream while the next chunk's GEMM runs on the compute stream; the layer's
+  // norm waits for all of them (CudaDevice::ProjectToResidual, docs/tp.md §11). Only steps of at
+  // least overlap_min_rows rows that hold prefill rows: decode steps need the reduced row before
+  // the next matmul, and their graphs stay as they are. A cuBLAS segment (one prefill piece) of
+  // at least overlap_min_rows rows is cut into overlap_chunks chunks (multiples of 64 rows) by
+  // its own length only, so the same micro-step always gives the same chunks (failover replay)
+  // and a piece's numbers do not depend on its neighbours (batch_invariant). Every rank of a
+  // group must use the same three values (they decide the sequence of collectives). Measured on
+  // one H200 (both ranks on GPU 0, docs/perf/tp.md): 4,096-row steps in chunks of 1,024 rows
+  // gain 2.6% (pp8192), 512-row steps in chunks of 128 / 256 rows lose 8% / 3.5% (pp512: the
+  // small GEMMs fill the GPU worse), hence on by default from 4,096 rows only; the threshold is
+  // for the two-GPU issue (20) to tune, where the all-reduce crosses NVLink.
+  bool overlap_allreduce = true;
+  int overlap_min_rows = 4096;
+  int overlap_chunks = 4;
 };
 
 // Bytes the device needs, computed from the file and options before any cudaMalloc. Under

@@ -99,6 +99,7 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
                                                    limits_.max_decode_rows));
   n_splits_ = copts_.batch_invariant ? AttnSplits(1) : AttnSplits(std::max(1, dec_runs));
   PlanRowSegments(step);
+  residual_reduced_ = false;
   DS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(d_ints_, h_ints_, 6ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_logit_rows_, lrows,
@@ -211,7 +212,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   ProfEnd();
   ProfBegin("gdn_proj");
   InvalidateX();
-  DS_RETURN_IF_ERROR(Linear(L.ssm_out, mix_out_, R, h_, ResidualOnThisRank()));
+  DS_RETURN_IF_ERROR(ProjectToResidual(L.ssm_out, mix_out_, R));
   ProfEnd();
   return absl::OkStatus();
 }
@@ -275,7 +276,7 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
   ProfEnd();
   ProfBegin("attn_proj");
   InvalidateX();
-  DS_RETURN_IF_ERROR(Linear(L.o, mix_out_, R, h_, ResidualOnThisRank()));
+  DS_RETURN_IF_ERROR(ProjectToResidual(L.o, mix_out_, R));
   ProfEnd();
   return absl::OkStatus();
 }
@@ -308,7 +309,7 @@ absl::Status CudaDevice::Layer(int layer) {
   } else {
     DS_RETURN_IF_ERROR(LinearSiluPair(L.ffn_gate, L.ffn_up, a_, R, ffa_));
     InvalidateX();
-    DS_RETURN_IF_ERROR(Linear(L.ffn_down, ffa_, R, h_, ResidualOnThisRank()));
+    DS_RETURN_IF_ERROR(ProjectToResidual(L.ffn_down, ffa_, R));
   }
   ProfEnd();
   const float* next_norm =
@@ -318,8 +319,28 @@ absl::Status CudaDevice::Layer(int layer) {
   return absl::OkStatus();
 }
 
+bool CudaDevice::OverlapStep() const {
+  // Not in profiling passes (their per-class times need one stream) nor in decode steps: the
+  // next matmul needs the reduced rows at once, and pure-decode steps are graph-captured.
+  return copts_.overlap_allreduce && coll_ && tp_world_ > 1 && !profiling_ && !prefill_.empty() &&
+         rows_ >= copts_.overlap_min_rows;
+}
+
+absl::Status CudaDevice::ProjectToResidual(const DMat& w, const float* x, int R) {
+  if (!OverlapStep()) return Linear(w, x, R, h_, ResidualOnThisRank());
+  return LinearOverlapReduce(w, x, R);
+}
+
 absl::Status CudaDevice::AllReduceResidualFusedNorm(const float* w, int R, bool* normed) {
   *normed = false;
+  if (residual_reduced_) {
+    // ProjectToResidual reduced h_ chunk by chunk on comm_: what follows waits for all of it
+    // (the fused norm is for decode-sized steps; here the norm runs on its own after this).
+    residual_reduced_ = false;
+    DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_.join, comm_.s));
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, comm_.join, 0));
+    return absl::OkStatus();
+  }
   if (!coll_) return absl::OkStatus();
   if (w && copts_.fuse_allreduce_norm) {
     const int H = cfg_.n_embd;
@@ -366,10 +387,14 @@ absl::Status CudaDevice::AllReduceResidual(int R) {
 
 absl::Status CudaDevice::ContributeNothing(int R) {
   InvalidateX();
-  if (ResidualOnThisRank()) return absl::OkStatus();
-  DS_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(h_, 0, static_cast<size_t>(R) * cfg_.n_embd * sizeof(float), stream_));
-  return absl::OkStatus();
+  if (!ResidualOnThisRank())
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(h_, 0, static_cast<size_t>(R) * cfg_.n_embd * sizeof(float), stream_));
+  if (!OverlapStep()) return absl::OkStatus();
+  // The peers reduce this step piece by piece (ProjectToResidual): the same pieces here.
+  DS_RETURN_IF_ERROR(BeginOverlapReduce());
+  DS_RETURN_IF_ERROR(ReduceRowsDone(0, R));
+  return EndOverlapReduce();
 }
 
 absl::Status CudaDevice::Head() {

@@ -7,6 +7,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/collective/collective.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
@@ -104,7 +106,136 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
     split.column.clear();
     split.gemm.clear();
     for (const RowSegment& g : out) (g.column ? split.column : split.gemm).push_back(g);
+    // TP overlap: every cuBLAS segment is cut by its own length only (ceil(n / chunks) rounded
+    // up to 64 rows), so a piece's products do not depend on what else shares the step.
+    std::vector<RowSegment>& chunks = overlap_gemm_[f];
+    chunks.clear();
+    if (copts_.overlap_allreduce && tp_world_ > 1) {
+      const int k = std::max(1, copts_.overlap_chunks);
+      for (const RowSegment& g : split.gemm) {
+        const int c = g.n >= std::max(1, copts_.overlap_min_rows) ? ((g.n + k - 1) / k + 63) / 64 * 64
+                                                                  : g.n;
+        for (int i = 0; i < g.n; i += c) chunks.push_back({g.row0 + i, std::min(c, g.n - i), false});
+      }
+    }
   }
+  // The all-reduce pieces, in order: the rows as a flavour-0 matmul finishes them (column
+  // segments, then the chunks), contiguous ones coalesced up to a chunk's worth of rows (64 by
+  // default: fewer launches for runs of decode rows or short pieces). Derived from the step and
+  // the options only — never from this rank's weights — so every rank issues the same
+  // collectives even when its shard's matrices take other kernels (tiled or not, no columns).
+  reduce_pieces_.clear();
+  if (copts_.overlap_allreduce && tp_world_ > 1) {
+    const int piece = std::max(1, copts_.overlap_min_rows / std::max(1, copts_.overlap_chunks));
+    int p0 = 0, pn = 0;
+    auto add = [&](const RowSegment& g) {
+      if (pn > 0 && p0 + pn != g.row0) {
+        reduce_pieces_.push_back({p0, pn});
+        pn = 0;
+      }
+      if (pn == 0) p0 = g.row0;
+      pn += g.n;
+      if (pn >= piece) {
+        reduce_pieces_.push_back({p0, pn});
+        pn = 0;
+      }
+    };
+    for (const RowSegment& g : segs_[0].column) add(g);
+    for (const RowSegment& g : overlap_gemm_[0]) add(g);
+    if (pn > 0) reduce_pieces_.push_back({p0, pn});
+  }
+}
+
+absl::Status CudaDevice::LinearOverlapReduce(const DMat& w, const float* x, int R) {
+  if (R != rows_ || w.rows != cfg_.n_embd)
+    return absl::InternalError(absl::StrCat("LinearOverlapReduce: ", R, " rows of ", w.rows,
+                                            ", the step has ", rows_, " of ", cfg_.n_embd));
+  const StepSegments& segs = SegmentsFor(w);
+  const std::vector<RowSegment>& chunks = overlap_gemm_[w.tiled ? 1 : 0];
+  const bool acc = ResidualOnThisRank();
+  const int64_t M = w.rows, K = w.cols;
+  DS_RETURN_IF_ERROR(BeginOverlapReduce());
+  for (const RowSegment& g : segs.column) {
+    DS_RETURN_IF_ERROR(GemvColumns(w, nullptr, x + g.row0 * K, g.n, h_ + g.row0 * M,
+                                   acc ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore));
+    DS_RETURN_IF_ERROR(ReduceRowsDone(g.row0, g.n));
+  }
+  if (!chunks.empty()) {
+    const float beta = acc ? 1.f : 0.f;
+    const bool f32 = w.type == GgmlType::F32;
+    const uint64_t rb = GgmlRowBytes(w.type, w.cols);
+    const int wchunk = static_cast<int>(std::min<uint64_t>(w.rows, wh_elems_ / w.cols));
+    auto dequant = [&](int m0, int mc) -> absl::Status {
+      if (w.tiled) return DequantizeTiledRows(w.type, w.d, m0, mc, w.cols, wh_, bf16_, stream_);
+      return DequantizeRows(w.type, static_cast<const uint8_t*>(w.d) + m0 * rb, mc, w.cols, wh_,
+                            bf16_, stream_);
+    };
+    if (!f32) {
+      DS_RETURN_IF_ERROR(EnsureHalf(x, chunks.back().row0 + chunks.back().n, w.cols));
+      if (wchunk == w.rows) DS_RETURN_IF_ERROR(dequant(0, w.rows));  // once for every chunk
+    }
+    for (const RowSegment& c : chunks) {
+      if (f32) {
+        DS_RETURN_IF_ERROR(gemm_->RunF32(static_cast<const float*>(w.d), x + c.row0 * K,
+                                         h_ + c.row0 * M, w.rows, w.cols, c.n, w.rows, beta,
+                                         stream_));
+      } else {
+        for (int m0 = 0; m0 < w.rows; m0 += wchunk) {
+          const int mc = std::min(wchunk, w.rows - m0);
+          if (wchunk != w.rows) DS_RETURN_IF_ERROR(dequant(m0, mc));
+          DS_RETURN_IF_ERROR(gemm_->Run(wh_, xh_ + c.row0 * K, h_ + c.row0 * M + m0, mc, w.cols,
+                                        c.n, w.rows, bf16_, beta, stream_));
+        }
+      }
+      DS_RETURN_IF_ERROR(ReduceRowsDone(c.row0, c.n));
+    }
+  }
+  return EndOverlapReduce();
+}
+
+absl::Status CudaDevice::BeginOverlapReduce() {
+  if (!comm_.s) {
+    // Above the compute stream's priority: a reduction's blocks start as soon as its chunk is
+    // done instead of queueing behind the next GEMM's.
+    int least = 0, greatest = 0;
+    DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&comm_.s, cudaStreamNonBlocking, greatest));
+    DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&comm_.fork, cudaEventDisableTiming));
+    DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&comm_.join, cudaEventDisableTiming));
+  }
+  row_done_.assign(rows_, 0);
+  next_piece_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::EndOverlapReduce() {
+  if (next_piece_ != reduce_pieces_.size())
+    return absl::InternalError(absl::StrCat("TP overlap: ", reduce_pieces_.size() - next_piece_,
+                                            " all-reduce pieces left with rows never written"));
+  residual_reduced_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::ReduceRowsDone(int row0, int n) {
+  std::fill(row_done_.begin() + row0, row_done_.begin() + row0 + n, 1);
+  // Pieces go out in plan order as soon as all their rows are written.
+  while (next_piece_ < reduce_pieces_.size()) {
+    const auto [p0, pn] = reduce_pieces_[next_piece_];
+    if (std::find(row_done_.begin() + p0, row_done_.begin() + p0 + pn, 0) !=
+        row_done_.begin() + p0 + pn)
+      break;
+    const int64_t H = cfg_.n_embd;
+    // comm_ starts once stream_ has written these rows (the event covers all of stream_'s
+    // earlier work); comm_ runs its reductions one after the other, so the custom all-reduce's
+    // buffer and barrier epochs are never used by two calls at once, and stream_ does not touch
+    // these rows again before it waits for comm_ (AllReduceResidualFusedNorm).
+    DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_.fork, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_.s, comm_.fork, 0));
+    DS_RETURN_IF_ERROR(coll_->AllReduceSumOnStream(h_ + p0 * H, static_cast<size_t>(pn) * H, comm_.s));
+    ++next_piece_;
+    ++overlap_pieces_;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::GemmSegments(const DMat& w, const float* x,
