@@ -65,7 +65,7 @@ struct CudaBackendOptions {
   // and a piece's numbers do not depend on its neighbours (batch_invariant). Every rank of a
   // group must use the same three values (they decide the sequence of collectives). Measured on
   // one H200 (both ranks on GPU 0, docs/perf/tp.md): 4,096-row steps in chunks of 1,024 rows
-  // gain 2.6% (pp8192), 512-row steps in chunks of 128 / 256 rows lose 8% / 3.5% (pp512: the
+  // gain 2.5% (pp8192), 512-row steps in chunks of 128 / 256 rows lose 8% / 3.5% (pp512: the
   // small GEMMs fill the GPU worse), hence on by default from 4,096 rows only; the threshold is
   // for the two-GPU issue (20) to tune, where the all-reduce crosses NVLink.
   bool overlap_allreduce = true;
