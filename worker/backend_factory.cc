@@ -72,9 +72,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
                                                        const std::string& model_path,
                                                        const BackendOptions& opts) {
+  return CreateBackend(kind, model_path, opts, SpeculativeRoom{});
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
+                                                       const std::string& model_path,
+                                                       const BackendOptions& opts,
+                                                       const SpeculativeRoom& spec) {
   DS_RETURN_IF_ERROR(ResolveBackendKind(kind).status());  // a bad kind before opening the file
   DS_ASSIGN_OR_RETURN(std::unique_ptr<gguf::File> f, gguf::File::Open(model_path));
-  return CreateBackend(kind, std::shared_ptr<const gguf::File>(std::move(f)), opts);
+  return CreateBackend(kind, std::shared_ptr<const gguf::File>(std::move(f)), opts, spec);
 }
 
 }  // namespace ds

@@ -42,5 +42,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
                                                        std::shared_ptr<const gguf::File> file,
                                                        const BackendOptions& opts,
                                                        const SpeculativeRoom& spec);
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
+                                                       const std::string& model_path,
+                                                       const BackendOptions& opts,
+                                                       const SpeculativeRoom& spec);
 
 }  // namespace ds
