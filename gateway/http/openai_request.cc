@@ -70,6 +70,15 @@ absl::Status ParseCommon(const json& b, OpenAIRequest* r) {
   DS_RETURN_IF_ERROR(GetNumber(b, "presence_penalty", &in.sampling.presence_penalty));
   DS_RETURN_IF_ERROR(GetNumber(b, "frequency_penalty", &in.sampling.frequency_penalty));
   DS_RETURN_IF_ERROR(GetNumber(b, "repetition_penalty", &in.sampling.repetition_penalty));
+  // OpenAI's documented ranges (the shared validation is wider for the gRPC API).
+  auto range = [](const char* name, float v, float lo, float hi) -> absl::Status {
+    if (v < lo || v > hi) return Bad(name, " must be in [", lo, ", ", hi, "], got ", v);
+    return absl::OkStatus();
+  };
+  DS_RETURN_IF_ERROR(range("temperature", in.sampling.temperature, 0, 2));
+  DS_RETURN_IF_ERROR(range("top_p", in.sampling.top_p, 0, 1));
+  DS_RETURN_IF_ERROR(range("presence_penalty", in.sampling.presence_penalty, -2, 2));
+  DS_RETURN_IF_ERROR(range("frequency_penalty", in.sampling.frequency_penalty, -2, 2));
   int64_t top_k = 0;
   // vLLM's convention: -1 (and 0) disable top_k.
   DS_RETURN_IF_ERROR(GetInt(b, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k));

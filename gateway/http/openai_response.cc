@@ -1,11 +1,28 @@
 #include "gateway/http/openai_response.h"
 
+#include <cstdio>
+
+#include "common/sampling/sampling_params.h"
+
 namespace ds::gw::http {
 namespace {
 
 std::string Piece(const Tokenizer& tok, int32_t id) {
   auto p = tok.TokenToPiece(id);
   return p.ok() ? std::string(*p) : std::string();
+}
+
+// A token's text as OpenAI spells it: the text, or `bytes:\xe2\x80` when it is not whole UTF-8
+// (half a character), so distinct byte tokens stay distinct keys in top_logprobs.
+std::string TokenText(const std::string& piece) {
+  if (sampling::IsValidUtf8(piece)) return piece;
+  std::string s = "bytes:";
+  char buf[8];
+  for (char c : piece) {
+    std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(c));
+    s += buf;
+  }
+  return s;
 }
 
 json Bytes(const std::string& s) {
@@ -107,11 +124,11 @@ json ChatLogprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps, in
   json out = json::array();
   for (const TokenLogprob& lp : lps) {
     const std::string piece = Piece(tok, lp.token_id);
-    json t = {{"token", piece}, {"logprob", lp.logprob}, {"bytes", Bytes(piece)}};
+    json t = {{"token", TokenText(piece)}, {"logprob", lp.logprob}, {"bytes", Bytes(piece)}};
     json alts = json::array();
     for (size_t k = 0; k < lp.top.size() && static_cast<int>(k) < top; ++k) {
       const std::string p = Piece(tok, lp.top[k].token_id);
-      alts.push_back({{"token", p}, {"logprob", lp.top[k].logprob}, {"bytes", Bytes(p)}});
+      alts.push_back({{"token", TokenText(p)}, {"logprob", lp.top[k].logprob}, {"bytes", Bytes(p)}});
     }
     t["top_logprobs"] = std::move(alts);
     out.push_back(std::move(t));
@@ -123,13 +140,13 @@ void CompletionLogprobs::Add(const Tokenizer& tok, const std::vector<TokenLogpro
                              size_t* offset) {
   for (const TokenLogprob& lp : lps) {
     const std::string piece = Piece(tok, lp.token_id);
-    tokens.push_back(piece);
+    tokens.push_back(TokenText(piece));
     token_logprobs.push_back(lp.logprob);
     text_offset.push_back(*offset);
     *offset += piece.size();
     json alts = json::object();
     for (size_t k = 0; k < lp.top.size() && static_cast<int>(k) < top; ++k)
-      alts[Piece(tok, lp.top[k].token_id)] = lp.top[k].logprob;
+      alts[TokenText(Piece(tok, lp.top[k].token_id))] = lp.top[k].logprob;
     top_logprobs.push_back(std::move(alts));
   }
 }

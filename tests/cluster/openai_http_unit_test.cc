@@ -148,6 +148,7 @@ TEST(OpenAIResponse, LogprobLayoutsSurviveHalfCharacters) {
   const json chat = ChatLogprobs(*tok, {lp}, 2);
   ASSERT_EQ(chat.size(), 1u);
   EXPECT_EQ(chat[0]["bytes"], json::array({0xE2}));
+  EXPECT_EQ(chat[0]["token"], "bytes:\\xe2");
   EXPECT_EQ(chat[0]["top_logprobs"].size(), 2u);
   EXPECT_EQ(chat[0]["top_logprobs"][1]["token"], "a");
   EXPECT_NO_THROW(Dump(chat));
@@ -159,6 +160,7 @@ TEST(OpenAIResponse, LogprobLayoutsSurviveHalfCharacters) {
   EXPECT_EQ(cj["text_offset"], json::array({0, 1}));
   EXPECT_FLOAT_EQ(cj["token_logprobs"][0].get<float>(), -0.25f);
   EXPECT_EQ(cj["top_logprobs"][0].size(), 1u);
+  EXPECT_EQ(cj["tokens"][1], "bytes:\\xe2");
 }
 
 TEST(DisconnectWatch, FindsTheConnectionAndSeesThePeerClose) {
