@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -53,6 +55,12 @@ struct HttpServer::Impl {
   int port = 0;
   std::atomic<bool> draining{false};
   DisconnectWatch watch;
+  // Requests in flight (Generate registers them once submitted), so Stop can cancel what a drain
+  // left running: httplib's stop() joins the connection threads, which would otherwise wait for
+  // those generations to end.
+  std::mutex calls_mu;
+  std::set<void*> calls;  // Call*
+
   // Internal request ids: the gRPC listener counts from (pid << 32) + 1; this one from the
   // middle of that range, so the two never hand the scheduler the same id.
   std::atomic<uint64_t> next_id{(static_cast<uint64_t>(getpid()) << 32) + (1ull << 31)};
@@ -120,6 +128,10 @@ struct Call {
   bool call_done = false;  // Finish() was called on the internal call
 
   ~Call() {
+    {
+      std::lock_guard<std::mutex> l(srv->calls_mu);
+      srv->calls.erase(this);
+    }
     if (watch) srv->watch.Remove(watch);
     // The response went away before the stream ran (client gone before the headers were
     // written): the scheduler still holds the request.
@@ -481,6 +493,10 @@ void HttpServer::Impl::Generate(const httplib::Request& hreq, httplib::Response&
     c->parser = std::make_unique<ChatOutputParser>(std::move(po));
   }
   c->call = be.scheduler->Submit(c->id, c->prepared, nullptr);
+  {
+    std::lock_guard<std::mutex> l(calls_mu);
+    calls.insert(c.get());
+  }
   // Cancellation: the client's connection closing cancels the internal call at once.
   const int fd = FindConnectionSocket(hreq.local_addr, hreq.local_port, hreq.remote_addr,
                                       hreq.remote_port);
@@ -554,6 +570,14 @@ void HttpServer::StartDraining() { impl_->draining.store(true); }
 
 void HttpServer::Stop() {
   Impl& g = *impl_;
+  {
+    std::lock_guard<std::mutex> l(g.calls_mu);
+    for (void* c : g.calls) {
+      auto* call = static_cast<Call*>(c);
+      call->gone.store(true);
+      call->call->Cancel();
+    }
+  }
   if (g.server) g.server->stop();
   if (g.thread.joinable()) g.thread.join();
 }

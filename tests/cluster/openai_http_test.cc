@@ -344,6 +344,31 @@ TEST(OpenAIHttp, AuthOverloadAndAbortFreeingTheSlot) {
   EXPECT_TRUE(WaitStatusRunning(c, 0, 2s)) << "the aborted request still holds a slot";
   std::fprintf(stderr, "slot freed %.1f ms after the HTTP client closed\n",
                std::chrono::duration<double, std::milli>(Clock::now() - t_abort).count());
+  // A non-streamed request whose client gives up (its read timeout closes the connection) is
+  // cancelled too, long before its 4000 tokens: the gateway logs it as cancelled.
+  {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(0, 150000);
+    const json body = {{"prompt", {72, 101, 108}}, {"max_tokens", 4000}, {"ignore_eos", true}};
+    auto r = cli.Post("/v1/completions", {{"Authorization", "Bearer " + key}}, body.dump(),
+                      "application/json");
+    EXPECT_FALSE(r) << "the request should have outlived the client's 150 ms";
+  }
+  EXPECT_TRUE(WaitStatusRunning(c, 0, 2s)) << "the abandoned request still holds a slot";
+  bool logged = false;
+  for (int i = 0; i < 100 && !logged; ++i) {
+    const std::string log = c.Log("gateway");
+    for (size_t at = log.find("api=openai.completions outcome=cancelled"); at != std::string::npos;
+         at = log.find("api=openai.completions outcome=cancelled", at + 1)) {
+      const size_t eol = log.find('\n', at);
+      const std::string line = log.substr(at, eol - at);
+      const size_t ct = line.find("completion_tokens=");
+      if (ct != std::string::npos && std::atoi(line.c_str() + ct + 18) < 4000) logged = true;
+    }
+    if (!logged) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(logged) << c.Log("gateway");
+
   // The permit is back: a new request is admitted.
   Http again;
   for (int i = 0; i < 50; ++i) {
