@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
 #include "worker/model/kv_type.h"
+#include "worker/spec/mtp_setting.h"
+#include "worker/spec/mtp_speculator.h"
 #ifdef DS_HAVE_NCCL
 #include "common/collective/nccl_collective.h"
 #endif
@@ -117,12 +120,16 @@ int CmdGenerate(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
                            "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
-                           "--backend", "--threads", "--kv-type"},
+                           "--backend", "--threads", "--kv-type", "--mtp"},
                           {"--json", "--ignore-eos", "--chat"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
   if (!model.ok()) return Fail(model.status());
   *model = ResolveModelAlias(*model);
+  auto mtp_setting = spec::ParseMtpSetting(args->Str("--mtp", "off"));
+  if (!mtp_setting.ok()) return Fail(mtp_setting.status());
+  const int mtp_k = spec::DraftsForBatch(*mtp_setting, 1);  // one stream
+  const int* mtp = &mtp_k;
   if (args->Has("--prompt") == args->Has("--prompt-ids"))
     return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --prompt-ids"));
   auto max_tokens = args->Int("--max-tokens", 64);
@@ -191,7 +198,9 @@ int CmdGenerate(int argc, char** argv) {
   auto kv_type = ParseKvType(args->Str("--kv-type", "f16"));
   if (!kv_type.ok()) return Fail(kv_type.status());
   bo.kv_type = *kv_type;  // q8_0 / q4_0: CUDA only (the CPU backend refuses them)
-  auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo);
+  // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
+  const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
+  auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);
   if (!be_or.ok()) return Fail(be_or.status());
   Backend& be = **be_or;
   const int n_vocab = be.config().n_vocab;
@@ -212,11 +221,40 @@ int CmdGenerate(int argc, char** argv) {
 
   const double t0 = Now();
   std::vector<float> logits;
-  if (auto s = Prefill(be, prompt, false, &logits); !s.ok()) return Fail(s);
+  // With --mtp the speculator prefills (every row's hidden state feeds the MTP layer) and hands
+  // out 1..k+1 tokens per verify step; otherwise one Forward per token.
+  std::optional<spec::MtpSpeculator> speculator;
+  spec::SpecSequence seq;
+  std::vector<int32_t> ready;  // speculated tokens not yet printed, in order
+  if (*mtp > 0) {
+    auto sp = spec::MtpSpeculator::Create(&be, *mtp);
+    if (!sp.ok()) return Fail(sp.status());
+    speculator.emplace(std::move(*sp));
+    seq.tokens = prompt;
+    seq.sampler = &sampler;
+    seq.max_new = static_cast<int>(*max_tokens);
+    spec::SpecSequence* one = &seq;
+    if (auto s = speculator->Start({&one, 1}); !s.ok()) return Fail(s);
+    ready.assign(seq.tokens.begin() + prompt.size(), seq.tokens.end());
+  } else if (auto s = Prefill(be, prompt, false, &logits); !s.ok()) {
+    return Fail(s);
+  }
   const double t1 = Now();
   std::string finish = "length";
   for (int64_t i = 0; i < *max_tokens; ++i) {
-    const SampleResult r = sampler.Sample(logits, history);
+    SampleResult r;
+    if (speculator) {
+      if (ready.empty()) {
+        const size_t before = seq.tokens.size();
+        spec::SpecSequence* one = &seq;
+        if (auto s = speculator->Step({&one, 1}); !s.ok()) return Fail(s);
+        ready.assign(seq.tokens.begin() + before, seq.tokens.end());
+      }
+      r.token = ready.front();
+      ready.erase(ready.begin());
+    } else {
+      r = sampler.Sample(logits, history);
+    }
     generated.push_back(r.token);
     history.push_back(r.token);
     if (!ignore_eos && tok->IsEos(r.token)) {
@@ -236,7 +274,7 @@ int CmdGenerate(int argc, char** argv) {
       std::printf("%d ", r.token);
       std::fflush(stdout);
     }
-    if (i + 1 == *max_tokens) break;
+    if (i + 1 == *max_tokens || speculator) continue;
     SeqStep step;
     step.slot = 0;
     step.pos0 = static_cast<int32_t>(history.size() - 1);
@@ -264,12 +302,25 @@ int CmdGenerate(int argc, char** argv) {
     j["prompt_tokens_per_second"] = prompt_tps;
     j["generation_tokens_per_second"] = gen_tps;
     j["backend"] = be.name();
+    if (speculator) {
+      const spec::SpecStats& st = speculator->stats();
+      j["mtp"]["drafts"] = *mtp;
+      j["mtp"]["verify_steps"] = st.steps;
+      j["mtp"]["mean_accepted_length"] = st.mean_accepted_length();
+      for (int d = 0; d < *mtp; ++d)
+        j["mtp"]["acceptance"].push_back(
+            st.offered[d] ? static_cast<double>(st.accepted[d]) / st.offered[d] : 0.0);
+    }
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
     std::fprintf(stderr, "[%s] prompt %zu tok %.1f tok/s | generated %zu tok %.1f tok/s | %s\n",
                  be.name().c_str(), prompt.size(), prompt_tps, generated.size(), gen_tps,
                  finish.c_str());
+    if (speculator)
+      std::fprintf(stderr, "[mtp k=%d] %lld verify steps, %.2f tokens per step\n", *mtp,
+                   static_cast<long long>(speculator->stats().steps),
+                   speculator->stats().mean_accepted_length());
   }
   return 0;
 }

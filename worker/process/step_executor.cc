@@ -32,6 +32,44 @@ sampling::SamplingParams Seeded(sampling::SamplingParams s) {
 StepExecutor::StepExecutor(Backend* backend, int n_usable)
     : backend_(backend), slots_(static_cast<size_t>(n_usable)) {}
 
+absl::Status StepExecutor::SetMtp(const spec::MtpSetting& setting) {
+  if (setting.drafts == 0) {
+    mtp_ = {};
+    drafter_.reset();
+    return absl::OkStatus();
+  }
+  if (group_)
+    return absl::UnimplementedError(
+        "--mtp: speculative decoding under tensor parallelism is not available yet (the MTP block "
+        "is not sharded)");
+  if (backend_->config().n_nextn < 1)
+    return absl::FailedPreconditionError(
+        "--mtp: the model file has no MTP block (nextn_predict_layers = 0)");
+  const int max_tokens = backend_->max_speculative_tokens();
+  if (max_tokens < 2)
+    return absl::UnimplementedError(absl::StrCat("--mtp: backend ", backend_->name(),
+                                                 " cannot run speculative steps"));
+  if (setting.drafts > max_tokens - 1)
+    return absl::InvalidArgumentError(absl::StrCat("--mtp ", setting.drafts, ": backend ",
+                                                   backend_->name(), " verifies at most ",
+                                                   max_tokens - 1, " drafts"));
+  mtp_ = setting;
+  drafter_.emplace(backend_->config());
+  mtp_stats_.Resize(setting.drafts);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<const float> hidden,
+                                      int n_rows, int n_mtp_slots) {
+  SlotState& slot = slots_[slot_index];
+  const int n = spec::DraftBudget(spec::DraftsForBatch(mtp_, n_mtp_slots),
+                                  static_cast<int>(slot.known.size()) - slot.n_prompt,
+                                  slot.max_new, static_cast<int32_t>(slot.known.size()),
+                                  backend_->slot_ctx());
+  return drafter_->Draft(*backend_, slot_index, slot.known, p0, hidden, n_rows, n, *slot.sampler,
+                         &slot.drafts);
+}
+
 absl::Status StepExecutor::Validate(const Step& step) const {
   const int n = static_cast<int>(slots_.size());
   for (uint32_t s : step.released)
@@ -94,37 +132,78 @@ StepResult StepExecutor::Run(const Step& step) {
     slot.want_logprob = st.sampling.n_logprobs > 0;
     slot.sampler.emplace(Seeded(st.sampling));
     // A replay: every earlier non-greedy token took one draw; skip them so the stream goes on
-    // where it was (greedy tokens drew nothing).
+    // where it was (greedy tokens drew nothing). (With MTP the draws differ from plain decoding;
+    // a replayed sampled request then continues with its seed but not its exact stream.)
     if (st.sampling.temperature > 0)
       for (uint32_t i = 0; i < st.n_generated; ++i) slot.sampler->ConsumeUniform();
+    slot.n_prompt = static_cast<int>(st.tokens.size() - std::min<size_t>(st.n_generated, st.tokens.size()));
+    slot.max_new = static_cast<int>(st.max_new_tokens);
+    slot.mtp = drafter_.has_value() && !slot.want_logprob && st.max_new_tokens > 0;
   }
   if (step.work.empty()) return result;
   const int n_vocab = backend_->config().n_vocab;
   const int n_work = static_cast<int>(step.work.size());
 
+  // MTP: which sampled slots verify their drafts in this Forward (speculative SeqSteps, every row
+  // through the head). Bounded by the backend's speculative entries and by free KV pages (a
+  // verify writes KV for its drafts too; drafts are dropped rather than fail the step).
+  int n_mtp_slots = 0;
+  bool want_hidden = false;
+  if (drafter_)
+    for (const SlotState& slot : slots_) n_mtp_slots += slot.active && slot.mtp;
+  int spec_seqs_left = drafter_ ? backend_->max_speculative_seqs() : 0;
+  const KvPoolStats pool = backend_->kv_pool();
+  int64_t kv_left = pool.page_size > 0 ? pool.free_tokens() : INT64_MAX;
   batch_.resize(step.work.size());
+  out_row_.assign(step.work.size() + 1, 0);
   for (int i = 0; i < n_work; ++i) {
     const SlotWork& w = step.work[i];
-    const std::vector<int32_t>& known = slots_[w.slot].known;
+    SlotState& slot = slots_[w.slot];
+    const std::vector<int32_t>& known = slot.known;
     SeqStep& q = batch_[i];
     q.slot = static_cast<int>(w.slot);
     q.pos0 = static_cast<int32_t>(w.pos0);
     q.tokens.assign(known.begin() + w.pos0, known.begin() + w.pos0 + w.n_tokens);
     q.all_logits = false;
     q.decode_path = w.decode_path;
+    q.speculative = false;
+    if (slot.mtp && w.sample) {
+      want_hidden = true;
+      const int n_drafts = static_cast<int>(slot.drafts.tokens.size());
+      const int64_t kv_need = n_drafts + std::max(pool.page_size, 1);
+      if (n_drafts > 0 && w.n_tokens == 1 && w.pos0 + 1 == known.size() && spec_seqs_left > 0 &&
+          kv_left >= kv_need) {
+        q.tokens.insert(q.tokens.end(), slot.drafts.tokens.begin(), slot.drafts.tokens.end());
+        q.all_logits = true;
+        q.speculative = true;
+        q.decode_path = true;
+        --spec_seqs_left;
+        kv_left -= kv_need;
+      } else {
+        slot.drafts.clear();  // stale or no room: a plain step
+      }
+    }
+    out_row_[i + 1] = out_row_[i] + (q.all_logits ? static_cast<int>(q.tokens.size()) : 1);
   }
+  const int n_rows = out_row_[n_work];
   // Device sampling (no TP, backend offers it): rows that want no logprobs are sampled where the
   // logits are, with the uniform the CPU sampler would draw (Sampler::PeekUniform), so the tokens
   // are the CPU sampler's; logprob rows keep the host path. The RNG advances only after success.
   const bool device = group_ == nullptr && backend_->SupportsDeviceSampling();
   StepOptions opts;
+  opts.want_hidden = want_hidden;
   if (device) {
-    dev_rows_.assign(step.work.size(), DeviceSampleRow{});
+    dev_rows_.assign(static_cast<size_t>(n_rows), DeviceSampleRow{});
     for (int i = 0; i < n_work; ++i) {
       const SlotWork& w = step.work[i];
       if (!w.sample) continue;  // kSkip
       SlotState& slot = slots_[w.slot];
-      DeviceSampleRow& d = dev_rows_[i];
+      DeviceSampleRow& d = dev_rows_[out_row_[i]];
+      if (slot.mtp) {  // the acceptance rule and the drafts read the logits on the host
+        for (int r = out_row_[i]; r < out_row_[i + 1]; ++r)
+          dev_rows_[r].mode = DeviceSampleRow::Mode::kLogits;
+        continue;
+      }
       if (slot.want_logprob || slot.sampler->params().n_logprobs > 0) {
         d.mode = DeviceSampleRow::Mode::kLogits;
         continue;
@@ -154,18 +233,20 @@ StepResult StepExecutor::Run(const Step& step) {
     need_logits = false;
     for (const DeviceSampleRow& d : dev_rows_) need_logits |= d.mode == DeviceSampleRow::Mode::kLogits;
   }
-  if (out.n_rows != n_work ||
+  if (out.n_rows != n_rows ||
       (need_logits && out.logits.size() != static_cast<size_t>(out.n_rows) * n_vocab) ||
-      (device && out.tokens.size() != static_cast<size_t>(out.n_rows))) {
+      (device && out.tokens.size() != static_cast<size_t>(out.n_rows)) ||
+      (want_hidden && out.hidden.size() !=
+                          static_cast<size_t>(out.n_rows) * backend_->config().n_embd)) {
     if (group_) group_broken_ = true;  // the other ranks would wait for our broadcast
-    result.error =
-        absl::StrCat("backend returned ", out.n_rows, " logit rows for ", n_work, " sequences");
+    result.error = absl::StrCat("backend returned ", out.n_rows, " logit rows for ", n_rows,
+                                " output rows of ", n_work, " sequences");
     return result;
   }
   // Device tokens are checked before any slot changes.
   for (int i = 0; device && i < n_work; ++i) {
-    const int32_t t = out.tokens[i];
-    if (dev_rows_[i].mode == DeviceSampleRow::Mode::kSample && (t < 0 || t >= n_vocab)) {
+    const int32_t t = out.tokens[out_row_[i]];
+    if (dev_rows_[out_row_[i]].mode == DeviceSampleRow::Mode::kSample && (t < 0 || t >= n_vocab)) {
       result.error = absl::StrCat("backend ", backend_->name(), " sampled token ", t, " for slot ",
                                   step.work[i].slot, " outside [0, ", n_vocab, ")");
       return result;
@@ -177,20 +258,58 @@ StepResult StepExecutor::Run(const Step& step) {
       if (w.sample) shared_.push_back(0);
   }
   size_t k = 0;  // index into shared_ (rank > 0 reads it after the broadcast below)
+  const size_t H = static_cast<size_t>(backend_->config().n_embd);
+  auto hidden_rows = [&](int row0, int n) {
+    return std::span<const float>(out.hidden.data() + row0 * H, n * H);
+  };
   for (int i = 0; i < n_work && samples; ++i) {
     const SlotWork& w = step.work[i];
     if (!w.sample) continue;
     SlotState& slot = slots_[w.slot];
+    const int row0 = out_row_[i];
+    if (batch_[i].speculative) {
+      // Verify: keep the drafts the rule accepts plus the model's own token, roll the slot back
+      // to its last kept token, and draft again from the rows of the kept positions.
+      const size_t before = slot.known.size();
+      const int n_out = out_row_[i + 1] - row0;
+      const int kept = drafter_->Accept(
+          *slot.sampler,
+          std::span<const float>(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
+                                 static_cast<size_t>(n_out) * n_vocab),
+          slot.drafts, &slot.known, &mtp_stats_);
+      if (absl::Status cs = backend_->CommitSpeculative(static_cast<int>(w.slot), kept + 1);
+          !cs.ok()) {
+        result.tokens.clear();
+        result.error = absl::StrCat("backend ", backend_->name(), ": ", cs.ToString());
+        return result;
+      }
+      for (size_t j = before; j < slot.known.size(); ++j)
+        result.tokens.push_back(SampledToken{w.slot, slot.known[j], std::nullopt});
+      if (!DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, hidden_rows(row0, kept + 1), kept + 1,
+                      n_mtp_slots)
+               .ok()) {
+        slot.mtp = false;  // drafting failed: the request goes on without drafts
+        slot.drafts.clear();
+      }
+      continue;
+    }
     sampling::SampleResult r;
-    if (device && dev_rows_[i].mode == DeviceSampleRow::Mode::kSample) {
-      r.token = out.tokens[i];  // range-checked above
+    if (device && dev_rows_[row0].mode == DeviceSampleRow::Mode::kSample) {
+      r.token = out.tokens[row0];  // range-checked above
       if (slot.sampler->params().temperature > 0.0f) slot.sampler->ConsumeUniform();
     } else {
-      std::span<const float> row(out.logits.data() + static_cast<size_t>(i) * n_vocab,
+      std::span<const float> row(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
                                  static_cast<size_t>(n_vocab));  // [n_vocab]
       r = slot.sampler->Sample(row, slot.known);
     }
     slot.known.push_back(r.token);
+    if (slot.mtp &&
+        !DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1),
+                    hidden_rows(row0, 1), 1, n_mtp_slots)
+             .ok()) {
+      slot.mtp = false;
+      slot.drafts.clear();
+    }
     if (group_) shared_[k++] = r.token;
     SampledToken& t = result.tokens.emplace_back();
     t.slot = w.slot;

@@ -17,6 +17,8 @@
 #include "common/sampling/sampler.h"
 #include "worker/model/backend.h"
 #include "worker/process/step_types.h"
+#include "worker/spec/mtp_setting.h"
+#include "worker/spec/mtp_speculator.h"
 
 namespace ds::worker {
 
@@ -38,6 +40,15 @@ class StepExecutor {
   // A collective failed during a step: the group is unusable (the worker must leave it).
   bool group_broken() const { return group_broken_; }
 
+  // MTP speculative decoding (issue #15, worker/spec/README.md): a sampled slot keeps drafts
+  // from the model's MTP head, and its next decode verifies them inside the step's one Forward
+  // (a speculative SeqStep beside the other slots' prefill chunks and decodes); the slot then
+  // answers with its kept drafts plus the model's own token. Off (the default) or when the
+  // backend cannot: one token per sampled slot. Requests that want logprobs are not speculated.
+  // Not under tensor parallelism (the MTP block is not sharded).
+  absl::Status SetMtp(const spec::MtpSetting& setting);
+  const spec::SpecStats& mtp_stats() const { return mtp_stats_; }
+
   // Tokens the worker knows for a slot (for tests); empty when the slot is free.
   const std::vector<int32_t>& known(int slot) const { return slots_[slot].known; }
   bool active(int slot) const { return slots_[slot].active; }
@@ -49,7 +60,16 @@ class StepExecutor {
     std::vector<int32_t> known;  // [n_known] prompt + generated so far
     std::optional<sampling::Sampler> sampler;
     bool want_logprob = false;  // chosen token's logprob + the sampler's n_logprobs top ones
+    // MTP: whether this sequence is speculated, the generated tokens it may have in all, and
+    // its drafts for the next decode (empty: a plain decode).
+    bool mtp = false;
+    int n_prompt = 0;
+    int max_new = 0;
+    spec::Drafts drafts;
   };
+  // Drafts from the hidden rows [p0, p0 + n_rows) the last Forward gave for `slot`.
+  absl::Status DraftAfter(int slot, int32_t p0, std::span<const float> hidden, int n_rows,
+                          int n_mtp_slots);
 
   absl::Status Validate(const Step& step) const;
 
@@ -63,6 +83,10 @@ class StepExecutor {
   Collective* group_ = nullptr;   // TP group, or null
   bool group_broken_ = false;
   std::vector<int32_t> shared_;   // [n sampled] ids broadcast from rank 0
+  spec::MtpSetting mtp_;
+  std::optional<spec::MtpDrafter> drafter_;
+  spec::SpecStats mtp_stats_;
+  std::vector<int> out_row_;      // [work + 1] first output row of each work item
 };
 
 }  // namespace ds::worker

@@ -20,6 +20,7 @@ void FromProto(const pb::Step& in, Step* out) {
     const uint32_t n_logprobs = std::min<uint32_t>(p.logprobs(), sampling::kMaxLogprobs);
     s.sampling = sampling::FromProto(p.sampling(), static_cast<int>(n_logprobs));
     s.n_generated = p.n_generated();
+    s.max_new_tokens = p.max_new_tokens();
   }
   out->released.assign(in.released().begin(), in.released().end());
   out->work.resize(static_cast<size_t>(in.work_size()));
@@ -40,6 +41,7 @@ void ToProto(const Step& in, pb::Step* out) {
     *p->mutable_sampling() = sampling::ToProto(s.sampling);
     p->set_logprobs(static_cast<uint32_t>(std::max(s.sampling.n_logprobs, 0)));
     p->set_n_generated(s.n_generated);
+    p->set_max_new_tokens(s.max_new_tokens);
   }
   out->mutable_released()->Add(in.released.begin(), in.released.end());
   for (const SlotWork& w : in.work) {

@@ -25,6 +25,9 @@ struct SequenceStart {
   // A replay after failover: the last n_generated of `tokens` were sampled already, so the
   // sampler skips the random draws they took (proto SequenceStart.n_generated).
   uint32_t n_generated = 0;
+  // Generated tokens the request may have in all (proto SequenceStart.max_new_tokens); 0 =
+  // unknown (no MTP drafts for it).
+  uint32_t max_new_tokens = 0;
 };
 
 // One slot's work in a step: process known tokens [pos0, pos0 + n_tokens) (proto SlotWork).
@@ -67,7 +70,9 @@ struct SampledToken {
 // TP group: only rank 0 fills `tokens`; ranks > 0 answer with the id, timings and error.
 struct StepResult {
   uint64_t step_id = 0;
-  std::vector<SampledToken> tokens;  // one per SlotWork with sample, in work order
+  // One per SlotWork with sample, in work order; with MTP a slot may have several consecutive
+  // ones (its kept drafts, then the model's own token).
+  std::vector<SampledToken> tokens;
   double forward_seconds = 0;        // measured on the worker
   double sample_seconds = 0;
   std::string error;  // not empty: the step failed (the scheduler fails the step's requests)

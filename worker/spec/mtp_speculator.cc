@@ -6,6 +6,96 @@
 
 namespace ds::spec {
 
+int DraftBudget(int k, int n_generated, int max_new, int32_t len, int slot_ctx) {
+  return std::max(0, std::min({k, max_new - n_generated - 1, slot_ctx - len}));
+}
+
+MtpDrafter::MtpDrafter(const ModelConfig& cfg)
+    : n_vocab_(cfg.n_vocab), n_embd_(cfg.n_embd), scratch_(static_cast<size_t>(cfg.n_vocab), 0.0) {}
+
+int32_t MtpDrafter::DraftToken(sampling::Sampler& s, std::span<const float> logits,
+                               std::span<const int32_t> history, Distribution* q) {
+  if (s.params().temperature <= 0.0f) {
+    q->clear();
+    return s.Sample(logits, history).token;  // greedy: the argmax, no random draw
+  }
+  *q = s.Distribution(logits, history);
+  const double u = s.PeekUniform();
+  s.ConsumeUniform();
+  return DrawFrom(*q, u);
+}
+
+absl::Status MtpDrafter::Draft(Backend& be, int slot, std::span<const int32_t> tokens, int32_t p0,
+                               std::span<const float> hidden, int n_rows, int n_drafts,
+                               sampling::Sampler& sampler, Drafts* out) {
+  out->clear();
+  // The MTP layer's KV for these positions (rewriting the rows of rejected drafts).
+  for (int i = 0; i < n_rows; ++i) {
+    const int32_t t = p0 + i;
+    DS_RETURN_IF_ERROR(be.MtpStep(slot, tokens[t + 1], t,
+                                  hidden.subspan(static_cast<size_t>(i) * n_embd_, n_embd_),
+                                  &mtp_logits_, &mtp_hidden_));
+  }
+  if (n_drafts <= 0 || n_rows <= 0) return absl::OkStatus();
+  history_.assign(tokens.begin(), tokens.end());
+  const int32_t t_last = p0 + n_rows - 1;
+  for (int j = 0; j < n_drafts; ++j) {
+    if (j > 0) {
+      chain_hidden_ = mtp_hidden_;
+      DS_RETURN_IF_ERROR(be.MtpStep(slot, out->tokens.back(), t_last + j, chain_hidden_,
+                                    &mtp_logits_, &mtp_hidden_));
+    }
+    Distribution q;
+    const int32_t d = DraftToken(sampler, mtp_logits_, history_, &q);
+    out->tokens.push_back(d);
+    out->q.push_back(std::move(q));
+    history_.push_back(d);
+  }
+  return absl::OkStatus();
+}
+
+int MtpDrafter::Accept(sampling::Sampler& sampler, std::span<const float> logits,
+                       const Drafts& drafts, std::vector<int32_t>* tokens, SpecStats* stats) {
+  const bool greedy = sampler.params().temperature <= 0.0f;
+  auto row = [&](int r) { return logits.subspan(static_cast<size_t>(r) * n_vocab_, n_vocab_); };
+  const int n = static_cast<int>(drafts.tokens.size());
+  if (stats) stats->Resize(n);
+  int kept = 0;
+  int32_t bonus = -1;
+  for (int d = 0; d < n; ++d) {
+    if (stats) ++stats->offered[d];
+    const int32_t draft = drafts.tokens[d];
+    if (greedy) {
+      const int32_t y = sampler.Sample(row(d), *tokens).token;
+      if (y != draft) {
+        bonus = y;
+        break;
+      }
+    } else {
+      const Distribution p = sampler.Distribution(row(d), *tokens);
+      const double u_accept = sampler.PeekUniform();
+      sampler.ConsumeUniform();
+      const double u_resample = sampler.PeekUniform();
+      const Verdict v = JudgeDraft(p, drafts.q[d], draft, u_accept, u_resample, &scratch_);
+      if (!v.accepted) {
+        sampler.ConsumeUniform();
+        bonus = v.token;
+        break;
+      }
+    }
+    if (stats) ++stats->accepted[d];
+    tokens->push_back(draft);
+    ++kept;
+  }
+  if (bonus < 0) bonus = sampler.Sample(row(kept), *tokens).token;
+  tokens->push_back(bonus);
+  if (stats) {
+    ++stats->steps;
+    stats->tokens += kept + 1;
+  }
+  return kept;
+}
+
 absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k) {
   if (!backend) return absl::InvalidArgumentError("MtpSpeculator: null backend");
   if (backend->config().n_nextn < 1)
@@ -27,56 +117,15 @@ MtpSpeculator::MtpSpeculator(Backend* backend, int k)
       k_(k),
       n_vocab_(backend->config().n_vocab),
       n_embd_(backend->config().n_embd),
-      scratch_(static_cast<size_t>(backend->config().n_vocab), 0.0) {
-  stats_.offered.assign(k, 0);
-  stats_.accepted.assign(k, 0);
-}
-
-int32_t MtpSpeculator::DraftToken(SpecSequence& s, std::span<const float> logits,
-                                  std::span<const int32_t> history, Distribution* q) {
-  if (s.sampler->params().temperature <= 0.0f) {
-    q->clear();
-    return s.sampler->Sample(logits, history).token;  // greedy: the argmax, no random draw
-  }
-  *q = s.sampler->Distribution(logits, history);
-  const double u = s.sampler->PeekUniform();
-  s.sampler->ConsumeUniform();
-  return DrawFrom(*q, u);
+      drafter_(backend->config()) {
+  stats_.Resize(k);
 }
 
 absl::Status MtpSpeculator::Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden,
                                   int n_rows) {
-  s.drafts.clear();
-  s.draft_q.clear();
-  // The MTP layer's KV for the accepted positions: row t pairs h_t with the token after it.
-  for (int i = 0; i < n_rows; ++i) {
-    const int32_t t = p0 + i;
-    DS_RETURN_IF_ERROR(be_->MtpStep(s.slot, s.tokens[t + 1], t,
-                                    hidden.subspan(static_cast<size_t>(i) * n_embd_, n_embd_),
-                                    &mtp_logits_, &mtp_hidden_));
-  }
-  // Drafts the next verify step can use: it emits at most drafts + 1 tokens, and its last row
-  // must stay inside the slot.
-  const int32_t len = static_cast<int32_t>(s.tokens.size());
-  const int remaining = s.max_new - s.n_generated();
-  const int room = be_->slot_ctx() - len;
-  const int n = std::min({k_, remaining - 1, room});
-  if (n <= 0) return absl::OkStatus();
-  std::vector<int32_t> history = s.tokens;
-  const int32_t t_last = p0 + n_rows - 1;
-  for (int j = 0; j < n; ++j) {
-    if (j > 0) {
-      chain_hidden_ = mtp_hidden_;
-      DS_RETURN_IF_ERROR(be_->MtpStep(s.slot, s.drafts.back(), t_last + j, chain_hidden_,
-                                      &mtp_logits_, &mtp_hidden_));
-    }
-    Distribution q;
-    const int32_t d = DraftToken(s, mtp_logits_, history, &q);
-    s.drafts.push_back(d);
-    s.draft_q.push_back(std::move(q));
-    history.push_back(d);
-  }
-  return absl::OkStatus();
+  const int n = DraftBudget(k_, s.n_generated(), s.max_new, static_cast<int32_t>(s.tokens.size()),
+                            be_->slot_ctx());
+  return drafter_.Draft(*be_, s.slot, s.tokens, p0, hidden, n_rows, n, *s.sampler, &s.drafts);
 }
 
 absl::Status MtpSpeculator::Start(std::span<SpecSequence* const> seqs) {
@@ -120,9 +169,9 @@ absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
     q.slot = s.slot;
     q.pos0 = static_cast<int32_t>(s.tokens.size()) - 1;
     q.tokens.assign(1, s.tokens.back());
-    q.tokens.insert(q.tokens.end(), s.drafts.begin(), s.drafts.end());
+    q.tokens.insert(q.tokens.end(), s.drafts.tokens.begin(), s.drafts.tokens.end());
     q.all_logits = true;
-    q.speculative = !s.drafts.empty();
+    q.speculative = !s.drafts.tokens.empty();
     q.decode_path = true;
   }
   StepOptions opts;
@@ -131,49 +180,17 @@ absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
   size_t row = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     SpecSequence& s = *seqs[i];
-    const int32_t pos0 = batch_[i].pos0;
-    const int n_drafts = static_cast<int>(s.drafts.size());
-    const bool greedy = s.sampler->params().temperature <= 0.0f;
-    auto logits_row = [&](int r) {
-      return std::span<const float>(out_.logits.data() + (row + r) * n_vocab_, n_vocab_);
-    };
-    int kept = 0;
-    int32_t bonus = -1;
-    for (int d = 0; d < n_drafts; ++d) {
-      ++stats_.offered[d];
-      const int32_t draft = s.drafts[d];
-      if (greedy) {
-        const int32_t y = s.sampler->Sample(logits_row(d), s.tokens).token;
-        if (y != draft) {
-          bonus = y;
-          break;
-        }
-      } else {
-        const Distribution p = s.sampler->Distribution(logits_row(d), s.tokens);
-        const double u_accept = s.sampler->PeekUniform();
-        s.sampler->ConsumeUniform();
-        const double u_resample = s.sampler->PeekUniform();
-        const Verdict v = JudgeDraft(p, s.draft_q[d], draft, u_accept, u_resample, &scratch_);
-        if (!v.accepted) {
-          s.sampler->ConsumeUniform();
-          bonus = v.token;
-          break;
-        }
-      }
-      ++stats_.accepted[d];
-      s.tokens.push_back(draft);
-      ++kept;
-    }
-    if (bonus < 0) bonus = s.sampler->Sample(logits_row(kept), s.tokens).token;
-    s.tokens.push_back(bonus);
-    ++stats_.steps;
-    stats_.tokens += kept + 1;
+    const size_t rows = batch_[i].tokens.size();
+    const int kept = drafter_.Accept(
+        *s.sampler,
+        std::span<const float>(out_.logits.data() + row * n_vocab_, rows * n_vocab_), s.drafts,
+        &s.tokens, &stats_);
     if (batch_[i].speculative) DS_RETURN_IF_ERROR(be_->CommitSpeculative(s.slot, kept + 1));
-    DS_RETURN_IF_ERROR(Draft(s, pos0,
+    DS_RETURN_IF_ERROR(Draft(s, batch_[i].pos0,
                              std::span<const float>(out_.hidden.data() + row * n_embd_,
                                                     static_cast<size_t>(kept + 1) * n_embd_),
                              kept + 1));
-    row += batch_[i].tokens.size();
+    row += rows;
   }
   return absl::OkStatus();
 }

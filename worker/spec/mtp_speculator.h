@@ -29,6 +29,61 @@
 
 namespace ds::spec {
 
+// A sequence's drafts for its next verify step, and (sampling) the distribution each was drawn
+// from.
+struct Drafts {
+  std::vector<int32_t> tokens;
+  std::vector<Distribution> q;  // [tokens] empty lists when greedy
+  void clear() {
+    tokens.clear();
+    q.clear();
+  }
+};
+
+// Acceptance over a run: drafts offered and kept at each draft position (1-based in the text,
+// index 0 here), and steps.
+struct SpecStats {
+  std::vector<int64_t> offered, accepted;  // [k]
+  int64_t steps = 0;
+  int64_t tokens = 0;  // emitted by the verify steps
+  double mean_accepted_length() const { return steps ? static_cast<double>(tokens) / steps : 0; }
+  void Resize(int k) {
+    if (static_cast<int>(offered.size()) < k) {
+      offered.resize(k, 0);
+      accepted.resize(k, 0);
+    }
+  }
+};
+
+// The two halves of a speculative step that do not depend on how the batch was built, shared by
+// MtpSpeculator and the worker's step executor. Keeps scratch buffers; not thread-safe.
+class MtpDrafter {
+ public:
+  explicit MtpDrafter(const ModelConfig& cfg);
+
+  // Fills the MTP layer's KV for positions [p0, p0 + n_rows) — row i pairs hidden row i (the
+  // main model's final-normed state at p0 + i) with tokens[p0 + i + 1] — and drafts n_drafts
+  // tokens from the last one, chaining the MTP's own hidden state. n_drafts 0: KV only.
+  absl::Status Draft(Backend& be, int slot, std::span<const int32_t> tokens, int32_t p0,
+                     std::span<const float> hidden, int n_rows, int n_drafts,
+                     sampling::Sampler& sampler, Drafts* out);
+
+  // Judges `drafts` against the main model's logits rows [drafts + 1][n_vocab] (row i predicts
+  // the token after tokens.back() + the first i drafts) and appends the kept drafts and the bonus
+  // token to *tokens. Returns how many drafts were kept. Counts into *stats when not null.
+  int Accept(sampling::Sampler& sampler, std::span<const float> logits, const Drafts& drafts,
+             std::vector<int32_t>* tokens, SpecStats* stats);
+
+ private:
+  int32_t DraftToken(sampling::Sampler& s, std::span<const float> logits,
+                     std::span<const int32_t> history, Distribution* q);
+
+  int n_vocab_ = 0, n_embd_ = 0;
+  std::vector<double> scratch_;  // [n_vocab] zero between JudgeDraft calls
+  std::vector<float> mtp_logits_, mtp_hidden_, chain_hidden_;
+  std::vector<int32_t> history_;
+};
+
 // One sequence decoded with drafts. The caller owns it and its sampler.
 struct SpecSequence {
   int slot = 0;
@@ -39,19 +94,13 @@ struct SpecSequence {
   int max_new = 1 << 30;  // drafts never reach past this many generated tokens
   // Filled by the speculator.
   int n_prompt = 0;
-  std::vector<int32_t> drafts;        // for the next step
-  std::vector<Distribution> draft_q;  // [drafts] draft distributions (sampling only)
+  Drafts drafts;  // for the next step
   int n_generated() const { return static_cast<int>(tokens.size()) - n_prompt; }
 };
 
-// Acceptance over a run: drafts offered and kept at each draft position (1-based in the text,
-// index 0 here), and steps.
-struct SpecStats {
-  std::vector<int64_t> offered, accepted;  // [k]
-  int64_t steps = 0;
-  int64_t tokens = 0;  // emitted by the verify steps
-  double mean_accepted_length() const { return steps ? static_cast<double>(tokens) / steps : 0; }
-};
+// Drafts a sequence may use: a verify step emits at most drafts + 1 tokens (max_new counts them)
+// and its last row must stay inside the slot.
+int DraftBudget(int k, int n_generated, int max_new, int32_t len, int slot_ctx);
 
 class MtpSpeculator {
  public:
@@ -70,19 +119,13 @@ class MtpSpeculator {
 
  private:
   MtpSpeculator(Backend* backend, int k);
-  // Drafts for `s` from the MTP head: rows t in [p0, p0 + hidden rows) pair h_t with token t + 1.
   absl::Status Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden, int n_rows);
-  // Draws a token from logits with the sequence's sampler conventions; q receives the
-  // distribution when sampling (non-greedy).
-  int32_t DraftToken(SpecSequence& s, std::span<const float> logits,
-                     std::span<const int32_t> history, Distribution* q);
 
   Backend* be_;
   int k_ = 0;
   int n_vocab_ = 0, n_embd_ = 0;
   SpecStats stats_;
-  std::vector<double> scratch_;  // [n_vocab] zero between JudgeDraft calls
-  std::vector<float> mtp_logits_, mtp_hidden_, chain_hidden_;
+  MtpDrafter drafter_;
   std::vector<SeqStep> batch_;
   StepOutput out_;
 };
