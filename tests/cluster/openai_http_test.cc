@@ -17,6 +17,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/tokenizer/tokenizer.h"
+#include "gateway/gateway.h"
 #include "tests/cluster/gateway_cluster.h"
 
 namespace ds::cluster_test {
@@ -377,6 +378,49 @@ TEST(OpenAIHttp, AuthOverloadAndAbortFreeingTheSlot) {
     std::this_thread::sleep_for(20ms);
   }
   EXPECT_EQ(again.status, 200) << again.raw;
+}
+
+// TLS like the gRPC listener: the same --tls-cert/--tls-key serve HTTPS (in-process gateway, no
+// scheduler behind it: /health says 503, /v1/models answers); plaintext HTTP gets nothing.
+TEST(OpenAIHttp, TlsWithTheGatewaysCertificate) {
+  const std::string dir = TestDir() + "/openai_tls";
+  std::filesystem::create_directories(dir);
+  const std::string cmd =
+      "cd " + dir +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout key.pem -out cert.pem -days 2 "
+      "-subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl is required (tools/setup.sh)";
+  gw::GatewayOptions o;
+  o.listen = "127.0.0.1:0";
+  o.admin_listen = "127.0.0.1:0";
+  o.http_listen = "127.0.0.1:0";
+  o.scheduler = "127.0.0.1:1";
+  o.model = ClusterModel();
+  o.tls_cert = dir + "/cert.pem";
+  o.tls_key = dir + "/key.pem";
+  auto gw = gw::Gateway::Start(o);
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  const int port = (*gw)->http_port();
+  ASSERT_GT(port, 0);
+  httplib::SSLClient tls("localhost", port);
+  tls.set_ca_cert_path((dir + "/cert.pem").c_str());
+  tls.enable_server_certificate_verification(true);
+  auto models = tls.Get("/v1/models");
+  ASSERT_TRUE(models) << httplib::to_string(models.error());
+  EXPECT_EQ(models->status, 200);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+  auto health = tls.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  auto gen = tls.Post("/v1/completions", R"({"prompt": "x"})", "application/json");
+  ASSERT_TRUE(gen);
+  EXPECT_EQ(gen->status, 503) << gen->body;
+  EXPECT_EQ(json::parse(gen->body)["error"]["code"], "service_unavailable");
+  httplib::Client plain("127.0.0.1", port);
+  plain.set_read_timeout(2, 0);
+  auto p = plain.Get("/v1/models");
+  EXPECT_FALSE(p && p->status == 200) << "plaintext HTTP answered on the TLS port";
+  (*gw)->Shutdown();
 }
 
 // The official `openai` npm client (pinned in tests/cluster/openai_npm/package.json) against the
