@@ -147,6 +147,22 @@ class Backend {
                                std::vector<float>* logits, std::vector<float>* hidden_out) {
     return absl::UnimplementedError("MTP not implemented by backend " + name());
   }
+  // n MTP rows of one slot at once, as n MtpStep calls in order would run them: row i pairs
+  // hidden row i ([n, n_embd], the main model's state at pos0 + i) with tokens[i] (the token after
+  // it) at position pos0 + i, writing the MTP K/V rows [pos0, pos0 + n) (and dropping rows past
+  // them). Only the last row's logits [n_vocab] and draft hidden state [n_embd] come back. The
+  // default runs MtpStep row by row; a device may batch the rows.
+  virtual absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                               std::span<const float> hidden, std::vector<float>* logits,
+                               std::vector<float>* hidden_out) {
+    const size_t H = static_cast<size_t>(config().n_embd);
+    if (tokens.empty() || hidden.size() != tokens.size() * H)
+      return absl::InvalidArgumentError("MtpRows: need one hidden row per token");
+    for (size_t i = 0; i < tokens.size(); ++i)
+      DS_RETURN_IF_ERROR(MtpStep(slot, tokens[i], pos0 + static_cast<int32_t>(i),
+                                 hidden.subspan(i * H, H), logits, hidden_out));
+    return absl::OkStatus();
+  }
 };
 
 struct BackendOptions {

@@ -148,6 +148,15 @@ class Device {
                                std::vector<float>* logits, std::vector<float>* hidden_out) {
     return absl::UnimplementedError("MTP is not implemented by device " + name());
   }
+  // Backend::MtpRows; arguments validated by the runner. The default runs MtpStep row by row.
+  virtual absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                               std::span<const float> hidden, int64_t n_embd,
+                               std::vector<float>* logits, std::vector<float>* hidden_out) {
+    for (size_t i = 0; i < tokens.size(); ++i)
+      DS_RETURN_IF_ERROR(MtpStep(slot, tokens[i], pos0 + static_cast<int32_t>(i),
+                                 hidden.subspan(i * n_embd, n_embd), logits, hidden_out));
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace ds

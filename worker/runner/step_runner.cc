@@ -402,6 +402,37 @@ absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
   return absl::OkStatus();
 }
 
+absl::Status StepRunner::MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                 std::span<const float> hidden, std::vector<float>* logits,
+                                 std::vector<float>* hidden_out) {
+  if (tp_.world > 1)
+    return absl::UnimplementedError(
+        "MtpRows: the MTP block is not sharded under tensor parallelism");
+  if (slot < 0 || slot >= n_slots())
+    return absl::InvalidArgumentError(
+        absl::StrCat("MtpRows: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0 || static_cast<int64_t>(hidden.size()) != n * cfg_.n_embd)
+    return absl::InvalidArgumentError(absl::StrCat("MtpRows: ", tokens.size(), " tokens with ",
+                                                   hidden.size(), " hidden values (n_embd ",
+                                                   cfg_.n_embd, ")"));
+  if (pos0 < 0 || pos0 + n > slot_ctx_)
+    return absl::OutOfRangeError(absl::StrCat("MtpRows: positions [", pos0, ", ", pos0 + n,
+                                              ") out of range [0, ", slot_ctx_, ")"));
+  for (int32_t t : tokens)
+    if (t < 0 || t >= cfg_.n_vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("MtpRows: token id ", t, " out of range [0, ", cfg_.n_vocab, ")"));
+  if (!logits || !hidden_out) return absl::InvalidArgumentError("MtpRows: null output");
+  if (paged_) {
+    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(slot, static_cast<int64_t>(pos0) + n));
+    const std::span<const int32_t> pages = pool_.pages(slot);
+    if (first < static_cast<int>(pages.size()))
+      DS_RETURN_IF_ERROR(dev_->MapPages(slot, first, pages.subspan(first)));
+  }
+  return dev_->MtpRows(slot, pos0, tokens, hidden, cfg_.n_embd, logits, hidden_out);
+}
+
 absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,
                                  std::span<const float> hidden, std::vector<float>* logits,
                                  std::vector<float>* hidden_out) {

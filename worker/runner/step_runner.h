@@ -88,6 +88,9 @@ class StepRunner : public Backend {
   const KvPagePool* page_pool() const { return paged_ ? &pool_ : nullptr; }
   absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                        std::vector<float>* logits, std::vector<float>* hidden_out) override;
+  absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                       std::span<const float> hidden, std::vector<float>* logits,
+                       std::vector<float>* hidden_out) override;
   int max_speculative_tokens() const override { return dev_->limits().max_spec_tokens; }
   int max_speculative_seqs() const override;
   absl::Status CommitSpeculative(int slot, int32_t n_keep) override;

@@ -29,13 +29,11 @@ absl::Status MtpDrafter::Draft(Backend& be, int slot, std::span<const int32_t> t
                                std::span<const float> hidden, int n_rows, int n_drafts,
                                sampling::Sampler& sampler, Drafts* out) {
   out->clear();
-  // The MTP layer's KV for these positions (rewriting the rows of rejected drafts).
-  for (int i = 0; i < n_rows; ++i) {
-    const int32_t t = p0 + i;
-    DS_RETURN_IF_ERROR(be.MtpStep(slot, tokens[t + 1], t,
-                                  hidden.subspan(static_cast<size_t>(i) * n_embd_, n_embd_),
+  // The MTP layer's KV for these positions (rewriting the rows of rejected drafts), in one call.
+  if (n_rows > 0)
+    DS_RETURN_IF_ERROR(be.MtpRows(slot, p0, tokens.subspan(p0 + 1, n_rows),
+                                  hidden.first(static_cast<size_t>(n_rows) * n_embd_),
                                   &mtp_logits_, &mtp_hidden_));
-  }
   if (n_drafts <= 0 || n_rows <= 0) return absl::OkStatus();
   history_.assign(tokens.begin(), tokens.end());
   const int32_t t_last = p0 + n_rows - 1;
