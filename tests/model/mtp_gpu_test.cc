@@ -11,6 +11,10 @@
 //    tokens (as decode_path: the same decode kernels): the verify logits of the kept rows and the
 //    next step's logits are bit-identical. Also with micro-steps of 3 rows, so that a
 //    speculative run is cut in two and its second piece continues from the first's entry.
+//  * MtpRows: n = 1..5 catch-up rows of one slot in one call (and the prompt's rows), against n
+//    MtpStep calls on CUDA (tight bound: only the K/V matmuls' row count differs) and against
+//    the CPU (gpu_vs_cpu bounds), each followed by a chained MtpStep; also with the device's
+//    pass capped at 3 rows (max_step_tokens 3), so longer runs go in chunks.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "common/gguf/gguf.h"
+#include "common/util/status.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
@@ -168,6 +173,108 @@ TEST_P(Mtp, MtpStepsMatchCpu) {
        "rewrite", &hn, &d);
   step(d, kPrompt, hn, "after rollback", nullptr, nullptr);
   std::printf("mtp_gpu %-5s MtpStep max rel %.3e (bound %.1e)\n", m.name, worst, m.bound);
+}
+
+// MtpRows (the catch-up rows after a verify: n rows of one slot in one pass) against n MtpStep
+// calls on the same device and against the CPU (whose MtpRows is the MtpStep loop), n = 1..5,
+// each followed by a chained MtpStep that attends to the rows just written. Every n starts two
+// rows earlier than the last, so each call also drops rows written before (rejected drafts).
+// max_step_tokens 3 caps the device's MtpRows pass at 3 rows: the prompt's rows and n > 3 go
+// in chunks.
+void MtpRowsCase(const Model& m, int max_step_tokens) {
+  SCOPED_TRACE(::testing::Message() << m.name << " max_step_tokens " << max_step_tokens);
+  auto file = Synth(m);
+  ASSERT_TRUE(file);
+  auto cpu = CreateCpuBackend(file, Opts());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = Cuda(file, max_step_tokens);
+  ASSERT_TRUE(gpu);
+  const int V = (*cpu)->config().n_vocab, H = (*cpu)->config().n_embd;
+  SeqStep s;
+  s.slot = 1;
+  s.tokens = Prompt(kPrompt, V);
+  s.all_logits = true;
+  StepOptions so;
+  so.want_hidden = true;
+  StepOutput out;
+  ASSERT_TRUE((*cpu)->Forward({&s, 1}, so, &out).ok());
+  // GPU slot 0 takes MtpRows, slot 1 the same rows one MtpStep at a time.
+  for (int slot : {0, 1}) {
+    SeqStep g = s;
+    g.slot = slot;
+    StepOutput gout;
+    ASSERT_TRUE(gpu->Forward({&g, 1}, StepOptions{}, &gout).ok());
+  }
+  const std::span<const float> hid(out.hidden);
+  struct Out {
+    std::vector<float> logits, hidden;
+  };
+  // Rows [p0, p0 + n): hidden row p0 + i with token p0 + i + 1.
+  auto rows = [&](Backend& be, int slot, int p0, int n, bool one_call, Out* o) -> absl::Status {
+    const std::span<const int32_t> toks(s.tokens.data() + p0 + 1, n);
+    const std::span<const float> h = hid.subspan(static_cast<size_t>(p0) * H,
+                                                 static_cast<size_t>(n) * H);
+    if (one_call) return be.MtpRows(slot, p0, toks, h, &o->logits, &o->hidden);
+    for (int i = 0; i < n; ++i)
+      DS_RETURN_IF_ERROR(be.MtpStep(slot, toks[i], p0 + i, h.subspan(static_cast<size_t>(i) * H, H),
+                                    &o->logits, &o->hidden));
+    return absl::OkStatus();
+  };
+  // Tight bound between the device's two paths: they differ only in how many rows the K/V
+  // matmuls take at once.
+  const double same_bound = m.type == GgmlType::F32 ? 1e-5 : 1e-3;
+  double worst_cpu = 0, worst_same = 0;
+  auto compare = [&](const Out& a, const Out& b, const Out& c, const std::string& what) {
+    const double r_same = std::max(RelDiff(a.logits, b.logits), RelDiff(a.hidden, b.hidden));
+    const double r_cpu = std::max(RelDiff(a.logits, c.logits), RelDiff(a.hidden, c.hidden));
+    worst_same = std::max(worst_same, r_same);
+    worst_cpu = std::max(worst_cpu, r_cpu);
+    EXPECT_LE(r_same, same_bound) << what << ": MtpRows vs MtpStep calls on CUDA";
+    EXPECT_LE(r_cpu, m.bound) << what << ": CUDA MtpRows vs the CPU";
+    ASSERT_EQ(a.logits.size(), static_cast<size_t>(V));
+    ASSERT_EQ(a.hidden.size(), static_cast<size_t>(H));
+  };
+  {  // The prompt's rows [0, P - 1) (the speculator's Start).
+    Out a, b, c;
+    ASSERT_TRUE(rows(*gpu, 0, 0, kPrompt - 1, true, &a).ok());
+    ASSERT_TRUE(rows(*gpu, 1, 0, kPrompt - 1, false, &b).ok());
+    ASSERT_TRUE(rows(**cpu, 1, 0, kPrompt - 1, true, &c).ok());
+    compare(a, b, c, "prompt rows");
+  }
+  for (int n = 1; n <= 5; ++n) {
+    const int p0 = 32 - 2 * n;
+    const std::string what = "n " + std::to_string(n) + " at " + std::to_string(p0);
+    Out a, b, c;
+    absl::Status st = rows(*gpu, 0, p0, n, true, &a);
+    ASSERT_TRUE(st.ok()) << st;
+    st = rows(*gpu, 1, p0, n, false, &b);
+    ASSERT_TRUE(st.ok()) << st;
+    st = rows(**cpu, 1, p0, n, true, &c);
+    ASSERT_TRUE(st.ok()) << st;
+    compare(a, b, c, what);
+    // A chained draft step on each: the CPU's draft token and draft hidden state at p0 + n.
+    const int32_t d = Argmax(c.logits.data(), V);
+    const std::vector<float> h = c.hidden;
+    Out a2, b2, c2;
+    ASSERT_TRUE(gpu->MtpStep(0, d, p0 + n, h, &a2.logits, &a2.hidden).ok());
+    ASSERT_TRUE(gpu->MtpStep(1, d, p0 + n, h, &b2.logits, &b2.hidden).ok());
+    ASSERT_TRUE((*cpu)->MtpStep(1, d, p0 + n, h, &c2.logits, &c2.hidden).ok());
+    compare(a2, b2, c2, what + ", then a chained MtpStep");
+  }
+  std::printf("mtp_gpu %-5s MtpRows (pass <= %d rows): max rel vs MtpStep calls %.3e (bound %.0e), "
+              "vs CPU %.3e (bound %.1e)\n",
+              m.name, max_step_tokens > 0 ? std::min(max_step_tokens, 64) : 64, worst_same,
+              same_bound, worst_cpu, m.bound);
+}
+
+TEST_P(Mtp, MtpRowsMatchesStepsAndCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  MtpRowsCase(GetParam(), 0);
+}
+
+TEST_P(Mtp, MtpRowsInChunks) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  MtpRowsCase(GetParam(), 3);
 }
 
 // Prefill `prompt` into `slot` (after a reset).

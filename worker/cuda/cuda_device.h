@@ -98,10 +98,14 @@ class CudaDevice final : public Device {
 
   // Speculative verify (CudaBackendOptions::spec_tokens): the slot's GDN state becomes entry
   // `entry`'s (one strided copy per state kind over all GDN layers). MtpStep: the MTP block
-  // (spec §8.2) for one token, its K/V in an f16 plane of the paged pool (worker/cuda/mtp.cc).
+  // (spec §8.2) for one token, its K/V in an f16 plane of the paged pool (worker/cuda/mtp.cc);
+  // MtpRows: n rows of one slot in one pass (MtpStep is MtpRows of one row).
   absl::Status CommitSpeculative(int slot, int entry) override;
   absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                        std::vector<float>* logits, std::vector<float>* hidden_out) override;
+  absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                       std::span<const float> hidden, int64_t n_embd, std::vector<float>* logits,
+                       std::vector<float>* hidden_out) override;
 
   KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
   absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
@@ -266,6 +270,7 @@ class CudaDevice final : public Device {
 
   // Decode rows a micro-step may hold at least (DeviceLimits::max_decode_rows).
   static constexpr int kDecodeRowsMin = 256;
+  static constexpr int kMtpRowsMax = 64;  // MTP rows per MtpRows pass (mtp_rows_max_)
   // Workspace (device), sized for max_step_tokens rows.
   int T_max_ = 0, max_k_ = 0, logit_rows_max_ = 64;
   bool tiled_ = false;       // copts_.tiled on a GPU that has the tiled kernel
@@ -404,13 +409,17 @@ class CudaDevice final : public Device {
   const float* mtp_norm_ = nullptr;
   uint8_t* mtp_valid_ = nullptr;  // [n_slots, slot_ctx] device: MTP row written (CPU's mask)
   std::vector<int32_t> mtp_len_;  // [n_slots] rows [0, len) may be valid
-  // MTP workspace (one row): cat [2H], u [H], a [H], qg, k, v, q, o, ff [2 n_ff], hid [H],
-  // logits [n_vocab], attention partials, ints [token, slot, pos].
-  float *mtp_cat_ = nullptr, *mtp_u_ = nullptr, *mtp_a_ = nullptr, *mtp_qg_ = nullptr,
-        *mtp_k_ = nullptr, *mtp_v_ = nullptr, *mtp_q_ = nullptr, *mtp_o_ = nullptr,
-        *mtp_ff_ = nullptr, *mtp_hid_ = nullptr, *mtp_logits_ = nullptr, *mtp_parts_ = nullptr;
+  // MTP workspace. Rows of one MtpRows pass (up to mtp_rows_max_; longer runs, e.g. a prompt's
+  // rows, go in chunks): cat [R, 2H], u / a / b [R, H], k / v [R, kvw], ints [3R] (tokens,
+  // slots, positions). The last row only: qg, q, o, ff [2 n_ff], hid [H], logits [n_vocab],
+  // attention partials.
+  int mtp_rows_max_ = 0;
+  float *mtp_cat_ = nullptr, *mtp_u_ = nullptr, *mtp_a_ = nullptr, *mtp_b_ = nullptr,
+        *mtp_qg_ = nullptr, *mtp_k_ = nullptr, *mtp_v_ = nullptr, *mtp_q_ = nullptr,
+        *mtp_o_ = nullptr, *mtp_ff_ = nullptr, *mtp_hid_ = nullptr, *mtp_logits_ = nullptr,
+        *mtp_parts_ = nullptr;
   int32_t* mtp_ints_ = nullptr;
-  int32_t* h_mtp_ints_ = nullptr;  // pinned [4]
+  int32_t* h_mtp_ints_ = nullptr;  // pinned [3 * mtp_rows_max_]
   int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)
   void DropSpeculation(int slot);  // forget its speculative chain and MTP rows (reset, load)
 };

@@ -241,6 +241,10 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const bool gather = VocabParallel();
   const uint64_t part_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * n_vocab_local_ : 0;
   const uint64_t gather_floats = gather ? static_cast<uint64_t>(logit_rows_max_) * c.n_vocab : 0;
+  // MTP rows per pass: a verify's catch-up (k + 1 rows) in one; a prompt's rows in chunks of
+  // this many (a GEMM each), ~164 KiB per row on the 27B.
+  mtp_rows_max_ = has_mtp_ ? std::min(T_max_, kMtpRowsMax) : 0;
+  const uint64_t MR = static_cast<uint64_t>(mtp_rows_max_);
   partial_floats_ = AttnDecodePartialFloats(attn_shape_, limits_.max_decode_rows, AttnSplits(1));
   wh_elems_ = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(c.n_embd) * 4096);
   struct Buf {
@@ -280,13 +284,14 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&logits_), static_cast<uint64_t>(logit_rows_max_) * c.n_vocab * 4},
       {reinterpret_cast<void**>(&logits_part_), part_floats * 4},
       {reinterpret_cast<void**>(&logits_gather_), gather_floats * 4},
-      // MTP block, one row (MtpStep).
-      {reinterpret_cast<void**>(&mtp_cat_), has_mtp_ ? 2 * H * 4 : 0},
-      {reinterpret_cast<void**>(&mtp_u_), has_mtp_ ? H * 4 : 0},
-      {reinterpret_cast<void**>(&mtp_a_), has_mtp_ ? H * 4 : 0},
+      // MTP block (MtpRows): mtp_rows_max_ rows up to the attention, then the last row.
+      {reinterpret_cast<void**>(&mtp_cat_), MR * 2 * H * 4},
+      {reinterpret_cast<void**>(&mtp_u_), MR * H * 4},
+      {reinterpret_cast<void**>(&mtp_a_), MR * H * 4},
+      {reinterpret_cast<void**>(&mtp_b_), MR * H * 4},
       {reinterpret_cast<void**>(&mtp_qg_), has_mtp_ ? qgw * 4 : 0},
-      {reinterpret_cast<void**>(&mtp_k_), has_mtp_ ? kvw * 4 : 0},
-      {reinterpret_cast<void**>(&mtp_v_), has_mtp_ ? kvw * 4 : 0},
+      {reinterpret_cast<void**>(&mtp_k_), MR * kvw * 4},
+      {reinterpret_cast<void**>(&mtp_v_), MR * kvw * 4},
       {reinterpret_cast<void**>(&mtp_q_), has_mtp_ ? ow * 4 : 0},
       {reinterpret_cast<void**>(&mtp_o_), has_mtp_ ? ow * 4 : 0},
       {reinterpret_cast<void**>(&mtp_ff_), has_mtp_ ? 2 * c.n_ff * 4ull : 0},
@@ -294,7 +299,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&mtp_logits_), has_mtp_ ? c.n_vocab * 4ull : 0},
       {reinterpret_cast<void**>(&mtp_parts_),
        has_mtp_ ? MaskedAttnPartialFloats(attn_shape_, MtpAttnSplits()) * 4ull : 0},
-      {reinterpret_cast<void**>(&mtp_ints_), has_mtp_ ? 4 * 4ull : 0},
+      {reinterpret_cast<void**>(&mtp_ints_), MR * 3 * 4},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
@@ -501,8 +506,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
   // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
-  // speculative step (device rows 6 and 7), then MtpStep's [token, slot, pos].
-  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_ints_, 9 * T * 4 + 16));
+  // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions.
+  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_ints_, 9 * T * 4 + MR * 3 * 4 + 16));
   h_mtp_ints_ = h_ints_ + 9 * T;
   return absl::OkStatus();
 }

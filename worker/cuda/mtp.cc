@@ -1,5 +1,5 @@
 // CudaDevice (cuda_device.h): speculative entries (CommitSpeculative) and the MTP block
-// (MtpStep, spec §8.2) — one row through the device's own norm / matmul / attention kernels.
+// (MtpRows / MtpStep, spec §8.2) through the device's own norm / matmul / attention kernels.
 //
 // MTP K/V: one more attention layer in the paged pool, f16, behind the slot's page table (the
 // runner maps a draft position's page before MtpStep). Rows are marked in a per-slot mask
@@ -58,56 +58,116 @@ int CudaDevice::MtpAttnSplits() const {
 absl::Status CudaDevice::MtpStep(int slot, int32_t token, int32_t pos,
                                  std::span<const float> hidden, std::vector<float>* logits,
                                  std::vector<float>* hidden_out) {
+  return MtpRows(slot, pos, std::span<const int32_t>(&token, 1), hidden, cfg_.n_embd, logits,
+                 hidden_out);
+}
+
+// n rows as n MtpStep calls would leave them, in one pass per chunk of mtp_rows_max_ rows. Only
+// the last row's output comes back, and a row's K/V depends only on its own inputs (embedding,
+// hidden, eh_proj, attn_norm, k/v projections), so the earlier rows stop after writing K/V: the
+// rows' matmuls are one weight read for all of them, and the attention, MLP, norm and LM head run
+// for the last row alone (which attends to the earlier ones exactly as the n-th MtpStep would:
+// they are valid, written just before it).
+absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                 std::span<const float> hidden, int64_t n_embd,
+                                 std::vector<float>* logits, std::vector<float>* hidden_out) {
   if (!has_mtp_)
     return absl::UnimplementedError(
         "MtpStep: the CUDA device holds no MTP block (the file has none, or the backend was "
         "created without speculative entries: CudaBackendOptions::spec_tokens / --mtp)");
   const int H = cfg_.n_embd;
+  const int n = static_cast<int>(tokens.size());
+  if (n < 1 || n_embd != H || hidden.size() != static_cast<size_t>(n) * H || pos0 < 0 ||
+      pos0 + n > slot_ctx_ || slot < 0 || slot >= n_slots_)
+    return absl::InternalError(absl::StrCat("MtpRows: ", n, " rows at ", pos0, " of slot ", slot,
+                                            " with ", hidden.size(), " hidden values"));
   const float eps = cfg_.rms_eps;
   const DLayer& L = mtp_layer_;
-  // Row pos replaces whatever was there and drops every later row (rejected drafts).
+  const int R = mtp_rows_max_;
+  const int64_t kvw = static_cast<int64_t>(attn_shape_.n_kv) * attn_shape_.hd;
+  // Rows [pos0, pos0 + n) replace whatever was there and every later row is dropped (rejected
+  // drafts): the mask after n MtpStep calls.
   uint8_t* valid = mtp_valid_ + static_cast<size_t>(slot) * slot_ctx_;
-  if (mtp_len_[slot] > pos)
-    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos, 0, mtp_len_[slot] - pos, stream_));
-  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos, 1, 1, stream_));
-  mtp_len_[slot] = pos + 1;
-  h_mtp_ints_[0] = token;
-  h_mtp_ints_[1] = slot;
-  h_mtp_ints_[2] = pos;
-  DS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(mtp_ints_, h_mtp_ints_, 3 * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  DS_RETURN_IF_ERROR(Copy(mtp_u_, hidden.data(), static_cast<size_t>(H) * sizeof(float)));
-
-  // cat = [enorm(embed[token]) | hnorm(h)]; u = eh_proj · cat.
-  InvalidateX();
-  DS_RETURN_IF_ERROR(EmbedRows(mtp_embed_.type, mtp_embed_.d, H, mtp_ints_, 1, mtp_a_, stream_));
-  DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_));
-  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_));
-  DS_RETURN_IF_ERROR(LinearRows(mtp_eh_, mtp_cat_, 1, mtp_u_, false));
-
-  // u += GatedAttention(attn_norm(u)) over the slot's MTP rows.
-  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, 1, H, eps, stream_));
-  InvalidateX();
-  DS_RETURN_IF_ERROR(LinearRows(L.q, mtp_a_, 1, mtp_qg_, false));
-  DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, 1, mtp_k_, false));
-  DS_RETURN_IF_ERROR(LinearRows(L.v, mtp_a_, 1, mtp_v_, false));
+  if (mtp_len_[slot] > pos0)
+    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos0, 0, mtp_len_[slot] - pos0, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos0, 1, n, stream_));
+  mtp_len_[slot] = pos0 + n;
   KvCacheView kv = kv_base_;
   kv.k = L.kc;
   kv.v = L.vc;
   kv.type = GgmlType::F16;
-  QkvPrepArgs pa;
-  pa.shape = attn_shape_;
-  pa.T = 1;
-  pa.tok_slot = mtp_ints_ + 1;
-  pa.tok_pos = mtp_ints_ + 2;
-  pa.qg = mtp_qg_;
-  pa.k = mtp_k_;
-  pa.v = mtp_v_;
-  pa.q_norm = L.q_norm;
-  pa.k_norm = L.k_norm;
-  pa.q_out = mtp_q_;
-  pa.kv = kv;
-  DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
+  // mtp_ints_: [tokens R][slots R][positions R].
+  const int32_t* d_tok = mtp_ints_;
+  const int32_t* d_slot = mtp_ints_ + R;
+  const int32_t* d_pos = mtp_ints_ + 2 * R;
+  int r = 0;
+  for (int c0 = 0; c0 < n; c0 += r) {
+    r = std::min(R, n - c0);
+    const bool last_chunk = c0 + r == n;
+    // The pinned mirror is free again: the previous chunk's blocking hidden copy below waited
+    // for its ints copy too.
+    for (int i = 0; i < r; ++i) {
+      h_mtp_ints_[i] = tokens[c0 + i];
+      h_mtp_ints_[R + i] = slot;
+      h_mtp_ints_[2 * R + i] = pos0 + c0 + i;
+    }
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h_mtp_ints_, 3ull * R * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, stream_));
+    DS_RETURN_IF_ERROR(Copy(mtp_u_, hidden.data() + static_cast<size_t>(c0) * H,
+                            static_cast<size_t>(r) * H * sizeof(float)));
+
+    // cat = [enorm(embed[token]) | hnorm(h)] per row; u = eh_proj · cat.
+    InvalidateX();
+    DS_RETURN_IF_ERROR(EmbedRows(mtp_embed_.type, mtp_embed_.d, H, d_tok, r, mtp_a_, stream_));
+    if (r == 1) {
+      DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_));
+      DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_));
+    } else {  // the norms write contiguous rows: each half goes into cat's rows by a 2-D copy
+      DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_b_, r, H, eps, stream_));
+      DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_, 2 * H, mtp_b_, H, H, r));
+      DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_hnorm_, mtp_b_, r, H, eps, stream_));
+      DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_ + H, 2 * H, mtp_b_, H, H, r));
+    }
+    DS_RETURN_IF_ERROR(LinearRows(mtp_eh_, mtp_cat_, r, mtp_u_, false));
+
+    // K/V of every row into the MTP plane; the query of the last row only.
+    DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, r, H, eps, stream_));
+    InvalidateX();
+    DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, r, mtp_k_, false));
+    DS_RETURN_IF_ERROR(LinearRows(L.v, mtp_a_, r, mtp_v_, false));
+    QkvPrepArgs pa;
+    pa.shape = attn_shape_;
+    pa.tok_slot = d_slot;
+    pa.tok_pos = d_pos;
+    pa.k = mtp_k_;
+    pa.v = mtp_v_;
+    pa.q_norm = L.q_norm;
+    pa.k_norm = L.k_norm;
+    pa.kv = kv;
+    const int kv_only = last_chunk ? r - 1 : r;
+    if (kv_only > 0) {
+      // No query heads: QkvPrep then only norms / ropes / stores the K/V heads of these rows.
+      QkvPrepArgs ka = pa;
+      ka.shape.n_head = 0;
+      ka.T = kv_only;
+      DS_RETURN_IF_ERROR(QkvPrep(ka, stream_));
+    }
+    if (!last_chunk) continue;
+    const int i = r - 1;
+    DS_RETURN_IF_ERROR(LinearRows(L.q, mtp_a_ + static_cast<int64_t>(i) * H, 1, mtp_qg_, false));
+    pa.T = 1;
+    pa.tok_slot = d_slot + i;
+    pa.tok_pos = d_pos + i;
+    pa.k = mtp_k_ + i * kvw;
+    pa.v = mtp_v_ + i * kvw;
+    pa.qg = mtp_qg_;
+    pa.q_out = mtp_q_;
+    DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
+  }
+  float* u = mtp_u_ + static_cast<int64_t>(r - 1) * H;  // the last row's residual
+  const int32_t pos = pos0 + n - 1;
+
+  // u += GatedAttention(attn_norm(u)) over the slot's valid MTP rows [0, pos].
   MaskedAttnArgs ma;
   ma.shape = attn_shape_;
   ma.slot = slot;
@@ -121,20 +181,20 @@ absl::Status CudaDevice::MtpStep(int slot, int32_t token, int32_t pos,
   ma.out = mtp_o_;
   DS_RETURN_IF_ERROR(MaskedAttnDecode(ma, stream_));
   InvalidateX();
-  DS_RETURN_IF_ERROR(LinearRows(L.o, mtp_o_, 1, mtp_u_, true));
+  DS_RETURN_IF_ERROR(LinearRows(L.o, mtp_o_, 1, u, true));
 
   // u += MLP(post_norm(u)).
-  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_));
+  DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_));
   InvalidateX();
   const int n_ff = L.ffn_gate.rows;
   DS_RETURN_IF_ERROR(LinearRows(L.ffn_gate, mtp_a_, 1, mtp_ff_, false));
   DS_RETURN_IF_ERROR(LinearRows(L.ffn_up, mtp_a_, 1, mtp_ff_ + n_ff, false));
   DS_RETURN_IF_ERROR(SiluMul(mtp_ff_, mtp_ff_ + n_ff, mtp_ff_, n_ff, stream_));
   InvalidateX();
-  DS_RETURN_IF_ERROR(LinearRows(L.ffn_down, mtp_ff_, 1, mtp_u_, true));
+  DS_RETURN_IF_ERROR(LinearRows(L.ffn_down, mtp_ff_, 1, u, true));
 
   // h' = shared_head_norm(u); logits = head · h'.
-  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_norm_, mtp_hid_, 1, H, eps, stream_));
+  DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, mtp_norm_, mtp_hid_, 1, H, eps, stream_));
   InvalidateX();
   DS_RETURN_IF_ERROR(LinearRows(mtp_head_, mtp_hid_, 1, mtp_logits_, false));
   InvalidateX();
