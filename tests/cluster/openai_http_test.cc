@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -378,6 +379,96 @@ TEST(OpenAIHttp, AuthOverloadAndAbortFreeingTheSlot) {
     std::this_thread::sleep_for(20ms);
   }
   EXPECT_EQ(again.status, 200) << again.raw;
+}
+
+// The tiny model with the real Qwen3.5 chat template written into its GGUF (tensors and other
+// metadata copied), so the gateway picks the native Qwen3.5 renderer and reasoning parser.
+std::string TinyWithQwenTemplate() {
+  static const std::string path = [] {
+    const std::string out = TestDir() + "/tiny_qwen35.gguf";
+    auto src = gguf::File::Open(TinyModel());
+    EXPECT_TRUE(src.ok());
+    std::ifstream t(std::string(DS_CHAT_DATA_DIR) + "/qwen3.5_chat_template.jinja");
+    std::stringstream tmpl;
+    tmpl << t.rdbuf();
+    gguf::Writer w;
+    w.SetAlignment(static_cast<uint32_t>((*src)->alignment()));
+    for (const auto& [k, v] : (*src)->metadata())
+      if (k != "general.alignment" && k != "tokenizer.chat_template") w.AddValue(k, v);
+    w.AddString("tokenizer.chat_template", tmpl.str());
+    for (const gguf::TensorInfo& ti : (*src)->tensors()) {
+      const uint8_t* data = ti.data;
+      const uint64_t n = ti.nbytes;
+      w.AddTensor(ti.name, std::vector<int64_t>(ti.ne.begin(), ti.ne.begin() + ti.n_dims), ti.type,
+                  [data, n](uint8_t* dst, uint64_t nbytes) { std::memcpy(dst, data, std::min(n, nbytes)); });
+    }
+    EXPECT_TRUE(w.WriteFile(out).ok());
+    return out;
+  }();
+  return path;
+}
+
+// Chat through the model's own (Qwen3.5) template: the prompt is byte for byte what
+// python3-jinja2 renders (the same token count as encoding its expected text), the generation
+// prompt opens <think> so the output streams as reasoning_content, and enable_thinking: false
+// closes it so the output is content.
+TEST(OpenAIHttp, Qwen35TemplateReasoningAndTools) {
+  const std::string model = TinyWithQwenTemplate();
+  setenv("DS_CLUSTER_MODEL", model.c_str(), 1);
+  Cluster c({.gateway_args = {"--http-listen", "127.0.0.1:0"}});
+  unsetenv("DS_CLUSTER_MODEL");
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  EXPECT_NE(c.Log("gateway").find("chat_template=qwen3.5"), std::string::npos) << c.Log("gateway");
+  const int port = HttpPort(c);
+  for (int i = 0; i < 100 && Call(port, "GET", "/health", "").status != 200; ++i)
+    std::this_thread::sleep_for(20ms);
+
+  // The jinja2-rendered prompt of the table's "tools_with_system" case.
+  std::ifstream cf(std::string(DS_CHAT_DATA_DIR) + "/chat_template_cases.json");
+  std::ifstream ef(std::string(DS_CHAT_DATA_DIR) + "/chat_template_expected.json");
+  // ordered_json: the tools' key order is part of the prompt (json would sort the keys).
+  using ojson = nlohmann::ordered_json;
+  const ojson cases = ojson::parse(cf), expected = ojson::parse(ef);
+  ojson the_case, the_text;
+  for (size_t i = 0; i < cases.size(); ++i)
+    if (cases[i]["name"] == "tools_with_system") {
+      the_case = cases[i];
+      the_text = expected[i]["text"];
+    }
+  ASSERT_FALSE(the_case.is_null());
+  auto file = gguf::File::Open(model);
+  ASSERT_TRUE(file.ok());
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok());
+  auto want_ids = tok->Encode(the_text.get<std::string>(), /*parse_special=*/true);
+  ASSERT_TRUE(want_ids.ok());
+
+  const ojson req = {{"model", "tiny_qwen35"}, {"messages", the_case["messages"]},
+                     {"tools", the_case["tools"]}, {"max_tokens", 12}, {"temperature", 0},
+                     {"ignore_eos", true}};
+  Http h = Call(port, "POST", "/v1/chat/completions", req.dump());
+  ASSERT_EQ(h.status, 200) << h.raw;
+  EXPECT_EQ(h.body["usage"]["prompt_tokens"], want_ids->size());
+  const json& msg = h.body["choices"][0]["message"];
+  // Random weights never write </think>: everything is reasoning.
+  ASSERT_TRUE(msg.contains("reasoning_content")) << msg;
+  EXPECT_FALSE(msg["reasoning_content"].get<std::string>().empty());
+  EXPECT_TRUE(msg["content"].is_null() || msg["content"] == "") << msg;
+  ojson sreq = req;
+  sreq["stream"] = true;
+  Http s = Call(port, "POST", "/v1/chat/completions", sreq.dump());
+  ASSERT_EQ(s.status, 200) << s.raw;
+  EXPECT_EQ(StreamedContent(s, "reasoning_content"), msg["reasoning_content"]);
+
+  ojson off = req;
+  off["chat_template_kwargs"] = {{"enable_thinking", false}};
+  Http o = Call(port, "POST", "/v1/chat/completions", off.dump());
+  ASSERT_EQ(o.status, 200) << o.raw;
+  // "<think>\n\n</think>\n\n" more in the prompt (plain text here: the tiny vocabulary has no
+  // such tokens), and the answer is content.
+  auto closed = tok->Encode(the_text.get<std::string>() + "\n</think>\n\n", true);
+  EXPECT_EQ(o.body["usage"]["prompt_tokens"], closed->size());
+  EXPECT_FALSE(o.body["choices"][0]["message"].contains("reasoning_content"));
 }
 
 // TLS like the gRPC listener: the same --tls-cert/--tls-key serve HTTPS (in-process gateway, no
