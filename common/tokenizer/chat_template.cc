@@ -58,7 +58,8 @@ std::string_view AfterLast(std::string_view s, std::string_view sep) {
 }
 
 absl::StatusOr<RenderedPrompt> RenderQwen35(const std::vector<ChatTurn>& msgs,
-                                            const ChatRenderOptions& opts) {
+                                            const ChatRenderOptions& opts, bool preserve_branch) {
+  const bool preserve = preserve_branch && opts.preserve_thinking.value_or(false);
   if (msgs.empty()) return Bad("messages is empty: the prompt needs at least one message");
   Out o;
   const bool has_tools = opts.tools.is_array() && !opts.tools.empty();
@@ -120,8 +121,9 @@ absl::StatusOr<RenderedPrompt> RenderQwen35(const std::vector<ChatTurn>& msgs,
         content = std::string(py::LStripChars(AfterLast(c, "</think>"), "\n"));
       }
       reasoning = std::string(py::Strip(reasoning));
-      // After the last query every assistant turn shows its (possibly empty) think block.
-      if (i > last_query) {
+      // After the last query every assistant turn shows its (possibly empty) think block; with
+      // Qwen3.6's preserve_thinking, every turn does.
+      if (preserve || i > last_query) {
         o.T("<|im_start|>assistant\n<think>\n");
         o.U(reasoning);
         o.T("\n</think>\n\n");
@@ -292,7 +294,8 @@ ChatTemplate ChatTemplate::FromJinja(std::string_view jinja) {
   auto has = [&](std::string_view m) { return jinja.find(m) != std::string_view::npos; };
   if (has("<function=example_function_name>") && has("<tool_response>") &&
       has("enable_thinking") && has("last_query_index") && has("<|im_start|>"))
-    return ChatTemplate(ChatTemplateKind::kQwen35);
+    return Of(ChatTemplateKind::kQwen35,
+              has("preserve_thinking is defined and preserve_thinking is true"));
   return ChatTemplate(ChatTemplateKind::kChatML);
 }
 
@@ -302,7 +305,7 @@ const char* ChatTemplate::name() const {
 
 absl::StatusOr<RenderedPrompt> ChatTemplate::Render(const std::vector<ChatTurn>& messages,
                                                     const ChatRenderOptions& opts) const {
-  if (kind_ == ChatTemplateKind::kQwen35) return RenderQwen35(messages, opts);
+  if (kind_ == ChatTemplateKind::kQwen35) return RenderQwen35(messages, opts, preserve_branch_);
   return RenderChatML(messages, opts);
 }
 

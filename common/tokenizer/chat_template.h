@@ -4,7 +4,8 @@
 // There is no Jinja interpreter here. The template text is matched to a family with a native
 // renderer (ChatTemplate::FromJinja); today:
 //   kQwen35  the Qwen3.5 / Qwen3.6 template (tools as JSON in the system turn, XML tool calls
-//            `<tool_call><function=NAME><parameter=P>`, `<think>` reasoning, enable_thinking);
+//            `<tool_call><function=NAME><parameter=P>`, `<think>` reasoning, enable_thinking;
+//            Qwen3.6's preserve_thinking when the template text has that branch);
 //            tests/tokenizer/chat_template_test.cc checks it against python3-jinja2 rendering the
 //            real template text (tests/tokenizer/data/).
 //   kChatML  anything else, e.g. the tiny/demo models' one-line ChatML template: roles and contents
@@ -43,6 +44,9 @@ struct ChatTurn {
 struct ChatRenderOptions {
   bool add_generation_prompt = true;
   std::optional<bool> enable_thinking;  // nullopt: the template's default (thinking on)
+  // Qwen3.6's switch to keep the reasoning of every earlier assistant turn (templates without
+  // it ignore it, as jinja would).
+  std::optional<bool> preserve_thinking;
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // OpenAI `tools`, as sent
 };
 
@@ -65,7 +69,11 @@ class ChatTemplate {
  public:
   // Picks the renderer for a GGUF's tokenizer.chat_template (empty: ChatML).
   static ChatTemplate FromJinja(std::string_view jinja);
-  static ChatTemplate Of(ChatTemplateKind kind) { return ChatTemplate(kind); }
+  static ChatTemplate Of(ChatTemplateKind kind, bool preserve_thinking_branch = false) {
+    ChatTemplate t(kind);
+    t.preserve_branch_ = preserve_thinking_branch;
+    return t;
+  }
   ChatTemplateKind kind() const { return kind_; }
   const char* name() const;
   bool supports_tools() const { return kind_ == ChatTemplateKind::kQwen35; }
@@ -78,6 +86,7 @@ class ChatTemplate {
  private:
   explicit ChatTemplate(ChatTemplateKind k) : kind_(k) {}
   ChatTemplateKind kind_;
+  bool preserve_branch_ = false;  // the template honours preserve_thinking (Qwen3.6)
 };
 
 }  // namespace ds

@@ -173,8 +173,8 @@ absl::StatusOr<OpenAIRequest> ParseChatRequest(std::string_view body) {
       r.parse_tool_calls = true;
     }
   }
-  // Thinking switch: vLLM's chat_template_kwargs.enable_thinking, or the top-level field that
-  // some clients send.
+  // Thinking switches: vLLM's chat_template_kwargs (enable_thinking; Qwen3.6's
+  // preserve_thinking), or a top-level enable_thinking as some clients send.
   bool thinking = true;
   bool have_thinking = false;
   if (const json* k = Field(b, "chat_template_kwargs")) {
@@ -182,6 +182,11 @@ absl::StatusOr<OpenAIRequest> ParseChatRequest(std::string_view body) {
     if (Field(*k, "enable_thinking")) {
       DS_RETURN_IF_ERROR(GetBool(*k, "enable_thinking", &thinking));
       have_thinking = true;
+    }
+    if (Field(*k, "preserve_thinking")) {
+      bool preserve = false;
+      DS_RETURN_IF_ERROR(GetBool(*k, "preserve_thinking", &preserve));
+      r.render.preserve_thinking = preserve;
     }
   }
   if (Field(b, "enable_thinking")) {

@@ -30,7 +30,7 @@ TEST(OpenAIRequest, ChatFieldsMapToTheSharedInput) {
     "repetition_penalty": 1.1, "min_p": 0.05, "seed": 42, "max_tokens": 7, "max_completion_tokens": 9,
     "stop": ["x", "yz"], "logprobs": true, "top_logprobs": 3, "user": "u",
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "chat_template_kwargs": {"enable_thinking": false}})");
+    "chat_template_kwargs": {"enable_thinking": false, "preserve_thinking": true}})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->chat && r->stream && r->include_usage);
   EXPECT_EQ(r->model, "m");
@@ -53,6 +53,8 @@ TEST(OpenAIRequest, ChatFieldsMapToTheSharedInput) {
   EXPECT_EQ(r->render.tools.size(), 1u);
   ASSERT_TRUE(r->render.enable_thinking.has_value());
   EXPECT_FALSE(*r->render.enable_thinking);
+  ASSERT_TRUE(r->render.preserve_thinking.has_value());
+  EXPECT_TRUE(*r->render.preserve_thinking);
   // logprobs without alternatives still asks the sampler for the chosen token's.
   auto lp = ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})");
   ASSERT_TRUE(lp.ok());

@@ -37,36 +37,58 @@ TEST(ChatTemplate, DetectsQwen35FromItsTemplateText) {
                 .kind(),
             ChatTemplateKind::kChatML);
   EXPECT_EQ(ChatTemplate::FromJinja("").kind(), ChatTemplateKind::kChatML);
+  // The Qwen3.6 form (with the preserve_thinking branch) is the same family and honours it.
+  std::string t36 = ss.str();
+  const std::string b35 = "{%- if loop.index0 > ns.last_query_index %}";
+  t36.replace(t36.find(b35), b35.size(),
+              "{%- if (preserve_thinking is defined and preserve_thinking is true) or "
+              "(loop.index0 > ns.last_query_index) %}");
+  const ChatTemplate q36 = ChatTemplate::FromJinja(t36), q35 = ChatTemplate::FromJinja(ss.str());
+  ASSERT_EQ(q36.kind(), ChatTemplateKind::kQwen35);
+  auto turns = ChatTurnsFromJson(json::parse(R"([{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "b", "reasoning_content": "r"}, {"role": "user", "content": "c"}])"));
+  ASSERT_TRUE(turns.ok());
+  ChatRenderOptions keep;
+  keep.preserve_thinking = true;
+  EXPECT_NE(q36.Render(*turns, keep)->text.find("<think>\nr\n</think>"), std::string::npos);
+  EXPECT_EQ(q35.Render(*turns, keep)->text.find("<think>\nr\n</think>"), std::string::npos);
 }
 
-TEST(ChatTemplate, Qwen35MatchesJinja2OnEveryCase) {
+// Every case with the Qwen3.5 template ("text") and its Qwen3.6 form with the preserve_thinking
+// branch ("text_36"; render_chat_template.py says how that form is made).
+TEST(ChatTemplate, Qwen35And36MatchJinja2OnEveryCase) {
   const json cases = ReadJson("chat_template_cases.json");
   const json expected = ReadJson("chat_template_expected.json");
   ASSERT_EQ(cases.size(), expected.size());
   ASSERT_GE(cases.size(), 20u);
-  const ChatTemplate t = ChatTemplate::Of(ChatTemplateKind::kQwen35);
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const json& c = cases[i];
-    const json& e = expected[i];
-    ASSERT_EQ(c["name"], e["name"]);
-    SCOPED_TRACE(c["name"].get<std::string>());
-    ChatRenderOptions opts;
-    opts.add_generation_prompt = c.value("add_generation_prompt", true);
-    if (c.contains("enable_thinking")) opts.enable_thinking = c["enable_thinking"].get<bool>();
-    if (c.contains("tools")) opts.tools = c["tools"];
-    auto turns = ChatTurnsFromJson(c["messages"]);
-    ASSERT_TRUE(turns.ok()) << turns.status();
-    auto r = t.Render(*turns, opts);
-    if (e.contains("error")) {
-      EXPECT_FALSE(r.ok()) << "jinja2 raised: " << e["error"];
-      if (!r.ok()) EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-      continue;
+  for (const bool v36 : {false, true}) {
+    const ChatTemplate t = ChatTemplate::Of(ChatTemplateKind::kQwen35, v36);
+    const std::string text_key = v36 ? "text_36" : "text", error_key = v36 ? "error_36" : "error";
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const json& c = cases[i];
+      const json& e = expected[i];
+      ASSERT_EQ(c["name"], e["name"]);
+      SCOPED_TRACE(c["name"].get<std::string>() + (v36 ? " (3.6)" : " (3.5)"));
+      ChatRenderOptions opts;
+      opts.add_generation_prompt = c.value("add_generation_prompt", true);
+      if (c.contains("enable_thinking")) opts.enable_thinking = c["enable_thinking"].get<bool>();
+      if (c.contains("preserve_thinking"))
+        opts.preserve_thinking = c["preserve_thinking"].get<bool>();
+      if (c.contains("tools")) opts.tools = c["tools"];
+      auto turns = ChatTurnsFromJson(c["messages"]);
+      ASSERT_TRUE(turns.ok()) << turns.status();
+      auto r = t.Render(*turns, opts);
+      if (e.contains(error_key)) {
+        EXPECT_FALSE(r.ok()) << "jinja2 raised: " << e[error_key];
+        if (!r.ok()) EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+        continue;
+      }
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->text, e[text_key].get<std::string>());
+      // The generation prompt leaves <think> open unless thinking is off.
+      EXPECT_EQ(r->opens_reasoning,
+                opts.add_generation_prompt && c.value("enable_thinking", true));
     }
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->text, e["text"].get<std::string>());
-    // The generation prompt leaves <think> open unless thinking is off.
-    EXPECT_EQ(r->opens_reasoning,
-              opts.add_generation_prompt && c.value("enable_thinking", true));
   }
 }
 

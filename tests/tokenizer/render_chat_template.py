@@ -5,6 +5,11 @@ environment with trim_blocks and lstrip_blocks, loop controls, raise_exception, 
 replaced by json.dumps(ensure_ascii=False) without sorting keys). OpenAI-shaped tool calls carry
 `arguments` as a JSON string; like vLLM, they are parsed to objects before rendering.
 
+Each case is also rendered with the Qwen3.6 form of the template: the same text with the one
+branch Qwen3.6 adds, `(preserve_thinking is defined and preserve_thinking is true) or (...)`
+around the reasoning condition (derived here by replacing that line, so the 3.6 data is this
+file's doing, not a copy of Qwen's 3.6 file): "text_36" / "error_36".
+
   render_chat_template.py            rewrite data/chat_template_expected.json
   render_chat_template.py --check    exit 1 if the file differs from a fresh rendering
 """
@@ -35,7 +40,13 @@ def render_all():
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     with open(os.path.join(DATA, "qwen3.5_chat_template.jinja"), encoding="utf-8") as f:
-        template = env.from_string(f.read())
+        text35 = f.read()
+    branch35 = "{%- if loop.index0 > ns.last_query_index %}"
+    branch36 = ("{%- if (preserve_thinking is defined and preserve_thinking is true) or "
+                "(loop.index0 > ns.last_query_index) %}")
+    assert text35.count(branch35) == 1
+    templates = {"": env.from_string(text35),
+                 "_36": env.from_string(text35.replace(branch35, branch36))}
     with open(os.path.join(DATA, "chat_template_cases.json"), encoding="utf-8") as f:
         cases = json.load(f)
     out = []
@@ -50,12 +61,16 @@ def render_all():
                   "add_generation_prompt": case.get("add_generation_prompt", True)}
         if "tools" in case:
             kwargs["tools"] = case["tools"]
-        if "enable_thinking" in case:
-            kwargs["enable_thinking"] = case["enable_thinking"]
-        try:
-            out.append({"name": case["name"], "text": template.render(**kwargs)})
-        except TemplateError as e:
-            out.append({"name": case["name"], "error": str(e)})
+        for key in ("enable_thinking", "preserve_thinking"):
+            if key in case:
+                kwargs[key] = case[key]
+        result = {"name": case["name"]}
+        for suffix, template in templates.items():
+            try:
+                result["text" + suffix] = template.render(**kwargs)
+            except TemplateError as e:
+                result["error" + suffix] = str(e)
+        out.append(result)
     return json.dumps(out, ensure_ascii=False, indent=1) + "\n"
 
 
