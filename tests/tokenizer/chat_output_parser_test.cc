@@ -170,5 +170,42 @@ TEST(ChatOutputParser, UnfinishedReasoningAndTagLookalikes) {
   ExpectSplitInvariant(Opts(false, true), "x <tool_cal y\n <tool_call");
 }
 
+// Random texts made of tag pieces and fragments (a parser's worst case): every option mix gives
+// the same result for every split point and byte-by-byte feeding, and loses no text when there
+// is nothing to parse out.
+TEST(ChatOutputParser, RandomTagSoupIsSplitInvariant) {
+  const std::vector<std::string> pieces = {
+      "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=get_weather>",
+      "</function>", "<parameter=city>", "</parameter>", "\n", "\n\n", " ", "a", "Paris", "<",
+      "</", ">", "<tool", "_call>", "think>", "{\"k\": 1}"};
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    const int n = std::uniform_int_distribution<int>(1, 14)(rng);
+    for (int k = 0; k < n; ++k)
+      text += pieces[std::uniform_int_distribution<size_t>(0, pieces.size() - 1)(rng)];
+    for (const bool reasoning : {false, true})
+      for (const bool tools : {false, true}) {
+        const ChatOutputOptions o = Opts(reasoning, tools);
+        const Result whole = Parse(o, {text});
+        for (size_t i = 0; i <= text.size(); ++i) {
+          const std::string_view t(text);
+          ASSERT_EQ(Parse(o, {t.substr(0, i), t.substr(i)}), whole)
+              << "split at " << i << " of '" << text << "'";
+        }
+        std::vector<std::string_view> bytes;
+        for (size_t i = 0; i < text.size(); ++i) bytes.push_back(std::string_view(text).substr(i, 1));
+        ASSERT_EQ(Parse(o, bytes), whole) << text;
+        if (!reasoning && !tools && text.find("<think>") == std::string::npos) {
+          // Plain answer: only leading whitespace may go.
+          std::string want = text;
+          want.erase(0, want.find_first_not_of(" \n"));
+          if (want.find_first_not_of(" \n") == std::string::npos) want.clear();
+          EXPECT_EQ(whole.content, want) << text;
+        }
+      }
+  }
+}
+
 }  // namespace
 }  // namespace ds
