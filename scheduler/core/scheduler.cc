@@ -1,6 +1,7 @@
 #include "scheduler/core/scheduler.h"
 
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -400,11 +401,13 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
   StepPlan plan;
   int32_t budget = config_.max_num_batched_tokens;
   // 1) Decodes first: one token each, so running streams never stall behind a long prefill.
+  // With MTP a decode verifies up to mtp_drafts drafts: its rows count against the budget.
+  const int32_t decode_rows = 1 + std::max(0, config_.mtp_drafts);
   for (Seq* s : running_) {
     if (budget == 0) break;
     if (s->remaining() == 1) {
       AddEntry(*s, 1, plan);
-      --budget;
+      budget = std::max(0, budget - decode_rows);
     }
   }
   // 2) Prefill chunks of running sequences, oldest admission first.
@@ -425,7 +428,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
     Seq& s = *seqs_.at(queue_.front().id);
     if (reserved_total_ + Reservation(s) > pool) break;
     Admit(s, slot, now);
-    plan.started.push_back({s.req.id, slot, s.tokens});
+    plan.started.push_back({s.req.id, slot, s.tokens, s.req.max_new_tokens});
     const int32_t n = NextPiece(s, budget);
     AddEntry(s, n, plan);
     budget -= n;
@@ -446,6 +449,9 @@ absl::StatusOr<StepPlan> Scheduler::ScheduleAhead(absl::Time now) {
   last_now_ = std::max(last_now_, now);
   ExpireDeadlines(now);
   StepPlan plan;
+  // MTP: the in-flight step answers with 1..k+1 tokens per decode, so the next position is
+  // unknown until it is applied.
+  if (config_.mtp_drafts > 0) return plan;
   // Only when Schedule() after the in-flight plan would just decode: an admission or a prefill
   // chunk waits for it (a queued request sees at most one step of extra delay).
   if (!queue_.empty() && FreeSlot() >= 0 &&
@@ -500,7 +506,20 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
         absl::StrCat("results of step ", results.step_id, " applied to plan step ", plan.step_id));
   }
   const bool ok = results.status.ok();
-  if (ok && static_cast<int32_t>(results.tokens.size()) != plan.n_sampled) {
+  const bool counted = !results.counts.empty();
+  if (ok && counted) {
+    int64_t total = 0;
+    bool valid = static_cast<int32_t>(results.counts.size()) == plan.n_sampled;
+    for (const int32_t c : results.counts) {
+      valid = valid && c >= 1 && c <= 1 + std::max(0, config_.mtp_drafts);
+      total += c;
+    }
+    if (!valid || total != static_cast<int64_t>(results.tokens.size()))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", plan.step_id, ": ", results.tokens.size(), " tokens in ",
+          results.counts.size(), " counts for ", plan.n_sampled,
+          " sampled entries (each 1..", 1 + std::max(0, config_.mtp_drafts), ")"));
+  } else if (ok && static_cast<int32_t>(results.tokens.size()) != plan.n_sampled) {
     return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": ",
                                                    results.tokens.size(), " sampled tokens for ",
                                                    plan.n_sampled, " sampled entries"));
@@ -517,14 +536,21 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
   last_now_ = std::max(last_now_, now);
 
   size_t k = 0;  // index into results.tokens
+  size_t entry = 0;  // sampled entry index (into results.counts)
   for (const PlanEntry& e : plan.entries) {
     Seq& s = *seqs_.at(e.id);
     --s.plans;
     int32_t token = -1;
+    std::span<const int32_t> more;  // MTP: tokens after the first one of this entry
     if (e.sample) {
       --s.samples_in_flight;
-      if (ok) token = results.tokens[k];
-      ++k;
+      const size_t n = counted ? static_cast<size_t>(results.counts[entry]) : 1;
+      if (ok) {
+        token = results.tokens[k];
+        more = std::span<const int32_t>(results.tokens).subspan(k + 1, n - 1);
+      }
+      k += n;
+      ++entry;
     }
     if (s.zombie) {
       if (s.plans == 0) {
@@ -554,26 +580,36 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
     }
     s.computed += static_cast<int32_t>(e.tokens.size());
     if (!e.sample) continue;
-    if (token < 0) {
-      FinishSoon(s, FinishReason::kError, absl::StrCat("worker sampled invalid token id ", token),
-                 now);
-      continue;
+    // Every token but the last of an MTP answer is a kept draft: already in the worker's state.
+    bool finished = false;  // FinishSoon may destroy s: touch nothing of it afterwards
+    for (size_t j = 0; j <= more.size() && !finished; ++j) {
+      const int32_t t = j == 0 ? token : more[j - 1];
+      if (t < 0) {
+        FinishSoon(s, FinishReason::kError, absl::StrCat("worker sampled invalid token id ", t),
+                   now);
+        finished = true;
+        break;
+      }
+      if (j > 0) ++s.computed;
+      s.tokens.push_back(t);
+      if (s.timings.first_token == absl::InfinitePast()) s.timings.first_token = now;
+      s.timings.last_token = now;
+      Event ev;
+      ev.kind = Event::Kind::kToken;
+      ev.id = s.req.id;
+      ev.slot = s.slot;
+      ev.token = t;
+      outbox_.push_back(std::move(ev));
+      const std::vector<int32_t>& stop = s.req.stop_ids;
+      if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
+        FinishSoon(s, FinishReason::kStop, {}, now);
+        finished = true;
+      } else if (s.n_generated() >= s.req.max_new_tokens) {
+        FinishSoon(s, FinishReason::kLength, {}, now);
+        finished = true;
+      }
     }
-    s.tokens.push_back(token);
-    if (s.timings.first_token == absl::InfinitePast()) s.timings.first_token = now;
-    s.timings.last_token = now;
-    Event ev;
-    ev.kind = Event::Kind::kToken;
-    ev.id = s.req.id;
-    ev.slot = s.slot;
-    ev.token = token;
-    outbox_.push_back(std::move(ev));
-    const std::vector<int32_t>& stop = s.req.stop_ids;
-    if (std::find(stop.begin(), stop.end(), token) != stop.end()) {
-      FinishSoon(s, FinishReason::kStop, {}, now);
-    } else if (s.n_generated() >= s.req.max_new_tokens) {
-      FinishSoon(s, FinishReason::kLength, {}, now);
-    }
+    if (!finished && s.plans == 0) s.planned_end = s.computed;
   }
   in_flight_.erase(in_flight_.begin());
   ++steps_applied_;

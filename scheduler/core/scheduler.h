@@ -82,6 +82,8 @@ class Scheduler {
   absl::Status SetSlots(int n);
   // Applies to admissions from now on; running requests keep their reservation even if it no longer
   // fits. Queued requests that can never fit under the new policy finish with kError.
+  // The worker's MTP drafts per decode (SchedulerConfig::mtp_drafts); set when it reports them.
+  void SetMtpDrafts(int32_t drafts) { config_.mtp_drafts = drafts < 0 ? 0 : drafts; }
   absl::Status SetContextPolicy(const ContextPolicy& policy);
   // Stops accepting (Add -> Unavailable); queued and running requests still complete.
   void Drain();

@@ -88,6 +88,7 @@ struct SeqStart {
   RequestId id = 0;
   int slot = 0;
   std::vector<int32_t> tokens;  // [n_known] prompt + generated so far
+  int32_t max_new_tokens = 0;   // Request::max_new_tokens (bounds the worker's MTP drafts)
 };
 
 struct StepPlan {
@@ -103,7 +104,10 @@ struct StepPlan {
 struct StepResults {
   uint64_t step_id = 0;         // StepPlan::step_id it answers
   absl::Status status;          // not OK: the worker failed the step (every entry finishes kError)
-  std::vector<int32_t> tokens;  // [plan.n_sampled] sampled ids, in plan order of sampled entries
+  // Sampled ids in plan order of the sampled entries: one each, or counts[i] for sampled entry i
+  // when `counts` is not empty (MTP: a verify step keeps drafts, 1..mtp_drafts + 1 tokens).
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> counts;  // [plan.n_sampled] or empty
   double forward_seconds = 0;   // as measured by the worker (for metrics; unused here)
 };
 
@@ -132,6 +136,10 @@ struct SchedulerConfig {
   int32_t max_num_batched_tokens = 2048;  // token budget of one step, >= 1 (keep >= n_slots)
   int32_t max_chunk = 512;                // largest prefill chunk of one sequence in one step
   int32_t max_queue = 256;                // waiting (not yet admitted) requests; Add fails beyond
+  // MTP on the worker (WarmupDone.mtp_drafts, issue #15): a decode verifies up to this many drafts,
+  // so it counts 1 + mtp_drafts rows against the step's token budget, may answer with several
+  // tokens, and is never scheduled ahead (the next position is unknown until the result). 0 = off.
+  int32_t mtp_drafts = 0;
   ContextPolicy context;
 };
 

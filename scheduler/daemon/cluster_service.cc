@@ -240,6 +240,8 @@ grpc::Status ClusterService::WorkerSession(
         wi.workspace_bytes = w.workspace_bytes();
         wi.kv_pool_tokens = static_cast<int64_t>(w.kv_pool_tokens());
         wi.kv_page_size = static_cast<int>(w.kv_page_size());
+        wi.mtp_drafts = static_cast<int>(w.mtp_drafts());
+        wi.mtp_auto = w.mtp_auto();
         deliver(WorkerWarmupCmd{link, wi});
         break;
       }

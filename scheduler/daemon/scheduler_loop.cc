@@ -407,6 +407,8 @@ void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
   if (!r || r->state != WorkerState::kWarming) return;
   r->warmup = c.info;
   r->state = WorkerState::kReady;
+  // MTP: decodes count their drafts in the budget and may answer with several tokens.
+  r->core->SetMtpDrafts(c.info.mtp_drafts);
   if (c.info.kv_pool_tokens > 0) {
     // Admit against the KV pool the worker actually holds.
     const ContextPolicy want = config_core_->Status().policy, got = BoundByPool(*r, want);
@@ -445,20 +447,26 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   if (!wr.error.empty()) {
     r.status = absl::InternalError("worker step failed: " + wr.error);
   } else {
-    // The worker answers per slot; the core wants plan order of the sampled entries.
-    absl::flat_hash_map<int, const WorkerSampled*> by_slot;
-    for (const WorkerSampled& t : wr.tokens) by_slot[t.slot] = &t;
+    // The worker answers per slot (with MTP, a slot's kept drafts and its own token, in
+    // order); the core wants plan order of the sampled entries, and a count per entry.
+    absl::flat_hash_map<int, std::vector<const WorkerSampled*>> by_slot;
+    for (const WorkerSampled& t : wr.tokens) by_slot[t.slot].push_back(&t);
+    bool several = false;
     for (const PlanEntry& e : plan.entries) {
       if (!e.sample) continue;
       auto it = by_slot.find(e.slot);
       if (it == by_slot.end()) {
         r.status = absl::InternalError(absl::StrCat("worker returned no token for slot ", e.slot));
         r.tokens.clear();
+        r.counts.clear();
         break;
       }
-      r.tokens.push_back(it->second->token);
-      if (it->second->logprob) lps[e.id] = *it->second->logprob;
+      for (const WorkerSampled* t : it->second) r.tokens.push_back(t->token);
+      r.counts.push_back(static_cast<int32_t>(it->second.size()));
+      several = several || it->second.size() > 1;
+      if (it->second.back()->logprob) lps[e.id] = *it->second.back()->logprob;
     }
+    if (!several) r.counts.clear();  // one token each: the plain form
   }
   auto events = rep->core->Apply(plan, r, absl::Now());
   if (!events.ok())
@@ -522,6 +530,7 @@ void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
     q->set_request_id(st.id);
     q->set_slot(static_cast<uint32_t>(st.slot));
     q->mutable_tokens()->Add(st.tokens.begin(), st.tokens.end());
+    q->set_max_new_tokens(static_cast<uint32_t>(std::max(0, st.max_new_tokens)));
     auto it = side_.find(st.id);
     if (it != side_.end()) {
       *q->mutable_sampling() = sampling::ToProto(it->second.sampling);

@@ -51,6 +51,9 @@ struct WarmupInfo {
   // The worker's paged KV pool (issue #23); 0 tokens: none reported.
   int64_t kv_pool_tokens = 0;
   int kv_page_size = 0;
+  // MTP on the worker (issue #15): drafts per decode (0 = off), `auto` lowering them.
+  int mtp_drafts = 0;
+  bool mtp_auto = false;
 };
 
 struct WorkerSampled {

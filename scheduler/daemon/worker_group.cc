@@ -207,6 +207,8 @@ void WorkerGroups::FromRank(const GroupMember& m, Command cmd) {
         merged.kv_pool_tokens = x->kv_pool_tokens;
         merged.kv_page_size = x->kv_page_size;
       }
+      merged.mtp_drafts = std::max(merged.mtp_drafts, x->mtp_drafts);
+      merged.mtp_auto = merged.mtp_auto || x->mtp_auto;
     }
     for (auto& x : g.warm) x.reset();
     push_(WorkerWarmupCmd{g.link, merged});

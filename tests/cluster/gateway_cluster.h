@@ -92,6 +92,7 @@ struct ClusterOptions {
   std::vector<std::string> scheduler_args = {};  // extra flags of each role
   std::vector<std::string> worker_args = {};
   std::vector<std::string> gateway_args = {};
+  std::string model = {};  // empty: ClusterModel()
 };
 
 // Result of one streamed Generate.
@@ -143,9 +144,11 @@ class Cluster {
         std::fprintf(stderr, "----- %s log -----\n%s\n", p.role.c_str(), ReadFile(p.log).c_str());
   }
 
+  std::string model() const { return o_.model.empty() ? ClusterModel() : o_.model; }
+
   // Starts one more worker (a replica of its own); returns its pid.
   pid_t StartWorker() {
-    std::vector<std::string> wargs = {"--scheduler", sched_addr_, "--model", ClusterModel()};
+    std::vector<std::string> wargs = {"--scheduler", sched_addr_, "--model", model()};
     for (const std::string& a : ClusterBackendArgs()) wargs.push_back(a);
     wargs.insert(wargs.end(), o_.worker_args.begin(), o_.worker_args.end());
     const int n = n_workers_++;
@@ -161,7 +164,7 @@ class Cluster {
     const std::string pf = dir_ + "/gw" + std::to_string(g) + ".port";
     std::vector<std::string> gargs = {
         "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--scheduler", sched_addr_,
-        "--model", ClusterModel(), "--max-inflight", std::to_string(max_inflight), "--port-file", pf,
+        "--model", model(), "--max-inflight", std::to_string(max_inflight), "--port-file", pf,
         "--health-interval-ms", "200"};
     gargs.insert(gargs.end(), o_.gateway_args.begin(), o_.gateway_args.end());
     procs_.push_back(Spawn("gateway", gargs, dir_ + "/gateway" + std::to_string(g++) + ".log"));

@@ -27,6 +27,7 @@
 #include "tools/serve/children.h"
 #include "worker/backend_factory.h"
 #include "worker/model/kv_type.h"
+#include "worker/spec/mtp_setting.h"
 #include "common/util/model_alias.h"
 
 namespace ds {
@@ -54,6 +55,7 @@ struct ServeOptions {
   int slot_cap = 0;  // --slot-cap: pool split, the most positions one request may hold (0: --ctx)
   std::string backend = "auto";
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
+  std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
   // plans for (0 = 1 / the number of worker processes on that GPU).
   std::string kv_pool_tokens;
@@ -78,6 +80,8 @@ void Usage(FILE* out) {
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
                "[--threads N] [--tp N [--split 1,2|mem] [--tp-collective auto|custom|nccl|gloo]] "
                "[--demo PROMPT [--demo-chat MESSAGE] [--demo-max-tokens N]]\n"
+               "  [--mtp K|auto|off]  MTP speculative decoding: each decode verifies K drafts of "
+               "the model's MTP head (auto: fewer as the batch grows); same tokens as off\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
@@ -109,7 +113,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
-      "--slot-cap",
+      "--slot-cap", "--mtp",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device", "--http-port"};
@@ -192,6 +196,10 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     return absl::InvalidArgumentError("--backend expects cpu, cuda or auto, got '" + o.backend +
                                       "'");
   if (m.count("--kv-type")) o.kv_type = m["--kv-type"];
+  if (m.count("--mtp")) {
+    o.mtp = m["--mtp"];
+    DS_RETURN_IF_ERROR(spec::ParseMtpSetting(o.mtp).status());
+  }
   if (!KvTypeFromName(o.kv_type))
     return absl::InvalidArgumentError("--kv-type expects f16, q8_0 or q4_0, got '" + o.kv_type +
                                       "'");
@@ -434,6 +442,7 @@ int RunServe(int argc, char** argv) {
     wargs.push_back(std::to_string(o->threads));
   }
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
+  if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});
   if (!internal_key_file.empty())
     wargs.insert(wargs.end(), {"--scheduler-key-file", internal_key_file});
   // Replica 0's rank 0 here (index 1), every other rank after the gateway (indices 3..). A

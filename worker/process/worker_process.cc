@@ -384,7 +384,13 @@ class Session {
             bo.tp_split = tp_.split;
             bo.collective = tp_.collective.get();
           }
-          auto be = CreateBackend(o_.backend, file_, bo);
+          // MTP: room for one verify step of K + 1 tokens for up to mtp_seqs slots at once.
+          SpeculativeRoom room;
+          if (o_.mtp.drafts > 0) {
+            room.tokens = o_.mtp.drafts + 1;
+            room.seqs = std::min<int>(o_.mtp_seqs, static_cast<int>(cf.n_slots()));
+          }
+          auto be = CreateBackend(o_.backend, file_, bo, room);
           if (!be.ok()) return Fatal(be.status());
           be_ = std::move(*be);
           n_usable = static_cast<int>(cf.n_slots());
@@ -392,6 +398,7 @@ class Session {
           // Token broadcasts only where there is a peer to receive them.
           if (tp_.collective && tp_.collective->world() > 1)
             executor_->SetGroup(tp_.collective.get());
+          if (absl::Status ms = executor_->SetMtp(o_.mtp); !ms.ok()) return Fatal(ms);
           DS_LOG(INFO, "configured", {{"slots", n_usable}, {"slot_ctx", cf.slot_ctx()},
                                       {"device", be_->name()}});
           {
@@ -424,6 +431,8 @@ class Session {
           // The KV pool the scheduler admits against (0 tokens: no paged pool).
           w->set_kv_pool_tokens(static_cast<uint64_t>(be_->kv_pool().total_tokens()));
           w->set_kv_page_size(static_cast<uint32_t>(be_->kv_pool().page_size));
+          w->set_mtp_drafts(static_cast<uint32_t>(o_.mtp.drafts));
+          w->set_mtp_auto(o_.mtp.automatic);
           DS_LOG(INFO, "warmup_done",
                  {{"prefill_tokens_per_s", w->prefill_tokens_per_second()},
                   {"decode_tokens_per_s", w->decode_tokens_per_second()},
@@ -541,7 +550,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
-                                          "--max-step-tokens"}));
+                                          "--max-step-tokens", "--mtp", "--mtp-seqs"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -582,6 +591,14 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   o.kv_pool_tokens = static_cast<int64_t>(pool_tokens);
   o.kv_page_size = static_cast<int>(page);
   if (m.count("--port-file")) o.port_file = m["--port-file"];
+  if (m.count("--mtp")) {
+    DS_ASSIGN_OR_RETURN(o.mtp, spec::ParseMtpSetting(m["--mtp"]));
+  }
+  double mtp_seqs = o.mtp_seqs;
+  DS_RETURN_IF_ERROR(num("--mtp-seqs", &mtp_seqs));
+  if (mtp_seqs < 1 || mtp_seqs > 256)
+    return absl::InvalidArgumentError(absl::StrCat("--mtp-seqs ", mtp_seqs, " must be in [1, 256]"));
+  o.mtp_seqs = static_cast<int>(mtp_seqs);
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
     if (o.kv_type != GgmlType::F16 && o.backend == "cpu")

@@ -7,6 +7,7 @@
 
 #include "common/gguf/ggml_types.h"
 #include "common/util/status.h"
+#include "worker/spec/mtp_setting.h"
 
 namespace ds {
 namespace metrics {
@@ -66,6 +67,10 @@ struct WorkerOptions {
   int kv_page_size = 0;
   double memory_fraction = 1.0;
   int max_step_tokens = 0;  // --max-step-tokens: token rows per CUDA micro-step (0 = 4096)
+  // --mtp K|auto|off (issue #15, worker/spec): MTP speculative decoding of the worker's slots;
+  // the device keeps room for K + 1 verified tokens of up to mtp_seqs sequences per step.
+  spec::MtpSetting mtp;
+  int mtp_seqs = 8;  // --mtp-seqs: slots that may verify drafts in one step (CUDA memory)
 };
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv);
