@@ -187,9 +187,9 @@ class Writer {
   virtual bool Write(Delta&& d) = 0;
 };
 
-// Runs the request from its first event to its end. Returns the request's final status (OK when
-// it finished with stop or length).
-absl::Status Pump(Call& c, Writer& w) {
+// Runs the request to its end, starting with `first` when the handler already read it. Returns
+// the request's final status (OK when it finished with stop or length).
+absl::Status Pump(Call& c, Writer& w, const InternalEvent* first = nullptr) {
   SchedulerClient* sched = c.srv->be.scheduler;
   auto deliver = [&](OutputChunk&& ch) -> bool {
     Delta d;
@@ -206,21 +206,26 @@ absl::Status Pump(Call& c, Writer& w) {
     c.FinishCall().IgnoreError();
     return absl::CancelledError("client went away");
   };
-  InternalEvent ev;
-  while (!c.finished && c.call->Next(&ev)) {
+  // false: the client is gone.
+  auto handle = [&](const InternalEvent& ev) -> bool {
     if (ev.kind == InternalEvent::Kind::kAdmitted) {
       if (c.mr) c.mr->Admitted(ev.queue_seconds, static_cast<uint32_t>(c.prepared.prompt_ids.size()));
     } else if (ev.kind == InternalEvent::Kind::kToken) {
-      if (c.out->stopped()) continue;  // in flight when the stop string matched
+      if (c.out->stopped()) return true;  // in flight when the stop string matched
       if (c.mr) c.mr->Token();
       ++c.completion_tokens;
       OutputChunk ch = c.out->Push(ev.token, ev.has_logprob ? &ev.logprob : nullptr);
-      if (!deliver(std::move(ch)) || c.gone.load()) return client_gone();
+      if (!deliver(std::move(ch)) || c.gone.load()) return false;
       if (c.out->stopped()) sched->Finish(c.id, FinishReason::kStop).IgnoreError();
     } else {
       c.finished = ev;
     }
-  }
+    return true;
+  };
+  if (first && !handle(*first)) return client_gone();
+  InternalEvent ev;
+  while (!c.finished && c.call->Next(&ev))
+    if (!handle(ev)) return client_gone();
   const absl::Status internal = c.FinishCall();
   if (c.gone.load()) return absl::CancelledError("client went away");
   if (!c.finished) {
@@ -525,34 +530,14 @@ void HttpServer::Impl::Generate(const httplib::Request& hreq, httplib::Response&
     CollectWriter unused(*c);
     return fail(Pump(*c, unused));  // the stream ended: Pump reports why
   }
-  if (first.kind == InternalEvent::Kind::kAdmitted && c->mr)
-    c->mr->Admitted(first.queue_seconds, static_cast<uint32_t>(c->prepared.prompt_ids.size()));
-  std::optional<InternalEvent> pending;
-  if (first.kind != InternalEvent::Kind::kAdmitted) pending = first;
   res.set_header("Cache-Control", "no-cache");
+  // Runs on this connection thread once httplib has written the 200 header.
   res.set_chunked_content_provider(
       "text/event-stream",
-      [c, created, pending, model = opts.model_id](size_t, httplib::DataSink& sink) mutable {
+      [c, created, first, model = opts.model_id](size_t, httplib::DataSink& sink) {
         SseWriter w(*c, sink, created, model);
-        absl::Status s = absl::OkStatus();
-        if (!w.Start()) {
-          s = absl::CancelledError("client went away");
-        } else if (pending && pending->kind == InternalEvent::Kind::kFinished) {
-          c->finished = *pending;
-        } else if (pending) {
-          // A token before `admitted` does not happen today; handle it like any token.
-          c->mr->Token();
-          ++c->completion_tokens;
-          OutputChunk ch = c->out->Push(pending->token, pending->has_logprob ? &pending->logprob : nullptr);
-          Delta d;
-          if (c->req.logprobs) d.logprobs = std::move(ch.logprobs);
-          if (c->parser) d.parsed = c->parser->Push(ch.text); else d.parsed.content = ch.text;
-          if (!d.parsed.empty() || !d.logprobs.empty()) w.Write(std::move(d));
-        }
-        if (s.ok()) s = Pump(*c, w);
-        if (s.code() == absl::StatusCode::kCancelled) {
-          c->call->Cancel();
-        }
+        absl::Status s = w.Start() ? Pump(*c, w, &first) : absl::CancelledError("client went away");
+        if (s.code() == absl::StatusCode::kCancelled) c->call->Cancel();
         w.End(s);
         c->Done(s);
         sink.done();
