@@ -221,8 +221,9 @@ void MtpRowsCase(const Model& m, int max_step_tokens) {
     return absl::OkStatus();
   };
   // Tight bound between the device's two paths: they differ only in how many rows the K/V
-  // matmuls take at once.
-  const double same_bound = m.type == GgmlType::F32 ? 1e-5 : 1e-3;
+  // matmuls take at once (up to 32 rows the column kernels, each row as alone; the 39 prompt
+  // rows take dequantization + cuBLAS: fp32 on F32, f16 activations on Q8_0 instead of int8).
+  const double same_bound = m.type == GgmlType::F32 ? 1e-4 : 2e-2;
   double worst_cpu = 0, worst_same = 0;
   auto compare = [&](const Out& a, const Out& b, const Out& c, const std::string& what) {
     const double r_same = std::max(RelDiff(a.logits, b.logits), RelDiff(a.hidden, b.hidden));

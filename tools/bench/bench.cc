@@ -3,6 +3,7 @@
 // capture and cuBLAS handle setup.
 #include "tools/bench/bench.h"
 #include "tools/bench/bench_tp.h"
+#include "tools/bench/mtp_cost.h"
 
 #include <cuda_runtime.h>
 
@@ -165,6 +166,69 @@ absl::StatusOr<double> SampledDecodeLoop(cuda::CudaBackendApi& be, const std::ve
   return Since(t0);
 }
 
+// --mtp: one backend with room for the largest k and stream count, then every (k, streams).
+template <typename MakeBackend>
+int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
+  int k_max = 0, b_max = 0;
+  for (int k : o.mtp) k_max = std::max(k_max, k);
+  for (int b : o.mtp_streams) b_max = std::max(b_max, b);
+  MtpCostOptions big;
+  big.k = k_max;
+  big.depth = o.mtp_depth;
+  big.iters = o.mtp_iters;
+  const auto tl = Clock::now();
+  auto be_or = make_backend(b_max, MtpCostSlotCtx(big), k_max + 1, b_max);
+  if (!be_or.ok()) {
+    std::fprintf(stderr, "bench: %s\n", be_or.status().ToString().c_str());
+    return 1;
+  }
+  auto& be = **be_or;
+  std::printf("loaded in %.1f s with speculative room %d tokens x %d sequences; memory plan: %s\n",
+              Since(tl), k_max + 1, b_max, be.memory_plan().ToString().c_str());
+  const std::vector<double> r75 = {0.75};
+  std::string acc;
+  for (double r : o.mtp_accept) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.3f", acc.empty() ? "" : ",", r);
+    acc += b;
+  }
+  std::printf("\nMTP cost at depth %d, median of %d (ms; verify = k+1 tokens per stream, speculative, "
+              "+ CommitSpeculative(1); draft = MtpRows of the catch-up rows + k-1 MtpStep per "
+              "stream; tok/s = streams x tokens per step / (verify with logits+hidden to the host "
+              "+ drafts))\n",
+              o.mtp_depth, o.mtp_iters);
+  std::printf("%2s %7s %8s %15s %15s %9s %9s %8s %9s %10s %10s%s%s\n", "k", "streams", "decode",
+              "verify(dev)", "verify(host)", "rows 1", "rows k+1", "MtpStep", "plain t/s",
+              "t/s @75%", "tok/step", o.mtp_accept.empty() ? "" : "  t/s @", acc.c_str());
+  for (int B : o.mtp_streams) {
+    for (int k : o.mtp) {
+      MtpCostOptions mo = big;
+      mo.k = k;
+      mo.streams = B;
+      auto c = MeasureMtpCost(be, mo);
+      if (!c.ok()) {
+        std::fprintf(stderr, "bench: MTP cost k=%d streams=%d: %s\n", k, B,
+                     c.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("%2d %7d %8.2f %7.2f (%.2fx) %7.2f (%.2fx) %9.2f %9.2f %8.2f %9.1f %10.1f %10.2f",
+                  k, B, c->decode_ms, c->verify_dev_ms, c->verify_dev_ms / c->decode_ms,
+                  c->verify_host_ms, c->verify_host_ms / c->decode_ms, c->rows1_ms, c->rows_k1_ms,
+                  c->step_ms, B * 1e3 / c->decode_ms, MtpProjectedTokS(*c, mo, r75),
+                  MtpTokensPerStep(k, r75));
+      if (!o.mtp_accept.empty())
+        std::printf("  %.1f (%.2f tok/step)", MtpProjectedTokS(*c, mo, o.mtp_accept),
+                    MtpTokensPerStep(k, o.mtp_accept));
+      std::printf("\n");
+      if (B == o.mtp_streams.front() && k == o.mtp.front())
+        std::printf("   (MTP KV over a %d-token prompt, MtpRows in one call: %.2f ms)\n",
+                    o.mtp_depth - 1, c->prompt_rows_ms);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunBench(const BenchOptions& o) {
@@ -208,7 +272,7 @@ int RunBench(const BenchOptions& o) {
   std::vector<Row> rows;
   auto pct = [&](double gbs) { return bw > 0 ? 100.0 * gbs * 1e9 / bw : 0.0; };
   // One backend per phase: `n_slots` slots of `slot_ctx` tokens on the bench's device and KV type.
-  auto make_backend = [&](int n_slots, int slot_ctx)
+  auto make_backend = [&](int n_slots, int slot_ctx, int spec_tokens = 0, int spec_seqs = 0)
       -> absl::StatusOr<std::unique_ptr<cuda::CudaBackendApi>> {
     BackendOptions bo;
     bo.device = o.device;
@@ -225,12 +289,24 @@ int RunBench(const BenchOptions& o) {
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
+    // The speculative room (what CreateBackend's SpeculativeRoom sets): entries for spec_tokens
+    // x spec_seqs verified tokens and the MTP block.
+    co.spec_tokens = spec_tokens;
+    co.spec_seqs = spec_seqs;
     auto be = cuda::CreateCudaBackendApi(o.model, bo, co);
     // TP: every rank has loaded before any of them runs a step, so no all-reduce kernel waits in
     // its device barrier for a peer that is still reading weights.
     if (be.ok() && tp_coll) DS_RETURN_IF_ERROR(tp_coll->Barrier());
     return be;
   };
+
+  if (!o.mtp.empty()) {
+    if (o.tp > 1) {
+      std::fprintf(stderr, "bench: --mtp runs at TP = 1 (the MTP block is not sharded)\n");
+      return 1;
+    }
+    return RunMtpSection(o, make_backend);
+  }
 
   // ---- one long slot: prefill and single-stream decode ----
   {
@@ -512,6 +588,27 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--overlap-chunks") o.overlap_chunks = std::atoi(next());
     else if (a == "--no-profile") o.profile = false;
+    else if (a == "--mtp") o.mtp = ints(next());
+    else if (a == "--mtp-conc") o.mtp_streams = ints(next());
+    else if (a == "--mtp-depth") o.mtp_depth = std::atoi(next());
+    else if (a == "--mtp-iters") o.mtp_iters = std::atoi(next());
+    else if (a == "--mtp-accept") {
+      o.mtp_accept.clear();
+      for (const char* p = next(); *p;) {
+        char* end = nullptr;
+        const double r = std::strtod(p, &end);
+        if (end == p || !(r >= 0 && r <= 1)) {
+          std::fprintf(stderr, "bench: --mtp-accept wants rates in [0, 1], e.g. 0.609,0.539,0.517\n");
+          return 2;
+        }
+        o.mtp_accept.push_back(r);
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+          std::fprintf(stderr, "bench: --mtp-accept: bad list\n");
+          return 2;
+        }
+      }
+    }
     else if (a == "--overlap") {
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -556,6 +653,10 @@ int BenchMain(int argc, char** argv) {
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"
+                  "  --mtp K[,K..] [--mtp-accept R1,R2,..] [--mtp-conc 1,16] [--mtp-depth 512] "
+                  "[--mtp-iters 20]: only the MTP cost rows (issue #15): decode step, verify of "
+                  "K+1 tokens, drafts, and the tok/s they give at 75%% acceptance per position and "
+                  "at the given per-position rates\n"
                   "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
                   "head_dim, dequantized in the attention kernels)\n");
       return 0;
@@ -566,6 +667,20 @@ int BenchMain(int argc, char** argv) {
   }
   if (o.tp < 1 || o.tp > 8) {
     std::fprintf(stderr, "bench: --tp expects 1..8, got %d\n", o.tp);
+    return 1;
+  }
+  for (int k : o.mtp)
+    if (k < 1 || k > 15) {
+      std::fprintf(stderr, "bench: --mtp expects drafts per step in 1..15, got %d\n", k);
+      return 1;
+    }
+  for (int b : o.mtp_streams)
+    if (b < 1) {
+      std::fprintf(stderr, "bench: --mtp-conc expects stream counts >= 1\n");
+      return 1;
+    }
+  if (!o.mtp.empty() && (o.mtp_depth < 2 || o.mtp_iters < 1)) {
+    std::fprintf(stderr, "bench: --mtp-depth must be >= 2 and --mtp-iters >= 1\n");
     return 1;
   }
   if (o.tp > 1 && o.tp_rank < 0) return RunBenchTpParent(o, argc, argv);

@@ -41,6 +41,17 @@ struct BenchOptions {
   std::string tp_collective = "custom";      // custom (CUDA IPC) | staged (Gloo via host) | nccl
   int tp_rank = -1;                          // set in the rank processes (internal flags)
   std::string tp_store;
+  // MTP cost (--mtp K[,K..], issue #15): instead of the rows above, for every k and every stream
+  // count of mtp_streams the plain decode step, a verify step of k + 1 tokens per stream
+  // (speculative + CommitSpeculative(1): random weights accept nothing, so the shape is forced)
+  // and the drafts (MtpRows of the catch-up rows + k - 1 MtpStep per stream), at mtp_depth tokens
+  // of context; then the tok/s these costs give at 75% acceptance per draft position and at the
+  // --mtp-accept rates (e.g. the demo model's from `deltaserve mtp-accept`, docs/quality.md).
+  std::vector<int> mtp;                      // k values; empty: no MTP section
+  std::vector<double> mtp_accept;            // per-position acceptance rates (given the earlier)
+  std::vector<int> mtp_streams = {1};        // --mtp-conc
+  int mtp_depth = 512;
+  int mtp_iters = 20;
 };
 
 // Runs the benchmark; returns 0 on success, 1 on any error (printed to stderr).
@@ -49,7 +60,8 @@ int RunBench(const BenchOptions& opts);
 // argv parsing for the CLI: --model PATH [--device N] [--prefill 512,2048] [--decode N]
 // [--depth N] [--conc 1,4,16] [--conc-prompt N] [--conc-gen N] [--kv-type f16|q8_0|q4_0]
 // [--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off]
-// [--tp N [--gpus LIST] [--tp-collective custom|staged|nccl]].
+// [--tp N [--gpus LIST] [--tp-collective custom|staged|nccl]]
+// [--mtp K[,K..] [--mtp-accept R1,R2,..] [--mtp-conc 1,16] [--mtp-depth N] [--mtp-iters N]].
 int BenchMain(int argc, char** argv);
 
 }  // namespace ds

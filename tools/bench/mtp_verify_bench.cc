@@ -1,41 +1,26 @@
 // Cost of a speculative verify step on the CUDA device (issue #15), one stream: a plain decode
 // step (1 token, graph-replayed), a speculative verify of k+1 tokens (decode path, every row
-// sampled greedily on the device, recurrent state kept per token) followed by
-// CommitSpeculative(1), the same k+1 tokens as a plain decode_path run (no entries), and one
-// MtpStep (the draft head). Median of --iters timed repetitions each.
+// sampled greedily on the device, recurrent state kept per token; and with logits + hidden
+// copied to the host, as MtpSpeculator runs it) followed by CommitSpeculative(1), the same k+1
+// tokens as a plain decode_path run (no entries), one MtpStep and MtpRows of 1 and k+1 rows (the
+// draft head). Median of --iters timed repetitions each (tools/bench/mtp_cost.h, shared with
+// `deltaserve bench --mtp`).
 //   mtp_verify_bench [--model F.gguf] [--tokens 4] [--depth 512] [--iters 20] [--synth-only]
 // Without --model it writes the synthetic 27B Q6_K file (tools/synth) to /tmp/mtp_bench_27b.gguf
 // first (--synth-only: and stops there, so a script can write it while the GPU does other work).
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/gguf/gguf.h"
-#include "common/sampling/sampling_params.h"
+#include "tools/bench/mtp_cost.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
-
-namespace {
-
-double MedianMs(int iters, const std::function<bool()>& body) {
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!body()) return -1;
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string model;
@@ -82,9 +67,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", f.status().ToString().c_str());
     return 1;
   }
+  ds::MtpCostOptions mo;
+  mo.k = tokens - 1;
+  mo.depth = depth;
+  mo.iters = iters;
+  mo.decode_path = true;
+  if (mo.k < 1) {
+    std::fprintf(stderr, "--tokens must be >= 2 (k + 1 with k >= 1 drafts)\n");
+    return 2;
+  }
   ds::BackendOptions bo;
-  bo.n_slots = 2;
-  bo.slot_ctx = depth + 4 * (iters + 8) * (tokens + 1) + 64;
+  bo.n_slots = 1;
+  bo.slot_ctx = ds::MtpCostSlotCtx(mo);
   ds::CudaBackendOptions co;
   co.spec_tokens = tokens;
   co.spec_seqs = 1;
@@ -93,63 +87,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", be_or.status().ToString().c_str());
     return 1;
   }
-  ds::Backend& be = **be_or;
-  const int V = be.config().n_vocab, H = be.config().n_embd;
-  ds::SeqStep p;
-  p.slot = 0;
-  for (int i = 0; i < depth; ++i) p.tokens.push_back((i * 7919 + 13) % V);
-  ds::StepOutput out;
-  if (absl::Status s = be.Forward({&p, 1}, ds::StepOptions{}, &out); !s.ok()) {
-    std::fprintf(stderr, "prefill: %s\n", s.ToString().c_str());
+  auto c = ds::MeasureMtpCost(**be_or, mo);
+  if (!c.ok()) {
+    std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
     return 1;
   }
-  // Every output row sampled greedily on the device (what a speculator reads back).
-  ds::sampling::SamplingParams greedy;
-  greedy.temperature = 0;
-  std::vector<ds::DeviceSampleRow> rows(tokens);
-  for (auto& r : rows) {
-    r.mode = ds::DeviceSampleRow::Mode::kSample;
-    r.params = &greedy;
-  }
-  int32_t pos = depth;
-  auto run = [&](ds::SeqStep s) {
-    s.slot = 0;
-    s.pos0 = pos;
-    ds::StepOptions so;
-    so.device_sample = std::span<const ds::DeviceSampleRow>(rows.data(), s.all_logits ? s.tokens.size() : 1);
-    absl::Status st = be.Forward({&s, 1}, so, &out);
-    if (st.ok() && s.speculative) st = be.CommitSpeculative(0, 1);
-    if (!st.ok()) {
-      std::fprintf(stderr, "step: %s\n", st.ToString().c_str());
-      return false;
-    }
-    pos += s.speculative ? 1 : static_cast<int32_t>(s.tokens.size());
-    return true;
-  };
-  ds::SeqStep dec;
-  dec.tokens = {17};
-  ds::SeqStep ver;
-  for (int i = 0; i < tokens; ++i) ver.tokens.push_back(17 + i);
-  ver.all_logits = true;
-  ver.speculative = true;
-  ds::SeqStep path = ver;
-  path.speculative = false;
-  path.decode_path = true;
-  for (int i = 0; i < 3; ++i)
-    if (!run(dec) || !run(ver) || !run(path)) return 1;  // graphs, lazy state
-  const double t_dec = MedianMs(iters, [&] { return run(dec); });
-  const double t_ver = MedianMs(iters, [&] { return run(ver); });
-  const double t_path = MedianMs(iters, [&] { return run(path); });
-  std::vector<float> h(H, 0.01f), lg, ho;
-  double t_mtp = -1;
-  if (absl::Status s = be.MtpStep(0, 17, pos, h, &lg, &ho); s.ok()) {
-    t_mtp = MedianMs(iters, [&] { return be.MtpStep(0, 17, pos, h, &lg, &ho).ok(); });
-  } else {
-    std::printf("MtpStep: %s\n", s.ToString().c_str());
-  }
-  std::printf("model %s depth %d: decode step %.2f ms; verify %d tokens + commit %.2f ms (%.2fx); "
-              "decode_path %d tokens %.2f ms (%.2fx); MtpStep %.2f ms\n",
-              model.c_str(), depth, t_dec, tokens, t_ver, t_ver / t_dec, tokens, t_path,
-              t_path / t_dec, t_mtp);
+  std::printf("model %s depth %d: decode step %.2f ms; verify %d tokens + commit %.2f ms (%.2fx; "
+              "logits + hidden to the host %.2f ms, %.2fx); decode_path %d tokens %.2f ms (%.2fx); "
+              "MtpStep %.2f ms; MtpRows 1 row %.2f ms, %d rows %.2f ms\n",
+              model.c_str(), depth, c->decode_ms, tokens, c->verify_dev_ms,
+              c->verify_dev_ms / c->decode_ms, c->verify_host_ms, c->verify_host_ms / c->decode_ms,
+              tokens, c->path_ms, c->path_ms / c->decode_ms, c->step_ms, c->rows1_ms, tokens,
+              c->rows_k1_ms);
   return 0;
 }
