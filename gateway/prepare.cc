@@ -62,6 +62,7 @@ sampling::SamplingParams ToSamplerParams(const SamplingInput& s) {
   p.presence_penalty = s.presence_penalty;
   p.frequency_penalty = s.frequency_penalty;
   p.seed = s.seed;
+  p.mtp_drafts = s.mtp;  // Validate names a value outside [0, 15]
   return p;
 }
 

@@ -1,5 +1,7 @@
 #include "gateway/proto_convert.h"
 
+#include <algorithm>
+
 namespace ds::gw {
 namespace v1 = deltaserve::v1;
 namespace {
@@ -37,6 +39,7 @@ GenerateInput FromProto(const v1::GenerateRequest& r) {
   in.sampling.presence_penalty = s.presence_penalty();
   in.sampling.frequency_penalty = s.frequency_penalty();
   in.sampling.seed = s.seed();
+  in.sampling.mtp = s.has_mtp() ? static_cast<int32_t>(std::min<uint32_t>(s.mtp(), 1u << 20)) : -1;
   in.max_tokens = r.max_tokens();
   in.stop.assign(r.stop().begin(), r.stop().end());
   in.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());

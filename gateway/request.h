@@ -25,6 +25,7 @@ struct SamplingInput {
   float presence_penalty = 0;
   float frequency_penalty = 0;
   uint64_t seed = 0;
+  int32_t mtp = -1;  // MTP drafts for this request: -1 = the server's setting, 0 = off, k = at most k
 };
 
 struct GenerateInput {

@@ -64,6 +64,8 @@ absl::Status Validate(const SamplingParams& p, int n_vocab) {
   if (p.penalty_last_n < -1) {
     return bad("penalty_last_n must be >= -1 (-1 = whole history), got ", p.penalty_last_n);
   }
+  if (p.mtp_drafts < -1 || p.mtp_drafts > kMaxMtpDrafts)
+    return bad("mtp must be in [0, ", kMaxMtpDrafts, "] (0 = off), got ", p.mtp_drafts);
   if (p.n_logprobs < 0 || p.n_logprobs > kMaxLogprobs) {
     return bad("n_logprobs must be in [0, ", kMaxLogprobs, "], got ", p.n_logprobs);
   }

@@ -10,6 +10,7 @@
 namespace ds::sampling {
 
 inline constexpr int kMaxLogprobs = 20;
+inline constexpr int kMaxMtpDrafts = 15;
 inline constexpr float kMaxAbsPenalty = 2.0f;  // presence/frequency, as in the OpenAI API
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopStringBytes = 256;
@@ -25,6 +26,9 @@ struct SamplingParams {
   int penalty_last_n = 64;  // window of history the penalties look at; -1 = whole history, 0 = off
   uint64_t seed = 0;
   int n_logprobs = 0;  // top-n logprobs to return, [0, kMaxLogprobs]
+  // MTP drafts per step for this request (proto SamplingParams.mtp): -1 = the server's setting,
+  // 0 = off, k = at most k (the worker's own setting caps it).
+  int mtp_drafts = -1;
   std::vector<int32_t> stop_ids = {};
   std::vector<std::string> stop_strings = {};
 };

@@ -1,5 +1,7 @@
 #include "proto/convert/sampling_proto.h"
 
+#include <algorithm>
+
 namespace ds::sampling {
 
 SamplingParams FromProto(const deltaserve::v1::SamplingParams& p, int n_logprobs) {
@@ -13,6 +15,8 @@ SamplingParams FromProto(const deltaserve::v1::SamplingParams& p, int n_logprobs
   s.frequency_penalty = p.frequency_penalty();
   s.seed = p.seed();
   s.n_logprobs = n_logprobs;
+  // Out-of-range values pass through so Validate names them (16 and up, as given).
+  s.mtp_drafts = p.has_mtp() ? static_cast<int>(std::min<uint32_t>(p.mtp(), 1u << 20)) : -1;
   return s;
 }
 
@@ -26,6 +30,7 @@ deltaserve::v1::SamplingParams ToProto(const SamplingParams& s) {
   p.set_presence_penalty(s.presence_penalty);
   p.set_frequency_penalty(s.frequency_penalty);
   p.set_seed(s.seed);
+  if (s.mtp_drafts >= 0) p.set_mtp(static_cast<uint32_t>(s.mtp_drafts));
   return p;
 }
 

@@ -66,6 +66,19 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
     EXPECT_EQ(r.ids, want[i]) << "prompt " << i;
     EXPECT_EQ(r.fin.reason(), v1::FINISH_REASON_LENGTH);
   }
+  // The request's own switch: off (0) or at most one draft give the same tokens; 16 is refused.
+  for (uint32_t k : {0u, 1u}) {
+    v1::GenerateRequest req = IdsRequest(prompts[1], kMax);
+    req.mutable_sampling()->set_mtp(k);
+    GenResult r = c.Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, want[1]) << "mtp " << k;
+  }
+  v1::GenerateRequest bad = IdsRequest(prompts[1], kMax);
+  bad.mutable_sampling()->set_mtp(16);
+  GenResult r = c.Generate(bad);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("mtp"), std::string::npos) << r.status.error_message();
 }
 
 TEST(MtpCluster, WorkerRefusesAnMtpItCannotRun) {

@@ -62,7 +62,9 @@ absl::Status StepExecutor::SetMtp(const spec::MtpSetting& setting) {
 absl::Status StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<const float> hidden,
                                       int n_rows, int n_mtp_slots) {
   SlotState& slot = slots_[slot_index];
-  const int n = spec::DraftBudget(spec::DraftsForBatch(mtp_, n_mtp_slots),
+  int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
+  if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
+  const int n = spec::DraftBudget(k,
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),
                                   backend_->slot_ctx());
@@ -138,7 +140,9 @@ StepResult StepExecutor::Run(const Step& step) {
       for (uint32_t i = 0; i < st.n_generated; ++i) slot.sampler->ConsumeUniform();
     slot.n_prompt = static_cast<int>(st.tokens.size() - std::min<size_t>(st.n_generated, st.tokens.size()));
     slot.max_new = static_cast<int>(st.max_new_tokens);
-    slot.mtp = drafter_.has_value() && !slot.want_logprob && st.max_new_tokens > 0;
+    slot.mtp = drafter_.has_value() && !slot.want_logprob && st.max_new_tokens > 0 &&
+               st.sampling.mtp_drafts != 0;
+    slot.mtp_cap = std::max(0, st.sampling.mtp_drafts);
   }
   if (step.work.empty()) return result;
   const int n_vocab = backend_->config().n_vocab;

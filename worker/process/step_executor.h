@@ -63,6 +63,7 @@ class StepExecutor {
     // MTP: whether this sequence is speculated, the generated tokens it may have in all, and
     // its drafts for the next decode (empty: a plain decode).
     bool mtp = false;
+    int mtp_cap = 0;  // the request's own bound on drafts (SamplingParams::mtp_drafts > 0), else 0
     int n_prompt = 0;
     int max_new = 0;
     spec::Drafts drafts;
