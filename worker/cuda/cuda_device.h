@@ -420,6 +420,7 @@ class CudaDevice final : public Device {
         *mtp_parts_ = nullptr;
   int32_t* mtp_ints_ = nullptr;
   int32_t* h_mtp_ints_ = nullptr;  // pinned [3 * mtp_rows_max_]
+  float* h_mtp_f_ = nullptr;  // pinned [mtp_rows_max_ * H + H + n_vocab]: hidden in, hidden / logits out
   int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)
   void DropSpeculation(int slot);  // forget its speculative chain and MTP rows (reset, load)
 };

@@ -506,9 +506,14 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
   // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
-  // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions.
-  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_ints_, 9 * T * 4 + MR * 3 * 4 + 16));
+  // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions, then (at
+  // a 16-byte boundary) its hidden rows in and its hidden state and logits out.
+  const uint64_t int_bytes = (9 * T + MR * 3) * 4;
+  const uint64_t mtp_f_floats = has_mtp_ ? MR * H + H + c.n_vocab : 0;
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(&h_ints_, (int_bytes + 15) / 16 * 16 + mtp_f_floats * 4 + 16));
   h_mtp_ints_ = h_ints_ + 9 * T;
+  h_mtp_f_ = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(h_ints_) + (int_bytes + 15) / 16 * 16);
   return absl::OkStatus();
 }
 

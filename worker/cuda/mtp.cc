@@ -8,6 +8,7 @@
 // that held another slot's rows — are not attended (kernels/cuda/mtp_attention.cuh).
 #include <algorithm>
 #include <climits>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
@@ -100,21 +101,29 @@ absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   const int32_t* d_tok = mtp_ints_;
   const int32_t* d_slot = mtp_ints_ + R;
   const int32_t* d_pos = mtp_ints_ + 2 * R;
+  // Pinned mirrors: the uploads and the two results go without a host sync of their own (one
+  // at the end; pageable copies would each block and stage).
+  float* h_in = h_mtp_f_;                                      // [R, H]
+  float* h_hid = h_mtp_f_ + static_cast<size_t>(R) * H;        // [H]
+  float* h_logits = h_hid + H;                                 // [n_vocab]
   int r = 0;
   for (int c0 = 0; c0 < n; c0 += r) {
     r = std::min(R, n - c0);
     const bool last_chunk = c0 + r == n;
-    // The pinned mirror is free again: the previous chunk's blocking hidden copy below waited
-    // for its ints copy too.
+    // The mirrors are free at the start of a call (the last one ended in a sync); between
+    // chunks the previous uploads must have landed before they are rewritten.
+    if (c0 > 0) DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (int i = 0; i < r; ++i) {
       h_mtp_ints_[i] = tokens[c0 + i];
       h_mtp_ints_[R + i] = slot;
       h_mtp_ints_[2 * R + i] = pos0 + c0 + i;
     }
+    std::memcpy(h_in, hidden.data() + static_cast<size_t>(c0) * H,
+                static_cast<size_t>(r) * H * sizeof(float));
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h_mtp_ints_, 3ull * R * sizeof(int32_t),
                                             cudaMemcpyHostToDevice, stream_));
-    DS_RETURN_IF_ERROR(Copy(mtp_u_, hidden.data() + static_cast<size_t>(c0) * H,
-                            static_cast<size_t>(r) * H * sizeof(float)));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_u_, h_in, static_cast<size_t>(r) * H * sizeof(float),
+                                            cudaMemcpyHostToDevice, stream_));
 
     // cat = [enorm(embed[token]) | hnorm(h)] per row; u = eh_proj · cat.
     InvalidateX();
@@ -198,11 +207,14 @@ absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   InvalidateX();
   DS_RETURN_IF_ERROR(LinearRows(mtp_head_, mtp_hid_, 1, mtp_logits_, false));
   InvalidateX();
-  hidden_out->resize(H);
-  logits->resize(cfg_.n_vocab);
-  DS_RETURN_IF_ERROR(Copy(hidden_out->data(), mtp_hid_, static_cast<size_t>(H) * sizeof(float)));
-  DS_RETURN_IF_ERROR(
-      Copy(logits->data(), mtp_logits_, static_cast<size_t>(cfg_.n_vocab) * sizeof(float)));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_hid, mtp_hid_, static_cast<size_t>(H) * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_logits, mtp_logits_,
+                                          static_cast<size_t>(cfg_.n_vocab) * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  hidden_out->assign(h_hid, h_hid + H);
+  logits->assign(h_logits, h_logits + cfg_.n_vocab);
   return absl::OkStatus();
 }
 
