@@ -515,8 +515,9 @@ TEST(OpenAIHttp, TlsWithTheGatewaysCertificate) {
 }
 
 // The official `openai` npm client (pinned in tests/cluster/openai_npm/package.json) against the
-// listener: chat and completions streamed and not, its error classes for 400 / 401 / 404 / 429,
-// and an AbortController abort freeing the only permit at once. Skipped only where node is absent.
+// listener serving the tiny model with the Qwen3.5 template: chat (reasoning, enable_thinking,
+// tools, a tool-call round trip) and completions streamed and not, its error classes for 400 /
+// 401 / 404 / 429, and an AbortController abort freeing the only permit at once. Skipped only where node is absent.
 TEST(OpenAIHttp, OfficialOpenAINpmClient) {
   if (std::system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "node/npm not installed (tools/setup.sh installs them)";
@@ -531,14 +532,16 @@ TEST(OpenAIHttp, OfficialOpenAINpmClient) {
   std::ofstream(key_file) << key << "\n";
   std::filesystem::permissions(key_file, std::filesystem::perms::owner_read |
                                              std::filesystem::perms::owner_write);
+  setenv("DS_CLUSTER_MODEL", TinyWithQwenTemplate().c_str(), 1);
   Cluster c({.max_inflight = 1,
              .gateway_args = {"--http-listen", "127.0.0.1:0", "--api-key-file", key_file}});
+  unsetenv("DS_CLUSTER_MODEL");
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
   const int port = HttpPort(c);
   for (int i = 0; i < 100 && Call(port, "GET", "/health", "").status != 200; ++i)
     std::this_thread::sleep_for(20ms);
   const std::string cmd = "node '" + npm_dir + "/openai_client_test.mjs' http://127.0.0.1:" +
-                          std::to_string(port) + "/v1 " + key + " tiny 2>&1";
+                          std::to_string(port) + "/v1 " + key + " tiny_qwen35 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
