@@ -100,6 +100,7 @@ void ToProto(const FinishInfo& f, v1::GenerateResponse::Finished* out) {
   t->set_time_to_first_token_seconds(f.timings.ttft_seconds);
   t->set_total_seconds(f.timings.total_seconds);
   t->set_mean_inter_token_seconds(f.timings.mean_itl_seconds);
+  t->set_tokens_per_step(f.timings.tokens_per_step);
   out->set_stop_string(f.stop_string);
 }
 

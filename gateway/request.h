@@ -91,6 +91,7 @@ struct ServerTimings {
   double ttft_seconds = 0;
   double total_seconds = 0;
   double mean_itl_seconds = 0;
+  double tokens_per_step = 0;  // 1 + accepted MTP drafts per step on average (0: not reported)
 };
 
 // One message of the internal Submit stream, translated.

@@ -61,6 +61,7 @@ void Translate(const pb::RequestEvent& m, InternalEvent* ev) {
       ev->timings.ttft_seconds = f.timings().time_to_first_token_seconds();
       ev->timings.total_seconds = f.timings().total_seconds();
       ev->timings.mean_itl_seconds = f.timings().mean_inter_token_seconds();
+      ev->timings.tokens_per_step = f.timings().tokens_per_step();
       break;
     }
     default:

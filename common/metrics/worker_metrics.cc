@@ -65,12 +65,40 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& worker_
                       .Labels(w)
                       .Register(r)
                       .Add({});
+  mtp_offered_ = &prometheus::BuildCounter()
+                      .Name("deltaserve_worker_mtp_drafts_total")
+                      .Help("MTP drafts verified, by draft position (1 = the first draft)")
+                      .Labels(w)
+                      .Register(r);
+  mtp_accepted_ = &prometheus::BuildCounter()
+                       .Name("deltaserve_worker_mtp_drafts_accepted_total")
+                       .Help("MTP drafts accepted, by draft position")
+                       .Labels(w)
+                       .Register(r);
+  mtp_tokens_ = &prometheus::BuildHistogram()
+                     .Name("deltaserve_worker_mtp_tokens_per_verify")
+                     .Help("Tokens one MTP verify step kept for a sequence (1 + accepted drafts)")
+                     .Labels(w)
+                     .Register(r)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 3, 4, 5, 6, 8, 12, 16});
   tokens_ = &prometheus::BuildCounter()
                  .Name("deltaserve_worker_tokens_total")
                  .Help("Tokens run through the model by the worker (prefill + decode)")
                  .Labels(w)
                  .Register(r)
                  .Add({});
+}
+
+void WorkerMetrics::OnMtp(std::span<const int64_t> offered, std::span<const int64_t> accepted,
+                          std::span<const int> tokens_per_verify) {
+  const prometheus::Labels w = {{"worker", worker_id_}};
+  for (size_t i = 0; i < offered.size() && i < accepted.size(); ++i) {
+    if (offered[i] == 0 && accepted[i] == 0) continue;
+    const prometheus::Labels l = {{"position", std::to_string(i + 1)}};
+    mtp_offered_->Add(l).Increment(static_cast<double>(offered[i]));
+    mtp_accepted_->Add(l).Increment(static_cast<double>(accepted[i]));
+  }
+  for (int n : tokens_per_verify) mtp_tokens_->Observe(n);
 }
 
 void WorkerMetrics::OnStep(double forward_seconds, double sample_seconds, int tokens, bool failed) {

@@ -3,6 +3,7 @@
 // memory (nvml.h). Every series carries `worker="<id>"`, the id the scheduler labels
 // deltaserve_worker_up with, so the two sides join.
 #pragma once
+#include <span>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -36,6 +37,11 @@ class WorkerMetrics {
   }
   // One step: the backend's forward time, the sampling time, tokens in, whether it failed.
   void OnStep(double forward_seconds, double sample_seconds, int tokens, bool failed);
+  // MTP speculative decoding (issue #15): drafts offered / accepted at each draft position
+  // (index 0 = the first draft) since the last call, and the tokens each verify step kept
+  // (1 + accepted drafts).
+  void OnMtp(std::span<const int64_t> offered, std::span<const int64_t> accepted,
+             std::span<const int> tokens_per_verify);
 
   // Starts NVML sampling of `gpus` (NVML indices) into this worker's registry. Returns why not
   // when NVML is unavailable; the GPU metrics are then simply absent.
@@ -50,6 +56,8 @@ class WorkerMetrics {
   prometheus::Gauge *warmup_prefill_, *warmup_decode_;
   prometheus::Histogram *forward_, *sample_;
   prometheus::Counter *steps_, *step_errors_, *tokens_;
+  prometheus::Family<prometheus::Counter> *mtp_offered_, *mtp_accepted_;
+  prometheus::Histogram* mtp_tokens_;
   std::unique_ptr<GpuSampler> gpu_;
 };
 

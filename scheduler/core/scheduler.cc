@@ -580,6 +580,7 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
     }
     s.computed += static_cast<int32_t>(e.tokens.size());
     if (!e.sample) continue;
+    ++s.timings.answers;
     // Every token but the last of an MTP answer is a kept draft: already in the worker's state.
     bool finished = false;  // FinishSoon may destroy s: touch nothing of it afterwards
     for (size_t j = 0; j <= more.size() && !finished; ++j) {

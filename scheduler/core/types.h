@@ -47,6 +47,7 @@ struct RequestTimings {
   absl::Time first_token = absl::InfinitePast();  // first token sampled by this scheduler
   absl::Time last_token = absl::InfinitePast();   // latest token sampled
   absl::Time finished = absl::InfinitePast();
+  int32_t answers = 0;  // sampled entries applied (with MTP one may bring several tokens)
 };
 
 // What the gateway streams. A flat tagged struct (not a variant) so the daemon maps it to a proto

@@ -85,6 +85,8 @@ void ToProto(const Event& e, const std::optional<TokenLogprobInfo>& lp, pb::Requ
       t->set_total_seconds(Sec(tm.arrival, tm.finished));
       if (e.n_generated > 1)
         t->set_mean_inter_token_seconds(Sec(tm.first_token, tm.last_token) / (e.n_generated - 1));
+      if (tm.answers > 0)
+        t->set_tokens_per_step(static_cast<double>(e.n_generated) / tm.answers);
       break;
     }
   }

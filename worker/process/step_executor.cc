@@ -112,6 +112,7 @@ absl::Status StepExecutor::Validate(const Step& step) const {
 }
 
 StepResult StepExecutor::Run(const Step& step) {
+  verify_tokens_.clear();
   StepResult result;
   result.step_id = step.step_id;
   if (absl::Status s = Validate(step); !s.ok()) {
@@ -289,6 +290,7 @@ StepResult StepExecutor::Run(const Step& step) {
       }
       for (size_t j = before; j < slot.known.size(); ++j)
         result.tokens.push_back(SampledToken{w.slot, slot.known[j], std::nullopt});
+      verify_tokens_.push_back(kept + 1);
       if (!DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, hidden_rows(row0, kept + 1), kept + 1,
                       n_mtp_slots)
                .ok()) {

@@ -48,6 +48,8 @@ class StepExecutor {
   // Not under tensor parallelism (the MTP block is not sharded).
   absl::Status SetMtp(const spec::MtpSetting& setting);
   const spec::SpecStats& mtp_stats() const { return mtp_stats_; }
+  // Tokens each verify step of the last Run kept (1 + accepted drafts), for metrics.
+  const std::vector<int>& last_verify_tokens() const { return verify_tokens_; }
 
   // Tokens the worker knows for a slot (for tests); empty when the slot is free.
   const std::vector<int32_t>& known(int slot) const { return slots_[slot].known; }
@@ -88,6 +90,7 @@ class StepExecutor {
   std::optional<spec::MtpDrafter> drafter_;
   spec::SpecStats mtp_stats_;
   std::vector<int> out_row_;      // [work + 1] first output row of each work item
+  std::vector<int> verify_tokens_;  // [verify steps of the last Run] tokens kept
 };
 
 }  // namespace ds::worker

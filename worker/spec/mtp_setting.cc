@@ -18,9 +18,9 @@ absl::StatusOr<MtpSetting> ParseMtpSetting(std::string_view text) {
 
 int DraftsForBatch(const MtpSetting& s, int batch) {
   if (!s.automatic) return s.drafts;
-  if (batch <= 4) return 3;
-  if (batch <= 16) return 2;
-  if (batch <= 32) return 1;
+  if (batch <= 2) return 3;
+  if (batch <= 4) return 2;
+  if (batch <= 8) return 1;
   return 0;
 }
 
