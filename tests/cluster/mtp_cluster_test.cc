@@ -57,6 +57,8 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
   ASSERT_TRUE(one.status.ok()) << one.status.error_message();
   EXPECT_EQ(one.ids, want[0]);
   EXPECT_EQ(one.fin.usage().completion_tokens(), static_cast<uint32_t>(kMax));
+  // Answers of several tokens crossed the scheduler: more than one token per decode step.
+  EXPECT_GT(one.fin.timings().tokens_per_step(), 1.3);
   std::vector<std::future<GenResult>> fs;
   for (const auto& p : prompts)
     fs.push_back(std::async(std::launch::async, [&c, p] { return c.Generate(IdsRequest(p, kMax)); }));
@@ -73,6 +75,7 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
     GenResult r = c.Generate(req);
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
     EXPECT_EQ(r.ids, want[1]) << "mtp " << k;
+    if (k == 0) EXPECT_DOUBLE_EQ(r.fin.timings().tokens_per_step(), 1.0);
   }
   v1::GenerateRequest bad = IdsRequest(prompts[1], kMax);
   bad.mutable_sampling()->set_mtp(16);
