@@ -143,6 +143,11 @@ void HttpServer::Impl::Generate(const httplib::Request& hreq, httplib::Response&
   absl::StatusOr<PreparedRequest> prepared = Prepare(c->req.input, view);
   if (!prepared.ok()) return fail(prepared.status());
   c->prepared = std::move(*prepared);
+  // No max_tokens: up to the slot's context, as OpenAI and vLLM do (a reasoning model would be
+  // cut off by the gRPC API's default of 256); Prepare already checked the prompt fits.
+  if (c->req.input.max_tokens == 0 && view.slot_context > c->prepared.prompt_ids.size())
+    c->prepared.max_tokens =
+        static_cast<uint32_t>(view.slot_context - c->prepared.prompt_ids.size());
   if (std::optional<Admission::Permit> p = be.admission->TryAcquire()) c->permit.emplace(std::move(*p));
   if (!c->permit)
     return fail(absl::ResourceExhaustedError(

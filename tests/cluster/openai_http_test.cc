@@ -267,7 +267,7 @@ TEST(OpenAIHttp, SpecialTokensInChatContentAreTextOnBothApis) {
 }
 
 TEST(OpenAIHttp, ErrorsUseOpenAIShapeAndStatus) {
-  Cluster c({.gateway_args = {"--http-listen", "127.0.0.1:0"}});
+  Cluster c({.ctx = 512, .gateway_args = {"--http-listen", "127.0.0.1:0"}});
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
   const int port = HttpPort(c);
   for (int i = 0; i < 100 && Call(port, "GET", "/health", "").status != 200; ++i)
@@ -297,6 +297,11 @@ TEST(OpenAIHttp, ErrorsUseOpenAIShapeAndStatus) {
   ExpectError(Post(port, "/v1/chat/completions", {{"model", "gpt-4"}, {"messages", msgs}}), 404,
               "invalid_request_error", "gpt-4");
   ExpectError(Call(port, "GET", "/v1/nothing", ""), 404, "invalid_request_error", "/v1/nothing");
+  // No max_tokens: up to the slot context (512 here), not the gRPC default of 256.
+  Http unbounded = Post(port, "/v1/completions", {{"prompt", {72, 101}}, {"ignore_eos", true}});
+  ASSERT_EQ(unbounded.status, 200) << unbounded.raw;
+  EXPECT_EQ(unbounded.body["usage"]["completion_tokens"], 512 - 2);
+  EXPECT_EQ(unbounded.body["choices"][0]["finish_reason"], "length");
   // A good request still works after all of them.
   EXPECT_EQ(Post(port, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
 }
