@@ -107,6 +107,12 @@ absl::Status ParseCommon(const json& b, OpenAIRequest* r) {
     }
   }
   DS_RETURN_IF_ERROR(GetBool(b, "ignore_eos", &in.ignore_eos));
+  // deltaserve's per-request MTP switch (as on gRPC): absent = the server's setting.
+  if (Field(b, "mtp")) {
+    int64_t mtp = 0;
+    DS_RETURN_IF_ERROR(GetInt(b, "mtp", 0, 15, &mtp));
+    in.sampling.mtp = static_cast<int32_t>(mtp);
+  }
   int64_t n = 1;
   DS_RETURN_IF_ERROR(GetInt(b, "n", 1, 1 << 20, &n));
   if (n != 1) return Bad("n must be 1: one choice per request is supported");

@@ -71,6 +71,10 @@ TEST(OpenAIRequest, ChatFieldsMapToTheSharedInput) {
 TEST(OpenAIRequest, CompletionPromptsAndLogprobs) {
   auto t = ParseCompletionRequest(R"({"prompt": "hi", "logprobs": 2, "stop": "s"})");
   ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->input.sampling.mtp, -1);  // absent: the server's MTP setting
+  auto m = ParseCompletionRequest(R"({"prompt": "hi", "mtp": 0})");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->input.sampling.mtp, 0);
   EXPECT_EQ(t->input.kind, PromptKind::kText);
   EXPECT_EQ(t->input.text, "hi");
   EXPECT_TRUE(t->logprobs);
@@ -118,6 +122,7 @@ TEST(OpenAIRequest, RefusalsNameTheField) {
   expect(false, R"({"prompt": "x", "echo": true})", "echo");
   expect(false, R"({"prompt": "x", "best_of": 2})", "best_of");
   expect(false, R"({"prompt": "x", "logprobs": 99})", "logprobs must be in");
+  expect(false, R"({"prompt": "x", "mtp": 16})", "mtp must be in [0, 15]");
 }
 
 TEST(OpenAIResponse, StatusAndErrorShape) {
