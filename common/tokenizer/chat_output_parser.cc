@@ -92,6 +92,27 @@ std::string ChatOutputParser::ArgumentType(const std::string& fn, const std::str
 
 bool ChatOutputParser::ParseToolCall(std::string_view body, ParsedDelta* out) {
   std::string_view s = TrimWs(body);
+  // The JSON form (Qwen3 / Hermes templates): {"name": ..., "arguments": {...}}.
+  if (!s.empty() && s.front() == '{') {
+    const nlohmann::ordered_json j =
+        nlohmann::ordered_json::parse(s, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return false;
+    const auto name = j.find("name");
+    if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
+    nlohmann::ordered_json args = nlohmann::ordered_json::object();
+    if (const auto a = j.find("arguments"); a != j.end()) {
+      args = a->is_string() ? nlohmann::ordered_json::parse(a->get<std::string>(), nullptr, false)
+                            : *a;
+      if (!args.is_object()) return false;
+    }
+    ToolCallDelta d;
+    d.index = n_calls_++;
+    d.id = opts_.id_prefix + std::to_string(d.index);
+    d.name = name->get<std::string>();
+    d.arguments = args.dump();
+    out->tool_calls.push_back(std::move(d));
+    return true;
+  }
   constexpr std::string_view kFn = "<function=", kFnEnd = "</function>";
   constexpr std::string_view kParam = "<parameter=", kParamEnd = "</parameter>";
   if (s.substr(0, kFn.size()) != kFn) return false;

@@ -9,7 +9,8 @@
 // the whole text followed by Finish(). A tool call is reported when its `<function=NAME>` tag is
 // complete (id and name) and its arguments, as one JSON object string, when `</function>` is seen.
 // Parameter values are typed by the tool's JSON schema (a `string` parameter stays a string;
-// other values are parsed as JSON when they parse). A `<tool_call>` that does not follow the
+// other values are parsed as JSON when they parse). The JSON form of Qwen3 / Hermes templates,
+// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, is understood too. A `<tool_call>` that does not follow the
 // format is given back as content at Finish. Not thread-safe; one per request.
 #pragma once
 #include <string>

@@ -136,6 +136,23 @@ TEST(ChatOutputParser, ToolCallInsideReasoningIsNotLost) {
   ExpectSplitInvariant(Opts(true, true), out);
 }
 
+TEST(ChatOutputParser, JsonToolCallsOfQwen3AndHermesTemplates) {
+  const std::string out =
+      "</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", "
+      "\"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n"
+      "</tool_call>";
+  const Result r = Parse(Opts(true, true), {out});
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0], "call_0 get_weather {\"city\":\"Oslo\",\"days\":2}");
+  EXPECT_EQ(r.calls[1], "call_1 f {\"a\":1}");  // arguments given as a JSON string
+  EXPECT_EQ(r.content, "");
+  ExpectSplitInvariant(Opts(true, true), out);
+  // JSON without a name is not a call.
+  const Result bad = Parse(Opts(true, true), {"</think><tool_call>{\"arguments\": {}}</tool_call>"});
+  EXPECT_TRUE(bad.calls.empty());
+  EXPECT_EQ(bad.content, "<tool_call>{\"arguments\": {}}</tool_call>");
+}
+
 TEST(ChatOutputParser, MalformedOrUnfinishedToolCallComesBackAsContent) {
   const std::string bad = "</think>\nok <tool_call>\nnot xml\n</tool_call> after";
   const Result r = Parse(Opts(true, true), {bad});
@@ -177,7 +194,7 @@ TEST(ChatOutputParser, RandomTagSoupIsSplitInvariant) {
   const std::vector<std::string> pieces = {
       "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=get_weather>",
       "</function>", "<parameter=city>", "</parameter>", "\n", "\n\n", " ", "a", "Paris", "<",
-      "</", ">", "<tool", "_call>", "think>", "{\"k\": 1}"};
+      "</", ">", "<tool", "_call>", "think>", "{\"k\": 1}", "{\"name\": \"f\"}"};
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 300; ++trial) {
     std::string text;
