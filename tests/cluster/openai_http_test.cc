@@ -476,6 +476,49 @@ TEST(OpenAIHttp, Qwen35TemplateReasoningAndTools) {
   EXPECT_FALSE(o.body["choices"][0]["message"].contains("reasoning_content"));
 }
 
+// `deltaserve serve --http-port 0`: the flag reaches the gateway, serve prints the address, and
+// the listener answers there.
+TEST(OpenAIHttp, ServeHttpPortFlag) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(out[1], 1);
+    close(out[0]);
+    FILE* f = std::freopen((TestDir() + "/serve_http.log").c_str(), "w", stderr);
+    (void)f;
+    const std::string model = ClusterModel();
+    execl(kBin.c_str(), kBin.c_str(), "serve", "--model", model.c_str(), "--backend", "cpu",
+          "--threads", "1", "--slots", "2", "--ctx", "512", "--port", "0", "--http-port", "0",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  FILE* in = fdopen(out[0], "r");
+  int port = 0;
+  char line[512];
+  std::string printed;
+  while (port == 0 && fgets(line, sizeof(line), in)) {
+    printed += line;
+    const std::string l(line);
+    const size_t at = l.find("http        127.0.0.1:");
+    if (at != std::string::npos) port = std::atoi(l.c_str() + at + 22);
+  }
+  EXPECT_GT(port, 0) << printed << ReadFile(TestDir() + "/serve_http.log");
+  if (port > 0) {
+    Http models = Call(port, "GET", "/v1/models", "");
+    EXPECT_EQ(models.status, 200) << models.raw;
+    Http h = Post(port, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 3}});
+    EXPECT_EQ(h.status, 200) << h.raw;
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  fclose(in);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 // TLS like the gRPC listener: the same --tls-cert/--tls-key serve HTTPS (in-process gateway, no
 // scheduler behind it: /health says 503, /v1/models answers); plaintext HTTP gets nothing.
 TEST(OpenAIHttp, TlsWithTheGatewaysCertificate) {
