@@ -190,7 +190,9 @@ void ChatOutputParser::Drain(bool final, ParsedDelta* out) {
         content_started_ = false;
         continue;
       }
-      size_t keep = final ? 0 : PartialTagSuffix(b, {kThinkClose, opts_.parse_tool_calls ? kToolOpen : kThinkClose});
+      size_t keep = final ? 0
+                          : PartialTagSuffix(
+                                b, {kThinkClose, opts_.parse_tool_calls ? kToolOpen : kThinkClose});
       if (!final)
         while (keep < b.size() && b[b.size() - keep - 1] == '\n') ++keep;
       out->reasoning.append(b.substr(0, b.size() - keep));
@@ -224,8 +226,7 @@ void ChatOutputParser::Drain(bool final, ParsedDelta* out) {
       }
       const size_t p = b.find(kToolOpen);
       if (p != std::string_view::npos) {
-        out->content.append(TrimWs(b.substr(0, p)).empty() ? std::string_view()
-                                                            : b.substr(0, p));
+        out->content.append(TrimWs(b.substr(0, p)).empty() ? std::string_view() : b.substr(0, p));
         // Whitespace between the answer and the call is the template's, not the answer's.
         while (!out->content.empty() && IsWs(out->content.back())) out->content.pop_back();
         buf_.erase(0, p + kToolOpen.size());

@@ -10,13 +10,13 @@
 // complete (id and name) and its arguments, as one JSON object string, when `</function>` is seen.
 // Parameter values are typed by the tool's JSON schema (a `string` parameter stays a string;
 // other values are parsed as JSON when they parse). The JSON form of Qwen3 / Hermes templates,
-// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, is understood too. A `<tool_call>` that does not follow the
-// format is given back as content at Finish. Not thread-safe; one per request.
+// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, is understood too. A
+// `<tool_call>` that does not follow the format is given back as content at Finish. Not
+// thread-safe; one per request.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace ds {
 
@@ -40,7 +40,7 @@ struct ChatOutputOptions {
   bool parse_reasoning = true;       // recognise <think> ... </think>
   bool parse_tool_calls = false;     // only when the request offered tools
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // for parameter types
-  std::string id_prefix = "call_";   // tool call ids are id_prefix + index
+  std::string id_prefix = "call_";  // tool call ids are id_prefix + index
 };
 
 class ChatOutputParser {

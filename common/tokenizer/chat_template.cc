@@ -135,13 +135,15 @@ absl::StatusOr<RenderedPrompt> RenderQwen35(const std::vector<ChatTurn>& msgs,
       for (size_t k = 0; k < m.tool_calls.size(); ++k) {
         const ChatToolCall& tc = m.tool_calls[k];
         if (k == 0)
-          o.T(py::Strip(content).empty() ? "<tool_call>\n<function=" : "\n\n<tool_call>\n<function=");
+          o.T(py::Strip(content).empty() ? "<tool_call>\n<function="
+                                         : "\n\n<tool_call>\n<function=");
         else
           o.T("\n<tool_call>\n<function=");
         o.U(tc.name);
         o.T(">\n");
         if (!tc.arguments.is_object())
-          return Bad("messages[", i, "].tool_calls[", k, "].function.arguments is not a JSON object");
+          return Bad("messages[", i, "].tool_calls[", k,
+                     "].function.arguments is not a JSON object");
         for (const auto& [name, value] : tc.arguments.items()) {
           o.T("<parameter=");
           o.U(name);
@@ -181,8 +183,9 @@ absl::StatusOr<RenderedPrompt> RenderChatML(const std::vector<ChatTurn>& msgs,
                                             const ChatRenderOptions& opts) {
   if (msgs.empty()) return Bad("messages is empty: the prompt needs at least one message");
   if (opts.tools.is_array() && !opts.tools.empty())
-    return Bad("tools: the model's chat template is plain ChatML (not a recognised tool-calling "
-               "template), so tool definitions cannot be rendered");
+    return Bad(
+        "tools: the model's chat template is plain ChatML (not a recognised tool-calling "
+        "template), so tool definitions cannot be rendered");
   Out o;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const ChatTurn& m = msgs[i];
@@ -193,7 +196,8 @@ absl::StatusOr<RenderedPrompt> RenderChatML(const std::vector<ChatTurn>& msgs,
                  "' is not one of system, user, assistant, tool");
     }
     if (!m.tool_calls.empty())
-      return Bad("messages[", i, "].tool_calls: the model's chat template is plain ChatML and "
+      return Bad("messages[", i,
+                 "].tool_calls: the model's chat template is plain ChatML and "
                  "cannot render tool calls");
     const std::string content = m.content.value_or("");
     if (m.role == "tool") {
@@ -239,7 +243,8 @@ absl::StatusOr<std::vector<ChatTurn>> ChatTurnsFromJson(const nlohmann::ordered_
           const bool is_text = part.is_object() && text != part.end() && text->is_string() &&
                                (type == part.end() || *type == "text");
           if (!is_text)
-            return Bad(at, ".content[", j, "] is not a text part ({\"type\": \"text\", \"text\": ...});",
+            return Bad(at, ".content[", j,
+                       "] is not a text part ({\"type\": \"text\", \"text\": ...});",
                        " images and other media are not supported by this model");
           joined += text->get<std::string>();
         }
@@ -292,8 +297,8 @@ ChatTemplate ChatTemplate::FromJinja(std::string_view jinja) {
   // multi-step tool scan. All four markers must be present (a Qwen3 JSON-tool-call template
   // lacks the first).
   auto has = [&](std::string_view m) { return jinja.find(m) != std::string_view::npos; };
-  if (has("<function=example_function_name>") && has("<tool_response>") &&
-      has("enable_thinking") && has("last_query_index") && has("<|im_start|>"))
+  if (has("<function=example_function_name>") && has("<tool_response>") && has("enable_thinking") &&
+      has("last_query_index") && has("<|im_start|>"))
     return Of(ChatTemplateKind::kQwen35,
               has("preserve_thinking is defined and preserve_thinking is true"));
   return ChatTemplate(ChatTemplateKind::kChatML);

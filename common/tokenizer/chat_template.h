@@ -15,13 +15,12 @@
 // there may special-token texts become control tokens (common/tokenizer/prompt_encoder.h): text a
 // client sent (contents, tool JSON, reasoning, arguments) is always plain text.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/util/status.h"
 

@@ -15,9 +15,8 @@ PromptEncoder::PromptEncoder(const Tokenizer* tok) : tok_(tok) {
     if (canonical && *canonical != id) continue;
     specials_.emplace_back(std::string(*piece), id);
   }
-  std::stable_sort(specials_.begin(), specials_.end(), [](const auto& a, const auto& b) {
-    return a.first.size() > b.first.size();
-  });
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
 absl::StatusOr<std::vector<int32_t>> PromptEncoder::Encode(const RenderedPrompt& p) const {

@@ -32,8 +32,8 @@ size_t CodePointAt(std::string_view s, size_t i, uint32_t* cp) {
 // Python's str.isspace(): the Unicode White_Space / bidi B, S, WS code points it accepts.
 bool IsPySpace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // Length of the whitespace code point ending at s[end-1], 0 if none.
@@ -53,13 +53,27 @@ void AppendJsonString(const std::string& s, std::string* out) {
   for (char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -76,12 +90,24 @@ void AppendJsonString(const std::string& s, std::string* out) {
 void Dump(const nlohmann::ordered_json& v, std::string* out) {
   using T = nlohmann::ordered_json::value_t;
   switch (v.type()) {
-    case T::null: *out += "null"; break;
-    case T::boolean: *out += v.get<bool>() ? "true" : "false"; break;
-    case T::number_integer: *out += std::to_string(v.get<int64_t>()); break;
-    case T::number_unsigned: *out += std::to_string(v.get<uint64_t>()); break;
-    case T::number_float: *out += FloatRepr(v.get<double>()); break;
-    case T::string: AppendJsonString(v.get_ref<const std::string&>(), out); break;
+    case T::null:
+      *out += "null";
+      break;
+    case T::boolean:
+      *out += v.get<bool>() ? "true" : "false";
+      break;
+    case T::number_integer:
+      *out += std::to_string(v.get<int64_t>());
+      break;
+    case T::number_unsigned:
+      *out += std::to_string(v.get<uint64_t>());
+      break;
+    case T::number_float:
+      *out += FloatRepr(v.get<double>());
+      break;
+    case T::string:
+      AppendJsonString(v.get_ref<const std::string&>(), out);
+      break;
     case T::array: {
       out->push_back('[');
       bool first = true;
@@ -106,7 +132,9 @@ void Dump(const nlohmann::ordered_json& v, std::string* out) {
       out->push_back('}');
       break;
     }
-    default: *out += "null"; break;  // binary / discarded never come from a parsed request
+    default:
+      *out += "null";
+      break;  // binary / discarded never come from a parsed request
   }
 }
 
@@ -197,10 +225,14 @@ std::string JsonDumps(const nlohmann::ordered_json& v) {
 std::string Str(const nlohmann::ordered_json& v) {
   using T = nlohmann::ordered_json::value_t;
   switch (v.type()) {
-    case T::string: return v.get<std::string>();
-    case T::boolean: return v.get<bool>() ? "True" : "False";
-    case T::null: return "None";
-    default: return JsonDumps(v);
+    case T::string:
+      return v.get<std::string>();
+    case T::boolean:
+      return v.get<bool>() ? "True" : "False";
+    case T::null:
+      return "None";
+    default:
+      return JsonDumps(v);
   }
 }
 

@@ -4,10 +4,9 @@
 // `tojson`, which sorts keys and HTML-escapes, by that call). A native renderer that must match
 // those bytes uses these functions instead of nlohmann's own dump or <cctype>.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace ds::py {
 

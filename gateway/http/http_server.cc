@@ -38,9 +38,8 @@ void SendError(httplib::Response& res, const absl::Status& s) {
 }  // namespace
 
 std::string ModelIdFromPath(const std::string& path) {
-  std::string b = path.substr(path.find_last_of('/') == std::string::npos
-                                  ? 0
-                                  : path.find_last_of('/') + 1);
+  std::string b =
+      path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
   if (absl::EndsWith(b, ".gguf")) b.resize(b.size() - 5);
   return b;
 }
@@ -80,10 +79,11 @@ struct HttpServer::Impl {
 
   void Models(const httplib::Request& req, httplib::Response& res) {
     if (absl::Status s = CheckAuth(req); !s.ok()) return SendError(res, s);
-    json m = {{"id", opts.model_id}, {"object", "model"}, {"created", started},
+    json m = {{"id", opts.model_id},
+              {"object", "model"},
+              {"created", started},
               {"owned_by", "deltaserve"}};
-    res.set_content(Dump(json{{"object", "list"}, {"data", json::array({m})}}),
-                    "application/json");
+    res.set_content(Dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
   }
 
   void Health(const httplib::Request&, httplib::Response& res) {
@@ -94,7 +94,6 @@ struct HttpServer::Impl {
 
   void Generate(const httplib::Request& req, httplib::Response& res, bool chat);
 };
-
 
 void HttpServer::Impl::Generate(const httplib::Request& hreq, httplib::Response& res, bool chat) {
   auto c = std::make_shared<Call>();
@@ -148,11 +147,12 @@ void HttpServer::Impl::Generate(const httplib::Request& hreq, httplib::Response&
   if (c->req.input.max_tokens == 0 && view.slot_context > c->prepared.prompt_ids.size())
     c->prepared.max_tokens =
         static_cast<uint32_t>(view.slot_context - c->prepared.prompt_ids.size());
-  if (std::optional<Admission::Permit> p = be.admission->TryAcquire()) c->permit.emplace(std::move(*p));
+  if (std::optional<Admission::Permit> p = be.admission->TryAcquire())
+    c->permit.emplace(std::move(*p));
   if (!c->permit)
-    return fail(absl::ResourceExhaustedError(
-        absl::StrCat("server overloaded: ", be.admission->in_flight(), " requests in flight (limit ",
-                     be.admission->capacity(), "); retry with backoff")));
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        "server overloaded: ", be.admission->in_flight(), " requests in flight (limit ",
+        be.admission->capacity(), "); retry with backoff")));
 
   c->id = next_id.fetch_add(1);
   c->public_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", c->id);
@@ -165,16 +165,16 @@ void HttpServer::Impl::Generate(const httplib::Request& hreq, httplib::Response&
     po.tools = c->req.render.tools;
     po.id_prefix = absl::StrCat("call_", c->id, "_");
     // Only templates that know <think> get reasoning split out (ChatML models answer plainly).
-    po.parse_reasoning = be.model.chat_template &&
-                         be.model.chat_template->kind() == ChatTemplateKind::kQwen35;
+    po.parse_reasoning =
+        be.model.chat_template && be.model.chat_template->kind() == ChatTemplateKind::kQwen35;
     c->parser = std::make_unique<ChatOutputParser>(std::move(po));
   }
   c->call = be.scheduler->Submit(c->id, c->prepared, nullptr);
   c->registry = &calls;
   calls.Add(c.get());
   // Cancellation: the client's connection closing cancels the internal call at once.
-  const int fd = FindConnectionSocket(hreq.local_addr, hreq.local_port, hreq.remote_addr,
-                                      hreq.remote_port);
+  const int fd =
+      FindConnectionSocket(hreq.local_addr, hreq.local_port, hreq.remote_addr, hreq.remote_port);
   if (fd >= 0) {
     SchedulerClient::SubmitCall* sc = c->call.get();
     Call* raw = c.get();
@@ -199,13 +199,12 @@ void HttpServer::Impl::Generate(const httplib::Request& hreq, httplib::Response&
   if (!c->call->Next(&first)) return fail(EndedBeforeStart(*c));
   res.set_header("Cache-Control", "no-cache");
   // Runs on this connection thread once httplib has written the 200 header.
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [c, created, first, model = opts.model_id](size_t, httplib::DataSink& sink) {
-        RunStreamed(*c, sink, created, model, first);
-        sink.done();
-        return true;
-      });
+  res.set_chunked_content_provider("text/event-stream", [c, created, first, model = opts.model_id](
+                                                            size_t, httplib::DataSink& sink) {
+    RunStreamed(*c, sink, created, model, first);
+    sink.done();
+    return true;
+  });
 }
 
 HttpServer::HttpServer() : impl_(std::make_unique<Impl>()) {}
@@ -248,7 +247,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     if (!ssl->is_valid())
       return absl::InvalidArgumentError(absl::StrCat(
           "HTTP TLS: cannot load certificate '", opts.tls_cert, "' / key '", opts.tls_key, "'",
-          opts.tls_client_ca.empty() ? "" : absl::StrCat(" / client CA '", opts.tls_client_ca, "'")));
+          opts.tls_client_ca.empty() ? ""
+                                     : absl::StrCat(" / client CA '", opts.tls_client_ca, "'")));
     g.server = std::move(ssl);
   } else {
     g.server = std::make_unique<httplib::Server>();
@@ -274,34 +274,35 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   // Unknown paths, wrong methods, bodies over the limit: OpenAI's error shape too.
   sv.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (!r.body.empty()) return;
-    const absl::StatusCode code = r.status == 404 ? absl::StatusCode::kNotFound
-                                                  : absl::StatusCode::kInvalidArgument;
-    const std::string msg =
-        r.status == 404   ? absl::StrCat("no route for ", q.method, " ", q.path)
-        : r.status == 413 ? absl::StrCat("request body over ", kMaxRequestBytes, " bytes")
-                          : absl::StrCat("HTTP ", r.status, " for ", q.method, " ", q.path);
+    const absl::StatusCode code =
+        r.status == 404 ? absl::StatusCode::kNotFound : absl::StatusCode::kInvalidArgument;
+    const std::string msg = r.status == 404 ? absl::StrCat("no route for ", q.method, " ", q.path)
+                            : r.status == 413
+                                ? absl::StrCat("request body over ", kMaxRequestBytes, " bytes")
+                                : absl::StrCat("HTTP ", r.status, " for ", q.method, " ", q.path);
     r.set_content(Dump(ErrorJson(code, msg)), "application/json");
   });
-  sv.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    r.status = 500;
-    r.set_content(Dump(ErrorJson(absl::StatusCode::kInternal, "internal error: " + what)),
-                  "application/json");
-  });
+  sv.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        r.status = 500;
+        r.set_content(Dump(ErrorJson(absl::StatusCode::kInternal, "internal error: " + what)),
+                      "application/json");
+      });
   if (port == 0) {
     g.port = sv.bind_to_any_port(host);
   } else {
     g.port = sv.bind_to_port(host, port) ? port : -1;
   }
   if (g.port <= 0)
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen,
-                                               " (HTTP): address in use or not available"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", opts.listen, " (HTTP): address in use or not available"));
   g.thread = std::thread([&sv] { sv.listen_after_bind(); });
   return s;
 }

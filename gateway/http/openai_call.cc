@@ -53,19 +53,18 @@ void Call::Done(const absl::Status& s) {
   if (mr) mr->Finish(outcome);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const log::Level level = s.ok() || s.code() == absl::StatusCode::kCancelled
-                               ? log::Level::kInfo
-                               : log::Level::kWarning;
+  const log::Level level =
+      s.ok() || s.code() == absl::StatusCode::kCancelled ? log::Level::kInfo : log::Level::kWarning;
   if (!log::Enabled(level)) return;
   log::Emit(level, "request_finished",
-         {{"request_id", public_id.empty() ? std::string("-") : public_id},
-          {"api", chat ? "openai.chat" : "openai.completions"},
-          {"outcome", metrics::OutcomeName(outcome)},
-          {"error", std::string(s.message())},
-          {"prompt_tokens", static_cast<uint32_t>(prepared.prompt_ids.size())},
-          {"completion_tokens", completion_tokens},
-          {"duration_s", seconds},
-          {"peer", peer}});
+            {{"request_id", public_id.empty() ? std::string("-") : public_id},
+             {"api", chat ? "openai.chat" : "openai.completions"},
+             {"outcome", metrics::OutcomeName(outcome)},
+             {"error", std::string(s.message())},
+             {"prompt_tokens", static_cast<uint32_t>(prepared.prompt_ids.size())},
+             {"completion_tokens", completion_tokens},
+             {"duration_s", seconds},
+             {"peer", peer}});
 }
 
 namespace {
@@ -73,7 +72,7 @@ namespace {
 // What the generation loop produces, in the API's terms; the writer turns it into SSE chunks or
 // accumulates it for one JSON answer.
 struct Delta {
-  ParsedDelta parsed;                // chat: reasoning / content / tool calls; completions: content
+  ParsedDelta parsed;  // chat: reasoning / content / tool calls; completions: content
   std::vector<TokenLogprob> logprobs;  // of the tokens behind this delta, when requested
 };
 
@@ -106,7 +105,8 @@ absl::Status Pump(Call& c, Writer& w, const InternalEvent* first = nullptr) {
   // false: the client is gone.
   auto handle = [&](const InternalEvent& ev) -> bool {
     if (ev.kind == InternalEvent::Kind::kAdmitted) {
-      if (c.mr) c.mr->Admitted(ev.queue_seconds, static_cast<uint32_t>(c.prepared.prompt_ids.size()));
+      if (c.mr)
+        c.mr->Admitted(ev.queue_seconds, static_cast<uint32_t>(c.prepared.prompt_ids.size()));
     } else if (ev.kind == InternalEvent::Kind::kToken) {
       if (c.out->stopped()) return true;  // in flight when the stop string matched
       if (c.mr) c.mr->Token();
@@ -126,11 +126,13 @@ absl::Status Pump(Call& c, Writer& w, const InternalEvent* first = nullptr) {
   const absl::Status internal = c.FinishCall();
   if (c.gone.load()) return absl::CancelledError("client went away");
   if (!c.finished) {
-    if (internal.ok()) return absl::UnavailableError("scheduler ended the request without a result");
+    if (internal.ok())
+      return absl::UnavailableError("scheduler ended the request without a result");
     const absl::Status explained = sched->Explain(internal);
     if (explained.code() == absl::StatusCode::kCancelled ||
         explained.code() == absl::StatusCode::kUnknown)
-      return absl::UnavailableError(absl::StrCat("scheduler connection lost: ", explained.message()));
+      return absl::UnavailableError(
+          absl::StrCat("scheduler connection lost: ", explained.message()));
     return WithPublicRequestId(explained, c.id, c.public_id);
   }
   c.completion_tokens = c.out->n_tokens();
@@ -147,7 +149,8 @@ absl::Status Pump(Call& c, Writer& w, const InternalEvent* first = nullptr) {
   if (c.parser) {
     Delta d;
     d.parsed = c.parser->Finish();
-    if (!d.parsed.empty() && !w.Write(std::move(d))) return absl::CancelledError("client went away");
+    if (!d.parsed.empty() && !w.Write(std::move(d)))
+      return absl::CancelledError("client went away");
   }
   switch (c.reason) {
     case FinishReason::kError:
@@ -275,9 +278,10 @@ class SseWriter : public Writer {
       if (!d.parsed.tool_calls.empty())
         delta["tool_calls"] = ToolCallsJson(d.parsed.tool_calls, /*with_index=*/true);
       choice["delta"] = std::move(delta);
-      choice["logprobs"] = d.logprobs.empty()
-                               ? json(nullptr)
-                               : json{{"content", ChatLogprobs(tok, d.logprobs, c_.req.top_logprobs)}};
+      choice["logprobs"] =
+          d.logprobs.empty()
+              ? json(nullptr)
+              : json{{"content", ChatLogprobs(tok, d.logprobs, c_.req.top_logprobs)}};
     } else {
       choice["text"] = d.parsed.content;
       if (d.logprobs.empty()) {
@@ -306,8 +310,8 @@ class SseWriter : public Writer {
       if (c_.req.include_usage) {
         json u = Chunk(json());
         u["choices"] = json::array();
-        u["usage"] = UsageJson(static_cast<uint32_t>(c_.prepared.prompt_ids.size()),
-                               c_.completion_tokens);
+        u["usage"] =
+            UsageJson(static_cast<uint32_t>(c_.prepared.prompt_ids.size()), c_.completion_tokens);
         if (!Send(SseEvent(u))) return;
       }
     } else {

@@ -58,7 +58,7 @@ struct Call {
   uint64_t id = 0;
   std::string public_id, peer;
   std::unique_ptr<SchedulerClient::SubmitCall> call;
-  uint64_t watch = 0;  // DisconnectWatch handle (0: the socket was not found)
+  uint64_t watch = 0;             // DisconnectWatch handle (0: the socket was not found)
   std::atomic<bool> gone{false};  // the client closed its connection
   std::unique_ptr<OutputStream> out;
   std::unique_ptr<ChatOutputParser> parser;

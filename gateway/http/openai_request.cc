@@ -34,8 +34,7 @@ absl::Status GetNumber(const json& o, const char* name, float* out) {
 absl::Status GetInt(const json& o, const char* name, int64_t lo, int64_t hi, int64_t* out) {
   const json* v = Field(o, name);
   if (!v) return absl::OkStatus();
-  if (!v->is_number_integer() && !v->is_number_unsigned())
-    return Bad(name, " must be an integer");
+  if (!v->is_number_integer() && !v->is_number_unsigned()) return Bad(name, " must be an integer");
   if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
     return Bad(name, " must be in [", lo, ", ", hi, "], got ", v->get<uint64_t>());
   const int64_t x = v->get<int64_t>();
@@ -85,14 +84,14 @@ absl::Status ParseCommon(const json& b, OpenAIRequest* r) {
   in.sampling.top_k = top_k < 0 ? 0 : static_cast<int32_t>(top_k);
   if (const json* s = Field(b, "seed")) {
     if (!s->is_number_integer() && !s->is_number_unsigned()) return Bad("seed must be an integer");
-    in.sampling.seed = s->is_number_unsigned() ? s->get<uint64_t>()
-                                               : static_cast<uint64_t>(s->get<int64_t>());
+    in.sampling.seed =
+        s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
   }
   int64_t max_tokens = 0;
   DS_RETURN_IF_ERROR(GetInt(b, "max_tokens", 1, std::numeric_limits<uint32_t>::max(), &max_tokens));
   // The newer name wins when both are sent (OpenAI deprecates max_tokens for chat).
-  DS_RETURN_IF_ERROR(GetInt(b, "max_completion_tokens", 1, std::numeric_limits<uint32_t>::max(),
-                            &max_tokens));
+  DS_RETURN_IF_ERROR(
+      GetInt(b, "max_completion_tokens", 1, std::numeric_limits<uint32_t>::max(), &max_tokens));
   in.max_tokens = static_cast<uint32_t>(max_tokens);
   if (const json* s = Field(b, "stop")) {
     if (s->is_string()) {
@@ -157,8 +156,9 @@ absl::StatusOr<OpenAIRequest> ParseChatRequest(std::string_view body) {
   bool tool_choice_none = false;
   if (const json* tc = Field(b, "tool_choice")) {
     if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
-      return Bad("tool_choice: only \"auto\" and \"none\" are supported (no forced tool calls "
-                 "without constrained decoding)");
+      return Bad(
+          "tool_choice: only \"auto\" and \"none\" are supported (no forced tool calls "
+          "without constrained decoding)");
     tool_choice_none = *tc == "none";
   }
   if (const json* tools = Field(b, "tools")) {

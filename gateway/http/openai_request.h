@@ -6,12 +6,11 @@
 // n > 1, best_of > 1, echo, suffix, tool_choice other than auto/none, and response_format
 // json_object / json_schema (the sampler has no constrained decoding).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/tokenizer/chat_template.h"
 #include "common/util/status.h"

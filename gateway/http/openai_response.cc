@@ -35,18 +35,28 @@ json Bytes(const std::string& s) {
 
 int HttpStatus(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kOk:
+      return 200;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition: return 400;
-    case absl::StatusCode::kUnauthenticated: return 401;
-    case absl::StatusCode::kPermissionDenied: return 403;
-    case absl::StatusCode::kNotFound: return 404;
-    case absl::StatusCode::kResourceExhausted: return 429;
-    case absl::StatusCode::kCancelled: return 499;
-    case absl::StatusCode::kUnavailable: return 503;
-    case absl::StatusCode::kDeadlineExceeded: return 504;
-    default: return 500;
+    case absl::StatusCode::kFailedPrecondition:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
   }
 }
 
@@ -88,7 +98,8 @@ json ErrorJson(absl::StatusCode code, std::string_view message) {
       type = "server_error";
       c = "cancelled";
       break;
-    default: break;
+    default:
+      break;
   }
   json e = json::object();
   e["message"] = std::string(message);
@@ -106,11 +117,16 @@ std::string SseEvent(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
 json FinishReasonJson(FinishReason r, bool tool_calls) {
   switch (r) {
-    case FinishReason::kStop: return tool_calls ? "tool_calls" : "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "abort";
-    case FinishReason::kError: return "error";
-    default: return nullptr;
+    case FinishReason::kStop:
+      return tool_calls ? "tool_calls" : "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+    default:
+      return nullptr;
   }
 }
 
@@ -128,7 +144,8 @@ json ChatLogprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps, in
     json alts = json::array();
     for (size_t k = 0; k < lp.top.size() && static_cast<int>(k) < top; ++k) {
       const std::string p = Piece(tok, lp.top[k].token_id);
-      alts.push_back({{"token", TokenText(p)}, {"logprob", lp.top[k].logprob}, {"bytes", Bytes(p)}});
+      alts.push_back(
+          {{"token", TokenText(p)}, {"logprob", lp.top[k].logprob}, {"bytes", Bytes(p)}});
     }
     t["top_logprobs"] = std::move(alts);
     out.push_back(std::move(t));

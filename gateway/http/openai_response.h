@@ -2,11 +2,10 @@
 // and completions layouts, usage, finish reasons, server-sent-event framing. Pure functions of
 // plain structs (tested in tests/http/openai_http_unit_test.cc).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "common/tokenizer/tokenizer.h"

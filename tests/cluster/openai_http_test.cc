@@ -95,8 +95,10 @@ std::string StreamedContent(const Http& h, const char* field = "content") {
   std::string s;
   for (const json& e : h.events)
     for (const json& ch : e["choices"])
-      if (ch.contains("delta") && ch["delta"].contains(field)) s += ch["delta"][field];
-      else if (ch.contains("text")) s += ch["text"];
+      if (ch.contains("delta") && ch["delta"].contains(field))
+        s += ch["delta"][field];
+      else if (ch.contains("text"))
+        s += ch["text"];
   return s;
 }
 
@@ -141,16 +143,18 @@ TEST(OpenAIHttp, CompletionsAndChatMatchGrpcAndStreamAsSse) {
   g.set_ignore_eos(true);
   const GenResult grpc_text = c.Generate(g);
   ASSERT_TRUE(grpc_text.status.ok()) << grpc_text.status.error_message();
-  const json comp = {{"model", "tiny"}, {"prompt", "Hello, delta"}, {"max_tokens", 12},
-                     {"temperature", 0}, {"ignore_eos", true}};
+  const json comp = {{"model", "tiny"},
+                     {"prompt", "Hello, delta"},
+                     {"max_tokens", 12},
+                     {"temperature", 0},
+                     {"ignore_eos", true}};
   Http h = Post(port, "/v1/completions", comp);
   ASSERT_EQ(h.status, 200) << h.raw;
   EXPECT_EQ(h.body["object"], "text_completion");
   EXPECT_EQ(h.body["choices"][0]["text"], grpc_text.text);
   EXPECT_EQ(h.body["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(h.body["usage"]["completion_tokens"], 12);
-  EXPECT_EQ(h.body["usage"]["total_tokens"],
-            h.body["usage"]["prompt_tokens"].get<int>() + 12);
+  EXPECT_EQ(h.body["usage"]["total_tokens"], h.body["usage"]["prompt_tokens"].get<int>() + 12);
 
   // Streamed completions with logprobs: same text, one logprob entry per token, [DONE] last.
   json sc = comp;
@@ -181,7 +185,9 @@ TEST(OpenAIHttp, CompletionsAndChatMatchGrpcAndStreamAsSse) {
   const GenResult grpc_chat = c.Generate(gc);
   ASSERT_TRUE(grpc_chat.status.ok()) << grpc_chat.status.error_message();
   const json chat = {{"messages", {{{"role", "user"}, {"content", "Hi there"}}}},
-                     {"max_completion_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
+                     {"max_completion_tokens", 10},
+                     {"temperature", 0},
+                     {"ignore_eos", true}};
   Http hc = Post(port, "/v1/chat/completions", chat);
   ASSERT_EQ(hc.status, 200) << hc.raw;
   EXPECT_EQ(hc.body["object"], "chat.completion");
@@ -272,11 +278,11 @@ TEST(OpenAIHttp, ErrorsUseOpenAIShapeAndStatus) {
   const int port = HttpPort(c);
   for (int i = 0; i < 100 && Call(port, "GET", "/health", "").status != 200; ++i)
     std::this_thread::sleep_for(20ms);
-  ExpectError(Call(port, "POST", "/v1/chat/completions", "{not json"), 400,
-              "invalid_request_error", "not valid JSON");
+  ExpectError(Call(port, "POST", "/v1/chat/completions", "{not json"), 400, "invalid_request_error",
+              "not valid JSON");
   const json msgs = {{{"role", "user"}, {"content", "x"}}};
-  ExpectError(Post(port, "/v1/chat/completions", {{"messages", msgs}, {"temperature", "hot"}}),
-              400, "invalid_request_error", "temperature must be a number");
+  ExpectError(Post(port, "/v1/chat/completions", {{"messages", msgs}, {"temperature", "hot"}}), 400,
+              "invalid_request_error", "temperature must be a number");
   ExpectError(Post(port, "/v1/chat/completions", {{"messages", msgs}, {"temperature", 9}}), 400,
               "invalid_request_error", "temperature");
   ExpectError(Post(port, "/v1/chat/completions", {{"messages", msgs}, {"n", 2}}), 400,
@@ -313,8 +319,8 @@ TEST(OpenAIHttp, AuthOverloadAndAbortFreeingTheSlot) {
   const std::string key_file = dir + "/keys";
   {
     std::ofstream(key_file) << key << "\n";
-    std::filesystem::permissions(key_file, std::filesystem::perms::owner_read |
-                                               std::filesystem::perms::owner_write);
+    std::filesystem::permissions(
+        key_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   }
   Cluster c({.max_inflight = 1,
              .gateway_args = {"--http-listen", "127.0.0.1:0", "--api-key-file", key_file}});
@@ -330,8 +336,8 @@ TEST(OpenAIHttp, AuthOverloadAndAbortFreeingTheSlot) {
   EXPECT_EQ(Post(port, "/v1/completions", req, key).status, 200);
 
   // One permit: a long stream holds it, the next request is refused at once with 429.
-  json longreq = {{"prompt", {72, 101, 108}}, {"max_tokens", 3000}, {"ignore_eos", true},
-                  {"stream", true}};
+  json longreq = {
+      {"prompt", {72, 101, 108}}, {"max_tokens", 3000}, {"ignore_eos", true}, {"stream", true}};
   std::atomic<bool> abort{false};
   auto holder = std::async(std::launch::async, [&] {
     return Call(port, "POST", "/v1/completions", longreq.dump(), key,
@@ -405,7 +411,9 @@ std::string TinyWithQwenTemplate() {
       const uint8_t* data = ti.data;
       const uint64_t n = ti.nbytes;
       w.AddTensor(ti.name, std::vector<int64_t>(ti.ne.begin(), ti.ne.begin() + ti.n_dims), ti.type,
-                  [data, n](uint8_t* dst, uint64_t nbytes) { std::memcpy(dst, data, std::min(n, nbytes)); });
+                  [data, n](uint8_t* dst, uint64_t nbytes) {
+                    std::memcpy(dst, data, std::min(n, nbytes));
+                  });
     }
     EXPECT_TRUE(w.WriteFile(out).ok());
     return out;
@@ -448,9 +456,9 @@ TEST(OpenAIHttp, Qwen35TemplateReasoningAndTools) {
   auto want_ids = tok->Encode(the_text.get<std::string>(), /*parse_special=*/true);
   ASSERT_TRUE(want_ids.ok());
 
-  const ojson req = {{"model", "tiny_qwen35"}, {"messages", the_case["messages"]},
-                     {"tools", the_case["tools"]}, {"max_tokens", 12}, {"temperature", 0},
-                     {"ignore_eos", true}};
+  const ojson req = {{"model", "tiny_qwen35"},     {"messages", the_case["messages"]},
+                     {"tools", the_case["tools"]}, {"max_tokens", 12},
+                     {"temperature", 0},           {"ignore_eos", true}};
   Http h = Call(port, "POST", "/v1/chat/completions", req.dump());
   ASSERT_EQ(h.status, 200) << h.raw;
   EXPECT_EQ(h.body["usage"]["prompt_tokens"], want_ids->size());
@@ -565,7 +573,8 @@ TEST(OpenAIHttp, TlsWithTheGatewaysCertificate) {
 // The official `openai` npm client (pinned in tests/cluster/openai_npm/package.json) against the
 // listener serving the tiny model with the Qwen3.5 template: chat (reasoning, enable_thinking,
 // tools, a tool-call round trip) and completions streamed and not, its error classes for 400 /
-// 401 / 404 / 429, and an AbortController abort freeing the only permit at once. Skipped only where node is absent.
+// 401 / 404 / 429, and an AbortController abort freeing the only permit at once. Skipped only where
+// node is absent.
 TEST(OpenAIHttp, OfficialOpenAINpmClient) {
   if (std::system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "node/npm not installed (tools/setup.sh installs them)";
@@ -578,8 +587,8 @@ TEST(OpenAIHttp, OfficialOpenAINpmClient) {
   const std::string key = "sk-npm-test-0123456789abcdef01234";
   const std::string key_file = dir + "/keys";
   std::ofstream(key_file) << key << "\n";
-  std::filesystem::permissions(key_file, std::filesystem::perms::owner_read |
-                                             std::filesystem::perms::owner_write);
+  std::filesystem::permissions(
+      key_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   setenv("DS_CLUSTER_MODEL", TinyWithQwenTemplate().c_str(), 1);
   Cluster c({.max_inflight = 1,
              .gateway_args = {"--http-listen", "127.0.0.1:0", "--api-key-file", key_file}});
@@ -588,8 +597,9 @@ TEST(OpenAIHttp, OfficialOpenAINpmClient) {
   const int port = HttpPort(c);
   for (int i = 0; i < 100 && Call(port, "GET", "/health", "").status != 200; ++i)
     std::this_thread::sleep_for(20ms);
-  const std::string cmd = "node '" + npm_dir + "/openai_client_test.mjs' http://127.0.0.1:" +
-                          std::to_string(port) + "/v1 " + key + " tiny_qwen35 2>&1";
+  const std::string cmd = "node '" + npm_dir +
+                          "/openai_client_test.mjs' http://127.0.0.1:" + std::to_string(port) +
+                          "/v1 " + key + " tiny_qwen35 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;

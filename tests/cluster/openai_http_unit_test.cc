@@ -56,7 +56,8 @@ TEST(OpenAIRequest, ChatFieldsMapToTheSharedInput) {
   ASSERT_TRUE(r->render.preserve_thinking.has_value());
   EXPECT_TRUE(*r->render.preserve_thinking);
   // logprobs without alternatives still asks the sampler for the chosen token's.
-  auto lp = ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})");
+  auto lp =
+      ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})");
   ASSERT_TRUE(lp.ok());
   EXPECT_EQ(lp->input.logprobs, 1u);
   EXPECT_EQ(lp->top_logprobs, 0);
@@ -107,7 +108,8 @@ TEST(OpenAIRequest, RefusalsNameTheField) {
   expect(true, chat(R"(, "stop": [1])").c_str(), "stop[0] must be a string");
   expect(true, chat(R"(, "n": 3)").c_str(), "n must be 1");
   expect(true, chat(R"(, "top_logprobs": 2)").c_str(), "top_logprobs needs logprobs");
-  expect(true, chat(R"(, "logprobs": true, "top_logprobs": 21)").c_str(), "top_logprobs must be in");
+  expect(true, chat(R"(, "logprobs": true, "top_logprobs": 21)").c_str(),
+         "top_logprobs must be in");
   expect(true, chat(R"(, "response_format": {"type": "json_object"})").c_str(), "json_object");
   expect(true, chat(R"(, "response_format": {"type": "json_schema"})").c_str(), "constrained");
   expect(true, chat(R"(, "tool_choice": "required")").c_str(), "tool_choice");
@@ -134,8 +136,9 @@ TEST(OpenAIResponse, StatusAndErrorShape) {
   EXPECT_EQ(HttpStatus(absl::StatusCode::kDeadlineExceeded), 504);
   EXPECT_EQ(HttpStatus(absl::StatusCode::kInternal), 500);
   const json e = ErrorJson(absl::StatusCode::kResourceExhausted, "busy");
-  EXPECT_EQ(Dump(e),
-            R"({"error":{"message":"busy","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}})");
+  EXPECT_EQ(
+      Dump(e),
+      R"({"error":{"message":"busy","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}})");
   EXPECT_EQ(ErrorJson(absl::StatusCode::kUnauthenticated, "")["error"]["type"],
             "authentication_error");
   EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
@@ -191,7 +194,10 @@ TEST(DisconnectWatch, FindsTheConnectionAndSeesThePeerClose) {
 
   // The server side of the connection, found by its addresses (as a handler would).
   EXPECT_EQ(FindConnectionSocket("127.0.0.1", server_port, "127.0.0.1", client_port), sfd);
-  EXPECT_EQ(FindConnectionSocket("127.0.0.1", server_port, "127.0.0.1", client_port + 1 == server_port ? client_port + 2 : client_port + 1), -1);
+  EXPECT_EQ(
+      FindConnectionSocket("127.0.0.1", server_port, "127.0.0.1",
+                           client_port + 1 == server_port ? client_port + 2 : client_port + 1),
+      -1);
 
   DisconnectWatch w;
   std::atomic<int> fired{0};

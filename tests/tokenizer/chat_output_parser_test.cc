@@ -139,7 +139,8 @@ TEST(ChatOutputParser, ToolCallInsideReasoningIsNotLost) {
 TEST(ChatOutputParser, JsonToolCallsOfQwen3AndHermesTemplates) {
   const std::string out =
       "</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", "
-      "\"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n"
+      "\"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": "
+      "1}\"}\n"
       "</tool_call>";
   const Result r = Parse(Opts(true, true), {out});
   ASSERT_EQ(r.calls.size(), 2u);
@@ -148,7 +149,8 @@ TEST(ChatOutputParser, JsonToolCallsOfQwen3AndHermesTemplates) {
   EXPECT_EQ(r.content, "");
   ExpectSplitInvariant(Opts(true, true), out);
   // JSON without a name is not a call.
-  const Result bad = Parse(Opts(true, true), {"</think><tool_call>{\"arguments\": {}}</tool_call>"});
+  const Result bad =
+      Parse(Opts(true, true), {"</think><tool_call>{\"arguments\": {}}</tool_call>"});
   EXPECT_TRUE(bad.calls.empty());
   EXPECT_EQ(bad.content, "<tool_call>{\"arguments\": {}}</tool_call>");
 }
@@ -191,10 +193,27 @@ TEST(ChatOutputParser, UnfinishedReasoningAndTagLookalikes) {
 // the same result for every split point and byte-by-byte feeding, and loses no text when there
 // is nothing to parse out.
 TEST(ChatOutputParser, RandomTagSoupIsSplitInvariant) {
-  const std::vector<std::string> pieces = {
-      "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=get_weather>",
-      "</function>", "<parameter=city>", "</parameter>", "\n", "\n\n", " ", "a", "Paris", "<",
-      "</", ">", "<tool", "_call>", "think>", "{\"k\": 1}", "{\"name\": \"f\"}"};
+  const std::vector<std::string> pieces = {"<think>",
+                                           "</think>",
+                                           "<tool_call>",
+                                           "</tool_call>",
+                                           "<function=get_weather>",
+                                           "</function>",
+                                           "<parameter=city>",
+                                           "</parameter>",
+                                           "\n",
+                                           "\n\n",
+                                           " ",
+                                           "a",
+                                           "Paris",
+                                           "<",
+                                           "</",
+                                           ">",
+                                           "<tool",
+                                           "_call>",
+                                           "think>",
+                                           "{\"k\": 1}",
+                                           "{\"name\": \"f\"}"};
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 300; ++trial) {
     std::string text;
@@ -211,7 +230,8 @@ TEST(ChatOutputParser, RandomTagSoupIsSplitInvariant) {
               << "split at " << i << " of '" << text << "'";
         }
         std::vector<std::string_view> bytes;
-        for (size_t i = 0; i < text.size(); ++i) bytes.push_back(std::string_view(text).substr(i, 1));
+        for (size_t i = 0; i < text.size(); ++i)
+          bytes.push_back(std::string_view(text).substr(i, 1));
         ASSERT_EQ(Parse(o, bytes), whole) << text;
         if (!reasoning && !tools && text.find("<think>") == std::string::npos) {
           // Plain answer: only leading whitespace may go.

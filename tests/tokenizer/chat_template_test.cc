@@ -86,8 +86,7 @@ TEST(ChatTemplate, Qwen35And36MatchJinja2OnEveryCase) {
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_EQ(r->text, e[text_key].get<std::string>());
       // The generation prompt leaves <think> open unless thinking is off.
-      EXPECT_EQ(r->opens_reasoning,
-                opts.add_generation_prompt && c.value("enable_thinking", true));
+      EXPECT_EQ(r->opens_reasoning, opts.add_generation_prompt && c.value("enable_thinking", true));
     }
   }
 }
@@ -100,20 +99,22 @@ TEST(ChatTemplate, TrustedRangesCoverOnlyTemplateText) {
   ASSERT_TRUE(r.ok());
   std::string trusted;
   for (auto [b, e] : r->trusted) trusted += r->text.substr(b, e - b) + "|";
-  EXPECT_EQ(trusted,
-            "<|im_start|>system\n|<|im_end|>\n<|im_start|>user\n|<|im_end|>\n<|im_start|>assistant\n"
-            "<think>\n|");
+  EXPECT_EQ(
+      trusted,
+      "<|im_start|>system\n|<|im_end|>\n<|im_start|>user\n|<|im_end|>\n<|im_start|>assistant\n"
+      "<think>\n|");
 }
 
 TEST(ChatTemplate, ChatMLRefusesToolsAndRendersRoles) {
   const ChatTemplate t = ChatTemplate::Of(ChatTemplateKind::kChatML);
-  auto turns = ChatTurnsFromJson(json::parse(
-      R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}])"));
+  auto turns = ChatTurnsFromJson(
+      json::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}])"));
   ASSERT_TRUE(turns.ok());
   auto r = t.Render(*turns, {});
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->text,
-            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(
+      r->text,
+      "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   ChatRenderOptions with_tools;
   with_tools.tools = json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
   auto bad = t.Render(*turns, with_tools);
@@ -133,8 +134,9 @@ TEST(ChatTemplate, MessagesJsonErrorsNameTheField) {
   expect(R"([{"role": "user", "content": 3}])", "messages[0].content");
   expect(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])",
          "messages[0].content[0]");
-  expect(R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}])",
-         "messages[0].tool_calls[0].function.arguments");
+  expect(
+      R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}])",
+      "messages[0].tool_calls[0].function.arguments");
   expect(R"([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}])",
          "messages[0].tool_calls[0].function.name");
 }
@@ -156,7 +158,10 @@ TEST(PyFormat, MatchesPython) {
   EXPECT_EQ(py::Str(json(3)), "3");
   EXPECT_EQ(py::Str(json("s")), "s");
   EXPECT_EQ(py::Strip("\xe3\x80\x80 a b\xc2\xa0\n"), "a b");  // U+3000, U+00A0
-  EXPECT_EQ(py::Strip("\xe2\x80\x8b" "a"), "\xe2\x80\x8b" "a");  // U+200B is not whitespace
+  EXPECT_EQ(py::Strip("\xe2\x80\x8b"
+                      "a"),
+            "\xe2\x80\x8b"
+            "a");  // U+200B is not whitespace
   EXPECT_EQ(py::LStripChars("\n\nx\n", "\n"), "x\n");
   EXPECT_EQ(py::RStripChars("\n\n", "\n"), "");
 }
