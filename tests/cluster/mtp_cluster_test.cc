@@ -21,9 +21,12 @@ std::vector<int32_t> PlainGreedy(const std::string& model, const std::vector<int
                                  int max_tokens) {
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  // The cluster's backend (the device machine runs this on CUDA: DS_CLUSTER_BACKEND=cuda).
+  std::string backend;
+  for (const std::string& a : ClusterBackendArgs()) backend += " " + a;
   const std::string cmd = kBin + " generate --model " + model + " --prompt-ids " + ids +
-                          " --max-tokens " + std::to_string(max_tokens) +
-                          " --backend cpu --threads 1 --json --ignore-eos 2>/dev/null";
+                          " --max-tokens " + std::to_string(max_tokens) + " " + backend +
+                          " --json --ignore-eos 2>/dev/null";
   std::string out;
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return {};
