@@ -244,6 +244,7 @@ grpc::Status ClusterService::WorkerSession(
         wi.kv_page_size = static_cast<int>(w.kv_page_size());
         wi.mtp_drafts = static_cast<int>(w.mtp_drafts());
         wi.mtp_auto = w.mtp_auto();
+        wi.active_slots = static_cast<int>(w.active_slots());
         deliver(WorkerWarmupCmd{link, wi});
         break;
       }

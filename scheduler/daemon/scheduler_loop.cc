@@ -409,6 +409,14 @@ void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
   r->state = WorkerState::kReady;
   // MTP: decodes count their drafts in the budget and may answer with several tokens.
   r->core->SetMtpDrafts(c.info.mtp_drafts);
+  // State for fewer sequences than slots (worker --max-active): never run more than that.
+  if (c.info.active_slots > 0 && c.info.active_slots < r->slots) {
+    DS_LOG(INFO, "slots_reduced", {{"replica", r->id}, {"from", r->slots},
+                                   {"to", c.info.active_slots},
+                                   {"reason", "the worker's active sequences (--max-active)"}});
+    r->slots = c.info.active_slots;
+    if (r->core->Status().n_slots_target > r->slots) r->core->SetSlots(r->slots).IgnoreError();
+  }
   if (c.info.kv_pool_tokens > 0) {
     // Admit against the KV pool the worker actually holds.
     const ContextPolicy want = config_core_->Status().policy, got = BoundByPool(*r, want);

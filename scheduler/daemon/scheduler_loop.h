@@ -54,6 +54,7 @@ struct WarmupInfo {
   // MTP on the worker (issue #15): drafts per decode (0 = off), `auto` lowering them.
   int mtp_drafts = 0;
   bool mtp_auto = false;
+  int active_slots = 0;  // sequences the worker holds state for at once; 0 = every slot
 };
 
 struct WorkerSampled {

@@ -209,6 +209,9 @@ void WorkerGroups::FromRank(const GroupMember& m, Command cmd) {
       }
       merged.mtp_drafts = std::max(merged.mtp_drafts, x->mtp_drafts);
       merged.mtp_auto = merged.mtp_auto || x->mtp_auto;
+      if (x->active_slots > 0 &&
+          (merged.active_slots <= 0 || x->active_slots < merged.active_slots))
+        merged.active_slots = x->active_slots;
     }
     for (auto& x : g.warm) x.reset();
     push_(WorkerWarmupCmd{g.link, merged});

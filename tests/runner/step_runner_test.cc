@@ -265,3 +265,68 @@ TEST(StepRunner, ReportsTheMemoryItHolds) {
 
 }  // namespace
 }  // namespace ds
+
+namespace ds {
+namespace {
+
+// Issue #23: recurrent state per active slot. A runner addressing 6 slots with state for 2
+// sequences binds a slot to device state while it holds a sequence: a third start is refused
+// with ResourceExhausted and nothing changes; after a reset it runs; every output equals that of
+// a runner with state for every slot; a snapshot restores into another slot.
+TEST(ActiveSlots, StateOnlyForActiveSequences) {
+  const std::string& path = testing::TinyModelPath();
+  BackendOptions full;
+  full.n_slots = 6;
+  full.slot_ctx = 64;
+  full.n_threads = 1;
+  BackendOptions few = full;
+  few.max_active_slots = 2;
+  auto a = CpuBackend::Create(path, few);
+  auto b = CpuBackend::Create(path, full);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->max_active_sequences(), 2);
+  EXPECT_EQ((*b)->max_active_sequences(), 6);
+  EXPECT_LT((*a)->memory().recurrent, (*b)->memory().recurrent);
+  const int V = (*a)->config().n_vocab;
+  auto run = [&](Backend& be, int slot, int32_t pos0, std::vector<int32_t> toks,
+                 StepOutput* out) { 
+    SeqStep s;
+    s.slot = slot;
+    s.pos0 = pos0;
+    s.tokens = std::move(toks);
+    return be.Forward({&s, 1}, {}, out);
+  };
+  StepOutput oa, ob;
+  const auto p0 = Tokens(7, V, 1), p4 = Tokens(5, V, 2), p5 = Tokens(9, V, 3);
+  ASSERT_TRUE(run(**a, 0, 0, p0, &oa).ok());
+  ASSERT_TRUE(run(**a, 4, 0, p4, &oa).ok());
+  ASSERT_TRUE(run(**b, 4, 0, p4, &ob).ok());
+  EXPECT_EQ(oa.logits, ob.logits);
+  // A third sequence: no state left; refused before anything changes.
+  EXPECT_EQ(run(**a, 5, 0, p5, &oa).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*a)->SlotLength(5), 0);
+  EXPECT_EQ((*a)->SlotLength(4), 5);
+  EXPECT_EQ((*a)->Snapshot(5).status().code(), absl::StatusCode::kFailedPrecondition);
+  (*a)->ResetSlot(0);
+  ASSERT_TRUE(run(**a, 5, 0, p5, &oa).ok());
+  ASSERT_TRUE(run(**b, 5, 0, p5, &ob).ok());
+  EXPECT_EQ(oa.logits, ob.logits);
+  // Slot 4 goes on where it was, on whichever device slot it holds.
+  ASSERT_TRUE(run(**a, 4, 5, {3}, &oa).ok());
+  ASSERT_TRUE(run(**b, 4, 5, {3}, &ob).ok());
+  EXPECT_EQ(oa.logits, ob.logits);
+  // Move slot 4's sequence to slot 2 through a snapshot.
+  auto snap = (*a)->Snapshot(4);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  (*a)->ResetSlot(4);
+  ASSERT_TRUE((*a)->Restore(2, *snap).ok());
+  EXPECT_EQ((*a)->SlotLength(2), 6);
+  ASSERT_TRUE(run(**a, 2, 6, {8}, &oa).ok());
+  ASSERT_TRUE(run(**b, 4, 6, {8}, &ob).ok());
+  EXPECT_EQ(oa.logits, ob.logits);
+  // Both device slots are taken (2 and 5): a restore into a third slot is refused.
+  EXPECT_EQ((*a)->Restore(1, *snap).code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace ds

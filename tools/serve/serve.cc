@@ -56,6 +56,7 @@ struct ServeOptions {
   std::string backend = "auto";
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
+  int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
   // plans for (0 = 1 / the number of worker processes on that GPU).
   std::string kv_pool_tokens;
@@ -80,6 +81,8 @@ void Usage(FILE* out) {
                "[--split static|pool] [--backend cpu|cuda|auto] [--port P] [--max-inflight N] "
                "[--threads N] [--tp N [--split 1,2|mem] [--tp-collective auto|custom|nccl|gloo]] "
                "[--demo PROMPT [--demo-chat MESSAGE] [--demo-max-tokens N]]\n"
+               "  [--max-active N]  recurrent state for N sequences at once (0 = every slot): "
+               "fewer than --slots caps the running slots at N\n"
                "  [--mtp K|auto|off]  MTP speculative decoding: each decode verifies K drafts of "
                "the model's MTP head (auto: fewer as the batch grows); same tokens as off\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
@@ -113,7 +116,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
-      "--slot-cap", "--mtp",
+      "--slot-cap", "--mtp", "--max-active",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device", "--http-port"};
@@ -196,6 +199,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     return absl::InvalidArgumentError("--backend expects cpu, cuda or auto, got '" + o.backend +
                                       "'");
   if (m.count("--kv-type")) o.kv_type = m["--kv-type"];
+  DS_RETURN_IF_ERROR(integer("--max-active", &o.max_active, 0));
   if (m.count("--mtp")) {
     o.mtp = m["--mtp"];
     DS_RETURN_IF_ERROR(spec::ParseMtpSetting(o.mtp).status());
@@ -443,6 +447,7 @@ int RunServe(int argc, char** argv) {
   }
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
   if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});
+  if (o->max_active > 0) wargs.insert(wargs.end(), {"--max-active", std::to_string(o->max_active)});
   if (!internal_key_file.empty())
     wargs.insert(wargs.end(), {"--scheduler-key-file", internal_key_file});
   // Replica 0's rank 0 here (index 1), every other rank after the gateway (indices 3..). A

@@ -11,7 +11,7 @@ CudaBackend::CudaBackend(std::unique_ptr<CudaDevice> device,
                          std::shared_ptr<const gguf::File> file, const ModelConfig& cfg,
                          const BackendOptions& opts, TpPlacement tp)
     : StepRunner(std::move(device), std::move(file), cfg, opts.n_slots, opts.slot_ctx,
-                 std::move(tp)),
+                 std::move(tp), DeviceSlots(opts)),
       cuda_(static_cast<CudaDevice*>(&StepRunner::device())) {}
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.memory_fraction < 1.0) co.memory_fraction = opts.memory_fraction;
   if (opts.max_step_tokens > 0) co.max_step_tokens = opts.max_step_tokens;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> dev,
-                      CudaDevice::Create(*file, cfg, tp, opts.device, opts.n_slots,
+                      CudaDevice::Create(*file, cfg, tp, opts.device, DeviceSlots(opts),
                                          opts.slot_ctx, co));
   return std::unique_ptr<CudaBackend>(
       new CudaBackend(std::move(dev), std::move(file), cfg, opts, std::move(tp)));

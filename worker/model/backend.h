@@ -109,6 +109,11 @@ class Backend {
   virtual const ModelConfig& config() const = 0;
   virtual int n_slots() const = 0;
   virtual int slot_ctx() const = 0;
+  // Sequences that can hold state at once (BackendOptions::max_active_slots): the recurrent state
+  // and the device's per-slot tables exist for this many, and a slot takes one of them when its
+  // sequence starts and gives it back at ResetSlot. A step that would need more fails with
+  // ResourceExhausted before touching any state.
+  virtual int max_active_sequences() const { return n_slots(); }
 
   // Runs one step. Validates slots (distinct, in range), positions, token ids and capacity first
   // and returns InvalidArgument / OutOfRange without touching any state on error.
@@ -198,6 +203,10 @@ struct BackendOptions {
   // workspace is [rows, width] buffers, so a smaller value leaves more memory for the KV pool
   // (32 GB cards: docs/memory.md); longer prefills are cut into more micro-steps.
   int max_step_tokens = 0;
+  // Sequences holding state at once (issue #23: recurrent state per active slot, not per possible
+  // slot): 0 = n_slots. Fewer lets a worker address many slots (the scheduler's set-slots
+  // headroom) while its device holds GDN state (~150 MB per sequence on the 27B) only for these.
+  int max_active_slots = 0;
 };
 
 // Opens the model file and creates the CPU reference backend (worker/model/cpu_backend.h).

@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
 CpuBackend::CpuBackend(std::unique_ptr<CpuDevice> device, std::shared_ptr<const gguf::File> file,
                        const ModelConfig& cfg, const BackendOptions& opts, TpPlacement tp)
     : StepRunner(std::move(device), std::move(file), cfg, opts.n_slots, opts.slot_ctx,
-                 std::move(tp)),
+                 std::move(tp), DeviceSlots(opts)),
       cpu_(static_cast<CpuDevice*>(&StepRunner::device())) {}
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const std::string& path,
@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
   DS_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::FromGguf(*file));
   DS_ASSIGN_OR_RETURN(TpPlacement tp, PlaceInGroup(*file, cfg, opts));
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> dev,
-                      CpuDevice::Create(*file, cfg, tp, opts.n_slots, opts.slot_ctx,
+                      CpuDevice::Create(*file, cfg, tp, DeviceSlots(opts), opts.slot_ctx,
                                         opts.n_threads, opts.kv_page_size, opts.kv_pool_tokens));
   return std::unique_ptr<CpuBackend>(
       new CpuBackend(std::move(dev), std::move(file), cfg, opts, std::move(tp)));

@@ -343,6 +343,7 @@ class Session {
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
           bo.max_step_tokens = o_.max_step_tokens;
+          if (o_.max_active > 0) bo.max_active_slots = o_.max_active + 1;  // + warmup scratch
           sd::NotifyStatus(absl::StrCat("loading ", o_.model, " for ", cf.n_slots(), " slots x ",
                                         cf.slot_ctx(), " positions"));
           const bool nccl = o_.tp_collective == "nccl";
@@ -432,6 +433,8 @@ class Session {
           w->set_kv_pool_tokens(static_cast<uint64_t>(be_->kv_pool().total_tokens()));
           w->set_kv_page_size(static_cast<uint32_t>(be_->kv_pool().page_size));
           w->set_mtp_drafts(static_cast<uint32_t>(o_.mtp.drafts));
+          if (o_.max_active > 0)
+            w->set_active_slots(static_cast<uint32_t>(std::min(o_.max_active, n_usable)));
           w->set_mtp_auto(o_.mtp.automatic);
           DS_LOG(INFO, "warmup_done",
                  {{"prefill_tokens_per_s", w->prefill_tokens_per_second()},
@@ -563,7 +566,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
-                                          "--max-step-tokens", "--mtp", "--mtp-seqs"}));
+                                          "--max-step-tokens", "--mtp", "--mtp-seqs",
+                                          "--max-active"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -612,6 +616,12 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   if (mtp_seqs < 1 || mtp_seqs > 256)
     return absl::InvalidArgumentError(absl::StrCat("--mtp-seqs ", mtp_seqs, " must be in [1, 256]"));
   o.mtp_seqs = static_cast<int>(mtp_seqs);
+  double max_active = 0;
+  DS_RETURN_IF_ERROR(num("--max-active", &max_active));
+  if (max_active < 0 || max_active > 4096)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-active ", max_active, " must be in [0, 4096] (0 = every slot)"));
+  o.max_active = static_cast<int>(max_active);
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
     if (o.kv_type != GgmlType::F16 && o.backend == "cpu")

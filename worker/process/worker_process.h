@@ -71,6 +71,9 @@ struct WorkerOptions {
   // the device keeps room for K + 1 verified tokens of up to mtp_seqs sequences per step.
   spec::MtpSetting mtp;
   int mtp_seqs = 8;  // --mtp-seqs: slots that may verify drafts in one step (CUDA memory)
+  // --max-active N (issue #23): sequences holding recurrent state at once (0 = every slot); the
+  // device keeps GDN state for N + 1 (the warmup scratch) instead of every configured slot.
+  int max_active = 0;
 };
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv);

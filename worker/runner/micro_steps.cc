@@ -52,7 +52,8 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
 }
 
 void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> pieces,
-                    MicroStep* out, std::span<const int32_t> spec_base) {
+                    MicroStep* out, std::span<const int32_t> spec_base,
+                    std::span<const int32_t> device_slot) {
   out->ids.clear();
   out->slots.clear();
   out->positions.clear();
@@ -64,11 +65,12 @@ void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> p
     const SeqStep& s = batch[p.seq];
     const int32_t pos0 = s.pos0 + p.t0;
     const int32_t base = spec_base.empty() ? -1 : spec_base[p.seq];
+    const int32_t slot = device_slot.empty() ? s.slot : device_slot[p.seq];
     out->runs.push_back(
-        {row, p.n, s.slot, pos0, s.decode_path || s.speculative, base < 0 ? -1 : base + p.t0});
+        {row, p.n, slot, pos0, s.decode_path || s.speculative, base < 0 ? -1 : base + p.t0});
     for (int t = 0; t < p.n; ++t) {
       out->ids.push_back(s.tokens[p.t0 + t]);
-      out->slots.push_back(s.slot);
+      out->slots.push_back(slot);
       out->positions.push_back(pos0 + t);
       if (s.all_logits || (p.last && t == p.n - 1)) out->logit_rows.push_back(row + t);
     }

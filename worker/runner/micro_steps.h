@@ -32,7 +32,9 @@ std::vector<std::vector<StepPiece>> SplitIntoMicroSteps(std::span<const SeqStep>
 // The device's description of one micro-step made of `pieces` (rows in piece order).
 // spec_base[seq] (empty = none speculative): the speculative entry of batch[seq]'s first token,
 // or -1; a piece starting at token t0 gets RowRun::spec_entry = spec_base[seq] + t0.
+// device_slot[seq] (empty = the SeqStep's own slot): the device's slot of batch[seq].
 void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> pieces,
-                    MicroStep* out, std::span<const int32_t> spec_base = {});
+                    MicroStep* out, std::span<const int32_t> spec_base = {},
+                    std::span<const int32_t> device_slot = {});
 
 }  // namespace ds

@@ -75,7 +75,8 @@ absl::StatusOr<TpPlacement> PlaceInGroup(const gguf::File& f, const ModelConfig&
 }
 
 StepRunner::StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const gguf::File> file,
-                       const ModelConfig& cfg, int n_slots, int slot_ctx, TpPlacement tp)
+                       const ModelConfig& cfg, int n_slots, int slot_ctx, TpPlacement tp,
+                       int n_device_slots)
     : file_(std::move(file)),
       dev_(std::move(device)),
       cfg_(cfg),
@@ -83,15 +84,43 @@ StepRunner::StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const ggu
       tp_(std::move(tp)),
       len_(static_cast<size_t>(n_slots), 0),
       spec_(static_cast<size_t>(n_slots)) {
+  n_device_slots_ = n_device_slots > 0 && n_device_slots < n_slots ? n_device_slots : n_slots;
+  bind_lazily_ = n_device_slots_ < n_slots;
+  dev_of_.assign(static_cast<size_t>(n_slots), -1);
+  if (bind_lazily_) {
+    for (int32_t d = 0; d < n_device_slots_; ++d) free_dev_.insert(d);
+  } else {
+    for (int32_t s = 0; s < n_slots; ++s) dev_of_[s] = s;
+  }
   const KvPaging kp = dev_->kv_paging();
   if (kp.n_pages > 0) {
     // The device validated these figures when it allocated the pages.
-    auto pool = KvPagePool::Create(kp.n_pages, kp.page_size, n_slots, kp.max_pages_per_slot);
+    auto pool =
+        KvPagePool::Create(kp.n_pages, kp.page_size, n_device_slots_, kp.max_pages_per_slot);
     if (pool.ok()) {
       pool_ = std::move(*pool);
       paged_ = true;
     }
   }
+}
+
+absl::Status StepRunner::Bind(int slot) {
+  if (dev_of_[slot] >= 0) return absl::OkStatus();
+  if (free_dev_.empty())
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "slot ", slot, ": all ", n_device_slots_,
+        " active sequences hold state (max_active_slots): end or preempt one and retry"));
+  const int32_t d = *free_dev_.begin();
+  free_dev_.erase(free_dev_.begin());
+  dev_->ResetSlot(d);
+  dev_of_[slot] = d;
+  return absl::OkStatus();
+}
+
+void StepRunner::Unbind(int slot) {
+  if (!bind_lazily_ || dev_of_[slot] < 0) return;
+  free_dev_.insert(dev_of_[slot]);
+  dev_of_[slot] = -1;
 }
 
 absl::Status StepRunner::NoPendingSpeculation(const char* what) const {
@@ -116,7 +145,7 @@ absl::Status StepRunner::CommitSpeculative(int slot, int32_t n_keep) {
   if (n_keep < 1 || n_keep > p.n)
     return absl::InvalidArgumentError(absl::StrCat("CommitSpeculative: n_keep ", n_keep,
                                                    " not in [1, ", p.n, "]"));
-  DS_RETURN_IF_ERROR(dev_->CommitSpeculative(slot, p.entry0 + n_keep - 1));
+  DS_RETURN_IF_ERROR(dev_->CommitSpeculative(Dev(slot), p.entry0 + n_keep - 1));
   len_[slot] = p.pos0 + n_keep;
   spec_[slot].reset();
   --pending_specs_;
@@ -128,6 +157,7 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
   DS_RETURN_IF_ERROR(NoPendingSpeculation("Forward"));
   const DeviceLimits& lim = dev_->limits();
   int spec_tokens = 0;
+  int unbound = 0;  // sequences that start in this step and need a device slot
   std::vector<bool> seen(len_.size(), false);
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqStep& s = batch[i];
@@ -138,6 +168,7 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
       return absl::InvalidArgumentError(
           absl::StrCat("batch[", i, "]: slot ", s.slot, " appears more than once in the step"));
     seen[s.slot] = true;
+    unbound += Dev(s.slot) < 0;
     if (s.tokens.empty())
       return absl::InvalidArgumentError(
           absl::StrCat("batch[", i, "]: slot ", s.slot, " has no tokens"));
@@ -165,6 +196,10 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
       return absl::OutOfRangeError(absl::StrCat("batch[", i, "]: slot ", s.slot, " would hold ",
                                                 end, " tokens > slot_ctx ", slot_ctx_));
   }
+  if (unbound > static_cast<int>(free_dev_.size()))
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Forward: ", unbound, " new sequences but ", free_dev_.size(), " of ", n_device_slots_,
+        " active-sequence slots are free (max_active_slots): end or preempt one and retry"));
   if (spec_tokens > lim.spec_entries)
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", spec_tokens,
                                                    " speculative tokens > the device's ",
@@ -172,8 +207,10 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
   if (paged_) {
     // Slots are distinct, so the pages the step needs add up exactly.
     int64_t need = 0;
-    for (const SeqStep& s : batch)
-      need += pool_.PagesToGrow(s.slot, static_cast<int64_t>(s.pos0) + s.tokens.size());
+    for (const SeqStep& s : batch) {
+      const int64_t end = static_cast<int64_t>(s.pos0) + s.tokens.size();
+      need += Dev(s.slot) >= 0 ? pool_.PagesToGrow(Dev(s.slot), end) : pool_.PagesFor(end);
+    }
     if (need > pool_.free_pages())
       return absl::ResourceExhaustedError(absl::StrCat(
           "Forward: the step needs ", need, " more KV pages (", need * pool_.page_size(),
@@ -186,11 +223,12 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
 absl::Status StepRunner::GrowPages(std::span<const SeqStep> batch) {
   if (!paged_) return absl::OkStatus();
   for (const SeqStep& s : batch) {
+    const int32_t d = Dev(s.slot);
     DS_ASSIGN_OR_RETURN(const int first,
-                        pool_.Grow(s.slot, static_cast<int64_t>(s.pos0) + s.tokens.size()));
-    const std::span<const int32_t> pages = pool_.pages(s.slot);
+                        pool_.Grow(d, static_cast<int64_t>(s.pos0) + s.tokens.size()));
+    const std::span<const int32_t> pages = pool_.pages(d);
     if (first < static_cast<int>(pages.size()))
-      DS_RETURN_IF_ERROR(dev_->MapPages(s.slot, first, pages.subspan(first)));
+      DS_RETURN_IF_ERROR(dev_->MapPages(d, first, pages.subspan(first)));
   }
   return absl::OkStatus();
 }
@@ -215,6 +253,12 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
                                        const std::function<absl::Status(int)>& read_outputs) {
   const DeviceLimits& lim = dev_->limits();
   last_micro_steps_ = 0;
+  // New sequences take their device slots (Validate counted them free).
+  batch_dev_.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    DS_RETURN_IF_ERROR(Bind(batch[i].slot));
+    batch_dev_[i] = Dev(batch[i].slot);
+  }
   DS_RETURN_IF_ERROR(GrowPages(batch));
   // Speculative sequences take consecutive entries, one per token, in batch order.
   spec_base_.assign(batch.size(), -1);
@@ -230,7 +274,8 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
   for (const auto& pieces :
        SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows, lim.max_decode_rows)) {
     ++last_micro_steps_;
-    BuildMicroStep(batch, pieces, &micro_, spec_base);
+    BuildMicroStep(batch, pieces, &micro_, spec_base,
+                   bind_lazily_ ? std::span<const int32_t>(batch_dev_) : std::span<const int32_t>());
     DS_RETURN_IF_ERROR(RunMicroStep());
     DS_RETURN_IF_ERROR(read_outputs(micro_.n_logit_rows()));
     // The reads land before the next micro-step (or the caller) touches their destinations.
@@ -345,8 +390,11 @@ void StepRunner::ResetSlot(int slot) {
     spec_[slot].reset();
     --pending_specs_;
   }
-  dev_->ResetSlot(slot);
-  if (paged_) pool_.Release(slot);  // its pages go back to the pool for the other slots
+  if (Dev(slot) >= 0) {
+    dev_->ResetSlot(Dev(slot));
+    if (paged_) pool_.Release(Dev(slot));  // its pages go back to the pool for the other slots
+  }
+  Unbind(slot);  // and its device slot (recurrent state) to the next sequence
   len_[slot] = 0;
 }
 
@@ -359,7 +407,10 @@ absl::StatusOr<SlotSnapshot> StepRunner::Snapshot(int slot) const {
     return absl::InvalidArgumentError(
         absl::StrCat("Snapshot: slot ", slot, " out of range [0, ", n_slots(), ")"));
   DS_RETURN_IF_ERROR(NoPendingSpeculation("Snapshot"));
-  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> payload, dev_->SaveState(slot, len_[slot]));
+  if (Dev(slot) < 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("Snapshot: slot ", slot, " holds no sequence"));
+  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> payload, dev_->SaveState(Dev(slot), len_[slot]));
   SlotSnapshot snap;
   snap.n_past = len_[slot];
   snap.bytes = EncodeSlotSnapshot(dev_->state_layout(), len_[slot], payload);
@@ -380,24 +431,30 @@ absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
     return absl::InvalidArgumentError(absl::StrCat("Restore: snapshot of ", d.n_past,
                                                    " tokens (SlotSnapshot.n_past ", snap.n_past,
                                                    ") does not fit slot_ctx ", slot_ctx_));
+  DS_RETURN_IF_ERROR(Bind(slot));
+  const int32_t dv = Dev(slot);
   if (paged_) {
     // The slot's old pages go back; the restored sequence takes fresh ones (refused, with the
     // slot left empty, when the pool cannot hold it).
-    pool_.Release(slot);
+    pool_.Release(dv);
     len_[slot] = 0;
-    absl::StatusOr<int> first = pool_.Grow(slot, d.n_past);
-    if (!first.ok()) return first.status();
-    const std::span<const int32_t> pages = pool_.pages(slot);
-    absl::Status st = pages.empty() ? absl::OkStatus() : dev_->MapPages(slot, 0, pages);
-    if (st.ok()) st = dev_->LoadState(slot, d.n_past, d.payload);
+    absl::StatusOr<int> first = pool_.Grow(dv, d.n_past);
+    if (!first.ok()) {
+      Unbind(slot);
+      return first.status();
+    }
+    const std::span<const int32_t> pages = pool_.pages(dv);
+    absl::Status st = pages.empty() ? absl::OkStatus() : dev_->MapPages(dv, 0, pages);
+    if (st.ok()) st = dev_->LoadState(dv, d.n_past, d.payload);
     if (!st.ok()) {
-      pool_.Release(slot);
+      pool_.Release(dv);
+      Unbind(slot);
       return st;
     }
     len_[slot] = d.n_past;
     return absl::OkStatus();
   }
-  DS_RETURN_IF_ERROR(dev_->LoadState(slot, d.n_past, d.payload));
+  DS_RETURN_IF_ERROR(dev_->LoadState(dv, d.n_past, d.payload));
   len_[slot] = d.n_past;
   return absl::OkStatus();
 }
@@ -424,13 +481,16 @@ absl::Status StepRunner::MtpRows(int slot, int32_t pos0, std::span<const int32_t
       return absl::InvalidArgumentError(
           absl::StrCat("MtpRows: token id ", t, " out of range [0, ", cfg_.n_vocab, ")"));
   if (!logits || !hidden_out) return absl::InvalidArgumentError("MtpRows: null output");
+  const int32_t dv = Dev(slot);
+  if (dv < 0)
+    return absl::FailedPreconditionError(absl::StrCat("MtpRows: slot ", slot, " holds no sequence"));
   if (paged_) {
-    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(slot, static_cast<int64_t>(pos0) + n));
-    const std::span<const int32_t> pages = pool_.pages(slot);
+    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(dv, static_cast<int64_t>(pos0) + n));
+    const std::span<const int32_t> pages = pool_.pages(dv);
     if (first < static_cast<int>(pages.size()))
-      DS_RETURN_IF_ERROR(dev_->MapPages(slot, first, pages.subspan(first)));
+      DS_RETURN_IF_ERROR(dev_->MapPages(dv, first, pages.subspan(first)));
   }
-  return dev_->MtpRows(slot, pos0, tokens, hidden, cfg_.n_embd, logits, hidden_out);
+  return dev_->MtpRows(dv, pos0, tokens, hidden, cfg_.n_embd, logits, hidden_out);
 }
 
 absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,
@@ -452,15 +512,18 @@ absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,
     return absl::InvalidArgumentError(absl::StrCat("MtpStep: hidden has ", hidden.size(),
                                                    " elements, expected n_embd = ", cfg_.n_embd));
   if (!logits || !hidden_out) return absl::InvalidArgumentError("MtpStep: null output");
+  const int32_t dv = Dev(slot);
+  if (dv < 0)
+    return absl::FailedPreconditionError(absl::StrCat("MtpStep: slot ", slot, " holds no sequence"));
   if (paged_) {
     // A device may keep the MTP layer's K/V in the slot's pages (one more attention plane): a
     // draft position past the slot's length needs its page mapped first.
-    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(slot, static_cast<int64_t>(pos) + 1));
-    const std::span<const int32_t> pages = pool_.pages(slot);
+    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(dv, static_cast<int64_t>(pos) + 1));
+    const std::span<const int32_t> pages = pool_.pages(dv);
     if (first < static_cast<int>(pages.size()))
-      DS_RETURN_IF_ERROR(dev_->MapPages(slot, first, pages.subspan(first)));
+      DS_RETURN_IF_ERROR(dev_->MapPages(dv, first, pages.subspan(first)));
   }
-  return dev_->MtpStep(slot, token, pos, hidden, logits, hidden_out);
+  return dev_->MtpStep(dv, token, pos, hidden, logits, hidden_out);
 }
 
 }  // namespace ds

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,15 +58,26 @@ struct TpPlacement {
 absl::StatusOr<TpPlacement> PlaceInGroup(const gguf::File& f, const ModelConfig& c,
                                          const BackendOptions& opts);
 
+// Slots the device keeps state for: BackendOptions::max_active_slots within [1, n_slots]
+// (0 = n_slots).
+inline int DeviceSlots(const BackendOptions& opts) {
+  return opts.max_active_slots > 0 && opts.max_active_slots < opts.n_slots ? opts.max_active_slots
+                                                                          : opts.n_slots;
+}
+
 class StepRunner : public Backend {
  public:
+  // The device holds state for n_device_slots sequences (0 = n_slots, the device's slots are then
+  // the caller's); with fewer, a caller's slot is bound to a device slot while it holds a sequence.
   StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const gguf::File> file,
-             const ModelConfig& cfg, int n_slots, int slot_ctx, TpPlacement tp);
+             const ModelConfig& cfg, int n_slots, int slot_ctx, TpPlacement tp,
+             int n_device_slots = 0);
 
   std::string name() const override { return dev_->name(); }
   const ModelConfig& config() const override { return cfg_; }
   int n_slots() const override { return static_cast<int>(len_.size()); }
   int slot_ctx() const override { return slot_ctx_; }
+  int max_active_sequences() const override { return n_device_slots_; }
 
   absl::Status Forward(std::span<const SeqStep> batch, const StepOptions& opts,
                        StepOutput* out) override;
@@ -141,6 +153,17 @@ class StepRunner : public Backend {
   std::vector<std::optional<PendingSpec>> spec_;  // [n_slots]
   int pending_specs_ = 0;
   std::vector<int32_t> spec_base_;  // [batch] per Forward: first entry, or -1
+  // Slots -> device slots (issue #23). Identity when the device has a slot per caller slot;
+  // otherwise bound while a slot holds a sequence (lowest free device slot first).
+  int n_device_slots_ = 0;
+  bool bind_lazily_ = false;
+  std::vector<int32_t> dev_of_;     // [n_slots] device slot or -1
+  std::set<int32_t> free_dev_;      // unbound device slots
+  std::vector<int32_t> batch_dev_;  // [batch] per Forward: device slot of each sequence
+  int32_t Dev(int slot) const { return dev_of_[slot]; }
+  // Gives `slot` a device slot (a fresh, reset one) if it has none.
+  absl::Status Bind(int slot);
+  void Unbind(int slot);
   absl::Status NoPendingSpeculation(const char* what) const;
   bool paged_ = false;        // the device keeps a paged KV pool; pool_ hands out its pages
   KvPagePool pool_;
