@@ -14,23 +14,6 @@
 namespace ds::cluster_test {
 namespace {
 
-std::vector<int32_t> PlainGreedy(const std::string& model, const std::vector<int32_t>& prompt,
-                                 int max_tokens) {
-  std::string ids, backend;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  for (const std::string& a : ClusterBackendArgs()) backend += " " + a;
-  const std::string cmd = kBin + " generate --model " + model + " --prompt-ids " + ids +
-                          " --max-tokens " + std::to_string(max_tokens) + backend +
-                          " --json --ignore-eos 2>/dev/null";
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return {};
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
-  EXPECT_EQ(pclose(f), 0) << cmd;
-  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-  return j.is_object() ? j["tokens"].get<std::vector<int32_t>>() : std::vector<int32_t>{};
-}
 
 TEST(ActiveSlots, TwoSequencesOfStateServeFourRequests) {
   ClusterOptions o;
@@ -48,7 +31,7 @@ TEST(ActiveSlots, TwoSequencesOfStateServeFourRequests) {
   for (size_t i = 0; i < fs.size(); ++i) {
     GenResult r = fs[i].get();
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-    EXPECT_EQ(r.ids, PlainGreedy(c.model(), prompts[i], kMax)) << "prompt " << i;
+    EXPECT_EQ(r.ids, GenerateTokens(c.model(), prompts[i], kMax)) << "prompt " << i;
   }
 }
 

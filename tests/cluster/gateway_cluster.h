@@ -3,6 +3,7 @@
 // tiny synthesized model, and a streamed-Generate helper. Header-only: each test binary has one
 // translation unit. Needs DS_DELTASERVE_BIN (the built `deltaserve`).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -269,6 +270,26 @@ inline v1::GenerateRequest IdsRequest(std::vector<int32_t> ids, uint32_t max_tok
   r.set_max_tokens(max_tokens);
   r.set_ignore_eos(ignore_eos);
   return r;
+}
+
+// Greedy tokens of single-process `deltaserve generate` for these prompt ids on the cluster's
+// backend (the reference a cluster run must reproduce).
+inline std::vector<int32_t> GenerateTokens(const std::string& model,
+                                           const std::vector<int32_t>& prompt, int max_tokens) {
+  std::string ids, backend;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (const std::string& a : ClusterBackendArgs()) backend += " " + a;
+  const std::string cmd = kBin + " generate --model " + model + " --prompt-ids " + ids +
+                          " --max-tokens " + std::to_string(max_tokens) + backend +
+                          " --json --ignore-eos 2>/dev/null";
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return {};
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+  EXPECT_EQ(pclose(f), 0) << cmd;
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  return j.is_object() ? j["tokens"].get<std::vector<int32_t>>() : std::vector<int32_t>{};
 }
 
 inline const std::vector<int32_t> kPrompt = {72, 101, 108, 108, 111, 44, 32, 100, 101, 108, 116, 97};

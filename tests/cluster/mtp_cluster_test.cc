@@ -17,26 +17,6 @@
 namespace ds::cluster_test {
 namespace {
 
-std::vector<int32_t> PlainGreedy(const std::string& model, const std::vector<int32_t>& prompt,
-                                 int max_tokens) {
-  std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  // The cluster's backend (the device machine runs this on CUDA: DS_CLUSTER_BACKEND=cuda).
-  std::string backend;
-  for (const std::string& a : ClusterBackendArgs()) backend += " " + a;
-  const std::string cmd = kBin + " generate --model " + model + " --prompt-ids " + ids +
-                          " --max-tokens " + std::to_string(max_tokens) + " " + backend +
-                          " --json --ignore-eos 2>/dev/null";
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return {};
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
-  EXPECT_EQ(pclose(f), 0) << cmd;
-  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-  if (!j.is_object()) return {};
-  return j["tokens"].get<std::vector<int32_t>>();
-}
 
 TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
   const std::string model = ResolveModelAlias("demo");
@@ -52,7 +32,7 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
       {260, 1605, 479, 386}, {72, 101, 108, 108, 111, 44, 32}, {300, 301, 302}, {999, 5, 1200}};
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : prompts) {
-    want.push_back(PlainGreedy(model, p, kMax));
+    want.push_back(GenerateTokens(model, p, kMax));
     ASSERT_EQ(want.back().size(), static_cast<size_t>(kMax));
   }
   // One alone, then all four at once.
