@@ -49,7 +49,7 @@ const char* CodeName(grpc::StatusCode c) {
 
 struct Samples {
   std::mutex mu;
-  std::vector<double> ttft, itl, e2e, srv_queue, srv_ttft, srv_itl, srv_total;
+  std::vector<double> ttft, itl, e2e, srv_queue, srv_ttft, srv_itl, srv_total, tokens_per_step;
   int ok = 0, rejected = 0;
   std::map<std::string, int> errors;
   std::map<std::string, std::string> first_error;
@@ -146,6 +146,8 @@ void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* o
     if (fin.usage().completion_tokens() > 1)
       out->srv_itl.push_back(fin.timings().mean_inter_token_seconds());
     out->srv_total.push_back(fin.timings().total_seconds());
+    if (fin.timings().tokens_per_step() > 0)
+      out->tokens_per_step.push_back(fin.timings().tokens_per_step());
   }
 }
 
@@ -199,6 +201,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o) {
   r.srv_ttft = Summarize(s.srv_ttft);
   r.srv_itl = Summarize(s.srv_itl);
   r.srv_total = Summarize(s.srv_total);
+  r.tokens_per_step = Summarize(s.tokens_per_step);
   return r;
 }
 
@@ -235,6 +238,11 @@ std::string FormatReport(const LoadReport& r) {
   out += row("TTFT (arrival->1st token)", r.srv_ttft);
   out += row("mean inter-token (per req)", r.srv_itl);
   out += row("total (arrival->last token)", r.srv_total);
+  // MTP: the mean accepted length per request (1.00 everywhere without MTP).
+  const Percentiles& t = r.tokens_per_step;
+  if (t.n > 0)
+    absl::StrAppendFormat(&out, "  %-26s %9.2f %9.2f %9.2f %9.2f %9.2f  (n=%zu)\n",
+                          "tokens per step (MTP)", t.p50, t.p90, t.p99, t.mean, t.max, t.n);
   return out;
 }
 

@@ -52,6 +52,9 @@ struct LoadReport {
   Percentiles ttft, itl, e2e;
   // Server-side, from Finished.timings (seconds).
   Percentiles srv_queue, srv_ttft, srv_itl, srv_total;
+  // Finished.timings.tokens_per_step of each request (1 without MTP; with MTP 1 + the drafts
+  // accepted per verify step: the mean accepted length). Not seconds.
+  Percentiles tokens_per_step;
 };
 
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o);
