@@ -180,6 +180,14 @@ panel("GPU utilisation",
 panel("GPU memory",
       [("deltaserve_gpu_memory_used_bytes", "used {{worker}} gpu {{gpu}}"),
        ("deltaserve_gpu_memory_total_bytes", "total {{worker}} gpu {{gpu}}")], unit="bytes")
+panel("MTP draft acceptance by position",
+      [(f"sum by (position) (rate(deltaserve_worker_mtp_drafts_accepted_total[{RI}])) / "
+        f"sum by (position) (rate(deltaserve_worker_mtp_drafts_total[{RI}]))", "draft {{position}}")],
+      unit="percentunit", minv=0, maxv=1,
+      desc="Workers with --mtp: the share of the MTP head's drafts the main model accepted, by "
+           "draft position (1 = the first draft).")
+panel("MTP tokens per verify step", quantiles("deltaserve_worker_mtp_tokens_per_verify"),
+      desc="1 + accepted drafts per sequence and verify step (the mean accepted length).")
 panel("Warmup speed",
       [("deltaserve_worker_warmup_tokens_per_second", "{{worker}} {{phase}}")],
       desc="Measured by each worker's warmup generation at start.")

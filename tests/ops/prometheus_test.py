@@ -58,7 +58,8 @@ def main():
     os.chmod(keys, 0o600)
 
     cluster = oc.Cluster(a.deltaserve, work, env=env,
-                         extra_args=["--api-key-file", keys, "--nvml-device", "0"])
+                         extra_args=["--api-key-file", keys, "--nvml-device", "0",
+                                     "--mtp", "1"])  # MTP metrics for their panels
     prom = load = None
     failures = []
     try:
