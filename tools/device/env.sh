@@ -14,3 +14,14 @@ BIN=${BIN:-$DS_CARRY/bin}
 rc=0
 pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; rc=1; }
+# Waits up to $3 seconds (default 150) for the gateway at $1 to report SERVING while process $2
+# lives; sets i to the seconds it took. Returns 1 when it did not.
+wait_serving() {
+  local addr=$1 pid=$2 limit=${3:-150}
+  for i in $(seq 1 "$limit"); do
+    "$BIN/deltactl" health --addr "$addr" 2>/dev/null | grep -q "^SERVING" && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 1
+  done
+  return 1
+}

@@ -40,11 +40,7 @@ PORT=${PORT:-50160}
   >"$L/serve.log" 2>&1 &
 SERVE=$!
 ready=0
-for i in $(seq 1 150); do
-  "$BIN/deltactl" health --addr 127.0.0.1:$PORT 2>/dev/null | grep -q "^SERVING" && { ready=1; break; }
-  kill -0 $SERVE 2>/dev/null || break
-  sleep 1
-done
+wait_serving 127.0.0.1:$PORT $SERVE 150 && ready=1
 [ $ready = 1 ] && pass "serve ready" || { fail "serve not ready"; tail -20 "$L/serve.log"; kill $SERVE; exit 1; }
 grep -h "memory_plan" "$L/serve.log" | head -1 | cut -c1-700
 stamp "load: 1 x 200k + 16 x 512"

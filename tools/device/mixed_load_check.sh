@@ -16,11 +16,7 @@ PORT=${PORT:-50140}
   --kv-type q8_0 --kv-pool-tokens 2000000 --port $PORT --nvml-device off >"$LOG/serve.log" 2>&1 &
 SERVE=$!
 ready=0
-for i in $(seq 1 120); do
-  "$BIN/deltactl" health --addr 127.0.0.1:$PORT 2>/dev/null | grep -q "^SERVING" && { ready=1; break; }
-  kill -0 $SERVE 2>/dev/null || break
-  sleep 1
-done
+wait_serving 127.0.0.1:$PORT $SERVE 120 && ready=1
 [ $ready = 1 ] && pass "serve ready in ${i} s" || { fail "serve not ready"; tail -20 "$LOG/serve.log"; kill $SERVE; exit 1; }
 grep -h "memory_plan" "$LOG/serve.log" | head -1 | cut -c1-600
 t0=$SECONDS

@@ -222,14 +222,17 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
 
 absl::Status StepRunner::GrowPages(std::span<const SeqStep> batch) {
   if (!paged_) return absl::OkStatus();
-  for (const SeqStep& s : batch) {
-    const int32_t d = Dev(s.slot);
-    DS_ASSIGN_OR_RETURN(const int first,
-                        pool_.Grow(d, static_cast<int64_t>(s.pos0) + s.tokens.size()));
-    const std::span<const int32_t> pages = pool_.pages(d);
-    if (first < static_cast<int>(pages.size()))
-      DS_RETURN_IF_ERROR(dev_->MapPages(d, first, pages.subspan(first)));
-  }
+  for (const SeqStep& s : batch)
+    DS_RETURN_IF_ERROR(GrowPagesTo(Dev(s.slot), static_cast<int64_t>(s.pos0) + s.tokens.size()));
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::GrowPagesTo(int32_t device_slot, int64_t n_tokens) {
+  if (!paged_) return absl::OkStatus();
+  DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(device_slot, n_tokens));
+  const std::span<const int32_t> pages = pool_.pages(device_slot);
+  if (first < static_cast<int>(pages.size()))
+    DS_RETURN_IF_ERROR(dev_->MapPages(device_slot, first, pages.subspan(first)));
   return absl::OkStatus();
 }
 
@@ -484,46 +487,17 @@ absl::Status StepRunner::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   const int32_t dv = Dev(slot);
   if (dv < 0)
     return absl::FailedPreconditionError(absl::StrCat("MtpRows: slot ", slot, " holds no sequence"));
-  if (paged_) {
-    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(dv, static_cast<int64_t>(pos0) + n));
-    const std::span<const int32_t> pages = pool_.pages(dv);
-    if (first < static_cast<int>(pages.size()))
-      DS_RETURN_IF_ERROR(dev_->MapPages(dv, first, pages.subspan(first)));
-  }
+  // A device may keep the MTP layer's K/V in the slot's pages (one more attention plane): draft
+  // positions past the slot's length need their pages mapped first.
+  DS_RETURN_IF_ERROR(GrowPagesTo(dv, static_cast<int64_t>(pos0) + n));
   return dev_->MtpRows(dv, pos0, tokens, hidden, cfg_.n_embd, logits, hidden_out);
 }
 
 absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,
                                  std::span<const float> hidden, std::vector<float>* logits,
                                  std::vector<float>* hidden_out) {
-  if (tp_.world > 1)
-    return absl::UnimplementedError(
-        "MtpStep: the MTP block is not sharded under tensor parallelism");
-  if (slot < 0 || slot >= n_slots())
-    return absl::InvalidArgumentError(
-        absl::StrCat("MtpStep: slot ", slot, " out of range [0, ", n_slots(), ")"));
-  if (token < 0 || token >= cfg_.n_vocab)
-    return absl::InvalidArgumentError(
-        absl::StrCat("MtpStep: token id ", token, " out of range [0, ", cfg_.n_vocab, ")"));
-  if (pos < 0 || pos >= slot_ctx_)
-    return absl::OutOfRangeError(
-        absl::StrCat("MtpStep: pos ", pos, " out of range [0, ", slot_ctx_, ")"));
-  if (static_cast<int64_t>(hidden.size()) != cfg_.n_embd)
-    return absl::InvalidArgumentError(absl::StrCat("MtpStep: hidden has ", hidden.size(),
-                                                   " elements, expected n_embd = ", cfg_.n_embd));
-  if (!logits || !hidden_out) return absl::InvalidArgumentError("MtpStep: null output");
-  const int32_t dv = Dev(slot);
-  if (dv < 0)
-    return absl::FailedPreconditionError(absl::StrCat("MtpStep: slot ", slot, " holds no sequence"));
-  if (paged_) {
-    // A device may keep the MTP layer's K/V in the slot's pages (one more attention plane): a
-    // draft position past the slot's length needs its page mapped first.
-    DS_ASSIGN_OR_RETURN(const int first, pool_.Grow(dv, static_cast<int64_t>(pos) + 1));
-    const std::span<const int32_t> pages = pool_.pages(dv);
-    if (first < static_cast<int>(pages.size()))
-      DS_RETURN_IF_ERROR(dev_->MapPages(dv, first, pages.subspan(first)));
-  }
-  return dev_->MtpStep(dv, token, pos, hidden, logits, hidden_out);
+  // One MTP row: the same checks, page mapping and device call as MtpRows of one token.
+  return MtpRows(slot, pos, std::span<const int32_t>(&token, 1), hidden, logits, hidden_out);
 }
 
 }  // namespace ds

@@ -130,6 +130,8 @@ class StepRunner : public Backend {
   // Paged KV: gives every slot of a validated batch the pages its new tokens need and maps them
   // on the device (Validate checked that they are free).
   absl::Status GrowPages(std::span<const SeqStep> batch);
+  // Paged KV: the device slot takes pages until it holds n_tokens rows; maps the new ones.
+  absl::Status GrowPagesTo(int32_t device_slot, int64_t n_tokens);
   bool VocabParallel() const {
     return tp_.world > 1 && tp_.plan.lm_head == tp::LmHead::kVocabParallel;
   }
