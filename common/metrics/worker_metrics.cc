@@ -76,7 +76,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& worker_
                        .Labels(w)
                        .Register(r);
   mtp_tokens_ = &prometheus::BuildHistogram()
-                     .Name("deltaserve_worker_mtp_tokens_per_verify")
+                     .Name("deltaserve_worker_mtp_verify_tokens")
                      .Help("Tokens one MTP verify step kept for a sequence (1 + accepted drafts)")
                      .Labels(w)
                      .Register(r)

@@ -186,7 +186,7 @@ panel("MTP draft acceptance by position",
       unit="percentunit", minv=0, maxv=1,
       desc="Workers with --mtp: the share of the MTP head's drafts the main model accepted, by "
            "draft position (1 = the first draft).")
-panel("MTP tokens per verify step", quantiles("deltaserve_worker_mtp_tokens_per_verify"),
+panel("MTP tokens per verify step", quantiles("deltaserve_worker_mtp_verify_tokens"),
       desc="1 + accepted drafts per sequence and verify step (the mean accepted length).")
 panel("Warmup speed",
       [("deltaserve_worker_warmup_tokens_per_second", "{{worker}} {{phase}}")],
