@@ -459,7 +459,6 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
     // order); the core wants plan order of the sampled entries, and a count per entry.
     absl::flat_hash_map<int, std::vector<const WorkerSampled*>> by_slot;
     for (const WorkerSampled& t : wr.tokens) by_slot[t.slot].push_back(&t);
-    bool several = false;
     for (const PlanEntry& e : plan.entries) {
       if (!e.sample) continue;
       auto it = by_slot.find(e.slot);
@@ -471,10 +470,8 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
       }
       for (const WorkerSampled* t : it->second) r.tokens.push_back(t->token);
       r.counts.push_back(static_cast<int32_t>(it->second.size()));
-      several = several || it->second.size() > 1;
       if (it->second.back()->logprob) lps[e.id] = *it->second.back()->logprob;
     }
-    if (!several) r.counts.clear();  // one token each: the plain form
   }
   auto events = rep->core->Apply(plan, r, absl::Now());
   if (!events.ok())

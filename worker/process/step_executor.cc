@@ -59,8 +59,8 @@ absl::Status StepExecutor::SetMtp(const spec::MtpSetting& setting) {
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<const float> hidden,
-                                      int n_rows, int n_mtp_slots) {
+void StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<const float> hidden,
+                              int n_rows, int n_mtp_slots) {
   SlotState& slot = slots_[slot_index];
   int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
   if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
@@ -68,8 +68,12 @@ absl::Status StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<cons
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),
                                   backend_->slot_ctx());
-  return drafter_->Draft(*backend_, slot_index, slot.known, p0, hidden, n_rows, n, *slot.sampler,
-                         &slot.drafts);
+  if (!drafter_->Draft(*backend_, slot_index, slot.known, p0, hidden, n_rows, n, *slot.sampler,
+                       &slot.drafts)
+           .ok()) {
+    slot.mtp = false;
+    slot.drafts.clear();
+  }
 }
 
 absl::Status StepExecutor::Validate(const Step& step) const {
@@ -113,6 +117,7 @@ absl::Status StepExecutor::Validate(const Step& step) const {
 
 StepResult StepExecutor::Run(const Step& step) {
   verify_tokens_.clear();
+  step_stats_ = {};
   StepResult result;
   result.step_id = step.step_id;
   if (absl::Status s = Validate(step); !s.ok()) {
@@ -157,7 +162,7 @@ StepResult StepExecutor::Run(const Step& step) {
   if (drafter_)
     for (const SlotState& slot : slots_) n_mtp_slots += slot.active && slot.mtp;
   int spec_seqs_left = drafter_ ? backend_->max_speculative_seqs() : 0;
-  const KvPoolStats pool = backend_->kv_pool();
+  const KvPoolStats pool = drafter_ ? backend_->kv_pool() : KvPoolStats{};
   int64_t kv_left = pool.page_size > 0 ? pool.free_tokens() : INT64_MAX;
   batch_.resize(step.work.size());
   out_row_.assign(step.work.size() + 1, 0);
@@ -281,7 +286,7 @@ StepResult StepExecutor::Run(const Step& step) {
           *slot.sampler,
           std::span<const float>(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
                                  static_cast<size_t>(n_out) * n_vocab),
-          slot.drafts, &slot.known, &mtp_stats_);
+          slot.drafts, &slot.known, &step_stats_);
       if (absl::Status cs = backend_->CommitSpeculative(static_cast<int>(w.slot), kept + 1);
           !cs.ok()) {
         result.tokens.clear();
@@ -291,12 +296,8 @@ StepResult StepExecutor::Run(const Step& step) {
       for (size_t j = before; j < slot.known.size(); ++j)
         result.tokens.push_back(SampledToken{w.slot, slot.known[j], std::nullopt});
       verify_tokens_.push_back(kept + 1);
-      if (!DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, hidden_rows(row0, kept + 1), kept + 1,
-                      n_mtp_slots)
-               .ok()) {
-        slot.mtp = false;  // drafting failed: the request goes on without drafts
-        slot.drafts.clear();
-      }
+      DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, hidden_rows(row0, kept + 1), kept + 1,
+                 n_mtp_slots);
       continue;
     }
     sampling::SampleResult r;
@@ -309,13 +310,9 @@ StepResult StepExecutor::Run(const Step& step) {
       r = slot.sampler->Sample(row, slot.known);
     }
     slot.known.push_back(r.token);
-    if (slot.mtp &&
-        !DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1),
-                    hidden_rows(row0, 1), 1, n_mtp_slots)
-             .ok()) {
-      slot.mtp = false;
-      slot.drafts.clear();
-    }
+    if (slot.mtp)
+      DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1),
+                 hidden_rows(row0, 1), 1, n_mtp_slots);
     if (group_) shared_[k++] = r.token;
     SampledToken& t = result.tokens.emplace_back();
     t.slot = w.slot;
@@ -342,6 +339,7 @@ StepResult StepExecutor::Run(const Step& step) {
         if (w.sample) slots_[w.slot].known.push_back(shared_[k++]);
     }
   }
+  if (step_stats_.steps > 0) mtp_stats_.Add(step_stats_);
   result.sample_seconds = SteadySeconds() - t1;
   return result;
 }

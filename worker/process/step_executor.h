@@ -48,7 +48,9 @@ class StepExecutor {
   // Not under tensor parallelism (the MTP block is not sharded).
   absl::Status SetMtp(const spec::MtpSetting& setting);
   const spec::SpecStats& mtp_stats() const { return mtp_stats_; }
-  // Tokens each verify step of the last Run kept (1 + accepted drafts), for metrics.
+  // The last Run's share of mtp_stats() and the tokens each of its verify steps kept (1 +
+  // accepted drafts), for metrics.
+  const spec::SpecStats& last_mtp_stats() const { return step_stats_; }
   const std::vector<int>& last_verify_tokens() const { return verify_tokens_; }
 
   // Tokens the worker knows for a slot (for tests); empty when the slot is free.
@@ -70,9 +72,9 @@ class StepExecutor {
     int max_new = 0;
     spec::Drafts drafts;
   };
-  // Drafts from the hidden rows [p0, p0 + n_rows) the last Forward gave for `slot`.
-  absl::Status DraftAfter(int slot, int32_t p0, std::span<const float> hidden, int n_rows,
-                          int n_mtp_slots);
+  // Drafts from the hidden rows [p0, p0 + n_rows) the last Forward gave for `slot`; when drafting
+  // fails the request goes on without drafts.
+  void DraftAfter(int slot, int32_t p0, std::span<const float> hidden, int n_rows, int n_mtp_slots);
 
   absl::Status Validate(const Step& step) const;
 
@@ -89,6 +91,7 @@ class StepExecutor {
   spec::MtpSetting mtp_;
   std::optional<spec::MtpDrafter> drafter_;
   spec::SpecStats mtp_stats_;
+  spec::SpecStats step_stats_;  // the last Run's
   std::vector<int> out_row_;      // [work + 1] first output row of each work item
   std::vector<int> verify_tokens_;  // [verify steps of the last Run] tokens kept
 };

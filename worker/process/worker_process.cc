@@ -480,17 +480,10 @@ class Session {
             int tokens = 0;
             for (const worker::SlotWork& w : step_.work) tokens += static_cast<int>(w.n_tokens);
             metrics_->OnStep(r.forward_seconds, r.sample_seconds, tokens, !r.error.empty());
-            // MTP acceptance: what changed in the executor's running totals.
-            const spec::SpecStats& ms = executor_->mtp_stats();
-            if (!executor_->last_verify_tokens().empty() || ms.steps != mtp_seen_.steps) {
-              std::vector<int64_t> offered(ms.offered.size()), accepted(ms.accepted.size());
-              mtp_seen_.Resize(static_cast<int>(ms.offered.size()));
-              for (size_t i = 0; i < ms.offered.size(); ++i) {
-                offered[i] = ms.offered[i] - mtp_seen_.offered[i];
-                accepted[i] = ms.accepted[i] - mtp_seen_.accepted[i];
-              }
-              metrics_->OnMtp(offered, accepted, executor_->last_verify_tokens());
-              mtp_seen_ = ms;
+            // MTP acceptance of this step's verifies.
+            if (!executor_->last_verify_tokens().empty()) {
+              const spec::SpecStats& ms = executor_->last_mtp_stats();
+              metrics_->OnMtp(ms.offered, ms.accepted, executor_->last_verify_tokens());
             }
           }
           if (!r.error.empty())
@@ -541,7 +534,6 @@ class Session {
   metrics::WorkerMetrics* metrics_ = nullptr;
   std::shared_ptr<sd::Watchdog::Loop> step_loop_, heartbeat_loop_;
   std::unique_ptr<worker::StepExecutor> executor_;
-  spec::SpecStats mtp_seen_;  // the executor's MTP totals at the last metrics update
   worker::Step step_;  // the Step being run, converted from the stream's message (reused)
   std::shared_ptr<grpc::Channel> channel_;  // to the scheduler (also the TP rendezvous)
   MemoryFigures mem_;

@@ -47,6 +47,15 @@ struct SpecStats {
   int64_t steps = 0;
   int64_t tokens = 0;  // emitted by the verify steps
   double mean_accepted_length() const { return steps ? static_cast<double>(tokens) / steps : 0; }
+  void Add(const SpecStats& o) {
+    Resize(static_cast<int>(o.offered.size()));
+    for (size_t i = 0; i < o.offered.size(); ++i) {
+      offered[i] += o.offered[i];
+      accepted[i] += o.accepted[i];
+    }
+    steps += o.steps;
+    tokens += o.tokens;
+  }
   void Resize(int k) {
     if (static_cast<int>(offered.size()) < k) {
       offered.resize(k, 0);
