@@ -5,15 +5,17 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/tiled_q6k.cuh"
 
 namespace ds::cuda {
 namespace {
+
+using namespace tiled;  // NOLINT: the layout helpers (tiled_q6k.cuh)
 
 constexpr int kQ6Bytes = 210;  // GGUF block_q6_K: ql[128] qh[64] scales[16] d
 // A block = 4 warps splitting the K units of one 16-row tile (8 measured worse on the H200,
 // 2026-11-29: no gain at 1 column, 81.0 vs 81.1 tok/s; x16 743 vs 796 tok/s).
 constexpr int kWarps = 4;
-constexpr int kOffQh = 2048, kOffSc = 3072, kOffD = 3328;
 
 // t = (q - 32) & 63 of element e (0..255) of a raw Q6_K block: the centred 6-bit quant.
 __device__ __forceinline__ uint32_t Q6Centred(const uint8_t* blk, int e) {
@@ -63,72 +65,6 @@ __global__ void TileRowsKernel(const uint8_t* __restrict__ raw, int64_t rows, in
     const uint16_t d1 = bc ? *reinterpret_cast<const uint16_t*>(bc + 208) : 0;
     *reinterpret_cast<uint32_t*>(out + kOffD + 4 * T) = d0 | (static_cast<uint32_t>(d1) << 16);
   }
-}
-
-__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// 4 bytes of 6-bit two's complement values -> int8 (sign bit 5 copied into bits 6 and 7; the
-// per-byte product (a & 0x20) * 6 = 0xC0 never carries into the next byte).
-__device__ __forceinline__ uint32_t SignExtend6(uint32_t a) { return a | ((a & 0x20202020u) * 6u); }
-
-// The A fragments (rows g and g+8, k = 16s + 4q .. +3) of step s from the thread's words.
-__device__ __forceinline__ void DecodeStep(uint32_t ql, uint32_t qh, int p, uint32_t& a0,
-                                           uint32_t& a1) {
-  const uint32_t h0 = (p ? qh : qh << 4) & 0x30303030u;
-  const uint32_t h1 = (p ? qh >> 2 : qh << 2) & 0x30303030u;
-  a0 = SignExtend6((ql & 0x0F0F0F0Fu) | h0);
-  a1 = SignExtend6(((ql >> 4) & 0x0F0F0F0Fu) | h1);
-}
-
-// Weights are streamed once per step: 16-byte loads that do not allocate in L1, which keeps
-// L1 for the activations every warp re-reads.
-__device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
-  uint4 v;
-#if __CUDA_ARCH__ >= 800
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-#else
-  v = __ldg(reinterpret_cast<const uint4*>(p));
-#endif
-  return v;
-}
-
-struct TileUnit {
-  uint4 ql[4], qh[2], sc0, sc1;
-  uint32_t d;
-};
-
-__device__ __forceinline__ void LoadTileUnit(TileUnit& t, const uint8_t* p, int lane) {
-  const int g = lane >> 2;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) t.ql[i] = LdStream(p + 512 * i + 16 * lane);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) t.qh[i] = LdStream(p + kOffQh + 512 * i + 16 * lane);
-  t.sc0 = __ldg(reinterpret_cast<const uint4*>(p + kOffSc + 16 * g));
-  t.sc1 = __ldg(reinterpret_cast<const uint4*>(p + kOffSc + 16 * (g + 8)));
-  t.d = __ldg(reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g));
-}
-
-// D = A(16x16 s8) * B(16x8 s8) + C, C initialised to the bit pattern of 1.5 * 2^23: the int32
-// result read as a float minus 1.5 * 2^23 is the exact sum (|sum| <= 16 * 32 * 127 < 2^22), an
-// add instead of the quarter-rate I2F.
-__device__ __forceinline__ void Mma(uint32_t a0, uint32_t a1, uint32_t b, float (&f)[4]) {
-  int c0 = 0x4B400000, c1 = 0x4B400000, c2 = 0x4B400000, c3 = 0x4B400000;
-#if __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-      "{%0,%1,%2,%3};"
-      : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
-      : "r"(a0), "r"(a1), "r"(b));
-#else
-  __trap();  // never launched below sm_80 (TiledAvailable)
-#endif
-  f[0] = __int_as_float(c0) - 12582912.f;
-  f[1] = __int_as_float(c1) - 12582912.f;
-  f[2] = __int_as_float(c2) - 12582912.f;
-  f[3] = __int_as_float(c3) - 12582912.f;
 }
 
 struct TiledLaunch {

@@ -1,0 +1,84 @@
+// CPU reference of the int8-activation matmuls (mmq_ref.h).
+#include "kernels/cpu/mmq_ref.h"
+
+#include <cmath>
+
+#include "common/util/half.h"
+#include "kernels/cpu/quant_blocks.h"
+
+namespace ds::cpu {
+namespace {
+
+// Centred quant (q - 32, in [-32, 31]) of element e (0..255) of a Q6_K block (spec/model.md §10:
+// low nibbles in ql, high 2 bits in qh, 128-element halves).
+int Q6Centred(const BlockQ6K& b, int e) {
+  const int half = e >> 7, l = e & 127, quarter = l >> 5, l32 = l & 31;
+  const uint8_t lo = b.ql[64 * half + l32 + 32 * (quarter & 1)];
+  const uint8_t hi = b.qh[32 * half + l32];
+  const int q = ((quarter >= 2 ? lo >> 4 : lo) & 0xF) | (((hi >> (2 * quarter)) & 3) << 4);
+  return q - 32;
+}
+
+// Exact integer sum of one 16-element sub-block s of unit u times the int8 activations.
+int32_t SubBlockSum(const BlockQ6K& b, const int8_t* xq, int s) {
+  int32_t sum = 0;
+  for (int k = 16 * s; k < 16 * s + 16; ++k) sum += Q6Centred(b, k) * static_cast<int32_t>(xq[k]);
+  return sum;
+}
+
+}  // namespace
+
+void QuantizeActivationsQ8(const float* x, int64_t n, int8_t* xq, float* xd) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[32 * b + i]));
+    const float d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    for (int i = 0; i < 32; ++i) {
+      const float v = x[32 * b + i] * id;
+      xq[32 * b + i] = static_cast<int8_t>(std::nearbyint(v));  // default rounding: half to even
+    }
+    xd[b] = d;
+  }
+}
+
+double MmqDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t n, double* abs_sum) {
+  const auto* blocks = static_cast<const BlockQ6K*>(row);
+  double sum = 0, abs = 0;
+  for (int64_t u = 0; u < n / 256; ++u) {
+    const BlockQ6K& b = blocks[u];
+    const double d = F16ToF32(b.d);
+    for (int s = 0; s < 16; ++s) {
+      const double t = static_cast<double>(xd[8 * u + s / 2]) * d * b.scales[s] *
+                       SubBlockSum(b, xq + 256 * u, s);
+      sum += t;
+      for (int k = 16 * s; k < 16 * s + 16; ++k)
+        abs += std::fabs(static_cast<double>(xd[8 * u + s / 2]) * d * b.scales[s] * Q6Centred(b, k) *
+                         xq[256 * u + k]);
+    }
+  }
+  if (abs_sum) *abs_sum = abs;
+  return sum;
+}
+
+float MmqDotQ6KKernelOrder(const void* row, const int8_t* xq, const float* xd, int64_t n) {
+  const auto* blocks = static_cast<const BlockQ6K*>(row);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t u = 0; u < n / 256; ++u) {
+    const BlockQ6K& b = blocks[u];
+    const float dg = F16ToF32(b.d);
+    float& a = acc[u % 4];
+    for (int m = 0; m < 8; ++m) {
+      const float s0 = dg * static_cast<float>(b.scales[2 * m]);
+      const float s1 = dg * static_cast<float>(b.scales[2 * m + 1]);
+      float part = s0 * static_cast<float>(SubBlockSum(b, xq + 256 * u, 2 * m));
+      part = std::fma(s1, static_cast<float>(SubBlockSum(b, xq + 256 * u, 2 * m + 1)), part);
+      a = std::fma(xd[8 * u + m], part, a);
+    }
+  }
+  float v = 0.f;
+  for (int w = 0; w < 4; ++w) v = v + acc[w];
+  return v;
+}
+
+}  // namespace ds::cpu
