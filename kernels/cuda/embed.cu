@@ -59,7 +59,8 @@ absl::Status EmbedRows(GgmlType type, const void* table, int n_embd, const int32
         absl::StrCat("EmbedRows: type ", std::string(GgmlInfo(type).name), " not supported"));
   if (T == 0) return absl::OkStatus();
   const auto* tab = static_cast<const uint8_t*>(table);
-  DispatchType(type, [&]<GgmlType Ty>() {
+  DispatchType(type, [&](auto tag) {
+    constexpr GgmlType Ty = decltype(tag)::value;
     if (n_embd % kUnitElems == 0) {
       const int64_t warps = static_cast<int64_t>(T) * (n_embd / kUnitElems);
       EmbedUnitKernel<Ty><<<CeilDiv(warps * 32, 256), 256, 0, stream>>>(tab, n_embd, ids, T, out,

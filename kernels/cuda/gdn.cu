@@ -375,12 +375,12 @@ __global__ void GatedNormKernel(float* __restrict__ o, const float* __restrict__
 int WarpRound(int n) { return (n + 31) / 32 * 32; }
 
 template <typename F>
-bool DispatchDk(int dk, F&& f) {
+bool DispatchDk(int dk, F&& f) {  // f(std::integral_constant<int, DK>{}): C++17, see DispatchType
   switch (dk) {
-    case 16: f.template operator()<16>(); return true;
-    case 32: f.template operator()<32>(); return true;
-    case 64: f.template operator()<64>(); return true;
-    case 128: f.template operator()<128>(); return true;
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+    case 32: f(std::integral_constant<int, 32>{}); return true;
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
     default: return false;
   }
 }
@@ -402,7 +402,8 @@ absl::Status GdnShapeSupported(const GdnShape& s) {
 absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
   DS_RETURN_IF_ERROR(GdnShapeSupported(a.shape));
   if (a.n_seqs == 0) return absl::OkStatus();
-  DispatchDk(a.shape.k_dim, [&]<int DK>() {
+  DispatchDk(a.shape.k_dim, [&](auto tag) {
+    constexpr int DK = decltype(tag)::value;
     constexpr int NG = DK / KPerThread<DK>();
     GdnDecodeKernel<DK><<<dim3(a.shape.v_heads, a.n_seqs), NG * WarpRound(a.shape.v_dim), 0, stream>>>(a);
   });
@@ -420,13 +421,15 @@ absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream) {
   if (a.chunk != 0 && a.chunk != kGdnChunk)
     return absl::InvalidArgumentError(absl::StrCat("GdnPrefill: chunk ", a.chunk, " not 0 or ", kGdnChunk));
   if (a.chunk == 0) {
-    DispatchDk(a.shape.k_dim, [&]<int DK>() {
+    DispatchDk(a.shape.k_dim, [&](auto tag) {
+    constexpr int DK = decltype(tag)::value;
       GdnScanKernel<DK><<<a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a);
     });
     DS_RETURN_IF_ERROR(LastLaunchStatus("GdnScan"));
   } else {
     cudaError_t attr = cudaSuccess;
-    DispatchDk(a.shape.k_dim, [&]<int DK>() {
+    DispatchDk(a.shape.k_dim, [&](auto tag) {
+    constexpr int DK = decltype(tag)::value;
       const int bytes = static_cast<int>(sizeof(ChunkSmem<DK>));
       attr = cudaFuncSetAttribute(GdnChunkKernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       if (attr == cudaSuccess)
@@ -434,7 +437,8 @@ absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream) {
     });
     if (attr != cudaSuccess) {  // not enough shared memory (e.g. 82 KB at dk 128 on sm_75)
       cudaGetLastError();
-      DispatchDk(a.shape.k_dim, [&]<int DK>() {
+      DispatchDk(a.shape.k_dim, [&](auto tag) {
+    constexpr int DK = decltype(tag)::value;
         GdnScanKernel<DK><<<a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a);
       });
     }

@@ -271,7 +271,8 @@ absl::Status GemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream) {
   const bool unit = a.K % kUnitElems == 0;
   if (!unit) {
     for (int i = 0; i < n_segs; ++i)
-      DispatchType(a.type, [&]<GgmlType T>() {
+      DispatchType(a.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
         GemvElemKernel<T><<<CeilDiv(segs[i].M, kWarps), kWarps * 32, 0, stream>>>(segs[i]);
       });
     return LastLaunchStatus("Gemv(elem)");
@@ -279,7 +280,8 @@ absl::Status GemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream) {
   GemvLaunch L{};
   for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
   L.n_segs = n_segs;
-  DispatchType(a.type, [&]<GgmlType T>() {
+  DispatchType(a.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
     if (a.nc == 1) LaunchUnit<T, 1>(L, stream);
     else if (a.nc == 2) LaunchUnit<T, 2>(L, stream);
     else if (a.nc <= 4) LaunchUnit<T, 4>(L, stream);

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/gguf/ggml_types.h"
 #include "kernels/cuda/common.cuh"
@@ -278,19 +279,21 @@ __device__ __forceinline__ float DecodeElem(const uint8_t* row, int64_t i) {
   return 0.f;
 }
 
-// Calls f.template operator()<T>() for the runtime type; returns false when unsupported.
+// Calls f(std::integral_constant<GgmlType, T>{}) for the runtime type (callers: `[&](auto tag) {
+// constexpr GgmlType T = decltype(tag)::value; ... }`, C++17: the sm_70 check compiles device
+// code with CUDA 11.8, which has no template lambdas); returns false when unsupported.
 template <typename F>
 bool DispatchType(GgmlType t, F&& f) {
   switch (t) {
-    case GgmlType::F32: f.template operator()<GgmlType::F32>(); return true;
-    case GgmlType::F16: f.template operator()<GgmlType::F16>(); return true;
-    case GgmlType::BF16: f.template operator()<GgmlType::BF16>(); return true;
-    case GgmlType::Q8_0: f.template operator()<GgmlType::Q8_0>(); return true;
-    case GgmlType::IQ4_NL: f.template operator()<GgmlType::IQ4_NL>(); return true;
-    case GgmlType::Q4_K: f.template operator()<GgmlType::Q4_K>(); return true;
-    case GgmlType::Q5_K: f.template operator()<GgmlType::Q5_K>(); return true;
-    case GgmlType::Q6_K: f.template operator()<GgmlType::Q6_K>(); return true;
-    case GgmlType::IQ4_XS: f.template operator()<GgmlType::IQ4_XS>(); return true;
+    case GgmlType::F32: f(std::integral_constant<GgmlType, GgmlType::F32>{}); return true;
+    case GgmlType::F16: f(std::integral_constant<GgmlType, GgmlType::F16>{}); return true;
+    case GgmlType::BF16: f(std::integral_constant<GgmlType, GgmlType::BF16>{}); return true;
+    case GgmlType::Q8_0: f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}); return true;
+    case GgmlType::IQ4_NL: f(std::integral_constant<GgmlType, GgmlType::IQ4_NL>{}); return true;
+    case GgmlType::Q4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}); return true;
+    case GgmlType::Q5_K: f(std::integral_constant<GgmlType, GgmlType::Q5_K>{}); return true;
+    case GgmlType::Q6_K: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}); return true;
+    case GgmlType::IQ4_XS: f(std::integral_constant<GgmlType, GgmlType::IQ4_XS>{}); return true;
     default: return false;
   }
 }

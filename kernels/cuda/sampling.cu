@@ -792,6 +792,7 @@ absl::Status ArgmaxRows(const float* logits, int64_t ld, int rows, int n, int32_
   return LastLaunchStatus("ArgmaxRows");
 }
 
+#if __cplusplus >= 202002L  // std::span (host code; the C++17 sm_70 check leaves it out)
 void PackSampleRow(const sampling::SamplingParams& p, std::span<const int32_t> history, int n_vocab,
                    double uniform, bool skip, std::vector<SampleRowParams>* rows,
                    std::vector<PenaltyPair>* pairs) {
@@ -833,6 +834,7 @@ void PackSampleRow(const sampling::SamplingParams& p, std::span<const int32_t> h
   r.pen_count = static_cast<int32_t>(pairs->size()) - r.pen_begin;
   rows->push_back(r);
 }
+#endif  // __cplusplus >= 202002L
 
 absl::Status SampleRows(const float* logits, int64_t ld, int rows, int n,
                         const SampleRowParams* params, const PenaltyPair* pairs, int32_t* out,

@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#if __cplusplus >= 202002L  // not in the C++17 sm_70 check (CUDA 11.8): tools/test.sh
 #include <span>
+#endif
 #include <vector>
 
 #include "common/sampling/sampling_params.h"
@@ -54,9 +56,11 @@ struct PenaltyPair {
 // `pairs`. `uniform` is what Sampler::PeekUniform() returns for this call; it is ignored when the
 // row is greedy (temperature 0), for which the CPU sampler draws nothing. skip = true appends a
 // kSampleSkip row.
+#if __cplusplus >= 202002L
 void PackSampleRow(const sampling::SamplingParams& params, std::span<const int32_t> history,
                    int n_vocab, double uniform, bool skip, std::vector<SampleRowParams>* rows,
                    std::vector<PenaltyPair>* pairs);
+#endif
 
 // Flags for SampleRows.
 inline constexpr int kSampleForceGeneral = 1;  // tests: skip the candidate fast path
