@@ -18,18 +18,40 @@ absl::StatusOr<CublasGemm*> CublasGemm::Create() {
     delete g;
     return st;
   }
+  const float c[2] = {0.f, 1.f};
+  if (cudaMalloc(&g->consts_, sizeof c) != cudaSuccess ||
+      cudaMemcpy(g->consts_, c, sizeof c, cudaMemcpyHostToDevice) != cudaSuccess) {
+    delete g;
+    return absl::InternalError("CublasGemm: cannot allocate its 8 bytes of constants");
+  }
   return g;
 }
 
 CublasGemm::~CublasGemm() {
   if (handle_) cublasDestroy(handle_);
+  if (consts_) cudaFree(consts_);
 }
 
 absl::Status CublasGemm::Run(const void* w, const void* x, float* y, int M, int K, int T,
-                             int64_t ldy, bool bf16, float beta, cudaStream_t stream) {
+                             int64_t ldy, bool bf16, float beta, cudaStream_t stream,
+                             const float* x_scale) {
   DS_RETURN_IF_ERROR(CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"));
-  const float alpha = 1.f;
   const cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  if (x_scale) {
+    if (bf16 || (beta != 0.f && beta != 1.f))
+      return absl::InvalidArgumentError("CublasGemm::Run: x_scale needs f16 operands and beta 0 or 1");
+    // alpha = 1 / s and beta from device memory; the handle goes back to host pointers after.
+    DS_RETURN_IF_ERROR(CublasStatus(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_DEVICE),
+                                    "cublasSetPointerMode"));
+    const cublasStatus_t s = cublasGemmEx(
+        handle_, CUBLAS_OP_T, CUBLAS_OP_N, M, T, K, x_scale + 1, w, dt, K, x, dt, K,
+        consts_ + (beta == 1.f ? 1 : 0), y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT);
+    DS_RETURN_IF_ERROR(CublasStatus(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST),
+                                    "cublasSetPointerMode"));
+    return CublasStatus(s, "cublasGemmEx(scaled f16)");
+  }
+  const float alpha = 1.f;
   // C (col-major M x T, ld = ldy) = op(A) (M x K) * B (K x T); A is W viewed col-major [K, M].
   return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, M, T, K, &alpha, w, dt, K, x,
                                    dt, K, &beta, y, CUDA_R_32F, static_cast<int>(ldy),

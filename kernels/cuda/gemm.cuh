@@ -19,8 +19,11 @@ class CublasGemm {
 
   // w: [M, K] 16-bit, x: [T, K] 16-bit (same kind, bf16 when `bf16`), y: [T, ldy] f32.
   // beta = 1 accumulates into y (residual add); beta = 0 overwrites.
+  // x_scale (f16 only): x was scaled into f16's range by ConvertF32ToHalfScaled (dequant.cuh);
+  // x_scale[1] (device memory) is its 1 / s, read by cuBLAS as alpha (device pointer mode), so
+  // y = beta * y + (1 / s) * W (s x) without a host sync. beta must then be 0 or 1.
   absl::Status Run(const void* w, const void* x, float* y, int M, int K, int T, int64_t ldy,
-                   bool bf16, float beta, cudaStream_t stream);
+                   bool bf16, float beta, cudaStream_t stream, const float* x_scale = nullptr);
   // Same product with f32 operands (F32 weights used in place: no dequant), fp32 compute.
   absl::Status RunF32(const float* w, const float* x, float* y, int M, int K, int T, int64_t ldy,
                       float beta, cudaStream_t stream);
@@ -35,6 +38,7 @@ class CublasGemm {
  private:
   CublasGemm() = default;
   cublasHandle_t handle_ = nullptr;
+  float* consts_ = nullptr;  // device {0, 1}: beta in device pointer mode
 };
 
 }  // namespace ds::cuda
