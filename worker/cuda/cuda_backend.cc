@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.kv_page_size > 0) co.kv_page_size = opts.kv_page_size;
   if (opts.memory_fraction < 1.0) co.memory_fraction = opts.memory_fraction;
   if (opts.max_step_tokens > 0) co.max_step_tokens = opts.max_step_tokens;
+  if (opts.portable) co.portable = true;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> dev,
                       CudaDevice::Create(*file, cfg, tp, opts.device, DeviceSlots(opts),
                                          opts.slot_ctx, co));

@@ -115,6 +115,7 @@ class CudaDevice final : public Device {
   std::string state_layout() const override;
 
   const CudaMemoryPlan& memory_plan() const { return plan_; }
+  bool portable() const { return portable_; }  // the sm_70 kernel path (cuda_options.h)
   // All-reduces that ran overlapped with the projection GEMMs (overlap_allreduce), since start.
   int64_t overlapped_allreduces() const { return overlap_pieces_; }
   // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
@@ -247,7 +248,10 @@ class CudaDevice final : public Device {
   int sm_count_ = 1;       // multiprocessors of the GPU (cudaDeviceProp)
   CudaBackendOptions copts_;
   DeviceLimits limits_;
-  bool bf16_ = true;  // 16-bit GEMM operand type: bf16 on sm_80+, f16 below
+  bool bf16_ = true;  // 16-bit GEMM operand type: bf16 on sm_80+, f16 on the portable path
+  bool portable_ = false;  // copts_.portable, or compute capability < 8.0 (cuda_options.h)
+  float* xh_scale_ = nullptr;  // [2] xh_'s f16 range scaling (dequant.cuh), portable path only
+  const float* XhScale() const { return bf16_ ? nullptr : xh_scale_; }
   CudaMemoryPlan plan_;
   uint64_t step_weight_bytes_ = 0;
   cudaStream_t stream_ = nullptr;

@@ -91,7 +91,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   cudaDeviceProp prop;
   DS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
-  bf16_ = prop.major >= 8;
+  // The portable path (cuda_options.h): all there is below sm_80; on newer GPUs on request.
+  portable_ = copts_.portable || prop.major < 8;
+  bf16_ = !portable_;
   sm_count_ = std::max(1, prop.multiProcessorCount);
 
   const ModelConfig& c = cfg_;
@@ -165,7 +167,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     small_floats += 5ull * c.n_embd + L.attn.q_norm.size() + L.attn.k_norm.size() + 7 * 64;
   }
   uint64_t max_mat_elems = 0;
-  tiled_ = copts_.tiled && TiledAvailable(device_);
+  tiled_ = copts_.tiled && !portable_ && TiledAvailable(device_);
   tiled_max_rows_ = tiled_ ? std::clamp(copts_.tiled_max_rows, 0, kTiledMaxCols) : 0;
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
   // by row lookups), so also the LM head unless it is tied to the embedding.
@@ -274,6 +276,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&xq_), static_cast<uint64_t>(QuantRows()) * max_k_},
       {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 4 + 4},
       {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
+      {reinterpret_cast<void**>(&xh_scale_), 16},
       {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
       {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
       {reinterpret_cast<void**>(&vt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},

@@ -18,6 +18,13 @@ struct CudaBackendOptions {
   int64_t kv_pool_tokens = 0;
   double memory_fraction = 1.0;
   bool use_graphs = true;      // CUDA graphs for pure-decode steps
+  // The portable path (issue #19, docs/v100.md): the kernels a V100 (sm_70) runs, on any GPU:
+  // f16 cuBLAS operands for prefill (activations scaled into f16's range,
+  // ConvertF32ToHalfScaled in kernels/cuda/dequant.cuh) instead of bf16, and the raw-layout
+  // dp4a GEMV instead of the tiled int8 mma kernels (tiled and int8_mmq have no effect). Always
+  // taken below compute capability 8.0; `true` forces it on newer GPUs, so that the V100's
+  // kernels are tested and benchmarked there (worker / serve / bench / generate --portable).
+  bool portable = false;
   int gemv_max_rows = 32;      // up to this many rows per matmul use GEMV (in groups of 8)
   // KV cache element type (worker/model/kv_type.h): F16, Q8_0 (8.5 bits) or Q4_0 (4.5 bits) per
   // element. Per token and attention layer: 2 x n_kv x GgmlRowBytes(kv_type, hd), i.e. at

@@ -26,7 +26,10 @@ absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
 }
 absl::Status CudaDevice::EnsureHalf(const float* x, int R, int K) {
   if (xh_src_ == x && xh_rows_ == R) return absl::OkStatus();
-  DS_RETURN_IF_ERROR(ConvertF32ToHalf(x, static_cast<int64_t>(R) * K, xh_, bf16_, stream_));
+  // f16 (the portable path) is scaled into its range; the GEMMs undo it (dequant.cuh, XhScale).
+  const int64_t n = static_cast<int64_t>(R) * K;
+  DS_RETURN_IF_ERROR(bf16_ ? ConvertF32ToHalf(x, n, xh_, true, stream_)
+                           : ConvertF32ToHalfScaled(x, n, xh_, xh_scale_, stream_));
   xh_src_ = x;
   xh_rows_ = R;
   return absl::OkStatus();
@@ -184,7 +187,7 @@ absl::Status CudaDevice::LinearOverlapReduce(const DMat& w, const float* x, int 
           const int mc = std::min(wchunk, w.rows - m0);
           if (wchunk != w.rows) DS_RETURN_IF_ERROR(dequant(m0, mc));
           DS_RETURN_IF_ERROR(gemm_->Run(wh_, xh_ + c.row0 * K, h_ + c.row0 * M + m0, mc, w.cols,
-                                        c.n, w.rows, bf16_, beta, stream_));
+                                        c.n, w.rows, bf16_, beta, stream_, XhScale()));
         }
       }
       DS_RETURN_IF_ERROR(ReduceRowsDone(c.row0, c.n));
@@ -265,7 +268,7 @@ absl::Status CudaDevice::GemmSegments(const DMat& w, const float* x,
     for (const RowSegment& g : segs)
       DS_RETURN_IF_ERROR(gemm_->Run(wh_, xh_ + static_cast<int64_t>(g.row0) * w.cols,
                                     y + static_cast<int64_t>(g.row0) * w.rows + m0, mc, w.cols,
-                                    g.n, w.rows, bf16_, beta, stream_));
+                                    g.n, w.rows, bf16_, beta, stream_, XhScale()));
   }
   return absl::OkStatus();
 }

@@ -190,6 +190,9 @@ struct BackendOptions {
   // the CUDA backend stores quantized KV; the CPU backend keeps an f32 cache and rejects anything
   // but the default F16 with a clear error.
   GgmlType kv_type = GgmlType::F16;
+  // CUDA: the portable (sm_70 / V100) kernel path on any GPU (CudaBackendOptions::portable,
+  // --portable); the CPU backend has one path and ignores it.
+  bool portable = false;
   // Paged KV pool (issue #23): tokens of KV the pool holds for all slots together, and tokens per
   // page. kv_pool_tokens 0 = n_slots x slot_ctx (every slot can hold a full context: no sharing);
   // less makes the slots share it (the scheduler admits against it). kv_page_size 0 = the
