@@ -63,6 +63,7 @@ sampling::SamplingParams ToSamplerParams(const SamplingInput& s) {
   p.frequency_penalty = s.frequency_penalty;
   p.seed = s.seed;
   p.mtp_drafts = s.mtp;  // Validate names a value outside [0, 15]
+  p.json_object = s.json_object;
   return p;
 }
 
@@ -154,6 +155,14 @@ absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView
     if (id < 0 || id >= m.n_vocab)
       return Bad("stop_token_ids[", i, "] = ", id, " is outside the vocabulary [0, ", m.n_vocab,
                  ")");
+  }
+
+  if (in.sampling.json_object) {
+    // The worker masks tokens by their text and ends the object with the model's EOS ids.
+    if (!m.tokenizer->has_vocab() || m.tokenizer->eos_ids().empty())
+      return Bad("json_object: the model has no vocabulary (or no EOS id) to constrain");
+    if (in.ignore_eos)
+      return Bad("json_object with ignore_eos: generation must end when the object is complete");
   }
 
   sampling::SamplingParams sp = ToSamplerParams(in.sampling);

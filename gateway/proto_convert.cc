@@ -40,6 +40,7 @@ GenerateInput FromProto(const v1::GenerateRequest& r) {
   in.sampling.frequency_penalty = s.frequency_penalty();
   in.sampling.seed = s.seed();
   in.sampling.mtp = s.has_mtp() ? static_cast<int32_t>(std::min<uint32_t>(s.mtp(), 1u << 20)) : -1;
+  in.sampling.json_object = s.json_object();
   in.max_tokens = r.max_tokens();
   in.stop.assign(r.stop().begin(), r.stop().end());
   in.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());

@@ -26,6 +26,7 @@ struct SamplingInput {
   float frequency_penalty = 0;
   uint64_t seed = 0;
   int32_t mtp = -1;  // MTP drafts for this request: -1 = the server's setting, 0 = off, k = at most k
+  bool json_object = false;  // response_format json_object: constrained to one JSON object
 };
 
 struct GenerateInput {

@@ -29,6 +29,10 @@ struct SamplingParams {
   // MTP drafts per step for this request (proto SamplingParams.mtp): -1 = the server's setting,
   // 0 = off, k = at most k (the worker's own setting caps it).
   int mtp_drafts = -1;
+  // response_format json_object (proto SamplingParams.json_object): the generated text is
+  // constrained to one JSON object (json_constraint.h); end-of-generation ids only once it is
+  // complete.
+  bool json_object = false;
   std::vector<int32_t> stop_ids = {};
   std::vector<std::string> stop_strings = {};
 };

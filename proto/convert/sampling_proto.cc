@@ -17,6 +17,7 @@ SamplingParams FromProto(const deltaserve::v1::SamplingParams& p, int n_logprobs
   s.n_logprobs = n_logprobs;
   // Out-of-range values pass through so Validate names them (16 and up, as given).
   s.mtp_drafts = p.has_mtp() ? static_cast<int>(std::min<uint32_t>(p.mtp(), 1u << 20)) : -1;
+  s.json_object = p.json_object();
   return s;
 }
 
@@ -31,6 +32,7 @@ deltaserve::v1::SamplingParams ToProto(const SamplingParams& s) {
   p.set_frequency_penalty(s.frequency_penalty);
   p.set_seed(s.seed);
   if (s.mtp_drafts >= 0) p.set_mtp(static_cast<uint32_t>(s.mtp_drafts));
+  p.set_json_object(s.json_object);
   return p;
 }
 

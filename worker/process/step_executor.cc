@@ -124,6 +124,19 @@ StepResult StepExecutor::Run(const Step& step) {
     result.error = std::string(s.message());
     return result;
   }
+  // json_object: the token table is loaded before anything changes, so a failure leaves every
+  // slot as it was.
+  for (const SequenceStart& st : step.started) {
+    if (!st.sampling.json_object || json_vocab_) continue;
+    absl::StatusOr<std::shared_ptr<sampling::JsonVocab>> v =
+        json_loader_ ? json_loader_()
+                     : absl::FailedPreconditionError("this worker has no JSON token table");
+    if (!v.ok()) {
+      result.error = absl::StrCat("request ", st.request_id, " (json_object): ", v.status().message());
+      return result;
+    }
+    json_vocab_ = std::move(*v);
+  }
   // Releases first: a slot freed and re-bound in the same step is reset exactly once here.
   for (uint32_t s : step.released) {
     backend_->ResetSlot(static_cast<int>(s));
@@ -149,6 +162,13 @@ StepResult StepExecutor::Run(const Step& step) {
     slot.mtp = drafter_.has_value() && !slot.want_logprob && st.max_new_tokens > 0 &&
                st.sampling.mtp_drafts != 0;
     slot.mtp_cap = std::max(0, st.sampling.mtp_drafts);
+    if (st.sampling.json_object) {
+      slot.mtp = false;  // drafts would need masks at every position
+      slot.json.emplace(json_vocab_);
+      // A replay: the generated tokens came through the same masks, so they are taken again.
+      for (size_t i = static_cast<size_t>(slot.n_prompt); i < slot.known.size(); ++i)
+        if (!slot.json->Accept(slot.known[i]).ok()) break;
+    }
   }
   if (step.work.empty()) return result;
   const int n_vocab = backend_->config().n_vocab;
@@ -214,8 +234,8 @@ StepResult StepExecutor::Run(const Step& step) {
           dev_rows_[r].mode = DeviceSampleRow::Mode::kLogits;
         continue;
       }
-      if (slot.want_logprob || slot.sampler->params().n_logprobs > 0) {
-        d.mode = DeviceSampleRow::Mode::kLogits;
+      if (slot.want_logprob || slot.sampler->params().n_logprobs > 0 || slot.json) {
+        d.mode = DeviceSampleRow::Mode::kLogits;  // logprobs / json masks: the host samples
         continue;
       }
       d.mode = DeviceSampleRow::Mode::kSample;
@@ -307,7 +327,13 @@ StepResult StepExecutor::Run(const Step& step) {
     } else {
       std::span<const float> row(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
                                  static_cast<size_t>(n_vocab));  // [n_vocab]
+      if (slot.json) {  // disallowed tokens -> -inf (logprobs are then the masked ones)
+        masked_.assign(row.begin(), row.end());
+        slot.json->Mask(masked_);
+        row = masked_;
+      }
       r = slot.sampler->Sample(row, slot.known);
+      if (slot.json) (void)slot.json->Accept(r.token);  // allowed: it was sampled under the mask
     }
     slot.known.push_back(r.token);
     if (slot.mtp)

@@ -10,10 +10,13 @@
 // are appended to them (the scheduler appends the same ids on its side when it applies the result).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "common/collective/collective.h"
+#include "common/sampling/json_constraint.h"
 #include "common/sampling/sampler.h"
 #include "worker/model/backend.h"
 #include "worker/process/step_types.h"
@@ -53,6 +56,14 @@ class StepExecutor {
   const spec::SpecStats& last_mtp_stats() const { return step_stats_; }
   const std::vector<int>& last_verify_tokens() const { return verify_tokens_; }
 
+  // response_format json_object (SamplingParams::json_object): where the model's token table
+  // comes from (worker/process/json_vocab.h), called once, when the first such request starts.
+  // Such a slot is sampled on the host with its logits masked (json_constraint.h) and is not
+  // speculated; a replay re-applies its generated tokens, so masks and tokens are the same.
+  // Without a loader (or when it fails) a step starting such a request fails with the reason.
+  using JsonVocabLoader = std::function<absl::StatusOr<std::shared_ptr<sampling::JsonVocab>>()>;
+  void SetJsonVocabLoader(JsonVocabLoader load) { json_loader_ = std::move(load); }
+
   // Tokens the worker knows for a slot (for tests); empty when the slot is free.
   const std::vector<int32_t>& known(int slot) const { return slots_[slot].known; }
   bool active(int slot) const { return slots_[slot].active; }
@@ -71,6 +82,7 @@ class StepExecutor {
     int n_prompt = 0;
     int max_new = 0;
     spec::Drafts drafts;
+    std::optional<sampling::JsonConstraint> json;  // response_format json_object
   };
   // Drafts from the hidden rows [p0, p0 + n_rows) the last Forward gave for `slot`; when drafting
   // fails the request goes on without drafts.
@@ -94,6 +106,9 @@ class StepExecutor {
   spec::SpecStats step_stats_;  // the last Run's
   std::vector<int> out_row_;      // [work + 1] first output row of each work item
   std::vector<int> verify_tokens_;  // [verify steps of the last Run] tokens kept
+  JsonVocabLoader json_loader_;
+  std::shared_ptr<sampling::JsonVocab> json_vocab_;  // loaded on first use
+  std::vector<float> masked_;                        // [n_vocab] a json_object row, masked
 };
 
 }  // namespace ds::worker

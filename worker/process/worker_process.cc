@@ -38,6 +38,7 @@
 #include "worker/model/kv_type.h"
 #include "worker/model/weights.h"
 #include "worker/process/step_executor.h"
+#include "worker/process/json_vocab.h"
 #include "worker/process/step_proto.h"
 #include "worker/process/tp_session.h"
 #include "common/util/model_alias.h"
@@ -402,6 +403,7 @@ class Session {
           if (absl::Status ms = executor_->SetMtp(o_.mtp); !ms.ok()) return Fatal(ms);
           DS_LOG(INFO, "configured", {{"slots", n_usable}, {"slot_ctx", cf.slot_ctx()},
                                       {"device", be_->name()}});
+          executor_->SetJsonVocabLoader([file = file_] { return worker::JsonVocabFromGguf(*file); });
           {
             // The memory plan: what the device holds and the KV pool the slots share.
             const MemoryFootprint mf = be_->memory();
