@@ -9,9 +9,30 @@ prometheus::Gauge* Gauge(prometheus::Registry& r, const char* name, const char* 
   return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
 }
 
+prometheus::Counter* Counter(prometheus::Registry& r, const char* name, const char* help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
 }  // namespace
 
 SchedulerMetrics::SchedulerMetrics(prometheus::Registry& r) {
+  pc_lookups_ = Counter(r, "deltaserve_prefix_cache_lookups_total",
+                        "Admissions that looked for a cached prefix (issue #17)");
+  pc_hits_ = Counter(r, "deltaserve_prefix_cache_hits_total",
+                     "Admissions that resumed from a prefix-cache checkpoint");
+  pc_prompt_tokens_ = Counter(r, "deltaserve_prefix_cache_prompt_tokens_total",
+                              "Prompt tokens of the admissions that looked for a cached prefix");
+  pc_saved_tokens_ = Counter(r, "deltaserve_prefix_cache_saved_tokens_total",
+                             "Prompt tokens not prefilled thanks to a prefix-cache hit");
+  pc_saves_ = Counter(r, "deltaserve_prefix_cache_saves_total", "Checkpoints the workers saved");
+  pc_evictions_ = Counter(r, "deltaserve_prefix_cache_evictions_total",
+                          "Checkpoints the workers dropped to make room (LRU)");
+  pc_failures_ = Counter(r, "deltaserve_prefix_cache_failures_total",
+                         "Checkpoints asked for and not saved (too large, or the step failed)");
+  pc_bytes_ = Gauge(r, "deltaserve_prefix_cache_bytes", "Bytes of checkpoints the workers hold");
+  pc_budget_ = Gauge(r, "deltaserve_prefix_cache_budget_bytes",
+                     "The workers' prefix-cache budgets (--prefix-cache-mb)");
+  pc_checkpoints_ = Gauge(r, "deltaserve_prefix_cache_checkpoints", "Checkpoints the workers hold");
   waiting_ = Gauge(r, "deltaserve_requests_waiting", "Requests queued for a slot");
   running_ = Gauge(r, "deltaserve_requests_running", "Requests bound to a slot");
   queue_capacity_ = Gauge(r, "deltaserve_requests_waiting_capacity",
@@ -132,6 +153,30 @@ void SchedulerMetrics::SetWorker(const std::string& id, bool up, double heartbea
   }
   it->second.up->Set(up ? 1 : 0);
   it->second.heartbeat_age->Set(heartbeat_age_seconds);
+}
+
+void SchedulerMetrics::SetPrefixCache(const std::map<int, PrefixCacheGaugeState>& replicas) {
+  PrefixCacheGaugeState sum;
+  for (const auto& [id, now] : replicas) {
+    PrefixCacheGaugeState& last = pc_last_[id];
+    auto grow = [](prometheus::Counter* c, uint64_t now_v, uint64_t last_v) {
+      if (now_v > last_v) c->Increment(static_cast<double>(now_v - last_v));
+    };
+    grow(pc_lookups_, now.lookups, last.lookups);
+    grow(pc_hits_, now.hits, last.hits);
+    grow(pc_prompt_tokens_, now.prompt_tokens, last.prompt_tokens);
+    grow(pc_saved_tokens_, now.saved_tokens, last.saved_tokens);
+    grow(pc_saves_, now.saves, last.saves);
+    grow(pc_evictions_, now.evictions, last.evictions);
+    grow(pc_failures_, now.failures, last.failures);
+    last = now;
+    sum.bytes += now.bytes;
+    sum.budget_bytes += now.budget_bytes;
+    sum.checkpoints += now.checkpoints;
+  }
+  pc_bytes_->Set(static_cast<double>(sum.bytes));
+  pc_budget_->Set(static_cast<double>(sum.budget_bytes));
+  pc_checkpoints_->Set(static_cast<double>(sum.checkpoints));
 }
 
 }  // namespace ds::metrics

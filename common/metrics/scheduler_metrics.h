@@ -41,6 +41,15 @@ struct SchedulerGaugeState {
   bool serving = false;
 };
 
+// Prefix cache of one replica (issue #17): cumulative counts since the replica joined and what
+// it holds now (a mirror of ds::sched::PrefixCacheStats).
+struct PrefixCacheGaugeState {
+  uint64_t lookups = 0, hits = 0, prompt_tokens = 0, saved_tokens = 0;
+  uint64_t saves = 0, evictions = 0, failures = 0;
+  uint64_t bytes = 0, budget_bytes = 0;
+  int64_t checkpoints = 0;
+};
+
 class SchedulerMetrics {
  public:
   explicit SchedulerMetrics(prometheus::Registry& registry);
@@ -52,6 +61,10 @@ class SchedulerMetrics {
   // Liveness of a worker by id (up = attached). A lost worker stays exported with up=0 (worker ids are stable
   // under systemd: %H-gpu%i) so the WorkerDown alert sees it until it returns.
   void SetWorker(const std::string& worker_id, bool up, double heartbeat_age_seconds);
+  // Prefix cache: `replicas` = every live replica's state by replica id. Counters advance by each
+  // replica's growth since the previous call (a lost replica's counts stay counted); gauges are
+  // the live replicas' sum.
+  void SetPrefixCache(const std::map<int, PrefixCacheGaugeState>& replicas);
 
  private:
   prometheus::Gauge *waiting_, *running_, *queue_capacity_, *slots_, *slots_busy_;
@@ -72,6 +85,10 @@ class SchedulerMetrics {
     prometheus::Gauge *up, *heartbeat_age;
   };
   std::map<std::string, WorkerSeries> workers_;
+  prometheus::Counter *pc_lookups_, *pc_hits_, *pc_prompt_tokens_, *pc_saved_tokens_, *pc_saves_,
+      *pc_evictions_, *pc_failures_;
+  prometheus::Gauge *pc_bytes_, *pc_budget_, *pc_checkpoints_;
+  std::map<int, PrefixCacheGaugeState> pc_last_;  // by replica id
 };
 
 }  // namespace ds::metrics

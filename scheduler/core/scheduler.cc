@@ -187,8 +187,157 @@ absl::Status Scheduler::Add(Request r) {
   s->timings.arrival = r.arrival;
   s->req = std::move(r);
   queue_.Push(s->key());
-  seqs_.emplace(s->req.id, std::move(s));
+  Seq& added = *s;
+  seqs_.emplace(added.req.id, std::move(s));
+  if (PrefixOn()) NotePrefix(added);
   return absl::OkStatus();
+}
+
+// ---- prefix cache (issue #17; scheduler/core/prefix_tree.h) ----
+
+namespace {
+
+int32_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b, int32_t limit) {
+  const int32_t n = std::min<int32_t>({static_cast<int32_t>(a.size()),
+                                       static_cast<int32_t>(b.size()), limit});
+  int32_t k = 0;
+  while (k < n && a[k] == b[k]) ++k;
+  return k;
+}
+
+}  // namespace
+
+void Scheduler::SetPrefixCache(const PrefixCacheConfig& config) {
+  config_.prefix_cache = config;
+  prefix_stats_.budget_bytes = config.enabled ? config.budget_bytes : 0;
+  if (config.enabled) return;
+  // Off: the worker's store is gone (or never was); nothing may name a checkpoint again.
+  tree_.Clear();
+  saves_.clear();
+  for (auto& [id, seq] : seqs_) seq->cuts.clear();
+}
+
+int32_t Scheduler::CachedPrefix(std::span<const int32_t> tokens) const {
+  if (!PrefixOn() || tokens.size() < 2) return 0;
+  const PrefixCheckpoint* c = tree_.Longest(tokens, static_cast<int32_t>(tokens.size()) - 1,
+                                            PrefixCheckpoint::State::kReady);
+  return c ? c->length : 0;
+}
+
+void Scheduler::AddCut(Seq& s, int32_t pos) {
+  for (const auto& [p, id] : s.cuts)
+    if (p == pos) return;
+  const uint64_t id = tree_.Plan(std::span<const int32_t>(s.tokens), pos, s.req.id, ++tick_);
+  if (id == 0) return;  // that position has a checkpoint already (saved, or planned by another)
+  s.cuts.emplace_back(pos, id);
+  std::sort(s.cuts.begin(), s.cuts.end());
+}
+
+void Scheduler::NotePrefix(Seq& s) {
+  const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.n_prompt));
+  // The longest prefix shared with any prompt seen before: where a checkpoint serves both.
+  s.shared = tree_.LongestSeen(prompt);
+  tree_.Insert(prompt, ++tick_);
+  const int32_t min_tokens = config_.prefix_cache.min_tokens;
+  if (s.shared < min_tokens) return;
+  // Requests already running whose prefill has not passed the shared prefix save a checkpoint
+  // where it ends (so this one, and the ones after it, resume there); queued ones learn it for
+  // their admission.
+  for (auto& [id, seq] : seqs_) {
+    Seq& o = *seq;
+    if (&o == &s || o.zombie || o.stale || o.pending != Pending::kNone) continue;
+    const int32_t lcp = CommonPrefix(prompt, std::span<const int32_t>(o.tokens),
+                                     std::min(s.shared, o.n_prompt - 1));
+    if (lcp < min_tokens) continue;
+    if (o.slot < 0) {
+      o.shared = std::max(o.shared, lcp);
+    } else if (lcp > (o.plans > 0 ? o.planned_end : o.computed)) {
+      AddCut(o, lcp);
+    }
+  }
+}
+
+const PrefixCheckpoint* Scheduler::ResumePoint(const Seq& s, const StepPlan& plan,
+                                               bool* wait) const {
+  *wait = false;
+  if (!PrefixOn()) return nullptr;
+  // At least one token is computed (its logits give the first sampled token); a replay resumes
+  // within its prompt only (its generated tokens take the decode path).
+  const int32_t limit =
+      std::min<int32_t>(s.n_prompt, static_cast<int32_t>(s.tokens.size()) - 1);
+  if (limit < config_.prefix_cache.min_tokens) return nullptr;
+  const std::vector<const PrefixCheckpoint*> path =
+      tree_.OnPath(std::span<const int32_t>(s.tokens), limit);
+  auto saved_by_this_plan = [&](uint64_t id) {
+    for (const CheckpointSave& c : plan.saves)
+      if (c.id == id) return true;
+    return false;
+  };
+  // The longest checkpoint the worker holds, or saves before this plan's starts (a finished
+  // chat turn, saved as its slot is released: the next turn arrives right after it).
+  const PrefixCheckpoint* best = nullptr;
+  for (const PrefixCheckpoint* c : path)
+    if (c->state == PrefixCheckpoint::State::kReady || saved_by_this_plan(c->id)) best = c;
+  const int32_t have = best ? best->length : 0;
+  for (const PrefixCheckpoint* c : path) {
+    if (c->state == PrefixCheckpoint::State::kReady || saved_by_this_plan(c->id)) continue;
+    if (c->length < have + config_.prefix_cache.wait_gain) continue;
+    auto it = seqs_.find(c->producer);
+    if (it != seqs_.end() && it->second->slot >= 0 && !it->second->zombie) *wait = true;
+  }
+  return best;
+}
+
+void Scheduler::PlanCuts(Seq& s) {
+  const PrefixCacheConfig& pc = config_.prefix_cache;
+  const int32_t last = s.n_prompt - 1;  // a repeated prompt resumes here and computes one token
+  auto want = [&](int32_t pos) {
+    if (pos >= pc.min_tokens && pos > s.computed && pos <= last) AddCut(s, pos);
+  };
+  want(last);
+  want(std::min(s.shared, last));
+  if (pc.interval > 0)
+    for (int32_t p = pc.interval; p < last; p += pc.interval) want(p);
+}
+
+void Scheduler::DropCuts(Seq& s) {
+  for (const auto& [pos, id] : s.cuts) tree_.Remove(id);
+  s.cuts.clear();
+}
+
+void Scheduler::SaveOnRelease(Seq& s) {
+  if (!PrefixOn() || s.slot < 0 || s.computed < config_.prefix_cache.min_tokens) return;
+  const uint64_t id =
+      tree_.Plan(std::span<const int32_t>(s.tokens), s.computed, s.req.id, ++tick_);
+  if (id == 0) return;
+  tree_.MarkSaving(id);
+  saves_.push_back(CheckpointSave{s.slot, id, s.computed});
+}
+
+void Scheduler::ApplyCheckpoints(const StepPlan& plan, const StepResults& results) {
+  for (const auto& [id, bytes] : results.checkpoints_saved) {
+    if (!tree_.Find(id)) continue;
+    tree_.Confirm(id, bytes);
+    ++prefix_stats_.saves;
+  }
+  for (const uint64_t id : results.checkpoints_evicted) {
+    tree_.Remove(id);
+    ++prefix_stats_.evictions;
+  }
+  for (const uint64_t id : results.checkpoints_failed) {
+    tree_.Remove(id);
+    ++prefix_stats_.failures;
+  }
+  // Asked for in this plan and not answered (the step failed before the save): forgotten.
+  auto unanswered = [&](uint64_t id) {
+    const PrefixCheckpoint* c = id ? tree_.Find(id) : nullptr;
+    if (c && c->state != PrefixCheckpoint::State::kReady) {
+      tree_.Remove(id);
+      ++prefix_stats_.failures;
+    }
+  };
+  for (const PlanEntry& e : plan.entries) unanswered(e.checkpoint);
+  for (const CheckpointSave& c : plan.saves) unanswered(c.id);
 }
 
 absl::Status Scheduler::MarkDone(RequestId id, Pending action, FinishReason reason,
@@ -282,7 +431,10 @@ Event Scheduler::FinishedEvent(Seq& s, FinishReason reason, std::string detail, 
 }
 
 void Scheduler::FinishNow(Seq& s, FinishReason reason, std::string detail, absl::Time now) {
+  DropCuts(s);
   if (s.slot >= 0) {
+    // A chat's next turn starts with this one's prompt + answer: keep the state it ends with.
+    if (reason == FinishReason::kStop || reason == FinishReason::kLength) SaveOnRelease(s);
     Unbind(s);
   } else {
     queue_.Remove(s.key());
@@ -299,9 +451,12 @@ void Scheduler::FinishSoon(Seq& s, FinishReason reason, std::string detail, absl
   outbox_.push_back(FinishedEvent(s, reason, std::move(detail), now));
   s.zombie = true;
   s.pending = Pending::kNone;
+  s.save_on_release = reason == FinishReason::kStop || reason == FinishReason::kLength;
+  DropCuts(s);
 }
 
 void Scheduler::RequeueNow(Seq& s) {
+  DropCuts(s);
   Unbind(s);
   s.computed = 0;
   s.pending = Pending::kNone;
@@ -350,6 +505,12 @@ int32_t Scheduler::NextPiece(const Seq& s, int32_t budget) const {
   int32_t n = std::min({s.remaining(), budget, config_.max_chunk});
   if (s.computed >= s.n_prompt) return n;
   n = std::min(n, s.n_prompt - s.computed);
+  // Prefix cache: a piece ends at the next checkpoint, so the state there can be saved.
+  for (const auto& [pos, id] : s.cuts)
+    if (pos > s.computed) {
+      n = std::min(n, pos - s.computed);
+      break;
+    }
   int32_t at = 0;
   for (const int32_t piece : s.prompt_pieces) {
     if (at == s.computed) {
@@ -377,6 +538,18 @@ void Scheduler::AddEntry(Seq& s, int32_t n, StepPlan& plan) {
   e.tokens.assign(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
   e.reset = s.computed == 0;
   e.sample = s.computed + n == static_cast<int32_t>(s.tokens.size());
+  // Prefix cache: the entry that ends at a planned checkpoint saves it; one that passes a
+  // checkpoint without ending there (a replay's recorded cut) gives it up.
+  while (!s.cuts.empty() && s.cuts.front().first <= s.computed + n) {
+    const auto [pos, id] = s.cuts.front();
+    s.cuts.erase(s.cuts.begin());
+    if (pos == s.computed + n && !e.decode_path) {
+      e.checkpoint = id;
+      tree_.MarkSaving(id);
+    } else {
+      tree_.Remove(id);
+    }
+  }
   ++s.plans;
   s.samples_in_flight += e.sample ? 1 : 0;
   s.planned_end = s.computed + n;
@@ -427,15 +600,44 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(absl::Time now) {
     if (slot < 0) break;
     Seq& s = *seqs_.at(queue_.front().id);
     if (reserved_total_ + Reservation(s) > pool) break;
+    // Prefix cache: resume from the longest checkpoint of its prompt; or wait (head of line)
+    // while a running request is about to save a much longer one.
+    bool wait = false;
+    if (PrefixOn() && plan.saves.empty()) plan.saves.swap(saves_);
+    const PrefixCheckpoint* resume = ResumePoint(s, plan, &wait);
+    if (wait) break;
     Admit(s, slot, now);
-    plan.started.push_back({s.req.id, slot, s.tokens, s.req.max_new_tokens});
+    SeqStart start{s.req.id, slot, s.tokens, s.req.max_new_tokens};
+    if (PrefixOn()) {
+      ++prefix_stats_.lookups;
+      prefix_stats_.tokens_looked += s.n_prompt;
+      if (resume) {
+        s.computed = resume->length;
+        start.resume_checkpoint = resume->id;
+        start.resume_len = resume->length;
+        ++prefix_stats_.hits;
+        prefix_stats_.tokens_saved += resume->length;
+      }
+      PlanCuts(s);
+    }
+    plan.started.push_back(std::move(start));
     const int32_t n = NextPiece(s, budget);
     AddEntry(s, n, plan);
     budget -= n;
   }
   // Released slots travel with the next plan that runs, so an idle worker needs no extra message.
-  if (plan.entries.empty()) return plan;
+  if (plan.entries.empty()) {
+    // Saves taken for the admission check go back: they travel with the next plan that runs.
+    if (!plan.saves.empty()) {
+      plan.saves.insert(plan.saves.end(), saves_.begin(), saves_.end());
+      saves_.swap(plan.saves);
+      plan.saves.clear();
+    }
+    return plan;
+  }
   plan.released.swap(released_);
+  plan.saves.insert(plan.saves.end(), saves_.begin(), saves_.end());
+  saves_.clear();
   plan.step_id = next_step_++;
   in_flight_.push_back(plan.step_id);
   return plan;
@@ -534,6 +736,7 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
     }
   }
   last_now_ = std::max(last_now_, now);
+  ApplyCheckpoints(plan, results);
 
   size_t k = 0;  // index into results.tokens
   size_t entry = 0;  // sampled entry index (into results.counts)
@@ -553,7 +756,10 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
       ++entry;
     }
     if (s.zombie) {
+      // Its state grows by what the worker computed for it (a decode sent ahead).
+      if (ok) s.computed += static_cast<int32_t>(e.tokens.size() + more.size());
       if (s.plans == 0) {
+        if (ok && s.save_on_release) SaveOnRelease(s);
         Unbind(s);
         seqs_.erase(e.id);  // destroys s; its Finished event went out already
       }
@@ -678,6 +884,9 @@ SchedulerStatus Scheduler::Status() const {
   st.plan_in_flight = !in_flight_.empty();
   st.steps_applied = steps_applied_;
   st.preemptions = preemptions_;
+  st.prefix_cache = prefix_stats_;
+  st.prefix_cache.checkpoints = tree_.ready_checkpoints();
+  st.prefix_cache.bytes = tree_.ready_bytes();
   return st;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "scheduler/core/prefix_tree.h"
 #include "scheduler/core/request_queue.h"
 #include "scheduler/core/types.h"
 
@@ -85,6 +87,12 @@ class Scheduler {
   // The worker's MTP drafts per decode (SchedulerConfig::mtp_drafts); set when it reports them.
   void SetMtpDrafts(int32_t drafts) { config_.mtp_drafts = drafts < 0 ? 0 : drafts; }
   absl::Status SetContextPolicy(const ContextPolicy& policy);
+  // Prefix cache (issue #17, scheduler/core/prefix_tree.h): on when the worker keeps a
+  // checkpoint store. Turning it off (or a new budget of 0) forgets every checkpoint.
+  void SetPrefixCache(const PrefixCacheConfig& config);
+  // Positions of `tokens` a request admitted now would resume from (0: none; for placement).
+  int32_t CachedPrefix(std::span<const int32_t> tokens) const;
+  const PrefixTree& prefix_tree() const { return tree_; }
   // Stops accepting (Add -> Unavailable); queued and running requests still complete.
   void Drain();
   void Resume();
@@ -127,6 +135,11 @@ class Scheduler {
     FinishReason pending_reason = FinishReason::kAborted;
     std::string pending_detail;
     RequestTimings timings;
+    // Prefix cache: the longest prefix of the prompt shared with another request seen so far,
+    // and the checkpoints its prefill saves (position, id), ascending.
+    int32_t shared = 0;
+    std::vector<std::pair<int32_t, uint64_t>> cuts;
+    bool save_on_release = false;  // finished (stop / length) while in flight: save when freed
 
     int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
     int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - computed; }
@@ -169,6 +182,19 @@ class Scheduler {
   // plan is applied.
   void ExpireDeadlines(absl::Time now);
   absl::Status MarkDone(RequestId id, Pending action, FinishReason reason, std::string_view detail);
+  // Prefix cache helpers (no-ops when it is off).
+  bool PrefixOn() const { return config_.prefix_cache.enabled; }
+  // On Add: the new request's shared prefix; earlier requests still before it get a cut there.
+  void NotePrefix(Seq& s);
+  // Plans a checkpoint of s at `pos` (its prompt's first pos tokens) if none is there.
+  void AddCut(Seq& s, int32_t pos);
+  // At admission: the checkpoint to resume from (null: none), or `wait` when a running
+  // request is about to save a much longer one.
+  const PrefixCheckpoint* ResumePoint(const Seq& s, const StepPlan& plan, bool* wait) const;
+  void PlanCuts(Seq& s);
+  void DropCuts(Seq& s);           // forgets cuts not yet in a plan
+  void SaveOnRelease(Seq& s);      // a finished request's state, saved before its slot is reset
+  void ApplyCheckpoints(const StepPlan& plan, const StepResults& results);
 
   SchedulerConfig config_;
   absl::flat_hash_map<RequestId, std::unique_ptr<Seq>> seqs_;
@@ -185,6 +211,10 @@ class Scheduler {
   absl::Time last_now_ = absl::InfinitePast();  // for events emitted outside a timed call
   std::vector<Event> outbox_;
   std::vector<int> released_;  // slots freed since the last issued plan
+  std::vector<CheckpointSave> saves_;  // prefix cache: saves travelling with the next plan
+  PrefixTree tree_;
+  PrefixCacheStats prefix_stats_;
+  uint64_t tick_ = 0;  // logical time of the prefix tree (adds)
 };
 
 }  // namespace ds::sched

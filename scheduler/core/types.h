@@ -81,6 +81,9 @@ struct PlanEntry {
   // The tokens are generated ones (pos0 >= the prompt's length): the worker computes them as
   // decode steps of one token would (SeqStep::decode_path), also when a replay re-prefills many.
   bool decode_path = false;
+  // Prefix cache (issue #17): non-zero = after this entry the worker saves the slot's state
+  // (positions [0, pos0 + n)) as this checkpoint (scheduler/core/prefix_tree.h).
+  uint64_t checkpoint = 0;
 };
 
 // Full data of a sequence bound to a slot in this plan: everything the worker needs once (prompt,
@@ -90,11 +93,24 @@ struct SeqStart {
   int slot = 0;
   std::vector<int32_t> tokens;  // [n_known] prompt + generated so far
   int32_t max_new_tokens = 0;   // Request::max_new_tokens (bounds the worker's MTP drafts)
+  // Prefix cache: non-zero = the worker loads this checkpoint, the state after the first
+  // resume_len tokens, and the sequence's first entry starts at resume_len.
+  uint64_t resume_checkpoint = 0;
+  int32_t resume_len = 0;
+};
+
+// Prefix cache: save `slot` (holding n_past positions) as checkpoint `id` before the plan's
+// releases (a finished request's prompt + generated text: a chat's next turn starts there).
+struct CheckpointSave {
+  int slot = 0;
+  uint64_t id = 0;
+  int32_t n_past = 0;
 };
 
 struct StepPlan {
   uint64_t step_id = 0;           // 0: empty plan (nothing to run); otherwise unique and increasing
   std::vector<int> released;      // slots freed since the previous issued plan: reset them first
+  std::vector<CheckpointSave> saves;  // prefix cache: applied before `released`
   std::vector<SeqStart> started;  // sequences bound to a slot by this plan (entries with reset)
   std::vector<PlanEntry> entries;  // distinct slots; decodes first, then prefill chunks
   int32_t n_tokens = 0;            // sum of entries[i].tokens.size() <= max_num_batched_tokens
@@ -110,6 +126,39 @@ struct StepResults {
   std::vector<int32_t> tokens;
   std::vector<int32_t> counts;  // [plan.n_sampled] or empty
   double forward_seconds = 0;   // as measured by the worker (for metrics; unused here)
+  // Prefix cache (proto StepResult.checkpoints_*), also when status is not OK: (id, bytes) of the
+  // checkpoints the worker saved, the ids it dropped to make room and those it did not save.
+  std::vector<std::pair<uint64_t, uint64_t>> checkpoints_saved;
+  std::vector<uint64_t> checkpoints_evicted;
+  std::vector<uint64_t> checkpoints_failed;
+};
+
+// Prefix cache (issue #17) of one replica: where the core plans checkpoints and resumes.
+struct PrefixCacheConfig {
+  bool enabled = false;      // the worker keeps a store (WarmupDone.prefix_cache_bytes > 0)
+  int32_t min_tokens = 16;   // no checkpoint of fewer positions, no resume from fewer
+  // Checkpoints every `interval` positions of a long prompt (chunk boundaries), so a later prompt
+  // that shares only part of it resumes close to where they part; 0 = none.
+  int32_t interval = 4096;
+  // A queued request waits (head of line) for a checkpoint a running request is about to save
+  // when it would resume this many more positions than from what is cached now: 64 requests
+  // that arrive together with one 6,000-token prefix then prefill it once, not 64 times.
+  int32_t wait_gain = 256;
+  uint64_t budget_bytes = 0;  // the worker's budget, for status only
+};
+
+// Cumulative counters and current figures (metrics, deltactl status).
+struct PrefixCacheStats {
+  uint64_t lookups = 0;        // admissions that looked for a cached prefix
+  uint64_t hits = 0;           // ... that resumed from one
+  uint64_t tokens_saved = 0;   // prompt tokens not prefilled thanks to a hit
+  uint64_t tokens_looked = 0;  // prompt tokens of all lookups
+  uint64_t saves = 0;          // checkpoints the worker saved
+  uint64_t evictions = 0;      // dropped by the worker to make room
+  uint64_t failures = 0;       // asked for, not saved
+  int64_t checkpoints = 0;     // saved and held now
+  uint64_t bytes = 0;          // held now, as the worker reported
+  uint64_t budget_bytes = 0;   // the worker's budget (PrefixCacheConfig::budget_bytes)
 };
 
 // How the context (KV positions) of a worker is divided between its slots.
@@ -142,6 +191,7 @@ struct SchedulerConfig {
   // tokens, and is never scheduled ahead (the next position is unknown until the result). 0 = off.
   int32_t mtp_drafts = 0;
   ContextPolicy context;
+  PrefixCacheConfig prefix_cache;
 };
 
 // Admin / metrics snapshot.
@@ -170,6 +220,7 @@ struct SchedulerStatus {
   bool plan_in_flight = false;
   uint64_t steps_applied = 0;
   uint64_t preemptions = 0;   // requests requeued to let older ones grow (overcommit_headroom)
+  PrefixCacheStats prefix_cache;
 };
 
 // One request's state and full history (for failover or debugging).

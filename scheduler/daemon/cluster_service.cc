@@ -109,6 +109,20 @@ void ToProto(const ClusterSnapshot& s, v1::ClusterStatus* out) {
     w->set_slots(static_cast<uint32_t>(r.core.n_slots_target));
     w->set_running_requests(static_cast<uint32_t>(r.core.running));
     w->set_waiting_requests(static_cast<uint32_t>(r.core.queued));
+    const PrefixCacheStats& pc = r.core.prefix_cache;
+    v1::PrefixCacheStatus* c = w->mutable_prefix_cache();
+    c->set_enabled(pc.budget_bytes > 0);
+    c->set_tier(r.warmup.prefix_cache_tier);
+    c->set_budget_bytes(pc.budget_bytes);
+    c->set_bytes(pc.bytes);
+    c->set_checkpoints(static_cast<uint32_t>(pc.checkpoints));
+    c->set_lookups(pc.lookups);
+    c->set_hits(pc.hits);
+    c->set_prompt_tokens(pc.tokens_looked);
+    c->set_tokens_saved(pc.tokens_saved);
+    c->set_saves(pc.saves);
+    c->set_evictions(pc.evictions);
+    c->set_failures(pc.failures);
   }
   for (const SlotStatus& sl : s.core.slots) {
     auto* o = out->add_slots();
@@ -245,6 +259,8 @@ grpc::Status ClusterService::WorkerSession(
         wi.mtp_drafts = static_cast<int>(w.mtp_drafts());
         wi.mtp_auto = w.mtp_auto();
         wi.active_slots = static_cast<int>(w.active_slots());
+        wi.prefix_cache_bytes = w.prefix_cache_bytes();
+        wi.prefix_cache_tier = w.prefix_cache_tier();
         deliver(WorkerWarmupCmd{link, wi});
         break;
       }
@@ -256,6 +272,12 @@ grpc::Status ClusterService::WorkerSession(
         res.forward_seconds = sr.forward_seconds();
         res.sample_seconds = sr.sample_seconds();
         res.handle_seconds = sr.handle_seconds();
+        for (const pb::CheckpointSaved& c : sr.checkpoints_saved())
+          res.checkpoints_saved.emplace_back(c.id(), c.bytes());
+        res.checkpoints_evicted.assign(sr.checkpoints_evicted().begin(),
+                                       sr.checkpoints_evicted().end());
+        res.checkpoints_failed.assign(sr.checkpoints_failed().begin(),
+                                      sr.checkpoints_failed().end());
         res.tokens.reserve(static_cast<size_t>(sr.tokens_size()));
         for (const pb::SampledToken& t : sr.tokens()) {
           WorkerSampled ws;

@@ -40,13 +40,16 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
       "--slot-ctx",   "--step-timeout", "--warmup-tokens", "--log-interval",
       "--failover-wait", "--internal-key-file", "--tls-cert", "--tls-key",
       "--allow-unauthenticated", "--lookahead", "--heartbeat-timeout",
-      "--overcommit-headroom"};
+      "--overcommit-headroom", "--prefix-cache", "--prefix-cache-interval",
+      "--prefix-cache-min", "--prefix-cache-wait"};
   DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
   SchedulerDaemonOptions o;
   sched::LoopOptions& l = o.loop;
   l.core.n_slots = 4;
   l.core.context.kind = sched::ContextPolicy::Kind::kPool;
   l.core.context.n_ctx = 4096;
+  // Prefix cache (issue #17): planned wherever a worker reports a checkpoint store.
+  l.core.prefix_cache.enabled = true;
   auto integer = [&](const char* f, auto* v) -> absl::Status {
     if (!m.count(f)) return absl::OkStatus();
     int64_t x = 0;
@@ -104,6 +107,16 @@ absl::StatusOr<SchedulerDaemonOptions> ParseSchedulerFlags(int argc, char** argv
       return absl::InvalidArgumentError("--lookahead expects on or off, got '" + m["--lookahead"] + "'");
     l.lookahead = m["--lookahead"] == "on";
   }
+  if (m.count("--prefix-cache")) {
+    if (m["--prefix-cache"] != "on" && m["--prefix-cache"] != "off")
+      return absl::InvalidArgumentError("--prefix-cache expects on or off, got '" +
+                                        m["--prefix-cache"] + "'");
+    l.core.prefix_cache.enabled = m["--prefix-cache"] == "on";
+  }
+  DS_RETURN_IF_ERROR(integer("--prefix-cache-interval", &l.core.prefix_cache.interval));
+  DS_RETURN_IF_ERROR(integer("--prefix-cache-min", &l.core.prefix_cache.min_tokens));
+  DS_RETURN_IF_ERROR(integer("--prefix-cache-wait", &l.core.prefix_cache.wait_gain));
+  if (l.core.prefix_cache.min_tokens < 1) l.core.prefix_cache.min_tokens = 1;
   if (m.count("--split")) {
     if (m["--split"] == "static") {
       l.core.context.kind = sched::ContextPolicy::Kind::kStatic;
@@ -138,6 +151,7 @@ int RunSchedulerDaemon(int argc, char** argv) {
       "[--max-queue N] [--max-batch-tokens N] [--max-chunk N] [--max-slots N] "
       "[--slot-ctx N] [--step-timeout S] [--warmup-tokens N] [--log-interval S] [--failover-wait S] [--heartbeat-timeout S] "
       "[--lookahead on|off] [--overcommit-headroom N] "
+      "[--prefix-cache on|off] [--prefix-cache-interval N] [--prefix-cache-min N] [--prefix-cache-wait N] "
       "[--internal-key-file F] [--tls-cert F --tls-key F] "
       "[--allow-unauthenticated true] "
       "[--metrics-listen HOST:PORT] [--log-level L] [--config FILE]\n";

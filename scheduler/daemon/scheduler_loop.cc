@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -177,9 +178,22 @@ std::vector<SchedulerLoop::Replica*> SchedulerLoop::ReadyByFreeCapacity() {
   return order;
 }
 
-SchedulerLoop::Replica* SchedulerLoop::PlaceNew() {
+SchedulerLoop::Replica* SchedulerLoop::PlaceNew(std::span<const int32_t> prompt) {
   const std::vector<Replica*> order = ReadyByFreeCapacity();
-  return order.empty() ? nullptr : order.front();
+  if (order.empty()) return nullptr;
+  // Prefix cache: the replica holding the longest cached prefix of the prompt, when it has a
+  // free slot (load allows); otherwise the one with the most free capacity.
+  Replica* best = order.front();
+  int32_t best_len = order.front()->core->CachedPrefix(prompt);
+  for (Replica* r : order) {
+    const int32_t len = r->core->CachedPrefix(prompt);
+    if (len <= best_len) continue;
+    const SchedulerStatus st = r->core->Status();
+    if (st.n_slots_target - st.running - st.queued <= 0) continue;
+    best = r;
+    best_len = len;
+  }
+  return best;
 }
 
 // ---- commands ----
@@ -190,7 +204,7 @@ void SchedulerLoop::Handle(AddCmd& c) {
     item.reject = std::move(s);
     c.side.channel->Push(std::move(item));
   };
-  Replica* r = PlaceNew();
+  Replica* r = PlaceNew(c.request.prompt);
   if (!r) return reject(absl::UnavailableError("no worker is ready (cluster not serving)"));
   const int n_vocab = r->info.n_vocab;
   for (size_t i = 0; i < c.request.prompt.size(); ++i)
@@ -368,6 +382,8 @@ void SchedulerLoop::Handle(WorkerJoinCmd& c) {
     c.link->Close(core.status());
     return;
   }
+  // The prefix cache waits for the worker's warmup: it says whether it keeps checkpoints.
+  (*core)->SetPrefixCache(PrefixCacheConfig{.enabled = false});
   auto r = std::make_unique<Replica>();
   r->id = next_replica_id_++;
   r->core = std::move(*core);
@@ -409,6 +425,15 @@ void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
   r->state = WorkerState::kReady;
   // MTP: decodes count their drafts in the budget and may answer with several tokens.
   r->core->SetMtpDrafts(c.info.mtp_drafts);
+  // Prefix cache: only where the worker keeps checkpoints (and the scheduler allows it).
+  PrefixCacheConfig pc = opts_.core.prefix_cache;
+  pc.enabled = pc.enabled && c.info.prefix_cache_bytes > 0;
+  pc.budget_bytes = c.info.prefix_cache_bytes;
+  r->core->SetPrefixCache(pc);
+  DS_LOG(INFO, "prefix_cache", {{"replica", r->id}, {"enabled", pc.enabled},
+                                {"worker_budget_bytes", c.info.prefix_cache_bytes},
+                                {"tier", c.info.prefix_cache_tier},
+                                {"scheduler", opts_.core.prefix_cache.enabled ? "on" : "off"}});
   // State for fewer sequences than slots (worker --max-active): never run more than that.
   if (c.info.active_slots > 0 && c.info.active_slots < r->slots) {
     DS_LOG(INFO, "slots_reduced", {{"replica", r->id}, {"from", r->slots},
@@ -451,6 +476,9 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   StepResults r;
   r.step_id = wr.step_id;
   r.forward_seconds = wr.forward_seconds;
+  r.checkpoints_saved = wr.checkpoints_saved;
+  r.checkpoints_evicted = wr.checkpoints_evicted;
+  r.checkpoints_failed = wr.checkpoints_failed;
   absl::flat_hash_map<RequestId, TokenLogprobInfo> lps;
   if (!wr.error.empty()) {
     r.status = absl::InternalError("worker step failed: " + wr.error);
@@ -530,9 +558,17 @@ void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
   pb::Step* step = msg.mutable_step();
   step->set_step_id(plan->step_id);
   for (int s : plan->released) step->add_released(static_cast<uint32_t>(s));
+  for (const CheckpointSave& c : plan->saves) {
+    pb::CheckpointSave* q = step->add_saves();
+    q->set_slot(static_cast<uint32_t>(c.slot));
+    q->set_id(c.id);
+    q->set_n_past(static_cast<uint32_t>(c.n_past));
+  }
   for (const SeqStart& st : plan->started) {
     pb::SequenceStart* q = step->add_started();
     q->set_request_id(st.id);
+    q->set_resume_checkpoint(st.resume_checkpoint);
+    q->set_resume_len(static_cast<uint32_t>(std::max(0, st.resume_len)));
     q->set_slot(static_cast<uint32_t>(st.slot));
     q->mutable_tokens()->Add(st.tokens.begin(), st.tokens.end());
     q->set_max_new_tokens(static_cast<uint32_t>(std::max(0, st.max_new_tokens)));
@@ -553,6 +589,7 @@ void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
     w->set_n_tokens(static_cast<uint32_t>(e.tokens.size()));
     w->set_sample(e.sample);
     w->set_decode_path(e.decode_path);
+    w->set_checkpoint(e.checkpoint);
   }
   r->flight.push_back({std::move(*plan), t0, {}});
   // A plan sent ahead waits behind the one in flight: the timer of the oldest one runs.
@@ -757,6 +794,13 @@ void SchedulerLoop::UpdateMetrics() {
   // with the same id (systemd: %H-gpu%i) brings it back.
   for (const ReplicaSnapshot& r : snap.replicas)
     metrics_->SetWorker(r.worker.id, true, std::max(0.0, r.heartbeat_age_s));
+  std::map<int, metrics::PrefixCacheGaugeState> pc;
+  for (const ReplicaSnapshot& r : snap.replicas) {
+    const PrefixCacheStats& x = r.core.prefix_cache;
+    pc[r.id] = {x.lookups, x.hits,      x.tokens_looked, x.tokens_saved, x.saves,
+                x.evictions, x.failures, x.bytes,        x.budget_bytes, x.checkpoints};
+  }
+  metrics_->SetPrefixCache(pc);
 }
 
 }  // namespace ds::sched

@@ -14,6 +14,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <variant>
@@ -55,6 +56,9 @@ struct WarmupInfo {
   int mtp_drafts = 0;
   bool mtp_auto = false;
   int active_slots = 0;  // sequences the worker holds state for at once; 0 = every slot
+  // Prefix cache (issue #17): the worker's checkpoint budget (0 = none) and where it keeps them.
+  uint64_t prefix_cache_bytes = 0;
+  std::string prefix_cache_tier;
 };
 
 struct WorkerSampled {
@@ -69,6 +73,10 @@ struct WorkerStepResult {
   std::vector<WorkerSampled> tokens;
   double forward_seconds = 0, sample_seconds = 0;
   double handle_seconds = 0;  // receipt -> reply on the worker (>= forward + sample)
+  // Prefix cache: checkpoints saved (id, bytes), dropped to make room, not saved.
+  std::vector<std::pair<uint64_t, uint64_t>> checkpoints_saved;
+  std::vector<uint64_t> checkpoints_evicted;
+  std::vector<uint64_t> checkpoints_failed;
 };
 
 // The outgoing half of one worker's session, implemented by the WorkerSession handler. The loop
@@ -250,7 +258,9 @@ class SchedulerLoop {
   // Ready replicas, most free capacity (target slots - running - queued) first, ties: the least
   // loaded; PlaceNew is the first of them, or null.
   std::vector<Replica*> ReadyByFreeCapacity();
-  Replica* PlaceNew();
+  // With the prefix cache, a replica with a free slot that holds a longer cached prefix of
+  // `prompt` goes first.
+  Replica* PlaceNew(std::span<const int32_t> prompt);
   // A lost replica: its requests continue on the others (or are held, or fail), it is removed.
   void LoseReplica(Replica* r, const std::string& why);
   // Adds a replayed request to a ready replica; false when none takes it.

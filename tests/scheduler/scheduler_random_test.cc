@@ -1,5 +1,6 @@
 // Randomized workloads (seeded): invariants after every step, and determinism (same script, same
 // plans and events, byte for byte).
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -30,8 +31,11 @@ struct Tracked {
 // `headroom` > 0: the pool over-commits (ContextPolicy::overcommit_headroom) on a smaller pool, so
 // reservations grow and the youngest requests are preempted; the same invariants hold (nothing
 // truncated, reservations within the pool, every slot within its reservation).
+// `prefix`: the prefix cache is on (issue #17): prompts share prefixes of three "documents" (or
+// repeat an earlier prompt), the fake worker keeps checkpoints, checks every resume against them
+// and evicts at random; the same invariants hold.
 std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::string, int>* seen,
-                      bool ahead = false, int32_t headroom = 0) {
+                      bool ahead = false, int32_t headroom = 0, bool prefix = false) {
   std::mt19937 rng(seed);
   auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto pool_policy = [headroom](int64_t n_ctx) {
@@ -44,6 +48,12 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
   SchedulerConfig cfg = Config(4, 48, 16, policy, /*max_queue=*/12);
   auto s = Make(cfg);
   FakeWorker w;
+  std::vector<std::vector<int32_t>> prompts;  // prefix mode: every prompt added, for repeats
+  if (prefix) {
+    s->SetPrefixCache(PrefixCacheConfig{.enabled = true, .min_tokens = 4, .interval = 24,
+                                        .wait_gain = 8, .budget_bytes = 1});
+    w.EnableCheckpoints(seed, 6);
+  }
   std::map<RequestId, Tracked> reqs;
   std::string trace;
   RequestId next_id = 1;
@@ -55,6 +65,18 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
     // Arrivals.
     for (int k = rnd(0, 2); k > 0; --k) {
       Request r = Req(next_id++, rnd(1, 70), rnd(1, 40), rnd(0, 2));
+      if (prefix) {
+        if (!prompts.empty() && rnd(0, 4) == 0) {
+          r.prompt = prompts[rnd(0, static_cast<int>(prompts.size()) - 1)];
+        } else {
+          const int doc = rnd(0, 2), shared = rnd(0, 60);
+          std::vector<int32_t> p;
+          for (int i = 0; i < shared; ++i) p.push_back(500000 + doc * 1000 + i);
+          for (int i = rnd(1, 20); i > 0; --i) p.push_back(static_cast<int32_t>(r.id * 1000 + i));
+          r.prompt = std::move(p);
+        }
+        prompts.push_back(r.prompt);
+      }
       if (rnd(0, 3) == 0) r.stop_ids = {FakeToken(r.id, rnd(2, 100))};
       absl::Status st = s->Add(r);
       absl::StrAppend(&trace, "add ", r.id, " ", st.code(), "\n");
@@ -103,7 +125,10 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
         EXPECT_LT(e.slot, st.n_slots_target) << "new work on a retiring slot";
       }
       // A decode (running sequence, one token, sampled) never comes after a prefill chunk.
-      const bool decode = !e.reset && e.tokens.size() == 1 && e.sample;
+      // (An admission that resumes from a prefix-cache checkpoint is no decode, reset or not.)
+      const bool started = std::any_of(plan->started.begin(), plan->started.end(),
+                                       [&](const SeqStart& x) { return x.id == e.id; });
+      const bool decode = !e.reset && !started && e.tokens.size() == 1 && e.sample;
       if (decode) {
         EXPECT_FALSE(seen_multi) << "decode of " << e.id << " after a prefill chunk";
       }
@@ -208,6 +233,14 @@ std::string RunScript(uint32_t seed, ContextPolicy::Kind kind, std::map<std::str
   EXPECT_TRUE(s->Idle());
   EXPECT_TRUE(reqs.empty()) << reqs.size() << " requests never finished";
   (*seen)["preemptions"] += static_cast<int>(s->Status().preemptions);
+  if (prefix) {
+    const PrefixCacheStats pc = s->Status().prefix_cache;
+    (*seen)["prefix hits"] += static_cast<int>(pc.hits);
+    (*seen)["resumes"] += w.resumes();
+    (*seen)["evictions"] += w.evictions();
+    EXPECT_EQ(static_cast<int>(pc.hits), w.resumes());
+    EXPECT_EQ(static_cast<int>(pc.evictions), w.evictions());
+  }
   return trace;
 }
 
@@ -265,6 +298,25 @@ TEST(SchedulerRandom, InvariantsAndDeterminismOvercommit) {
   }
   EXPECT_EQ(seen, again);
   for (const char* k : {"preemptions", "length", "stop", "aborted", "requeue in flight"}) {
+    EXPECT_GT(seen[k], 0) << k;
+  }
+  EXPECT_EQ(seen["error"], 0);
+}
+
+TEST(SchedulerRandom, InvariantsAndDeterminismPrefixCache) {
+  std::map<std::string, int> seen, again;
+  for (uint32_t seed : {13u, 14u, 15u}) {
+    for (bool ahead : {false, true}) {
+      for (int32_t headroom : {0, 8}) {
+        EXPECT_EQ(RunScript(seed, ContextPolicy::Kind::kPool, &seen, ahead, headroom, true),
+                  RunScript(seed, ContextPolicy::Kind::kPool, &again, ahead, headroom, true))
+            << "seed " << seed;
+      }
+    }
+  }
+  EXPECT_EQ(seen, again);
+  for (const char* k : {"prefix hits", "evictions", "length", "stop", "aborted",
+                        "abort in flight", "requeue in flight", "preemptions"}) {
     EXPECT_GT(seen[k], 0) << k;
   }
   EXPECT_EQ(seen["error"], 0);

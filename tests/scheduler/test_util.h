@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <ostream>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -65,9 +66,29 @@ inline int32_t FakeToken(RequestId id, int32_t pos) {
 // and checks that each entry's tokens are exactly the next known ones.
 class FakeWorker {
  public:
+  // Prefix cache (issue #17): keep checkpoints (a slot's state tokens at a save), check every
+  // resume against them, and drop a random one (not restored by the plan) with probability
+  // 1 / evict_one_in per step, reporting it as the worker's store would.
+  void EnableCheckpoints(uint32_t seed, int evict_one_in) {
+    checkpoints_on_ = true;
+    rng_.seed(seed);
+    evict_one_in_ = evict_one_in;
+  }
+  int resumes() const { return resumes_; }
+  int evictions() const { return evictions_; }
+
   StepResults Run(const StepPlan& plan) {
     StepResults r;
     r.step_id = plan.step_id;
+    std::set<uint64_t> pinned;
+    for (const CheckpointSave& c : plan.saves) {
+      EXPECT_TRUE(checkpoints_on_) << "save without a prefix cache";
+      EXPECT_EQ(static_cast<int32_t>(state_[c.slot].size()), c.n_past) << "save of slot " << c.slot;
+      checkpoints_[c.id] = state_[c.slot];
+      r.checkpoints_saved.emplace_back(c.id, 100 + c.n_past);
+    }
+    for (const SeqStart& st : plan.started)
+      if (st.resume_checkpoint) pinned.insert(st.resume_checkpoint);
     for (int slot : plan.released) {
       state_.erase(slot);
       known_.erase(slot);
@@ -76,6 +97,17 @@ class FakeWorker {
       EXPECT_EQ(known_.count(st.slot), 0u) << "slot " << st.slot << " started but not released";
       known_[st.slot] = st.tokens;
       state_[st.slot].clear();
+      if (st.resume_checkpoint) {
+        auto it = checkpoints_.find(st.resume_checkpoint);
+        EXPECT_TRUE(it != checkpoints_.end()) << "resume from a checkpoint the worker lacks";
+        if (it == checkpoints_.end()) continue;
+        EXPECT_EQ(static_cast<int32_t>(it->second.size()), st.resume_len);
+        EXPECT_LT(static_cast<size_t>(st.resume_len), st.tokens.size());
+        EXPECT_TRUE(std::equal(it->second.begin(), it->second.end(), st.tokens.begin()))
+            << "request " << st.id << " resumes from the state of other tokens";
+        state_[st.slot] = it->second;
+        ++resumes_;
+      }
     }
     std::set<int> seen;
     int32_t n_tokens = 0;
@@ -112,6 +144,11 @@ class FakeWorker {
       }
       st.insert(st.end(), en.tokens.begin(), en.tokens.end());
       n_tokens += static_cast<int32_t>(en.tokens.size());
+      if (e.checkpoint) {
+        EXPECT_TRUE(checkpoints_on_);
+        checkpoints_[e.checkpoint] = st;
+        r.checkpoints_saved.emplace_back(e.checkpoint, 100 + st.size());
+      }
       if (e.sample) {
         r.tokens.push_back(FakeToken(e.id, static_cast<int32_t>(st.size())));
         known_[e.slot].push_back(r.tokens.back());
@@ -119,6 +156,16 @@ class FakeWorker {
     }
     EXPECT_EQ(n_tokens, plan.n_tokens);
     EXPECT_EQ(static_cast<int32_t>(r.tokens.size()), plan.n_sampled);
+    if (checkpoints_on_ && !checkpoints_.empty() &&
+        std::uniform_int_distribution<int>(1, evict_one_in_)(rng_) == 1) {
+      auto it = std::next(checkpoints_.begin(), std::uniform_int_distribution<int>(
+                                                    0, static_cast<int>(checkpoints_.size()) - 1)(rng_));
+      if (!pinned.contains(it->first)) {
+        r.checkpoints_evicted.push_back(it->first);
+        checkpoints_.erase(it);
+        ++evictions_;
+      }
+    }
     return r;
   }
   // Tokens the worker knows for a slot (empty when none).
@@ -130,6 +177,11 @@ class FakeWorker {
  private:
   std::map<int, std::vector<int32_t>> state_;  // tokens in the slot's state
   std::map<int, std::vector<int32_t>> known_;  // tokens the worker knows for the slot
+  bool checkpoints_on_ = false;
+  std::map<uint64_t, std::vector<int32_t>> checkpoints_;  // id -> the state's tokens
+  std::mt19937 rng_;
+  int evict_one_in_ = 8;
+  int resumes_ = 0, evictions_ = 0;
 };
 
 // Compact plan entry for iteration tables.

@@ -45,7 +45,10 @@ void Usage(FILE* out) {
       "  set-context --split static|pool --total N [--slot-cap N] --admin-addr A\n"
       "  drain       [--resume] --admin-addr A\n"
       "  load        --addr A --concurrency C --requests N --prompt-len L --max-tokens M [--seed S "
-      "--vocab V --no-ignore-eos --timeout SECONDS --reject-backoff-ms MS]\n"
+      "--vocab V --no-ignore-eos --timeout SECONDS --reject-backoff-ms MS --shared-prefix N "
+      "--prompt-len-max L2]\n"
+      "              (--shared-prefix: every prompt starts with the same N ids; --prompt-len-max: "
+      "own ids uniform in [L, L2])\n"
       "TLS to the public listener (generate, tokenize, health): --tls (system roots) or\n"
       "  --ca-file F [--server-name NAME] [--cert F --key F]   (the admin listener is plaintext)\n"
       "Numbers are checked against what the request field holds: no silent wrap-around.\n");
@@ -138,6 +141,29 @@ void PrintStatus(const v1::ClusterStatus& s) {
                 w.weights_bytes() / 1048576.0, w.kv_bytes() / 1048576.0,
                 w.state_bytes() / 1048576.0, w.warmup_decode_tokens_per_second());
   if (s.workers().empty()) std::printf("(no worker)\n");
+  // Prefix cache per replica (issue #17): hit rate over admissions, prompt tokens not prefilled.
+  bool any_cache = false;
+  for (const v1::WorkerStatus& w : s.workers()) any_cache |= w.prefix_cache().enabled();
+  if (any_cache) {
+    std::printf(
+        "\nREPLICA  PREFIX CACHE  TIER    USED MiB  BUDGET MiB  CHECKPOINTS  HITS/LOOKUPS  HIT RATE  "
+        "TOKENS SAVED  EVICTIONS\n");
+    for (const v1::WorkerStatus& w : s.workers()) {
+      const v1::PrefixCacheStatus& c = w.prefix_cache();
+      if (!c.enabled()) {
+        std::printf("%7u  off\n", w.replica());
+        continue;
+      }
+      std::printf("%7u  on            %-6s  %8.1f  %10.1f  %11u  %5llu/%-6llu  %7.1f%%  %12llu  %9llu\n",
+                  w.replica(), c.tier().c_str(), c.bytes() / 1048576.0,
+                  c.budget_bytes() / 1048576.0, c.checkpoints(),
+                  static_cast<unsigned long long>(c.hits()),
+                  static_cast<unsigned long long>(c.lookups()),
+                  c.lookups() ? 100.0 * c.hits() / c.lookups() : 0.0,
+                  static_cast<unsigned long long>(c.tokens_saved()),
+                  static_cast<unsigned long long>(c.evictions()));
+    }
+  }
   std::printf("\nSLOT  REQUEST               USED  RESERVED    CAP  STATE\n");
   for (const v1::SlotStatus& sl : s.slots())
     std::printf("%4u  %-20llu %5u  %8u  %5u  %s\n", sl.index(),
@@ -364,7 +390,8 @@ int CmdAdmin(const std::string& cmd, int argc, char** argv) {
 int CmdLoad(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv,
                         With({"--addr", "--concurrency", "--requests", "--prompt-len", "--max-tokens",
-                         "--seed", "--vocab", "--timeout", "--api-key", "--reject-backoff-ms"},
+                         "--seed", "--vocab", "--timeout", "--api-key", "--reject-backoff-ms",
+                         "--shared-prefix", "--prompt-len-max"},
                               kTlsFlags),
                         {"--no-ignore-eos", "--tls"});
   if (!f.ok()) return Fail(f.status());
@@ -376,6 +403,12 @@ int CmdLoad(int argc, char** argv) {
   auto seed = f->Uint("--seed", 1);
   auto timeout = f->Float("--timeout", 300, 0.001, 1e7);
   auto backoff = f->Int("--reject-backoff-ms", 20, 0, 3600000);
+  auto shared = f->Int("--shared-prefix", 0, 0, INT32_MAX);
+  auto lmax = f->Int("--prompt-len-max", 0, 0, INT32_MAX);
+  if (!shared.ok()) return Fail(shared.status());
+  if (!lmax.ok()) return Fail(lmax.status());
+  o.shared_prefix = static_cast<int>(*shared);
+  o.prompt_len_max = static_cast<int>(*lmax);
   for (const absl::Status& s : {c.status(), n.status(), l.status(), m.status(), seed.status(),
                                 vocab.status(), timeout.status(), backoff.status()})
     if (!s.ok()) return Fail(s);

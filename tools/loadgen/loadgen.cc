@@ -73,11 +73,19 @@ void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* o
   std::mt19937_64 rng(o.seed * 1000003 + static_cast<uint64_t>(client));
   std::uniform_int_distribution<int32_t> id(0, std::max(1, o.vocab) - 1);
   std::vector<double> itl;
+  // The prefix every request shares: the same ids for every client (one RNG seeded by `seed`).
+  std::vector<int32_t> shared;
+  std::mt19937_64 shared_rng(o.seed ^ 0x5eedULL);
+  for (int k = 0; k < o.shared_prefix; ++k) shared.push_back(id(shared_rng));
   while (true) {
     const int i = next->fetch_add(1);
     if (i >= o.requests) return;
     v1::GenerateRequest req;
-    for (int k = 0; k < o.prompt_len; ++k) req.mutable_token_ids()->add_ids(id(rng));
+    for (int32_t t : shared) req.mutable_token_ids()->add_ids(t);
+    int len = o.prompt_len;
+    if (o.prompt_len_max > o.prompt_len)
+      len = std::uniform_int_distribution<int>(o.prompt_len, o.prompt_len_max)(rng);
+    for (int k = 0; k < len; ++k) req.mutable_token_ids()->add_ids(id(rng));
     req.set_max_tokens(static_cast<uint32_t>(o.max_tokens));
     req.set_ignore_eos(o.ignore_eos);
     req.mutable_sampling()->set_seed(o.seed + static_cast<uint64_t>(i));
@@ -214,6 +222,10 @@ std::string FormatReport(const LoadReport& r) {
       "load: %s | concurrency %d, %d requests, prompt %d random ids, max_tokens %d%s\n",
       r.opts.addr, r.opts.concurrency, r.opts.requests, r.opts.prompt_len, r.opts.max_tokens,
       r.opts.ignore_eos ? " (ignore_eos)" : "");
+  if (r.opts.shared_prefix > 0 || r.opts.prompt_len_max > r.opts.prompt_len)
+    absl::StrAppendFormat(&out, "prompts: a shared prefix of %d ids + %d..%d own ids\n",
+                          r.opts.shared_prefix, r.opts.prompt_len,
+                          std::max(r.opts.prompt_len, r.opts.prompt_len_max));
   absl::StrAppendFormat(&out, "requests: %d ok, %d rejected (RESOURCE_EXHAUSTED)", r.ok,
                         r.rejected);
   for (const auto& [code, n] : r.errors) absl::StrAppendFormat(&out, ", %d %s", n, code);

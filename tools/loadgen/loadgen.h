@@ -20,6 +20,11 @@ struct LoadOptions {
   int concurrency = 1;
   int requests = 16;
   int prompt_len = 32;
+  // Prefix-cache load (issue #17): every prompt starts with the same shared_prefix random ids
+  // (drawn once from `seed`), then its own prompt_len ids, or a length uniform in
+  // [prompt_len, prompt_len_max] when prompt_len_max > prompt_len.
+  int shared_prefix = 0;
+  int prompt_len_max = 0;
   int max_tokens = 32;
   int vocab = 256;  // prompt ids are drawn from [0, vocab)
   uint64_t seed = 1;

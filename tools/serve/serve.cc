@@ -63,6 +63,9 @@ struct ServeOptions {
   double memory_fraction = 0;
   std::string max_step_tokens;  // worker --max-step-tokens (empty = its default)
   std::string overcommit_headroom;  // scheduler --overcommit-headroom (empty = off)
+  // Prefix cache (issue #17): --prefix-cache on|off (both roles), worker --prefix-cache-mb N and
+  // --prefix-cache-tier auto|host|device; empty = the roles' defaults.
+  std::string prefix_cache, prefix_cache_mb, prefix_cache_tier;
   int port = 50051;
   int max_inflight = 64;
   int threads = 0;
@@ -96,6 +99,10 @@ void Usage(FILE* out) {
                "(default: 1 / the workers on it); [--max-step-tokens N] rows per CUDA micro-step "
                "(less workspace, more KV pool; default 4096); [--overcommit-headroom N] the pool "
                "split reserves known tokens + N and preempts the youngest when the KV pool is short\n"
+               "  [--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device]  "
+               "checkpoints of sequence state (KV + DeltaNet state) at exact token positions, so "
+               "a chat's next turn and requests sharing a prefix skip its prefill (default on, "
+               "4096 MiB per worker, device memory where the backend can)\n"
                "  [--http-port P]  the OpenAI-compatible HTTP API (/v1/chat/completions, "
                "/v1/completions, /v1/models, /health) on 127.0.0.1:P (0: any free port)\n"
                "  [--metrics-port P] [--api-key-file F] [--admin-key-file F] "
@@ -116,7 +123,8 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
-      "--slot-cap", "--mtp", "--max-active",
+      "--slot-cap", "--mtp", "--max-active", "--prefix-cache", "--prefix-cache-mb",
+      "--prefix-cache-tier",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device", "--http-port"};
@@ -155,6 +163,9 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   if (m.count("--kv-pool-tokens")) o.kv_pool_tokens = m["--kv-pool-tokens"];
   if (m.count("--max-step-tokens")) o.max_step_tokens = m["--max-step-tokens"];
   if (m.count("--overcommit-headroom")) o.overcommit_headroom = m["--overcommit-headroom"];
+  if (m.count("--prefix-cache")) o.prefix_cache = m["--prefix-cache"];
+  if (m.count("--prefix-cache-mb")) o.prefix_cache_mb = m["--prefix-cache-mb"];
+  if (m.count("--prefix-cache-tier")) o.prefix_cache_tier = m["--prefix-cache-tier"];
   if (m.count("--memory-fraction") &&
       (!absl::SimpleAtod(m["--memory-fraction"], &o.memory_fraction) || o.memory_fraction <= 0 ||
        o.memory_fraction > 1))
@@ -422,6 +433,7 @@ int RunServe(int argc, char** argv) {
   if (!internal_key_file.empty()) sargs.insert(sargs.end(), {"--internal-key-file", internal_key_file});
   if (!o->overcommit_headroom.empty())
     sargs.insert(sargs.end(), {"--overcommit-headroom", o->overcommit_headroom});
+  if (!o->prefix_cache.empty()) sargs.insert(sargs.end(), {"--prefix-cache", o->prefix_cache});
   // Many short and a few long requests in one pool: --ctx is the pool, --slot-cap one request's
   // most (the worker sizes its per-slot tables and prefill scratch by it, not by the pool).
   if (o->slot_cap > 0)
@@ -451,6 +463,11 @@ int RunServe(int argc, char** argv) {
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
   if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});
   if (o->max_active > 0) wargs.insert(wargs.end(), {"--max-active", std::to_string(o->max_active)});
+  if (!o->prefix_cache.empty()) wargs.insert(wargs.end(), {"--prefix-cache", o->prefix_cache});
+  if (!o->prefix_cache_mb.empty())
+    wargs.insert(wargs.end(), {"--prefix-cache-mb", o->prefix_cache_mb});
+  if (!o->prefix_cache_tier.empty())
+    wargs.insert(wargs.end(), {"--prefix-cache-tier", o->prefix_cache_tier});
   if (!internal_key_file.empty())
     wargs.insert(wargs.end(), {"--scheduler-key-file", internal_key_file});
   // Replica 0's rank 0 here (index 1), every other rank after the gateway (indices 3..). A

@@ -113,6 +113,13 @@ class CudaDevice final : public Device {
   absl::StatusOr<std::vector<uint8_t>> SaveState(int slot, int32_t n_past) const override;
   absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) override;
   std::string state_layout() const override;
+  // Prefix cache checkpoints in device memory (slot_checkpoint.cc): cudaMalloc'd copies of a
+  // slot's state, saved and loaded with device-to-device copies.
+  bool HasDeviceStateCopies() const override { return true; }
+  absl::StatusOr<std::shared_ptr<void>> SaveStateOnDevice(int slot, int32_t n_past,
+                                                          uint64_t* bytes) const override;
+  absl::Status LoadStateFromDevice(int slot, int32_t n_past, const void* src,
+                                   uint64_t bytes) override;
 
   const CudaMemoryPlan& memory_plan() const { return plan_; }
   bool portable() const { return portable_; }  // the sm_70 kernel path (cuda_options.h)

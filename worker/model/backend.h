@@ -83,6 +83,15 @@ struct SlotSnapshot {
   std::vector<uint8_t> bytes;
 };
 
+// Prefix cache (issue #17): a slot's state at an exact position, kept where the backend restores
+// it fastest (the CUDA backend: device memory, device-to-device copies). Opaque to the caller;
+// released when destroyed.
+struct StateCheckpoint {
+  virtual ~StateCheckpoint() = default;
+  int32_t n_past = 0;   // positions it holds
+  uint64_t bytes = 0;   // memory it takes
+};
+
 // Bytes a backend holds on its device, by kind (reported to the scheduler and to metrics).
 struct MemoryFootprint {
   uint64_t weights = 0;
@@ -127,6 +136,16 @@ class Backend {
   virtual absl::StatusOr<SlotSnapshot> Snapshot(int slot) const = 0;
   virtual absl::Status Restore(int slot, const SlotSnapshot& snap) = 0;
   virtual MemoryFootprint memory() const = 0;
+  // Prefix cache, device tier (StateCheckpoint): a copy of the slot's state that stays on the
+  // device, and its load into a slot (which then holds n_past positions, as after Restore).
+  // Unimplemented: the caller keeps Snapshot bytes in host memory instead.
+  virtual bool SupportsDeviceCheckpoints() const { return false; }
+  virtual absl::StatusOr<std::unique_ptr<StateCheckpoint>> SaveCheckpoint(int slot) {
+    return absl::UnimplementedError("device checkpoints are not implemented by backend " + name());
+  }
+  virtual absl::Status LoadCheckpoint(int slot, const StateCheckpoint& checkpoint) {
+    return absl::UnimplementedError("device checkpoints are not implemented by backend " + name());
+  }
   // The paged KV pool: a step whose slots need more pages than are free fails with
   // ResourceExhausted before touching any state (the scheduler preempts and retries).
   virtual KvPoolStats kv_pool() const { return {}; }

@@ -76,8 +76,49 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<const float>
   }
 }
 
+void StepExecutor::SaveCheckpoint(int slot, uint64_t id, int32_t n_past,
+                                  std::span<const uint64_t> pinned, StepResult* result) {
+  // The scheduler names the length it expects; a slot that holds another (a speculative step
+  // kept other tokens, a failed start) is not saved rather than saved under the wrong prefix.
+  if (backend_->SlotLength(slot) != n_past) {
+    result->checkpoints_failed.push_back(id);
+    return;
+  }
+  absl::StatusOr<uint64_t> bytes = store_->Save(id, slot, pinned, &result->checkpoints_evicted);
+  if (bytes.ok()) {
+    result->checkpoints_saved.push_back(CheckpointSaved{id, *bytes});
+  } else {
+    result->checkpoints_failed.push_back(id);
+  }
+}
+
 absl::Status StepExecutor::Validate(const Step& step) const {
   const int n = static_cast<int>(slots_.size());
+  const bool cache = store_ != nullptr && store_->enabled();
+  for (const CheckpointSave& c : step.saves) {
+    if (!cache)
+      return absl::FailedPreconditionError("step saves a checkpoint but the prefix cache is off");
+    if (c.slot >= static_cast<uint32_t>(n) || !slots_[c.slot].active)
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint save of idle slot ", c.slot));
+  }
+  for (const SlotWork& w : step.work)
+    if (w.checkpoint != 0 && !cache)
+      return absl::FailedPreconditionError("step saves a checkpoint but the prefix cache is off");
+  for (const SequenceStart& st : step.started) {
+    if (st.resume_checkpoint == 0) continue;
+    if (!cache)
+      return absl::FailedPreconditionError(
+          absl::StrCat("request ", st.request_id, " resumes from a checkpoint but the prefix cache is off"));
+    // The store holds it, or this step's saves (applied first) make it.
+    bool known = store_->Length(st.resume_checkpoint) == static_cast<int32_t>(st.resume_len);
+    for (const CheckpointSave& c : step.saves)
+      known |= c.id == st.resume_checkpoint && c.n_past == st.resume_len;
+    if (st.resume_len == 0 || st.resume_len >= st.tokens.size() || !known)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", st.request_id, " resumes from checkpoint ", st.resume_checkpoint, " of ",
+          st.resume_len, " positions (the cache holds ", store_->Length(st.resume_checkpoint),
+          ") with ", st.tokens.size(), " known tokens"));
+  }
   for (uint32_t s : step.released)
     if (s >= static_cast<uint32_t>(n))
       return absl::InvalidArgumentError(absl::StrCat("released slot ", s, " >= n_slots ", n));
@@ -124,6 +165,16 @@ StepResult StepExecutor::Run(const Step& step) {
     result.error = std::string(s.message());
     return result;
   }
+  // Prefix cache: finished sequences are saved before their slots are released; the checkpoints
+  // this step restores are pinned (a save never evicts them).
+  const double tc0 = SteadySeconds();
+  pinned_.clear();
+  missed_.clear();
+  for (const SequenceStart& st : step.started)
+    if (st.resume_checkpoint != 0) pinned_.push_back(st.resume_checkpoint);
+  for (const CheckpointSave& c : step.saves)
+    SaveCheckpoint(static_cast<int>(c.slot), c.id, static_cast<int32_t>(c.n_past), pinned_,
+                   &result);
   // json_object: the token table is loaded before anything changes, so a failure leaves every
   // slot as it was.
   for (const SequenceStart& st : step.started) {
@@ -146,6 +197,15 @@ StepResult StepExecutor::Run(const Step& step) {
     SlotState& slot = slots_[st.slot];
     backend_->ResetSlot(static_cast<int>(st.slot));
     slot = SlotState{};
+    if (st.resume_checkpoint != 0) {
+      // Validated above. When the load fails anyway (this step's save of it failed, no free
+      // pages, a device error) the slot stays empty and the work below computes the prefix
+      // too: slower, never wrong.
+      if (!store_->Restore(st.resume_checkpoint, static_cast<int>(st.slot)).ok()) {
+        backend_->ResetSlot(static_cast<int>(st.slot));
+        missed_.push_back(st.slot);
+      }
+    }
     slot.active = true;
     slot.request_id = st.request_id;
     slot.known.assign(st.tokens.begin(), st.tokens.end());
@@ -170,6 +230,7 @@ StepResult StepExecutor::Run(const Step& step) {
         if (!slot.json->Accept(slot.known[i]).ok()) break;
     }
   }
+  result.checkpoint_seconds = SteadySeconds() - tc0;
   if (step.work.empty()) return result;
   const int n_vocab = backend_->config().n_vocab;
   const int n_work = static_cast<int>(step.work.size());
@@ -192,8 +253,12 @@ StepResult StepExecutor::Run(const Step& step) {
     const std::vector<int32_t>& known = slot.known;
     SeqStep& q = batch_[i];
     q.slot = static_cast<int>(w.slot);
+    // A resume that could not load its checkpoint left the slot short of pos0: compute the
+    // missing prefix in the same Forward (only the last row's logits are read either way).
     q.pos0 = static_cast<int32_t>(w.pos0);
-    q.tokens.assign(known.begin() + w.pos0, known.begin() + w.pos0 + w.n_tokens);
+    if (std::find(missed_.begin(), missed_.end(), w.slot) != missed_.end())
+      q.pos0 = std::min(q.pos0, backend_->SlotLength(q.slot));
+    q.tokens.assign(known.begin() + q.pos0, known.begin() + w.pos0 + w.n_tokens);
     q.all_logits = false;
     q.decode_path = w.decode_path;
     q.speculative = false;
@@ -367,6 +432,16 @@ StepResult StepExecutor::Run(const Step& step) {
   }
   if (step_stats_.steps > 0) mtp_stats_.Add(step_stats_);
   result.sample_seconds = SteadySeconds() - t1;
+  // Prefix cache: checkpoints after the work (a prompt's end, a shared prefix, a chunk boundary).
+  const double tc1 = SteadySeconds();
+  bool saved = false;
+  for (const SlotWork& w : step.work) {
+    if (w.checkpoint == 0) continue;
+    SaveCheckpoint(static_cast<int>(w.slot), w.checkpoint,
+                   static_cast<int32_t>(w.pos0 + w.n_tokens), pinned_, &result);
+    saved = true;
+  }
+  if (saved) result.checkpoint_seconds += SteadySeconds() - tc1;
   return result;
 }
 

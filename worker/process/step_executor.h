@@ -19,6 +19,7 @@
 #include "common/sampling/json_constraint.h"
 #include "common/sampling/sampler.h"
 #include "worker/model/backend.h"
+#include "worker/runner/checkpoint_store.h"
 #include "worker/process/step_types.h"
 #include "worker/spec/mtp_setting.h"
 #include "worker/spec/mtp_speculator.h"
@@ -56,6 +57,12 @@ class StepExecutor {
   const spec::SpecStats& last_mtp_stats() const { return step_stats_; }
   const std::vector<int>& last_verify_tokens() const { return verify_tokens_; }
 
+  // Prefix cache (issue #17): the store that Step::saves, SlotWork::checkpoint and
+  // SequenceStart::resume_checkpoint go to; null (the default) = the worker has none, and a
+  // step that names a checkpoint is refused. `store` must outlive the executor.
+  void SetCheckpointStore(CheckpointStore* store) { store_ = store; }
+  CheckpointStore* checkpoint_store() const { return store_; }
+
   // response_format json_object (SamplingParams::json_object): where the model's token table
   // comes from (worker/process/json_vocab.h), called once, when the first such request starts.
   // Such a slot is sampled on the host with its logits masked (json_constraint.h) and is not
@@ -89,6 +96,10 @@ class StepExecutor {
   void DraftAfter(int slot, int32_t p0, std::span<const float> hidden, int n_rows, int n_mtp_slots);
 
   absl::Status Validate(const Step& step) const;
+  // Saves `slot` as checkpoint `id` when it holds exactly n_past positions; records the outcome
+  // (saved / evicted / failed) in *result. Never fails the step.
+  void SaveCheckpoint(int slot, uint64_t id, int32_t n_past, std::span<const uint64_t> pinned,
+                      StepResult* result);
 
   Backend* backend_;
   std::vector<SlotState> slots_;  // [n_usable]
@@ -98,6 +109,9 @@ class StepExecutor {
   // not allocate, fault in and free it again (measured: part of the per-step control overhead).
   StepOutput out_;
   Collective* group_ = nullptr;   // TP group, or null
+  CheckpointStore* store_ = nullptr;  // prefix cache, or null
+  std::vector<uint64_t> pinned_;      // checkpoints this step restores (not evicted by its saves)
+  std::vector<uint32_t> missed_;      // slots of this step whose resume could not load
   bool group_broken_ = false;
   std::vector<int32_t> shared_;   // [n sampled] ids broadcast from rank 0
   spec::MtpSetting mtp_;

@@ -21,13 +21,19 @@ void FromProto(const pb::Step& in, Step* out) {
     s.sampling = sampling::FromProto(p.sampling(), static_cast<int>(n_logprobs));
     s.n_generated = p.n_generated();
     s.max_new_tokens = p.max_new_tokens();
+    s.resume_checkpoint = p.resume_checkpoint();
+    s.resume_len = p.resume_len();
   }
   out->released.assign(in.released().begin(), in.released().end());
   out->work.resize(static_cast<size_t>(in.work_size()));
   for (int i = 0; i < in.work_size(); ++i) {
     const pb::SlotWork& p = in.work(i);
-    out->work[i] = SlotWork{p.slot(), p.pos0(), p.n_tokens(), p.sample(), p.decode_path()};
+    out->work[i] = SlotWork{p.slot(), p.pos0(), p.n_tokens(), p.sample(), p.decode_path(),
+                            p.checkpoint()};
   }
+  out->saves.resize(static_cast<size_t>(in.saves_size()));
+  for (int i = 0; i < in.saves_size(); ++i)
+    out->saves[i] = CheckpointSave{in.saves(i).slot(), in.saves(i).id(), in.saves(i).n_past()};
 }
 
 void ToProto(const Step& in, pb::Step* out) {
@@ -42,6 +48,8 @@ void ToProto(const Step& in, pb::Step* out) {
     p->set_logprobs(static_cast<uint32_t>(std::max(s.sampling.n_logprobs, 0)));
     p->set_n_generated(s.n_generated);
     p->set_max_new_tokens(s.max_new_tokens);
+    p->set_resume_checkpoint(s.resume_checkpoint);
+    p->set_resume_len(s.resume_len);
   }
   out->mutable_released()->Add(in.released.begin(), in.released.end());
   for (const SlotWork& w : in.work) {
@@ -51,6 +59,13 @@ void ToProto(const Step& in, pb::Step* out) {
     p->set_n_tokens(w.n_tokens);
     p->set_sample(w.sample);
     p->set_decode_path(w.decode_path);
+    p->set_checkpoint(w.checkpoint);
+  }
+  for (const CheckpointSave& c : in.saves) {
+    pb::CheckpointSave* p = out->add_saves();
+    p->set_slot(c.slot);
+    p->set_id(c.id);
+    p->set_n_past(c.n_past);
   }
 }
 
@@ -74,6 +89,12 @@ void FromProto(const pb::StepResult& in, StepResult* out) {
   out->sample_seconds = in.sample_seconds();
   out->error = in.error();
   out->handle_seconds = in.handle_seconds();
+  out->checkpoints_saved.clear();
+  for (const pb::CheckpointSaved& c : in.checkpoints_saved())
+    out->checkpoints_saved.push_back(CheckpointSaved{c.id(), c.bytes()});
+  out->checkpoints_evicted.assign(in.checkpoints_evicted().begin(), in.checkpoints_evicted().end());
+  out->checkpoints_failed.assign(in.checkpoints_failed().begin(), in.checkpoints_failed().end());
+  out->checkpoint_seconds = in.checkpoint_seconds();
 }
 
 void ToProto(const StepResult& in, pb::StepResult* out) {
@@ -97,6 +118,16 @@ void ToProto(const StepResult& in, pb::StepResult* out) {
   out->set_sample_seconds(in.sample_seconds);
   out->set_error(in.error);
   out->set_handle_seconds(in.handle_seconds);
+  for (const CheckpointSaved& c : in.checkpoints_saved) {
+    pb::CheckpointSaved* p = out->add_checkpoints_saved();
+    p->set_id(c.id);
+    p->set_bytes(c.bytes);
+  }
+  out->mutable_checkpoints_evicted()->Add(in.checkpoints_evicted.begin(),
+                                          in.checkpoints_evicted.end());
+  out->mutable_checkpoints_failed()->Add(in.checkpoints_failed.begin(),
+                                         in.checkpoints_failed.end());
+  out->set_checkpoint_seconds(in.checkpoint_seconds);
 }
 
 }  // namespace ds::worker

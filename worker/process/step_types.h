@@ -28,6 +28,10 @@ struct SequenceStart {
   // Generated tokens the request may have in all (proto SequenceStart.max_new_tokens); 0 =
   // unknown (no MTP drafts for it).
   uint32_t max_new_tokens = 0;
+  // Prefix cache (issue #17, proto SequenceStart.resume_checkpoint): non-zero = load this
+  // checkpoint, the state after the first resume_len of `tokens`; the work starts there.
+  uint64_t resume_checkpoint = 0;
+  uint32_t resume_len = 0;
 };
 
 // One slot's work in a step: process known tokens [pos0, pos0 + n_tokens) (proto SlotWork).
@@ -37,11 +41,26 @@ struct SlotWork {
   uint32_t n_tokens = 0;
   bool sample = false;  // sample a token after this chunk (it reaches the end of the known tokens)
   bool decode_path = false;  // SeqStep::decode_path (proto SlotWork.decode_path)
+  uint64_t checkpoint = 0;   // non-zero: save the slot as this checkpoint after the work
 };
 
-// Applied in this order: released, started, work.
+// Prefix cache: save `slot` (holding n_past positions) as checkpoint `id` before releases.
+struct CheckpointSave {
+  uint32_t slot = 0;
+  uint64_t id = 0;
+  uint32_t n_past = 0;
+};
+
+struct CheckpointSaved {
+  uint64_t id = 0;
+  uint64_t bytes = 0;
+  friend bool operator==(const CheckpointSaved&, const CheckpointSaved&) = default;
+};
+
+// Applied in this order: saves, released, started, work (then the work's checkpoints).
 struct Step {
   uint64_t step_id = 0;
+  std::vector<CheckpointSave> saves;   // prefix cache: finished slots saved before their release
   std::vector<SequenceStart> started;  // sequences bound to slots since the last step
   std::vector<uint32_t> released;      // slots freed since the last step: reset them
   std::vector<SlotWork> work;          // distinct slots
@@ -78,6 +97,11 @@ struct StepResult {
   std::string error;  // not empty: the step failed (the scheduler fails the step's requests)
   // Receiving the Step -> handing the result to the stream; set by the session, not the executor.
   double handle_seconds = 0;
+  // Prefix cache (proto StepResult.checkpoints_*): saved, dropped to make room, not saved.
+  std::vector<CheckpointSaved> checkpoints_saved;
+  std::vector<uint64_t> checkpoints_evicted;
+  std::vector<uint64_t> checkpoints_failed;
+  double checkpoint_seconds = 0;
   friend bool operator==(const StepResult&, const StepResult&) = default;
 };
 

@@ -333,6 +333,7 @@ class Session {
             return Fatal(absl::InvalidArgumentError("Configure with n_slots or slot_ctx 0"));
           // Recreate the backend with the scheduler's shape; one extra slot is the warmup scratch.
           executor_.reset();
+          store_.reset();  // its device checkpoints live in the backend's device memory
           be_.reset();
           BackendOptions bo;
           bo.n_slots = static_cast<int>(cf.n_slots()) + 1;
@@ -401,6 +402,25 @@ class Session {
           if (tp_.collective && tp_.collective->world() > 1)
             executor_->SetGroup(tp_.collective.get());
           if (absl::Status ms = executor_->SetMtp(o_.mtp); !ms.ok()) return Fatal(ms);
+          // Prefix cache (issue #17): checkpoints of slot state at exact positions.
+          if (o_.prefix_cache_mb > 0 && o_.tp_world > 1) {
+            DS_LOG(INFO, "prefix_cache",
+                   {{"enabled", false},
+                    {"reason", "not available under tensor parallelism yet (each rank would "
+                               "need to keep the same checkpoints)"}});
+          } else if (o_.prefix_cache_mb > 0) {
+            CheckpointStoreOptions co;
+            co.budget_bytes = o_.prefix_cache_mb << 20;
+            co.prefer_device = o_.prefix_cache_tier != "host";
+            store_ = std::make_unique<CheckpointStore>(be_.get(), co);
+            if (o_.prefix_cache_tier == "device" && !store_->on_device())
+              return Fatal(absl::InvalidArgumentError(
+                  "--prefix-cache-tier device: backend " + be_->name() +
+                  " keeps no checkpoints in device memory (use auto or host)"));
+            executor_->SetCheckpointStore(store_.get());
+            DS_LOG(INFO, "prefix_cache", {{"enabled", true}, {"budget_mib", o_.prefix_cache_mb},
+                                          {"tier", store_->tier()}});
+          }
           DS_LOG(INFO, "configured", {{"slots", n_usable}, {"slot_ctx", cf.slot_ctx()},
                                       {"device", be_->name()}});
           executor_->SetJsonVocabLoader([file = file_] { return worker::JsonVocabFromGguf(*file); });
@@ -438,6 +458,10 @@ class Session {
           if (o_.max_active > 0)
             w->set_active_slots(static_cast<uint32_t>(std::min(o_.max_active, n_usable)));
           w->set_mtp_auto(o_.mtp.automatic);
+          if (store_) {
+            w->set_prefix_cache_bytes(store_->stats().budget_bytes);
+            w->set_prefix_cache_tier(store_->tier());
+          }
           DS_LOG(INFO, "warmup_done",
                  {{"prefill_tokens_per_s", w->prefill_tokens_per_second()},
                   {"decode_tokens_per_s", w->decode_tokens_per_second()},
@@ -535,6 +559,7 @@ class Session {
   std::unique_ptr<Backend> be_;
   metrics::WorkerMetrics* metrics_ = nullptr;
   std::shared_ptr<sd::Watchdog::Loop> step_loop_, heartbeat_loop_;
+  std::unique_ptr<CheckpointStore> store_;  // prefix cache; destroyed before be_
   std::unique_ptr<worker::StepExecutor> executor_;
   worker::Step step_;  // the Step being run, converted from the stream's message (reused)
   std::shared_ptr<grpc::Channel> channel_;  // to the scheduler (also the TP rendezvous)
@@ -561,7 +586,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
-                                          "--max-active"}));
+                                          "--max-active", "--prefix-cache", "--prefix-cache-mb",
+                                          "--prefix-cache-tier"}));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -616,6 +642,26 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-active ", max_active, " must be in [0, 4096] (0 = every slot)"));
   o.max_active = static_cast<int>(max_active);
+  if (m.count("--prefix-cache")) {
+    if (m["--prefix-cache"] != "on" && m["--prefix-cache"] != "off")
+      return absl::InvalidArgumentError("--prefix-cache expects on or off, got '" +
+                                        m["--prefix-cache"] + "'");
+    if (m["--prefix-cache"] == "off") o.prefix_cache_mb = 0;
+  }
+  if (m.count("--prefix-cache-mb")) {
+    uint64_t mb = 0;
+    if (!absl::SimpleAtoi(m["--prefix-cache-mb"], &mb) || mb > (uint64_t{1} << 24))
+      return absl::InvalidArgumentError("--prefix-cache-mb expects MiB in [0, 16777216], got '" +
+                                        m["--prefix-cache-mb"] + "'");
+    if (!m.count("--prefix-cache") || m["--prefix-cache"] == "on") o.prefix_cache_mb = mb;
+  }
+  if (m.count("--prefix-cache-tier")) {
+    o.prefix_cache_tier = m["--prefix-cache-tier"];
+    if (o.prefix_cache_tier != "auto" && o.prefix_cache_tier != "host" &&
+        o.prefix_cache_tier != "device")
+      return absl::InvalidArgumentError("--prefix-cache-tier expects auto, host or device, got '" +
+                                        o.prefix_cache_tier + "'");
+  }
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
     if (o.kv_type != GgmlType::F16 && o.backend == "cpu")
@@ -740,7 +786,9 @@ int RunWorkerProcess(int argc, char** argv) {
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
                  "[--port-file F] [--kv-type f16|q8_0|q4_0] [--kv-pool-tokens N] [--kv-page N] "
-                 "[--memory-fraction F] [--max-step-tokens N] [--log-level L] [--config FILE] [--tp-rank R --tp-world W "
+                 "[--memory-fraction F] [--max-step-tokens N] "
+                 "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
+                 "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "
                  "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
                  "[--tp-collective auto|gloo|nccl|custom]] [--scheduler-key-file F] [--scheduler-ca F "
                  "[--scheduler-tls-name N]]\n",

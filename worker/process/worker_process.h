@@ -74,6 +74,11 @@ struct WorkerOptions {
   // --max-active N (issue #23): sequences holding recurrent state at once (0 = every slot); the
   // device keeps GDN state for N + 1 (the warmup scratch) instead of every configured slot.
   int max_active = 0;
+  // Prefix cache (issue #17, worker/runner/checkpoint_store.h): --prefix-cache-mb N bytes of
+  // checkpoints (0 or --prefix-cache off: none) kept --prefix-cache-tier auto|host|device
+  // (auto: device memory where the backend can, else host RAM). Off under tensor parallelism.
+  uint64_t prefix_cache_mb = 4096;
+  std::string prefix_cache_tier = "auto";
 };
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv);

@@ -12,6 +12,7 @@
 //   CopyColumns) -> ReadLogits / ReadHidden / Argmax / Sample -> Finish.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <functional>
 #include <span>
 #include <string>
@@ -136,6 +137,19 @@ class Device {
   virtual absl::StatusOr<std::vector<uint8_t>> SaveState(int slot, int32_t n_past) const = 0;
   virtual absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) = 0;
   virtual std::string state_layout() const = 0;
+  // Prefix cache (issue #17, device tier): a copy of the slot's state in SaveState's layout kept
+  // in device memory the device allocates for it (*bytes of it; ResourceExhausted when none is
+  // free), and its load back into a slot (device-to-device, through the slot's page table as
+  // LoadState). Devices without it keep the default: the caller falls back to SaveState bytes.
+  virtual bool HasDeviceStateCopies() const { return false; }
+  virtual absl::StatusOr<std::shared_ptr<void>> SaveStateOnDevice(int slot, int32_t n_past,
+                                                                  uint64_t* bytes) const {
+    return absl::UnimplementedError("device state copies are not implemented by " + name());
+  }
+  virtual absl::Status LoadStateFromDevice(int slot, int32_t n_past, const void* src,
+                                           uint64_t bytes) {
+    return absl::UnimplementedError("device state copies are not implemented by " + name());
+  }
 
   // The slot's recurrent state becomes the one kept in speculative entry `entry` by the last
   // Forward (RowRun::spec_entry); its KV rows need nothing (the runner shortens the slot).

@@ -434,6 +434,12 @@ absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
     return absl::InvalidArgumentError(absl::StrCat("Restore: snapshot of ", d.n_past,
                                                    " tokens (SlotSnapshot.n_past ", snap.n_past,
                                                    ") does not fit slot_ctx ", slot_ctx_));
+  return RestoreInto(slot, d.n_past,
+                     [&](int32_t dv) { return dev_->LoadState(dv, d.n_past, d.payload); });
+}
+
+absl::Status StepRunner::RestoreInto(int slot, int32_t n_past,
+                                     const std::function<absl::Status(int32_t)>& load) {
   DS_RETURN_IF_ERROR(Bind(slot));
   const int32_t dv = Dev(slot);
   if (paged_) {
@@ -441,25 +447,64 @@ absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
     // slot left empty, when the pool cannot hold it).
     pool_.Release(dv);
     len_[slot] = 0;
-    absl::StatusOr<int> first = pool_.Grow(dv, d.n_past);
+    absl::StatusOr<int> first = pool_.Grow(dv, n_past);
     if (!first.ok()) {
       Unbind(slot);
       return first.status();
     }
     const std::span<const int32_t> pages = pool_.pages(dv);
     absl::Status st = pages.empty() ? absl::OkStatus() : dev_->MapPages(dv, 0, pages);
-    if (st.ok()) st = dev_->LoadState(dv, d.n_past, d.payload);
+    if (st.ok()) st = load(dv);
     if (!st.ok()) {
       pool_.Release(dv);
       Unbind(slot);
       return st;
     }
-    len_[slot] = d.n_past;
+    len_[slot] = n_past;
     return absl::OkStatus();
   }
-  DS_RETURN_IF_ERROR(dev_->LoadState(dv, d.n_past, d.payload));
-  len_[slot] = d.n_past;
+  DS_RETURN_IF_ERROR(load(dv));
+  len_[slot] = n_past;
   return absl::OkStatus();
+}
+
+namespace {
+
+// A checkpoint the device holds (Device::SaveStateOnDevice) and the layout it was taken in.
+struct DeviceStateCheckpoint : StateCheckpoint {
+  std::shared_ptr<void> mem;
+  std::string layout;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StateCheckpoint>> StepRunner::SaveCheckpoint(int slot) {
+  if (slot < 0 || slot >= n_slots())
+    return absl::InvalidArgumentError(
+        absl::StrCat("SaveCheckpoint: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  DS_RETURN_IF_ERROR(NoPendingSpeculation("SaveCheckpoint"));
+  if (Dev(slot) < 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("SaveCheckpoint: slot ", slot, " holds no sequence"));
+  auto c = std::make_unique<DeviceStateCheckpoint>();
+  DS_ASSIGN_OR_RETURN(c->mem, dev_->SaveStateOnDevice(Dev(slot), len_[slot], &c->bytes));
+  c->n_past = len_[slot];
+  c->layout = dev_->state_layout();
+  return std::unique_ptr<StateCheckpoint>(std::move(c));
+}
+
+absl::Status StepRunner::LoadCheckpoint(int slot, const StateCheckpoint& checkpoint) {
+  if (slot < 0 || slot >= n_slots())
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadCheckpoint: slot ", slot, " out of range [0, ", n_slots(), ")"));
+  DS_RETURN_IF_ERROR(NoPendingSpeculation("LoadCheckpoint"));
+  const auto* c = dynamic_cast<const DeviceStateCheckpoint*>(&checkpoint);
+  if (c == nullptr || c->layout != dev_->state_layout() || c->n_past < 0 || c->n_past > slot_ctx_)
+    return absl::InvalidArgumentError(
+        "LoadCheckpoint: not a checkpoint of this device's state layout and context");
+  return RestoreInto(slot, c->n_past, [&](int32_t dv) {
+    return dev_->LoadStateFromDevice(dv, c->n_past, c->mem.get(), c->bytes);
+  });
 }
 
 absl::Status StepRunner::MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,

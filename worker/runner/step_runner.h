@@ -94,6 +94,10 @@ class StepRunner : public Backend {
   int32_t SlotLength(int slot) const override;
   absl::StatusOr<SlotSnapshot> Snapshot(int slot) const override;
   absl::Status Restore(int slot, const SlotSnapshot& snap) override;
+  // Prefix cache, device tier (issue #17): the device keeps the copy (Device::SaveStateOnDevice).
+  bool SupportsDeviceCheckpoints() const override { return dev_->HasDeviceStateCopies(); }
+  absl::StatusOr<std::unique_ptr<StateCheckpoint>> SaveCheckpoint(int slot) override;
+  absl::Status LoadCheckpoint(int slot, const StateCheckpoint& checkpoint) override;
   MemoryFootprint memory() const override { return dev_->memory(); }
   KvPoolStats kv_pool() const override { return paged_ ? pool_.stats() : KvPoolStats{}; }
   // Pages of every slot (tests: accounting under load); null when the device is not paged.
@@ -167,6 +171,11 @@ class StepRunner : public Backend {
   absl::Status Bind(int slot);
   void Unbind(int slot);
   absl::Status NoPendingSpeculation(const char* what) const;
+  // Restore's second half, shared with LoadCheckpoint: binds the slot, gives it pages for n_past
+  // positions and maps them, then `load(device_slot)` fills them; the slot is left empty when
+  // any of it fails.
+  absl::Status RestoreInto(int slot, int32_t n_past,
+                           const std::function<absl::Status(int32_t)>& load);
   bool paged_ = false;        // the device keeps a paged KV pool; pool_ hands out its pages
   KvPagePool pool_;
   MicroStep micro_;           // reused between micro-steps

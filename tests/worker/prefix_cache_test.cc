@@ -1,0 +1,291 @@
+// Prefix cache (issue #17) end to end on the CPU: the scheduler core (prefix tree, checkpoint
+// planning, resumes) drives a StepExecutor over the CPU backend and the tiny synth model, step by step
+// as the daemon would (plan -> worker::Step -> Run -> StepResults -> Apply). Every scenario runs
+// twice, with the cache and without it, and the generated tokens must be bit-identical (greedy
+// and seeded), while the cache really resumes (hits, tokens saved) where it should: a chat's next
+// turns, many requests sharing one long prefix that arrive together, a repeated short prompt,
+// a budget so small that checkpoints are evicted, and a producer cancelled while others wait.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+
+#include "tests/model/test_util.h"
+#include "scheduler/core/scheduler.h"
+#include "worker/backend_factory.h"
+#include "worker/process/step_executor.h"
+#include "worker/runner/checkpoint_store.h"
+
+namespace ds {
+namespace {
+
+using sched::RequestId;
+
+std::vector<int32_t> Tokens(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((i * 37 + salt * 101) % 240 + 5));
+  return p;
+}
+
+struct Spec {
+  sched::Request req;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+};
+
+struct Outcome {
+  std::map<RequestId, std::vector<int32_t>> out;
+  sched::PrefixCacheStats cache;
+  CheckpointStoreStats store;
+  std::map<RequestId, int32_t> resumed_at;  // resume_len of each admission that resumed
+};
+
+class Harness {
+ public:
+  // cache_bytes 0 = no prefix cache.
+  Harness(uint64_t cache_bytes, int n_slots = 2, int32_t max_batch = 96, int32_t max_chunk = 64) {
+    BackendOptions bo;
+    bo.n_slots = n_slots;
+    bo.slot_ctx = 1024;
+    bo.n_threads = 2;
+    auto be = CreateBackend("cpu", testing::TinyModelPath(), bo);
+    EXPECT_TRUE(be.ok()) << be.status();
+    be_ = std::move(*be);
+    ex_ = std::make_unique<worker::StepExecutor>(be_.get(), n_slots);
+    if (cache_bytes > 0) {
+      store_ = std::make_unique<CheckpointStore>(be_.get(), CheckpointStoreOptions{cache_bytes});
+      ex_->SetCheckpointStore(store_.get());
+    }
+    sched::SchedulerConfig c;
+    c.n_slots = n_slots;
+    c.max_num_batched_tokens = max_batch;
+    c.max_chunk = max_chunk;
+    c.context = {sched::ContextPolicy::Kind::kPool, int64_t{n_slots} * 1024, 1024};
+    core_ = std::move(sched::Scheduler::Create(c)).value();
+    sched::PrefixCacheConfig pc;
+    pc.enabled = cache_bytes > 0;
+    pc.min_tokens = 8;
+    pc.interval = 128;
+    pc.wait_gain = 32;
+    pc.budget_bytes = cache_bytes;
+    core_->SetPrefixCache(pc);
+  }
+
+  void Add(const Spec& s) {
+    specs_[s.req.id] = s;
+    ASSERT_TRUE(core_->Add(s.req).ok());
+  }
+  // Aborts `id` after the step in which it first computed something.
+  void AbortAfterFirstStep(RequestId id) { abort_after_first_ = id; }
+
+  // Runs until every added request finished; returns false on any error.
+  bool RunToEnd(Outcome* o) {
+    for (int guard = 0; guard < 5000; ++guard) {
+      auto plan = core_->Schedule(absl::Now());
+      if (!plan.ok()) return false;
+      if (plan->empty()) return core_->Idle();
+      worker::Step st;
+      st.step_id = plan->step_id;
+      for (const sched::CheckpointSave& c : plan->saves)
+        st.saves.push_back({static_cast<uint32_t>(c.slot), c.id, static_cast<uint32_t>(c.n_past)});
+      for (int s : plan->released) st.released.push_back(static_cast<uint32_t>(s));
+      for (const sched::SeqStart& s : plan->started) {
+        worker::SequenceStart w;
+        w.request_id = s.id;
+        w.slot = static_cast<uint32_t>(s.slot);
+        w.tokens = s.tokens;
+        w.sampling.temperature = specs_[s.id].temperature;
+        w.sampling.seed = specs_[s.id].seed;
+        w.max_new_tokens = static_cast<uint32_t>(s.max_new_tokens);
+        w.resume_checkpoint = s.resume_checkpoint;
+        w.resume_len = static_cast<uint32_t>(s.resume_len);
+        if (s.resume_checkpoint) o->resumed_at[s.id] = s.resume_len;
+        st.started.push_back(std::move(w));
+      }
+      bool abort_now = false;
+      for (const sched::PlanEntry& e : plan->entries) {
+        st.work.push_back({static_cast<uint32_t>(e.slot), static_cast<uint32_t>(e.pos0),
+                           static_cast<uint32_t>(e.tokens.size()), e.sample, e.decode_path,
+                           e.checkpoint});
+        abort_now |= e.id == abort_after_first_;
+      }
+      const worker::StepResult r = ex_->Run(st);
+      EXPECT_TRUE(r.error.empty()) << r.error;
+      if (!r.error.empty()) return false;
+      sched::StepResults res;
+      res.step_id = r.step_id;
+      for (const worker::SampledToken& t : r.tokens) res.tokens.push_back(t.token);
+      res.checkpoints_saved.reserve(r.checkpoints_saved.size());
+      for (const worker::CheckpointSaved& c : r.checkpoints_saved)
+        res.checkpoints_saved.emplace_back(c.id, c.bytes);
+      res.checkpoints_evicted = r.checkpoints_evicted;
+      res.checkpoints_failed = r.checkpoints_failed;
+      auto events = core_->Apply(*plan, res, absl::Now());
+      if (!events.ok()) return false;
+      for (const sched::Event& e : *events) {
+        if (e.kind == sched::Event::Kind::kToken) o->out[e.id].push_back(e.token);
+        if (e.kind == sched::Event::Kind::kFinished) finished_[e.id] = true;
+      }
+      if (abort_now) {
+        core_->Abort(abort_after_first_, "test").IgnoreError();
+        abort_after_first_ = 0;
+      }
+    }
+    return false;
+  }
+
+  void Finish(Outcome* o) {
+    o->cache = core_->Status().prefix_cache;
+    if (store_) o->store = store_->stats();
+  }
+  bool finished(RequestId id) const { return finished_.contains(id); }
+
+ private:
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<worker::StepExecutor> ex_;
+  std::unique_ptr<sched::Scheduler> core_;
+  std::map<RequestId, Spec> specs_;
+  std::map<RequestId, bool> finished_;
+  RequestId abort_after_first_ = 0;
+};
+
+Spec Make(RequestId id, std::vector<int32_t> prompt, int max_new, float temp = 0.0f) {
+  Spec s;
+  s.req.id = id;
+  s.req.prompt = std::move(prompt);
+  s.req.max_new_tokens = max_new;
+  s.req.arrival = absl::Now();
+  s.temperature = temp;
+  s.seed = 1000 + id;
+  return s;
+}
+
+// A chat of three turns: each turn's prompt is the previous prompt + its answer + a new message.
+Outcome Chat(uint64_t cache_bytes, float temp) {
+  Outcome o;
+  Harness h(cache_bytes);
+  std::vector<int32_t> prompt = Tokens(150, 1);
+  for (RequestId turn = 1; turn <= 3; ++turn) {
+    h.Add(Make(turn, prompt, 10, temp));
+    EXPECT_TRUE(h.RunToEnd(&o));
+    prompt.insert(prompt.end(), o.out[turn].begin(), o.out[turn].end());
+    const std::vector<int32_t> user = Tokens(20, 10 + static_cast<int>(turn));
+    prompt.insert(prompt.end(), user.begin(), user.end());
+  }
+  h.Finish(&o);
+  return o;
+}
+
+TEST(PrefixCache, ChatTurnsResumeFromThePreviousAnswerAndMatchNoCache) {
+  for (float temp : {0.0f, 0.8f}) {
+    const Outcome off = Chat(0, temp), on = Chat(uint64_t{256} << 20, temp);
+    EXPECT_EQ(on.out, off.out) << "temperature " << temp;
+    EXPECT_EQ(off.cache.hits, 0u);
+    // Turns 2 and 3 resume from the state the previous turn ended with: its prompt and all of
+    // its answer but the last token (which it sampled, never computed).
+    ASSERT_TRUE(on.resumed_at.contains(2) && on.resumed_at.contains(3));
+    EXPECT_EQ(on.resumed_at.at(2), 150 + 10 - 1);
+    EXPECT_EQ(on.resumed_at.at(3), 150 + 10 + 20 + 10 - 1);
+    EXPECT_EQ(on.cache.hits, 2u);
+    EXPECT_EQ(on.cache.tokens_saved, 159u + 189u);
+    EXPECT_GT(on.store.used_bytes, 0u);
+    EXPECT_EQ(on.cache.bytes, on.store.used_bytes);
+    EXPECT_EQ(on.cache.checkpoints, on.store.checkpoints);
+  }
+}
+
+// Six requests with one 200-token prefix and different suffixes, all queued at once on two
+// slots: the first prefills the prefix once and saves it; the others wait for that checkpoint
+// and resume exactly at the end of the shared prefix.
+Outcome Agents(uint64_t cache_bytes, RequestId abort_producer = 0) {
+  Outcome o;
+  Harness h(cache_bytes);
+  const std::vector<int32_t> prefix = Tokens(200, 3);
+  for (RequestId id = 1; id <= 6; ++id) {
+    std::vector<int32_t> p = prefix;
+    // Suffixes differ from their first token on.
+    std::vector<int32_t> suffix = Tokens(10 + 7 * static_cast<int>(id), 20 + static_cast<int>(id));
+    suffix[0] = static_cast<int32_t>(245 + id);
+    p.insert(p.end(), suffix.begin(), suffix.end());
+    h.Add(Make(id, p, 6));
+  }
+  if (abort_producer) h.AbortAfterFirstStep(abort_producer);
+  EXPECT_TRUE(h.RunToEnd(&o));
+  for (RequestId id = 1; id <= 6; ++id) EXPECT_TRUE(h.finished(id)) << id;
+  h.Finish(&o);
+  return o;
+}
+
+TEST(PrefixCache, RequestsSharingAPrefixResumeAtItsEnd) {
+  const Outcome off = Agents(0), on = Agents(uint64_t{256} << 20);
+  EXPECT_EQ(on.out, off.out);
+  for (RequestId id = 2; id <= 6; ++id) {
+    ASSERT_TRUE(on.resumed_at.contains(id)) << "request " << id << " did not resume";
+    EXPECT_EQ(on.resumed_at.at(id), 200) << "request " << id;
+  }
+  EXPECT_EQ(on.cache.hits, 5u);
+  EXPECT_EQ(on.cache.tokens_saved, 5u * 200u);
+}
+
+TEST(PrefixCache, CancelledProducerDoesNotStallTheOthers) {
+  // Request 1 computes part of the prefix and is aborted: the waiting requests go on (one of them
+  // saves the prefix instead) and every other output equals the run without the cache.
+  const Outcome off = Agents(0, 1), on = Agents(uint64_t{256} << 20, 1);
+  std::map<RequestId, std::vector<int32_t>> a = off.out, b = on.out;
+  a.erase(1);
+  b.erase(1);
+  EXPECT_EQ(b, a);
+  EXPECT_GE(on.cache.hits, 4u);
+}
+
+TEST(PrefixCache, RepeatedShortPromptResumesAtItsLastToken) {
+  auto run = [](uint64_t bytes) {
+    Outcome o;
+    Harness h(bytes);
+    const std::vector<int32_t> p = Tokens(40, 7);
+    h.Add(Make(1, p, 5, 0.7f));
+    EXPECT_TRUE(h.RunToEnd(&o));
+    Spec again = Make(2, p, 5, 0.7f);
+    again.seed = 1001;  // the same seed as the first: the same tokens
+    h.Add(again);
+    EXPECT_TRUE(h.RunToEnd(&o));
+    h.Finish(&o);
+    return o;
+  };
+  const Outcome off = run(0), on = run(uint64_t{64} << 20);
+  EXPECT_EQ(on.out, off.out);
+  EXPECT_EQ(on.out.at(1), on.out.at(2));
+  ASSERT_TRUE(on.resumed_at.contains(2));
+  EXPECT_EQ(on.resumed_at.at(2), 39);
+}
+
+TEST(PrefixCache, SmallBudgetEvictsAndStaysCorrect) {
+  // Eight prompts, each extending the one before by 10 tokens: every request saves two or three
+  // checkpoints and resumes from the one its predecessor saved at its last prompt token. A
+  // budget for about two and a half checkpoints makes the store evict (never the one a step
+  // restores), and the outputs still equal those without the cache.
+  auto run = [](uint64_t bytes) {
+    Outcome o;
+    Harness h(bytes);
+    for (RequestId id = 1; id <= 8; ++id) {
+      h.Add(Make(id, Tokens(120 + 10 * static_cast<int>(id), 0), 4));
+      EXPECT_TRUE(h.RunToEnd(&o));
+    }
+    h.Finish(&o);
+    return o;
+  };
+  const Outcome probe = run(uint64_t{1} << 30);
+  ASSERT_GT(probe.store.saves, 0u);
+  const uint64_t one = probe.store.used_bytes / probe.store.checkpoints;
+  const Outcome off = run(0), small = run(one * 2 + one / 2);
+  EXPECT_EQ(small.out, off.out);
+  EXPECT_GT(small.store.evictions, 0u);
+  EXPECT_LE(small.store.used_bytes, one * 2 + one / 2);
+  EXPECT_EQ(small.cache.evictions, small.store.evictions);
+  EXPECT_EQ(small.cache.checkpoints, small.store.checkpoints);
+  EXPECT_GT(small.cache.hits, 0u);
+}
+
+}  // namespace
+}  // namespace ds
