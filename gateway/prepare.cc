@@ -97,7 +97,11 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
       }
       const ChatTemplate plain = ChatTemplate::Of(ChatTemplateKind::kChatML);
       const ChatTemplate& tmpl = m.chat_template ? *m.chat_template : plain;
-      auto rendered = tmpl.Render(turns, ChatRenderOptions{});
+      ChatRenderOptions ro;
+      // json_object constrains the first generated token already: no room for reasoning (the
+      // HTTP listener does the same).
+      if (in.sampling.json_object) ro.enable_thinking = false;
+      auto rendered = tmpl.Render(turns, ro);
       if (!rendered.ok()) return Bad("chat.", rendered.status().message());
       // Only the template's own markers become control tokens: `<|endoftext|>`, `<think>` or
       // `<tool_call>` typed by a client stay text (issue #16).

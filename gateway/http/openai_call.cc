@@ -189,7 +189,13 @@ class CollectWriter : public Writer {
   bool Write(Delta&& d) override {
     reasoning_ += d.parsed.reasoning;
     content_ += d.parsed.content;
-    for (auto& t : d.parsed.tool_calls) calls_.push_back(std::move(t));
+    // A call streams as fragments (the first with id and name): one entry per call here.
+    for (auto& t : d.parsed.tool_calls) {
+      if (!calls_.empty() && calls_.back().index == t.index)
+        calls_.back().arguments += t.arguments;
+      else
+        calls_.push_back(std::move(t));
+    }
     if (!d.logprobs.empty()) {
       if (c_.chat) {
         for (auto& e : ChatLogprobs(*c_.tok, d.logprobs, c_.req.top_logprobs))

@@ -118,9 +118,16 @@ absl::Status ParseCommon(const json& b, OpenAIRequest* r) {
   if (const json* f = Field(b, "response_format")) {
     const json* t = f->is_object() ? Field(*f, "type") : nullptr;
     if (!t || !t->is_string()) return Bad("response_format.type must be a string");
-    if (*t != "text")
+    if (*t == "json_object") {
+      in.sampling.json_object = true;  // the worker masks tokens (json_constraint.h)
+    } else if (*t == "json_schema") {
+      return Bad(
+          "response_format.type 'json_schema' is not supported: schemas are not enforced; use "
+          "'json_object' (any one JSON object) and describe the schema in the prompt");
+    } else if (*t != "text") {
       return Bad("response_format.type '", t->get<std::string>(),
-                 "' is not supported: deltaserve has no constrained decoding; only 'text'");
+                 "' is not supported: use 'text' or 'json_object'");
+    }
   }
   if (const json* u = Field(b, "user"); u && !u->is_string()) return Bad("user must be a string");
   return absl::OkStatus();
@@ -200,6 +207,16 @@ absl::StatusOr<OpenAIRequest> ParseChatRequest(std::string_view body) {
     have_thinking = true;
   }
   if (have_thinking) r.render.enable_thinking = thinking;
+  if (r.input.sampling.json_object) {
+    // The constraint holds from the first generated token, so there is no room for reasoning
+    // before the object: the template's thinking is turned off (an explicit request for it is
+    // refused), and no tool call can be written (tools stay in the prompt as context).
+    if (have_thinking && thinking)
+      return Bad("response_format json_object with enable_thinking: the constrained answer "
+                 "leaves no room for reasoning; set enable_thinking to false or drop it");
+    r.render.enable_thinking = false;
+    r.parse_tool_calls = false;
+  }
   return r;
 }
 

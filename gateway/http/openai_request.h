@@ -4,7 +4,8 @@
 // rejection is InvalidArgument naming the body field (`temperature must be a number`,
 // `messages[2].role ...`); what we do not implement is refused by name rather than ignored:
 // n > 1, best_of > 1, echo, suffix, tool_choice other than auto/none, and response_format
-// json_object / json_schema (the sampler has no constrained decoding).
+// json_schema (json_object is constrained decoding: SamplingInput::json_object; with it a chat's
+// thinking is off and tool calls are not parsed, see ParseChatRequest).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>

@@ -55,6 +55,21 @@ TEST(OpenAIRequest, ChatFieldsMapToTheSharedInput) {
   EXPECT_FALSE(*r->render.enable_thinking);
   ASSERT_TRUE(r->render.preserve_thinking.has_value());
   EXPECT_TRUE(*r->render.preserve_thinking);
+  // response_format json_object: constrained sampling; thinking off, no tool-call parsing.
+  auto jo = ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}],
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(jo.ok()) << jo.status();
+  EXPECT_TRUE(jo->input.sampling.json_object);
+  ASSERT_TRUE(jo->render.enable_thinking.has_value());
+  EXPECT_FALSE(*jo->render.enable_thinking);
+  EXPECT_FALSE(jo->parse_tool_calls);
+  EXPECT_EQ(jo->render.tools.size(), 1u);
+  auto jc = ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(jc.ok()) << jc.status();
+  EXPECT_TRUE(jc->input.sampling.json_object);
+  EXPECT_FALSE(ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}],
+    "response_format": {"type": "text"}})")->input.sampling.json_object);
   // logprobs without alternatives still asks the sampler for the chosen token's.
   auto lp =
       ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})");
@@ -110,8 +125,13 @@ TEST(OpenAIRequest, RefusalsNameTheField) {
   expect(true, chat(R"(, "top_logprobs": 2)").c_str(), "top_logprobs needs logprobs");
   expect(true, chat(R"(, "logprobs": true, "top_logprobs": 21)").c_str(),
          "top_logprobs must be in");
-  expect(true, chat(R"(, "response_format": {"type": "json_object"})").c_str(), "json_object");
-  expect(true, chat(R"(, "response_format": {"type": "json_schema"})").c_str(), "constrained");
+  expect(true, chat(R"(, "response_format": {"type": "json_schema"})").c_str(), "json_schema");
+  expect(true, chat(R"(, "response_format": {"type": "yaml"})").c_str(), "json_object");
+  expect(true,
+         chat(R"(, "response_format": {"type": "json_object"},
+                 "chat_template_kwargs": {"enable_thinking": true})")
+             .c_str(),
+         "enable_thinking");
   expect(true, chat(R"(, "tool_choice": "required")").c_str(), "tool_choice");
   expect(true, chat(R"(, "tools": [{"type": "function", "function": {}}])").c_str(),
          "tools[0].function.name");

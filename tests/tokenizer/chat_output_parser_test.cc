@@ -18,12 +18,21 @@ struct Result {
   bool operator==(const Result&) const = default;
 };
 
+// A call's first delta has its id and name and no arguments; later ones only argument text.
 void Collect(const ParsedDelta& d, Result* r) {
   r->reasoning += d.reasoning;
   r->content += d.content;
   for (const ToolCallDelta& t : d.tool_calls) {
-    if (!t.name.empty()) r->calls.push_back(t.id + " " + t.name + " ");
+    if (!t.name.empty()) {
+      ASSERT_FALSE(t.id.empty());
+      ASSERT_EQ(static_cast<size_t>(t.index), r->calls.size()) << "calls come in index order";
+      r->calls.push_back(t.id + " " + t.name + " ");
+    } else {
+      ASSERT_TRUE(t.id.empty()) << "an id after the call's first delta";
+      ASSERT_FALSE(t.arguments.empty()) << "an empty delta";
+    }
     ASSERT_FALSE(r->calls.empty()) << "arguments before the call's name";
+    ASSERT_EQ(static_cast<size_t>(t.index) + 1, r->calls.size()) << "arguments of an older call";
     r->calls[static_cast<size_t>(t.index)] += t.arguments;
   }
 }
@@ -161,16 +170,94 @@ TEST(ChatOutputParser, MalformedOrUnfinishedToolCallComesBackAsContent) {
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.content, "ok<tool_call>\nnot xml\n</tool_call>after");
   ExpectSplitInvariant(Opts(true, true), bad);
+  // Cut off (max_tokens) inside a value: once `<function=NAME>` was complete the call was
+  // streamed, so it stays a call, with its arguments closed where they stopped.
   const std::string cut = "</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa";
   const Result c = Parse(Opts(true, true), {cut});
-  EXPECT_TRUE(c.calls.empty());
-  EXPECT_EQ(c.content, "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa");
+  ASSERT_EQ(c.calls.size(), 1u);
+  EXPECT_EQ(c.calls[0], "call_0 get_weather {\"city\":\"Pa\"}");
+  EXPECT_EQ(c.content, "");
   ExpectSplitInvariant(Opts(true, true), cut);
+  // Cut before the function tag was complete: nothing was streamed, it is content.
+  const std::string head = "</think>\n\n<tool_call>\n<function=get_wea";
+  const Result hc = Parse(Opts(true, true), {head});
+  EXPECT_TRUE(hc.calls.empty());
+  EXPECT_EQ(hc.content, "<tool_call>\n<function=get_wea");
+  ExpectSplitInvariant(Opts(true, true), head);
   // Finished at </function> without </tool_call> (stopped by EOS): still a call.
   const std::string eos = "</think>\n<tool_call>\n<function=get_weather>\n</function>\n";
   const Result e = Parse(Opts(true, true), {eos});
   ASSERT_EQ(e.calls.size(), 1u);
   EXPECT_EQ(e.calls[0], "call_0 get_weather {}");
+}
+
+// Arguments stream while the model writes them: a string value's text before its
+// </parameter>, a JSON-form object's members before it closes; the template's newline before
+// </parameter> is held back until it is known not to be the last.
+TEST(ChatOutputParser, ToolCallArgumentsStreamIncrementally) {
+  ChatOutputParser p(Opts(false, true));
+  std::string args;
+  auto push = [&](std::string_view s) {
+    ParsedDelta d = p.Push(s);
+    for (const ToolCallDelta& t : d.tool_calls) args += t.arguments;
+    return d;
+  };
+  EXPECT_TRUE(push("<tool_call>\n<function=get_wea").tool_calls.empty());
+  ParsedDelta first = push("ther>\n");
+  ASSERT_EQ(first.tool_calls.size(), 1u);
+  EXPECT_EQ(first.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(first.tool_calls[0].id, "call_0");
+  EXPECT_EQ(first.tool_calls[0].arguments, "");
+  push("<parameter=city>\nNew Y");
+  EXPECT_EQ(args, "{\"city\":\"New Y");
+  push("ork \"NY\"\n");
+  EXPECT_EQ(args, "{\"city\":\"New York \\\"NY\\\"");  // the newline may be the template's
+  push("\n</parameter>\n<parameter=days>\n1");
+  EXPECT_EQ(args, "{\"city\":\"New York \\\"NY\\\"\\n\",\"days\":");  // typed: whole
+  push("4\n</parameter>\n</function>\n</tool_call>");
+  push("");
+  p.Finish();
+  EXPECT_EQ(args, "{\"city\":\"New York \\\"NY\\\"\\n\",\"days\":14}");
+  EXPECT_TRUE(nlohmann::json::parse(args).is_object());
+
+  ChatOutputParser j(Opts(false, true));
+  std::string jargs;
+  auto jpush = [&](std::string_view s) {
+    ParsedDelta d = j.Push(s);
+    for (const ToolCallDelta& t : d.tool_calls) {
+      if (!t.name.empty()) EXPECT_EQ(t.name, "get_weather");
+      jargs += t.arguments;
+    }
+  };
+  jpush("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os");
+  EXPECT_EQ(jargs, "{\"city\":\"Os");
+  jpush("lo\", \"days\": [1, 2]}}\n</tool_call>");
+  EXPECT_EQ(jargs, "{\"city\":\"Oslo\",\"days\":[1,2]}");
+  EXPECT_EQ(j.n_tool_calls(), 1);
+}
+
+// Non-ASCII and escapes inside streamed values, at every split point (a piece never cuts a
+// UTF-8 character, so every fragment is valid UTF-8 on its own).
+TEST(ChatOutputParser, StreamedArgumentsWithUtf8AndEscapesAtEveryBoundary) {
+  const std::string out =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nS\xc3\xa3o Paulo \xe6\x9d\xb1\n"
+      "\t\"q\" \\ \xf0\x9f\x98\x80\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+      "{\"name\": \"f\", \"arguments\": {\"s\": \"\xc3\xa9 \\\" }\", \"n\": {\"m\": [ ]}}}\n"
+      "</tool_call>";
+  const Result r = Parse(Opts(false, true), {out});
+  ASSERT_EQ(r.calls.size(), 2u);
+  const std::string a0 = r.calls[0].substr(r.calls[0].find('{'));
+  EXPECT_EQ(nlohmann::json::parse(a0)["city"],
+            "S\xc3\xa3o Paulo \xe6\x9d\xb1\n\t\"q\" \\ \xf0\x9f\x98\x80");
+  EXPECT_EQ(r.calls[1], "call_1 f {\"s\":\"\xc3\xa9 \\\" }\",\"n\":{\"m\":[]}}");
+  ExpectSplitInvariant(Opts(false, true), out);
+  for (size_t i = 0; i <= out.size(); ++i) {
+    ChatOutputParser p(Opts(false, true));
+    for (std::string_view part : {std::string_view(out).substr(0, i), std::string_view(out).substr(i)}) {
+      for (const ToolCallDelta& t : p.Push(part).tool_calls)
+        EXPECT_NO_THROW((void)nlohmann::json(t.arguments).dump()) << "split at " << i;
+    }
+  }
 }
 
 TEST(ChatOutputParser, WithoutToolsTagsAreText) {
