@@ -53,7 +53,8 @@ enum class Match { kYes, kMore, kNo };
 // `lit` at s[*i] (advancing past it), a cut prefix of it (kMore), or something else.
 Match Literal(std::string_view s, size_t* i, std::string_view lit) {
   const std::string_view rest = s.substr(*i);
-  if (rest.size() < lit.size()) return lit.substr(0, rest.size()) == rest ? Match::kMore : Match::kNo;
+  if (rest.size() < lit.size())
+    return lit.substr(0, rest.size()) == rest ? Match::kMore : Match::kNo;
   if (rest.substr(0, lit.size()) != lit) return Match::kNo;
   *i += lit.size();
   return Match::kYes;
@@ -98,7 +99,8 @@ Match JsonHead(std::string_view s, std::string* name, size_t* len) {
     SkipWs(s, &i);
     return i == s.size() ? Match::kMore : Literal(s, &i, l);
   };
-  for (std::string_view l : {std::string_view("{"), std::string_view("\"name\""), std::string_view(":")})
+  for (std::string_view l :
+       {std::string_view("{"), std::string_view("\"name\""), std::string_view(":")})
     if (const Match m = lit(l); m != Match::kYes) return m;
   SkipWs(s, &i);
   if (i == s.size()) return Match::kMore;
@@ -108,7 +110,8 @@ Match JsonHead(std::string_view s, std::string* name, size_t* len) {
   const nlohmann::json n = nlohmann::json::parse(s.substr(i, end - i), nullptr, false);
   if (n.is_discarded() || !n.is_string() || n.get<std::string>().empty()) return Match::kNo;
   i = end;
-  for (std::string_view l : {std::string_view(","), std::string_view("\"arguments\""), std::string_view(":")})
+  for (std::string_view l :
+       {std::string_view(","), std::string_view("\"arguments\""), std::string_view(":")})
     if (const Match m = lit(l); m != Match::kYes) return m;
   *name = n.get<std::string>();
   *len = i;
@@ -117,8 +120,8 @@ Match JsonHead(std::string_view s, std::string* name, size_t* len) {
 
 // The JSON string body (no quotes) of `text`; invalid UTF-8 is replaced, never thrown.
 std::string EscapeJson(std::string_view text) {
-  const std::string q = nlohmann::json(std::string(text)).dump(-1, ' ', false,
-                                                                nlohmann::json::error_handler_t::replace);
+  const std::string q = nlohmann::json(std::string(text))
+                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return q.substr(1, q.size() - 2);
 }
 
@@ -334,7 +337,6 @@ void ChatOutputParser::Drain(bool final, ParsedDelta* out) {
   }
 }
 
-
 void ChatOutputParser::Args(std::string_view text, ParsedDelta* out) {
   if (text.empty()) return;
   // Pieces of one Push go into one delta of the call.
@@ -402,7 +404,8 @@ bool ChatOutputParser::DrainCall(bool final, ParsedDelta* out) {
       const Match param = Literal(b, &at, kParam);
       if (param == Match::kYes) {
         const size_t gt = b.find('>', at);
-        const std::string_view pname = b.substr(at, gt == std::string_view::npos ? b.npos : gt - at);
+        const std::string_view pname =
+            b.substr(at, gt == std::string_view::npos ? b.npos : gt - at);
         const bool bad = pname.find_first_of("<\n") != std::string_view::npos ||
                          (gt != std::string_view::npos && pname.empty());
         if (!bad && gt != std::string_view::npos) {

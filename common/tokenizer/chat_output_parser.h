@@ -87,11 +87,11 @@ class ChatOutputParser {
   int n_calls_ = 0;
   // The tool call being parsed.
   Phase phase_ = Phase::kHead;
-  std::string fn_;            // its function name
-  bool any_param_ = false;    // XML: a parameter was written (',' before the next)
-  bool value_string_ = false; // XML: the current value streams as a JSON string
+  std::string fn_;             // its function name
+  bool any_param_ = false;     // XML: a parameter was written (',' before the next)
+  bool value_string_ = false;  // XML: the current value streams as a JSON string
   bool value_started_ = false;
-  int depth_ = 0;             // JSON form: nesting inside the arguments object
+  int depth_ = 0;  // JSON form: nesting inside the arguments object
   bool in_string_ = false, escape_ = false;
 };
 

@@ -212,8 +212,9 @@ absl::StatusOr<OpenAIRequest> ParseChatRequest(std::string_view body) {
     // before the object: the template's thinking is turned off (an explicit request for it is
     // refused), and no tool call can be written (tools stay in the prompt as context).
     if (have_thinking && thinking)
-      return Bad("response_format json_object with enable_thinking: the constrained answer "
-                 "leaves no room for reasoning; set enable_thinking to false or drop it");
+      return Bad(
+          "response_format json_object with enable_thinking: the constrained answer "
+          "leaves no room for reasoning; set enable_thinking to false or drop it");
     r.render.enable_thinking = false;
     r.parse_tool_calls = false;
   }

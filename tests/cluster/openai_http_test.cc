@@ -291,9 +291,10 @@ TEST(OpenAIHttp, ErrorsUseOpenAIShapeAndStatus) {
   ExpectError(Post(port, "/v1/chat/completions",
                    {{"messages", msgs}, {"response_format", {{"type", "json_schema"}}}}),
               400, "invalid_request_error", "json_schema");
-  ExpectError(Post(port, "/v1/completions",
-                   {{"prompt", "x"}, {"ignore_eos", true}, {"response_format", {{"type", "json_object"}}}}),
-              400, "invalid_request_error", "ignore_eos");
+  ExpectError(
+      Post(port, "/v1/completions",
+           {{"prompt", "x"}, {"ignore_eos", true}, {"response_format", {{"type", "json_object"}}}}),
+      400, "invalid_request_error", "ignore_eos");
   ExpectError(Post(port, "/v1/chat/completions", {{"messages", {{{"role", "wizard"}}}}}), 400,
               "invalid_request_error", "messages[0].role");
   ExpectError(Post(port, "/v1/chat/completions",

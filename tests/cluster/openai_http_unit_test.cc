@@ -65,11 +65,13 @@ TEST(OpenAIRequest, ChatFieldsMapToTheSharedInput) {
   EXPECT_FALSE(*jo->render.enable_thinking);
   EXPECT_FALSE(jo->parse_tool_calls);
   EXPECT_EQ(jo->render.tools.size(), 1u);
-  auto jc = ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "json_object"}})");
+  auto jc =
+      ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "json_object"}})");
   ASSERT_TRUE(jc.ok()) << jc.status();
   EXPECT_TRUE(jc->input.sampling.json_object);
   EXPECT_FALSE(ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}],
-    "response_format": {"type": "text"}})")->input.sampling.json_object);
+    "response_format": {"type": "text"}})")
+                   ->input.sampling.json_object);
   // logprobs without alternatives still asks the sampler for the chosen token's.
   auto lp =
       ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})");

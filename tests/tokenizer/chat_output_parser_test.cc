@@ -253,7 +253,8 @@ TEST(ChatOutputParser, StreamedArgumentsWithUtf8AndEscapesAtEveryBoundary) {
   ExpectSplitInvariant(Opts(false, true), out);
   for (size_t i = 0; i <= out.size(); ++i) {
     ChatOutputParser p(Opts(false, true));
-    for (std::string_view part : {std::string_view(out).substr(0, i), std::string_view(out).substr(i)}) {
+    for (std::string_view part :
+         {std::string_view(out).substr(0, i), std::string_view(out).substr(i)}) {
       for (const ToolCallDelta& t : p.Push(part).tool_calls)
         EXPECT_NO_THROW((void)nlohmann::json(t.arguments).dump()) << "split at " << i;
     }

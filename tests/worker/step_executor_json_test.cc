@@ -21,11 +21,11 @@ constexpr int32_t kEos = 47;
 
 // Token bytes of the test vocabulary: JSON pieces; ids 40..46 are prompt-only words, 47 is EOS.
 std::vector<std::string> VocabBytes() {
-  std::vector<std::string> b = {"{",    "}",  "[",  "]",   "\"",   ":",    ",",   " ",
-                                "\n",   "a",  "b",  "k",   "0",    "1",    "-",   ".",
-                                "e",    "+",  "true", "null", "false", "{\"", "\":", "\",",
-                                "\"}",  "}}", "]}", "\\n", "\\u00e9", "\xc3\xa9", "x y", "12",
-                                "\"a\"", "[{", "},", "],", "\":\"", "  ", "ab", "\\"};
+  std::vector<std::string> b = {"{",     "}",  "[",    "]",    "\"",      ":",        ",",   " ",
+                                "\n",    "a",  "b",    "k",    "0",       "1",        "-",   ".",
+                                "e",     "+",  "true", "null", "false",   "{\"",      "\":", "\",",
+                                "\"}",   "}}", "]}",   "\\n",  "\\u00e9", "\xc3\xa9", "x y", "12",
+                                "\"a\"", "[{", "},",   "],",   "\":\"",   "  ",       "ab",  "\\"};
   while (b.size() < 40) b.push_back("zz");
   for (int i = 40; i < 47; ++i) b.push_back("word" + std::to_string(i));
   b.push_back("");  // EOS: a control token, no text
