@@ -31,6 +31,7 @@
 
 #include "common/gguf/ggml_types.h"
 #include "tests/model/widened_tiny.h"
+#include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
@@ -131,6 +132,7 @@ TEST_P(BatchInvariance, DecodeRowsAndDecodePathRunsEqualDecodingAlone) {
   BackendOptions bo;
   bo.n_slots = kSlots;
   bo.slot_ctx = kSlotCtx;
+  ds::testing::GpuTestOptions(bo);  // --portable: the sm_70 kernel path
   auto made = cuda::CreateCudaBackendApi(path, bo, CudaBackendOptions{});
   std::filesystem::remove(path);
   ASSERT_TRUE(made.ok()) << made.status();

@@ -30,6 +30,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/util/status.h"
+#include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
@@ -75,7 +76,7 @@ BackendOptions Opts() {
   BackendOptions o;
   o.n_slots = 2;
   o.slot_ctx = kSlotCtx;
-  return o;
+  return ds::testing::GpuTestOptions(o);  // --portable: the sm_70 kernel path
 }
 
 std::unique_ptr<Backend> Cuda(std::shared_ptr<const gguf::File> f, int max_step_tokens = 0) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <random>
 
+#include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/cpu_backend.h"
@@ -42,7 +43,7 @@ BackendOptions Opts(int64_t pool_tokens, int page = 16) {
   o.kv_pool_tokens = pool_tokens;
   o.kv_page_size = page;
   o.n_threads = 2;
-  return o;
+  return ds::testing::GpuTestOptions(o);  // --portable: the sm_70 kernel path (CUDA only)
 }
 
 std::unique_ptr<Backend> Cuda(GgmlType kv, int64_t pool_tokens, int page = 16) {

@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 }
 
 const CudaMemoryPlan& CudaBackend::memory_plan() const { return cuda_->memory_plan(); }
+bool CudaBackend::portable() const { return cuda_->portable(); }
 uint64_t CudaBackend::StepWeightBytes() const { return cuda_->StepWeightBytes(); }
 void CudaBackend::SetProfiling(bool on) { cuda_->SetProfiling(on); }
 void CudaBackend::ResetProfile() { cuda_->ResetProfile(); }

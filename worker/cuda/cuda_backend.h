@@ -33,6 +33,7 @@ class CudaBackend final : public StepRunner {
       const CudaBackendOptions& copts);
 
   const CudaMemoryPlan& memory_plan() const;
+  bool portable() const;  // the portable (sm_70) kernel path runs (CudaBackendOptions::portable)
   // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
   uint64_t StepWeightBytes() const;
   // Profiling pass: when on, graphs are off and every op class is bracketed by CUDA events;

@@ -149,11 +149,23 @@ std::string Plan::ToString() const {
   return s;
 }
 
+namespace {
+const gguf::TensorInfo* FindIn(std::span<const gguf::TensorInfo> tensors, std::string_view name) {
+  for (const gguf::TensorInfo& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+}  // namespace
+
 absl::StatusOr<int64_t> FfnGranule(const gguf::File& f, const ModelConfig& c) {
+  return FfnGranule(f.tensors(), c);
+}
+
+absl::StatusOr<int64_t> FfnGranule(std::span<const gguf::TensorInfo> tensors, const ModelConfig& c) {
   int64_t g = 1;
   for (int i = 0; i < c.n_layer; ++i) {
     const std::string name = absl::StrCat("blk.", i, ".ffn_down.weight");
-    const gguf::TensorInfo* t = f.FindTensor(name);
+    const gguf::TensorInfo* t = FindIn(tensors, name);
     if (!t) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
     const GgmlTypeInfo* ti = FindGgmlType(static_cast<uint32_t>(t->type));
     if (!ti) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has an unknown type"));
@@ -163,11 +175,16 @@ absl::StatusOr<int64_t> FfnGranule(const gguf::File& f, const ModelConfig& c) {
 }
 
 absl::StatusOr<HeadGranules> AlignedHeadGranules(const gguf::File& f, const ModelConfig& c) {
+  return AlignedHeadGranules(f.tensors(), c);
+}
+
+absl::StatusOr<HeadGranules> AlignedHeadGranules(std::span<const gguf::TensorInfo> tensors,
+                                                 const ModelConfig& c) {
   int64_t attn_block = 1, gdn_block = 1;
   for (int i = 0; i < c.n_layer; ++i) {
     const std::string name =
         absl::StrCat("blk.", i, c.is_recurrent[i] ? ".ssm_out.weight" : ".attn_output.weight");
-    const gguf::TensorInfo* t = f.FindTensor(name);
+    const gguf::TensorInfo* t = FindIn(tensors, name);
     if (!t) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
     const GgmlTypeInfo* ti = FindGgmlType(static_cast<uint32_t>(t->type));
     if (!ti) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has an unknown type"));
@@ -229,10 +246,15 @@ Cut CutFor(const ModelConfig& c, const Plan& p, int r, std::string_view n) {
 
 absl::StatusOr<std::vector<RankMemory>> PlanMemory(const gguf::File& f, const ModelConfig& c,
                                                    const Plan& p) {
+  return PlanMemory(f.tensors(), c, p);
+}
+
+absl::StatusOr<std::vector<RankMemory>> PlanMemory(std::span<const gguf::TensorInfo> tensors,
+                                                   const ModelConfig& c, const Plan& p) {
   std::vector<RankMemory> out(p.world);
   for (int r = 0; r < p.world; ++r) {
     RankMemory& m = out[r];
-    for (const gguf::TensorInfo& t : f.tensors()) {
+    for (const gguf::TensorInfo& t : tensors) {
       std::string_view name = t.name, suffix = name;
       if (name.rfind("blk.", 0) == 0) {
         const size_t dot = name.find('.', 4);

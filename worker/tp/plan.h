@@ -85,6 +85,9 @@ struct Plan {
 
 // The quant block of the model's ffn_down tensors (largest over layers): the FFN granule.
 absl::StatusOr<int64_t> FfnGranule(const gguf::File& f, const ModelConfig& c);
+// The same over a tensor table (names, shapes, types): a file's, or one described without a file
+// (`deltaserve tp-plan --synth`, which plans for a model it never writes).
+absl::StatusOr<int64_t> FfnGranule(std::span<const gguf::TensorInfo> tensors, const ModelConfig& c);
 
 // Head granules that keep the row-parallel column slices (attn_output, ssm_out) on quant-block
 // boundaries: the smallest m with m·(unit width) a multiple of the block (27B Q6_K: GDN m = 2
@@ -94,6 +97,8 @@ struct HeadGranules {
   int attn = 1, gdn = 1;
 };
 absl::StatusOr<HeadGranules> AlignedHeadGranules(const gguf::File& f, const ModelConfig& c);
+absl::StatusOr<HeadGranules> AlignedHeadGranules(std::span<const gguf::TensorInfo> tensors,
+                                                 const ModelConfig& c);
 
 // How one rank's piece of a tensor is cut out of the full GGUF tensor (rows = ggml ne1, PyTorch
 // out dimension; cols = ne0, in dimension). Ranges are concatenated in the given order.
@@ -119,6 +124,8 @@ struct RankMemory {
 };
 absl::StatusOr<std::vector<RankMemory>> PlanMemory(const gguf::File& f, const ModelConfig& c,
                                                    const Plan& p);
+absl::StatusOr<std::vector<RankMemory>> PlanMemory(std::span<const gguf::TensorInfo> tensors,
+                                                   const ModelConfig& c, const Plan& p);
 std::string MemoryReport(const Plan& p, std::span<const RankMemory> m, int slot_ctx);
 
 }  // namespace ds::tp
