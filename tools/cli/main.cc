@@ -25,6 +25,8 @@ void Usage() {
                "  gguf-from-dump --dump DIR --vocab VOCAB.gguf --type T --out FILE\n"
                "  (--model demo names the committed demo model, models/demo/)\n"
                "  bench       GPU benchmark (CUDA builds)\n"
+               "  tp-plan     TP split + memory plan per card, no GPU needed (--cards-mib 16160,32510\n"
+               "              --synth 27b --mix q4_k_m | --model FILE; --kv-type --ctx --split)\n"
                "  scheduler   scheduler daemon (--listen 127.0.0.1:PORT --slots N --ctx N ...)\n"
                "  worker      worker process (--scheduler HOST:PORT --model FILE --backend ...)\n"
                "  gateway     public gRPC gateway (--listen A --admin-listen A --scheduler A --model FILE)\n"
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
   if (cmd == "tokenize") return ds::cli::CmdTokenize(sub_argc, sub_argv);
   if (cmd == "gguf-from-dump") return ds::cli::CmdGgufFromDump(sub_argc, sub_argv);
   if (cmd == "bench") return ds::cli::CmdBench(sub_argc, sub_argv);
+  if (cmd == "tp-plan") return ds::cli::CmdTpPlan(sub_argc, sub_argv);
   if (cmd == "scheduler") return ds::RunSchedulerDaemon(sub_argc, sub_argv);
   if (cmd == "worker") return ds::RunWorkerProcess(sub_argc, sub_argv);
   if (cmd == "gateway") return ds::RunGateway(sub_argc, sub_argv);

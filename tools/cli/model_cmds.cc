@@ -121,7 +121,7 @@ int CmdGenerate(int argc, char** argv) {
                           {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
                            "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
                            "--backend", "--threads", "--kv-type", "--mtp"},
-                          {"--json", "--ignore-eos", "--chat"});
+                          {"--json", "--ignore-eos", "--chat", "--portable"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
   if (!model.ok()) return Fail(model.status());
@@ -198,6 +198,7 @@ int CmdGenerate(int argc, char** argv) {
   auto kv_type = ParseKvType(args->Str("--kv-type", "f16"));
   if (!kv_type.ok()) return Fail(kv_type.status());
   bo.kv_type = *kv_type;  // q8_0 / q4_0: CUDA only (the CPU backend refuses them)
+  bo.portable = args->Has("--portable");  // CUDA: the sm_70 (V100) kernels on any GPU
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);

@@ -55,6 +55,7 @@ struct ServeOptions {
   int slot_cap = 0;  // --slot-cap: pool split, the most positions one request may hold (0: --ctx)
   std::string backend = "auto";
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
+  bool portable = false;        // worker --portable on: the sm_70 (V100) kernels on any GPU
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
@@ -88,6 +89,8 @@ void Usage(FILE* out) {
                "fewer than --slots caps the running slots at N\n"
                "  [--mtp K|auto|off]  MTP speculative decoding: each decode verifies K drafts of "
                "the model's MTP head (auto: fewer as the batch grows); same tokens as off\n"
+               "  [--portable on|off]  the CUDA workers run the sm_70 (V100) kernels on any GPU "
+               "(taken anyway below sm_80; docs/v100.md)\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
@@ -121,7 +124,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
-      "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
+      "--tp-split", "--kv-type", "--portable", "--gpus", "--failover-wait", "--tp-collective",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
       "--slot-cap", "--mtp", "--max-active", "--prefix-cache", "--prefix-cache-mb",
       "--prefix-cache-tier",
@@ -210,6 +213,11 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     return absl::InvalidArgumentError("--backend expects cpu, cuda or auto, got '" + o.backend +
                                       "'");
   if (m.count("--kv-type")) o.kv_type = m["--kv-type"];
+  if (m.count("--portable")) {
+    if (m["--portable"] != "on" && m["--portable"] != "off")
+      return absl::InvalidArgumentError("--portable expects on or off, got '" + m["--portable"] + "'");
+    o.portable = m["--portable"] == "on";
+  }
   DS_RETURN_IF_ERROR(integer("--max-active", &o.max_active, 0));
   if (m.count("--mtp")) {
     o.mtp = m["--mtp"];
@@ -461,6 +469,7 @@ int RunServe(int argc, char** argv) {
     wargs.push_back(std::to_string(o->threads));
   }
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
+  if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
   if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});
   if (o->max_active > 0) wargs.insert(wargs.end(), {"--max-active", std::to_string(o->max_active)});
   if (!o->prefix_cache.empty()) wargs.insert(wargs.end(), {"--prefix-cache", o->prefix_cache});

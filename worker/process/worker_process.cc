@@ -341,6 +341,7 @@ class Session {
           bo.n_threads = o_.threads;
           bo.device = o_.device;
           bo.kv_type = o_.kv_type;
+          bo.portable = o_.portable;
           bo.kv_pool_tokens = o_.kv_pool_tokens;
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
@@ -583,7 +584,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--nvml-device", "--port-file", "--tp-rank",
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
-                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type",
+                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
                                           "--max-active", "--prefix-cache", "--prefix-cache-mb",
@@ -661,6 +662,11 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
         o.prefix_cache_tier != "device")
       return absl::InvalidArgumentError("--prefix-cache-tier expects auto, host or device, got '" +
                                         o.prefix_cache_tier + "'");
+  }
+  if (m.count("--portable")) {
+    if (m["--portable"] != "on" && m["--portable"] != "off")
+      return absl::InvalidArgumentError("--portable expects on or off, got '" + m["--portable"] + "'");
+    o.portable = m["--portable"] == "on";
   }
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
@@ -785,7 +791,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--kv-pool-tokens N] [--kv-page N] "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--kv-pool-tokens N] [--kv-page N] "
                  "[--memory-fraction F] [--max-step-tokens N] "
                  "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
                  "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "

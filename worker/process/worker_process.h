@@ -60,6 +60,9 @@ struct WorkerOptions {
   // KV cache element type (--kv-type f16|q8_0|q4_0, worker/model/kv_type.h); non-f16 needs the
   // CUDA backend (the CPU backend refuses it).
   GgmlType kv_type = GgmlType::F16;
+  // --portable on (issue #19): the CUDA backend runs the sm_70 (V100) kernels on any GPU
+  // (CudaBackendOptions::portable; below sm_80 that path is taken anyway).
+  bool portable = false;
   // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
   // every slot full), --kv-page N tokens per page (0 = the device's default), --memory-fraction F
   // of the device this worker plans for (two replicas on one GPU: 0.5 each).
