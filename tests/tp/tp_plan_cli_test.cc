@@ -67,6 +67,13 @@ TEST(TpPlanCli, SixteenPlusThirtyTwoHoldsA200kQ40Context) {
   std::printf("%s", r->c_str());
   EXPECT_NE(r->find("by free memory"), std::string::npos);
   EXPECT_EQ(Count(*r, "  fits: "), 2) << *r;
+  // The planner picks the slots (each with the full 200k context): both ranks still fit.
+  o.slots = 0;
+  auto most = TpPlanReport(m->config, m->tensors, o);
+  ASSERT_TRUE(most.ok()) << most.status();
+  std::printf("%s", most->c_str());
+  EXPECT_EQ(Count(*most, "  fits: "), 2) << *most;
+  o.slots = 1;
   // One 16 GB card alone cannot hold the weights.
   o.card_mib = {16160};
   auto one = TpPlanReport(m->config, m->tensors, o);
