@@ -13,6 +13,7 @@
 #include <future>
 #include <regex>
 
+#include "common/sampling/json_grammar.h"
 #include "common/util/model_alias.h"
 #include "tests/cluster/gateway_cluster.h"
 
@@ -264,6 +265,39 @@ TEST(Replicas, LastReplicaLostRequestsWaitForANewWorker) {
   ASSERT_TRUE(t.r.status.ok()) << t.r.status.error_message();
   EXPECT_EQ(t.r.ids, ref.seeded);
   EXPECT_EQ(t.r.ids.size(), ref.seeded.size());
+  EXPECT_NE(c.Log("scheduler").find("event=holding_for_replacement"), std::string::npos);
+}
+
+// response_format json_object across a failover (issue #16): the replayed request carries the
+// constraint, the new worker re-applies its generated tokens to the JSON automaton, and the
+// seeded, masked stream goes on with exactly the tokens of the uninterrupted run.
+TEST(Replicas, JsonObjectRequestReplaysWithTheSameTokens) {
+  Cluster c(Opts(2, {"--failover-wait", "30"}));
+  const pid_t first = c.StartWorker();
+  ASSERT_TRUE(WaitReplicas(c, 1, StartTimeout()));
+  v1::GenerateRequest req = Seeded(kTokens, 11);
+  req.mutable_sampling()->set_json_object(true);
+  req.set_ignore_eos(false);  // refused with json_object: EOS ends the completed object
+  const GenResult ref = c.Generate(req, 60s);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.error_message();
+  ASSERT_GT(ref.ids.size(), 30u);
+  sampling::JsonGrammar g;
+  EXPECT_TRUE(g.Feed(ref.text)) << "not constrained: " << ref.text;
+  std::promise<void> streaming;
+  std::atomic<bool> fired{false};
+  auto a = std::async(std::launch::async, [&] {
+    return GenerateTimed(c.addr(), req, [&](int n) {
+      if (n >= 20 && !fired.exchange(true)) streaming.set_value();
+    });
+  });
+  ASSERT_EQ(streaming.get_future().wait_for(30s), std::future_status::ready);
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  EXPECT_TRUE(c.WaitHealth(gw::Health::kNotServing, 5s));
+  c.StartWorker();
+  Timed t = a.get();
+  ASSERT_TRUE(t.r.status.ok()) << t.r.status.error_message();
+  EXPECT_EQ(t.r.ids, ref.ids);
+  EXPECT_EQ(t.r.text, ref.text);
   EXPECT_NE(c.Log("scheduler").find("event=holding_for_replacement"), std::string::npos);
 }
 
