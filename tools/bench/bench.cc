@@ -286,6 +286,7 @@ int RunBench(const BenchOptions& o) {
     co.kv_type = kv_type;
     co.tiled = o.tiled;
     co.portable = o.portable;
+    co.int8_mmq = o.mmq;
     co.batch_invariant = o.batch_invariant;
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
@@ -620,14 +621,19 @@ int BenchMain(int argc, char** argv) {
       }
       o.overlap = v == "on" ? 1 : 0;
     }
-    else if (a == "--portable" || a == "--tiled" || a == "--batch-invariant" || a == "--fuse-norm") {
+    else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--batch-invariant" ||
+             a == "--fuse-norm") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
         std::fprintf(stderr, "bench: %s expects on or off, got '%s'\n", a.c_str(), v.c_str());
         return 2;
       }
-      bool& field = a == "--portable" ? o.portable : a == "--tiled" ? o.tiled : a == "--batch-invariant" ? o.batch_invariant : o.fuse_norm;
+      bool& field = a == "--portable"          ? o.portable
+                    : a == "--tiled"           ? o.tiled
+                    : a == "--mmq"             ? o.mmq
+                    : a == "--batch-invariant" ? o.batch_invariant
+                                               : o.fuse_norm;
       field = v == "on";
     }
     else if (a == "--sample") {
@@ -652,7 +658,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--batch-invariant on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--batch-invariant on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

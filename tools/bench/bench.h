@@ -21,6 +21,7 @@ struct BenchOptions {
   std::string kv_type = "f16";               // KV cache element type: f16 | q8_0 | q4_0
   bool tiled = true;                         // --tiled off: raw Q6_K layout (A/B runs)
   bool portable = false;                     // --portable on: the sm_70 (V100) kernels (issue #19)
+  bool mmq = true;                           // --mmq off: no int8 MMQ kernel (A/B runs, issue #22)
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection
@@ -60,7 +61,7 @@ int RunBench(const BenchOptions& opts);
 
 // argv parsing for the CLI: --model PATH [--device N] [--prefill 512,2048] [--decode N]
 // [--depth N] [--conc 1,4,16] [--conc-prompt N] [--conc-gen N] [--kv-type f16|q8_0|q4_0]
-// [--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off]
+// [--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off]
 // [--tp N [--gpus LIST] [--tp-collective custom|staged|nccl]]
 // [--mtp K[,K..] [--mtp-accept R1,R2,..] [--mtp-conc 1,16] [--mtp-depth N] [--mtp-iters N]].
 int BenchMain(int argc, char** argv);

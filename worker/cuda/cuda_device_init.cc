@@ -168,7 +168,10 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   }
   uint64_t max_mat_elems = 0;
   tiled_ = copts_.tiled && !portable_ && TiledAvailable(device_);
-  tiled_max_rows_ = tiled_ ? std::clamp(copts_.tiled_max_rows, 0, kTiledMaxCols) : 0;
+  tiled_max_rows_ = tiled_ ? std::clamp(copts_.int8_mmq ? std::max(copts_.tiled_max_rows, copts_.mmq_max_rows)
+                                                         : copts_.tiled_max_rows,
+                                        0, kTiledMaxCols)
+                           : 0;
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
   // by row lookups), so also the LM head unless it is tied to the embedding.
   auto tile_it = [&](const cpu::WeightView* w) {

@@ -35,6 +35,15 @@ struct CudaBackendOptions {
   // at 64 rows dequantization + cuBLAS measured faster (54 vs 84 ms per x64 step).
   bool tiled = true;
   int tiled_max_rows = 32;
+  // Int8 MMQ (kernels/cuda/mmq.cuh, issue #22): tiled matrices at 9..64 column rows take the
+  // kernel with activations staged in shared memory where the shape table in
+  // worker/cuda/matmul_dispatch.cc measured it faster than the tiled column kernel; it gives the
+  // same numbers bit for bit, so the choice never changes a row's result. With it on, tiled
+  // matrices keep the column path up to max(tiled_max_rows, mmq_max_rows) rows (decode steps of
+  // up to 64 sequences stay batch-invariant). false: the tiled column kernel only (A/B runs,
+  // `bench --mmq off`).
+  bool int8_mmq = true;
+  int mmq_max_rows = 64;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;

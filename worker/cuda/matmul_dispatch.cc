@@ -1,5 +1,6 @@
 // CudaDevice (cuda_device.h): which kernel runs a matrix product. Up to gemv_max_rows rows
-// (tiled Q6_K: tiled_max_rows) take the column kernels on int8 activations, more rows are
+// (tiled Q6_K: tiled_max_rows, with int8_mmq up to mmq_max_rows; among the tiled kernels the
+// MMQ table below picks) take the column kernels on int8 activations, more rows are
 // dequantized to bf16 and go through cuBLAS; F32 weights always go through cuBLAS's SGEMM there.
 // A step's rows are cut into segments first (PlanRowSegments, CudaBackendOptions::
 // batch_invariant): decode rows in column segments, each long prefill piece in a cuBLAS product
@@ -12,10 +13,55 @@
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
+#include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "worker/cuda/cuda_device.h"
 
 namespace ds::cuda {
+namespace {
+
+// Which kernel multiplies a tiled matrix by nc int8 columns: the MMQ kernel (mmq.cuh) in the
+// block shape of this table, or the tiled column kernel (kTiledKernel). Both give the same
+// numbers bit for bit, so this is a speed table only. Filled from mmq_cuda_test
+// MmqTiming.Table27B (H200, 2026-12-01, docs/perf/h200.md "Int8 MMQ"): per column bucket, the
+// fastest kernel for the narrow, long-K matrices (M <= 6144: ffn_down, ssm_out, attn_output), the
+// wide ones (gdn qkv+gate, attn q+gate, lm_head) and the ffn gate/up pair. At <= 8 columns the
+// tiled kernel wins (ffn gate+up 61 vs 92 us); from 9 columns MMQ (gate+up at 16 / 32 / 64
+// columns: 81 vs 87, 124 vs 210, 241 vs 419 us).
+struct MmqRow {
+  int max_nc;
+  MmqShape narrow, wide, pair;
+};
+constexpr MmqShape kTiledKernel{0, 0, 0};
+constexpr MmqRow kMmqTable[] = {
+    {8, kTiledKernel, kTiledKernel, kTiledKernel},
+    {16, {4, 2, 0}, {2, 2, 0}, {2, 2, 0}},
+    {24, {4, 2, 0}, {4, 2, 0}, {2, 2, 0}},
+    {32, {4, 2, 0}, {2, 2, 0}, {2, 2, 0}},
+    {48, {2, 2, 32}, {2, 2, 32}, {2, 2, 32}},  // a 32- and a 16-column pass beat one 48-column one
+    {64, {2, 2, 0}, {2, 2, 0}, {2, 2, 0}},
+};
+
+MmqShape PickMmq(const GemvArgs& a) {
+  for (const MmqRow& r : kMmqTable)
+    if (a.nc <= r.max_nc)
+      return a.epilogue == GemvEpilogue::kSiluMul ? r.pair : a.M > 6144 ? r.wide : r.narrow;
+  return kTiledKernel;
+}
+
+// Tiled matrices: MMQ where the table says so (and the activations are 16-byte aligned, as the
+// backend's column segments always are), else the tiled column kernel.
+absl::Status TiledColumns(const CudaBackendOptions& o, const GemvArgs* segs, int n, cudaStream_t s) {
+  if (o.int8_mmq) {
+    const MmqShape sh = PickMmq(segs[0]);
+    const bool aligned =
+        (reinterpret_cast<uintptr_t>(segs[0].xq) | reinterpret_cast<uintptr_t>(segs[0].xd)) % 16 == 0;
+    if (sh.slots > 0 && aligned && segs[0].nc <= kMmqMaxCols) return MmqTiledMulti(segs, n, sh, s);
+  }
+  return TiledGemvMulti(segs, n, s);
+}
+
+}  // namespace
 
 absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
   if (xq_src_ == x && xq_rows_ == R) return absl::OkStatus();
@@ -57,7 +103,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
     }
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
-    DS_RETURN_IF_ERROR(w.tiled ? TiledGemvMulti(&a, 1, stream_) : Gemv(a, stream_));
+    DS_RETURN_IF_ERROR(w.tiled ? TiledColumns(copts_, &a, 1, stream_) : Gemv(a, stream_));
   }
   return absl::OkStatus();
 }
@@ -327,7 +373,7 @@ absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
     }
-    DS_RETURN_IF_ERROR(m0.tiled ? TiledGemvMulti(segs_args, n, stream_)
+    DS_RETURN_IF_ERROR(m0.tiled ? TiledColumns(copts_, segs_args, n, stream_)
                                 : GemvMulti(segs_args, n, stream_));
   }
   return absl::OkStatus();
