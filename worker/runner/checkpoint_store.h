@@ -10,9 +10,10 @@
 //   device  Backend::SaveCheckpoint / LoadCheckpoint (the CUDA backend: a copy in device memory,
 //           device-to-device copies both ways, so a 16k-token resume costs milliseconds);
 //   host    Backend::Snapshot / Restore bytes in RAM (every backend: the CPU one in CI, the CUDA
-//           one when asked for it, and any checkpoint for which the device has no memory left
-//           after dropping its least recently used device checkpoints). The bytes are the
-//           failover snapshot format.
+//           one when asked for it). The bytes are the failover snapshot format.
+// A device save that finds no device memory after dropping the least recently used device
+// checkpoints fails (reported, counted in stats().failures): the device tier's memory is outside
+// the KV pool, so the operator leaves room for it (--kv-pool-tokens, --memory-fraction).
 // Either way the store keeps at most `budget_bytes` and drops the least recently used
 // checkpoints (saved or restored) to make room, never one that is pinned (a checkpoint the
 // same step restores). Ids are the scheduler's; the store reports what it saved, dropped and
