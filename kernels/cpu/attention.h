@@ -40,4 +40,12 @@ struct AttnArgs {
 // Output projection is left to the caller (it is batched across sequences).
 void GatedAttention(const AttnArgs& a);
 
+// The MTP layer's row mask after writing rows [pos0, pos0 + n) of a sequence whose rows
+// [0, old_len) may be valid: the written rows become valid and every row past them is dropped
+// (rejected drafts), spec §8.3. Returns the new length pos0 + n. (CUDA: MtpMaskUpdate.)
+inline int32_t MtpMaskWrite(uint8_t* valid, int32_t pos0, int32_t n, int32_t old_len) {
+  for (int32_t j = pos0; j < old_len || j < pos0 + n; ++j) valid[j] = j < pos0 + n ? 1 : 0;
+  return pos0 + n;
+}
+
 }  // namespace ds::cpu

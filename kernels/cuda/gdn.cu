@@ -30,14 +30,12 @@ __global__ void __launch_bounds__(512) GdnDecodeKernel(const GdnDecodeArgs a) {
   const int grp = tid / dvr, j = tid % dvr;
   const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
   const int kh = h % d.k_heads;
-  const int row = a.rows[i], slot = a.slots[i], p = a.pos[i];
-  const int in = a.in_slots ? a.in_slots[i] : slot;  // speculative: read `in`, write `slot`
-  const float* m = a.mixed + static_cast<int64_t>(row) * C;
-  float* ring = a.conv_ring + static_cast<int64_t>(slot) * kConvK * C;
-  const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
-  const int cur_row = Mod(p, kConvK);
   const bool jv = j < dv;
-  float* S = a.state + (static_cast<int64_t>(slot) * Hv + h) * DK * dv + j;
+  // The block's tokens: one (a wave), or a run's, in order.
+  const int e0 = a.run_first ? a.run_first[i] : i;
+  const int n_tok = a.run_first ? a.run_len[i] : 1;
+  int in = a.in_slots ? a.in_slots[e0] : a.slots[e0];  // speculative: read `in`, write `slot`
+  const int p0 = a.pos[e0];
   const float* S_in = a.state + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
 
   // Issue the state loads first: they do not depend on the prologue.
@@ -46,77 +44,109 @@ __global__ void __launch_bounds__(512) GdnDecodeKernel(const GdnDecodeArgs a) {
 #pragma unroll
     for (int k = 0; k < KPT; ++k) st[k] = S_in[(grp * KPT + k) * dv];
   }
-
-  // Causal conv over the ring (rows p-3..p-1) plus the current pre-conv value; the owner block
-  // stores the current value into ring row p % K (and, when the output is another state index,
-  // the K-1 rows it read, so that the output ring is complete). Group 0 does the prologue.
-  auto conv = [&](int c, bool owner) {
-    const float cur = m[c];
-    const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
-    float acc = w[kConvK - 1] * cur;
+  // The conv history (pre-conv values of positions p-3..p-1) of the channels this thread
+  // convolves, from the input ring; later tokens of a run shift their own values in.
+  const int cq = kh * DK + j, ck = Kw + kh * DK + j, cv = 2 * Kw + h * dv + j;
+  const bool qk_thread = grp == 0 && j < DK, v_thread = grp == 0 && jv;
+  float hq[kConvK - 1], hk[kConvK - 1], hv[kConvK - 1];
+  {
+    const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
 #pragma unroll
     for (int tap = 0; tap < kConvK - 1; ++tap) {
-      const int r = Mod(p - (kConvK - 1) + tap, kConvK);
-      const float prev = ring_in[r * C + c];
-      acc += w[tap] * prev;
-      if (owner && in != slot) ring[r * C + c] = prev;
+      const int r = Mod(p0 - (kConvK - 1) + tap, kConvK);
+      hq[tap] = qk_thread ? ring_in[r * C + cq] : 0.f;
+      hk[tap] = qk_thread ? ring_in[r * C + ck] : 0.f;
+      hv[tap] = v_thread ? ring_in[r * C + cv] : 0.f;
     }
-    if (owner) ring[cur_row * C + c] = cur;
-    return Silu(acc);
-  };
+  }
 
-  float qv = 0.f, kv = 0.f;
-  if (grp == 0 && j < DK) {
-    const bool owner = h < d.k_heads;  // exactly one block per key head writes its q/k channels
-    qv = conv(kh * DK + j, owner);
-    kv = conv(Kw + kh * DK + j, owner);
-  }
-  if (grp == 0 && jv) vs[j] = conv(2 * Kw + h * dv + j, true);
-  const float qss = BlockSum(qv * qv, scratch);
-  const float kss = BlockSum(kv * kv, scratch);
-  if (grp == 0 && j < DK) {
-    qs[j] = qv * rsqrtf(qss + a.p.eps) * rsqrtf(static_cast<float>(DK));
-    ks[j] = kv * rsqrtf(kss + a.p.eps);
-  }
-  const float beta = Sigmoid(a.b[static_cast<int64_t>(row) * Hv + h]);
-  const float g = a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
-  const float decay = __expf(g);
-  __syncthreads();
+  for (int t = 0; t < n_tok; ++t) {
+    const int e = e0 + t;
+    const int row = a.rows[e], slot = a.slots[e], p = a.pos[e];
+    if (t > 0) {
+      in = a.slots[e - 1];  // the previous token's state (in registers already)
+      __syncthreads();      // qs / ks / vs / red of the previous token are read by now
+    }
+    const float* m = a.mixed + static_cast<int64_t>(row) * C;
+    float* ring = a.conv_ring + static_cast<int64_t>(slot) * kConvK * C;
+    const int cur_row = Mod(p, kConvK);
+    float* S = a.state + (static_cast<int64_t>(slot) * Hv + h) * DK * dv + j;
 
-  float u = 0.f;
-  if (jv) {
+    // Causal conv over the history (rows p-3..p-1) plus the current pre-conv value; the owner
+    // block stores the current value into ring row p % K (and, when the output is another state
+    // index, the K-1 rows it read, so that the output ring is complete). Group 0 does the
+    // prologue.
+    auto conv = [&](int c, float* hist, bool owner) {
+      const float cur = m[c];
+      const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
+      float acc = w[kConvK - 1] * cur;
 #pragma unroll
-    for (int k = 0; k < KPT; ++k) {
-      st[k] *= decay;
-      u = fmaf(st[k], ks[grp * KPT + k], u);
+      for (int tap = 0; tap < kConvK - 1; ++tap) {
+        const float prev = hist[tap];
+        acc += w[tap] * prev;
+        if (owner && in != slot) ring[Mod(p - (kConvK - 1) + tap, kConvK) * C + c] = prev;
+      }
+      if (owner) ring[cur_row * C + c] = cur;
+#pragma unroll
+      for (int tap = 0; tap < kConvK - 2; ++tap) hist[tap] = hist[tap + 1];
+      hist[kConvK - 2] = cur;
+      return Silu(acc);
+    };
+
+    float qv = 0.f, kv = 0.f;
+    if (qk_thread) {
+      const bool owner = h < d.k_heads;  // exactly one block per key head writes its q/k channels
+      qv = conv(cq, hq, owner);
+      kv = conv(ck, hk, owner);
     }
-    red[grp][j] = u;
-  }
-  __syncthreads();
-  float o = 0.f;
-  if (jv) {
-    u = 0.f;
-#pragma unroll
-    for (int g2 = 0; g2 < NG; ++g2) u += red[g2][j];
-    const float delta = beta * (vs[j] - u);
-#pragma unroll
-    for (int k = 0; k < KPT; ++k) {
-      st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
-      o = fmaf(st[k], qs[grp * KPT + k], o);
-      S[(grp * KPT + k) * dv] = st[k];
+    if (v_thread) vs[j] = conv(cv, hv, true);
+    const float qss = BlockSum(qv * qv, scratch);
+    const float kss = BlockSum(kv * kv, scratch);
+    if (qk_thread) {
+      qs[j] = qv * rsqrtf(qss + a.p.eps) * rsqrtf(static_cast<float>(DK));
+      ks[j] = kv * rsqrtf(kss + a.p.eps);
     }
-  }
-  __syncthreads();  // every thread has read red[][j] (u) before it is reused for o
-  if (jv) red[grp][j] = o;
-  __syncthreads();
-  o = 0.f;
-  if (grp == 0 && jv) {
+    const float beta = Sigmoid(a.b[static_cast<int64_t>(row) * Hv + h]);
+    const float g =
+        a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
+    const float decay = __expf(g);
+    __syncthreads();
+
+    float u = 0.f;
+    if (jv) {
 #pragma unroll
-    for (int g2 = 0; g2 < NG; ++g2) o += red[g2][j];
+      for (int k = 0; k < KPT; ++k) {
+        st[k] *= decay;
+        u = fmaf(st[k], ks[grp * KPT + k], u);
+      }
+      red[grp][j] = u;
+    }
+    __syncthreads();
+    float o = 0.f;
+    if (jv) {
+      u = 0.f;
+#pragma unroll
+      for (int g2 = 0; g2 < NG; ++g2) u += red[g2][j];
+      const float delta = beta * (vs[j] - u);
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) {
+        st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
+        o = fmaf(st[k], qs[grp * KPT + k], o);
+        S[(grp * KPT + k) * dv] = st[k];
+      }
+    }
+    __syncthreads();  // every thread has read red[][j] (u) before it is reused for o
+    if (jv) red[grp][j] = o;
+    __syncthreads();
+    o = 0.f;
+    if (grp == 0 && jv) {
+#pragma unroll
+      for (int g2 = 0; g2 < NG; ++g2) o += red[g2][j];
+    }
+    const float oss = BlockSum(o * o, scratch);
+    const int64_t oi = static_cast<int64_t>(row) * Hv * dv + h * dv + j;
+    if (grp == 0 && jv) a.out[oi] = o * rsqrtf(oss / dv + a.p.eps) * a.p.norm_w[j] * Silu(a.z[oi]);
   }
-  const float oss = BlockSum(o * o, scratch);
-  const int64_t oi = static_cast<int64_t>(row) * Hv * dv + h * dv + j;
-  if (grp == 0 && jv) a.out[oi] = o * rsqrtf(oss / dv + a.p.eps) * a.p.norm_w[j] * Silu(a.z[oi]);
 }
 
 // One thread per channel walks the T tokens with the last K-1 pre-conv values in registers.

@@ -47,6 +47,15 @@ struct GdnDecodeArgs {
   // the arithmetic is the same as in place.
   const int32_t* in_slots = nullptr;
   const int32_t* pos = nullptr;    // [n_seqs] device: position of the token
+  // Runs of several tokens of one sequence (a decode-path replay, a speculative verify): when
+  // run_first is set, n_seqs counts runs and run r's tokens are entries [run_first[r],
+  // run_first[r] + run_len[r]) of rows / slots / pos (in_slots: its first entry's), taken one
+  // after another by one block per head with the state and the conv history in registers: one
+  // read of the state per run instead of one per token. Token e writes its state at slots[e]
+  // (a speculative entry each, or the slot itself) and reads the previous token's: bit-identical
+  // to one launch per token (a wave) in order.
+  const int32_t* run_first = nullptr;
+  const int32_t* run_len = nullptr;
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a
   const float* b = nullptr;        // [T, Hv]    W_beta·a

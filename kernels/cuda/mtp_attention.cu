@@ -12,7 +12,17 @@ namespace ds::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMinPerSplit = 128;
+
+// The query's slot, position, mask row and split count, from the host or the device form.
+struct Query {
+  int slot, pos, n_splits;
+  const uint8_t* valid;
+};
+__device__ inline Query ResolveQuery(const MaskedAttnArgs& a) {
+  if (!a.dev_pos) return {a.slot, a.pos, a.n_splits, a.valid};
+  const int slot = *a.dev_slot, pos = *a.dev_pos;
+  return {slot, pos, MaskedAttnSplits(pos, a.n_splits), a.valid + slot * a.valid_ld};
+}
 
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32) MaskedAttnPartialKernel(const MaskedAttnArgs a) {
@@ -20,8 +30,10 @@ __global__ void __launch_bounds__(kWarps * 32) MaskedAttnPartialKernel(const Mas
   const int h = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const AttnShape& s = a.shape;
   const int group = s.n_head / s.n_kv, kvh = h / group;
-  const int n = a.pos + 1;
-  const int per = (n + a.n_splits - 1) / a.n_splits;
+  const Query qr = ResolveQuery(a);
+  if (split >= qr.n_splits) return;  // device form: fewer splits than launched
+  const int n = qr.pos + 1;
+  const int per = (n + qr.n_splits - 1) / qr.n_splits;
   const int j0 = split * per, j1 = min(n, j0 + per);
   float q[E];
 #pragma unroll
@@ -32,8 +44,8 @@ __global__ void __launch_bounds__(kWarps * 32) MaskedAttnPartialKernel(const Mas
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
   const int64_t rb = a.kv.row_bytes();
   for (int j = j0 + warp; j < j1; j += kWarps) {
-    if (!a.valid[j]) continue;
-    const int page = a.kv.block_table[a.slot * a.kv.max_pages + j / a.kv.page_size];
+    if (!qr.valid[j]) continue;
+    const int page = a.kv.block_table[qr.slot * a.kv.max_pages + j / a.kv.page_size];
     const int64_t row = (static_cast<int64_t>(page) * a.kv.page_size + j % a.kv.page_size) * s.n_kv + kvh;
     const __half* kr = reinterpret_cast<const __half*>(static_cast<const uint8_t*>(a.kv.k) + row * rb);
     const __half* vr = reinterpret_cast<const __half*>(static_cast<const uint8_t*>(a.kv.v) + row * rb);
@@ -82,11 +94,13 @@ __global__ void __launch_bounds__(kWarps * 32) MaskedAttnPartialKernel(const Mas
 __global__ void MaskedAttnCombineKernel(const MaskedAttnArgs a) {
   const int h = blockIdx.x, d = threadIdx.x, hd = a.shape.hd;
   if (d >= hd) return;
+  // Partials lie at the launched split pitch; the query's own split count is merged.
+  const int n_splits = ResolveQuery(a).n_splits;
   const float* part = a.partials + static_cast<int64_t>(h) * a.n_splits * (hd + 2);
   float M = -INFINITY;
-  for (int sp = 0; sp < a.n_splits; ++sp) M = fmaxf(M, part[sp * (hd + 2) + hd]);
+  for (int sp = 0; sp < n_splits; ++sp) M = fmaxf(M, part[sp * (hd + 2) + hd]);
   float v = 0.f, L = 0.f;
-  for (int sp = 0; sp < a.n_splits; ++sp) {
+  for (int sp = 0; sp < n_splits; ++sp) {
     const float* p = part + sp * (hd + 2);
     if (!(p[hd] > -INFINITY)) continue;
     const float w = __expf(p[hd] - M);
@@ -98,10 +112,20 @@ __global__ void MaskedAttnCombineKernel(const MaskedAttnArgs a) {
   a.out[static_cast<int64_t>(h) * hd + d] = o * Sigmoid(gate);
 }
 
+__global__ void MtpMaskUpdateKernel(uint8_t* valid, int64_t ld, const int32_t* args) {
+  const int slot = args[0], pos0 = args[1], n = args[2], old_len = args[3];
+  uint8_t* row = valid + slot * ld;
+  const int end = max(pos0 + n, old_len);
+  for (int j = pos0 + static_cast<int>(threadIdx.x); j < end; j += blockDim.x)
+    row[j] = j < pos0 + n ? 1 : 0;
+}
+
 }  // namespace
 
-int MaskedAttnSplits(int pos, int max_splits) {
-  return std::clamp((pos + 1 + kMinPerSplit - 1) / kMinPerSplit, 1, std::max(1, max_splits));
+absl::Status MtpMaskUpdate(uint8_t* valid, int64_t ld, const int32_t* args, cudaStream_t stream) {
+  if (!valid || !args || ld < 1) return absl::InvalidArgumentError("MtpMaskUpdate: bad arguments");
+  MtpMaskUpdateKernel<<<1, 256, 0, stream>>>(valid, ld, args);
+  return LastLaunchStatus("MTP mask update");
 }
 
 int64_t MaskedAttnPartialFloats(const AttnShape& s, int max_splits) {
@@ -112,7 +136,8 @@ absl::Status MaskedAttnDecode(const MaskedAttnArgs& a, cudaStream_t stream) {
   const AttnShape& s = a.shape;
   if (a.kv.type != GgmlType::F16)
     return absl::InvalidArgumentError("MaskedAttnDecode: the K/V plane must be f16");
-  if (s.n_kv <= 0 || s.n_head % s.n_kv != 0 || a.pos < 0 || a.n_splits < 1 || !a.valid)
+  if (s.n_kv <= 0 || s.n_head % s.n_kv != 0 || a.pos < 0 || a.n_splits < 1 || !a.valid ||
+      (a.dev_pos && (!a.dev_slot || a.valid_ld < 1)))
     return absl::InvalidArgumentError("MaskedAttnDecode: bad shape or arguments");
   const dim3 grid(s.n_head, a.n_splits);
   switch (s.hd) {

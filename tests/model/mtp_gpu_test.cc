@@ -15,6 +15,7 @@
 //    MtpStep calls on CUDA (tight bound: only the K/V matmuls' row count differs) and against
 //    the CPU (gpu_vs_cpu bounds), each followed by a chained MtpStep; also with the device's
 //    pass capped at 3 rows (max_step_tokens 3), so longer runs go in chunks.
+//  * DraftChain: MtpDraftGreedy (drafts on the device, graph-replayed) against the host path.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -361,6 +362,82 @@ TEST_P(Mtp, VerifyThenCommitEqualsKeptTokensOnly) {
 TEST_P(Mtp, VerifyCutIntoMicroSteps) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   VerifyThenCommit(GetParam(), 3);
+}
+
+// The greedy draft chain (Backend::MtpDraftGreedy: hidden rows from the verify's last
+// micro-step on the device, argmax fed to the next pass there, replayed from a graph from the
+// second call of a shape on) against the host path on another slot with the same history:
+// MtpRows over the catch-up rows with the hidden states read back, then MtpStep with the host's
+// argmax. Same inputs, same kernels: the same drafts, round after round (eager, capture, replay)
+// and with fewer catch-up rows.
+TEST_P(Mtp, DraftChainMatchesHostDrafts) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Model& m = GetParam();
+  auto file = Synth(m);
+  ASSERT_TRUE(file);
+  auto gpu = Cuda(file);
+  ASSERT_TRUE(gpu);
+  ASSERT_TRUE(gpu->SupportsDraftChain());
+  const int V = gpu->config().n_vocab, H = gpu->config().n_embd;
+  std::vector<int32_t> toks = Prompt(kPrompt, V);
+  for (int slot : {0, 1}) {
+    gpu->ResetSlot(slot);
+    SeqStep s;
+    s.slot = slot;
+    s.tokens = toks;
+    s.all_logits = true;
+    StepOptions o;
+    o.want_hidden = true;
+    StepOutput out;
+    ASSERT_TRUE(gpu->Forward({&s, 1}, o, &out).ok());
+    std::vector<float> l, h;
+    std::vector<int32_t> next(toks.begin() + 1, toks.end());
+    next.push_back(3);
+    ASSERT_TRUE(gpu->MtpRows(slot, 0, next, out.hidden, &l, &h).ok());
+  }
+  toks.push_back(3);
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE(::testing::Message() << m.name << " round " << round);
+    const int n_rows = round < 3 ? 4 : 2;  // catch-up rows: a new shape in round 3
+    const int32_t pos0 = static_cast<int32_t>(toks.size()) - 1;
+    std::vector<int32_t> rows(toks.end() - 1, toks.end());
+    for (int i = 1; i < n_rows; ++i) rows.push_back((round * 31 + i * 7) % V);
+    std::vector<int32_t> catchup(rows.begin() + 1, rows.end());
+    catchup.push_back((round * 13 + 1) % V);  // the token after the last row
+    std::vector<int32_t> chain, host;
+    for (int slot : {0, 1}) {
+      SeqStep s;
+      s.slot = slot;
+      s.pos0 = pos0;
+      s.tokens = rows;
+      s.all_logits = true;
+      s.decode_path = true;
+      StepOptions o;
+      o.want_hidden = slot == 1;
+      StepOutput out;
+      absl::Status st = gpu->Forward({&s, 1}, o, &out);
+      ASSERT_TRUE(st.ok()) << st;
+      if (slot == 0) {
+        st = gpu->MtpDraftGreedy(0, pos0, catchup, 0, 3, &chain);
+        ASSERT_TRUE(st.ok()) << st;
+        continue;
+      }
+      std::vector<float> l, h, ch;
+      st = gpu->MtpRows(1, pos0, catchup, out.hidden, &l, &h);
+      ASSERT_TRUE(st.ok()) << st;
+      for (int j = 0; j < 3; ++j) {
+        if (j > 0) {
+          ch = h;
+          st = gpu->MtpStep(1, host.back(), pos0 + n_rows - 1 + j, ch, &l, &h);
+          ASSERT_TRUE(st.ok()) << st;
+        }
+        host.push_back(Argmax(l.data(), V));
+      }
+      ASSERT_EQ(static_cast<int>(h.size()), H);
+    }
+    EXPECT_EQ(chain, host);
+    toks.insert(toks.end(), catchup.begin(), catchup.end());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Mtp, ::testing::ValuesIn(kModels),

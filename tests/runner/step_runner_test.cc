@@ -113,9 +113,40 @@ TEST(MicroSteps, DecodeBatchIsOnePureDecodeStep) {
   batch.push_back(Seq(2, 0, 5, false));
   BuildMicroStep(batch, SplitIntoMicroSteps(batch, 4096, 64)[0], &m);
   EXPECT_FALSE(m.pure_decode);
+  EXPECT_FALSE(m.decode_only);  // the 5-token prefill piece takes the prefill kernels
   std::vector<SeqStep> all = {Seq(0, 0, 1, true)};
   BuildMicroStep(all, SplitIntoMicroSteps(all, 4096, 64)[0], &m);
   EXPECT_FALSE(m.pure_decode);
+  EXPECT_TRUE(m.decode_only);
+}
+
+TEST(MicroSteps, VerifyStepsAreDecodeOnlyAndKeyedByTheirRunShape) {
+  // Two sequences verifying drafts (speculative decode-path runs) beside a plain decode: every
+  // run takes the decode kernels, so a device may capture the step; the key names the shape.
+  auto verify = [](int slot, int32_t pos0, int n) {
+    SeqStep s = Seq(slot, pos0, n, true);
+    s.speculative = true;
+    s.decode_path = true;
+    return s;
+  };
+  std::vector<SeqStep> a = {verify(0, 10, 4), Seq(1, 3, 1, false), verify(2, 7, 2)};
+  std::vector<SeqStep> b = {verify(5, 99, 4), Seq(3, 40, 1, false), verify(4, 1, 2)};
+  MicroStep ma, mb;
+  BuildMicroStep(a, SplitIntoMicroSteps(a, 4096, 64)[0], &ma, std::vector<int32_t>{0, -1, 4});
+  BuildMicroStep(b, SplitIntoMicroSteps(b, 4096, 64)[0], &mb, std::vector<int32_t>{0, -1, 4});
+  EXPECT_TRUE(ma.decode_only);
+  EXPECT_FALSE(ma.pure_decode);
+  // Other slots, positions and tokens, same shape: the same key (one graph serves both).
+  EXPECT_EQ(ma.ShapeKey(), mb.ShapeKey());
+  EXPECT_EQ(ma.ShapeKey(), (std::vector<int32_t>{7, 7, 4 * 4 + 3, 1 * 4 + 1, 2 * 4 + 3}));
+  // Another draft count, or the same rows without speculation: another key.
+  std::vector<SeqStep> c = {verify(0, 10, 3), Seq(1, 3, 1, false), verify(2, 7, 3)};
+  MicroStep mc;
+  BuildMicroStep(c, SplitIntoMicroSteps(c, 4096, 64)[0], &mc, std::vector<int32_t>{0, -1, 3});
+  EXPECT_NE(ma.ShapeKey(), mc.ShapeKey());
+  MicroStep plain;
+  BuildMicroStep(a, SplitIntoMicroSteps(a, 4096, 64)[0], &plain);
+  EXPECT_NE(ma.ShapeKey(), plain.ShapeKey());
 }
 
 TEST(MicroSteps, LongPrefillCarriesOverAndOnlyItsLastPieceHasALogitRow) {

@@ -68,8 +68,8 @@ std::vector<int32_t> PlainDecode(Backend& be, int slot, const std::vector<int32_
 std::vector<std::vector<int32_t>> SpecDecode(Backend& be, int k,
                                              const std::vector<std::vector<int32_t>>& prompts,
                                              int n_new, std::vector<sampling::Sampler>& samplers,
-                                             SpecStats* stats = nullptr) {
-  auto sp = MtpSpeculator::Create(&be, k);
+                                             SpecStats* stats = nullptr, bool draft_chain = true) {
+  auto sp = MtpSpeculator::Create(&be, k, draft_chain);
   EXPECT_TRUE(sp.ok()) << sp.status();
   std::vector<SpecSequence> seqs(prompts.size());
   std::vector<SpecSequence*> ptrs;
@@ -131,6 +131,52 @@ TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheTinyModel) {
 
 TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheDemoModelAndAccepts) {
   ExpectGreedyEqual(ResolveModelAlias("demo"), 3, 48, true);
+}
+
+TEST(MtpSpeculator, DraftChainGivesTheHostPathsDraftsAndTokens) {
+  // Plain greedy takes the draft chain (Backend::MtpDraftGreedy: on the CPU the device's default,
+  // hidden rows read back, argmax on the host); the host path (MtpRows / MtpStep with the
+  // sampler) must give the same drafts — the same acceptance at every position — and tokens.
+  auto be = Make(ResolveModelAlias("demo"), 2, 256);
+  ASSERT_TRUE(be);
+  ASSERT_TRUE(be->SupportsDraftChain());
+  const int V = be->config().n_vocab;
+  const std::vector<std::vector<int32_t>> prompts = {Tokens(9, V, 7), Tokens(20, V, 8)};
+  SpecStats chain, host;
+  std::vector<sampling::Sampler> s1, s2;
+  for (int i = 0; i < 2; ++i) {
+    s1.emplace_back(Params(0, 0, 1));
+    s2.emplace_back(Params(0, 0, 1));
+  }
+  const auto a = SpecDecode(*be, 3, prompts, 24, s1, &chain, true);
+  const auto b = SpecDecode(*be, 3, prompts, 24, s2, &host, false);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(chain.steps, host.steps);
+  EXPECT_EQ(chain.offered, host.offered);
+  EXPECT_EQ(chain.accepted, host.accepted);
+  EXPECT_GT(chain.accepted[0], 0);
+}
+
+TEST(MtpSpeculator, DraftChainNeedsTheLastMicroStepsRows) {
+  auto be = Make(ResolveModelAlias("demo"), 1, 64);
+  ASSERT_TRUE(be);
+  std::vector<int32_t> drafts;
+  // No Forward yet: nothing to draft from.
+  EXPECT_EQ(be->MtpDraftGreedy(0, 0, std::vector<int32_t>{1}, 0, 2, &drafts).code(),
+            absl::StatusCode::kFailedPrecondition);
+  SeqStep s;
+  s.slot = 0;
+  s.pos0 = 0;
+  s.tokens = {5, 6, 7, 8};
+  s.all_logits = true;
+  StepOutput out;
+  ASSERT_TRUE(be->Forward({&s, 1}, {}, &out).ok());
+  // Rows 3..4 of a 4-row output: out of range.
+  EXPECT_EQ(be->MtpDraftGreedy(0, 3, std::vector<int32_t>{9, 9}, 3, 2, &drafts).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(be->MtpDraftGreedy(0, 0, std::vector<int32_t>{6, 7, 8, 9}, 0, 2, &drafts).ok());
+  ASSERT_EQ(drafts.size(), 2u);
+  for (int32_t d : drafts) EXPECT_TRUE(d >= 0 && d < be->config().n_vocab);
 }
 
 TEST(MtpSpeculator, RollbackEqualsARunThatNeverSawTheRejectedDrafts) {

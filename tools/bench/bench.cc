@@ -195,11 +195,13 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
   std::printf("\nMTP cost at depth %d, median of %d (ms; verify = k+1 tokens per stream, speculative, "
               "+ CommitSpeculative(1); draft = MtpRows of the catch-up rows + k-1 MtpStep per "
               "stream; tok/s = streams x tokens per step / (verify with logits+hidden to the host "
-              "+ drafts))\n",
+              "+ drafts); chain cyc = verify(dev) + MtpDraftGreedy of k drafts per stream, the "
+              "fast path of plain greedy)\n",
               o.mtp_depth, o.mtp_iters);
-  std::printf("%2s %7s %8s %15s %15s %9s %9s %8s %9s %10s %10s%s%s\n", "k", "streams", "decode",
-              "verify(dev)", "verify(host)", "rows 1", "rows k+1", "MtpStep", "plain t/s",
-              "t/s @75%", "tok/step", o.mtp_accept.empty() ? "" : "  t/s @", acc.c_str());
+  std::printf("%2s %7s %8s %15s %15s %9s %9s %8s %9s %10s %10s %6s %8s%s%s\n", "k", "streams",
+              "decode", "verify(dev)", "verify(host)", "rows 1", "rows k+1", "MtpStep",
+              "plain t/s", "t/s @75%", "tok/step", "cycle", "chain@75",
+              o.mtp_accept.empty() ? "" : "  t/s @", acc.c_str());
   for (int B : o.mtp_streams) {
     for (int k : o.mtp) {
       MtpCostOptions mo = big;
@@ -216,9 +218,10 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
                   c->verify_host_ms, c->verify_host_ms / c->decode_ms, c->rows1_ms, c->rows_k1_ms,
                   c->step_ms, B * 1e3 / c->decode_ms, MtpProjectedTokS(*c, mo, r75),
                   MtpTokensPerStep(k, r75));
+      std::printf(" %6.2f %8.1f", c->cycle_ms, MtpChainProjectedTokS(*c, mo, r75));
       if (!o.mtp_accept.empty())
-        std::printf("  %.1f (%.2f tok/step)", MtpProjectedTokS(*c, mo, o.mtp_accept),
-                    MtpTokensPerStep(k, o.mtp_accept));
+        std::printf("  %.1f (%.2f tok/step; chain %.1f)", MtpProjectedTokS(*c, mo, o.mtp_accept),
+                    MtpTokensPerStep(k, o.mtp_accept), MtpChainProjectedTokS(*c, mo, o.mtp_accept));
       std::printf("\n");
       if (B == o.mtp_streams.front() && k == o.mtp.front())
         std::printf("   (MTP KV over a %d-token prompt, MtpRows in one call: %.2f ms)\n",
@@ -288,6 +291,7 @@ int RunBench(const BenchOptions& o) {
     co.portable = o.portable;
     co.int8_mmq = o.mmq;
     co.batch_invariant = o.batch_invariant;
+    co.gdn_decode_runs = o.gdn_runs;
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
@@ -622,7 +626,7 @@ int BenchMain(int argc, char** argv) {
       o.overlap = v == "on" ? 1 : 0;
     }
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--batch-invariant" ||
-             a == "--fuse-norm") {
+             a == "--fuse-norm" || a == "--gdn-runs") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -630,9 +634,10 @@ int BenchMain(int argc, char** argv) {
         return 2;
       }
       bool& field = a == "--portable"          ? o.portable
-                    : a == "--tiled"           ? o.tiled
+                    : a == "--tiled"             ? o.tiled
                     : a == "--mmq"             ? o.mmq
                     : a == "--batch-invariant" ? o.batch_invariant
+                    : a == "--gdn-runs"        ? o.gdn_runs
                                                : o.fuse_norm;
       field = v == "on";
     }
@@ -658,7 +663,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--batch-invariant on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

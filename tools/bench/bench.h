@@ -23,6 +23,7 @@ struct BenchOptions {
   bool portable = false;                     // --portable on: the sm_70 (V100) kernels (issue #19)
   bool mmq = true;                           // --mmq off: no int8 MMQ kernel (A/B runs, issue #22)
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
+  bool gdn_runs = true;                      // --gdn-runs off: MTP verify GDN rows in waves (A/B)
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection
   // GEMMs (CudaBackendOptions::overlap_allreduce); -1 = that option's default.

@@ -27,9 +27,9 @@ absl::StatusOr<double> MedianMs(int iters, const std::function<absl::Status()>& 
 }  // namespace
 
 int MtpCostSlotCtx(const MtpCostOptions& o) {
-  // Per repetition (and 4 warm-ups): decode +1, two verifies +1 each, decode_path +k+1; the MTP
+  // Per repetition (and warm-ups): decode +1, three verifies +1 each, decode_path +k+1; the MTP
   // calls write up to k + 2 rows past the length.
-  return o.depth + (o.iters + 4) * (o.k + 4) + o.k + 64;
+  return o.depth + (o.iters + 8) * (o.k + 5) + o.k + 64;
 }
 
 absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
@@ -114,6 +114,23 @@ absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
     DS_RETURN_IF_ERROR(step(Shape::kPath));
     DS_ASSIGN_OR_RETURN(c.path_ms, MedianMs(o.iters, [&] { return step(Shape::kPath); }));
   }
+  if (be.SupportsDraftChain()) {
+    const std::vector<int32_t> one = {17};
+    std::vector<int32_t> drafts;
+    auto cycle = [&]() -> absl::Status {
+      DS_RETURN_IF_ERROR(step(Shape::kVerifyDevice));
+      for (int i = 0; i < B; ++i)
+        DS_RETURN_IF_ERROR(be.MtpDraftGreedy(i, be.SlotLength(i) - 1, one, i * (k + 1), k, &drafts));
+      return absl::OkStatus();
+    };
+    absl::Status st;
+    for (int w = 0; w < 3 && st.ok(); ++w) st = cycle();  // eager, capture, replay
+    if (st.ok()) {
+      DS_ASSIGN_OR_RETURN(c.cycle_ms, MedianMs(o.iters, cycle));
+    } else if (st.code() != absl::StatusCode::kFailedPrecondition) {
+      return st;  // (FailedPrecondition: the verify rows did not fit one micro-step: no figure)
+    }
+  }
   // Drafts of stream 0 after a verify: the catch-up rows from the verify's first position, then
   // chained steps past them.
   const std::vector<int32_t> toks(k + 1, 17);
@@ -154,6 +171,11 @@ double MtpProjectedTokS(const MtpCost& c, const MtpCostOptions& o, std::span<con
   }
   const double step_ms = c.verify_host_ms + o.streams * draft;
   return o.streams * MtpTokensPerStep(k, rates) / (step_ms * 1e-3);
+}
+
+double MtpChainProjectedTokS(const MtpCost& c, const MtpCostOptions& o,
+                             std::span<const double> rates) {
+  return c.cycle_ms > 0 ? o.streams * MtpTokensPerStep(o.k, rates) / (c.cycle_ms * 1e-3) : 0.0;
 }
 
 }  // namespace ds

@@ -32,6 +32,10 @@ struct MtpCost {
   double rows_k1_ms = 0;      // MtpRows of k + 1 rows, one stream
   double step_ms = 0;         // one chained MtpStep, one stream
   double prompt_rows_ms = 0;  // MtpRows over a prompt's depth - 1 rows, one stream, once
+  // A whole cycle of the draft-chain fast path (MtpSpeculator on a backend with draft chains):
+  // the verify(dev) step + CommitSpeculative(1), then per stream MtpDraftGreedy of k drafts from
+  // one catch-up row, nothing but token ids crossing. -1: the backend has no draft chains.
+  double cycle_ms = -1;
 };
 
 // The slot length MeasureMtpCost needs (depth + what the timed steps append).
@@ -51,5 +55,8 @@ double MtpTokensPerStep(int k, std::span<const double> rates);
 // drafts), the catch-up rows' cost interpolated between MtpRows of 1 and of k + 1 rows by the
 // expected number of kept drafts.
 double MtpProjectedTokS(const MtpCost& c, const MtpCostOptions& o, std::span<const double> rates);
+// The same for the draft-chain cycle: streams x tokens per step / cycle_ms (0 without chains).
+double MtpChainProjectedTokS(const MtpCost& c, const MtpCostOptions& o,
+                             std::span<const double> rates);
 
 }  // namespace ds

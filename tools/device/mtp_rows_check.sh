@@ -18,7 +18,13 @@ M=/tmp/mtp_bench_27b.gguf
 ACCEPT=${ACCEPT:-0.574,0.493,0.478}
 DEMO_MTP=${DEMO_MTP:-3}
 BENCH512=${BENCH512:---mtp 1,2,3 --mtp-conc 1,16}
-( timeout 200 "$BIN/mtp_verify_bench" --synth-only >"$LOG/synth.log" 2>&1 ) &
+# The synthetic 27B Q6_K file with an MTP block (mtp_verify_bench --synth-only, or the same preset
+# through `deltaserve synth` when that binary was not packed).
+if [ -x "$BIN/mtp_verify_bench" ]; then
+  ( timeout 200 "$BIN/mtp_verify_bench" --synth-only >"$LOG/synth.log" 2>&1 ) &
+else
+  ( timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --out "$M" >"$LOG/synth.log" 2>&1 ) &
+fi
 SYNTH=$!
 t0=$SECONDS
 timeout 200 "$BIN/mtp_gpu_test" --gtest_color=no >"$LOG/mtp_gpu_test.log" 2>&1

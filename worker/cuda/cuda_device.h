@@ -4,7 +4,8 @@
 // this rank's shard, cut by the runner's plan: docs/tp.md "CUDA shards"). Decode rows (one token of
 // a sequence) go through the quantized GEMV kernels (up to 16 activation columns per weight read;
 // Q6_K through the tiled int8 mma kernel), prefill rows through dequantize-to-bf16 + cuBLAS.
-// Pure-decode steps are captured once per row count as a CUDA graph and replayed. A memory plan
+// Steps whose rows all go through the decode kernels (plain decodes, MTP verify runs) are captured
+// once per run shape as a CUDA graph and replayed. A memory plan
 // (weights / KV / recurrent state / workspace) is computed before any allocation and a clear error
 // names the shortfall.
 //
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <set>
 #include <memory>
 #include <span>
 #include <string>
@@ -84,7 +86,10 @@ class CudaDevice final : public Device {
   absl::Status Embed() override;
   absl::Status Layer(int layer) override;
   absl::Status Head() override;
-  absl::Status RunCaptured(int rows, const std::function<absl::Status()>& body) override;
+  absl::Status RunCaptured(const MicroStep& step,
+                           const std::function<absl::Status()>& body) override;
+  // Decode-only step shapes captured as graphs (RunCaptured), for tests and metrics.
+  size_t captured_shapes() const { return graphs_.size(); }
 
   LogitBuffers logit_buffers() override { return {logits_part_, logits_gather_, logits_}; }
   absl::Status CopyColumns(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
@@ -106,6 +111,14 @@ class CudaDevice final : public Device {
   absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
                        std::span<const float> hidden, int64_t n_embd, std::vector<float>* logits,
                        std::vector<float>* hidden_out) override;
+  // Greedy drafts without host round trips: the catch-up pass reads its hidden rows from hn_,
+  // each draft's argmax feeds the next pass on the device, the chain replays from a graph per
+  // (rows, drafts) shape and only the draft tokens come back.
+  absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                              int hidden_row0, int n_logit_rows, int64_t n_embd, int n_drafts,
+                              int32_t* drafts) override;
+  // MTP draft chains captured as graphs (MtpDraftGreedy), for tests.
+  size_t captured_draft_chains() const { return mtp_graphs_.size(); }
 
   KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
   absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
@@ -384,9 +397,12 @@ class CudaDevice final : public Device {
   } comm_;
   std::vector<RowSegment> plan_scratch_;  // PlanRowSegments' working list (kept: no allocation per step)
 
-  std::map<int, cudaGraphExec_t> graphs_;  // pure-decode row count -> graph
-  std::map<int, bool> graph_failed_;
-  std::map<int, int> decode_runs_;  // eager pure-decode runs per row count (capture on the 2nd)
+  // Decode-only step shape (MicroStep::ShapeKey) -> graph; shapes whose capture failed; eager
+  // runs per shape not captured yet (capture on the 2nd).
+  static constexpr size_t kMaxGraphs = 128;
+  std::map<std::vector<int32_t>, cudaGraphExec_t> graphs_;
+  std::set<std::vector<int32_t>> graph_failed_;
+  std::map<std::vector<int32_t>, int> shape_runs_;
 
   bool profiling_ = false;
   std::map<std::string, double> prof_ms_;
@@ -408,6 +424,11 @@ class CudaDevice final : public Device {
   bool spec_step_ = false;
   const int32_t* GdnOut() const { return d_ints_ + 6 * T_max_; }
   const int32_t* GdnIn() const { return d_ints_ + 7 * T_max_; }
+  // GDN runs (Prepare): device rows 8 and 9 hold each run's first decode entry and length.
+  bool gdn_runs_ = false;
+  int n_gdn_runs_ = 0;
+  const int32_t* GdnRunFirst() const { return d_ints_ + 8 * T_max_; }
+  const int32_t* GdnRunLen() const { return d_ints_ + 9 * T_max_; }
   // Per slot: the state index holding its newest speculative state in the current Forward and
   // that token's position (a speculative run cut over micro-steps continues from it); -1 = none.
   std::vector<int32_t> spec_last_, spec_last_pos_;
@@ -425,14 +446,30 @@ class CudaDevice final : public Device {
   // slots, positions). The last row only: qg, q, o, ff [2 n_ff], hid [H], logits [n_vocab],
   // attention partials.
   int mtp_rows_max_ = 0;
+  // Passes of one draft chain at most (MtpDraftGreedy: drafts per call).
+  static constexpr int kMtpChainMax = 8;
+  // mtp_ints_ (and its pinned mirror h_mtp_ints_): kMtpChainMax pass blocks of MtpBlockInts()
+  // (tokens [R], slots [R], positions [R], mask args [4]: slot, pos0, n, old length), then the
+  // chain's hidden row indices [R] and its drafts [kMtpChainMax]. MtpRows uses block 0.
+  int MtpMaskArgs() const { return 3 * mtp_rows_max_; }
+  int MtpBlockInts() const { return 3 * mtp_rows_max_ + 4; }
+  int MtpIntsTotal() const { return kMtpChainMax * MtpBlockInts() + mtp_rows_max_ + kMtpChainMax; }
+  std::map<int, cudaGraphExec_t> mtp_graphs_;  // draft chain shape -> graph
+  std::set<int> mtp_graph_failed_;
+  std::map<int, int> mtp_shape_runs_;
   float *mtp_cat_ = nullptr, *mtp_u_ = nullptr, *mtp_a_ = nullptr, *mtp_b_ = nullptr,
         *mtp_qg_ = nullptr, *mtp_k_ = nullptr, *mtp_v_ = nullptr, *mtp_q_ = nullptr,
         *mtp_o_ = nullptr, *mtp_ff_ = nullptr, *mtp_hid_ = nullptr, *mtp_logits_ = nullptr,
         *mtp_parts_ = nullptr;
   int32_t* mtp_ints_ = nullptr;
-  int32_t* h_mtp_ints_ = nullptr;  // pinned [3 * mtp_rows_max_]
+  int32_t* h_mtp_ints_ = nullptr;  // pinned [MtpIntsTotal()]
   float* h_mtp_f_ = nullptr;  // pinned [mtp_rows_max_ * H + H + n_vocab]: hidden in, hidden / logits out
   int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)
+  absl::Status CheckMtp(int slot, int32_t pos0, int n) const;
+  // One MTP pass over r rows (mtp.cc): every per-call value on the device.
+  absl::Status MtpPass(const int32_t* d_tok, const int32_t* d_slot, const int32_t* d_pos, int r,
+                       bool last, const float* hid, const int32_t* hid_rows);
+  absl::Status RunMtpCaptured(int key, const std::function<absl::Status()>& body);
   void DropSpeculation(int slot);  // forget its speculative chain and MTP rows (reset, load)
 };
 

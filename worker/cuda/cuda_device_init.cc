@@ -43,6 +43,7 @@ struct Arena {
 
 CudaDevice::~CudaDevice() {
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  for (auto& [b, g] : mtp_graphs_) cudaGraphExecDestroy(g);
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
   if (h_ints_) cudaFreeHost(h_ints_);
   cudaFree(weights_mem_);
@@ -257,7 +258,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     uint64_t bytes;
   };
   std::vector<Buf> bufs = {
-      {reinterpret_cast<void**>(&d_ints_), 8 * T * 4},
+      {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
       {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
       {reinterpret_cast<void**>(&h_), T * H * 4},
@@ -305,7 +306,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&mtp_logits_), has_mtp_ ? c.n_vocab * 4ull : 0},
       {reinterpret_cast<void**>(&mtp_parts_),
        has_mtp_ ? MaskedAttnPartialFloats(attn_shape_, MtpAttnSplits()) * 4ull : 0},
-      {reinterpret_cast<void**>(&mtp_ints_), MR * 3 * 4},
+      {reinterpret_cast<void**>(&mtp_ints_), has_mtp_ ? MtpIntsTotal() * 4ull : 0},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
@@ -514,11 +515,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
   // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions, then (at
   // a 16-byte boundary) its hidden rows in and its hidden state and logits out.
-  const uint64_t int_bytes = (9 * T + MR * 3) * 4;
+  const uint64_t int_bytes = (11 * T + (has_mtp_ ? MtpIntsTotal() : 0)) * 4ull;
   const uint64_t mtp_f_floats = has_mtp_ ? MR * H + H + c.n_vocab : 0;
   DS_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(&h_ints_, (int_bytes + 15) / 16 * 16 + mtp_f_floats * 4 + 16));
-  h_mtp_ints_ = h_ints_ + 9 * T;
+  h_mtp_ints_ = h_ints_ + 11 * T;
   h_mtp_f_ = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(h_ints_) + (int_bytes + 15) / 16 * 16);
   return absl::OkStatus();
 }

@@ -17,7 +17,10 @@ struct CudaBackendOptions {
   // (at most every slot full); the share of the device's memory to plan for.
   int64_t kv_pool_tokens = 0;
   double memory_fraction = 1.0;
-  bool use_graphs = true;      // CUDA graphs for pure-decode steps
+  bool use_graphs = true;      // CUDA graphs for decode-only steps (decodes, MTP verifies)
+  // An MTP verify's GDN rows in runs (GdnDecodeArgs::run_first): the k + 1 tokens of a sequence
+  // in one launch, the state read once; false = one launch per token index (A/B).
+  bool gdn_decode_runs = true;
   // The portable path (issue #19, docs/v100.md): the kernels a V100 (sm_70) runs, on any GPU:
   // f16 cuBLAS operands for prefill (activations scaled into f16's range,
   // ConvertF32ToHalfScaled in kernels/cuda/dequant.cuh) instead of bf16, and the raw-layout

@@ -61,29 +61,52 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
           " (decode path: ", r.decode_like(), ") exceeds the ", n_spec_entries_, " entries"));
     spec_step_ = true;
   }
-  for (int w = 0; w < longest; ++w) {
-    const int first = n_dec_;
-    for (const RowRun& r : step.runs) {
-      if (!r.decode_like() || r.n <= w) continue;
-      drow[n_dec_] = r.row0 + w;
-      dslot[n_dec_] = r.slot;
-      dpos[n_dec_] = r.pos0 + w;
-      if (spec_step_) {
-        int32_t in = r.slot, out = r.slot;
-        if (r.spec_entry >= 0) {
-          out = n_slots_ + r.spec_entry + w;
-          if (w > 0) {
-            in = out - 1;
-          } else if (spec_last_[r.slot] == out - 1 && spec_last_pos_[r.slot] == r.pos0 - 1) {
-            in = out - 1;  // the run continues one cut off at the previous micro-step's end
-          }
+  // Decode entries: the GDN state indices a row reads and writes (speculative steps).
+  auto entry = [&](const RowRun& r, int w) {
+    drow[n_dec_] = r.row0 + w;
+    dslot[n_dec_] = r.slot;
+    dpos[n_dec_] = r.pos0 + w;
+    if (spec_step_) {
+      int32_t in = r.slot, out = r.slot;
+      if (r.spec_entry >= 0) {
+        out = n_slots_ + r.spec_entry + w;
+        if (w > 0) {
+          in = out - 1;
+        } else if (spec_last_[r.slot] == out - 1 && spec_last_pos_[r.slot] == r.pos0 - 1) {
+          in = out - 1;  // the run continues one cut off at the previous micro-step's end
         }
-        gdn_out[n_dec_] = out;
-        gdn_in[n_dec_] = in;
       }
-      ++n_dec_;
+      gdn_out[n_dec_] = out;
+      gdn_in[n_dec_] = in;
     }
-    waves_.push_back({first, n_dec_ - first});
+    ++n_dec_;
+  };
+  // GDN runs (GdnDecodeArgs::run_first): when every decode run of several tokens is
+  // speculative (an MTP verify), each run's tokens go through one block per head in order, the
+  // state read once; their outputs are entries, never the input, so no block can overwrite what
+  // another still reads. Otherwise (a decode-path replay updates its slot in place) the rows go
+  // in waves, one launch per token index.
+  gdn_runs_ = longest > 1 && copts_.gdn_decode_runs;
+  for (const RowRun& r : step.runs)
+    if (r.decode_like() && r.n > 1 && r.spec_entry < 0) gdn_runs_ = false;
+  n_gdn_runs_ = 0;
+  if (gdn_runs_) {
+    int32_t* run_first = h_ints_ + 9 * T_max_;
+    int32_t* run_len = h_ints_ + 10 * T_max_;
+    for (const RowRun& r : step.runs) {
+      if (!r.decode_like()) continue;
+      run_first[n_gdn_runs_] = n_dec_;
+      run_len[n_gdn_runs_] = r.n;
+      ++n_gdn_runs_;
+      for (int w = 0; w < r.n; ++w) entry(r, w);
+    }
+  } else {
+    for (int w = 0; w < longest; ++w) {
+      const int first = n_dec_;
+      for (const RowRun& r : step.runs)
+        if (r.decode_like() && r.n > w) entry(r, w);
+      waves_.push_back({first, n_dec_ - first});
+    }
   }
   for (const RowRun& r : step.runs)
     if (r.spec_entry >= 0) {
@@ -108,34 +131,43 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   if (spec_step_)
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_ + 6 * T_max_, gdn_out, 2ull * T_max_ * 4,
                                             cudaMemcpyHostToDevice, stream_));
+  if (gdn_runs_)
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_ + 8 * T_max_, h_ints_ + 9 * T_max_,
+                                            2ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
   return absl::OkStatus();
 }
 
-absl::Status CudaDevice::RunCaptured(int rows, const std::function<absl::Status()>& body) {
-  // A speculative run of one token looks like a pure decode, but its GDN writes an entry: eager.
-  if (spec_step_) return body();
-  // The first pure-decode step of a row count runs eagerly so that lazy library state (cuBLAS
-  // workspaces for the R > gemv_max_rows path) exists before capture; the second one captures.
-  // A collective that cannot be captured (the host-staged one) keeps every step eager.
-  const bool graph = copts_.use_graphs && !profiling_ &&
-                     (!coll_ || coll_->graph_capturable()) && !graph_failed_[rows] &&
-                     decode_runs_[rows]++ > 0;
-  if (!graph) return body();
-  auto it = graphs_.find(rows);
+absl::Status CudaDevice::RunCaptured(const MicroStep& step,
+                                     const std::function<absl::Status()>& body) {
+  // Every argument that changes between steps of one shape (ids, slots, positions, logit rows,
+  // speculative state indices) is in the index arrays Prepare uploaded, so one graph per shape
+  // serves every step of that shape: plain decodes per row count, and the verify steps of MTP
+  // (k + 1 decode-path rows per sequence, their GDN writing speculative entries).
+  // The first step of a shape runs eagerly so that lazy library state (cuBLAS workspaces for the
+  // R > gemv_max_rows path) exists before capture, and a shape seen once (a rare replay) costs no
+  // capture; the second one captures. A collective that cannot be captured (the host-staged one)
+  // keeps every step eager, and past kMaxGraphs shapes new ones stay eager.
+  if (!copts_.use_graphs || profiling_ || (coll_ && !coll_->graph_capturable())) return body();
+  std::vector<int32_t> key = step.ShapeKey();
+  auto it = graphs_.find(key);
   if (it == graphs_.end()) {
+    if (graph_failed_.count(key) || graphs_.size() >= kMaxGraphs) return body();
+    if (shape_runs_.size() >= 16 * kMaxGraphs) shape_runs_.clear();  // bounded bookkeeping
+    if (shape_runs_[key]++ == 0) return body();
     cudaGraph_t g = nullptr;
     DS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     absl::Status st = body();
     cudaError_t e = cudaStreamEndCapture(stream_, &g);
     cudaGraphExec_t exec = nullptr;
     if (st.ok() && e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
-      it = graphs_.emplace(rows, exec).first;
+      it = graphs_.emplace(key, exec).first;
+      shape_runs_.erase(key);
     } else {
       std::fprintf(stderr,
-                   "cuda backend: graph capture for batch %d failed (%s); running eagerly\n", rows,
-                   st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
+                   "cuda backend: graph capture of a %d-row step failed (%s); running eagerly\n",
+                   step.rows(), st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
       cudaGetLastError();
-      graph_failed_[rows] = true;
+      graph_failed_.insert(key);
     }
     if (g) cudaGraphDestroy(g);
     if (it == graphs_.end()) return body();
@@ -170,6 +202,26 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));
   ProfEnd();
   ProfBegin("gdn_core");
+  if (gdn_runs_) {  // every multi-token run speculative: one launch, a block per (head, run)
+    GdnDecodeArgs a;
+    a.shape = s;
+    a.p = L.gdn;
+    a.n_seqs = n_gdn_runs_;
+    a.run_first = GdnRunFirst();
+    a.run_len = GdnRunLen();
+    a.rows = DecodeRows();
+    a.slots = GdnOut();
+    a.in_slots = GdnIn();
+    a.pos = DecodePositions();
+    a.mixed = mixed_;
+    a.z = z_;
+    a.b = gb_;
+    a.alpha = ga_;
+    a.conv_ring = L.ring;
+    a.state = L.state;
+    a.out = mix_out_;
+    DS_RETURN_IF_ERROR(GdnDecode(a, stream_));
+  }
   // Decode waves in order: the w-th token of a decode_path run follows its (w-1)-th.
   for (const DecodeWave& wave : waves_) {
     GdnDecodeArgs a;

@@ -8,6 +8,7 @@
 // that held another slot's rows — are not attended (kernels/cuda/mtp_attention.cuh).
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -63,129 +64,86 @@ absl::Status CudaDevice::MtpStep(int slot, int32_t token, int32_t pos,
                  hidden_out);
 }
 
-// n rows as n MtpStep calls would leave them, in one pass per chunk of mtp_rows_max_ rows. Only
-// the last row's output comes back, and a row's K/V depends only on its own inputs (embedding,
-// hidden, eh_proj, attn_norm, k/v projections), so the earlier rows stop after writing K/V: the
-// rows' matmuls are one weight read for all of them, and the attention, MLP, norm and LM head run
-// for the last row alone (which attends to the earlier ones exactly as the n-th MtpStep would:
-// they are valid, written just before it).
-absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
-                                 std::span<const float> hidden, int64_t n_embd,
-                                 std::vector<float>* logits, std::vector<float>* hidden_out) {
-  if (!has_mtp_)
-    return absl::UnimplementedError(
-        "MtpStep: the CUDA device holds no MTP block (the file has none, or the backend was "
-        "created without speculative entries: CudaBackendOptions::spec_tokens / --mtp)");
+// One MTP pass over r rows of one slot, everything it reads on the device: tokens / slots /
+// positions [r] (device), hidden rows (`hid` [r, H], or rows `hid_rows` of `hid` when set). The
+// rows' K/V go into the MTP plane; with `last`, the last row also runs attention, MLP, norm and
+// LM head, leaving h' in mtp_hid_ and the logits in mtp_logits_. A row's K/V depends only on its
+// own inputs (embedding, hidden, eh_proj, attn_norm, k/v projections), so the earlier rows stop
+// after writing K/V: the rows' matmuls are one weight read for all of them, and the last row
+// attends to the earlier ones exactly as an MtpStep after them would (they are valid, written
+// just before). No host value that changes between calls of one shape reaches a kernel, so a
+// draft chain of these passes can be replayed from a graph.
+absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, const int32_t* d_pos,
+                                 int r, bool last, const float* hid, const int32_t* hid_rows) {
   const int H = cfg_.n_embd;
-  const int n = static_cast<int>(tokens.size());
-  if (n < 1 || n_embd != H || hidden.size() != static_cast<size_t>(n) * H || pos0 < 0 ||
-      pos0 + n > slot_ctx_ || slot < 0 || slot >= n_slots_)
-    return absl::InternalError(absl::StrCat("MtpRows: ", n, " rows at ", pos0, " of slot ", slot,
-                                            " with ", hidden.size(), " hidden values"));
   const float eps = cfg_.rms_eps;
   const DLayer& L = mtp_layer_;
-  const int R = mtp_rows_max_;
   const int64_t kvw = static_cast<int64_t>(attn_shape_.n_kv) * attn_shape_.hd;
-  // Rows [pos0, pos0 + n) replace whatever was there and every later row is dropped (rejected
-  // drafts): the mask after n MtpStep calls.
-  uint8_t* valid = mtp_valid_ + static_cast<size_t>(slot) * slot_ctx_;
-  if (mtp_len_[slot] > pos0)
-    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos0, 0, mtp_len_[slot] - pos0, stream_));
-  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(valid + pos0, 1, n, stream_));
-  mtp_len_[slot] = pos0 + n;
   KvCacheView kv = kv_base_;
   kv.k = L.kc;
   kv.v = L.vc;
   kv.type = GgmlType::F16;
-  // mtp_ints_: [tokens R][slots R][positions R].
-  const int32_t* d_tok = mtp_ints_;
-  const int32_t* d_slot = mtp_ints_ + R;
-  const int32_t* d_pos = mtp_ints_ + 2 * R;
-  // Pinned mirrors: the uploads and the two results go without a host sync of their own (one
-  // at the end; pageable copies would each block and stage).
-  float* h_in = h_mtp_f_;                                      // [R, H]
-  float* h_hid = h_mtp_f_ + static_cast<size_t>(R) * H;        // [H]
-  float* h_logits = h_hid + H;                                 // [n_vocab]
-  int r = 0;
-  for (int c0 = 0; c0 < n; c0 += r) {
-    r = std::min(R, n - c0);
-    const bool last_chunk = c0 + r == n;
-    // The mirrors are free at the start of a call (the last one ended in a sync); between
-    // chunks the previous uploads must have landed before they are rewritten.
-    if (c0 > 0) DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    for (int i = 0; i < r; ++i) {
-      h_mtp_ints_[i] = tokens[c0 + i];
-      h_mtp_ints_[R + i] = slot;
-      h_mtp_ints_[2 * R + i] = pos0 + c0 + i;
-    }
-    std::memcpy(h_in, hidden.data() + static_cast<size_t>(c0) * H,
-                static_cast<size_t>(r) * H * sizeof(float));
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h_mtp_ints_, 3ull * R * sizeof(int32_t),
-                                            cudaMemcpyHostToDevice, stream_));
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_u_, h_in, static_cast<size_t>(r) * H * sizeof(float),
-                                            cudaMemcpyHostToDevice, stream_));
 
-    // cat = [enorm(embed[token]) | hnorm(h)] per row; u = eh_proj · cat.
-    InvalidateX();
-    DS_RETURN_IF_ERROR(EmbedRows(mtp_embed_.type, mtp_embed_.d, H, d_tok, r, mtp_a_, stream_));
-    if (r == 1) {
-      DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_));
-      DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_));
-    } else {  // the norms write contiguous rows: each half goes into cat's rows by a 2-D copy
-      DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_b_, r, H, eps, stream_));
-      DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_, 2 * H, mtp_b_, H, H, r));
-      DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, mtp_hnorm_, mtp_b_, r, H, eps, stream_));
-      DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_ + H, 2 * H, mtp_b_, H, H, r));
-    }
-    DS_RETURN_IF_ERROR(LinearRows(mtp_eh_, mtp_cat_, r, mtp_u_, false));
-
-    // K/V of every row into the MTP plane; the query of the last row only.
-    DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, r, H, eps, stream_));
-    InvalidateX();
-    DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, r, mtp_k_, false));
-    DS_RETURN_IF_ERROR(LinearRows(L.v, mtp_a_, r, mtp_v_, false));
-    QkvPrepArgs pa;
-    pa.shape = attn_shape_;
-    pa.tok_slot = d_slot;
-    pa.tok_pos = d_pos;
-    pa.k = mtp_k_;
-    pa.v = mtp_v_;
-    pa.q_norm = L.q_norm;
-    pa.k_norm = L.k_norm;
-    pa.kv = kv;
-    const int kv_only = last_chunk ? r - 1 : r;
-    if (kv_only > 0) {
-      // No query heads: QkvPrep then only norms / ropes / stores the K/V heads of these rows.
-      QkvPrepArgs ka = pa;
-      ka.shape.n_head = 0;
-      ka.T = kv_only;
-      DS_RETURN_IF_ERROR(QkvPrep(ka, stream_));
-    }
-    if (!last_chunk) continue;
-    const int i = r - 1;
-    DS_RETURN_IF_ERROR(LinearRows(L.q, mtp_a_ + static_cast<int64_t>(i) * H, 1, mtp_qg_, false));
-    pa.T = 1;
-    pa.tok_slot = d_slot + i;
-    pa.tok_pos = d_pos + i;
-    pa.k = mtp_k_ + i * kvw;
-    pa.v = mtp_v_ + i * kvw;
-    pa.qg = mtp_qg_;
-    pa.q_out = mtp_q_;
-    DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
+  // cat = [enorm(embed[token]) | hnorm(h)] per row; u = eh_proj · cat.
+  InvalidateX();
+  DS_RETURN_IF_ERROR(EmbedRows(mtp_embed_.type, mtp_embed_.d, H, d_tok, r, mtp_a_, stream_));
+  if (r == 1) {
+    DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_));
+    DS_RETURN_IF_ERROR(RmsNormRows(hid, H, hid_rows, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_));
+  } else {  // the norms write contiguous rows: each half goes into cat's rows by a 2-D copy
+    DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_b_, r, H, eps, stream_));
+    DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_, 2 * H, mtp_b_, H, H, r));
+    DS_RETURN_IF_ERROR(RmsNormRows(hid, H, hid_rows, mtp_hnorm_, mtp_b_, r, H, eps, stream_));
+    DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_ + H, 2 * H, mtp_b_, H, H, r));
   }
-  float* u = mtp_u_ + static_cast<int64_t>(r - 1) * H;  // the last row's residual
-  const int32_t pos = pos0 + n - 1;
+  DS_RETURN_IF_ERROR(LinearRows(mtp_eh_, mtp_cat_, r, mtp_u_, false));
+
+  // K/V of every row into the MTP plane; the query of the last row only.
+  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, r, H, eps, stream_));
+  InvalidateX();
+  DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, r, mtp_k_, false));
+  DS_RETURN_IF_ERROR(LinearRows(L.v, mtp_a_, r, mtp_v_, false));
+  QkvPrepArgs pa;
+  pa.shape = attn_shape_;
+  pa.tok_slot = d_slot;
+  pa.tok_pos = d_pos;
+  pa.k = mtp_k_;
+  pa.v = mtp_v_;
+  pa.q_norm = L.q_norm;
+  pa.k_norm = L.k_norm;
+  pa.kv = kv;
+  const int kv_only = last ? r - 1 : r;
+  if (kv_only > 0) {
+    // No query heads: QkvPrep then only norms / ropes / stores the K/V heads of these rows.
+    QkvPrepArgs ka = pa;
+    ka.shape.n_head = 0;
+    ka.T = kv_only;
+    DS_RETURN_IF_ERROR(QkvPrep(ka, stream_));
+  }
+  if (!last) return absl::OkStatus();
+  const int i = r - 1;
+  DS_RETURN_IF_ERROR(LinearRows(L.q, mtp_a_ + static_cast<int64_t>(i) * H, 1, mtp_qg_, false));
+  pa.T = 1;
+  pa.tok_slot = d_slot + i;
+  pa.tok_pos = d_pos + i;
+  pa.k = mtp_k_ + i * kvw;
+  pa.v = mtp_v_ + i * kvw;
+  pa.qg = mtp_qg_;
+  pa.q_out = mtp_q_;
+  DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
+  float* u = mtp_u_ + static_cast<int64_t>(i) * H;  // the last row's residual
 
   // u += GatedAttention(attn_norm(u)) over the slot's valid MTP rows [0, pos].
   MaskedAttnArgs ma;
   ma.shape = attn_shape_;
-  ma.slot = slot;
-  ma.pos = pos;
+  ma.dev_slot = d_slot + i;
+  ma.dev_pos = d_pos + i;
+  ma.valid = mtp_valid_;
+  ma.valid_ld = slot_ctx_;
   ma.q = mtp_q_;
   ma.qg = mtp_qg_;
   ma.kv = kv;
-  ma.valid = valid;
-  ma.n_splits = MaskedAttnSplits(pos, MtpAttnSplits());
+  ma.n_splits = MtpAttnSplits();
   ma.partials = mtp_parts_;
   ma.out = mtp_o_;
   DS_RETURN_IF_ERROR(MaskedAttnDecode(ma, stream_));
@@ -207,6 +165,69 @@ absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   InvalidateX();
   DS_RETURN_IF_ERROR(LinearRows(mtp_head_, mtp_hid_, 1, mtp_logits_, false));
   InvalidateX();
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::CheckMtp(int slot, int32_t pos0, int n) const {
+  if (!has_mtp_)
+    return absl::UnimplementedError(
+        "MtpStep: the CUDA device holds no MTP block (the file has none, or the backend was "
+        "created without speculative entries: CudaBackendOptions::spec_tokens / --mtp)");
+  if (n < 1 || pos0 < 0 || pos0 + n > slot_ctx_ || slot < 0 || slot >= n_slots_)
+    return absl::InternalError(
+        absl::StrCat("MTP: ", n, " rows at ", pos0, " of slot ", slot, " out of range"));
+  return absl::OkStatus();
+}
+
+// n rows as n MtpStep calls would leave them, in one pass per chunk of mtp_rows_max_ rows (the
+// K/V of all; attention, MLP and head for the last row only, the only output).
+absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                 std::span<const float> hidden, int64_t n_embd,
+                                 std::vector<float>* logits, std::vector<float>* hidden_out) {
+  const int H = cfg_.n_embd;
+  const int n = static_cast<int>(tokens.size());
+  DS_RETURN_IF_ERROR(CheckMtp(slot, pos0, n));
+  if (n_embd != H || hidden.size() != static_cast<size_t>(n) * H)
+    return absl::InternalError(absl::StrCat("MtpRows: ", hidden.size(), " hidden values for ", n,
+                                            " rows of ", H));
+  const int R = mtp_rows_max_;
+  // Pass block 0 of the MTP ints (MtpInts): its uploads and the two results go through pinned
+  // mirrors without a host sync of their own (one at the end; pageable copies would each block
+  // and stage).
+  int32_t* h_blk = h_mtp_ints_;
+  float* h_in = h_mtp_f_;                                      // [R, H]
+  float* h_hid = h_mtp_f_ + static_cast<size_t>(R) * H;        // [H]
+  float* h_logits = h_hid + H;                                 // [n_vocab]
+  // Rows [pos0, pos0 + n) replace whatever was there and every later row is dropped (rejected
+  // drafts): the mask after n MtpStep calls.
+  h_blk[MtpMaskArgs()] = slot;
+  h_blk[MtpMaskArgs() + 1] = pos0;
+  h_blk[MtpMaskArgs() + 2] = n;
+  h_blk[MtpMaskArgs() + 3] = mtp_len_[slot];
+  mtp_len_[slot] = pos0 + n;
+  int r = 0;
+  for (int c0 = 0; c0 < n; c0 += r) {
+    r = std::min(R, n - c0);
+    // The mirrors are free at the start of a call (the last one ended in a sync); between
+    // chunks the previous uploads must have landed before they are rewritten.
+    if (c0 > 0) DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < r; ++i) {
+      h_blk[i] = tokens[c0 + i];
+      h_blk[R + i] = slot;
+      h_blk[2 * R + i] = pos0 + c0 + i;
+    }
+    std::memcpy(h_in, hidden.data() + static_cast<size_t>(c0) * H,
+                static_cast<size_t>(r) * H * sizeof(float));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h_blk, MtpBlockInts() * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_u_, h_in, static_cast<size_t>(r) * H * sizeof(float),
+                                            cudaMemcpyHostToDevice, stream_));
+    if (c0 == 0)
+      DS_RETURN_IF_ERROR(MtpMaskUpdate(mtp_valid_, slot_ctx_, mtp_ints_ + MtpMaskArgs(), stream_));
+    // (The pass reads the hidden rows from mtp_u_ before its eh_proj overwrites them.)
+    DS_RETURN_IF_ERROR(MtpPass(mtp_ints_, mtp_ints_ + R, mtp_ints_ + 2 * R, r, c0 + r == n,
+                               mtp_u_, nullptr));
+  }
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_hid, mtp_hid_, static_cast<size_t>(H) * sizeof(float),
                                           cudaMemcpyDeviceToHost, stream_));
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_logits, mtp_logits_,
@@ -215,6 +236,99 @@ absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   hidden_out->assign(h_hid, h_hid + H);
   logits->assign(h_logits, h_logits + cfg_.n_vocab);
+  return absl::OkStatus();
+}
+
+// The greedy draft chain on the device (Device::MtpDraftGreedy): pass 0 is MtpRows over the n
+// catch-up rows with their hidden states taken from the last micro-step's hn_ rows; pass j >= 1
+// is one MtpStep whose token is pass j-1's argmax and whose hidden state is pass j-1's h'. Each
+// pass has its own block of the MTP ints, all uploaded at once before the chain; the chain is
+// captured once per (n, n_drafts) and replayed, and the drafts come back in one copy.
+absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                        int hidden_row0, int n_logit_rows, int64_t n_embd,
+                                        int n_drafts, int32_t* drafts) {
+  const int n = static_cast<int>(tokens.size());
+  DS_RETURN_IF_ERROR(CheckMtp(slot, pos0, n + std::max(0, n_drafts - 1)));
+  const int R = mtp_rows_max_;
+  if (n > R || n_drafts < 0 || n_drafts > kMtpChainMax || hidden_row0 < 0 ||
+      hidden_row0 + n > n_logit_rows || n_logit_rows > logit_rows_max_ || n_embd != cfg_.n_embd)
+    return absl::InternalError(absl::StrCat("MtpDraftGreedy: ", n, " rows (hidden rows from ",
+                                            hidden_row0, " of ", n_logit_rows, "), ", n_drafts,
+                                            " drafts"));
+  const int B = MtpBlockInts();
+  const int passes = std::max(1, n_drafts);
+  int32_t* h = h_mtp_ints_;
+  // Block j: tokens [R], slots [R], positions [R], mask args [4]; then the hidden rows [R] and
+  // the drafts [kMtpChainMax] after the last block.
+  int32_t len = mtp_len_[slot];
+  for (int j = 0; j < passes; ++j) {
+    int32_t* blk = h + static_cast<size_t>(j) * B;
+    const int rows = j == 0 ? n : 1;
+    const int32_t p = j == 0 ? pos0 : pos0 + n - 1 + j;
+    for (int i = 0; i < rows; ++i) {
+      blk[i] = j == 0 ? tokens[i] : -1;  // pass j >= 1 reads its token from the drafts
+      blk[R + i] = slot;
+      blk[2 * R + i] = p + i;
+    }
+    blk[MtpMaskArgs()] = slot;
+    blk[MtpMaskArgs() + 1] = p;
+    blk[MtpMaskArgs() + 2] = rows;
+    blk[MtpMaskArgs() + 3] = len;
+    len = p + rows;
+  }
+  mtp_len_[slot] = len;
+  int32_t* h_rows = h + static_cast<size_t>(kMtpChainMax) * B;
+  for (int i = 0; i < n; ++i) h_rows[i] = hidden_row0 + i;
+  int32_t* d_rows = mtp_ints_ + static_cast<size_t>(kMtpChainMax) * B;
+  int32_t* d_drafts = d_rows + R;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h, MtpIntsTotal() * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, stream_));
+  auto chain = [&]() -> absl::Status {
+    for (int j = 0; j < passes; ++j) {
+      const int32_t* blk = mtp_ints_ + static_cast<size_t>(j) * B;
+      DS_RETURN_IF_ERROR(MtpMaskUpdate(mtp_valid_, slot_ctx_, blk + MtpMaskArgs(), stream_));
+      DS_RETURN_IF_ERROR(MtpPass(j == 0 ? blk : d_drafts + j - 1, blk + R, blk + 2 * R,
+                                 j == 0 ? n : 1, n_drafts > 0, j == 0 ? hn_ : mtp_hid_,
+                                 j == 0 ? d_rows : nullptr));
+      if (n_drafts > 0)
+        DS_RETURN_IF_ERROR(
+            ArgmaxRows(mtp_logits_, cfg_.n_vocab, 1, cfg_.n_vocab, d_drafts + j, stream_));
+    }
+    return absl::OkStatus();
+  };
+  DS_RETURN_IF_ERROR(RunMtpCaptured(n * (kMtpChainMax + 1) + n_drafts, chain));
+  if (n_drafts == 0) return absl::OkStatus();
+  int32_t* h_drafts = h_rows + R;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_drafts, d_drafts, n_drafts * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  std::copy(h_drafts, h_drafts + n_drafts, drafts);
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::RunMtpCaptured(int key, const std::function<absl::Status()>& body) {
+  // As RunCaptured: eager on a shape's first call (lazy library state), captured on the second.
+  if (!copts_.use_graphs || profiling_) return body();
+  auto it = mtp_graphs_.find(key);
+  if (it == mtp_graphs_.end()) {
+    if (mtp_graph_failed_.count(key) || mtp_shape_runs_[key]++ == 0) return body();
+    cudaGraph_t g = nullptr;
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status st = body();
+    cudaError_t e = cudaStreamEndCapture(stream_, &g);
+    cudaGraphExec_t exec = nullptr;
+    if (st.ok() && e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
+      it = mtp_graphs_.emplace(key, exec).first;
+    } else {
+      std::fprintf(stderr, "cuda backend: graph capture of an MTP draft chain failed (%s)\n",
+                   st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
+      cudaGetLastError();
+      mtp_graph_failed_.insert(key);
+    }
+    if (g) cudaGraphDestroy(g);
+    if (it == mtp_graphs_.end()) return body();
+  }
+  DS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
   return absl::OkStatus();
 }
 

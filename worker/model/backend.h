@@ -187,6 +187,17 @@ class Backend {
                                  hidden.subspan(i * H, H), logits, hidden_out));
     return absl::OkStatus();
   }
+  // Greedy drafts that stay where the model runs (MTP's fast path): MtpRows over `tokens` at
+  // pos0 whose hidden rows are output rows [out_row0, out_row0 + n) of the last Forward — they
+  // never cross to the host — then n_drafts chained drafts, each the argmax of the MTP logits
+  // (lowest id on ties, no penalties). Only the draft tokens come back (*drafts, n_drafts of
+  // them). The rows must come from the last micro-step of the last Forward (FailedPrecondition
+  // otherwise: use MtpRows with the hidden states).
+  virtual bool SupportsDraftChain() const { return false; }
+  virtual absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                      int out_row0, int n_drafts, std::vector<int32_t>* drafts) {
+    return absl::UnimplementedError("MTP draft chains are not implemented by backend " + name());
+  }
 };
 
 struct BackendOptions {

@@ -391,9 +391,7 @@ absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
 
   Slot& s = slots_[slot];
   // Row pos replaces whatever was there and drops every later row (rejected drafts).
-  for (int32_t j = pos; j < s.mtp_len; ++j) s.mtp_valid[j] = 0;
-  s.mtp_valid[pos] = 1;
-  s.mtp_len = pos + 1;
+  s.mtp_len = cpu::MtpMaskWrite(s.mtp_valid.data(), pos, 1, s.mtp_len);
   cpu::RmsNorm(u.data(), m.layer.attn_norm.data(), H, c.rms_eps, a.data());
   std::vector<SeqRun> run(1);
   run[0].row0 = 0;

@@ -7,8 +7,9 @@
 // worker/cuda/cuda_device.h.
 //
 // Per micro-step the runner calls, in this order:
-//   Prepare(step) -> [Embed -> Layer(0..n_layer-1) -> Head]  (inside RunCaptured when the step is
-//   a pure decode and the device captures graphs) -> optional vocab gather (LogitBuffers,
+//   Prepare(step) -> [Embed -> Layer(0..n_layer-1) -> Head]  (inside RunCaptured when every run of
+//   the step goes through the decode kernels and the device captures graphs) -> optional vocab
+//   gather (LogitBuffers,
 //   CopyColumns) -> ReadLogits / ReadHidden / Argmax / Sample -> Finish.
 #pragma once
 #include <cstdint>
@@ -48,8 +49,22 @@ struct MicroStep {
   std::vector<int32_t> positions;  // [rows] its position
   std::vector<RowRun> runs;        // the pieces, in row order
   std::vector<int32_t> logit_rows; // rows whose final state goes through the head, ascending
-  // Every run is one token with its logit row: the shape a decode graph is captured for.
+  // Every run is one token with its logit row (a plain decode step).
   bool pure_decode = false;
+  // Every run goes through the decode kernels (RowRun::decode_like): plain decodes, speculative
+  // verify runs and decode-path replays. Such a step's kernel arguments are all in the device's
+  // index arrays, so its launches depend only on the run shape (MicroStep::ShapeKey): the shapes a
+  // device captures as graphs.
+  bool decode_only = false;
+  // The run shape of a decode_only step: rows, logit rows, then per run its length and whether
+  // it is speculative. Two such steps with the same key launch the same kernels with the same
+  // arguments (only the index arrays' contents differ: ids, slots, positions, logit rows, state
+  // indices).
+  std::vector<int32_t> ShapeKey() const {
+    std::vector<int32_t> key{rows(), n_logit_rows()};
+    for (const RowRun& r : runs) key.push_back(r.n * 4 + (r.spec_entry >= 0 ? 2 : 0) + 1);
+    return key;
+  }
   int rows() const { return static_cast<int>(ids.size()); }
   int n_logit_rows() const { return static_cast<int>(logit_rows.size()); }
 };
@@ -99,9 +114,10 @@ class Device {
   virtual absl::Status Layer(int layer) = 0;
   // Final norm of the logit rows and this rank's rows of the lm_head.
   virtual absl::Status Head() = 0;
-  // Runs `body` (Embed, the layers, Head) for a pure-decode step of `rows` rows; a device with
-  // graphs captures it once per row count and replays it. The default runs it as it is.
-  virtual absl::Status RunCaptured(int rows, const std::function<absl::Status()>& body) {
+  // Runs `body` (Embed, the layers, Head) for a decode_only step; a device with graphs captures
+  // it once per shape (MicroStep::ShapeKey) and replays it. The default runs it as it is.
+  virtual absl::Status RunCaptured(const MicroStep& step,
+                                   const std::function<absl::Status()>& body) {
     return body();
   }
 
@@ -169,6 +185,35 @@ class Device {
     for (size_t i = 0; i < tokens.size(); ++i)
       DS_RETURN_IF_ERROR(MtpStep(slot, tokens[i], pos0 + static_cast<int32_t>(i),
                                  hidden.subspan(i * n_embd, n_embd), logits, hidden_out));
+    return absl::OkStatus();
+  }
+  // Greedy MTP drafts from the last micro-step (Backend::MtpDraftGreedy): MtpRows over `tokens`
+  // at pos0 whose hidden rows are rows [hidden_row0, hidden_row0 + n) of the last micro-step's
+  // n_logit_rows final-normed states, then n_drafts tokens, each the argmax (lowest id on ties)
+  // of an MTP pass's logits and the token of the next pass (MtpStep). The default reads the
+  // hidden rows back (ReadHidden) and runs MtpRows / MtpStep with the argmax on the host; a
+  // device keeps it all where the model runs.
+  virtual absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                      int hidden_row0, int n_logit_rows, int64_t n_embd,
+                                      int n_drafts, int32_t* drafts) {
+    std::vector<float> hid(static_cast<size_t>(n_logit_rows) * n_embd), logits, h, chain;
+    DS_RETURN_IF_ERROR(ReadHidden(n_logit_rows, hid.data()));
+    DS_RETURN_IF_ERROR(Finish());
+    const size_t n = tokens.size();
+    DS_RETURN_IF_ERROR(MtpRows(slot, pos0, tokens,
+                               std::span<const float>(hid).subspan(hidden_row0 * n_embd, n * n_embd),
+                               n_embd, &logits, &h));
+    for (int j = 0; j < n_drafts; ++j) {
+      if (j > 0) {
+        chain = h;
+        DS_RETURN_IF_ERROR(MtpStep(slot, drafts[j - 1], pos0 + static_cast<int32_t>(n) - 1 + j,
+                                   chain, &logits, &h));
+      }
+      int32_t best = 0;
+      for (size_t v = 1; v < logits.size(); ++v)
+        if (logits[v] > logits[best]) best = static_cast<int32_t>(v);
+      drafts[j] = best;
+    }
     return absl::OkStatus();
   }
 };

@@ -59,7 +59,7 @@ void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> p
   out->positions.clear();
   out->runs.clear();
   out->logit_rows.clear();
-  bool pure_decode = true;
+  bool pure_decode = true, decode_only = true;
   int32_t row = 0;
   for (const StepPiece& p : pieces) {
     const SeqStep& s = batch[p.seq];
@@ -75,9 +75,11 @@ void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> p
       if (s.all_logits || (p.last && t == p.n - 1)) out->logit_rows.push_back(row + t);
     }
     pure_decode = pure_decode && p.n == 1 && p.last && !s.all_logits;
+    decode_only = decode_only && out->runs.back().decode_like();
     row += p.n;
   }
   out->pure_decode = pure_decode && !pieces.empty();
+  out->decode_only = decode_only && !pieces.empty();
 }
 
 }  // namespace ds

@@ -243,8 +243,8 @@ absl::Status StepRunner::RunMicroStep() {
     for (int l = 0; l < cfg_.n_layer; ++l) DS_RETURN_IF_ERROR(dev_->Layer(l));
     return dev_->Head();
   };
-  if (micro_.pure_decode)
-    DS_RETURN_IF_ERROR(dev_->RunCaptured(micro_.rows(), body));
+  if (micro_.decode_only)
+    DS_RETURN_IF_ERROR(dev_->RunCaptured(micro_, body));
   else
     DS_RETURN_IF_ERROR(body());
   if (VocabParallel() && micro_.n_logit_rows() > 0)
@@ -274,6 +274,8 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
     }
   const std::span<const int32_t> spec_base =
       any_spec ? std::span<const int32_t>(spec_base_) : std::span<const int32_t>();
+  last_out_row0_ = -1;
+  int out_rows = 0;
   for (const auto& pieces :
        SplitIntoMicroSteps(batch, lim.max_rows, lim.max_logit_rows, lim.max_decode_rows)) {
     ++last_micro_steps_;
@@ -283,6 +285,9 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
     DS_RETURN_IF_ERROR(read_outputs(micro_.n_logit_rows()));
     // The reads land before the next micro-step (or the caller) touches their destinations.
     DS_RETURN_IF_ERROR(dev_->Finish());
+    last_out_row0_ = out_rows;
+    last_out_rows_ = micro_.n_logit_rows();
+    out_rows += micro_.n_logit_rows();
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqStep& s = batch[i];
@@ -536,6 +541,40 @@ absl::Status StepRunner::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   // positions past the slot's length need their pages mapped first.
   DS_RETURN_IF_ERROR(GrowPagesTo(dv, static_cast<int64_t>(pos0) + n));
   return dev_->MtpRows(dv, pos0, tokens, hidden, cfg_.n_embd, logits, hidden_out);
+}
+
+absl::Status StepRunner::MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                        int out_row0, int n_drafts,
+                                        std::vector<int32_t>* drafts) {
+  if (!SupportsDraftChain())
+    return absl::UnimplementedError(absl::StrCat("MtpDraftGreedy: not available on ", name(),
+                                                 tp_.world > 1 ? " under tensor parallelism" : ""));
+  if (slot < 0 || slot >= n_slots() || Dev(slot) < 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("MtpDraftGreedy: slot ", slot, " holds no sequence"));
+  const int n = static_cast<int>(tokens.size());
+  if (n < 1 || n_drafts < 0 || !drafts)
+    return absl::InvalidArgumentError(
+        absl::StrCat("MtpDraftGreedy: ", n, " rows, ", n_drafts, " drafts"));
+  // The last pass writes the MTP row of the last draft but one: rows [pos0, pos0 + n + d - 1).
+  const int64_t end = static_cast<int64_t>(pos0) + n + std::max(0, n_drafts - 1);
+  if (pos0 < 0 || end > slot_ctx_)
+    return absl::OutOfRangeError(absl::StrCat("MtpDraftGreedy: positions [", pos0, ", ", end,
+                                              ") out of range [0, ", slot_ctx_, ")"));
+  for (int32_t t : tokens)
+    if (t < 0 || t >= cfg_.n_vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("MtpDraftGreedy: token id ", t, " out of range [0, ", cfg_.n_vocab, ")"));
+  if (last_out_row0_ < 0 || out_row0 < last_out_row0_ ||
+      out_row0 + n > last_out_row0_ + last_out_rows_)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MtpDraftGreedy: output rows [", out_row0, ", ", out_row0 + n,
+        ") are not in the last micro-step of the last Forward (rows [", last_out_row0_, ", ",
+        last_out_row0_ + last_out_rows_, ")): use MtpRows with the hidden states"));
+  DS_RETURN_IF_ERROR(GrowPagesTo(Dev(slot), end));
+  drafts->assign(static_cast<size_t>(n_drafts), -1);
+  return dev_->MtpDraftGreedy(Dev(slot), pos0, tokens, out_row0 - last_out_row0_, last_out_rows_,
+                              cfg_.n_embd, n_drafts, drafts->data());
 }
 
 absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,

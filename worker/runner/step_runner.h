@@ -107,6 +107,11 @@ class StepRunner : public Backend {
   absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
                        std::span<const float> hidden, std::vector<float>* logits,
                        std::vector<float>* hidden_out) override;
+  bool SupportsDraftChain() const override {
+    return tp_.world == 1 && cfg_.n_nextn > 0 && dev_->limits().max_spec_tokens > 0;
+  }
+  absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                              int out_row0, int n_drafts, std::vector<int32_t>* drafts) override;
   int max_speculative_tokens() const override { return dev_->limits().max_spec_tokens; }
   int max_speculative_seqs() const override;
   absl::Status CommitSpeculative(int slot, int32_t n_keep) override;
@@ -181,6 +186,9 @@ class StepRunner : public Backend {
   MicroStep micro_;           // reused between micro-steps
   double gather_seconds_ = 0;
   int last_micro_steps_ = 0;
+  // Output rows of the last Forward's last micro-step: [last_out_row0_, + last_out_rows_), whose
+  // final-normed states the device still holds (MtpDraftGreedy); -1 = none.
+  int last_out_row0_ = -1, last_out_rows_ = 0;
 };
 
 }  // namespace ds

@@ -10,6 +10,11 @@ int DraftBudget(int k, int n_generated, int max_new, int32_t len, int slot_ctx) 
   return std::max(0, std::min({k, max_new - n_generated - 1, slot_ctx - len}));
 }
 
+bool PlainGreedy(const sampling::SamplingParams& p) {
+  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
 MtpDrafter::MtpDrafter(const ModelConfig& cfg)
     : n_vocab_(cfg.n_vocab), n_embd_(cfg.n_embd), scratch_(static_cast<size_t>(cfg.n_vocab), 0.0) {}
 
@@ -94,7 +99,27 @@ int MtpDrafter::Accept(sampling::Sampler& sampler, std::span<const float> logits
   return kept;
 }
 
-absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k) {
+int MtpDrafter::AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
+                             std::vector<int32_t>* tokens, SpecStats* stats) {
+  const int n = static_cast<int>(drafts.tokens.size());
+  if (stats) stats->Resize(n);
+  int kept = 0;
+  for (int d = 0; d < n; ++d) {
+    if (stats) ++stats->offered[d];
+    if (y[d] != drafts.tokens[d]) break;
+    if (stats) ++stats->accepted[d];
+    tokens->push_back(drafts.tokens[d]);
+    ++kept;
+  }
+  tokens->push_back(y[kept]);
+  if (stats) {
+    ++stats->steps;
+    stats->tokens += kept + 1;
+  }
+  return kept;
+}
+
+absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k, bool draft_chain) {
   if (!backend) return absl::InvalidArgumentError("MtpSpeculator: null backend");
   if (backend->config().n_nextn < 1)
     return absl::FailedPreconditionError(
@@ -107,12 +132,13 @@ absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k) {
     return absl::InvalidArgumentError(absl::StrCat("MTP: ", k, " drafts per step; backend ",
                                                    backend->name(), " verifies 1..",
                                                    max_tokens - 1));
-  return MtpSpeculator(backend, k);
+  return MtpSpeculator(backend, k, draft_chain);
 }
 
-MtpSpeculator::MtpSpeculator(Backend* backend, int k)
+MtpSpeculator::MtpSpeculator(Backend* backend, int k, bool draft_chain)
     : be_(backend),
       k_(k),
+      draft_chain_(draft_chain),
       n_vocab_(backend->config().n_vocab),
       n_embd_(backend->config().n_embd),
       drafter_(backend->config()) {
@@ -159,6 +185,67 @@ absl::Status MtpSpeculator::Start(std::span<SpecSequence* const> seqs) {
   return absl::OkStatus();
 }
 
+bool MtpSpeculator::UseDraftChain(std::span<SpecSequence* const> seqs) const {
+  if (!draft_chain_ || !be_->SupportsDraftChain()) return false;
+  // The drafts read the verify rows' hidden states from the Forward's last micro-step: keep the
+  // verify to rows that one micro-step holds on every device (CUDA: 64 logit rows).
+  size_t rows = 0;
+  for (const SpecSequence* s : seqs) {
+    if (!PlainGreedy(s->sampler->params())) return false;
+    rows += 1 + s->drafts.tokens.size();
+  }
+  return rows <= 32;
+}
+
+absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
+  StepOptions opts;  // no hidden states: the drafts take them where they are
+  const bool device_sample = be_->SupportsDeviceSampling();
+  if (device_sample) {
+    // Every row sampled greedily where the logits are; no logits cross.
+    histories_.resize(seqs.size());
+    sample_rows_.clear();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      histories_[i] = seqs[i]->tokens;
+      histories_[i].insert(histories_[i].end(), seqs[i]->drafts.tokens.begin(),
+                           seqs[i]->drafts.tokens.end());
+      const size_t len = seqs[i]->tokens.size();
+      for (size_t r = 0; r < batch_[i].tokens.size(); ++r) {
+        DeviceSampleRow d;
+        d.mode = DeviceSampleRow::Mode::kSample;
+        d.params = &seqs[i]->sampler->params();
+        d.history = std::span<const int32_t>(histories_[i]).first(len + r);
+        sample_rows_.push_back(d);
+      }
+    }
+    opts.device_sample = sample_rows_;
+  }
+  DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));
+  size_t row = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    SpecSequence& s = *seqs[i];
+    const size_t rows = batch_[i].tokens.size();
+    const int kept =
+        device_sample
+            ? MtpDrafter::AcceptTokens(std::span<const int32_t>(out_.tokens).subspan(row, rows),
+                                       s.drafts, &s.tokens, &stats_)
+            : drafter_.Accept(*s.sampler,
+                              std::span<const float>(out_.logits.data() + row * n_vocab_,
+                                                     rows * n_vocab_),
+                              s.drafts, &s.tokens, &stats_);
+    if (batch_[i].speculative) DS_RETURN_IF_ERROR(be_->CommitSpeculative(s.slot, kept + 1));
+    const int32_t p0 = batch_[i].pos0;
+    const int n = DraftBudget(k_, s.n_generated(), s.max_new,
+                              static_cast<int32_t>(s.tokens.size()), be_->slot_ctx());
+    s.drafts.clear();
+    DS_RETURN_IF_ERROR(be_->MtpDraftGreedy(
+        s.slot, p0, std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1),
+        static_cast<int>(row), n, &s.drafts.tokens));
+    s.drafts.q.assign(s.drafts.tokens.size(), Distribution{});
+    row += rows;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
   batch_.assign(seqs.size(), SeqStep{});
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -172,6 +259,7 @@ absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
     q.speculative = !s.drafts.tokens.empty();
     q.decode_path = true;
   }
+  if (UseDraftChain(seqs)) return StepOnDevice(seqs);
   StepOptions opts;
   opts.want_hidden = true;
   DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));

@@ -14,6 +14,10 @@
 //            token, without recomputing anything; the attention KV past it is dead;
 //   draft    MtpStep over the accepted positions (h_p with the token after it) fills the MTP
 //            layer's KV, the last one gives d'_1, and d'_j = MTP(d'_{j-1}, h'_{j-1}) for j <= k.
+// Plain greedy sequences on a backend with draft chains (Backend::SupportsDraftChain, e.g. CUDA)
+// take a fast path: the verify rows are sampled where the logits are and the catch-up + drafts
+// run there from the verify's hidden states (Backend::MtpDraftGreedy), so only token ids cross
+// to the host and both halves replay as graphs.
 // The prompt is prefilled with every row's hidden state, so the MTP KV covers it too.
 //
 // Not thread-safe; one caller drives it (like the Backend under it).
@@ -82,6 +86,11 @@ class MtpDrafter {
   // token to *tokens. Returns how many drafts were kept. Counts into *stats when not null.
   int Accept(sampling::Sampler& sampler, std::span<const float> logits, const Drafts& drafts,
              std::vector<int32_t>* tokens, SpecStats* stats);
+  // Greedy acceptance from the main model's own tokens y [drafts + 1] (row i's greedy token, e.g.
+  // sampled on the device): the drafts equal to y[i] while they match, then y[kept]. The same
+  // verdict as Accept of a greedy sampler over those rows' logits.
+  static int AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
+                          std::vector<int32_t>* tokens, SpecStats* stats);
 
  private:
   int32_t DraftToken(sampling::Sampler& s, std::span<const float> logits,
@@ -111,11 +120,16 @@ struct SpecSequence {
 // and its last row must stay inside the slot.
 int DraftBudget(int k, int n_generated, int max_new, int32_t len, int slot_ctx);
 
+// Plain greedy (temperature 0, no penalties): its tokens are the logits' argmax, so a device may
+// pick them (verify rows sampled on the device, drafts chained there: Backend::MtpDraftGreedy).
+bool PlainGreedy(const sampling::SamplingParams& p);
+
 class MtpSpeculator {
  public:
   // k: drafts per step, 1..backend.max_speculative_tokens() - 1. The backend must implement
   // MtpStep and speculative steps.
-  static absl::StatusOr<MtpSpeculator> Create(Backend* backend, int k);
+  // draft_chain false keeps every sequence on the host path (A/B, tests).
+  static absl::StatusOr<MtpSpeculator> Create(Backend* backend, int k, bool draft_chain = true);
 
   // Prefills each sequence's prompt (its tokens; the slot must be empty), samples its first
   // token and drafts. Appends one token to every sequence.
@@ -127,16 +141,24 @@ class MtpSpeculator {
   int k() const { return k_; }
 
  private:
-  MtpSpeculator(Backend* backend, int k);
+  MtpSpeculator(Backend* backend, int k, bool draft_chain);
   absl::Status Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden, int n_rows);
+  // The fast path for plain greedy sequences on a backend with draft chains: the verify rows'
+  // tokens are picked where the logits are (no logits or hidden states to the host) and the
+  // drafts are chained there too; only token ids cross. Same tokens as the host path.
+  bool UseDraftChain(std::span<SpecSequence* const> seqs) const;
+  absl::Status StepOnDevice(std::span<SpecSequence* const> seqs);
 
   Backend* be_;
   int k_ = 0;
+  bool draft_chain_ = true;
   int n_vocab_ = 0, n_embd_ = 0;
   SpecStats stats_;
   MtpDrafter drafter_;
   std::vector<SeqStep> batch_;
   StepOutput out_;
+  std::vector<DeviceSampleRow> sample_rows_;
+  std::vector<std::vector<int32_t>> histories_;  // per sequence: its tokens + drafts (penalty-free)
 };
 
 }  // namespace ds::spec

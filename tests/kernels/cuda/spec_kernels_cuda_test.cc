@@ -3,9 +3,12 @@
 //    speculative tokens, each reading the previous token's entry and writing its own, against
 //    cpu::GdnSequence token by token (outputs, states and conv rows of every entry); the input
 //    slot stays untouched, and the outputs and final state are bit-identical to running the
-//    same tokens in place.
+//    same tokens in place; the run form (GdnDecodeArgs::run_first: the chain in one launch)
+//    bit-identical to the chain of launches.
 //  * MaskedAttnDecode (the MTP layer's attention): one query over a paged f16 plane with rows
-//    masked out, against cpu::GatedAttention with the same mask.
+//    masked out, against cpu::GatedAttention with the same mask; its device-resident form
+//    (slot / position read on the device, as a captured draft chain runs it) bit-identical.
+//  * MtpMaskUpdate vs cpu::MtpMaskWrite.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -55,8 +58,9 @@ void RunSpecChain(const SpecCase& sc) {
   GdnShape s{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   cpu::GdnDims cd{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   const int C = s.channels(), Vw = sc.hv * sc.dv, K = 4;
-  // State indices: 0 = the chain's slot, 1 = the in-place copy, 2.. = the chain's entries.
-  const int n_idx = 2 + sc.k;
+  // State indices: 0 = the chain's slot, 1 = the in-place copy, 2.. = the chain's entries, then
+  // the entries of the same chain as one run.
+  const int n_idx = 2 + 2 * sc.k;
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(sc.hv) * sc.dk * sc.dv;
   auto conv_w = RandVec(static_cast<size_t>(C) * K, -0.5f, 0.5f);
   std::vector<float> ssm_a(sc.hv), dt(sc.hv);
@@ -111,10 +115,15 @@ void RunSpecChain(const SpecCase& sc) {
   CK(cudaMemcpy(ring.p + ring1, ring.p, ring1 * sizeof(float), cudaMemcpyDeviceToDevice));
   CK(cudaMemcpy(state.p + st1, state.p, st1 * sizeof(float), cudaMemcpyDeviceToDevice));
   const auto ring0 = ring.Down(ring1), state0 = state.Down(st1);
+  const int pos0 = pos;
+  std::vector<Tok> toks;
+  std::vector<float> gots;
 
   for (int i = 0; i < sc.k; ++i, ++pos) {
     const Tok t = make();
+    toks.push_back(t);
     const auto got = gpu_token(t, i == 0 ? 0 : 2 + i - 1, 2 + i, pos);
+    gots.insert(gots.end(), got.begin(), got.end());
     const auto inplace = gpu_token(t, 1, 1, pos);
     const auto ref = cpu_token(t);
     EXPECT_LT(Rel(got, ref), 2e-4) << "token " << i;
@@ -134,6 +143,44 @@ void RunSpecChain(const SpecCase& sc) {
   // The chain's input slot is untouched.
   EXPECT_EQ(ring.Down(ring1), ring0);
   EXPECT_EQ(state.Down(st1), state0);
+
+  // The same tokens as one run (GdnDecodeArgs::run_first: one launch, one block per head walks
+  // the k tokens with the state in registers) into entries 2 + k ..: outputs, states and conv
+  // rows bit-identical to the chain of one launch per token above.
+  std::vector<float> mixed, z, b, al;
+  std::vector<int32_t> rows, outs, ins, poss;
+  for (int i = 0; i < sc.k; ++i) {
+    const Tok& t = toks[i];
+    mixed.insert(mixed.end(), t.mixed.begin(), t.mixed.end());
+    z.insert(z.end(), t.z.begin(), t.z.end());
+    b.insert(b.end(), t.b.begin(), t.b.end());
+    al.insert(al.end(), t.al.begin(), t.al.end());
+    rows.push_back(i);
+    outs.push_back(2 + sc.k + i);
+    ins.push_back(i == 0 ? 0 : 2 + sc.k + i - 1);
+    poss.push_back(pos0 + i);
+  }
+  Dev<float> dm(mixed), dz(z), db(b), dal(al), o(static_cast<size_t>(sc.k) * Vw);
+  Dev<int32_t> drows(rows), douts(outs), dins(ins), dposs(poss);
+  Dev<int32_t> first(std::vector<int32_t>{0}), len(std::vector<int32_t>{sc.k});
+  GdnDecodeArgs a;
+  a.shape = s; a.p = p; a.n_seqs = 1; a.run_first = first.p; a.run_len = len.p; a.rows = drows.p;
+  a.slots = douts.p; a.in_slots = dins.p; a.pos = dposs.p; a.mixed = dm.p; a.z = dz.p; a.b = db.p;
+  a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.out = o.p;
+  ASSERT_TRUE(GdnDecode(a, nullptr).ok());
+  const auto run_out = o.Down();
+  EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
+  const auto all_st = state.Down(), all_ring = ring.Down();
+  for (int i = 0; i < sc.k; ++i) {
+    EXPECT_EQ(std::memcmp(all_st.data() + (2 + sc.k + i) * st1, all_st.data() + (2 + i) * st1,
+                          st1 * 4), 0) << "run state after token " << i;
+    EXPECT_EQ(std::memcmp(all_ring.data() + (2 + sc.k + i) * ring1,
+                          all_ring.data() + (2 + i) * ring1, ring1 * 4), 0)
+        << "run conv rows after token " << i;
+  }
+  EXPECT_EQ(ring.Down(ring1), ring0);
+  EXPECT_EQ(state.Down(st1), state0);
+
 }
 
 TEST(GdnSpec, ChainMatchesCpuAndInPlace) {
@@ -197,6 +244,29 @@ void RunMaskedAttn(int n_head, int n_kv, int hd, int n_rot, int P, int page, int
   a.qg = dqg.p + static_cast<size_t>(T) * qgw; a.kv = kv; a.valid = dvalid.p;
   a.n_splits = n_splits; a.partials = parts.p; a.out = out.p;
   ASSERT_OK(MaskedAttnDecode(a, nullptr));
+  // The device-resident form (graph replays): slot and position read on the device, the mask of
+  // every slot behind one pointer, the most splits launched: bit-identical to the host form.
+  {
+    std::vector<uint8_t> masks(static_cast<size_t>(n_slots) * len, 0);
+    std::copy(valid.begin(), valid.end(), masks.begin() + static_cast<size_t>(slot) * len);
+    Dev<uint8_t> dmasks(masks);
+    Dev<int32_t> dsp(std::vector<int32_t>{slot, P});
+    Dev<float> parts2(MaskedAttnPartialFloats(s, max_splits)), out2(ow);
+    MaskedAttnArgs b = a;
+    b.slot = -1;  // must not be read
+    b.pos = 0;
+    b.dev_slot = dsp.p;
+    b.dev_pos = dsp.p + 1;
+    b.valid = dmasks.p;
+    b.valid_ld = len;
+    b.n_splits = max_splits;
+    b.partials = parts2.p;
+    b.out = out2.p;
+    ASSERT_OK(MaskedAttnDecode(b, nullptr));
+    const auto o1 = out.Down(), o2 = out2.Down();
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)), 0)
+        << "device-resident form differs from the host form";
+  }
 
   // CPU: the same rows through GatedAttention (one token at a time writes its row), then the
   // query with the mask.
@@ -222,6 +292,30 @@ TEST(MaskedAttn, MatchesCpu) {
   RunMaskedAttn(6, 2, 64, 16, 300, 16, 8, 0.3);   // 3 splits
   RunMaskedAttn(4, 1, 128, 32, 700, 64, 3, 0.5);  // capped at 3 splits
   RunMaskedAttn(24, 4, 256, 64, 1000, 64, 22, 0.1);  // the 27B shape, 8 splits
+}
+
+// The MTP row mask update (the draft chain's, on the device) against cpu::MtpMaskWrite over a
+// sequence of writes: rows written, rejected drafts dropped, another slot untouched.
+TEST(MtpMask, UpdateMatchesCpu) {
+  const int ld = 300, n_slots = 3;
+  std::vector<uint8_t> ref(static_cast<size_t>(n_slots) * ld, 0);
+  Dev<uint8_t> d(ref);
+  std::vector<int32_t> len(n_slots, 0);
+  struct W {
+    int slot, pos0, n;
+  };
+  const W writes[] = {{1, 0, 40}, {1, 40, 4}, {1, 41, 1}, {2, 0, 7}, {1, 30, 2},
+                      {1, 32, 1}, {0, 5, 3},  {1, 100, 1}, {1, 33, 5}, {2, 299, 1}};
+  for (const W& w : writes) {
+    Dev<int32_t> args(std::vector<int32_t>{w.slot, w.pos0, w.n, len[w.slot]});
+    ASSERT_OK(MtpMaskUpdate(d.p, ld, args.p, nullptr));
+    len[w.slot] = cpu::MtpMaskWrite(ref.data() + static_cast<size_t>(w.slot) * ld, w.pos0, w.n,
+                                    len[w.slot]);
+    ASSERT_EQ(d.Down(), ref) << "after writing slot " << w.slot << " rows [" << w.pos0 << ", "
+                             << w.pos0 + w.n << ")";
+  }
+  // Rows past a rewrite are gone: slot 1 holds [0, 38) minus nothing, then nothing.
+  for (int j = 0; j < ld; ++j) EXPECT_EQ(ref[ld + j], j < 38 ? 1 : 0) << j;
 }
 
 TEST(MaskedAttn, RejectsNonF16) {
