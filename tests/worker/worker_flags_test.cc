@@ -1,0 +1,39 @@
+// Worker flags that select device paths (issue #19: --portable on|off): parsed into WorkerOptions,
+// bad values refused with a message naming the flag.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "worker/process/worker_process.h"
+
+namespace ds {
+namespace {
+
+absl::StatusOr<WorkerOptions> Parse(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--scheduler", "127.0.0.1:1", "--model", "m.gguf"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return ParseWorkerFlags(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(WorkerFlags, PortableOnOff) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_FALSE(def->portable);
+  auto on = Parse({"--portable", "on"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->portable);
+  auto off = Parse({"--portable", "off"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->portable);
+  auto bad = Parse({"--portable", "yes"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("--portable expects on or off"),
+            std::string::npos)
+      << bad.status();
+}
+
+}  // namespace
+}  // namespace ds
