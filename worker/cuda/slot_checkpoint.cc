@@ -31,6 +31,17 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
   size_t total = 0;
   for (const DLayer& L : layers_) total += L.rec ? rb.ring + rb.state : 2 * pages * page_bytes;
+  // The memory planner leaves 512 MiB + 1% of the card free for graphs, sampler buffers and
+  // library handles (runner/memory_planner.h); checkpoints never take that: with the default
+  // plan, whose KV pool takes the rest of the card, no checkpoint fits, and the operator makes
+  // room with --kv-pool-tokens or --memory-fraction.
+  size_t free_bytes = 0, card_bytes = 0;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &card_bytes));
+  const size_t keep = (size_t{1} << 30) + card_bytes / 50;  // the planner's headroom, twice over
+  if (free_bytes < total + keep)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no device memory for a checkpoint of ", total, " bytes (", free_bytes, " free, ", keep,
+        " kept for the runtime)"));
   void* raw = nullptr;
   if (cudaMalloc(&raw, total) != cudaSuccess) {
     cudaGetLastError();  // clear the allocation error: the device stays usable
