@@ -164,7 +164,12 @@ class CudaDevice final : public Device {
                            const float* x, int R);
   // R rows that are not the step's (the head's logit rows): the column kernels up to
   // ColumnRows(w) rows, else dequantization + cuBLAS.
-  absl::Status LinearRows(const DMat& w, const float* x, int R, float* y, bool accumulate);
+  // prefill_rows: rows of a step that holds prefill (the head's logit rows of an all_logits
+  // prompt): tiled matrices take the column kernels only up to PrefillColumnRows().
+  absl::Status LinearRows(const DMat& w, const float* x, int R, float* y, bool accumulate,
+                          bool prefill_rows = false);
+  // Prefill rows per tiled column segment: the tiled kernel's width, not MMQ's decode widths.
+  int PrefillColumnRows() const { return std::min(tiled_max_rows_, copts_.tiled_max_rows); }
   // R rows of x / y through the column kernels (GEMV or tiled mma), kGemvMaxCols (tiled:
   // kTiledMaxCols) columns per launch; every column's result is the same whatever its neighbours.
   absl::Status GemvColumns(const DMat& w, const DMat* w2, const float* x, int R, float* y,

@@ -460,7 +460,8 @@ absl::Status CudaDevice::Head() {
   // Under TP with the lm_head on rank 0 only, the other ranks hold no rows of it.
   if (n_vocab_local_ > 0)
     DS_RETURN_IF_ERROR(
-        LinearRows(output_, hn_, n_logit_rows_, VocabParallel() ? logits_part_ : logits_, false));
+        LinearRows(output_, hn_, n_logit_rows_, VocabParallel() ? logits_part_ : logits_, false,
+                   /*prefill_rows=*/!prefill_.empty()));
   ProfEnd();
   return absl::OkStatus();
 }

@@ -113,6 +113,10 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
   for (const RowRun& r : step.runs) dec_runs += r.decode_like() ? 1 : 0;
   for (int f = 0; f < 2; ++f) {
     const int cap = f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
+    // Prefill pieces keep the column kernels only up to the tiled kernel's own width (not the
+    // int8 MMQ widths, which are for decode rows): their numbers stay those of dequantization +
+    // cuBLAS above it, as before MMQ (gpu_vs_cpu_test's prefill bounds and tiled-vs-raw check).
+    const int prefill_cap = f == 1 ? PrefillColumnRows() : cap;
     std::vector<RowSegment>& out = plan_scratch_;
     out.clear();
     if (!copts_.batch_invariant) {
@@ -125,7 +129,7 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
       bool shared_gemm = false;  // out.back() is the decode rows' shared cuBLAS segment
       for (const RowRun& r : step.runs) {
         const bool dec = r.decode_like();
-        if (dec ? !dec_column : r.n > cap) {
+        if (dec ? !dec_column : r.n > prefill_cap) {
           // A prefill piece's product is its own (its numbers depend on its rows only); the
           // decode rows of a crowded step share one.
           if (dec && shared_gemm && out.back().row0 + out.back().n == r.row0) {
@@ -320,8 +324,8 @@ absl::Status CudaDevice::GemmSegments(const DMat& w, const float* x,
 }
 
 absl::Status CudaDevice::LinearRows(const DMat& w, const float* x, int R, float* y,
-                                    bool accumulate) {
-  if (ColumnPath(w, R))
+                                    bool accumulate, bool prefill_rows) {
+  if (ColumnPath(w, R) && (!prefill_rows || !w.tiled || R <= PrefillColumnRows()))
     return GemvColumns(w, nullptr, x, R, y,
                        accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore);
   const RowSegment all{0, R, false};

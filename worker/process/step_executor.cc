@@ -59,8 +59,8 @@ absl::Status StepExecutor::SetMtp(const spec::MtpSetting& setting) {
   return absl::OkStatus();
 }
 
-void StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<const float> hidden,
-                              int n_rows, int n_mtp_slots) {
+void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
+                              std::span<const float> hidden, int n_rows, int n_mtp_slots) {
   SlotState& slot = slots_[slot_index];
   int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
   if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
@@ -68,6 +68,23 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, std::span<const float>
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),
                                   backend_->slot_ctx());
+  // Plain greedy on a backend with draft chains: the drafts are made where the model ran, from
+  // the hidden rows it still holds (the rows must be in the Forward's last micro-step; else the
+  // host path below, from the copied hidden states).
+  if (spec::PlainGreedy(slot.sampler->params()) && backend_->SupportsDraftChain()) {
+    absl::Status cs = backend_->MtpDraftGreedy(
+        slot_index, p0, std::span<const int32_t>(slot.known).subspan(p0 + 1, n_rows), out_row0, n,
+        &slot.drafts.tokens);
+    if (cs.ok()) {
+      slot.drafts.q.assign(slot.drafts.tokens.size(), spec::Distribution{});
+      return;
+    }
+    slot.drafts.clear();
+    if (!absl::IsFailedPrecondition(cs)) {
+      slot.mtp = false;
+      return;
+    }
+  }
   if (!drafter_->Draft(*backend_, slot_index, slot.known, p0, hidden, n_rows, n, *slot.sampler,
                        &slot.drafts)
            .ok()) {
@@ -294,9 +311,17 @@ StepResult StepExecutor::Run(const Step& step) {
       if (!w.sample) continue;  // kSkip
       SlotState& slot = slots_[w.slot];
       DeviceSampleRow& d = dev_rows_[out_row_[i]];
-      if (slot.mtp) {  // the acceptance rule and the drafts read the logits on the host
-        for (int r = out_row_[i]; r < out_row_[i + 1]; ++r)
-          dev_rows_[r].mode = DeviceSampleRow::Mode::kLogits;
+      if (slot.mtp) {
+        // Plain greedy: every verify row is the argmax, picked where the logits are (and the
+        // drafts follow on the device: DraftAfter). Otherwise the acceptance rule and the
+        // drafts read the logits on the host.
+        const bool on_device = spec::PlainGreedy(slot.sampler->params());
+        for (int r = out_row_[i]; r < out_row_[i + 1]; ++r) {
+          DeviceSampleRow& v = dev_rows_[r];
+          v.mode = on_device ? DeviceSampleRow::Mode::kSample : DeviceSampleRow::Mode::kLogits;
+          v.params = &slot.sampler->params();
+          v.history = slot.known;  // no penalties: the history does not change the argmax
+        }
         continue;
       }
       if (slot.want_logprob || slot.sampler->params().n_logprobs > 0 || slot.json) {
@@ -367,11 +392,16 @@ StepResult StepExecutor::Run(const Step& step) {
       // to its last kept token, and draft again from the rows of the kept positions.
       const size_t before = slot.known.size();
       const int n_out = out_row_[i + 1] - row0;
-      const int kept = drafter_->Accept(
-          *slot.sampler,
-          std::span<const float>(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
-                                 static_cast<size_t>(n_out) * n_vocab),
-          slot.drafts, &slot.known, &step_stats_);
+      const int kept =
+          device && dev_rows_[row0].mode == DeviceSampleRow::Mode::kSample
+              ? spec::MtpDrafter::AcceptTokens(
+                    std::span<const int32_t>(out.tokens).subspan(row0, n_out), slot.drafts,
+                    &slot.known, &step_stats_)
+              : drafter_->Accept(
+                    *slot.sampler,
+                    std::span<const float>(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
+                                           static_cast<size_t>(n_out) * n_vocab),
+                    slot.drafts, &slot.known, &step_stats_);
       if (absl::Status cs = backend_->CommitSpeculative(static_cast<int>(w.slot), kept + 1);
           !cs.ok()) {
         result.tokens.clear();
@@ -381,8 +411,8 @@ StepResult StepExecutor::Run(const Step& step) {
       for (size_t j = before; j < slot.known.size(); ++j)
         result.tokens.push_back(SampledToken{w.slot, slot.known[j], std::nullopt});
       verify_tokens_.push_back(kept + 1);
-      DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, hidden_rows(row0, kept + 1), kept + 1,
-                 n_mtp_slots);
+      DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
+                 kept + 1, n_mtp_slots);
       continue;
     }
     sampling::SampleResult r;
@@ -402,7 +432,7 @@ StepResult StepExecutor::Run(const Step& step) {
     }
     slot.known.push_back(r.token);
     if (slot.mtp)
-      DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1),
+      DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1), row0,
                  hidden_rows(row0, 1), 1, n_mtp_slots);
     if (group_) shared_[k++] = r.token;
     SampledToken& t = result.tokens.emplace_back();

@@ -93,7 +93,10 @@ class StepExecutor {
   };
   // Drafts from the hidden rows [p0, p0 + n_rows) the last Forward gave for `slot`; when drafting
   // fails the request goes on without drafts.
-  void DraftAfter(int slot, int32_t p0, std::span<const float> hidden, int n_rows, int n_mtp_slots);
+  // out_row0: the first of those rows in the Forward's output (a draft chain reads them where
+  // they are, Backend::MtpDraftGreedy, for plain greedy sequences).
+  void DraftAfter(int slot, int32_t p0, int out_row0, std::span<const float> hidden, int n_rows,
+                  int n_mtp_slots);
 
   absl::Status Validate(const Step& step) const;
   // Saves `slot` as checkpoint `id` when it holds exactly n_past positions; records the outcome

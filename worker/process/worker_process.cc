@@ -403,6 +403,7 @@ class Session {
           if (tp_.collective && tp_.collective->world() > 1)
             executor_->SetGroup(tp_.collective.get());
           if (absl::Status ms = executor_->SetMtp(o_.mtp); !ms.ok()) return Fatal(ms);
+          executor_->SetJsonVocabLoader([file = file_] { return worker::JsonVocabFromGguf(*file); });
           // Prefix cache (issue #17): checkpoints of slot state at exact positions.
           if (o_.prefix_cache_mb > 0 && o_.tp_world > 1) {
             DS_LOG(INFO, "prefix_cache",
@@ -424,7 +425,6 @@ class Session {
           }
           DS_LOG(INFO, "configured", {{"slots", n_usable}, {"slot_ctx", cf.slot_ctx()},
                                       {"device", be_->name()}});
-          executor_->SetJsonVocabLoader([file = file_] { return worker::JsonVocabFromGguf(*file); });
           {
             // The memory plan: what the device holds and the KV pool the slots share.
             const MemoryFootprint mf = be_->memory();
