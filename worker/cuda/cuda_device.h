@@ -89,7 +89,7 @@ class CudaDevice final : public Device {
   absl::Status RunCaptured(const MicroStep& step,
                            const std::function<absl::Status()>& body) override;
   // Decode-only step shapes captured as graphs (RunCaptured), for tests and metrics.
-  size_t captured_shapes() const { return graphs_.size(); }
+  size_t captured_shapes() const { return step_graphs_.graphs.size(); }
 
   LogitBuffers logit_buffers() override { return {logits_part_, logits_gather_, logits_}; }
   absl::Status CopyColumns(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
@@ -118,7 +118,7 @@ class CudaDevice final : public Device {
                               int hidden_row0, int n_logit_rows, int64_t n_embd, int n_drafts,
                               int32_t* drafts) override;
   // MTP draft chains captured as graphs (MtpDraftGreedy), for tests.
-  size_t captured_draft_chains() const { return mtp_graphs_.size(); }
+  size_t captured_draft_chains() const { return chain_graphs_.graphs.size(); }
 
   KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
   absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
@@ -402,12 +402,23 @@ class CudaDevice final : public Device {
   } comm_;
   std::vector<RowSegment> plan_scratch_;  // PlanRowSegments' working list (kept: no allocation per step)
 
-  // Decode-only step shape (MicroStep::ShapeKey) -> graph; shapes whose capture failed; eager
-  // runs per shape not captured yet (capture on the 2nd).
-  static constexpr size_t kMaxGraphs = 128;
-  std::map<std::vector<int32_t>, cudaGraphExec_t> graphs_;
-  std::set<std::vector<int32_t>> graph_failed_;
-  std::map<std::vector<int32_t>, int> shape_runs_;
+  // CUDA graphs by shape: run a body eagerly the first time a key is seen, capture it the
+  // second, replay it after (at most kMaxGraphs keys; capture failures stay eager).
+  struct GraphCache {
+    using Key = std::vector<int32_t>;
+    static constexpr size_t kMaxGraphs = 128;
+    CudaDevice* dev = nullptr;
+    const char* what = "";
+    std::map<Key, cudaGraphExec_t> graphs;
+    std::set<Key> failed;
+    std::map<Key, int> runs;  // eager runs per key not captured yet
+    absl::Status Run(const Key& key, const std::function<absl::Status()>& body);
+    void Clear();
+    ~GraphCache() { Clear(); }
+  };
+  // Decode-only steps by MicroStep::ShapeKey; MTP draft chains by (catch-up rows, drafts).
+  GraphCache step_graphs_{this, "a decode-only step"};
+  GraphCache chain_graphs_{this, "an MTP draft chain"};
 
   bool profiling_ = false;
   std::map<std::string, double> prof_ms_;
@@ -459,9 +470,7 @@ class CudaDevice final : public Device {
   int MtpMaskArgs() const { return 3 * mtp_rows_max_; }
   int MtpBlockInts() const { return 3 * mtp_rows_max_ + 4; }
   int MtpIntsTotal() const { return kMtpChainMax * MtpBlockInts() + mtp_rows_max_ + kMtpChainMax; }
-  std::map<int, cudaGraphExec_t> mtp_graphs_;  // draft chain shape -> graph
-  std::set<int> mtp_graph_failed_;
-  std::map<int, int> mtp_shape_runs_;
+
   float *mtp_cat_ = nullptr, *mtp_u_ = nullptr, *mtp_a_ = nullptr, *mtp_b_ = nullptr,
         *mtp_qg_ = nullptr, *mtp_k_ = nullptr, *mtp_v_ = nullptr, *mtp_q_ = nullptr,
         *mtp_o_ = nullptr, *mtp_ff_ = nullptr, *mtp_hid_ = nullptr, *mtp_logits_ = nullptr,
@@ -474,7 +483,7 @@ class CudaDevice final : public Device {
   // One MTP pass over r rows (mtp.cc): every per-call value on the device.
   absl::Status MtpPass(const int32_t* d_tok, const int32_t* d_slot, const int32_t* d_pos, int r,
                        bool last, const float* hid, const int32_t* hid_rows);
-  absl::Status RunMtpCaptured(int key, const std::function<absl::Status()>& body);
+
   void DropSpeculation(int slot);  // forget its speculative chain and MTP rows (reset, load)
 };
 

@@ -42,8 +42,8 @@ struct Arena {
 }  // namespace
 
 CudaDevice::~CudaDevice() {
-  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
-  for (auto& [b, g] : mtp_graphs_) cudaGraphExecDestroy(g);
+  step_graphs_.Clear();
+  chain_graphs_.Clear();
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
   if (h_ints_) cudaFreeHost(h_ints_);
   cudaFree(weights_mem_);

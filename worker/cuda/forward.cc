@@ -142,38 +142,46 @@ absl::Status CudaDevice::RunCaptured(const MicroStep& step,
   // Every argument that changes between steps of one shape (ids, slots, positions, logit rows,
   // speculative state indices) is in the index arrays Prepare uploaded, so one graph per shape
   // serves every step of that shape: plain decodes per row count, and the verify steps of MTP
-  // (k + 1 decode-path rows per sequence, their GDN writing speculative entries).
-  // The first step of a shape runs eagerly so that lazy library state (cuBLAS workspaces for the
-  // R > gemv_max_rows path) exists before capture, and a shape seen once (a rare replay) costs no
-  // capture; the second one captures. A collective that cannot be captured (the host-staged one)
-  // keeps every step eager, and past kMaxGraphs shapes new ones stay eager.
-  if (!copts_.use_graphs || profiling_ || (coll_ && !coll_->graph_capturable())) return body();
-  std::vector<int32_t> key = step.ShapeKey();
-  auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    if (graph_failed_.count(key) || graphs_.size() >= kMaxGraphs) return body();
-    if (shape_runs_.size() >= 16 * kMaxGraphs) shape_runs_.clear();  // bounded bookkeeping
-    if (shape_runs_[key]++ == 0) return body();
+  // (k + 1 decode-path rows per sequence, their GDN writing speculative entries). A collective
+  // that cannot be captured (the host-staged one) keeps every step eager.
+  if (coll_ && !coll_->graph_capturable()) return body();
+  return step_graphs_.Run(step.ShapeKey(), body);
+}
+
+absl::Status CudaDevice::GraphCache::Run(const Key& key, const std::function<absl::Status()>& body) {
+  if (!dev->copts_.use_graphs || dev->profiling_) return body();
+  auto it = graphs.find(key);
+  if (it == graphs.end()) {
+    // The first call of a shape runs eagerly so that lazy library state (cuBLAS workspaces for
+    // the R > gemv_max_rows path) exists before capture, and a shape seen once (a rare replay)
+    // costs no capture; the second one captures. Past kMaxGraphs shapes new ones stay eager.
+    if (failed.count(key) || graphs.size() >= kMaxGraphs) return body();
+    if (runs.size() >= 16 * kMaxGraphs) runs.clear();  // bounded bookkeeping
+    if (runs[key]++ == 0) return body();
     cudaGraph_t g = nullptr;
-    DS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(dev->stream_, cudaStreamCaptureModeThreadLocal));
     absl::Status st = body();
-    cudaError_t e = cudaStreamEndCapture(stream_, &g);
+    cudaError_t e = cudaStreamEndCapture(dev->stream_, &g);
     cudaGraphExec_t exec = nullptr;
     if (st.ok() && e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
-      it = graphs_.emplace(key, exec).first;
-      shape_runs_.erase(key);
+      it = graphs.emplace(key, exec).first;
+      runs.erase(key);
     } else {
-      std::fprintf(stderr,
-                   "cuda backend: graph capture of a %d-row step failed (%s); running eagerly\n",
-                   step.rows(), st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
+      std::fprintf(stderr, "cuda backend: graph capture of %s failed (%s); running eagerly\n",
+                   what, st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
       cudaGetLastError();
-      graph_failed_.insert(key);
+      failed.insert(key);
     }
     if (g) cudaGraphDestroy(g);
-    if (it == graphs_.end()) return body();
+    if (it == graphs.end()) return body();
   }
-  DS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, dev->stream_));
   return absl::OkStatus();
+}
+
+void CudaDevice::GraphCache::Clear() {
+  for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+  graphs.clear();
 }
 
 absl::Status CudaDevice::Embed() {
@@ -202,10 +210,20 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));
   ProfEnd();
   ProfBegin("gdn_core");
-  if (gdn_runs_) {  // every multi-token run speculative: one launch, a block per (head, run)
-    GdnDecodeArgs a;
-    a.shape = s;
-    a.p = L.gdn;
+  // The decode rows: in runs (every multi-token run speculative: one launch, a block per (head,
+  // run)), else in waves in order (the w-th token of a decode_path run follows its (w-1)-th).
+  GdnDecodeArgs d;
+  d.shape = s;
+  d.p = L.gdn;
+  d.mixed = mixed_;
+  d.z = z_;
+  d.b = gb_;
+  d.alpha = ga_;
+  d.conv_ring = L.ring;
+  d.state = L.state;
+  d.out = mix_out_;
+  if (gdn_runs_) {
+    GdnDecodeArgs a = d;
     a.n_seqs = n_gdn_runs_;
     a.run_first = GdnRunFirst();
     a.run_len = GdnRunLen();
@@ -213,32 +231,15 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.slots = GdnOut();
     a.in_slots = GdnIn();
     a.pos = DecodePositions();
-    a.mixed = mixed_;
-    a.z = z_;
-    a.b = gb_;
-    a.alpha = ga_;
-    a.conv_ring = L.ring;
-    a.state = L.state;
-    a.out = mix_out_;
     DS_RETURN_IF_ERROR(GdnDecode(a, stream_));
   }
-  // Decode waves in order: the w-th token of a decode_path run follows its (w-1)-th.
   for (const DecodeWave& wave : waves_) {
-    GdnDecodeArgs a;
-    a.shape = s;
-    a.p = L.gdn;
+    GdnDecodeArgs a = d;
     a.n_seqs = wave.n;
     a.rows = DecodeRows() + wave.first;
     a.slots = (spec_step_ ? GdnOut() : DecodeSlots()) + wave.first;
     a.in_slots = spec_step_ ? GdnIn() + wave.first : nullptr;
     a.pos = DecodePositions() + wave.first;
-    a.mixed = mixed_;
-    a.z = z_;
-    a.b = gb_;
-    a.alpha = ga_;
-    a.conv_ring = L.ring;
-    a.state = L.state;
-    a.out = mix_out_;
     DS_RETURN_IF_ERROR(GdnDecode(a, stream_));
   }
   for (const RowRun& p : prefill_) {

@@ -8,7 +8,6 @@
 // that held another slot's rows — are not attended (kernels/cuda/mtp_attention.cuh).
 #include <algorithm>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -296,39 +295,13 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
     }
     return absl::OkStatus();
   };
-  DS_RETURN_IF_ERROR(RunMtpCaptured(n * (kMtpChainMax + 1) + n_drafts, chain));
+  DS_RETURN_IF_ERROR(chain_graphs_.Run({n, n_drafts}, chain));
   if (n_drafts == 0) return absl::OkStatus();
   int32_t* h_drafts = h_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_drafts, d_drafts, n_drafts * sizeof(int32_t),
                                           cudaMemcpyDeviceToHost, stream_));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   std::copy(h_drafts, h_drafts + n_drafts, drafts);
-  return absl::OkStatus();
-}
-
-absl::Status CudaDevice::RunMtpCaptured(int key, const std::function<absl::Status()>& body) {
-  // As RunCaptured: eager on a shape's first call (lazy library state), captured on the second.
-  if (!copts_.use_graphs || profiling_) return body();
-  auto it = mtp_graphs_.find(key);
-  if (it == mtp_graphs_.end()) {
-    if (mtp_graph_failed_.count(key) || mtp_shape_runs_[key]++ == 0) return body();
-    cudaGraph_t g = nullptr;
-    DS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    absl::Status st = body();
-    cudaError_t e = cudaStreamEndCapture(stream_, &g);
-    cudaGraphExec_t exec = nullptr;
-    if (st.ok() && e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
-      it = mtp_graphs_.emplace(key, exec).first;
-    } else {
-      std::fprintf(stderr, "cuda backend: graph capture of an MTP draft chain failed (%s)\n",
-                   st.ok() ? cudaGetErrorString(e) : st.ToString().c_str());
-      cudaGetLastError();
-      mtp_graph_failed_.insert(key);
-    }
-    if (g) cudaGraphDestroy(g);
-    if (it == mtp_graphs_.end()) return body();
-  }
-  DS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
   return absl::OkStatus();
 }
 

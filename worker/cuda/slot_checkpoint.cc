@@ -9,28 +9,16 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "worker/cuda/cuda_device.h"
+#include "worker/cuda/slot_bytes.h"
 
 namespace ds::cuda {
-namespace {
-
-// The same figures as slot_state.cc's (one slot's conv ring and delta-rule state per GDN layer).
-struct RecurrentBytes {
-  size_t ring = 0, state = 0;
-};
-RecurrentBytes SlotRecurrent(const GdnShape& s) {
-  return {4ull * s.channels() * sizeof(float),
-          static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim * sizeof(float)};
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, int32_t n_past,
                                                                     uint64_t* bytes) const {
-  const RecurrentBytes rb = SlotRecurrent(gdn_shape_);
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
-  size_t total = 0;
-  for (const DLayer& L : layers_) total += L.rec ? rb.ring + rb.state : 2 * pages * page_bytes;
+  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
   // The memory planner leaves 512 MiB + 1% of the card free for graphs, sampler buffers and
   // library handles (runner/memory_planner.h); checkpoints never take that: with the default
   // plan, whose KV pool takes the rest of the card, no checkpoint fits, and the operator makes
@@ -76,11 +64,10 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
 
 absl::Status CudaDevice::LoadStateFromDevice(int slot, int32_t n_past, const void* src,
                                              uint64_t bytes) {
-  const RecurrentBytes rb = SlotRecurrent(gdn_shape_);
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
-  size_t total = 0;
-  for (const DLayer& L : layers_) total += L.rec ? rb.ring + rb.state : 2 * pages * page_bytes;
+  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
   if (bytes != total)
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint of ", bytes, " bytes, a slot of ", n_past, " positions takes ",

@@ -4,30 +4,10 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "worker/cuda/cuda_device.h"
+#include "worker/cuda/slot_bytes.h"
 #include "worker/model/kv_type.h"
 
 namespace ds::cuda {
-namespace {
-
-// Bytes of one slot's recurrent state per GDN layer: its conv ring and its delta-rule state.
-struct RecurrentBytes {
-  size_t ring = 0, state = 0;
-};
-RecurrentBytes SlotRecurrentBytes(const GdnShape& s) {
-  return {4ull * s.channels() * sizeof(float),
-          static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim * sizeof(float)};
-}
-
-// Bytes of a slot's saved state: every GDN layer's ring + state, every attention layer's used
-// K and V pages (kv_bytes of them together).
-size_t SlotStateBytes(const std::vector<DLayer>& layers, const RecurrentBytes& rb, size_t kv_bytes) {
-  size_t total = 0;
-  for (const DLayer& L : layers) total += L.rec ? rb.ring + rb.state : kv_bytes;
-  return total;
-}
-
-}  // namespace
-
 absl::Status CudaDevice::MapPages(int slot, int first, std::span<const int32_t> pages) {
   if (slot < 0 || slot >= n_slots_ || first < 0 || first + static_cast<int64_t>(pages.size()) > max_pages_)
     return absl::OutOfRangeError(absl::StrCat("MapPages: slot ", slot, " entries [", first, ", ",
