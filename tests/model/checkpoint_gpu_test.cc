@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/gguf/gguf.h"
+#include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
@@ -49,7 +50,8 @@ TEST(DeviceCheckpoint, LoadEqualsTheSourceAndAHostSnapshot) {
   o.slot_ctx = 256;
   CudaBackendOptions c;
   c.kv_page_size = 16;  // several pages, the last one partly used
-  auto be_or = CreateCudaBackend(std::shared_ptr<const gguf::File>(std::move(*f)), o, c);
+  auto be_or = CreateCudaBackend(std::shared_ptr<const gguf::File>(std::move(*f)),
+                                 testing::GpuTestOptions(o), testing::GpuTestOptions(c));
   ASSERT_TRUE(be_or.ok()) << be_or.status();
   Backend& be = **be_or;
   ASSERT_TRUE(be.SupportsDeviceCheckpoints());

@@ -374,6 +374,10 @@ const std::string& Model(const std::string& type) {
   return paths[type] = p;
 }
 
+// --portable (or DS_TEST_PORTABLE=1, read by main only): every rank runs the portable (sm_70 /
+// V100) kernel path, as the other GPU tests do with tests/gpu_test_main.cc (issue #19).
+bool run_portable = false;
+
 nlohmann::json RunGroup(const std::string& model, int world, const std::string& name,
                         std::vector<std::string> extra = {}) {
   const std::string store = Dir() + "/store_" + name, out = Dir() + "/res_" + name + ".json";
@@ -384,6 +388,7 @@ nlohmann::json RunGroup(const std::string& model, int world, const std::string& 
                                   std::to_string(r), "--world", std::to_string(world), "--store",
                                   store, "--prefix", name, "--out", out, "--gen", "8"};
     if (world > 1) c.insert(c.end(), {"--collective", "custom"});
+    if (run_portable) c.insert(c.end(), {"--portable", "on"});
     c.insert(c.end(), extra.begin(), extra.end());
     cmds.push_back(c);
   }
@@ -504,5 +509,9 @@ int main(int argc, char** argv) {
       return ds::RankMain(rank, world, store);
     }
   ::testing::InitGoogleTest(&argc, argv);
+  const char* env = std::getenv("DS_TEST_PORTABLE");
+  ds::run_portable = env && std::string(env) == "1";
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--portable") ds::run_portable = true;
   return RUN_ALL_TESTS();
 }

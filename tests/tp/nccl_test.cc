@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/collective/nccl_collective.h"
+#include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 
@@ -157,7 +158,8 @@ TEST_F(CudaBackendNccl, RefusesWhatItCannotDo) {
   bo.slot_ctx = 64;
   bo.tp_world = 2;
   bo.tp_rank = 1;
-  auto b = CreateCudaBackend(*path_, bo);  // tp_world 2 without a collective
+  // tp_world 2 without a collective
+  auto b = CreateCudaBackend(*path_, testing::GpuTestOptions(bo));
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
   EXPECT_NE(b.status().message().find("needs a collective"), std::string_view::npos) << b.status();
@@ -167,7 +169,7 @@ TEST_F(CudaBackendNccl, RefusesWhatItCannotDo) {
   bh.n_slots = 1;
   bh.slot_ctx = 64;
   bh.collective = &h;
-  auto b2 = CreateCudaBackend(*path_, bh);
+  auto b2 = CreateCudaBackend(*path_, testing::GpuTestOptions(bh));
   ASSERT_FALSE(b2.ok());
   EXPECT_EQ(b2.status().code(), absl::StatusCode::kInvalidArgument) << b2.status();
 }
@@ -232,7 +234,7 @@ TEST_F(CudaBackendNccl, LogitsBitIdenticalWithAndWithoutCollective) {
   BackendOptions bo;
   bo.n_slots = 2;
   bo.slot_ctx = 128;
-  auto plain = CreateCudaBackend(*path_, bo);
+  auto plain = CreateCudaBackend(*path_, testing::GpuTestOptions(bo));
   ASSERT_TRUE(plain.ok()) << plain.status();
   const std::vector<float> ref = RunSchedule(**plain, 6);
   plain->reset();
@@ -241,13 +243,13 @@ TEST_F(CudaBackendNccl, LogitsBitIdenticalWithAndWithoutCollective) {
   ASSERT_NE(c, nullptr);
   BackendOptions bn = bo;
   bn.collective = c.get();
-  auto with = CreateCudaBackend(*path_, bn);
+  auto with = CreateCudaBackend(*path_, testing::GpuTestOptions(bn));
   ASSERT_TRUE(with.ok()) << with.status();
   const std::vector<float> got = RunSchedule(**with, 6);
   with->reset();  // before the collective it points into
 
   // The baseline itself must be repeatable, or a difference would say nothing about NCCL.
-  auto plain2 = CreateCudaBackend(*path_, bo);
+  auto plain2 = CreateCudaBackend(*path_, testing::GpuTestOptions(bo));
   ASSERT_TRUE(plain2.ok()) << plain2.status();
   const std::vector<float> ref2 = RunSchedule(**plain2, 6);
 

@@ -9,6 +9,7 @@
 //              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
 //              [--follow REF.json] [--no-graphs] [--tiled on|off] [--fuse-norm on|off] [--collective staged|custom]
 //              [--overlap on|off] [--overlap-min-rows 256] [--overlap-chunks 4] [--ctx 256]
+//              [--portable on|off]
 //
 // --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
 // wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
@@ -220,6 +221,7 @@ int Main(int argc, char** argv) {
     CudaBackendOptions copts;
     copts.use_graphs = !a.count("--no-graphs");
     copts.tiled = str("--tiled", "on") != "off";  // --tiled off: the raw Q6_K layout (A/B)
+    copts.portable = str("--portable", "off") == "on";  // the sm_70 (V100) kernels (issue #19)
     copts.fuse_allreduce_norm = str("--fuse-norm", "off") == "on";  // CudaBackendOptions
     // TP all-reduce overlapped with the projection GEMMs in large steps (default: the option's).
     if (a.count("--overlap")) copts.overlap_allreduce = str("--overlap", "off") == "on";

@@ -407,8 +407,9 @@ class CudaDevice final : public Device {
   struct GraphCache {
     using Key = std::vector<int32_t>;
     static constexpr size_t kMaxGraphs = 128;
-    CudaDevice* dev = nullptr;
-    const char* what = "";
+    GraphCache(CudaDevice* device, const char* what_it_runs) : dev(device), what(what_it_runs) {}
+    CudaDevice* dev;
+    const char* what;
     std::map<Key, cudaGraphExec_t> graphs;
     std::set<Key> failed;
     std::map<Key, int> runs;  // eager runs per key not captured yet
