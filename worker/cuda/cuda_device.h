@@ -88,8 +88,6 @@ class CudaDevice final : public Device {
   absl::Status Head() override;
   absl::Status RunCaptured(const MicroStep& step,
                            const std::function<absl::Status()>& body) override;
-  // Decode-only step shapes captured as graphs (RunCaptured), for tests and metrics.
-  size_t captured_shapes() const { return step_graphs_.graphs.size(); }
 
   LogitBuffers logit_buffers() override { return {logits_part_, logits_gather_, logits_}; }
   absl::Status CopyColumns(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
@@ -117,8 +115,6 @@ class CudaDevice final : public Device {
   absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
                               int hidden_row0, int n_logit_rows, int64_t n_embd, int n_drafts,
                               int32_t* drafts) override;
-  // MTP draft chains captured as graphs (MtpDraftGreedy), for tests.
-  size_t captured_draft_chains() const { return chain_graphs_.graphs.size(); }
 
   KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
   absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
@@ -419,6 +415,7 @@ class CudaDevice final : public Device {
   };
   // Decode-only steps by MicroStep::ShapeKey; MTP draft chains by (catch-up rows, drafts).
   GraphCache step_graphs_{this, "a decode-only step"};
+  std::vector<int32_t> shape_key_;  // RunCaptured's key, reused
   GraphCache chain_graphs_{this, "an MTP draft chain"};
 
   bool profiling_ = false;
@@ -437,7 +434,7 @@ class CudaDevice final : public Device {
   uint64_t ring_pitch_ = 0, state_pitch_ = 0;
   int n_gdn_ = 0;
   // The prepared step holds speculative runs: the GDN decode waves read GdnIn() and write
-  // GdnOut() (state indices, per decode row), and the step runs eagerly (no graph).
+  // GdnOut() (state indices, per decode row).
   bool spec_step_ = false;
   const int32_t* GdnOut() const { return d_ints_ + 6 * T_max_; }
   const int32_t* GdnIn() const { return d_ints_ + 7 * T_max_; }

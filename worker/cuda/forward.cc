@@ -145,7 +145,8 @@ absl::Status CudaDevice::RunCaptured(const MicroStep& step,
   // (k + 1 decode-path rows per sequence, their GDN writing speculative entries). A collective
   // that cannot be captured (the host-staged one) keeps every step eager.
   if (coll_ && !coll_->graph_capturable()) return body();
-  return step_graphs_.Run(step.ShapeKey(), body);
+  step.ShapeKey(&shape_key_);  // a member: no allocation per decode step
+  return step_graphs_.Run(shape_key_, body);
 }
 
 absl::Status CudaDevice::GraphCache::Run(const Key& key, const std::function<absl::Status()>& body) {
@@ -374,7 +375,7 @@ absl::Status CudaDevice::Layer(int layer) {
 
 bool CudaDevice::OverlapStep() const {
   // Not in profiling passes (their per-class times need one stream) nor in decode steps: the
-  // next matmul needs the reduced rows at once, and pure-decode steps are graph-captured.
+  // next matmul needs the reduced rows at once, and decode-only steps are graph-captured.
   return copts_.overlap_allreduce && coll_ && tp_world_ > 1 && !profiling_ && !prefill_.empty() &&
          rows_ >= copts_.overlap_min_rows;
 }
@@ -429,7 +430,7 @@ absl::Status CudaDevice::AllReduceResidualFusedNorm(const float* w, int R, bool*
 absl::Status CudaDevice::AllReduceResidual(int R) {
   if (!coll_) return absl::OkStatus();
   // Enqueued on stream_ after the projection, no host sync: it orders like a kernel and is
-  // captured into the decode graphs like one (the first pure-decode step of a row count runs
+  // captured into the decode graphs like one (the first decode-only step of a shape runs
   // eagerly, so NCCL's lazy connection setup never happens during capture).
   ProfBegin("allreduce");
   absl::Status st =

@@ -12,9 +12,10 @@
 //   gather (LogitBuffers,
 //   CopyColumns) -> ReadLogits / ReadHidden / Argmax / Sample -> Finish.
 #pragma once
+#include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,9 +61,13 @@ struct MicroStep {
   // it is speculative. Two such steps with the same key launch the same kernels with the same
   // arguments (only the index arrays' contents differ: ids, slots, positions, logit rows, state
   // indices).
+  void ShapeKey(std::vector<int32_t>* key) const {
+    key->assign({rows(), n_logit_rows()});
+    for (const RowRun& r : runs) key->push_back(r.n * 4 + (r.spec_entry >= 0 ? 2 : 0) + 1);
+  }
   std::vector<int32_t> ShapeKey() const {
-    std::vector<int32_t> key{rows(), n_logit_rows()};
-    for (const RowRun& r : runs) key.push_back(r.n * 4 + (r.spec_entry >= 0 ? 2 : 0) + 1);
+    std::vector<int32_t> key;
+    ShapeKey(&key);
     return key;
   }
   int rows() const { return static_cast<int>(ids.size()); }
@@ -209,10 +214,8 @@ class Device {
         DS_RETURN_IF_ERROR(MtpStep(slot, drafts[j - 1], pos0 + static_cast<int32_t>(n) - 1 + j,
                                    chain, &logits, &h));
       }
-      int32_t best = 0;
-      for (size_t v = 1; v < logits.size(); ++v)
-        if (logits[v] > logits[best]) best = static_cast<int32_t>(v);
-      drafts[j] = best;
+      drafts[j] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                       logits.begin());  // the first maximum: lowest id on ties
     }
     return absl::OkStatus();
   }

@@ -201,21 +201,15 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
   StepOptions opts;  // no hidden states: the drafts take them where they are
   const bool device_sample = be_->SupportsDeviceSampling();
   if (device_sample) {
-    // Every row sampled greedily where the logits are; no logits cross.
-    histories_.resize(seqs.size());
+    // Every row sampled greedily where the logits are; no logits cross. Plain greedy has no
+    // penalties, so the history does not change the argmax (the executor does the same).
     sample_rows_.clear();
     for (size_t i = 0; i < seqs.size(); ++i) {
-      histories_[i] = seqs[i]->tokens;
-      histories_[i].insert(histories_[i].end(), seqs[i]->drafts.tokens.begin(),
-                           seqs[i]->drafts.tokens.end());
-      const size_t len = seqs[i]->tokens.size();
-      for (size_t r = 0; r < batch_[i].tokens.size(); ++r) {
-        DeviceSampleRow d;
-        d.mode = DeviceSampleRow::Mode::kSample;
-        d.params = &seqs[i]->sampler->params();
-        d.history = std::span<const int32_t>(histories_[i]).first(len + r);
-        sample_rows_.push_back(d);
-      }
+      DeviceSampleRow d;
+      d.mode = DeviceSampleRow::Mode::kSample;
+      d.params = &seqs[i]->sampler->params();
+      d.history = seqs[i]->tokens;
+      sample_rows_.insert(sample_rows_.end(), batch_[i].tokens.size(), d);
     }
     opts.device_sample = sample_rows_;
   }

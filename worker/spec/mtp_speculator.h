@@ -158,7 +158,6 @@ class MtpSpeculator {
   std::vector<SeqStep> batch_;
   StepOutput out_;
   std::vector<DeviceSampleRow> sample_rows_;
-  std::vector<std::vector<int32_t>> histories_;  // per sequence: its tokens + drafts (penalty-free)
 };
 
 }  // namespace ds::spec
