@@ -95,15 +95,14 @@ __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant
     wt[P - 1] = static_cast<const uint8_t*>(a.w2) + static_cast<int64_t>(tile) * nu * kTileUnitBytes;
 
   // B operand: column 8j + g, bytes 16s + 4q .. +3 of each unit; C columns 8j + 2q (+1) scale by
-  // their activation block scales. Columns past nc read column nc-1 and are zeroed.
+  // their activation block scales. Columns past nc read column nc-1: the mma keeps columns apart,
+  // so they only fill C columns that are scaled by zero and never stored.
   const int8_t* xb[NT];
-  bool bok[NT];
   const float* xs[NT][2];
   bool sok[NT][2];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int cb = 8 * j + g;
-    bok[j] = cb < nc;
     xb[j] = a.xq + static_cast<int64_t>(min(cb, nc - 1)) * a.K + 4 * q;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -137,8 +136,7 @@ __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant
       uint32_t bw[NT];
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(xb[j] + u * 256 + 16 * s));
-        bw[j] = bok[j] ? v : 0u;
+        bw[j] = __ldg(reinterpret_cast<const uint32_t*>(xb[j] + u * 256 + 16 * s));
       }
 #pragma unroll
       for (int p = 0; p < P; ++p) {
