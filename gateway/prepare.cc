@@ -130,6 +130,15 @@ absl::StatusOr<std::vector<int32_t>> EncodeRendered(const RenderedPrompt& p, con
   return ids;
 }
 
+std::vector<int32_t> MessageStartHints(const std::vector<int32_t>& ids, const Tokenizer& tok) {
+  std::vector<int32_t> hints;
+  const std::optional<int32_t> start = tok.FindToken("<|im_start|>");
+  if (!start) return hints;
+  for (size_t i = ids.size(); i-- > 1 && hints.size() < kMessageStartHints;)
+    if (ids[i] == *start) hints.insert(hints.begin(), static_cast<int32_t>(i));
+  return hints;
+}
+
 absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView& m) {
   PreparedRequest p;
   // Sizes first: cheap, and nothing big is tokenized or scanned for a request refused anyway.
@@ -142,6 +151,7 @@ absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView
                " allowed");
   DS_ASSIGN_OR_RETURN(p.prompt_ids, TokenizePrompt(in, m));
   if (p.prompt_ids.empty()) return Bad("prompt encodes to zero tokens");
+  p.checkpoint_hints = MessageStartHints(p.prompt_ids, *m.tokenizer);
 
   if (in.logprobs > static_cast<uint32_t>(sampling::kMaxLogprobs))
     return Bad("logprobs must be in [0, ", sampling::kMaxLogprobs, "], got ", in.logprobs);

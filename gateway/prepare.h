@@ -37,6 +37,14 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const GenerateInput& in, con
 absl::StatusOr<std::vector<int32_t>> EncodeRendered(const RenderedPrompt& p, const ModelView& m,
                                                     const char* field);
 
+// Prefix cache: the positions (> 0) of the last kMessageStartHints `<|im_start|>` tokens of a
+// prompt, i.e. where its last chat messages start: the state before a message is what the next
+// turn shares even when its template renders the answer differently (Qwen3.5's drops the
+// reasoning of earlier answers, so the previous prompt's end is not shared). Empty when the
+// vocabulary has no such token.
+constexpr int kMessageStartHints = 2;
+std::vector<int32_t> MessageStartHints(const std::vector<int32_t>& ids, const Tokenizer& tok);
+
 // Full validation: prompt, ids, max_tokens against the slot context, sampling (through
 // ds::sampling::Validate), stop strings / ids, logprobs, priority.
 absl::StatusOr<PreparedRequest> Prepare(const GenerateInput& in, const ModelView& m);

@@ -68,6 +68,9 @@ struct PreparedRequest {
   uint32_t max_tokens = kDefaultMaxTokens;
   SamplingInput sampling;                 // as given (the scheduler maps 0 = disabled itself)
   std::vector<int32_t> stop_ids;          // sent to the scheduler
+  // Prefix cache: where the last chat messages start in prompt_ids (MessageStartHints), sent to
+  // the scheduler, which checkpoints the state there.
+  std::vector<int32_t> checkpoint_hints;
   std::vector<std::string> stop_strings;  // matched here
   uint32_t logprobs = 0;
   int32_t priority = 0;

@@ -165,6 +165,7 @@ std::unique_ptr<SchedulerClient::SubmitCall> SchedulerClient::Submit(uint64_t re
   if (req.sampling.mtp >= 0) s->set_mtp(static_cast<uint32_t>(req.sampling.mtp));
   s->set_json_object(req.sampling.json_object);
   m.mutable_stop_token_ids()->Add(req.stop_ids.begin(), req.stop_ids.end());
+  m.mutable_checkpoint_hints()->Add(req.checkpoint_hints.begin(), req.checkpoint_hints.end());
   m.set_logprobs(req.logprobs);
   m.set_priority(req.priority);
   m.set_ignore_eos(req.ignore_eos);

@@ -156,6 +156,13 @@ absl::Status Scheduler::Add(Request r) {
   }
   if (absl::Status st = CheckTokens(r.id, "prompt", r.prompt); !st.ok()) return st;
   if (absl::Status st = CheckTokens(r.id, "generated", r.generated); !st.ok()) return st;
+  if (r.checkpoint_hints.size() > kMaxCheckpointHints)
+    return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": ", r.checkpoint_hints.size(),
+                                                   " checkpoint hints, at most ", kMaxCheckpointHints));
+  for (const int32_t p : r.checkpoint_hints)
+    if (p <= 0 || p >= static_cast<int64_t>(r.prompt.size()))
+      return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": checkpoint hint ", p,
+                                                     " is outside the prompt's (0, ", r.prompt.size(), ")"));
   if (seqs_.contains(r.id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("request ", r.id, " is already queued or running"));
@@ -296,6 +303,7 @@ void Scheduler::PlanCuts(Seq& s) {
   };
   want(last);
   want(std::min(s.shared, last));
+  for (const int32_t p : s.req.checkpoint_hints) want(p);
   if (pc.interval > 0)
     for (int32_t p = pc.interval; p < last; p += pc.interval) want(p);
 }
@@ -923,6 +931,7 @@ absl::StatusOr<Request> Scheduler::ExportForReplay(RequestId id) const {
   r.max_new_tokens = s.req.max_new_tokens;
   r.priority = s.req.priority;
   r.stop_ids = s.req.stop_ids;
+  r.checkpoint_hints = s.req.checkpoint_hints;
   r.arrival = s.req.arrival;
   r.deadline = s.req.deadline;
   return r;

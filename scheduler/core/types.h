@@ -15,6 +15,8 @@ namespace ds::sched {
 using RequestId = uint64_t;
 
 // One generation request as the gateway hands it over (already tokenized and validated for shape).
+constexpr size_t kMaxCheckpointHints = 16;
+
 struct Request {
   RequestId id = 0;
   std::vector<int32_t> prompt;  // [n_prompt] token ids, n_prompt >= 1
@@ -26,6 +28,10 @@ struct Request {
   // piece's numbers depend on its length, so equal pieces (and the generated tokens on the decode
   // path, PlanEntry::decode_path) continue with the tokens of the uninterrupted run.
   std::vector<int32_t> prompt_pieces;
+  // Prefix cache: prompt positions where a checkpoint is likely to be reused (the gateway sends
+  // the starts of the last chat messages: the next turn re-renders the conversation up to there
+  // even when it renders the answer differently, e.g. without its reasoning). In (0, n_prompt).
+  std::vector<int32_t> checkpoint_hints;  // at most kMaxCheckpointHints
   int32_t max_new_tokens = 1;      // generated tokens in total, including `generated`
   int priority = 0;                // higher is admitted first; FIFO within a priority
   std::vector<int32_t> stop_ids;   // sampling one of these finishes with kStop

@@ -338,6 +338,8 @@ grpc::Status ClusterService::Submit(grpc::ServerContext* ctx, const pb::SubmitRe
                                                   req->max_tokens(), INT32_MAX));
   r.priority = std::clamp(req->priority(), kMinPriority, kMaxPriority);
   r.stop_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
+  // Checked with the rest of the request by Scheduler::Add (INVALID_ARGUMENT names them).
+  r.checkpoint_hints.assign(req->checkpoint_hints().begin(), req->checkpoint_hints().end());
   r.arrival = absl::Now();
   if (req->deadline_unix_seconds() > 0)
     r.deadline = absl::FromUnixMicros(static_cast<int64_t>(req->deadline_unix_seconds() * 1e6));

@@ -96,6 +96,34 @@ TEST(Prepare, ChatIsChatMLWithGenerationPrompt) {
             "<|im_start|>assistant\n");
 }
 
+// The prefix cache's hints: where the last two messages start (the generation prompt's and the
+// last user message's `<|im_start|>`), never position 0; none for plain text.
+TEST(Prepare, ChatSendsTheLastMessageStartsAsCheckpointHints) {
+  GenerateInput in;
+  in.kind = PromptKind::kChat;
+  in.chat = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "More?"}};
+  auto p = Prepare(in, View(0));
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::optional<int32_t> start = Tiny().FindToken("<|im_start|>");
+  ASSERT_TRUE(start.has_value());
+  std::vector<int32_t> starts;
+  for (size_t i = 0; i < p->prompt_ids.size(); ++i)
+    if (p->prompt_ids[i] == *start) starts.push_back(static_cast<int32_t>(i));
+  ASSERT_EQ(starts.size(), 5u);  // 4 messages + the generation prompt
+  EXPECT_EQ(starts[0], 0);
+  EXPECT_EQ(p->checkpoint_hints, (std::vector<int32_t>{starts[3], starts[4]}));
+  // The hint before the generation prompt: what the next turn re-renders up to the answer.
+  auto upto = Tiny().Decode(std::vector<int32_t>(p->prompt_ids.begin(), p->prompt_ids.begin() + starts[4]));
+  ASSERT_TRUE(upto.ok());
+  const std::string tail = "More?<|im_end|>\n";
+  ASSERT_GE(upto->size(), tail.size());
+  EXPECT_EQ(upto->substr(upto->size() - tail.size()), tail);
+  EXPECT_TRUE(Prepare(Text("no messages here"), View())->checkpoint_hints.empty());
+  // One message: only the generation prompt's start (the first message starts at 0).
+  in.chat = {{"user", "Hi"}};
+  EXPECT_EQ(Prepare(in, View(0))->checkpoint_hints.size(), 1u);
+}
+
 TEST(Prepare, RejectsBadRequestsNamingTheField) {
   ExpectInvalid(GenerateInput{}, "prompt");
   ExpectInvalid(Text(""), "text");

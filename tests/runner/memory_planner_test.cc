@@ -239,5 +239,60 @@ TEST(MemoryPlanner, SpeculativeEntriesComeOutOfThePool) {
   EXPECT_EQ(PlanMemory(small).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Prefix-cache checkpoints in device memory (issue #17): a required budget comes out of the KV
+// pool whole, or the plan is refused naming the flags; the auto tier takes at most a quarter of
+// what the smallest plan leaves, so a small card keeps its pool.
+TEST(MemoryPlanner, PrefixCacheBudgetComesOutOfThePool) {
+  MemoryPlanInput in = Qwen27B(GgmlType::F16, 141.0);
+  in.slot_ctx = 131072;
+  in.slots = 16;
+  auto base = PlanMemory(in);
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ(base->cache, 0u);
+  const double page_bytes = static_cast<double>(in.kv_per_token) * in.page_size;
+
+  MemoryPlanInput dev = in;
+  dev.cache_bytes = 40 * kGiB;
+  dev.cache_required = true;
+  auto with = PlanMemory(dev);
+  ASSERT_TRUE(with.ok()) << with.status();
+  ExpectWithinBudget(*with);
+  EXPECT_EQ(with->cache, 40 * kGiB);
+  EXPECT_EQ(with->budget, base->budget);
+  EXPECT_NEAR(static_cast<double>(base->pool_pages - with->pool_pages), 40.0 * kGiB / page_bytes, 1.0);
+  EXPECT_NE(with->ToString().find("prefix cache 40.00"), std::string::npos) << with->ToString();
+
+  // Auto: capped at a quarter of budget - (weights + workspace + 2 slots' state).
+  MemoryPlanInput aut = dev;
+  aut.cache_required = false;
+  aut.cache_bytes = 100 * kGiB;
+  auto a = PlanMemory(aut);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ExpectWithinBudget(*a);
+  const uint64_t left = base->budget - (in.weights + in.workspace_fixed + in.workspace_per_ctx * in.slot_ctx +
+                                        2 * in.recurrent_per_slot);
+  EXPECT_EQ(a->cache, left / 4);
+  EXPECT_GT(a->pool_tokens(), a->slot_ctx);
+  aut.cache_bytes = 4 * kGiB;  // smaller than the quarter: all of it
+  EXPECT_EQ(PlanMemory(aut)->cache, 4 * kGiB);
+
+  // A 32 GB card with one 32k context: 20 GiB required does not fit (the error names the
+  // prefix-cache flags); auto leaves the context its pool.
+  MemoryPlanInput small = Qwen27B(GgmlType::F16, 32.0);
+  small.slot_ctx = 32768;
+  small.slots = 1;
+  small.cache_bytes = 20 * kGiB;
+  small.cache_required = true;
+  auto refused = PlanMemory(small);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--prefix-cache-mb"), std::string::npos) << refused.status();
+  small.cache_required = false;
+  auto fits = PlanMemory(small);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  ExpectWithinBudget(*fits);
+  EXPECT_GT(fits->cache, 0u);
+  EXPECT_LT(fits->cache, 20 * kGiB);
+}
+
 }  // namespace
 }  // namespace ds

@@ -195,6 +195,53 @@ TEST(PrefixCache, ChatTurnsResumeFromThePreviousAnswerAndMatchNoCache) {
   }
 }
 
+// A chat whose template renders earlier answers differently from how they were generated (as
+// Qwen3.5's drops the reasoning): turn 2 shares turn 1's prompt only up to the start of the
+// assistant message, not turn 1's prompt end or answer end. With the gateway's message-start
+// hints, turn 1 checkpoints there and turn 2 resumes there; without them nothing is reused. The
+// tokens equal a run without the cache either way.
+Outcome RerenderedChat(uint64_t cache_bytes, bool hints, float temp) {
+  Outcome o;
+  Harness h(cache_bytes);
+  constexpr int32_t kStart = 250, kAssistant = 251, kThink = 252;  // <|im_start|> etc.
+  std::vector<int32_t> history = Tokens(100, 4);  // system + first user message
+  std::vector<int32_t> p1 = history;
+  p1.insert(p1.end(), {kStart, kAssistant, kThink, 9});  // generation prompt, reasoning opened
+  Spec t1 = Make(1, p1, 10, temp);
+  if (hints) t1.req.checkpoint_hints = {100};
+  h.Add(t1);
+  EXPECT_TRUE(h.RunToEnd(&o));
+  // Turn 2: the answer re-rendered without its reasoning, a new user message, a new prompt.
+  std::vector<int32_t> p2 = history;
+  p2.insert(p2.end(), {kStart, kAssistant, 9, 77, 78, 79});
+  const std::vector<int32_t> user = Tokens(20, 12);
+  p2.insert(p2.end(), user.begin(), user.end());
+  const int32_t second_start = static_cast<int32_t>(p2.size());
+  p2.insert(p2.end(), {kStart, kAssistant, kThink, 9});
+  Spec t2 = Make(2, p2, 10, temp);
+  if (hints) t2.req.checkpoint_hints = {100, second_start};
+  h.Add(t2);
+  EXPECT_TRUE(h.RunToEnd(&o));
+  h.Finish(&o);
+  return o;
+}
+
+TEST(PrefixCache, MessageStartHintsLetARerenderedChatResume) {
+  for (float temp : {0.0f, 0.8f}) {
+    const Outcome off = RerenderedChat(0, true, temp);
+    const Outcome hinted = RerenderedChat(uint64_t{256} << 20, true, temp);
+    const Outcome plain = RerenderedChat(uint64_t{256} << 20, false, temp);
+    EXPECT_EQ(hinted.out, off.out) << "temperature " << temp;
+    EXPECT_EQ(plain.out, off.out) << "temperature " << temp;
+    ASSERT_TRUE(hinted.resumed_at.contains(2));
+    EXPECT_EQ(hinted.resumed_at.at(2), 100);
+    EXPECT_EQ(hinted.cache.hits, 1u);
+    EXPECT_EQ(hinted.cache.tokens_saved, 100u);
+    EXPECT_FALSE(plain.resumed_at.contains(2));
+    EXPECT_EQ(plain.cache.hits, 0u);
+  }
+}
+
 // Six requests with one 200-token prefix and different suffixes, all queued at once on two
 // slots: the first prefills the prefix once and saves it; the others wait for that checkpoint
 // and resume exactly at the end of the shared prefix.

@@ -332,6 +332,12 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   pin.slots = std::max(1, n_slots_ - 1);  // + the warmup scratch slot the planner adds
   pin.slot_ctx = slot_ctx_;
   pin.pool_tokens = copts_.kv_pool_tokens;
+  // Prefix-cache checkpoints live beside the plan (cudaMalloc'd as they are saved); a save also
+  // leaves the runtime its headroom twice over (slot_checkpoint.cc), so ask for that on top.
+  if (copts_.prefix_cache_bytes > 0) {
+    pin.cache_bytes = copts_.prefix_cache_bytes + pin.margin;
+    pin.cache_required = copts_.prefix_cache_required;
+  }
   if (c.n_attention() == 0 || n_kv == 0) pin.kv_per_token = 0;
   // The MTP layer's K and V: one more f16 plane each in the pool's pages.
   const uint64_t mtp_token_bytes = has_mtp_ ? static_cast<uint64_t>(n_kv) * c.head_dim * 2 : 0;
@@ -342,6 +348,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                                                      KvTypeName(copts_.kv_type), "): ",
                                                      mp.status().message()));
   plan_.plan = *mp;
+  plan_.cache_reserved = mp->cache;
   n_pages_ = std::max<int64_t>(1, mp->pool_pages);
   const uint64_t kv_layer = static_cast<uint64_t>(n_pages_) * copts_.kv_page_size * kv_token_bytes_;
   const uint64_t table_entries = static_cast<uint64_t>(n_slots_) * max_pages_;

@@ -17,6 +17,9 @@ struct CudaBackendOptions {
   // (at most every slot full); the share of the device's memory to plan for.
   int64_t kv_pool_tokens = 0;
   double memory_fraction = 1.0;
+  // Kept free beside the plan for prefix-cache checkpoints (BackendOptions::prefix_cache_bytes).
+  uint64_t prefix_cache_bytes = 0;
+  bool prefix_cache_required = false;
   bool use_graphs = true;      // CUDA graphs for decode-only steps (decodes, MTP verifies)
   // An MTP verify's GDN rows in runs (GdnDecodeArgs::run_first): the k + 1 tokens of a sequence
   // in one launch, the state read once; false = one launch per token index (A/B).

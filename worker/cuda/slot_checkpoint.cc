@@ -56,9 +56,9 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
   const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
   // The memory planner leaves 512 MiB + 1% of the card free for graphs, sampler buffers and
-  // library handles (runner/memory_planner.h); checkpoints never take that: with the default
-  // plan, whose KV pool takes the rest of the card, no checkpoint fits, and the operator makes
-  // room with --kv-pool-tokens or --memory-fraction.
+  // library handles (runner/memory_planner.h); checkpoints never take that. Their own room is
+  // the plan's `cache` (CudaBackendOptions::prefix_cache_bytes), which the planner keeps free
+  // with that headroom on top.
   size_t free_bytes = 0, card_bytes = 0;
   DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &card_bytes));
   const size_t keep = (size_t{1} << 30) + card_bytes / 50;  // the planner's headroom, twice over

@@ -98,6 +98,9 @@ struct MemoryFootprint {
   uint64_t kv_cache = 0;
   uint64_t recurrent = 0;
   uint64_t workspace = 0;
+  // Kept free for prefix-cache checkpoints in device memory (the CUDA planner's share; not
+  // allocated up front, so not in total()).
+  uint64_t cache_reserved = 0;
   uint64_t total() const { return weights + kv_cache + recurrent + workspace; }
 };
 
@@ -232,6 +235,11 @@ struct BackendOptions {
   // Share of the device's memory this backend may plan for (two replicas on one GPU: 0.5 each);
   // the CUDA planner also never plans more than is free when it starts (worker/runner/memory_planner.h).
   double memory_fraction = 1.0;
+  // Device memory the CUDA planner keeps free for prefix-cache checkpoints (issue #17; the
+  // worker's --prefix-cache-mb with the device or auto tier): all of it when required, else at
+  // most a quarter of what the smallest plan leaves. The CPU backend ignores it.
+  uint64_t prefix_cache_bytes = 0;
+  bool prefix_cache_required = false;
   // Token rows per device micro-step (0 = the device's default; CUDA 4096). Most of the CUDA
   // workspace is [rows, width] buffers, so a smaller value leaves more memory for the KV pool
   // (32 GB cards: docs/memory.md); longer prefills are cut into more micro-steps.

@@ -346,6 +346,13 @@ class Session {
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
           bo.max_step_tokens = o_.max_step_tokens;
+          // Device-memory checkpoints (TP = 1 only; under TP the cache is off): the planner
+          // keeps their budget free (all of it for --prefix-cache-tier device, at most a
+          // quarter of what is left for auto).
+          if (o_.prefix_cache_mb > 0 && o_.tp_world == 1 && o_.prefix_cache_tier != "host") {
+            bo.prefix_cache_bytes = o_.prefix_cache_mb << 20;
+            bo.prefix_cache_required = o_.prefix_cache_tier == "device";
+          }
           if (o_.max_active > 0) bo.max_active_slots = o_.max_active + 1;  // + warmup scratch
           sd::NotifyStatus(absl::StrCat("loading ", o_.model, " for ", cf.n_slots(), " slots x ",
                                         cf.slot_ctx(), " positions"));
@@ -434,7 +441,8 @@ class Session {
                    {{"weights_gib", mf.weights * gib}, {"kv_pool_gib", mf.kv_cache * gib},
                     {"kv_pool_tokens", kp.total_tokens()}, {"kv_page", kp.page_size},
                     {"recurrent_gib", mf.recurrent * gib}, {"workspace_gib", mf.workspace * gib},
-                    {"total_gib", mf.total() * gib}, {"slots", n_usable},
+                    {"total_gib", mf.total() * gib},
+                    {"prefix_cache_reserved_gib", mf.cache_reserved * gib}, {"slots", n_usable},
                     {"slot_ctx", cf.slot_ctx()}, {"memory_fraction", o_.memory_fraction}});
           }
           sd::NotifyStatus("warming up");

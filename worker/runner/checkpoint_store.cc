@@ -56,11 +56,12 @@ absl::StatusOr<uint64_t> CheckpointStore::Save(uint64_t id, int slot,
   bool saved = false;
   if (device_) {
     absl::StatusOr<std::unique_ptr<StateCheckpoint>> c = backend_->SaveCheckpoint(slot);
-    // Device memory is short (it is not the budget's: the KV pool and the workspace share the
-    // card): drop least recently used device checkpoints until it fits. If it still does not,
-    // the save fails rather than fall back to host RAM: a host copy walks the page table with a
-    // synchronous copy per page inside the step (~0.3 s for 16k tokens of the 27B), a hidden cost
-    // on every request when the KV pool took the whole card. --prefix-cache-tier host asks for it.
+    // Device memory is short (the memory planner keeps the budget free, or a share of it with
+    // the auto tier; other allocations may have taken some): drop least recently used device
+    // checkpoints until it fits. If it still does not, the save fails rather than fall back to
+    // host RAM: a host copy walks the page table with a synchronous copy per page inside the step
+    // (~0.3 s for 16k tokens of the 27B), a hidden cost on every request. --prefix-cache-tier
+    // host asks for that tier.
     while (!c.ok() && absl::IsResourceExhausted(c.status())) {
       uint64_t victim = 0;
       for (uint64_t v : lru_)

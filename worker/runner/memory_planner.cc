@@ -10,7 +10,8 @@ namespace {
 
 double Gib(uint64_t b) { return static_cast<double>(b) / (1ull << 30); }
 
-uint64_t Budget(const MemoryPlanInput& in) {
+// The device memory this worker may plan with (before the prefix cache's share).
+uint64_t DeviceBudget(const MemoryPlanInput& in) {
   uint64_t b = in.device_free;
   if (in.device_total > 0 && in.memory_fraction < 1.0)
     b = std::min<uint64_t>(b, static_cast<uint64_t>(in.memory_fraction * in.device_total));
@@ -20,6 +21,20 @@ uint64_t Budget(const MemoryPlanInput& in) {
 uint64_t Fixed(const MemoryPlanInput& in, int slots, int64_t ctx) {
   return in.weights + in.workspace_fixed + in.workspace_per_ctx * static_cast<uint64_t>(ctx) +
          in.recurrent_per_slot * static_cast<uint64_t>(slots + 1) + in.recurrent_fixed;
+}
+
+// The prefix cache's share: all it asks when required, else at most a quarter of what the
+// smallest plan (one slot) leaves.
+uint64_t CacheShare(const MemoryPlanInput& in) {
+  if (in.cache_bytes == 0 || in.cache_required) return in.cache_bytes;
+  const uint64_t b = DeviceBudget(in), fixed = Fixed(in, 1, in.slot_ctx);
+  return b > fixed ? std::min(in.cache_bytes, (b - fixed) / 4) : 0;
+}
+
+// What the weights, workspace, recurrent state and KV pool may take.
+uint64_t Budget(const MemoryPlanInput& in) {
+  const uint64_t b = DeviceBudget(in), cache = CacheShare(in);
+  return b > cache ? b - cache : 0;
 }
 
 // Whole pages of KV that fit beside the fixed part (0 when nothing does).
@@ -39,9 +54,9 @@ int64_t PagesFor(const MemoryPlanInput& in, int64_t tokens) {
 std::string MemoryPlan::ToString() const {
   return absl::StrFormat(
       "budget %.2f GiB: weights %.2f + KV pool %.2f (%d tokens = %d pages of %d) + recurrent "
-      "%.2f (%d+1 slots) + workspace %.2f = %.2f GiB; slot_ctx %d",
+      "%.2f (%d+1 slots) + workspace %.2f + prefix cache %.2f = %.2f GiB; slot_ctx %d",
       Gib(budget), Gib(weights), Gib(kv), pool_tokens(), pool_pages, page_size, Gib(recurrent),
-      slots, Gib(workspace), Gib(total()), slot_ctx);
+      slots, Gib(workspace), Gib(cache), Gib(total()), slot_ctx);
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanInput& in) {
@@ -105,14 +120,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanInput& in) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "memory plan: %d slots x %d tokens needs %.2f GiB (weights %.2f + workspace %.2f + "
         "recurrent %.2f + KV for %d tokens %.2f) but the budget is %.2f GiB (%.2f GiB free, "
-        "memory fraction %.2f of %.2f GiB); nearest that fits:%s; or a smaller --kv-type, or "
-        "--max-step-tokens (the workspace is mostly [step tokens, width] buffers)",
+        "memory fraction %.2f of %.2f GiB, %.2f GiB kept for the prefix cache); nearest that "
+        "fits:%s; or a smaller --kv-type, or --max-step-tokens (the workspace is mostly [step "
+        "tokens, width] buffers)%s",
         slots, in.slot_ctx, Gib(need), Gib(in.weights),
         Gib(in.workspace_fixed + in.workspace_per_ctx * in.slot_ctx),
         Gib(in.recurrent_per_slot * (slots + 1) + in.recurrent_fixed),
         std::max(want_pages, ctx_pages) * in.page_size,
         Gib(in.kv_per_token * in.page_size * std::max(want_pages, ctx_pages)), Gib(Budget(in)),
-        Gib(in.device_free), in.memory_fraction, Gib(in.device_total), nearest));
+        Gib(in.device_free), in.memory_fraction, Gib(in.device_total), Gib(CacheShare(in)), nearest,
+        in.cache_required ? ", or a smaller --prefix-cache-mb / --prefix-cache-tier auto" : ""));
   }
   MemoryPlan p;
   p.slots = slots;
@@ -122,7 +139,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanInput& in) {
   p.pool_pages = want_pages > 0 ? want_pages
                                 : std::min<int64_t>(PagesThatFit(in, slots, in.slot_ctx),
                                                     ctx_pages * static_cast<int64_t>(slots + 1));
-  p.budget = Budget(in);
+  p.budget = DeviceBudget(in);
+  p.cache = CacheShare(in);
   p.weights = in.weights;
   p.kv = in.kv_per_token * in.page_size * static_cast<uint64_t>(p.pool_pages);
   p.recurrent = in.recurrent_per_slot * static_cast<uint64_t>(slots + 1) + in.recurrent_fixed;

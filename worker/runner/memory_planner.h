@@ -5,7 +5,10 @@
 //   fixed    = weights + workspace_fixed + workspace_per_ctx x slot_ctx
 //              + recurrent_per_slot x (slots + 1)        (the worker's warmup scratch slot)
 //              + recurrent_fixed                          (speculative entries)
-//   KV pool  = (budget - fixed) / kv_per_token, in whole pages, at most slots x slot_ctx
+//   cache    = prefix-cache checkpoints in device memory (issue #17): all of cache_bytes when
+//              cache_required (--prefix-cache-tier device), else (auto) at most a quarter of
+//              what the smallest plan leaves: budget - fixed(1 slot)
+//   KV pool  = (budget - cache - fixed) / kv_per_token, in whole pages, at most slots x slot_ctx
 //
 // The pool is shared by the slots (pages handed out as sequences grow), so it only has to hold
 // one full context (slot_ctx) to be usable; more slots cost only their recurrent state.
@@ -41,6 +44,10 @@ struct MemoryPlanInput {
   int64_t slot_ctx = 0;      // required (the scheduler's per-slot cap)
   int64_t pool_tokens = 0;
   int max_auto_slots = 64;
+  // Device memory wanted beside the plan for prefix-cache checkpoints (0: none) and whether all
+  // of it must fit (else the planner gives it at most a quarter of what is left, see above).
+  uint64_t cache_bytes = 0;
+  bool cache_required = false;
   int64_t min_tokens_per_slot = 1024;  // auto slots: each gets at least this much pool on average
 };
 
@@ -50,10 +57,11 @@ struct MemoryPlan {
   int64_t pool_pages = 0;
   int page_size = 0;
   uint64_t budget = 0, weights = 0, kv = 0, recurrent = 0, workspace = 0;
+  uint64_t cache = 0;  // kept free for prefix-cache checkpoints (in total(), not in the KV pool)
   int64_t pool_tokens() const { return pool_pages * page_size; }
-  uint64_t total() const { return weights + kv + recurrent + workspace; }
+  uint64_t total() const { return weights + kv + recurrent + workspace + cache; }
   // "budget 131.2 GiB: weights 20.6 + KV pool 100.1 (1,638,400 tokens = 25,600 pages of 64)
-  //  + recurrent 9.6 (64+1 slots) + workspace 0.9 GiB; slot_ctx 32768"
+  //  + recurrent 9.6 (64+1 slots) + workspace 0.9 + prefix cache 4.0 GiB; slot_ctx 32768"
   std::string ToString() const;
 };
 
