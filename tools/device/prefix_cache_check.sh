@@ -8,6 +8,9 @@
 # Hits, tokens saved, bytes and evictions from the scheduler's /metrics (deltaserve_prefix_cache_*).
 # Usage (device, repo root, packed deltaserve + deltactl):
 #   DS_CARRY=.devcarry-h17 bash tools/device/prefix_cache_check.sh
+# POOL_ARGS: the serve's pool / cache flags (default: --kv-pool-tokens 400000 --prefix-cache-mb
+# 40000; e.g. "--prefix-cache-mb 40000 --prefix-cache-tier device" lets the memory planner make
+# the room); AGENTS=0 skips part 3.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -18,7 +21,7 @@ t0=$(date +%s)
 echo "synth: $(( $(date +%s) - t0 )) s"
 PORT=${PORT:-50180}; MP=${MP:-9480}
 "$BIN/deltaserve" serve --model "$MODEL" --backend cuda --slots 16 --ctx 131072 --slot-cap 32768 \
-  --split pool --kv-pool-tokens 400000 --prefix-cache-mb 40000 --port $PORT --metrics-port $MP \
+  --split pool ${POOL_ARGS:---kv-pool-tokens 400000 --prefix-cache-mb 40000} --port $PORT --metrics-port $MP \
   --nvml-device off >"$L/serve.log" 2>&1 &
 SERVE=$!
 wait_serving 127.0.0.1:$PORT $SERVE 170 && pass "serve ready in ${i}s" || { fail "serve not ready"; tail -30 "$L/serve.log"; kill $SERVE; exit 1; }
@@ -52,6 +55,7 @@ fin short1 short2
 [ -n "$R1" ] && [ "$R1" = "$R2" ] && pass "repeated short prompt: same greedy tokens" || fail "repeated short prompt: tokens differ"
 metrics
 # 3. agents: 64 requests at once, one 6,000-token prefix, 64..700 own ids each
+if [ "${AGENTS:-1}" = 1 ]; then
 P=$(ids 100 9000 6000 e)
 ta=$(date +%s.%N)
 for k in $(seq 1 64); do
@@ -70,6 +74,7 @@ for f in glob.glob(sys.argv[1] + '/agent*.err'):
 v.sort()
 if v: print(f"agents server TTFT ms: p50 {v[len(v)//2]:.1f}  p90 {v[int(len(v)*0.9)]:.1f}  max {v[-1]:.1f}  (n={len(v)})")
 PY
+fi
 metrics
 "$BIN/deltactl" status --admin-addr 127.0.0.1:$((PORT + 1)) >"$L/status.txt" 2>&1
 grep -h "step_failed\|error" "$L/serve.log" | tail -3 | cut -c1-300
