@@ -1,13 +1,62 @@
 // CudaDevice (cuda_device.h): a slot's state — its page table (MapPages), reset, save to the
 // host, load from it. The slot's KV pages are wherever the runner's pool put them (issue #23):
-// save and load walk its page table (host copy), one page at a time.
+// save and load gather / scatter them per attention layer through a temporary device buffer
+// (one CopyPages launch and one host copy per layer), or, when that buffer cannot be had, walk
+// the page table with a copy per page.
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/page_copy.cuh"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/slot_bytes.h"
 #include "worker/model/kv_type.h"
 
 namespace ds::cuda {
+namespace {
+
+// A device buffer for one attention layer's K and V pages of a slot; empty when the device has
+// no memory for it (the callers then copy page by page).
+struct PageStage {
+  uint8_t* p = nullptr;
+  explicit PageStage(size_t bytes) {
+    if (bytes > 0 && cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the allocation error: the device stays usable
+      p = nullptr;
+    }
+  }
+  ~PageStage() { cudaFree(p); }
+  PageStage(const PageStage&) = delete;
+  PageStage& operator=(const PageStage&) = delete;
+};
+
+// One attention layer's K then V pages of a slot (device page ids `d_pages`) <-> `host`, through
+// `stage`; synchronous.
+absl::Status LayerPagesThroughStage(uint8_t* kc, uint8_t* vc, const int32_t* d_pages, int pages,
+                                    size_t page_bytes, uint8_t* stage, uint8_t* host, bool to_host,
+                                    cudaStream_t stream) {
+  PageCopyArgs a;
+  a.pool[0] = kc;
+  a.pool[1] = vc;
+  a.packed[0] = stage;
+  a.packed[1] = stage + static_cast<size_t>(pages) * page_bytes;
+  a.n_pools = 2;
+  a.pages = d_pages;
+  a.n_pages = pages;
+  a.page_bytes = page_bytes;
+  a.to_packed = to_host;
+  const size_t bytes = 2 * static_cast<size_t>(pages) * page_bytes;
+  if (to_host) {
+    DS_RETURN_IF_ERROR(CopyPages(a, stream));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, stage, bytes, cudaMemcpyDefault, stream));
+  } else {
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(stage, host, bytes, cudaMemcpyDefault, stream));
+    DS_RETURN_IF_ERROR(CopyPages(a, stream));
+  }
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CudaDevice::MapPages(int slot, int first, std::span<const int32_t> pages) {
   if (slot < 0 || slot >= n_slots_ || first < 0 || first + static_cast<int64_t>(pages.size()) > max_pages_)
     return absl::OutOfRangeError(absl::StrCat("MapPages: slot ", slot, " entries [", first, ", ",
@@ -60,12 +109,17 @@ absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_p
   const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
   std::vector<uint8_t> bytes(total);
   uint8_t* p = bytes.data();
+  const PageStage stage(2 * static_cast<size_t>(pages) * page_bytes);
   for (const DLayer& L : layers_) {
     if (L.rec) {
       DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, rb.ring));
       p += rb.ring;
       DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, rb.state));
       p += rb.state;
+    } else if (stage.p != nullptr) {
+      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L.kc, L.vc, d_table_ + static_cast<size_t>(slot) * max_pages_,
+                                                pages, page_bytes, stage.p, p, /*to_host=*/true, stream_));
+      p += 2 * static_cast<size_t>(pages) * page_bytes;
     } else {
       for (const uint8_t* pool : {L.kc, L.vc})
         for (int i = 0; i < pages; ++i) {
@@ -89,12 +143,18 @@ absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uin
   const uint8_t* p = bytes.data();
   // Snapshots hold no MTP rows (the drafts after a restore start from an empty MTP cache).
   DropSpeculation(slot);
+  const PageStage stage(2 * static_cast<size_t>(pages) * page_bytes);
   for (DLayer& L : layers_) {
     if (L.rec) {
       DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, p, rb.ring));
       p += rb.ring;
       DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, p, rb.state));
       p += rb.state;
+    } else if (stage.p != nullptr) {
+      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L.kc, L.vc, d_table_ + static_cast<size_t>(slot) * max_pages_,
+                                                pages, page_bytes, stage.p, const_cast<uint8_t*>(p),
+                                                /*to_host=*/false, stream_));
+      p += 2 * static_cast<size_t>(pages) * page_bytes;
     } else {
       for (uint8_t* pool : {L.kc, L.vc})
         for (int i = 0; i < pages; ++i) {
