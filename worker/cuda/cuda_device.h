@@ -290,6 +290,10 @@ class CudaDevice final : public Device {
   int max_pages_ = 0;        // page table entries per slot (slot_ctx in pages)
   int64_t n_pages_ = 0;      // pages in the KV pool (the planner's pool_pages)
   int32_t* d_table_ = nullptr;       // [n_slots, max_pages] device (kv_base_.block_table)
+  const int32_t* SlotPageTable(int slot) const { return d_table_ + static_cast<size_t>(slot) * max_pages_; }
+  // Device memory the plan leaves free for graphs, sampler buffers and library handles allocated
+  // later (the planner's margin); prefix-cache checkpoints keep twice that free.
+  static uint64_t RuntimeHeadroom(uint64_t card_bytes) { return (512ull << 20) + card_bytes / 100; }
   std::vector<int32_t> h_table_;     // its host copy (SaveState / LoadState walk it)
   uint64_t kv_token_bytes_ = 0;  // one token's K (or V) over all KV heads, in copts_.kv_type
 
@@ -417,6 +421,7 @@ class CudaDevice final : public Device {
   GraphCache step_graphs_{this, "a decode-only step"};
   std::vector<int32_t> shape_key_;  // RunCaptured's key, reused
   GraphCache chain_graphs_{this, "an MTP draft chain"};
+  std::vector<int32_t> chain_key_;  // MtpDraftGreedy's key, reused
 
   bool profiling_ = false;
   std::map<std::string, double> prof_ms_;

@@ -320,7 +320,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   pin.device_total = total_b;
   pin.memory_fraction = copts_.memory_fraction;
   // Kept free: CUDA graphs, the sampler's growing buffers, library handles allocated later.
-  pin.margin = (512ull << 20) + total_b / 100;
+  pin.margin = RuntimeHeadroom(total_b);
   pin.weights = plan_.weights;
   // kt_/vt_/scores_/probs_ grow with the context; the rest does not.
   pin.workspace_per_ctx = kvw * 2 * 2 + static_cast<uint64_t>(G) * attn_tq_ * (4 + 2);

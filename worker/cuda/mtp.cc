@@ -295,7 +295,8 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
     }
     return absl::OkStatus();
   };
-  DS_RETURN_IF_ERROR(chain_graphs_.Run({n, n_drafts}, chain));
+  chain_key_.assign({n, n_drafts});  // a member: no allocation per draft chain
+  DS_RETURN_IF_ERROR(chain_graphs_.Run(chain_key_, chain));
   if (n_drafts == 0) return absl::OkStatus();
   int32_t* h_drafts = h_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_drafts, d_drafts, n_drafts * sizeof(int32_t),

@@ -1,12 +1,13 @@
-// The size of one slot's state on the CUDA device, shared by the host snapshots
-// (slot_state.cc) and the prefix cache's device checkpoints (slot_checkpoint.cc), which lay it
-// out the same way: every GDN layer's conv ring + delta-rule state, every attention layer's K
-// and V pages of the slot in position order.
+// The layout of one slot's saved state on the CUDA device, shared by the host snapshots
+// (slot_state.cc) and the prefix cache's device checkpoints (slot_checkpoint.cc): every GDN
+// layer's conv ring + delta-rule state, every attention layer's K and V pages of the slot in
+// position order.
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/page_copy.cuh"
 #include "worker/cuda/cuda_device.h"
 
 namespace ds::cuda {
@@ -27,6 +28,23 @@ inline size_t SlotStateBytes(const std::vector<DLayer>& layers, const RecurrentB
   size_t total = 0;
   for (const DLayer& L : layers) total += L.rec ? rb.ring + rb.state : kv_bytes;
   return total;
+}
+
+// One attention layer's K then V pages of a slot (device page ids `d_pages`, `pages` of them)
+// <-> `packed` (K pages, then V pages); `to_packed` copies pool -> packed.
+inline PageCopyArgs LayerPageCopy(const DLayer& L, const int32_t* d_pages, int pages,
+                                  size_t page_bytes, uint8_t* packed, bool to_packed) {
+  PageCopyArgs a;
+  a.pool[0] = L.kc;
+  a.pool[1] = L.vc;
+  a.packed[0] = packed;
+  a.packed[1] = packed + static_cast<size_t>(pages) * page_bytes;
+  a.n_pools = 2;
+  a.pages = d_pages;
+  a.n_pages = pages;
+  a.page_bytes = page_bytes;
+  a.to_packed = to_packed;
+  return a;
 }
 
 }  // namespace ds::cuda

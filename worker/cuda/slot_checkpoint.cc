@@ -3,51 +3,18 @@
 // and V pages of the slot in position order), but stays on the device: saving and loading are
 // device-to-device copies queued on the stream with one synchronisation at the end, so a
 // 16k-token checkpoint of the 27B (~1.2 GB) moves in milliseconds instead of the ~2.7 s its
-// prefill takes: the recurrent layers are two copies each, the attention layers' K and V pages
-// move in one CopyPages launch (one cudaMemcpy per page and layer was ~8,000 calls for a 16k
-// checkpoint, tens of milliseconds of a resumed turn). The memory is the device's own allocation (cudaMalloc), outside the KV pool:
-// the worker's --prefix-cache-mb bounds it, and a failed allocation is ResourceExhausted (the
-// store then evicts or keeps the checkpoint in host RAM).
+// prefill takes: the recurrent layers are two copies each, an attention layer's K and V pages
+// one CopyPages launch (one cudaMemcpy per page and layer was ~8,000 calls for a 16k
+// checkpoint, tens of milliseconds of a resumed turn). The memory is the device's own
+// allocation (cudaMalloc), beside the KV pool in the room the memory planner keeps for it; the
+// worker's --prefix-cache-mb bounds it, and a failed allocation is ResourceExhausted (the store
+// then evicts its least recently used device checkpoints, or does not save).
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/page_copy.cuh"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/slot_bytes.h"
 
 namespace ds::cuda {
-namespace {
-
-// Every attention layer's K and V pages of a slot (device page ids `d_pages`, `pages` of them)
-// and their places in a checkpoint at `base` laid out as SlotStateBytes says; `to_packed` copies
-// pool -> checkpoint. Launches of up to kPageCopyMaxPools pools each, on `stream`.
-absl::Status CopyAttentionPages(const std::vector<DLayer>& layers, const RecurrentBytes& rb,
-                                size_t page_bytes, const int32_t* d_pages, int pages, uint8_t* base,
-                                bool to_packed, cudaStream_t stream) {
-  PageCopyArgs a;
-  a.pages = d_pages;
-  a.n_pages = pages;
-  a.page_bytes = page_bytes;
-  a.to_packed = to_packed;
-  uint8_t* p = base;
-  for (const DLayer& L : layers) {
-    if (L.rec) {
-      p += rb.ring + rb.state;
-      continue;
-    }
-    for (uint8_t* pool : {L.kc, L.vc}) {
-      if (a.n_pools == kPageCopyMaxPools) {
-        DS_RETURN_IF_ERROR(CopyPages(a, stream));
-        a.n_pools = 0;
-      }
-      a.pool[a.n_pools] = pool;
-      a.packed[a.n_pools++] = p;
-      p += static_cast<size_t>(pages) * page_bytes;
-    }
-  }
-  return CopyPages(a, stream);
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, int32_t n_past,
                                                                     uint64_t* bytes) const {
@@ -61,7 +28,7 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
   // with that headroom on top.
   size_t free_bytes = 0, card_bytes = 0;
   DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &card_bytes));
-  const size_t keep = (size_t{1} << 30) + card_bytes / 50;  // the planner's headroom, twice over
+  const size_t keep = 2 * RuntimeHeadroom(card_bytes);
   if (free_bytes < total + keep)
     return absl::ResourceExhaustedError(absl::StrCat(
         "no device memory for a checkpoint of ", total, " bytes (", free_bytes, " free, ", keep,
@@ -83,11 +50,11 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
                                               rb.state, cudaMemcpyDeviceToDevice, stream_));
       p += rb.state;
     } else {
-      p += 2 * static_cast<size_t>(pages) * page_bytes;  // CopyAttentionPages below
+      DS_RETURN_IF_ERROR(CopyPages(LayerPageCopy(L, SlotPageTable(slot), pages, page_bytes, p,
+                                                 /*to_packed=*/true), stream_));
+      p += 2 * static_cast<size_t>(pages) * page_bytes;
     }
   }
-  DS_RETURN_IF_ERROR(CopyAttentionPages(layers_, rb, page_bytes, d_table_ + static_cast<size_t>(slot) * max_pages_,
-                                        pages, static_cast<uint8_t*>(raw), /*to_packed=*/true, stream_));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   *bytes = total;
   return mem;
@@ -116,12 +83,12 @@ absl::Status CudaDevice::LoadStateFromDevice(int slot, int32_t n_past, const voi
                                               p, rb.state, cudaMemcpyDeviceToDevice, stream_));
       p += rb.state;
     } else {
-      p += 2 * static_cast<size_t>(pages) * page_bytes;  // CopyAttentionPages below
+      DS_RETURN_IF_ERROR(CopyPages(LayerPageCopy(L, SlotPageTable(slot), pages, page_bytes,
+                                                 const_cast<uint8_t*>(p), /*to_packed=*/false),
+                                   stream_));
+      p += 2 * static_cast<size_t>(pages) * page_bytes;
     }
   }
-  DS_RETURN_IF_ERROR(CopyAttentionPages(layers_, rb, page_bytes, d_table_ + static_cast<size_t>(slot) * max_pages_,
-                                        pages, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)),
-                                        /*to_packed=*/false, stream_));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

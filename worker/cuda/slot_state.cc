@@ -5,7 +5,6 @@
 // the page table with a copy per page.
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/page_copy.cuh"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/slot_bytes.h"
 #include "worker/model/kv_type.h"
@@ -28,21 +27,11 @@ struct PageStage {
   PageStage& operator=(const PageStage&) = delete;
 };
 
-// One attention layer's K then V pages of a slot (device page ids `d_pages`) <-> `host`, through
-// `stage`; synchronous.
-absl::Status LayerPagesThroughStage(uint8_t* kc, uint8_t* vc, const int32_t* d_pages, int pages,
+// One attention layer's K then V pages of a slot <-> `host`, through `stage`; synchronous.
+absl::Status LayerPagesThroughStage(const DLayer& L, const int32_t* d_pages, int pages,
                                     size_t page_bytes, uint8_t* stage, uint8_t* host, bool to_host,
                                     cudaStream_t stream) {
-  PageCopyArgs a;
-  a.pool[0] = kc;
-  a.pool[1] = vc;
-  a.packed[0] = stage;
-  a.packed[1] = stage + static_cast<size_t>(pages) * page_bytes;
-  a.n_pools = 2;
-  a.pages = d_pages;
-  a.n_pages = pages;
-  a.page_bytes = page_bytes;
-  a.to_packed = to_host;
+  const PageCopyArgs a = LayerPageCopy(L, d_pages, pages, page_bytes, stage, to_host);
   const size_t bytes = 2 * static_cast<size_t>(pages) * page_bytes;
   if (to_host) {
     DS_RETURN_IF_ERROR(CopyPages(a, stream));
@@ -117,8 +106,8 @@ absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_p
       DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, rb.state));
       p += rb.state;
     } else if (stage.p != nullptr) {
-      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L.kc, L.vc, d_table_ + static_cast<size_t>(slot) * max_pages_,
-                                                pages, page_bytes, stage.p, p, /*to_host=*/true, stream_));
+      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L, SlotPageTable(slot), pages, page_bytes, stage.p,
+                                                p, /*to_host=*/true, stream_));
       p += 2 * static_cast<size_t>(pages) * page_bytes;
     } else {
       for (const uint8_t* pool : {L.kc, L.vc})
@@ -151,9 +140,8 @@ absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uin
       DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, p, rb.state));
       p += rb.state;
     } else if (stage.p != nullptr) {
-      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L.kc, L.vc, d_table_ + static_cast<size_t>(slot) * max_pages_,
-                                                pages, page_bytes, stage.p, const_cast<uint8_t*>(p),
-                                                /*to_host=*/false, stream_));
+      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L, SlotPageTable(slot), pages, page_bytes, stage.p,
+                                                const_cast<uint8_t*>(p), /*to_host=*/false, stream_));
       p += 2 * static_cast<size_t>(pages) * page_bytes;
     } else {
       for (uint8_t* pool : {L.kc, L.vc})
