@@ -16,6 +16,9 @@
 //    the CPU (gpu_vs_cpu bounds), each followed by a chained MtpStep; also with the device's
 //    pass capped at 3 rows (max_step_tokens 3), so longer runs go in chunks.
 //  * DraftChain: MtpDraftGreedy (drafts on the device, graph-replayed) against the host path.
+//  * Fill: SeqStep::fill_mtp (the MTP K/V written inside prefill Forwards, across micro-steps)
+//    against MtpRows over the prompt's hidden rows.
+//  * SavedStatesCarryTheMtpRows: host snapshots and device checkpoints restore the MTP rows.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -278,6 +281,135 @@ TEST_P(Mtp, MtpRowsMatchesStepsAndCpu) {
 TEST_P(Mtp, MtpRowsInChunks) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   MtpRowsCase(GetParam(), 3);
+}
+
+// SeqStep::fill_mtp on CUDA (Device::MtpFill): the prompt in two Forwards cut at 17, the MTP
+// K/V written inside them (mtp_next pairs row 16 with token 17), against the same Forwards with
+// every row's hidden state followed by MtpRows over the prompt's rows (the old Start). An MtpRows
+// at the prompt's last position then attends over all rows on both slots: its logits and draft
+// state agree within the tight bound of MtpRowsCase (only the K/V matmuls' row counts differ).
+// max_step_tokens 7: micro-steps of 7 rows, so fills run per piece and pieces hand their last
+// row's token over.
+void FillCase(const Model& m, int max_step_tokens) {
+  SCOPED_TRACE(::testing::Message() << m.name << " max_step_tokens " << max_step_tokens);
+  auto file = Synth(m);
+  ASSERT_TRUE(file);
+  auto gpu = Cuda(file, max_step_tokens);
+  ASSERT_TRUE(gpu);
+  const int V = gpu->config().n_vocab, H = gpu->config().n_embd;
+  const std::vector<int32_t> prompt = Prompt(kPrompt, V);
+  const int cut = 17;
+  std::vector<float> hidden;  // slot 0's rows
+  for (const auto& [c0, c1] : {std::pair{0, cut}, std::pair{cut, kPrompt}}) {
+    SeqStep s;
+    s.pos0 = c0;
+    s.tokens.assign(prompt.begin() + c0, prompt.begin() + c1);
+    s.all_logits = true;
+    StepOptions so;
+    so.want_hidden = true;
+    StepOutput out;
+    absl::Status st = gpu->Forward({&s, 1}, so, &out);
+    ASSERT_TRUE(st.ok()) << st;
+    hidden.insert(hidden.end(), out.hidden.begin(), out.hidden.end());
+    s.slot = 1;
+    s.all_logits = false;
+    s.fill_mtp = true;
+    s.mtp_next = c1 < kPrompt ? prompt[c1] : -1;
+    st = gpu->Forward({&s, 1}, StepOptions{}, &out);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_EQ(hidden.size(), static_cast<size_t>(kPrompt) * H);
+  std::vector<float> la, ha, lb, hb;
+  ASSERT_TRUE(gpu->MtpRows(0, 0, std::span<const int32_t>(prompt).subspan(1),
+                           std::span<const float>(hidden).first((kPrompt - 1) * H), &la, &ha)
+                  .ok());
+  const int32_t next = 7;
+  const std::span<const float> last = std::span<const float>(hidden).last(H);
+  ASSERT_TRUE(gpu->MtpRows(0, kPrompt - 1, {&next, 1}, last, &la, &ha).ok());
+  ASSERT_TRUE(gpu->MtpRows(1, kPrompt - 1, {&next, 1}, last, &lb, &hb).ok());
+  const double bound = m.type == GgmlType::F32 ? 1e-4 : 2e-2;
+  const double r = std::max(RelDiff(lb, la), RelDiff(hb, ha));
+  EXPECT_LE(r, bound) << "filled in the Forwards vs MtpRows over the prompt";
+  // Without the fill the last row attends to itself only: far from the reference (the test
+  // can tell the two apart).
+  gpu->ResetSlot(1);
+  SeqStep s;
+  s.slot = 1;
+  s.tokens = prompt;
+  StepOutput out;
+  ASSERT_TRUE(gpu->Forward({&s, 1}, StepOptions{}, &out).ok());
+  std::vector<float> lc, hc;
+  ASSERT_TRUE(gpu->MtpRows(1, kPrompt - 1, {&next, 1}, last, &lc, &hc).ok());
+  EXPECT_GT(RelDiff(hc, ha), 10 * bound);
+  std::printf("mtp_gpu %-5s fill (micro-steps of %d rows): max rel vs MtpRows %.3e (bound %.0e), "
+              "no fill %.3e\n",
+              m.name, max_step_tokens > 0 ? max_step_tokens : 0, r, bound, RelDiff(hc, ha));
+}
+
+TEST_P(Mtp, FillInTheForwardMatchesMtpRows) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  FillCase(GetParam(), 0);
+}
+
+TEST_P(Mtp, FillAcrossMicroSteps) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  FillCase(GetParam(), 7);
+}
+
+// Snapshots and device checkpoints carry the MTP layer's rows (slot_bytes.h): a slot restored
+// from either, then one MtpRows at the prompt's last position, gives bit for bit the logits and
+// draft state of the slot it was saved from (the saved mask drops the last position's row,
+// which MtpRows writes again on both).
+TEST_P(Mtp, SavedStatesCarryTheMtpRows) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto file = Synth(GetParam());
+  ASSERT_TRUE(file);
+  auto gpu = Cuda(file);
+  ASSERT_TRUE(gpu);
+  const int V = gpu->config().n_vocab, H = gpu->config().n_embd;
+  SeqStep s;
+  s.tokens = Prompt(kPrompt, V);
+  s.fill_mtp = true;
+  StepOptions so;
+  so.want_hidden = true;
+  StepOutput out;
+  ASSERT_TRUE(gpu->Forward({&s, 1}, so, &out).ok());
+  const int32_t next = 11;
+  const std::vector<float> last = out.hidden;  // [H]: the prompt's last row
+  ASSERT_EQ(last.size(), static_cast<size_t>(H));
+  std::vector<float> l0, h0;
+  ASSERT_TRUE(gpu->MtpRows(0, kPrompt - 1, {&next, 1}, last, &l0, &h0).ok());
+  auto snap = gpu->Snapshot(0);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  auto ckpt = gpu->SaveCheckpoint(0);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device checkpoint" : "host snapshot");
+    gpu->ResetSlot(1);
+    SeqStep other;  // slot 1's pages and MTP rows held another sequence before
+    other.slot = 1;
+    other.tokens = Prompt(kPrompt + 9, V - 1);
+    other.fill_mtp = true;
+    ASSERT_TRUE(gpu->Forward({&other, 1}, StepOptions{}, &out).ok());
+    gpu->ResetSlot(1);
+    absl::Status st = device ? gpu->LoadCheckpoint(1, **ckpt) : gpu->Restore(1, *snap);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(gpu->SlotLength(1), kPrompt);
+    std::vector<float> l1, h1;
+    ASSERT_TRUE(gpu->MtpRows(1, kPrompt - 1, {&next, 1}, last, &l1, &h1).ok());
+    EXPECT_EQ(l1, l0);
+    EXPECT_EQ(h1, h0);
+  }
+  // Without the rows (a slot that holds the prompt but never wrote its MTP K/V) the same call
+  // differs: the comparison above can fail.
+  gpu->ResetSlot(1);
+  SeqStep plain = s;
+  plain.slot = 1;
+  plain.fill_mtp = false;
+  ASSERT_TRUE(gpu->Forward({&plain, 1}, StepOptions{}, &out).ok());
+  std::vector<float> l2, h2;
+  ASSERT_TRUE(gpu->MtpRows(1, kPrompt - 1, {&next, 1}, last, &l2, &h2).ok());
+  EXPECT_NE(h2, h0);
 }
 
 // Prefill `prompt` into `slot` (after a reset).

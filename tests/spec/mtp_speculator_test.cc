@@ -233,6 +233,65 @@ TEST(MtpSpeculator, RollbackEqualsARunThatNeverSawTheRejectedDrafts) {
   }
 }
 
+// SeqStep::fill_mtp writes the MTP layer's K/V over a prompt inside the Forward. The slot's whole
+// state (the CPU snapshot carries the MTP rows, their mask and length) equals what MtpRows over
+// the prompt's hidden rows leaves: whole or in two Forwards (mtp_next pairs the first one's last
+// row with the second one's first token), in one micro-step or cut into several.
+TEST(MtpSpeculator, FillMtpWritesWhatMtpRowsWould) {
+  const std::string& path = testing::TinyModelPath();
+  auto a = Make(path, 1, 128), b = Make(path, 1, 128);
+  ASSERT_TRUE(a && b);
+  const int V = a->config().n_vocab, H = a->config().n_embd;
+  const auto prompt = Tokens(40, V, 11);
+  for (const int cut : {40, 17}) {
+    for (const int max_rows : {1 << 20, 7}) {
+      a->set_micro_step_limits(max_rows, max_rows);
+      b->set_micro_step_limits(max_rows, max_rows);
+      a->ResetSlot(0);
+      b->ResetSlot(0);
+      std::vector<float> hidden;  // the reference: every row's state, then one MtpRows
+      for (const auto& [c0, c1] : {std::pair{0, cut}, std::pair{cut, 40}}) {
+        if (c0 == c1) continue;
+        SeqStep s;
+        s.slot = 0;
+        s.pos0 = c0;
+        s.tokens.assign(prompt.begin() + c0, prompt.begin() + c1);
+        s.all_logits = true;
+        StepOptions want;
+        want.want_hidden = true;
+        StepOutput out;
+        ASSERT_TRUE(a->Forward({&s, 1}, want, &out).ok());
+        hidden.insert(hidden.end(), out.hidden.begin(), out.hidden.end());
+        s.all_logits = false;
+        s.fill_mtp = true;
+        s.mtp_next = c1 < 40 ? prompt[c1] : -1;
+        ASSERT_TRUE(b->Forward({&s, 1}, {}, &out).ok());
+      }
+      std::vector<float> logits, h;
+      ASSERT_TRUE(a->MtpRows(0, 0, std::span<const int32_t>(prompt).subspan(1),
+                             std::span<const float>(hidden).first(39 * static_cast<size_t>(H)),
+                             &logits, &h)
+                      .ok());
+      auto sa = a->Snapshot(0), sb = b->Snapshot(0);
+      ASSERT_TRUE(sa.ok() && sb.ok());
+      EXPECT_EQ(sa->bytes, sb->bytes) << "cut " << cut << " max_rows " << max_rows;
+    }
+  }
+  // What it refuses: with a verify, and a next token outside the vocabulary.
+  b->ResetSlot(0);
+  SeqStep s;
+  s.slot = 0;
+  s.tokens = {1, 2};
+  s.fill_mtp = true;
+  s.mtp_next = V;
+  StepOutput out;
+  EXPECT_EQ(b->Forward({&s, 1}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+  s.mtp_next = -1;
+  s.speculative = true;
+  EXPECT_EQ(b->Forward({&s, 1}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->SlotLength(0), 0);
+}
+
 TEST(MtpSpeculator, RefusesWhatItCannotDo) {
   auto be = Make(testing::TinyModelPath(), 1, 64);
   ASSERT_TRUE(be);

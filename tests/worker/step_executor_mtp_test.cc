@@ -7,6 +7,7 @@
 #include <map>
 
 #include "common/util/model_alias.h"
+#include "tests/model/test_util.h"
 #include "worker/backend_factory.h"
 #include "worker/process/step_executor.h"
 
@@ -27,20 +28,23 @@ struct Outcome {
 
 // Three sequences: slots 0 and 1 start together; slot 2 joins at step 3 with its prompt prefilled
 // in the same Forward as the others' decodes (or verifies). Each generates max_new tokens.
-Outcome Drive(int mtp_drafts, float temperature) {
+Outcome Drive(int mtp_drafts, float temperature, const std::string& model = "demo",
+              bool automatic = false) {
   Outcome o;
   BackendOptions bo;
   bo.n_slots = 3;
   bo.slot_ctx = 256;
   bo.n_threads = 2;
-  auto be = CreateBackend("cpu", ResolveModelAlias("demo"), bo, SpeculativeRoom{mtp_drafts + 1, 3});
+  auto be = CreateBackend("cpu", model == "demo" ? ResolveModelAlias("demo") : model, bo,
+                          SpeculativeRoom{mtp_drafts + 1, 3});
   EXPECT_TRUE(be.ok()) << be.status();
   if (!be.ok()) return o;
   StepExecutor ex(be->get(), 3);
-  EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, false}).ok());
+  EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, automatic}).ok());
   const uint32_t kMaxNew = 40;
   std::map<uint32_t, size_t> known;  // tokens the slot has (prompt + generated)
   auto start = [&](Step& st, uint32_t slot, std::vector<int32_t> prompt) {
+    for (int32_t& t : prompt) t %= (*be)->config().n_vocab;  // (the tiny model's 512 ids)
     SequenceStart s;
     s.request_id = 100 + slot;
     s.slot = slot;
@@ -93,11 +97,97 @@ TEST(StepExecutorMtp, GreedyTokensEqualPlainStepsAndTakeFewerSteps) {
   EXPECT_LT(mtp.steps, plain.steps);
 }
 
+// `--mtp auto` (worker/spec/draft_policy.h): on the tiny random-weight model, whose drafts are
+// rejected, sequences soon stop drafting (far fewer verifies offer a draft than with a fixed K);
+// on the trained demo model they keep drafting and accepting. Tokens equal plain steps on both.
+TEST(StepExecutorMtp, AutoDraftsWhatTheSequenceAccepts) {
+  const std::string& tiny = testing::TinyModelPath();
+  const Outcome plain = Drive(0, 0.0f, tiny);
+  const Outcome fixed = Drive(3, 0.0f, tiny);
+  const Outcome adaptive = Drive(3, 0.0f, tiny, /*automatic=*/true);
+  EXPECT_EQ(fixed.generated, plain.generated);
+  EXPECT_EQ(adaptive.generated, plain.generated);
+  ASSERT_GT(fixed.stats.offered[0], 0);
+  EXPECT_LT(2 * adaptive.stats.offered[0], fixed.stats.offered[0])
+      << "auto offered drafts in " << adaptive.stats.offered[0] << " verifies, fixed K in "
+      << fixed.stats.offered[0];
+  const Outcome demo_plain = Drive(0, 0.0f);
+  const Outcome demo_auto = Drive(3, 0.0f, "demo", /*automatic=*/true);
+  EXPECT_EQ(demo_auto.generated, demo_plain.generated);
+  EXPECT_GT(demo_auto.stats.accepted[0], 0);
+  EXPECT_LT(demo_auto.steps, demo_plain.steps);
+}
+
 TEST(StepExecutorMtp, SampledRequestsRepeatPerSeed) {
   const Outcome a = Drive(2, 0.8f), b = Drive(2, 0.8f);
   ASSERT_EQ(a.generated.size(), 3u);
   EXPECT_EQ(a.generated, b.generated);
   EXPECT_GT(a.stats.steps, 0);
+}
+
+// A prompt prefilled in two chunks (the second one sampled) leaves the slot's MTP layer with K/V
+// over the whole prompt: the backend's state equals that of a reference that ran the same chunks
+// with every row's hidden state and then MtpRows over the prompt plus the first token, and drew
+// the same drafts (the old way, MtpSpeculator's host path).
+TEST(StepExecutorMtp, PromptChunksFillTheMtpLayersKv) {
+  const int k = 2;
+  BackendOptions bo;
+  bo.n_slots = 1;
+  bo.slot_ctx = 128;
+  bo.n_threads = 2;
+  auto be = CreateBackend("cpu", ResolveModelAlias("demo"), bo, SpeculativeRoom{k + 1, 1});
+  auto ref = CreateBackend("cpu", ResolveModelAlias("demo"), bo, SpeculativeRoom{k + 1, 1});
+  ASSERT_TRUE(be.ok() && ref.ok());
+  StepExecutor ex(be->get(), 1);
+  ASSERT_TRUE(ex.SetMtp(spec::MtpSetting{k, false}).ok());
+  const std::vector<int32_t> prompt = Prompt(29, 3);
+  const uint32_t cut = 12, n = static_cast<uint32_t>(prompt.size());
+  Step first;
+  first.step_id = 1;
+  SequenceStart st;
+  st.request_id = 9;
+  st.tokens = prompt;
+  st.max_new_tokens = 40;
+  st.sampling.temperature = 0.0f;
+  first.started.push_back(st);
+  first.work.push_back(SlotWork{0, 0, cut, false, false});
+  ASSERT_TRUE(ex.Run(first).error.empty());
+  Step second;
+  second.step_id = 2;
+  second.work.push_back(SlotWork{0, cut, n - cut, true, false});
+  const StepResult r = ex.Run(second);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  ASSERT_EQ(r.tokens.size(), 1u);
+
+  Backend& b = **ref;
+  std::vector<float> hidden, logits;
+  for (const auto& [c0, c1] : {std::pair{0u, cut}, std::pair{cut, n}}) {
+    SeqStep q;
+    q.pos0 = static_cast<int32_t>(c0);
+    q.tokens.assign(prompt.begin() + c0, prompt.begin() + c1);
+    q.all_logits = true;
+    StepOptions want;
+    want.want_hidden = true;
+    StepOutput out;
+    ASSERT_TRUE(b.Forward({&q, 1}, want, &out).ok());
+    hidden.insert(hidden.end(), out.hidden.begin(), out.hidden.end());
+    logits.assign(out.logits.end() - b.config().n_vocab, out.logits.end());
+  }
+  sampling::SamplingParams greedy_params;
+  greedy_params.temperature = 0.0f;
+  sampling::Sampler greedy(greedy_params);
+  std::vector<int32_t> tokens = prompt;
+  tokens.push_back(greedy.Sample(logits, tokens).token);
+  EXPECT_EQ(r.tokens[0].token, tokens.back());
+  spec::MtpDrafter drafter(b.config());
+  spec::Drafts drafts;
+  ASSERT_TRUE(drafter.Draft(b, 0, tokens, 0, hidden, static_cast<int>(n), k, greedy, &drafts).ok());
+  auto sa = (*be)->Snapshot(0), sb = b.Snapshot(0);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  ASSERT_EQ(sa->bytes.size(), sb->bytes.size());
+  size_t i = 0;
+  while (i < sa->bytes.size() && sa->bytes[i] == sb->bytes[i]) ++i;
+  EXPECT_EQ(i, sa->bytes.size()) << "first difference at byte " << i << " of " << sa->bytes.size();
 }
 
 TEST(StepExecutorMtp, RefusesWhatTheBackendCannotDo) {

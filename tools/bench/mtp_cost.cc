@@ -53,22 +53,25 @@ absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
     batch[i].slot = i;
     for (int t = 0; t < o.depth; ++t) batch[i].tokens.push_back((t * 7919 + 13 + i) % V);
   }
-  DS_RETURN_IF_ERROR(be.Forward(batch, StepOptions{}, &out));
-  // The MTP layer's KV over each prompt, as MtpSpeculator::Start writes it (the draft attention
-  // then reads depth rows, as in decoding). Timed once for stream 0: its share of a first token.
-  std::vector<float> lg, ho;
-  {
-    std::vector<float> h(static_cast<size_t>(o.depth - 1) * H, 0.01f);
-    for (int i = 0; i < B; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      DS_RETURN_IF_ERROR(be.MtpRows(
-          i, 0, std::span<const int32_t>(batch[i].tokens).subspan(1), h, &lg, &ho));
-      if (i == 0)
-        c.prompt_rows_ms = std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - t0)
-                               .count();
-    }
+  // Stream 0's prompt twice without the MTP fill (the first warms the prefill shapes up), once
+  // with it; every prompt then holds the MTP layer's KV over its rows, as a served sequence does
+  // (the draft attention reads depth rows).
+  auto timed = [&](std::span<const SeqStep> b) -> absl::StatusOr<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    DS_RETURN_IF_ERROR(be.Forward(b, StepOptions{}, &out));
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+        .count();
+  };
+  for (int rep = 0; rep < 2; ++rep) {
+    be.ResetSlot(0);
+    DS_ASSIGN_OR_RETURN(c.prompt_plain_ms, timed({&batch[0], 1}));
   }
+  be.ResetSlot(0);
+  for (SeqStep& s : batch) s.fill_mtp = true;
+  DS_ASSIGN_OR_RETURN(c.prompt_fill_ms, timed({&batch[0], 1}));
+  if (B > 1) DS_RETURN_IF_ERROR(be.Forward(std::span<const SeqStep>(batch).subspan(1), {}, &out));
+  for (SeqStep& s : batch) s.fill_mtp = false;
+  std::vector<float> lg, ho;
 
   sampling::SamplingParams greedy;
   greedy.temperature = 0;

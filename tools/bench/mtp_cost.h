@@ -31,7 +31,9 @@ struct MtpCost {
   double rows1_ms = 0;        // MtpRows of 1 row, one stream
   double rows_k1_ms = 0;      // MtpRows of k + 1 rows, one stream
   double step_ms = 0;         // one chained MtpStep, one stream
-  double prompt_rows_ms = 0;  // MtpRows over a prompt's depth - 1 rows, one stream, once
+  // One stream's prompt of depth tokens prefilled without and with the MTP layer's KV written
+  // inside it (SeqStep::fill_mtp, as the executor and MtpSpeculator::Start run it), once each.
+  double prompt_plain_ms = 0, prompt_fill_ms = 0;
   // A whole cycle of the draft-chain fast path (MtpSpeculator on a backend with draft chains):
   // the verify(dev) step + CommitSpeculative(1), then per stream MtpDraftGreedy of k drafts from
   // one catch-up row, nothing but token ids crossing. -1: the backend has no draft chains.

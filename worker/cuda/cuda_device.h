@@ -109,6 +109,10 @@ class CudaDevice final : public Device {
   absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
                        std::span<const float> hidden, int64_t n_embd, std::vector<float>* logits,
                        std::vector<float>* hidden_out) override;
+  // SeqStep::fill_mtp: the run's rows normed from h_ go through MtpPass with the micro-step's own
+  // index arrays (the token after a row is the next row's id); only the last row's token and the
+  // mask arguments are uploaded.
+  absl::Status MtpFill(const RowRun& run, int32_t next) override;
   // Greedy drafts without host round trips: the catch-up pass reads its hidden rows from hn_,
   // each draft's argmax feeds the next pass on the device, the chain replays from a graph per
   // (rows, drafts) shape and only the draft tokens come back.
@@ -296,6 +300,21 @@ class CudaDevice final : public Device {
   static uint64_t RuntimeHeadroom(uint64_t card_bytes) { return (512ull << 20) + card_bytes / 100; }
   std::vector<int32_t> h_table_;     // its host copy (SaveState / LoadState walk it)
   uint64_t kv_token_bytes_ = 0;  // one token's K (or V) over all KV heads, in copts_.kv_type
+  uint64_t mtp_page_bytes_ = 0;  // one page of the MTP layer's f16 K (or V) plane; 0: no MTP block
+  // Saved-state bytes of a slot of n_past positions (slot_bytes.h: the layers, then the MTP part).
+  size_t SavedStateBytes(int32_t n_past) const;
+  // One layer's K then V pages of a slot <-> host memory (K pages, then V pages; to_host: slot ->
+  // host), synchronous: through `stage` (a device buffer of 2 * pages pages: one CopyPages and
+  // one copy), or with one copy per page when there is none (null).
+  absl::Status HostLayerPages(const DLayer& L, int slot, int pages, size_t page_bytes,
+                              uint8_t* stage, uint8_t* host, bool to_host) const;
+  // The MTP part of a saved state between the slot and `saved` (to_saved: slot -> saved): the MTP
+  // plane's K and V pages, then the mask bytes, of which only rows [0, MtpRowsKept) stay set
+  // (slot_bytes.h). `on_host`: `saved` is host memory (pages through HostLayerPages with
+  // `stage`); else device memory (queued on the stream). The caller sets the slot's MTP length
+  // (n_past) after a load. No-op without the MTP block.
+  absl::Status CopyMtpPart(int slot, int32_t n_past, uint8_t* saved, bool on_host, uint8_t* stage,
+                           bool to_saved) const;
 
   // Decode rows a micro-step may hold at least (DeviceLimits::max_decode_rows).
   static constexpr int kDecodeRowsMin = 256;

@@ -354,6 +354,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const uint64_t table_entries = static_cast<uint64_t>(n_slots_) * max_pages_;
   plan_.kv_cache = c.n_attention() * 2 * AlignUp(kv_layer) + AlignUp(table_entries * 4);
   const uint64_t mtp_layer = static_cast<uint64_t>(n_pages_) * copts_.kv_page_size * mtp_token_bytes;
+  mtp_page_bytes_ = mtp_token_bytes * copts_.kv_page_size;
   const uint64_t mtp_valid_bytes = has_mtp_ ? static_cast<uint64_t>(n_slots_) * slot_ctx_ : 0;
   plan_.kv_cache += 2 * AlignUp(mtp_layer) + AlignUp(mtp_valid_bytes);
   if (plan_.total() > free_b || plan_.weights + staging_bytes > free_b)

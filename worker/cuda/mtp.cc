@@ -238,6 +238,48 @@ absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   return absl::OkStatus();
 }
 
+absl::Status CudaDevice::MtpFill(const RowRun& run, int32_t next) {
+  const int n = run.n - (next < 0 ? 1 : 0);
+  if (n <= 0) return absl::OkStatus();
+  DS_RETURN_IF_ERROR(CheckMtp(run.slot, run.pos0, n));
+  const int H = cfg_.n_embd;
+  const int R = mtp_rows_max_;
+  // Pass block 0 of the MTP ints: the mask arguments and the last row's token / slot / position.
+  // Its pinned mirror may still be read by an earlier copy (a draft chain without drafts, an
+  // earlier run's fill): wait for the stream first. Only prefill-like runs get here (a plain
+  // decode row has no token after it yet), where the micro-step's layers dwarf the wait.
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  int32_t* h_blk = h_mtp_ints_;
+  h_blk[0] = next;
+  h_blk[R] = run.slot;
+  h_blk[2 * R] = run.pos0 + run.n - 1;
+  h_blk[MtpMaskArgs()] = run.slot;
+  h_blk[MtpMaskArgs() + 1] = run.pos0;
+  h_blk[MtpMaskArgs() + 2] = n;
+  h_blk[MtpMaskArgs() + 3] = mtp_len_[run.slot];
+  mtp_len_[run.slot] = run.pos0 + n;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h_blk, MtpBlockInts() * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, stream_));
+  DS_RETURN_IF_ERROR(MtpMaskUpdate(mtp_valid_, slot_ctx_, mtp_ints_ + MtpMaskArgs(), stream_));
+  // Rows whose next token is the next row's id: ids, slots and positions where Prepare put them.
+  const int in_run = std::min(n, run.n - 1);
+  for (int c0 = 0, r = 0; c0 < in_run; c0 += r) {
+    r = std::min(R, in_run - c0);
+    const int row = run.row0 + c0;
+    DS_RETURN_IF_ERROR(RmsNormRows(h_ + static_cast<int64_t>(row) * H, H, nullptr, output_norm_,
+                                   mtp_u_, r, H, cfg_.rms_eps, stream_));
+    DS_RETURN_IF_ERROR(MtpPass(d_ints_ + row + 1, TokenSlots() + row, TokenPositions() + row, r,
+                               /*last=*/false, mtp_u_, nullptr));
+  }
+  if (next >= 0) {  // the run's last row, with the caller's token
+    DS_RETURN_IF_ERROR(RmsNormRows(h_ + static_cast<int64_t>(run.row0 + run.n - 1) * H, H, nullptr,
+                                   output_norm_, mtp_u_, 1, H, cfg_.rms_eps, stream_));
+    DS_RETURN_IF_ERROR(
+        MtpPass(mtp_ints_, mtp_ints_ + R, mtp_ints_ + 2 * R, 1, /*last=*/false, mtp_u_, nullptr));
+  }
+  return absl::OkStatus();
+}
+
 // The greedy draft chain on the device (Device::MtpDraftGreedy): pass 0 is MtpRows over the n
 // catch-up rows with their hidden states taken from the last micro-step's hn_ rows; pass j >= 1
 // is one MtpStep whose token is pass j-1's argmax and whose hidden state is pass j-1's h'. Each

@@ -30,6 +30,12 @@ inline size_t SlotStateBytes(const std::vector<DLayer>& layers, const RecurrentB
   return total;
 }
 
+// The MTP block's part of a slot's saved state (after the layers; devices with the block): its
+// f16 K and V pages of the slot, then one mask byte per position [0, n_past) (set only below
+// MtpRowsKept, worker/runner/device.h).
+inline size_t MtpStateBytes(int pages, size_t mtp_page_bytes, int32_t n_past) {
+  return mtp_page_bytes == 0 ? 0 : 2 * static_cast<size_t>(pages) * mtp_page_bytes + n_past;
+}
 // One attention layer's K then V pages of a slot (device page ids `d_pages`, `pages` of them)
 // <-> `packed` (K pages, then V pages); `to_packed` copies pool -> packed.
 inline PageCopyArgs LayerPageCopy(const DLayer& L, const int32_t* d_pages, int pages,

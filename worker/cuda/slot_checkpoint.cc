@@ -1,6 +1,7 @@
 // CudaDevice (cuda_device.h): prefix-cache checkpoints in device memory (issue #17). The copy has
 // SaveState's layout (every GDN layer's conv ring + delta-rule state, every attention layer's K
-// and V pages of the slot in position order), but stays on the device: saving and loading are
+// and V pages of the slot in position order, then the MTP layer's rows: slot_bytes.h), but stays
+// on the device: saving and loading are
 // device-to-device copies queued on the stream with one synchronisation at the end, so a
 // 16k-token checkpoint of the 27B (~1.2 GB) moves in milliseconds instead of the ~2.7 s its
 // prefill takes: the recurrent layers are two copies each, an attention layer's K and V pages
@@ -21,7 +22,7 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
-  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
+  const size_t total = SavedStateBytes(n_past);
   // The memory planner leaves 512 MiB + 1% of the card free for graphs, sampler buffers and
   // library handles (runner/memory_planner.h); checkpoints never take that. Their own room is
   // the plan's `cache` (CudaBackendOptions::prefix_cache_bytes), which the planner keeps free
@@ -55,6 +56,7 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
       p += 2 * static_cast<size_t>(pages) * page_bytes;
     }
   }
+  DS_RETURN_IF_ERROR(CopyMtpPart(slot, n_past, p, /*on_host=*/false, nullptr, /*to_saved=*/true));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   *bytes = total;
   return mem;
@@ -65,13 +67,11 @@ absl::Status CudaDevice::LoadStateFromDevice(int slot, int32_t n_past, const voi
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
-  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
+  const size_t total = SavedStateBytes(n_past);
   if (bytes != total)
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint of ", bytes, " bytes, a slot of ", n_past, " positions takes ",
                      total));
-  // Checkpoints hold no MTP rows, as snapshots (drafting after a resume starts from an empty
-  // MTP cache; the verify keeps the tokens exact).
   DropSpeculation(slot);
   const uint8_t* p = static_cast<const uint8_t*>(src);
   for (DLayer& L : layers_) {
@@ -89,7 +89,10 @@ absl::Status CudaDevice::LoadStateFromDevice(int slot, int32_t n_past, const voi
       p += 2 * static_cast<size_t>(pages) * page_bytes;
     }
   }
+  DS_RETURN_IF_ERROR(CopyMtpPart(slot, n_past, const_cast<uint8_t*>(p), /*on_host=*/false, nullptr,
+                                 /*to_saved=*/false));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (mtp_page_bytes_ > 0) mtp_len_[slot] = n_past;
   return absl::OkStatus();
 }
 

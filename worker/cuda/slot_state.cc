@@ -1,8 +1,11 @@
 // CudaDevice (cuda_device.h): a slot's state — its page table (MapPages), reset, save to the
-// host, load from it. The slot's KV pages are wherever the runner's pool put them (issue #23):
+// host, load from it (slot_bytes.h: the layers, then the MTP layer's rows). The slot's KV pages are wherever the runner's pool put them (issue #23):
 // save and load gather / scatter them per attention layer through a temporary device buffer
 // (one CopyPages launch and one host copy per layer), or, when that buffer cannot be had, walk
 // the page table with a copy per page.
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "worker/cuda/cuda_device.h"
@@ -88,36 +91,80 @@ void CudaDevice::DropSpeculation(int slot) {
 std::string CudaDevice::state_layout() const {
   return absl::StrCat("cuda kv=", KvTypeName(copts_.kv_type), " page=", copts_.kv_page_size,
                       " gdn=", gdn_shape_.k_heads, "x", gdn_shape_.v_heads, " kv_heads=",
-                      attn_shape_.n_kv, " layers=", layers_.size());
+                      attn_shape_.n_kv, " layers=", layers_.size(), " mtp=", mtp_page_bytes_ > 0 ? 1 : 0);
+}
+
+size_t CudaDevice::SavedStateBytes(int32_t n_past) const {
+  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  return SlotStateBytes(layers_, SlotRecurrentBytes(gdn_shape_),
+                        2 * pages * kv_token_bytes_ * copts_.kv_page_size) +
+         MtpStateBytes(pages, mtp_page_bytes_, n_past);
+}
+
+absl::Status CudaDevice::HostLayerPages(const DLayer& L, int slot, int pages, size_t page_bytes,
+                                        uint8_t* stage, uint8_t* host, bool to_host) const {
+  if (stage != nullptr)
+    return LayerPagesThroughStage(L, SlotPageTable(slot), pages, page_bytes, stage, host, to_host,
+                                  stream_);
+  for (uint8_t* pool : {L.kc, L.vc})
+    for (int i = 0; i < pages; ++i) {
+      uint8_t* dev = pool + static_cast<size_t>(h_table_[static_cast<size_t>(slot) * max_pages_ + i]) * page_bytes;
+      DS_RETURN_IF_ERROR(to_host ? Copy(host, dev, page_bytes) : Copy(dev, host, page_bytes));
+      host += page_bytes;
+    }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::CopyMtpPart(int slot, int32_t n_past, uint8_t* saved, bool on_host,
+                                     uint8_t* stage, bool to_saved) const {
+  if (mtp_page_bytes_ == 0) return absl::OkStatus();
+  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  uint8_t* mask_saved = saved + 2 * static_cast<size_t>(pages) * mtp_page_bytes_;
+  uint8_t* mask = mtp_valid_ + static_cast<size_t>(slot) * slot_ctx_;
+  if (on_host) {
+    DS_RETURN_IF_ERROR(
+        HostLayerPages(mtp_layer_, slot, pages, mtp_page_bytes_, stage, saved, to_saved));
+  } else {
+    DS_RETURN_IF_ERROR(CopyPages(
+        LayerPageCopy(mtp_layer_, SlotPageTable(slot), pages, mtp_page_bytes_, saved, to_saved),
+        stream_));
+  }
+  if (!to_saved) {
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(mask, mask_saved, n_past, cudaMemcpyDefault, stream_));
+    return absl::OkStatus();
+  }
+  const int32_t kept = MtpRowsKept(mtp_len_[slot], n_past);
+  if (kept > 0)
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mask_saved, mask, kept, cudaMemcpyDefault, stream_));
+  if (on_host) {
+    std::memset(mask_saved + kept, 0, n_past - kept);  // the async copy writes [0, kept) only
+  } else {
+    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mask_saved + kept, 0, n_past - kept, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_past) const {
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
-  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
-  std::vector<uint8_t> bytes(total);
+  std::vector<uint8_t> bytes(SavedStateBytes(n_past));
   uint8_t* p = bytes.data();
-  const PageStage stage(2 * static_cast<size_t>(pages) * page_bytes);
+  const PageStage stage(2 * static_cast<size_t>(pages) * std::max(page_bytes, mtp_page_bytes_));
   for (const DLayer& L : layers_) {
     if (L.rec) {
       DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, rb.ring));
       p += rb.ring;
       DS_RETURN_IF_ERROR(Copy(p, reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, rb.state));
       p += rb.state;
-    } else if (stage.p != nullptr) {
-      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L, SlotPageTable(slot), pages, page_bytes, stage.p,
-                                                p, /*to_host=*/true, stream_));
-      p += 2 * static_cast<size_t>(pages) * page_bytes;
     } else {
-      for (const uint8_t* pool : {L.kc, L.vc})
-        for (int i = 0; i < pages; ++i) {
-          const size_t off = static_cast<size_t>(h_table_[static_cast<size_t>(slot) * max_pages_ + i]) * page_bytes;
-          DS_RETURN_IF_ERROR(Copy(p, pool + off, page_bytes));
-          p += page_bytes;
-        }
+      DS_RETURN_IF_ERROR(HostLayerPages(L, slot, pages, page_bytes, stage.p, p, /*to_host=*/true));
+      p += 2 * static_cast<size_t>(pages) * page_bytes;
     }
   }
+  DS_RETURN_IF_ERROR(CopyMtpPart(slot, n_past, p, /*on_host=*/true, stage.p, /*to_saved=*/true));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return bytes;
 }
 
@@ -125,33 +172,27 @@ absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uin
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
-  const size_t total = SlotStateBytes(layers_, rb, 2 * pages * page_bytes);
+  const size_t total = SavedStateBytes(n_past);
   if (bytes.size() != total)
     return absl::InvalidArgumentError(
         absl::StrCat("Restore: state of ", bytes.size(), " bytes, expected ", total));
-  const uint8_t* p = bytes.data();
-  // Snapshots hold no MTP rows (the drafts after a restore start from an empty MTP cache).
+  uint8_t* p = const_cast<uint8_t*>(bytes.data());  // only read: the copies go to the device
   DropSpeculation(slot);
-  const PageStage stage(2 * static_cast<size_t>(pages) * page_bytes);
+  const PageStage stage(2 * static_cast<size_t>(pages) * std::max(page_bytes, mtp_page_bytes_));
   for (DLayer& L : layers_) {
     if (L.rec) {
       DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, p, rb.ring));
       p += rb.ring;
       DS_RETURN_IF_ERROR(Copy(reinterpret_cast<uint8_t*>(L.state) + slot * rb.state, p, rb.state));
       p += rb.state;
-    } else if (stage.p != nullptr) {
-      DS_RETURN_IF_ERROR(LayerPagesThroughStage(L, SlotPageTable(slot), pages, page_bytes, stage.p,
-                                                const_cast<uint8_t*>(p), /*to_host=*/false, stream_));
-      p += 2 * static_cast<size_t>(pages) * page_bytes;
     } else {
-      for (uint8_t* pool : {L.kc, L.vc})
-        for (int i = 0; i < pages; ++i) {
-          const size_t off = static_cast<size_t>(h_table_[static_cast<size_t>(slot) * max_pages_ + i]) * page_bytes;
-          DS_RETURN_IF_ERROR(Copy(pool + off, p, page_bytes));
-          p += page_bytes;
-        }
+      DS_RETURN_IF_ERROR(HostLayerPages(L, slot, pages, page_bytes, stage.p, p, /*to_host=*/false));
+      p += 2 * static_cast<size_t>(pages) * page_bytes;
     }
   }
+  DS_RETURN_IF_ERROR(CopyMtpPart(slot, n_past, p, /*on_host=*/true, stage.p, /*to_saved=*/false));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (mtp_page_bytes_ > 0) mtp_len_[slot] = n_past;
   return absl::OkStatus();
 }
 

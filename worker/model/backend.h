@@ -37,6 +37,15 @@ struct SeqStep {
   // its tokens, so that Backend::CommitSpeculative can keep any prefix of them without computing
   // anything again. Implies decode_path. At most Backend::max_speculative_tokens() tokens.
   bool speculative = false;
+  // MTP (issue #15): also write the MTP layer's K/V at these positions (spec §8.2), so the drafts
+  // attend over the whole prompt: position pos0 + i pairs the main model's final-normed state
+  // there with the token after it — tokens[i + 1], and mtp_next for the last token (-1 = not
+  // known yet: that row is left to the next MtpRows / MtpDraftGreedy, which pairs it with the
+  // sampled token). Rows past the written ones are dropped, as MtpRows does. Not with
+  // speculative (a verify's rows are written by the drafts' catch-up pass). Needs a backend with
+  // the MTP block on its device (Backend::SupportsDraftChain).
+  bool fill_mtp = false;
+  int32_t mtp_next = -1;
 };
 
 // What the caller needs from one output row when it asks for device sampling

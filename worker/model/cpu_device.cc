@@ -412,9 +412,46 @@ absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
   return absl::OkStatus();
 }
 
+// The MtpStep rows of a prompt's positions without their attention output, MLP and head (a row's
+// K/V depends only on its own inputs): the same K/V bit for bit (cpu::MatMul is per row).
+absl::Status CpuDevice::MtpFill(const RowRun& run, int32_t next) {
+  if (!w_.has_mtp)
+    return absl::UnimplementedError(
+        "MtpFill: the model file has no MTP block (nextn_predict_layers = 0)");
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.n_embd;
+  const int64_t n = run.n - (next < 0 ? 1 : 0);
+  if (n <= 0) return absl::OkStatus();
+  const MtpWeights& m = w_.mtp;
+  std::vector<float> cat(n * 2 * H), hid(H), u(n * H), a(n * H), y(n * H);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t token = i + 1 < run.n ? step_->ids[run.row0 + i + 1] : next;
+    float* ci = cat.data() + i * 2 * H;
+    cpu::GetRow(m.embed, token, ci);
+    cpu::RmsNorm(ci, m.enorm.data(), H, c.rms_eps, ci);
+    // The final-normed state (Head's hn_ row), then the MTP's own hnorm.
+    cpu::RmsNorm(h_.data() + (run.row0 + i) * H, w_.output_norm.data(), H, c.rms_eps, hid.data());
+    cpu::RmsNorm(hid.data(), m.hnorm.data(), H, c.rms_eps, ci + H);
+  }
+  cpu::MatMul(m.eh_proj, cat.data(), n, u.data(), pool_);
+  Slot& s = slots_[run.slot];
+  s.mtp_len = cpu::MtpMaskWrite(s.mtp_valid.data(), run.pos0, static_cast<int32_t>(n), s.mtp_len);
+  for (int64_t i = 0; i < n; ++i)
+    cpu::RmsNorm(u.data() + i * H, m.layer.attn_norm.data(), H, c.rms_eps, a.data() + i * H);
+  std::vector<SeqRun> runs(1);
+  runs[0].n = n;
+  runs[0].pos0 = run.pos0;
+  runs[0].k_cache = s.mtp_k.data();
+  runs[0].v_cache = s.mtp_v.data();
+  runs[0].valid = s.mtp_valid.data();
+  AttnMixer(m.layer.attn, a.data(), n, runs, y.data());  // stores the K/V rows; y is not needed
+  return absl::OkStatus();
+}
+
 // Payload: [mtp_len i32][conv f32...][ssm f32...]
 //   [per attention layer: K rows [0,n_past), V rows [0,n_past)][MTP K, V rows [0,mtp_len)]
-//   [MTP valid bytes [0,mtp_len)]
+//   [MTP valid bytes [0,mtp_len)]; saved with mtp_len = MtpRowsKept (device.h): the rows that
+//   hold for any sequence sharing the n_past saved positions.
 size_t CpuDevice::StateBytes(int32_t n_past, int32_t mtp_len) const {
   size_t n = 4;
   n += sizeof(float) * static_cast<size_t>(n_gdn_) * (conv_elems_ + ssm_elems_);
@@ -430,13 +467,14 @@ std::string CpuDevice::state_layout() const {
 
 absl::StatusOr<std::vector<uint8_t>> CpuDevice::SaveState(int slot, int32_t n_past) const {
   const Slot& s = slots_[slot];
-  std::vector<uint8_t> bytes(StateBytes(n_past, s.mtp_len));
+  const int32_t mtp_len = w_.has_mtp ? MtpRowsKept(s.mtp_len, n_past) : 0;
+  std::vector<uint8_t> bytes(StateBytes(n_past, mtp_len));
   uint8_t* p = bytes.data();
   auto put = [&p](const void* src, size_t n) {
     if (n) std::memcpy(p, src, n);
     p += n;
   };
-  put(&s.mtp_len, 4);
+  put(&mtp_len, 4);
   put(s.conv.data(), s.conv.size() * 4);
   put(s.ssm.data(), s.ssm.size() * 4);
   // K rows [0, n_past) then V rows of each layer, gathered through the page table (the format
@@ -450,10 +488,10 @@ absl::StatusOr<std::vector<uint8_t>> CpuDevice::SaveState(int slot, int32_t n_pa
       }
   }
   if (w_.has_mtp) {
-    const size_t mrows = static_cast<size_t>(s.mtp_len) * kv_width_;
+    const size_t mrows = static_cast<size_t>(mtp_len) * kv_width_;
     put(s.mtp_k.data(), mrows * 4);
     put(s.mtp_v.data(), mrows * 4);
-    put(s.mtp_valid.data(), s.mtp_len);
+    put(s.mtp_valid.data(), mtp_len);
   }
   return bytes;
 }

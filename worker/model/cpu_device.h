@@ -68,6 +68,7 @@ class CpuDevice final : public Device {
   absl::Status LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) override;
   std::string state_layout() const override;
 
+  absl::Status MtpFill(const RowRun& run, int32_t next) override;
   absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                        std::vector<float>* logits, std::vector<float>* hidden_out) override;
   absl::Status CommitSpeculative(int slot, int entry) override;

@@ -64,6 +64,7 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
   SlotState& slot = slots_[slot_index];
   int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
   if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
+  if (mtp_.automatic) k = slot.policy.Next(k);
   const int n = spec::DraftBudget(k,
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),
@@ -279,6 +280,14 @@ StepResult StepExecutor::Run(const Step& step) {
     q.all_logits = false;
     q.decode_path = w.decode_path;
     q.speculative = false;
+    q.fill_mtp = false;
+    q.mtp_next = -1;
+    if (slot.mtp && (w.n_tokens > 1 || w.pos0 + w.n_tokens < known.size())) {
+      // Prompt chunks (and replays) write the MTP layer's KV as they go, so the drafts attend
+      // over the whole sequence; the last row of a sampled chunk waits for its token (DraftAfter).
+      q.fill_mtp = true;
+      if (w.pos0 + w.n_tokens < known.size()) q.mtp_next = known[w.pos0 + w.n_tokens];
+    }
     if (slot.mtp && w.sample) {
       want_hidden = true;
       const int n_drafts = static_cast<int>(slot.drafts.tokens.size());
@@ -392,6 +401,7 @@ StepResult StepExecutor::Run(const Step& step) {
       // to its last kept token, and draft again from the rows of the kept positions.
       const size_t before = slot.known.size();
       const int n_out = out_row_[i + 1] - row0;
+      const int offered = static_cast<int>(slot.drafts.tokens.size());
       const int kept =
           device && dev_rows_[row0].mode == DeviceSampleRow::Mode::kSample
               ? spec::MtpDrafter::AcceptTokens(
@@ -411,6 +421,7 @@ StepResult StepExecutor::Run(const Step& step) {
       for (size_t j = before; j < slot.known.size(); ++j)
         result.tokens.push_back(SampledToken{w.slot, slot.known[j], std::nullopt});
       verify_tokens_.push_back(kept + 1);
+      slot.policy.Record(offered, kept);
       DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
                  kept + 1, n_mtp_slots);
       continue;

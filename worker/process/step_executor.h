@@ -21,6 +21,7 @@
 #include "worker/model/backend.h"
 #include "worker/runner/checkpoint_store.h"
 #include "worker/process/step_types.h"
+#include "worker/spec/draft_policy.h"
 #include "worker/spec/mtp_setting.h"
 #include "worker/spec/mtp_speculator.h"
 
@@ -89,6 +90,7 @@ class StepExecutor {
     int n_prompt = 0;
     int max_new = 0;
     spec::Drafts drafts;
+    spec::DraftPolicy policy;  // `--mtp auto`: drafts from this sequence's acceptance
     std::optional<sampling::JsonConstraint> json;  // response_format json_object
   };
   // Drafts from the hidden rows [p0, p0 + n_rows) the last Forward gave for `slot`; when drafting

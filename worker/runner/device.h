@@ -105,6 +105,14 @@ struct LogitBuffers {
   float* full = nullptr;
 };
 
+// MTP rows a saved slot state keeps valid (Device::SaveState, device checkpoints): [0, MtpRowsKept).
+// Row t pairs the main model's state at t with token t + 1, so rows t < n_past - 1 hold for any
+// sequence that shares the saved prefix; row n_past - 1 was paired with whatever came next (a
+// sampled token, a draft) and later rows with drafts, which a resumed sequence need not share.
+inline int32_t MtpRowsKept(int32_t mtp_len, int32_t n_past) {
+  return std::max(0, std::min(mtp_len, n_past - 1));
+}
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -191,6 +199,15 @@ class Device {
       DS_RETURN_IF_ERROR(MtpStep(slot, tokens[i], pos0 + static_cast<int32_t>(i),
                                  hidden.subspan(i * n_embd, n_embd), logits, hidden_out));
     return absl::OkStatus();
+  }
+  // SeqStep::fill_mtp for one run of the last micro-step: the MTP layer's K/V at positions
+  // [run.pos0, run.pos0 + n) of run.slot from the run's rows (their final states, normed here by
+  // the output norm as Head does) paired with the token after each — the next row's id, and
+  // `next` for the run's last row (next < 0: that row is skipped, n = run.n - 1) — exactly as
+  // MtpRows over those hidden rows and tokens would write them (no logits, no draft state).
+  // Called after Head, before Finish; arguments validated by the runner.
+  virtual absl::Status MtpFill(const RowRun& run, int32_t next) {
+    return absl::UnimplementedError("MTP is not implemented by device " + name());
   }
   // Greedy MTP drafts from the last micro-step (Backend::MtpDraftGreedy): MtpRows over `tokens`
   // at pos0 whose hidden rows are rows [hidden_row0, hidden_row0 + n) of the last micro-step's

@@ -191,6 +191,18 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
                                                        lim.max_spec_tokens));
       spec_tokens += static_cast<int>(s.tokens.size());
     }
+    if (s.fill_mtp) {
+      if (!SupportsDraftChain())
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch[", i, "]: fill_mtp needs the MTP block on the device (", name(),
+            tp_.world > 1 ? " under tensor parallelism" : "", " has none)"));
+      if (s.speculative)
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch[", i, "]: fill_mtp with a speculative verify"));
+      if (s.mtp_next < -1 || s.mtp_next >= cfg_.n_vocab)
+        return absl::InvalidArgumentError(absl::StrCat("batch[", i, "]: mtp_next ", s.mtp_next,
+                                                       " out of range [-1, ", cfg_.n_vocab, ")"));
+    }
     const int64_t end = static_cast<int64_t>(s.pos0) + static_cast<int64_t>(s.tokens.size());
     if (end > slot_ctx_)
       return absl::OutOfRangeError(absl::StrCat("batch[", i, "]: slot ", s.slot, " would hold ",
@@ -283,6 +295,7 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
                    bind_lazily_ ? std::span<const int32_t>(batch_dev_) : std::span<const int32_t>());
     DS_RETURN_IF_ERROR(RunMicroStep());
     DS_RETURN_IF_ERROR(read_outputs(micro_.n_logit_rows()));
+    DS_RETURN_IF_ERROR(FillMtp(batch, pieces));
     // The reads land before the next micro-step (or the caller) touches their destinations.
     DS_RETURN_IF_ERROR(dev_->Finish());
     last_out_row0_ = out_rows;
@@ -296,6 +309,20 @@ absl::Status StepRunner::RunMicroSteps(std::span<const SeqStep> batch,
       spec_[s.slot] = PendingSpec{s.pos0, static_cast<int32_t>(s.tokens.size()), spec_base_[i]};
       ++pending_specs_;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::FillMtp(std::span<const SeqStep> batch,
+                                 std::span<const StepPiece> pieces) {
+  // BuildMicroStep made one run per piece, in piece order. A piece's last row pairs with the
+  // first token of the sequence's next piece, or with the SeqStep's mtp_next after its last.
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    const StepPiece& p = pieces[j];
+    const SeqStep& s = batch[p.seq];
+    if (!s.fill_mtp) continue;
+    const int32_t next = p.last ? s.mtp_next : s.tokens[p.t0 + p.n];
+    DS_RETURN_IF_ERROR(dev_->MtpFill(micro_.runs[j], next));
   }
   return absl::OkStatus();
 }

@@ -27,6 +27,7 @@
 #include "worker/model/config.h"
 #include "worker/runner/device.h"
 #include "worker/runner/kv_page_pool.h"
+#include "worker/runner/micro_steps.h"
 #include "worker/tp/plan.h"
 
 namespace ds {
@@ -136,6 +137,8 @@ class StepRunner : public Backend {
   absl::Status RunMicroSteps(std::span<const SeqStep> batch,
                              const std::function<absl::Status(int)>& read_outputs);
   absl::Status GatherVocabParallelLogits(int n_rows);
+  // SeqStep::fill_mtp: the MTP K/V of the pieces of micro_ that ask for it (Device::MtpFill).
+  absl::Status FillMtp(std::span<const SeqStep> batch, std::span<const StepPiece> pieces);
   // Paged KV: gives every slot of a validated batch the pages its new tokens need and maps them
   // on the device (Validate checked that they are free).
   absl::Status GrowPages(std::span<const SeqStep> batch);

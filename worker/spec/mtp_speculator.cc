@@ -165,22 +165,23 @@ absl::Status MtpSpeculator::Start(std::span<SpecSequence* const> seqs) {
     batch_[i].slot = s.slot;
     batch_[i].pos0 = 0;
     batch_[i].tokens = s.tokens;
-    batch_[i].all_logits = true;  // every row's hidden state feeds the MTP layer's KV
+    // The MTP layer's KV over the prompt is written inside the Forward; its last row waits for
+    // the sampled token (the Draft below).
+    batch_[i].fill_mtp = true;
+    batch_[i].mtp_next = -1;
   }
   StepOptions opts;
   opts.want_hidden = true;
   DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));
-  size_t row = 0;
-  for (SpecSequence* sp : seqs) {
-    SpecSequence& s = *sp;
-    const size_t n = s.tokens.size();
-    const std::span<const float> last(out_.logits.data() + (row + n - 1) * n_vocab_, n_vocab_);
-    s.tokens.push_back(s.sampler->Sample(last, s.tokens).token);
-    DS_RETURN_IF_ERROR(Draft(s, 0,
-                             std::span<const float>(out_.hidden.data() + row * n_embd_,
-                                                    n * n_embd_),
-                             static_cast<int>(n)));
-    row += n;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    SpecSequence& s = *seqs[i];
+    const int32_t last = static_cast<int32_t>(s.tokens.size()) - 1;
+    s.tokens.push_back(
+        s.sampler->Sample(std::span<const float>(out_.logits).subspan(i * n_vocab_, n_vocab_),
+                          s.tokens)
+            .token);
+    DS_RETURN_IF_ERROR(
+        Draft(s, last, std::span<const float>(out_.hidden).subspan(i * n_embd_, n_embd_), 1));
   }
   return absl::OkStatus();
 }
