@@ -8,7 +8,7 @@ namespace ds::spec {
 
 struct MtpSetting {
   int drafts = 0;          // K drafts per verify step; 0 = off
-  bool automatic = false;  // `auto`: DraftsForBatch picks K from the batch
+  bool automatic = false;  // `auto`: DraftsForBatch caps K by the batch, DraftPolicy per sequence
 };
 
 // "off" / "0", "1".."15", or "auto". InvalidArgument names the accepted forms.
