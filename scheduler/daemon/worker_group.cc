@@ -207,6 +207,9 @@ void WorkerGroups::FromRank(const GroupMember& m, Command cmd) {
         merged.kv_pool_tokens = x->kv_pool_tokens;
         merged.kv_page_size = x->kv_page_size;
       }
+      // Each rank keeps its shard's checkpoints under the same ids: the smallest budget bounds
+      // the group (a rank without a cache turns it off).
+      merged.prefix_cache_bytes = std::min(merged.prefix_cache_bytes, x->prefix_cache_bytes);
       merged.mtp_drafts = std::max(merged.mtp_drafts, x->mtp_drafts);
       merged.mtp_auto = merged.mtp_auto || x->mtp_auto;
       if (x->active_slots > 0 &&

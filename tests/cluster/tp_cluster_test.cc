@@ -305,6 +305,33 @@ TEST(TpCluster, MixedLongAndShortPromptsUnderChunkedPrefillMatchAlone) {
   }
 }
 
+// Prefix cache under TP (issue #17): each rank keeps its shard's checkpoints (the worker's
+// default host tier); a chat's second turn resumes on both ranks and both turns give the tokens
+// of single-process generate.
+TEST(TpCluster, SecondChatTurnResumesOnEveryRankAndMatchesGenerate) {
+  TpCluster c({});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
+  constexpr int kMax = 8;
+  std::vector<int32_t> p1;
+  for (int i = 0; i < 120; ++i) p1.push_back(32 + (i * 29) % 90);
+  Gen r1 = c.Generate(Greedy(p1, kMax));
+  ASSERT_TRUE(r1.status.ok()) << r1.status.error_message();
+  EXPECT_EQ(r1.ids, Reference(p1, kMax));
+  std::vector<int32_t> p2 = p1;
+  p2.insert(p2.end(), r1.ids.begin(), r1.ids.end());
+  for (int i = 0; i < 15; ++i) p2.push_back(40 + (i * 13) % 70);
+  Gen r2 = c.Generate(Greedy(p2, kMax));
+  ASSERT_TRUE(r2.status.ok()) << r2.status.error_message();
+  EXPECT_EQ(r2.ids, Reference(p2, kMax));
+  const v1::ClusterStatus st = c.Status();
+  ASSERT_EQ(st.workers_size(), 1);
+  const v1::PrefixCacheStatus& pc = st.workers(0).prefix_cache();
+  EXPECT_TRUE(pc.enabled());
+  EXPECT_EQ(pc.hits(), 1u);
+  EXPECT_EQ(pc.tokens_saved(), 120u + kMax - 1u);
+  EXPECT_EQ(pc.failures(), 0u);
+}
+
 // The internal listener with tokens (what a multi-host deployment runs, docs/tp.md "Multi-host"):
 // the ranks' registration and Gloo rendezvous and the gateway's calls all carry the token.
 // tests/cluster/netns_tp_test.sh runs the same across network namespaces, with TLS.

@@ -110,6 +110,41 @@ void StepExecutor::SaveCheckpoint(int slot, uint64_t id, int32_t n_past,
   }
 }
 
+bool StepExecutor::AgreeWithGroup(std::span<const uint64_t> ids,
+                                  std::span<const uint32_t> resumed, StepResult* result) {
+  auto failed_here = [&](uint64_t id) {
+    return std::find(result->checkpoints_failed.begin(), result->checkpoints_failed.end(), id) !=
+           result->checkpoints_failed.end();
+  };
+  agree_.assign(ids.size() + resumed.size(), 0.0f);
+  for (size_t i = 0; i < ids.size(); ++i) agree_[i] = failed_here(ids[i]) ? 1.0f : 0.0f;
+  for (size_t j = 0; j < resumed.size(); ++j)
+    agree_[ids.size() + j] =
+        std::find(missed_.begin(), missed_.end(), resumed[j]) != missed_.end() ? 1.0f : 0.0f;
+  if (absl::Status s = group_->AllReduceSum(agree_.data(), agree_.size()); !s.ok()) {
+    group_broken_ = true;
+    result->error = "tp agreement on the prefix cache: " + s.ToString();
+    return false;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (agree_[i] == 0.0f || failed_here(ids[i])) continue;
+    // Saved here, failed on another rank: no rank keeps it.
+    store_->Drop(ids[i]);
+    std::erase_if(result->checkpoints_saved,
+                  [&](const CheckpointSaved& c) { return c.id == ids[i]; });
+    result->checkpoints_failed.push_back(ids[i]);
+  }
+  for (size_t j = 0; j < resumed.size(); ++j) {
+    const uint32_t slot = resumed[j];
+    if (agree_[ids.size() + j] == 0.0f ||
+        std::find(missed_.begin(), missed_.end(), slot) != missed_.end())
+      continue;
+    backend_->ResetSlot(static_cast<int>(slot));  // loaded here, not everywhere: start over
+    missed_.push_back(slot);
+  }
+  return true;
+}
+
 absl::Status StepExecutor::Validate(const Step& step) const {
   const int n = static_cast<int>(slots_.size());
   const bool cache = store_ != nullptr && store_->enabled();
@@ -127,8 +162,11 @@ absl::Status StepExecutor::Validate(const Step& step) const {
     if (!cache)
       return absl::FailedPreconditionError(
           absl::StrCat("request ", st.request_id, " resumes from a checkpoint but the prefix cache is off"));
-    // The store holds it, or this step's saves (applied first) make it.
-    bool known = store_->Length(st.resume_checkpoint) == static_cast<int32_t>(st.resume_len);
+    // The store holds it, or this step's saves (applied first) make it. Under TP a rank may have
+    // lost one its peers hold (stores evict on their own): not an error there, the ranks agree
+    // on a miss instead (AgreeWithGroup), so every rank runs the same rows.
+    bool known = group_ != nullptr ||
+                 store_->Length(st.resume_checkpoint) == static_cast<int32_t>(st.resume_len);
     for (const CheckpointSave& c : step.saves)
       known |= c.id == st.resume_checkpoint && c.n_past == st.resume_len;
     if (st.resume_len == 0 || st.resume_len >= st.tokens.size() || !known)
@@ -188,11 +226,15 @@ StepResult StepExecutor::Run(const Step& step) {
   const double tc0 = SteadySeconds();
   pinned_.clear();
   missed_.clear();
+  tried_.clear();
+  resumed_.clear();
   for (const SequenceStart& st : step.started)
     if (st.resume_checkpoint != 0) pinned_.push_back(st.resume_checkpoint);
-  for (const CheckpointSave& c : step.saves)
+  for (const CheckpointSave& c : step.saves) {
     SaveCheckpoint(static_cast<int>(c.slot), c.id, static_cast<int32_t>(c.n_past), pinned_,
                    &result);
+    tried_.push_back(c.id);
+  }
   // json_object: the token table is loaded before anything changes, so a failure leaves every
   // slot as it was.
   for (const SequenceStart& st : step.started) {
@@ -219,10 +261,12 @@ StepResult StepExecutor::Run(const Step& step) {
       // Validated above. When the load fails anyway (this step's save of it failed, no free
       // pages, a device error) the slot stays empty and the work below computes the prefix
       // too: slower, never wrong.
-      if (!store_->Restore(st.resume_checkpoint, static_cast<int>(st.slot)).ok()) {
+      if (store_->Length(st.resume_checkpoint) != static_cast<int32_t>(st.resume_len) ||
+          !store_->Restore(st.resume_checkpoint, static_cast<int>(st.slot)).ok()) {
         backend_->ResetSlot(static_cast<int>(st.slot));
         missed_.push_back(st.slot);
       }
+      resumed_.push_back(st.slot);
     }
     slot.active = true;
     slot.request_id = st.request_id;
@@ -248,6 +292,9 @@ StepResult StepExecutor::Run(const Step& step) {
         if (!slot.json->Accept(slot.known[i]).ok()) break;
     }
   }
+  if (group_ && (!tried_.empty() || !resumed_.empty()) &&
+      !AgreeWithGroup(tried_, resumed_, &result))
+    return result;
   result.checkpoint_seconds = SteadySeconds() - tc0;
   if (step.work.empty()) return result;
   const int n_vocab = backend_->config().n_vocab;
@@ -475,14 +522,18 @@ StepResult StepExecutor::Run(const Step& step) {
   result.sample_seconds = SteadySeconds() - t1;
   // Prefix cache: checkpoints after the work (a prompt's end, a shared prefix, a chunk boundary).
   const double tc1 = SteadySeconds();
-  bool saved = false;
+  tried_.clear();
   for (const SlotWork& w : step.work) {
     if (w.checkpoint == 0) continue;
     SaveCheckpoint(static_cast<int>(w.slot), w.checkpoint,
                    static_cast<int32_t>(w.pos0 + w.n_tokens), pinned_, &result);
-    saved = true;
+    tried_.push_back(w.checkpoint);
   }
-  if (saved) result.checkpoint_seconds += SteadySeconds() - tc1;
+  if (group_ && !tried_.empty() && !AgreeWithGroup(tried_, {}, &result)) {
+    result.tokens.clear();
+    return result;
+  }
+  if (!tried_.empty()) result.checkpoint_seconds += SteadySeconds() - tc1;
   return result;
 }
 

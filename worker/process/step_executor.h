@@ -61,6 +61,10 @@ class StepExecutor {
   // Prefix cache (issue #17): the store that Step::saves, SlotWork::checkpoint and
   // SequenceStart::resume_checkpoint go to; null (the default) = the worker has none, and a
   // step that names a checkpoint is refused. `store` must outlive the executor.
+  // Under TP every rank keeps its own shard's checkpoints under the scheduler's ids; the ranks
+  // agree (one small all-reduce where a step saves or resumes) so that a checkpoint exists on
+  // all ranks or none, and a resume happens on all ranks or none (a rank that cannot load it
+  // makes every rank compute the prefix: the same rows run everywhere).
   void SetCheckpointStore(CheckpointStore* store) { store_ = store; }
   CheckpointStore* checkpoint_store() const { return store_; }
 
@@ -101,6 +105,13 @@ class StepExecutor {
                   int n_mtp_slots);
 
   absl::Status Validate(const Step& step) const;
+  // TP prefix cache: the checkpoints `ids` this rank tried to save in this step (failures in
+  // result->checkpoints_failed) and the resumes of `resumed` slots (missed_ holds the local
+  // misses): one all-reduce of the failures; a checkpoint that failed on any rank is dropped on
+  // all and reported failed, a resume missed on any rank is undone on all (the slot computes its
+  // prefix). False when the collective failed (the group is broken, result->error says why).
+  bool AgreeWithGroup(std::span<const uint64_t> ids, std::span<const uint32_t> resumed,
+                      StepResult* result);
   // Saves `slot` as checkpoint `id` when it holds exactly n_past positions; records the outcome
   // (saved / evicted / failed) in *result. Never fails the step.
   void SaveCheckpoint(int slot, uint64_t id, int32_t n_past, std::span<const uint64_t> pinned,
@@ -117,6 +128,9 @@ class StepExecutor {
   CheckpointStore* store_ = nullptr;  // prefix cache, or null
   std::vector<uint64_t> pinned_;      // checkpoints this step restores (not evicted by its saves)
   std::vector<uint32_t> missed_;      // slots of this step whose resume could not load
+  std::vector<uint64_t> tried_;       // TP: checkpoint ids this step tried to save, reused
+  std::vector<uint32_t> resumed_;     // TP: slots this step resumed, reused
+  std::vector<float> agree_;          // TP: failure flags summed over the group, reused
   bool group_broken_ = false;
   std::vector<int32_t> shared_;   // [n sampled] ids broadcast from rank 0
   spec::MtpSetting mtp_;

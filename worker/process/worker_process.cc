@@ -346,10 +346,10 @@ class Session {
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
           bo.max_step_tokens = o_.max_step_tokens;
-          // Device-memory checkpoints (TP = 1 only; under TP the cache is off): the planner
-          // keeps their budget free (all of it for --prefix-cache-tier device, at most a
-          // quarter of what is left for auto).
-          if (o_.prefix_cache_mb > 0 && o_.tp_world == 1 && o_.prefix_cache_tier != "host") {
+          // Device-memory checkpoints (under TP each rank's of its shard): the planner keeps
+          // their budget free (all of it for --prefix-cache-tier device, at most a quarter of
+          // what is left for auto).
+          if (o_.prefix_cache_mb > 0 && o_.prefix_cache_tier != "host") {
             bo.prefix_cache_bytes = o_.prefix_cache_mb << 20;
             bo.prefix_cache_required = o_.prefix_cache_tier == "device";
           }
@@ -411,13 +411,9 @@ class Session {
             executor_->SetGroup(tp_.collective.get());
           if (absl::Status ms = executor_->SetMtp(o_.mtp); !ms.ok()) return Fatal(ms);
           executor_->SetJsonVocabLoader([file = file_] { return worker::JsonVocabFromGguf(*file); });
-          // Prefix cache (issue #17): checkpoints of slot state at exact positions.
-          if (o_.prefix_cache_mb > 0 && o_.tp_world > 1) {
-            DS_LOG(INFO, "prefix_cache",
-                   {{"enabled", false},
-                    {"reason", "not available under tensor parallelism yet (each rank would "
-                               "need to keep the same checkpoints)"}});
-          } else if (o_.prefix_cache_mb > 0) {
+          // Prefix cache (issue #17): checkpoints of slot state at exact positions; under TP
+          // each rank keeps its shard's and the executor keeps the ranks in agreement.
+          if (o_.prefix_cache_mb > 0) {
             CheckpointStoreOptions co;
             co.budget_bytes = o_.prefix_cache_mb << 20;
             co.prefer_device = o_.prefix_cache_tier != "host";
