@@ -15,22 +15,6 @@
 namespace ds::prefix_test {
 namespace {
 
-// A chat of three turns: each turn's prompt is the previous prompt + its answer + a new message.
-Outcome Chat(uint64_t cache_bytes, float temp) {
-  Outcome o;
-  Harness h(cache_bytes);
-  std::vector<int32_t> prompt = Tokens(150, 1);
-  for (RequestId turn = 1; turn <= 3; ++turn) {
-    h.Add(Make(turn, prompt, 10, temp));
-    EXPECT_TRUE(h.RunToEnd(&o));
-    prompt.insert(prompt.end(), o.out[turn].begin(), o.out[turn].end());
-    const std::vector<int32_t> user = Tokens(20, 10 + static_cast<int>(turn));
-    prompt.insert(prompt.end(), user.begin(), user.end());
-  }
-  h.Finish(&o);
-  return o;
-}
-
 TEST(PrefixCache, ChatTurnsResumeFromThePreviousAnswerAndMatchNoCache) {
   for (float temp : {0.0f, 0.8f}) {
     const Outcome off = Chat(0, temp), on = Chat(uint64_t{256} << 20, temp);
@@ -94,28 +78,6 @@ TEST(PrefixCache, MessageStartHintsLetARerenderedChatResume) {
     EXPECT_FALSE(plain.resumed_at.contains(2));
     EXPECT_EQ(plain.cache.hits, 0u);
   }
-}
-
-// Six requests with one 200-token prefix and different suffixes, all queued at once on two
-// slots: the first prefills the prefix once and saves it; the others wait for that checkpoint
-// and resume exactly at the end of the shared prefix.
-Outcome Agents(uint64_t cache_bytes, RequestId abort_producer = 0) {
-  Outcome o;
-  Harness h(cache_bytes);
-  const std::vector<int32_t> prefix = Tokens(200, 3);
-  for (RequestId id = 1; id <= 6; ++id) {
-    std::vector<int32_t> p = prefix;
-    // Suffixes differ from their first token on.
-    std::vector<int32_t> suffix = Tokens(10 + 7 * static_cast<int>(id), 20 + static_cast<int>(id));
-    suffix[0] = static_cast<int32_t>(245 + id);
-    p.insert(p.end(), suffix.begin(), suffix.end());
-    h.Add(Make(id, p, 6));
-  }
-  if (abort_producer) h.AbortAfterFirstStep(abort_producer);
-  EXPECT_TRUE(h.RunToEnd(&o));
-  for (RequestId id = 1; id <= 6; ++id) EXPECT_TRUE(h.finished(id)) << id;
-  h.Finish(&o);
-  return o;
 }
 
 TEST(PrefixCache, RequestsSharingAPrefixResumeAtItsEnd) {
