@@ -67,6 +67,55 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
   EXPECT_NE(r.status.error_message().find("mtp"), std::string::npos) << r.status.error_message();
 }
 
+// Cancellation mid-draft: two greedy requests and one seeded, with MTP drafts pending at every
+// step, are cancelled after a few tokens; the worker releases their slots with their drafts and
+// the MTP rows, and the requests that follow (one per slot) stream exactly the tokens of
+// single-process generate, while a request that ran beside the cancelled ones is unaffected.
+TEST(MtpCluster, CancellingMidDraftLosesNothingForTheOthers) {
+  const std::string model = ResolveModelAlias("demo");
+  ClusterOptions o;
+  o.model = model;
+  o.slots = 4;
+  o.ctx = 1024;
+  o.worker_args = {"--mtp", "3"};
+  Cluster c(o);
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 60s));
+  constexpr int kMax = 40;
+  const std::vector<int32_t> keep = {72, 101, 108, 108, 111, 44, 32};
+  const std::vector<int32_t> after = {260, 1605, 479, 386};
+  const std::vector<int32_t> want_keep = GenerateTokens(model, keep, kMax);
+  const std::vector<int32_t> want_after = GenerateTokens(model, after, kMax);
+  std::vector<std::future<GenResult>> cancelled;
+  for (int i = 0; i < 3; ++i)
+    cancelled.push_back(std::async(std::launch::async, [&c, i] {
+      v1::GenerateRequest req = IdsRequest({300, 301, static_cast<int32_t>(302 + i)}, 800);
+      if (i == 2) {
+        req.mutable_sampling()->set_temperature(0.8f);
+        req.mutable_sampling()->set_seed(11);
+      }
+      return Cluster::Generate(c.addr(), req, 60s,
+                               [](const GenResult& r) { return r.ids.size() >= 9; });
+    }));
+  GenResult beside = c.Generate(IdsRequest(keep, kMax));
+  for (auto& f : cancelled) {
+    GenResult r = f.get();
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED) << r.status.error_message();
+    EXPECT_GE(r.ids.size(), 9u);
+    EXPECT_LT(r.ids.size(), 800u);
+  }
+  ASSERT_TRUE(beside.status.ok()) << beside.status.error_message();
+  EXPECT_EQ(beside.ids, want_keep);
+  std::vector<std::future<GenResult>> next;
+  for (int i = 0; i < 4; ++i)
+    next.push_back(std::async(std::launch::async,
+                              [&c, &after] { return c.Generate(IdsRequest(after, kMax)); }));
+  for (auto& f : next) {
+    GenResult r = f.get();
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, want_after);
+  }
+}
+
 TEST(MtpCluster, WorkerRefusesAnMtpItCannotRun) {
   // 99 drafts is past what the CPU device verifies: the worker exits with a clear error instead
   // of serving.
