@@ -1,4 +1,5 @@
-// Worker flags that select device paths (issue #19: --portable on|off): parsed into WorkerOptions,
+// Worker flags that select device paths (issue #19: --portable on|off; issue #22:
+// --dense-weights on|off): parsed into WorkerOptions,
 // bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
@@ -31,6 +32,20 @@ TEST(WorkerFlags, PortableOnOff) {
   auto bad = Parse({"--portable", "yes"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("--portable expects on or off"),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(WorkerFlags, DenseWeightsOnOff) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_FALSE(def->dense_weights);
+  auto on = Parse({"--dense-weights", "on"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->dense_weights);
+  auto bad = Parse({"--dense-weights", "1"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("--dense-weights expects on or off"),
             std::string::npos)
       << bad.status();
 }

@@ -46,6 +46,9 @@ struct DMat {
   int rows = 0, cols = 0;
   uint64_t bytes = 0;
   bool tiled = false;       // Q6_K repacked into 16-row mma tiles at upload
+  // CudaBackendOptions::dense_weights: the 16-bit copy [rows, cols] the cuBLAS path multiplies
+  // (no dequantization per step); null without it.
+  const void* dense = nullptr;
 };
 
 struct DLayer {

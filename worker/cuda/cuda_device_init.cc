@@ -1,5 +1,6 @@
 // CudaDevice (cuda_device.h): the memory plan, the allocations and the weight upload.
 #include <algorithm>
+#include <set>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -169,10 +170,18 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   }
   uint64_t max_mat_elems = 0;
   tiled_ = copts_.tiled && !portable_ && TiledAvailable(device_);
-  tiled_max_rows_ = tiled_ ? std::clamp(copts_.int8_mmq ? std::max(copts_.tiled_max_rows, copts_.mmq_max_rows)
-                                                         : copts_.tiled_max_rows,
+  // With dense weights, steps past tiled_max_rows rows take the 16-bit GEMM, not MMQ.
+  tiled_max_rows_ = tiled_ ? std::clamp(copts_.int8_mmq && !copts_.dense_weights
+                                            ? std::max(copts_.tiled_max_rows, copts_.mmq_max_rows)
+                                            : copts_.tiled_max_rows,
                                         0, kTiledMaxCols)
                            : 0;
+  // Dense weights: the trunk's quantized matrices (not the embedding, the lm_head or the MTP
+  // block, which only ever see a few rows).
+  std::set<const cpu::WeightView*> dense_mats;
+  if (copts_.dense_weights)
+    for (auto& [n, w] : mats)
+      if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32) dense_mats.insert(w);
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
   // by row lookups), so also the LM head unless it is tied to the embedding.
   auto tile_it = [&](const cpu::WeightView* w) {
@@ -190,6 +199,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                                                    std::string(GgmlInfo(w->type).name),
                                                    " which the CUDA kernels do not support"));
     plan_.weights += AlignUp(mat_bytes(w));
+    if (dense_mats.contains(w)) plan_.weights += AlignUp(static_cast<uint64_t>(w->rows) * w->cols * 2);
     if (tile_it(w))
       staging_bytes = std::max<uint64_t>(staging_bytes, std::min<uint64_t>(GgmlRowBytes(w->type, w->cols) * w->rows, 64ull << 20) + GgmlRowBytes(w->type, w->cols) * kTiledRows);
     max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));
@@ -383,9 +393,21 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     m->bytes = mat_bytes(&w);
     uint8_t* d = wa.Take<uint8_t>(m->bytes);
     m->d = d;
+    // The 16-bit copy, from the uploaded matrix (in whichever layout it has).
+    auto densify = [&]() -> absl::Status {
+      if (!dense_mats.contains(&w)) return absl::OkStatus();
+      auto* dense = wa.Take<uint8_t>(static_cast<uint64_t>(m->rows) * m->cols * 2);
+      m->dense = dense;
+      DS_RETURN_IF_ERROR(m->tiled ? DequantizeTiledRows(m->type, d, 0, m->rows, m->cols, dense,
+                                                        bf16_, stream_)
+                                  : DequantizeRows(m->type, d, m->rows, m->cols, dense, bf16_,
+                                                   stream_));
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      return absl::OkStatus();
+    };
     if (!m->tiled) {
       DS_RETURN_IF_ERROR(Copy(d, w.data, m->bytes));
-      return absl::OkStatus();
+      return densify();
     }
     // Raw rows go through the staging buffer in chunks of whole tiles and are repacked there.
     const uint64_t rb = GgmlRowBytes(w.type, w.cols);
@@ -396,7 +418,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       DS_RETURN_IF_ERROR(TileRows(w.type, staging, r0, n, m->cols, d, stream_));
       DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     }
-    return absl::OkStatus();
+    return densify();
   };
   auto up_vec = [&](const std::vector<float>& v) -> absl::StatusOr<const float*> {
     float* d = wa.Take<float>(v.size());

@@ -50,6 +50,15 @@ struct CudaBackendOptions {
   // `bench --mmq off`).
   bool int8_mmq = true;
   int mmq_max_rows = 64;
+  // Dense weights (issue #22): every layer matrix also kept as a 16-bit copy (bf16; f16 on the
+  // portable path), dequantized once at load, which the cuBLAS path multiplies instead of
+  // dequantizing the quantized matrix into a scratch at every step. Costs 2 bytes per weight on
+  // the device (the 27B: ~50 GiB beside its 20.6 GiB of Q6_K) and buys the 16-bit GEMM at its own
+  // speed: steps of more than tiled_max_rows rows (batched decode of 33+ sequences, prefill) take
+  // it instead of MMQ, whose int8 rate stays far below the card's (kernels/cuda/README.md). The
+  // numbers are those of the dequantize + cuBLAS path (the same 16-bit values, the same GEMM);
+  // decode steps of 33-64 sequences are then no longer batch-invariant. Off by default.
+  bool dense_weights = false;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;

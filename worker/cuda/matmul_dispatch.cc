@@ -225,10 +225,13 @@ absl::Status CudaDevice::LinearOverlapReduce(const DMat& w, const float* x, int 
     };
     if (!f32) {
       DS_RETURN_IF_ERROR(EnsureHalf(x, chunks.back().row0 + chunks.back().n, w.cols));
-      if (wchunk == w.rows) DS_RETURN_IF_ERROR(dequant(0, w.rows));  // once for every chunk
+      if (wchunk == w.rows && !w.dense) DS_RETURN_IF_ERROR(dequant(0, w.rows));  // once for all
     }
     for (const RowSegment& c : chunks) {
-      if (f32) {
+      if (w.dense) {
+        DS_RETURN_IF_ERROR(gemm_->Run(w.dense, xh_ + c.row0 * K, h_ + c.row0 * M, w.rows, w.cols,
+                                      c.n, w.rows, bf16_, beta, stream_, XhScale()));
+      } else if (f32) {
         DS_RETURN_IF_ERROR(gemm_->RunF32(static_cast<const float*>(w.d), x + c.row0 * K,
                                          h_ + c.row0 * M, w.rows, w.cols, c.n, w.rows, beta,
                                          stream_));
@@ -306,6 +309,13 @@ absl::Status CudaDevice::GemmSegments(const DMat& w, const float* x,
   }
   const int end = segs.back().row0 + segs.back().n;
   DS_RETURN_IF_ERROR(EnsureHalf(x, end, w.cols));
+  if (w.dense) {  // CudaBackendOptions::dense_weights: the 16-bit copy, no dequantization
+    for (const RowSegment& g : segs)
+      DS_RETURN_IF_ERROR(gemm_->Run(w.dense, xh_ + static_cast<int64_t>(g.row0) * w.cols,
+                                    y + static_cast<int64_t>(g.row0) * w.rows, w.rows, w.cols, g.n,
+                                    w.rows, bf16_, beta, stream_, XhScale()));
+    return absl::OkStatus();
+  }
   const uint64_t rb = GgmlRowBytes(w.type, w.cols);
   const int chunk = static_cast<int>(std::min<uint64_t>(w.rows, wh_elems_ / w.cols));
   for (int m0 = 0; m0 < w.rows; m0 += chunk) {

@@ -235,6 +235,10 @@ struct BackendOptions {
   // CUDA: the portable (sm_70 / V100) kernel path on any GPU (CudaBackendOptions::portable,
   // --portable); the CPU backend has one path and ignores it.
   bool portable = false;
+  // CUDA: a 16-bit copy of every layer matrix for the GEMM path (CudaBackendOptions::
+  // dense_weights, --dense-weights): faster batched decode past 32 sequences and prefill for ~2
+  // bytes per weight of device memory; the CPU backend ignores it.
+  bool dense_weights = false;
   // Paged KV pool (issue #23): tokens of KV the pool holds for all slots together, and tokens per
   // page. kv_pool_tokens 0 = n_slots x slot_ctx (every slot can hold a full context: no sharing);
   // less makes the slots share it (the scheduler admits against it). kv_page_size 0 = the

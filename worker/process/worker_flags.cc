@@ -18,7 +18,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--nvml-device", "--port-file", "--tp-rank",
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
-                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable",
+                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable", "--dense-weights",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
                                           "--max-active", "--prefix-cache", "--prefix-cache-mb",
@@ -96,6 +96,12 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
         o.prefix_cache_tier != "device")
       return absl::InvalidArgumentError("--prefix-cache-tier expects auto, host or device, got '" +
                                         o.prefix_cache_tier + "'");
+  }
+  if (m.count("--dense-weights")) {
+    if (m["--dense-weights"] != "on" && m["--dense-weights"] != "off")
+      return absl::InvalidArgumentError("--dense-weights expects on or off, got '" +
+                                        m["--dense-weights"] + "'");
+    o.dense_weights = m["--dense-weights"] == "on";
   }
   if (m.count("--portable")) {
     if (m["--portable"] != "on" && m["--portable"] != "off")
