@@ -18,14 +18,19 @@ namespace ds::cluster_test {
 namespace {
 
 
-TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
-  const std::string model = ResolveModelAlias("demo");
+// The demo model behind one worker with --mtp 3, four slots.
+ClusterOptions DemoMtp() {
   ClusterOptions o;
-  o.model = model;
+  o.model = ResolveModelAlias("demo");
   o.slots = 4;
   o.ctx = 1024;
   o.worker_args = {"--mtp", "3"};
-  Cluster c(o);
+  return o;
+}
+
+TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
+  const std::string model = ResolveModelAlias("demo");
+  Cluster c(DemoMtp());
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 60s));
   constexpr int kMax = 48;
   const std::vector<std::vector<int32_t>> prompts = {
@@ -73,12 +78,7 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
 // single-process generate, while a request that ran beside the cancelled ones is unaffected.
 TEST(MtpCluster, CancellingMidDraftLosesNothingForTheOthers) {
   const std::string model = ResolveModelAlias("demo");
-  ClusterOptions o;
-  o.model = model;
-  o.slots = 4;
-  o.ctx = 1024;
-  o.worker_args = {"--mtp", "3"};
-  Cluster c(o);
+  Cluster c(DemoMtp());
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 60s));
   constexpr int kMax = 40;
   const std::vector<int32_t> keep = {72, 101, 108, 108, 111, 44, 32};

@@ -340,19 +340,26 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuVsCpu, ::testing::ValuesIn(kCases),
 // (tools/device/tiled_decode_check.sh compares decode against the CPU). The model has the 27B
 // widths (n_embd 5120, n_ff 17408, K % 256 == 0) but 4 layers (3 GDN + 1 attention), no MTP and
 // a 32768-token vocabulary instead of 248320: ~1.5 GB instead of ~3.6 GB, the LM head still tiled.
-TEST(GpuTiledQ6K, PrefillTiledMatchesRawLayout) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable (sm_70) path has no tiled layout";
+// The 27B-width Q6_K model of the tests below, written to ScratchDir()/name.
+std::string Synth27BWidth(const std::string& name, uint64_t seed) {
   SynthOptions o = SynthOptions::Qwen27B();
   o.n_layer = 4;
   o.with_mtp = false;
   o.n_vocab = 32768;
   o.weight_type = GgmlType::Q6_K;
   o.quant_mode = SynthQuantMode::kRandomBlocks;
-  o.seed = 3;
-  const std::string path = ScratchDir() + "/q6k_27b_width_4l.gguf";
+  o.seed = seed;
+  const std::string path = ScratchDir() + "/" + name;
   absl::Status s = SynthesizeGguf(o, path);
-  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? path : "";
+}
+
+TEST(GpuTiledQ6K, PrefillTiledMatchesRawLayout) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable (sm_70) path has no tiled layout";
+  const std::string path = Synth27BWidth("q6k_27b_width_4l.gguf", 3);
+  ASSERT_FALSE(path.empty());
 
   BackendOptions bo;
   bo.n_slots = 1;
@@ -393,16 +400,8 @@ TEST(GpuTiledQ6K, PrefillTiledMatchesRawLayout) {
 TEST(GpuDenseWeights, GemmStepsMatchDequantization) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path is covered by the bf16 one";
-  SynthOptions o = SynthOptions::Qwen27B();
-  o.n_layer = 4;
-  o.with_mtp = false;
-  o.n_vocab = 32768;
-  o.weight_type = GgmlType::Q6_K;
-  o.quant_mode = SynthQuantMode::kRandomBlocks;
-  o.seed = 4;
-  const std::string path = ScratchDir() + "/q6k_27b_width_4l_dense.gguf";
-  absl::Status s = SynthesizeGguf(o, path);
-  ASSERT_TRUE(s.ok()) << s;
+  const std::string path = Synth27BWidth("q6k_27b_width_4l_dense.gguf", 4);
+  ASSERT_FALSE(path.empty());
   BackendOptions bo;
   bo.n_slots = 41;
   bo.slot_ctx = 128;

@@ -304,6 +304,8 @@ class CudaDevice final : public Device {
   std::vector<int32_t> h_table_;     // its host copy (SaveState / LoadState walk it)
   uint64_t kv_token_bytes_ = 0;  // one token's K (or V) over all KV heads, in copts_.kv_type
   uint64_t mtp_page_bytes_ = 0;  // one page of the MTP layer's f16 K (or V) plane; 0: no MTP block
+  // KV pages that n_past positions of a slot fill.
+  int SlotPages(int32_t n_past) const { return (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size; }
   // Saved-state bytes of a slot of n_past positions (slot_bytes.h: the layers, then the MTP part).
   size_t SavedStateBytes(int32_t n_past) const;
   // One layer's K then V pages of a slot <-> host memory (K pages, then V pages; to_host: slot ->

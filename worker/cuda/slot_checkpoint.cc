@@ -21,7 +21,7 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
                                                                     uint64_t* bytes) const {
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
-  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int pages = SlotPages(n_past);
   const size_t total = SavedStateBytes(n_past);
   // The memory planner leaves 512 MiB + 1% of the card free for graphs, sampler buffers and
   // library handles (runner/memory_planner.h); checkpoints never take that. Their own room is
@@ -66,7 +66,7 @@ absl::Status CudaDevice::LoadStateFromDevice(int slot, int32_t n_past, const voi
                                              uint64_t bytes) {
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
-  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int pages = SlotPages(n_past);
   const size_t total = SavedStateBytes(n_past);
   if (bytes != total)
     return absl::InvalidArgumentError(

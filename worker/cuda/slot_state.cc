@@ -95,7 +95,7 @@ std::string CudaDevice::state_layout() const {
 }
 
 size_t CudaDevice::SavedStateBytes(int32_t n_past) const {
-  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int pages = SlotPages(n_past);
   return SlotStateBytes(layers_, SlotRecurrentBytes(gdn_shape_),
                         2 * pages * kv_token_bytes_ * copts_.kv_page_size) +
          MtpStateBytes(pages, mtp_page_bytes_, n_past);
@@ -118,7 +118,7 @@ absl::Status CudaDevice::HostLayerPages(const DLayer& L, int slot, int pages, si
 absl::Status CudaDevice::CopyMtpPart(int slot, int32_t n_past, uint8_t* saved, bool on_host,
                                      uint8_t* stage, bool to_saved) const {
   if (mtp_page_bytes_ == 0) return absl::OkStatus();
-  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int pages = SlotPages(n_past);
   uint8_t* mask_saved = saved + 2 * static_cast<size_t>(pages) * mtp_page_bytes_;
   uint8_t* mask = mtp_valid_ + static_cast<size_t>(slot) * slot_ctx_;
   if (on_host) {
@@ -148,7 +148,7 @@ absl::Status CudaDevice::CopyMtpPart(int slot, int32_t n_past, uint8_t* saved, b
 absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_past) const {
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
-  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int pages = SlotPages(n_past);
   std::vector<uint8_t> bytes(SavedStateBytes(n_past));
   uint8_t* p = bytes.data();
   const PageStage stage(2 * static_cast<size_t>(pages) * std::max(page_bytes, mtp_page_bytes_));
@@ -171,7 +171,7 @@ absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_p
 absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) {
   const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
-  const int pages = (n_past + copts_.kv_page_size - 1) / copts_.kv_page_size;
+  const int pages = SlotPages(n_past);
   const size_t total = SavedStateBytes(n_past);
   if (bytes.size() != total)
     return absl::InvalidArgumentError(

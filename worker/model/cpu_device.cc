@@ -374,6 +374,33 @@ absl::Status CpuDevice::Argmax(int n, int32_t* tokens) {
   return absl::OkStatus();
 }
 
+void CpuDevice::MtpAttention(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                             const float* hidden, float* u, float* y) {
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.n_embd, n = static_cast<int64_t>(tokens.size());
+  const MtpWeights& m = w_.mtp;
+  std::vector<float> cat(n * 2 * H), a(n * H);
+  for (int64_t i = 0; i < n; ++i) {
+    float* ci = cat.data() + i * 2 * H;
+    cpu::GetRow(m.embed, tokens[i], ci);
+    cpu::RmsNorm(ci, m.enorm.data(), H, c.rms_eps, ci);                   // e (first half)
+    cpu::RmsNorm(hidden + i * H, m.hnorm.data(), H, c.rms_eps, ci + H);  // hh
+  }
+  cpu::MatMul(m.eh_proj, cat.data(), n, u, pool_);
+  Slot& s = slots_[slot];
+  // Rows [pos0, pos0 + n) replace whatever was there and drop every later row (rejected drafts).
+  s.mtp_len = cpu::MtpMaskWrite(s.mtp_valid.data(), pos0, static_cast<int32_t>(n), s.mtp_len);
+  for (int64_t i = 0; i < n; ++i)
+    cpu::RmsNorm(u + i * H, m.layer.attn_norm.data(), H, c.rms_eps, a.data() + i * H);
+  std::vector<SeqRun> run(1);
+  run[0].n = n;
+  run[0].pos0 = pos0;
+  run[0].k_cache = s.mtp_k.data();
+  run[0].v_cache = s.mtp_v.data();
+  run[0].valid = s.mtp_valid.data();
+  AttnMixer(m.layer.attn, a.data(), n, run, y);
+}
+
 absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
                                 std::span<const float> hidden, std::vector<float>* logits,
                                 std::vector<float>* hidden_out) {
@@ -383,24 +410,8 @@ absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
         "MtpStep: the model file has no MTP block (nextn_predict_layers = 0)");
   const int64_t H = c.n_embd;
   const MtpWeights& m = w_.mtp;
-  std::vector<float> cat(2 * H), u(H), a(H), y(H);
-  cpu::GetRow(m.embed, token, cat.data());
-  cpu::RmsNorm(cat.data(), m.enorm.data(), H, c.rms_eps, cat.data());         // e (first half)
-  cpu::RmsNorm(hidden.data(), m.hnorm.data(), H, c.rms_eps, cat.data() + H);  // hh
-  cpu::MatMul(m.eh_proj, cat.data(), 1, u.data(), pool_);
-
-  Slot& s = slots_[slot];
-  // Row pos replaces whatever was there and drops every later row (rejected drafts).
-  s.mtp_len = cpu::MtpMaskWrite(s.mtp_valid.data(), pos, 1, s.mtp_len);
-  cpu::RmsNorm(u.data(), m.layer.attn_norm.data(), H, c.rms_eps, a.data());
-  std::vector<SeqRun> run(1);
-  run[0].row0 = 0;
-  run[0].n = 1;
-  run[0].pos0 = pos;
-  run[0].k_cache = s.mtp_k.data();
-  run[0].v_cache = s.mtp_v.data();
-  run[0].valid = s.mtp_valid.data();
-  AttnMixer(m.layer.attn, a.data(), 1, run, y.data());
+  std::vector<float> u(H), a(H), y(H);
+  MtpAttention(slot, pos, std::span<const int32_t>(&token, 1), hidden.data(), u.data(), y.data());
   for (int64_t i = 0; i < H; ++i) u[i] += y[i];
   cpu::RmsNorm(u.data(), m.layer.post_norm.data(), H, c.rms_eps, a.data());
   Mlp(m.layer, a.data(), 1, y.data());
@@ -412,39 +423,24 @@ absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
   return absl::OkStatus();
 }
 
-// The MtpStep rows of a prompt's positions without their attention output, MLP and head (a row's
-// K/V depends only on its own inputs): the same K/V bit for bit (cpu::MatMul is per row).
+// The MtpStep rows of a prompt's positions without their MLP and head (a row's K/V depends only
+// on its own inputs): the same K/V bit for bit (cpu::MatMul is per row).
 absl::Status CpuDevice::MtpFill(const RowRun& run, int32_t next) {
   if (!w_.has_mtp)
     return absl::UnimplementedError(
         "MtpFill: the model file has no MTP block (nextn_predict_layers = 0)");
-  const ModelConfig& c = cfg_;
-  const int64_t H = c.n_embd;
+  const int64_t H = cfg_.n_embd;
   const int64_t n = run.n - (next < 0 ? 1 : 0);
   if (n <= 0) return absl::OkStatus();
-  const MtpWeights& m = w_.mtp;
-  std::vector<float> cat(n * 2 * H), hid(H), u(n * H), a(n * H), y(n * H);
+  std::vector<int32_t> tokens(n);
+  std::vector<float> hid(n * H), u(n * H), y(n * H);
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t token = i + 1 < run.n ? step_->ids[run.row0 + i + 1] : next;
-    float* ci = cat.data() + i * 2 * H;
-    cpu::GetRow(m.embed, token, ci);
-    cpu::RmsNorm(ci, m.enorm.data(), H, c.rms_eps, ci);
-    // The final-normed state (Head's hn_ row), then the MTP's own hnorm.
-    cpu::RmsNorm(h_.data() + (run.row0 + i) * H, w_.output_norm.data(), H, c.rms_eps, hid.data());
-    cpu::RmsNorm(hid.data(), m.hnorm.data(), H, c.rms_eps, ci + H);
+    tokens[i] = i + 1 < run.n ? step_->ids[run.row0 + i + 1] : next;
+    // The final-normed state: Head's hn_ row.
+    cpu::RmsNorm(h_.data() + (run.row0 + i) * H, w_.output_norm.data(), H, cfg_.rms_eps,
+                 hid.data() + i * H);
   }
-  cpu::MatMul(m.eh_proj, cat.data(), n, u.data(), pool_);
-  Slot& s = slots_[run.slot];
-  s.mtp_len = cpu::MtpMaskWrite(s.mtp_valid.data(), run.pos0, static_cast<int32_t>(n), s.mtp_len);
-  for (int64_t i = 0; i < n; ++i)
-    cpu::RmsNorm(u.data() + i * H, m.layer.attn_norm.data(), H, c.rms_eps, a.data() + i * H);
-  std::vector<SeqRun> runs(1);
-  runs[0].n = n;
-  runs[0].pos0 = run.pos0;
-  runs[0].k_cache = s.mtp_k.data();
-  runs[0].v_cache = s.mtp_v.data();
-  runs[0].valid = s.mtp_valid.data();
-  AttnMixer(m.layer.attn, a.data(), n, runs, y.data());  // stores the K/V rows; y is not needed
+  MtpAttention(run.slot, run.pos0, tokens, hid.data(), u.data(), y.data());  // y is not needed
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 // rows > t (rollback of rejected drafts); rows never written (gaps) are masked out of attention.
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,11 @@ class CpuDevice final : public Device {
   void AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
                  const std::vector<SeqRun>& seqs, float* y);
   void Mlp(const LayerWeights& w, const float* f, int64_t N, float* y);
+  // The MTP block up to its attention (spec §8.2) for n = tokens.size() rows of `slot` at pos0:
+  // row i pairs hidden row i ([n, H], final-normed) with tokens[i]; writes the MTP K/V rows
+  // (mask and length as MtpStep), u = eh_proj(...) [n, H] and the attention output y [n, H].
+  void MtpAttention(int slot, int32_t pos0, std::span<const int32_t> tokens, const float* hidden,
+                    float* u, float* y);
   void GdnMixer(const LayerWeights& L, int gdn_index, float* y);
   size_t StateBytes(int32_t n_past, int32_t mtp_len) const;
 
