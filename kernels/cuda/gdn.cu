@@ -3,6 +3,7 @@
 // gated RMSNorm reduce over the block.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/gdn_chunk.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -154,31 +155,42 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
   }
 }
 
-// One thread per channel walks the T tokens with the last K-1 pre-conv values in registers.
+// One thread per (token, channel): the K taps read the pre-conv rows t-K+1..t, those of
+// positions before pos0 from the ring. (v1 walked the T tokens in one thread per channel: one
+// dependent load per token, ~0.2 ms per layer of a 512-token prefill on the 27B.) The sum is
+// taken in the same order as the decode kernel's: tap K-1 first, then taps 0..K-2.
 __global__ void GdnConvPrefillKernel(const GdnPrefillArgs a) {
+  const int C = a.shape.channels();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(a.T) * C) return;
+  const int t = static_cast<int>(i / C), c = static_cast<int>(i % C);
+  const float* ring = a.conv_ring + static_cast<int64_t>(a.slot) * kConvK * C;
+  const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
+  float acc = w[kConvK - 1] * a.mixed[i];
+#pragma unroll
+  for (int tap = 0; tap < kConvK - 1; ++tap) {
+    const int tt = t - (kConvK - 1) + tap;
+    const float x = tt >= 0 ? a.mixed[static_cast<int64_t>(tt) * C + c] : ring[Mod(a.pos0 + tt, kConvK) * C + c];
+    acc += w[tap] * x;
+  }
+  a.y[i] = Silu(acc);
+}
+
+// After GdnConvPrefillKernel (which read the old rows): the ring keeps the pre-conv rows of the
+// last K-1 positions, pos0+T-K+1 .. pos0+T-1 (older ones from the ring itself when T < K-1).
+__global__ void GdnConvRingKernel(const GdnPrefillArgs a) {
   const int C = a.shape.channels();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float* ring = a.conv_ring + static_cast<int64_t>(a.slot) * kConvK * C;
-  float w[kConvK], hist[kConvK - 1];
+  float keep[kConvK - 1];
 #pragma unroll
-  for (int tap = 0; tap < kConvK; ++tap) w[tap] = a.p.conv_w[static_cast<int64_t>(c) * kConvK + tap];
-#pragma unroll
-  for (int i = 0; i < kConvK - 1; ++i) hist[i] = ring[Mod(a.pos0 - (kConvK - 1) + i, kConvK) * C + c];
-  for (int t = 0; t < a.T; ++t) {
-    const float cur = a.mixed[static_cast<int64_t>(t) * C + c];
-    float acc = w[kConvK - 1] * cur;
-#pragma unroll
-    for (int i = 0; i < kConvK - 1; ++i) acc += w[i] * hist[i];
-    a.y[static_cast<int64_t>(t) * C + c] = Silu(acc);
-#pragma unroll
-    for (int i = 0; i < kConvK - 2; ++i) hist[i] = hist[i + 1];
-    hist[kConvK - 2] = cur;
+  for (int i = 0; i < kConvK - 1; ++i) {  // every read before any write: the rows may alias
+    const int tt = a.T - (kConvK - 1) + i;
+    keep[i] = tt >= 0 ? a.mixed[static_cast<int64_t>(tt) * C + c] : ring[Mod(a.pos0 + tt, kConvK) * C + c];
   }
-  // hist now holds positions pos0+T-3 .. pos0+T-1 (older ones from the ring when T < 3).
 #pragma unroll
-  for (int i = 0; i < kConvK - 1; ++i)
-    ring[Mod(a.pos0 + a.T - (kConvK - 1) + i, kConvK) * C + c] = hist[i];
+  for (int i = 0; i < kConvK - 1; ++i) ring[Mod(a.pos0 + a.T - (kConvK - 1) + i, kConvK) * C + c] = keep[i];
 }
 
 // Per token: l2-normalise the q and k heads in place (one warp per head) and compute the gates.
@@ -259,143 +271,6 @@ __global__ void __launch_bounds__(128, 1) GdnScanKernel(const GdnPrefillArgs a) 
   for (int k = 0; k < DK; ++k) S[k * dv] = s[k];
 }
 
-// Chunked form (spec §5.4), written without forming (I + A)^-1: per chunk of n <= 32 tokens with
-// state S entering it, γ = cumsum(g), A_rs = β_r (k_r·k_s) e^{γ_r-γ_s} (s < r),
-//   V' solves (I + A) V' = diag(β) (V - diag(e^γ) K S)       (forward substitution over rows)
-//   O  = diag(e^γ) Q S + (Q Kᵀ ⊙ D) V'                       (D_rs = e^{γ_r-γ_s}, s <= r)
-//   S ← e^{γ_last} S + Σ_r e^{γ_last-γ_r} k_r V'_rᵀ
-// Block = 256 threads = 4 row groups x 64 state columns [c0, c0+64) of value head h; S of those
-// columns lives in shared memory for the whole prefill. Padded rows (r >= n) have k = q = v = 0,
-// β = g = 0 and drop out. All exponents are <= 0 (g <= 0): no overflow.
-constexpr int kChunkCols = 64;
-template <int DK>
-struct ChunkSmem {
-  float S[DK][kChunkCols];
-  float K[kGdnChunk][DK + 1];  // +1: the (r, s) dot products read rows s = lane without conflicts
-  float Q[kGdnChunk][DK + 1];
-  float V[kGdnChunk][kChunkCols];  // V, then R, then V'
-  float A[kGdnChunk][kGdnChunk];   // β_r (k_r·k_s) D_rs, strictly lower
-  float P[kGdnChunk][kGdnChunk];   // (q_r·k_s) D_rs, lower incl. diagonal
-  float gam[kGdnChunk], beta[kGdnChunk];
-};
-
-template <int DK>
-__global__ void __launch_bounds__(256) GdnChunkKernel(const GdnPrefillArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  ChunkSmem<DK>& sm = *reinterpret_cast<ChunkSmem<DK>*>(smem_raw);
-  constexpr int NC = kGdnChunk, CB = kChunkCols;
-  const GdnShape& d = a.shape;
-  const int h = blockIdx.x, c0 = blockIdx.y * CB, tid = threadIdx.x;
-  const int j = tid % CB, rg = tid / CB;  // column, row group (0..3)
-  const int dv = d.v_dim, Hv = d.v_heads, C = d.channels(), Kw = d.k_heads * DK;
-  const int kh = h % d.k_heads;
-  const bool jv = c0 + j < dv;
-  float* Sg = a.state + (static_cast<int64_t>(a.slot) * Hv + h) * DK * dv + c0 + j;
-  for (int k = rg; k < DK; k += 4) sm.S[k][j] = jv ? Sg[static_cast<int64_t>(k) * dv] : 0.f;
-
-  for (int t0 = 0; t0 < a.T; t0 += NC) {
-    const int n = min(NC, a.T - t0);
-    // ---- load the chunk ----
-    for (int i = tid; i < NC * DK; i += 256) {
-      const int r = i / DK, k = i % DK;
-      const float* yr = a.y + static_cast<int64_t>(t0 + r) * C;
-      sm.Q[r][k] = r < n ? yr[kh * DK + k] : 0.f;
-      sm.K[r][k] = r < n ? yr[Kw + kh * DK + k] : 0.f;
-    }
-    for (int r = rg; r < NC; r += 4)
-      sm.V[r][j] = r < n && jv ? a.y[static_cast<int64_t>(t0 + r) * C + 2 * Kw + h * dv + c0 + j] : 0.f;
-    if (tid < NC) {
-      const bool ok = tid < n;
-      sm.beta[tid] = ok ? a.beta[static_cast<int64_t>(t0 + tid) * Hv + h] : 0.f;
-      sm.gam[tid] = ok ? a.g[static_cast<int64_t>(t0 + tid) * Hv + h] : 0.f;
-    }
-    __syncthreads();
-    if (tid < 32) {  // inclusive cumulative sum of g over the chunk (warp scan)
-      float v = sm.gam[tid];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float u = __shfl_up_sync(0xffffffffu, v, o);
-        if (tid >= o) v += u;
-      }
-      sm.gam[tid] = v;
-    }
-    __syncthreads();
-    // ---- A and P: 32 x 32 dot products over DK each (lanes = s) ----
-    for (int pi = tid; pi < NC * NC; pi += 256) {
-      const int r = pi / NC, s = pi % NC;
-      float kk = 0.f, qk = 0.f;
-      if (s <= r) {
-#pragma unroll 8
-        for (int k = 0; k < DK; ++k) {
-          kk = fmaf(sm.K[r][k], sm.K[s][k], kk);
-          qk = fmaf(sm.Q[r][k], sm.K[s][k], qk);
-        }
-      }
-      const float dec = s <= r ? __expf(sm.gam[r] - sm.gam[s]) : 0.f;  // masked before exp
-      sm.A[r][s] = s < r ? sm.beta[r] * kk * dec : 0.f;
-      sm.P[r][s] = qk * dec;
-    }
-    // ---- R = diag(β)(V - diag(e^γ) K S) and O1 = diag(e^γ) Q S (rows rg, rg+4, ...) ----
-    float ks[NC / 4], qs[NC / 4];
-#pragma unroll
-    for (int i = 0; i < NC / 4; ++i) ks[i] = qs[i] = 0.f;
-#pragma unroll 4
-    for (int k = 0; k < DK; ++k) {
-      const float sv = sm.S[k][j];
-#pragma unroll
-      for (int i = 0; i < NC / 4; ++i) {
-        ks[i] = fmaf(sm.K[rg + 4 * i][k], sv, ks[i]);
-        qs[i] = fmaf(sm.Q[rg + 4 * i][k], sv, qs[i]);
-      }
-    }
-    __syncthreads();  // A/P complete; every thread done reading S for this chunk
-#pragma unroll
-    for (int i = 0; i < NC / 4; ++i) {
-      const int r = rg + 4 * i;
-      const float eg = __expf(sm.gam[r]);
-      sm.V[r][j] = sm.beta[r] * (sm.V[r][j] - eg * ks[i]);
-      qs[i] *= eg;
-    }
-    __syncthreads();
-    // ---- forward substitution, one thread per column: V'_r = R_r - Σ_{s<r} A_rs V'_s ----
-    if (rg == 0) {
-      float vp[NC];
-#pragma unroll
-      for (int r = 0; r < NC; ++r) {
-        float v = sm.V[r][j];
-#pragma unroll
-        for (int s2 = 0; s2 < r; ++s2) v = fmaf(-sm.A[r][s2], vp[s2], v);
-        vp[r] = v;
-        sm.V[r][j] = v;
-      }
-    }
-    __syncthreads();
-    // ---- O = O1 + P V' ----
-#pragma unroll
-    for (int i = 0; i < NC / 4; ++i) {
-      const int r = rg + 4 * i;
-      float o = qs[i];
-      for (int s2 = 0; s2 <= r; ++s2) o = fmaf(sm.P[r][s2], sm.V[s2][j], o);
-      if (r < n && jv) a.out[static_cast<int64_t>(t0 + r) * Hv * dv + h * dv + c0 + j] = o;
-    }
-    // ---- S ← e^{γ_last} S + Σ_r e^{γ_last-γ_r} k_r V'_r ----
-    const float gl = sm.gam[NC - 1];
-    float wv[NC];
-#pragma unroll
-    for (int r = 0; r < NC; ++r) wv[r] = __expf(gl - sm.gam[r]) * sm.V[r][j];
-    const float el = __expf(gl);
-    for (int k = rg; k < DK; k += 4) {
-      float sv = sm.S[k][j] * el;
-#pragma unroll
-      for (int r = 0; r < NC; ++r) sv = fmaf(sm.K[r][k], wv[r], sv);
-      sm.S[k][j] = sv;
-    }
-    __syncthreads();  // before the next chunk overwrites K/Q/V
-  }
-  if (jv)
-    for (int k = rg; k < DK; k += 4) Sg[static_cast<int64_t>(k) * dv] = sm.S[k][j];
-}
-
 // out[t, h*dv + j] = rmsnorm(o[t, h, :])[j] * w[j] * silu(z[t, h*dv + j]), in place.
 __global__ void GatedNormKernel(float* __restrict__ o, const float* __restrict__ z,
                                 const float* __restrict__ w, int dv, float eps) {
@@ -458,7 +333,8 @@ absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream) {
   DS_RETURN_IF_ERROR(GdnShapeSupported(a.shape));
   if (a.T == 0) return absl::OkStatus();
   const int C = a.shape.channels();
-  GdnConvPrefillKernel<<<CeilDiv(C, 128), 128, 0, stream>>>(a);
+  GdnConvPrefillKernel<<<static_cast<unsigned>(CeilDiv(static_cast<int64_t>(a.T) * C, 256)), 256, 0, stream>>>(a);
+  GdnConvRingKernel<<<CeilDiv(C, 128), 128, 0, stream>>>(a);
   DS_RETURN_IF_ERROR(LastLaunchStatus("GdnConvPrefill"));
   GdnPrepKernel<<<a.T, 512, 0, stream>>>(a);
   DS_RETURN_IF_ERROR(LastLaunchStatus("GdnPrep"));
@@ -471,18 +347,11 @@ absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream) {
     });
     DS_RETURN_IF_ERROR(LastLaunchStatus("GdnScan"));
   } else {
-    cudaError_t attr = cudaSuccess;
-    DispatchDk(a.shape.k_dim, [&](auto tag) {
-    constexpr int DK = decltype(tag)::value;
-      const int bytes = static_cast<int>(sizeof(ChunkSmem<DK>));
-      attr = cudaFuncSetAttribute(GdnChunkKernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      if (attr == cudaSuccess)
-        GdnChunkKernel<DK><<<dim3(a.shape.v_heads, CeilDiv(a.shape.v_dim, kChunkCols)), 256, bytes, stream>>>(a);
-    });
-    if (attr != cudaSuccess) {  // not enough shared memory (e.g. 82 KB at dk 128 on sm_75)
-      cudaGetLastError();
+    if (a.wy == nullptr)
+      return absl::InvalidArgumentError("GdnPrefill: the chunked form needs its scratch (wy)");
+    if (!gdn_chunk::Launch(a, stream)) {  // not enough shared memory (sm_75): the recurrence
       DispatchDk(a.shape.k_dim, [&](auto tag) {
-    constexpr int DK = decltype(tag)::value;
+        constexpr int DK = decltype(tag)::value;
         GdnScanKernel<DK><<<a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a);
       });
     }

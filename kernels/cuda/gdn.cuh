@@ -70,9 +70,11 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream);
 // rule (spec §5.2 step 7 / §5.4), the same math:
 //   chunk = 0: per-token recurrence with the state in registers (one block per value head), as
 //              llama.cpp's fused op does: T dependent steps;
-//   chunk = kGdnChunk: the chunked (WY) form, one block per (value head, 64 state columns):
-//              T / 32 dependent steps of small matrix products in shared memory (falls back
-//              to the recurrence where the device lacks the 82 KB of shared memory, sm_75).
+//   chunk = kGdnChunk: the chunked (WY) form (gdn_chunk.cuh): the parts that do not depend on
+//              the state for all chunks in parallel, then T / 32 dependent steps of three small
+//              matrix products per (value head, 32 state columns); needs `wy` scratch of
+//              GdnChunkScratchFloats(shape, T) floats (falls back to the recurrence where the
+//              device lacks the 76 KB of shared memory, sm_75).
 constexpr int kGdnChunk = 32;
 struct GdnPrefillArgs {
   GdnShape shape;
@@ -87,11 +89,15 @@ struct GdnPrefillArgs {
   const float* alpha = nullptr;  // [T, Hv]
   float* conv_ring = nullptr;    // [n_slots, K, C]
   float* state = nullptr;        // [n_slots, Hv, dk, dv]
-  float* y = nullptr;            // [T, C] scratch (conv output, q/k normalised in place)
-  float* g = nullptr;            // [T, Hv] scratch
+  float* y = nullptr;            // [T, C] scratch (conv output, q/k normalised in place; the
+                                 // chunked form writes its U over v)
+  float* g = nullptr;            // [T, Hv] scratch (the chunked form: γ within each chunk)
   float* beta = nullptr;         // [T, Hv] scratch
   float* out = nullptr;          // [T, Hv*dv]
+  float* wy = nullptr;           // chunked form: scratch of GdnChunkScratchFloats(shape, T)
 };
+// Floats of the chunked form's scratch for T tokens (W and Q Kᵀ of every chunk and value head).
+int64_t GdnChunkScratchFloats(const GdnShape& s, int T);
 absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream);
 
 // Host-side check of the supported shapes.

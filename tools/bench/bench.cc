@@ -471,16 +471,23 @@ int RunBench(const BenchOptions& o) {
       for (auto& [cls, ms] : be.ProfileTotals())
         std::printf("  %-12s %8.3f ms/token  %5.1f%%\n", cls.c_str(), ms / steps, 100.0 * ms / std::max(total, 1e-9));
       std::printf("  %-12s %8.3f ms/token (wall %.3f ms/token)\n", "sum", total / steps, 1e3 * *d / steps);
-      // Same for one prefill of 512 tokens.
-      be.ResetSlot(0);
-      be.SetProfiling(true);
-      be.ResetProfile();
-      std::vector<SeqStep> b(1);
-      b[0].tokens = RandomTokens(512, vocab, rng);
-      BENCH_CHECK(be.ForwardGreedy(b, &out, nullptr));
-      be.SetProfiling(false);
-      std::printf("per-op-class time, prefill of 512 tokens:\n");
-      for (auto& [cls, ms] : be.ProfileTotals()) std::printf("  %-12s %8.2f ms\n", cls.c_str(), ms);
+      // Same for one prefill of 512 tokens, and of the longest --prefill size when longer (its
+      // op mix differs: attention grows with the square of the length).
+      int longest = 512;
+      for (const int n : o.prefill) longest = std::max(longest, n);
+      std::vector<int> profiled = {512};
+      if (longest > 512) profiled.push_back(longest);
+      for (const int n : profiled) {
+        be.ResetSlot(0);
+        be.SetProfiling(true);
+        be.ResetProfile();
+        std::vector<SeqStep> b(1);
+        b[0].tokens = RandomTokens(n, vocab, rng);
+        BENCH_CHECK(be.ForwardGreedy(b, &out, nullptr));
+        be.SetProfiling(false);
+        std::printf("per-op-class time, prefill of %d tokens:\n", n);
+        for (auto& [cls, ms] : be.ProfileTotals()) std::printf("  %-12s %8.2f ms\n", cls.c_str(), ms);
+      }
     }
   }
 

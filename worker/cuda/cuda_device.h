@@ -347,6 +347,7 @@ class CudaDevice final : public Device {
   float* gy_ = nullptr;     // [T, C]
   float* gg_ = nullptr;     // [T, Hv]
   float* gbeta_ = nullptr;  // [T, Hv]
+  float* gwy_ = nullptr;    // the chunked GDN prefill's scratch (GdnChunkScratchFloats)
   float* mix_out_ = nullptr;  // [T, max(Hv*dv, n_head*hd)]
   float* kx_ = nullptr;     // [T, n_kv*hd]
   float* vx_ = nullptr;     // [T, n_kv*hd]

@@ -259,6 +259,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.y = gy_;
     a.g = gg_;
     a.beta = gbeta_;
+    a.wy = gwy_;
     a.out = mix_out_ + static_cast<int64_t>(p.row0) * Vw;
     a.chunk = p.n >= copts_.gdn_chunk_min ? kGdnChunk : 0;
     DS_RETURN_IF_ERROR(GdnPrefill(a, stream_));

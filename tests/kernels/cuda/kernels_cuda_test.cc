@@ -650,13 +650,14 @@ TEST(Ops, ArgmaxKnownAnswer) {
 
 struct GdnCase {
   int hk, hv, dk, dv, T_prefill, n_decode;
-  int chunk = 0;  // prefill form: 0 recurrence, kGdnChunk chunked
+  int chunk = 0;     // prefill form: 0 recurrence, kGdnChunk chunked
+  int T_second = 0;  // a second prefill piece right after the first (pos0 = T_prefill)
 };
 
 void RunGdnCase(const GdnCase& gc) {
   SCOPED_TRACE(::testing::Message() << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk
-                                    << " T=" << gc.T_prefill << " decode=" << gc.n_decode
-                                    << " chunk=" << gc.chunk);
+                                    << " T=" << gc.T_prefill << "+" << gc.T_second
+                                    << " decode=" << gc.n_decode << " chunk=" << gc.chunk);
   GdnShape s{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
@@ -698,16 +699,18 @@ void RunGdnCase(const GdnCase& gc) {
   };
 
   int pos = 0;
-  if (gc.T_prefill > 0) {
-    const int T = gc.T_prefill;
+  for (const int T : {gc.T_prefill, gc.T_second}) {
+    if (T == 0) continue;
     std::vector<float> mixed, z, b, al;
     make_inputs(T, mixed, z, b, al);
     Dev<float> dm(mixed), dz(z), db(b), dal(al), y(static_cast<size_t>(T) * C), g(static_cast<size_t>(T) * gc.hv),
-        beta(static_cast<size_t>(T) * gc.hv), out(static_cast<size_t>(T) * Vw);
+        beta(static_cast<size_t>(T) * gc.hv), out(static_cast<size_t>(T) * Vw),
+        wy(static_cast<size_t>(GdnChunkScratchFloats(s, T)));
     GdnPrefillArgs a;
-    a.shape = s; a.p = p; a.T = T; a.slot = slot; a.pos0 = 0; a.chunk = gc.chunk;
+    a.shape = s; a.p = p; a.T = T; a.slot = slot; a.pos0 = pos; a.chunk = gc.chunk;
     a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
     a.conv_ring = ring.p; a.state = state.p; a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p;
+    a.wy = wy.p;
     ASSERT_OK(GdnPrefill(a, nullptr));
     std::vector<float> ref(static_cast<size_t>(T) * Vw);
     cpu::GdnSeqArgs c;
@@ -716,7 +719,7 @@ void RunGdnCase(const GdnCase& gc) {
     c.norm_w = norm_w.data(); c.conv_state = cpu_conv.data(); c.state = cpu_state.data(); c.out = ref.data();
     cpu::GdnSequence(c);
     compare(out.Down(), ref, "prefill");
-    pos = T;
+    pos += T;
   }
   // Decode: batch of 2 sequences in one launch, sequence 0 is the tracked one (slot 1), sequence 1
   // uses slot 0 with its own rows to check that slots/rows are respected.
@@ -764,6 +767,20 @@ TEST(Gdn, ChunkedPrefill) {
   RunGdnCase({2, 4, 16, 16, 33, 2, kGdnChunk});
   RunGdnCase({1, 2, 32, 96, 31, 1, kGdnChunk});
   RunGdnCase({4, 8, 64, 64, 5, 2, kGdnChunk});
+  // Many chunks (the state carried through 32 of them), an exact multiple of the chunk.
+  RunGdnCase({16, 48, 128, 128, 1024, 2, kGdnChunk});
+  RunGdnCase({2, 6, 32, 64, 64, 1, kGdnChunk});
+}
+
+// A prefill piece after another one (the conv rows of the earlier piece from the ring, the
+// state carried over), in both forms, including pieces shorter than the conv window.
+TEST(Gdn, PrefillAfterPrefill) {
+  for (const int chunk : {0, kGdnChunk}) {
+    RunGdnCase({16, 48, 128, 128, 40, 2, chunk, 70});
+    RunGdnCase({2, 6, 32, 32, 2, 1, chunk, 1});
+    RunGdnCase({2, 6, 32, 32, 1, 1, chunk, 2});
+    RunGdnCase({2, 4, 16, 48, 33, 2, chunk, 65});
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
