@@ -9,8 +9,11 @@ constexpr int NC = kGdnChunk;  // tokens per chunk (32: one per lane)
 constexpr int kCols = 32;      // state columns per scan block (one per lane)
 constexpr int kRowsPerWarp = NC / 4;
 
+// The scratch of chunk c and value head h: W [NC][DK], then P [NC][NC].
 template <int DK>
-constexpr int64_t ScratchPer() { return ScratchFloatsPerChunkHead(DK); }
+__device__ __forceinline__ float* ScratchOf(const GdnPrefillArgs& a, int c, int h) {
+  return a.wy + (static_cast<int64_t>(c) * a.shape.v_heads + h) * ScratchFloatsPerChunkHead(DK);
+}
 
 // ---------------------------------------------------------------------------------------------
 // 1. Per (chunk, head), in parallel. Every global load of a thread is issued before its first
@@ -82,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) GdnChunkPrepKernel(const GdnPrefillA
   for (int s = 0; s < NC; ++s) vs[s] = tid < dv && s < n ? vcol[static_cast<int64_t>(s) * C] : 0.f;
   __syncthreads();
 
-  float* Wg = a.wy + (static_cast<int64_t>(c) * Hv + h) * ScratchPer<DK>();
+  float* Wg = ScratchOf<DK>(a, c, h);
   float* Pg = Wg + NC * DK;
   {  // A and P: lane = s, rows r = w + 4m
     float kk[NC / 4], qk[NC / 4];
@@ -209,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
   const int n_chunks = (a.T + NC - 1) / NC;
   for (int c = 0; c < n_chunks; ++c) {
     const int t0 = c * NC, n = min(NC, a.T - t0), buf = c & 1;
-    const float* Wg = a.wy + (static_cast<int64_t>(c) * Hv + h) * ScratchPer<DK>();
+    const float* Wg = ScratchOf<DK>(a, c, h);
     const float* Pg = Wg + NC * DK;
     const float gnext = tid < NC && c + 1 < n_chunks ? gamma_of(c + 1, tid) : 0.f;
     {  // stage the chunk: every load issued before the first store

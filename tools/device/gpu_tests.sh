@@ -2,7 +2,7 @@
 # Every GPU-labelled test binary of the pack, one after another, then a short bench of the 27B
 # Q6_K file (its memory plan and the decode rows): the whole device side of the suite in one call.
 # Usage (device, repo root, after
-#   DS_PACK_XZ=1 tools/device/pack.sh deltaserve ds_tp_rank kernels_cuda_test kv_quant_cuda_test \
+#   DS_PACK_XZ=1 tools/device/pack.sh deltaserve ds_tp_rank kernels_cuda_test gdn_cuda_test kv_quant_cuda_test \
 #     sampling_cuda_test gpu_vs_cpu_test \
 #     batch_invariance_test paged_kv_gpu_test tp_custom_allreduce_test):
 #   bash tools/device/gpu_tests.sh
@@ -12,7 +12,7 @@ source tools/device/env.sh
 LOG=${OUT:-/tmp}/gpu_tests; mkdir -p "$LOG"
 ( timeout 150 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out /tmp/m.gguf >"$LOG/synth.log" 2>&1 ) &
 SYNTH=$!
-for t in kernels_cuda_test kv_quant_cuda_test sampling_cuda_test gpu_vs_cpu_test batch_invariance_test \
+for t in kernels_cuda_test gdn_cuda_test kv_quant_cuda_test sampling_cuda_test gpu_vs_cpu_test batch_invariance_test \
          paged_kv_gpu_test tp_custom_allreduce_test; do
   [ -x "$BIN/$t" ] || { echo "skip $t (not packed)"; continue; }
   t0=$SECONDS
