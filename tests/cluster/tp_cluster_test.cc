@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
+#include "common/util/model_alias.h"
 #include "gateway/client.h"
 #include "tests/cluster/cluster_test_util.h"
 #include "tools/synth/synth.h"
@@ -54,8 +55,9 @@ struct Child {
 };
 
 // Single-process greedy reference: `deltaserve generate --json`.
-std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
-  const std::string cmd = kBin + " generate --model " + TinyModel() + " --prompt-ids '" + Join(prompt) +
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens,
+                               const std::string& model = TinyModel()) {
+  const std::string cmd = kBin + " generate --model " + model + " --prompt-ids '" + Join(prompt) +
                           "' --max-tokens " + std::to_string(max_tokens) +
                           " --backend cpu --threads 1 --json --ignore-eos 2>/dev/null";
   const auto [rc, out] = RunCommand(cmd);
@@ -92,6 +94,8 @@ class TpCluster {
     bool start_ranks = true;
     // --internal-key-file for the scheduler, --scheduler-key-file for ranks and gateway.
     std::string key_file = {};
+    std::string model = TinyModel();
+    std::vector<std::string> rank_flags = {};  // more flags for every rank (e.g. --mtp 3)
   };
 
   explicit TpCluster(Options o) : o_(std::move(o)) {
@@ -115,7 +119,7 @@ class TpCluster {
     const std::string gpf = dir_ + "/gw.port";
     Start("gateway", "gateway",
           {"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--scheduler", sched_,
-           "--model", TinyModel(), "--port-file", gpf, "--health-interval-ms", "100"},
+           "--model", o_.model, "--port-file", gpf, "--health-interval-ms", "100"},
           client_key_);
     std::istringstream in(WaitFor(gpf, children_.back().pid));
     int gp = 0, ap = 0;
@@ -142,12 +146,12 @@ class TpCluster {
   }
 
   pid_t StartRank(int r) {
-    return Start("rank" + std::to_string(r), "worker",
-                 {"--scheduler", sched_, "--model", TinyModel(), "--backend", "cpu", "--threads", "1",
-                  "--tp-rank", std::to_string(r), "--tp-world", std::to_string(o_.world),
-                  "--tp-group", "g", "--split", "1,1", "--worker-id", "rank" + std::to_string(r)},
-                 client_key_)
-        .pid;
+    std::vector<std::string> f = {
+        "--scheduler", sched_, "--model", o_.model, "--backend", "cpu", "--threads", "1",
+        "--tp-rank", std::to_string(r), "--tp-world", std::to_string(o_.world),
+        "--tp-group", "g", "--split", "1,1", "--worker-id", "rank" + std::to_string(r)};
+    f.insert(f.end(), o_.rank_flags.begin(), o_.rank_flags.end());
+    return Start("rank" + std::to_string(r), "worker", f, client_key_).pid;
   }
   pid_t StartSingleWorker() {
     return Start("single", "worker",
@@ -412,6 +416,29 @@ TEST(TpCluster, FailoverReplaysOnAReplacementWorkerWithNothingLost) {
   const v1::ClusterStatus st = c.Status();
   ASSERT_EQ(st.workers_size(), 1);
   EXPECT_EQ(st.workers(0).id(), "single");
+}
+
+// MTP under TP (issue #15, docs/tp.md §10): the trained demo model's MTP block cut over the two
+// ranks; greedy requests, four at once, stream exactly the tokens of single-process `generate`
+// without MTP, and the drafts are accepted, so answers of several tokens cross the scheduler.
+TEST(TpCluster, MtpGroupMatchesGenerateAndAnswersSeveralTokensPerStep) {
+  const std::string demo = ResolveModelAlias("demo");
+  TpCluster c({.model = demo, .rank_flags = {"--mtp", "3"}});
+  ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 60s));
+  constexpr int kMax = 40;
+  const std::vector<std::vector<int32_t>> prompts = {
+      {260, 1605, 479, 386}, {72, 101, 108, 108, 111, 44, 32}, {300, 301, 302}, {999, 5, 1200}};
+  std::vector<std::future<Gen>> fs;
+  for (const auto& p : prompts)
+    fs.push_back(std::async(std::launch::async, [&c, p] { return c.Generate(Greedy(p, kMax)); }));
+  double tokens_per_step = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Gen g = fs[i].get();
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.ids, Reference(prompts[i], kMax, demo)) << "prompt " << i;
+    tokens_per_step = std::max(tokens_per_step, static_cast<double>(g.fin.timings().tokens_per_step()));
+  }
+  EXPECT_GT(tokens_per_step, 1.3);
 }
 
 TEST(TpServe, DemoWithTwoRanksRunsAndExitsCleanly) {

@@ -1,36 +1,25 @@
 // StepExecutor with MTP speculative decoding (issue #15) over the real CPU backend and the trained
-// demo model: driven by steps as the scheduler sends them (a prefill, then one decode SlotWork per
-// slot and step, new sequences joining mid-way), every slot's tokens equal those of the same
-// steps without MTP, while slots answer with several tokens per step.
+// demo model: driven by steps as the scheduler sends them (tests/worker/mtp_drive.h: a prefill,
+// then one decode SlotWork per slot and step, new sequences joining mid-way), every slot's tokens
+// equal those of the same steps without MTP, while slots answer with several tokens per step.
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "common/util/model_alias.h"
 #include "tests/model/test_util.h"
+#include "tests/worker/mtp_drive.h"
 #include "worker/backend_factory.h"
 #include "worker/process/step_executor.h"
 
 namespace ds::worker {
 namespace {
 
-std::vector<int32_t> Prompt(int n, int salt) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((i * 37 + salt * 101) % 2000 + 5));
-  return p;
-}
+using mtp_test::Outcome;
+using mtp_test::Prompt;
 
-struct Outcome {
-  std::map<uint32_t, std::vector<int32_t>> generated;  // by slot
-  int steps = 0;
-  spec::SpecStats stats;
-};
-
-// Three sequences: slots 0 and 1 start together; slot 2 joins at step 3 with its prompt prefilled
-// in the same Forward as the others' decodes (or verifies). Each generates max_new tokens.
 Outcome Drive(int mtp_drafts, float temperature, const std::string& model = "demo",
               bool automatic = false) {
-  Outcome o;
   BackendOptions bo;
   bo.n_slots = 3;
   bo.slot_ctx = 256;
@@ -38,54 +27,10 @@ Outcome Drive(int mtp_drafts, float temperature, const std::string& model = "dem
   auto be = CreateBackend("cpu", model == "demo" ? ResolveModelAlias("demo") : model, bo,
                           SpeculativeRoom{mtp_drafts + 1, 3});
   EXPECT_TRUE(be.ok()) << be.status();
-  if (!be.ok()) return o;
+  if (!be.ok()) return {};
   StepExecutor ex(be->get(), 3);
   EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, automatic}).ok());
-  const uint32_t kMaxNew = 40;
-  std::map<uint32_t, size_t> known;  // tokens the slot has (prompt + generated)
-  auto start = [&](Step& st, uint32_t slot, std::vector<int32_t> prompt) {
-    for (int32_t& t : prompt) t %= (*be)->config().n_vocab;  // (the tiny model's 512 ids)
-    SequenceStart s;
-    s.request_id = 100 + slot;
-    s.slot = slot;
-    s.tokens = prompt;
-    s.sampling.temperature = temperature;
-    s.sampling.seed = 7 + slot;
-    s.max_new_tokens = kMaxNew;
-    st.started.push_back(s);
-    st.work.push_back(SlotWork{slot, 0, static_cast<uint32_t>(prompt.size()), true, false});
-    known[slot] = prompt.size();
-  };
-  uint64_t id = 1;
-  for (int step = 0; step < 200; ++step) {
-    Step st;
-    st.step_id = id++;
-    if (step == 0) {
-      start(st, 0, Prompt(11, 0));
-      start(st, 1, Prompt(23, 1));
-    }
-    for (uint32_t slot = 0; slot < 3; ++slot) {
-      if (!known.count(slot) || o.generated[slot].size() >= kMaxNew) continue;
-      if (step == 0) continue;
-      st.work.push_back(SlotWork{slot, static_cast<uint32_t>(known[slot] - 1), 1, true, true});
-    }
-    if (step == 3) start(st, 2, Prompt(17, 2));
-    if (st.work.empty()) break;
-    const StepResult r = ex.Run(st);
-    EXPECT_TRUE(r.error.empty()) << r.error;
-    if (!r.error.empty()) break;
-    for (const SampledToken& t : r.tokens) {
-      o.generated[t.slot].push_back(t.token);
-      ++known[t.slot];
-    }
-    ++o.steps;
-  }
-  for (auto& [slot, g] : o.generated) {
-    EXPECT_GE(g.size(), kMaxNew) << "slot " << slot;
-    if (g.size() > kMaxNew) g.resize(kMaxNew);  // a scheduler drops tokens past max_new
-  }
-  o.stats = ex.mtp_stats();
-  return o;
+  return mtp_test::DriveSteps(ex, (*be)->config().n_vocab, temperature);
 }
 
 TEST(StepExecutorMtp, GreedyTokensEqualPlainStepsAndTakeFewerSteps) {

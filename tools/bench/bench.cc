@@ -311,7 +311,8 @@ int RunBench(const BenchOptions& o) {
 
   if (!o.mtp.empty()) {
     if (o.tp > 1) {
-      std::fprintf(stderr, "bench: --mtp runs at TP = 1 (the MTP block is not sharded)\n");
+      std::fprintf(stderr, "bench: --mtp measures one rank (TP = 1); MTP under TP runs in the worker "
+                           "(docs/tp.md §10)\n");
       return 1;
     }
     return RunMtpSection(o, make_backend);

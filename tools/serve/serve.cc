@@ -232,9 +232,6 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   if (m.count("--mtp")) {
     o.mtp = m["--mtp"];
     DS_RETURN_IF_ERROR(spec::ParseMtpSetting(o.mtp).status());
-    if (o.tp > 1 && o.mtp != "off" && o.mtp != "0")
-      return absl::InvalidArgumentError(
-          "--mtp with --tp: speculative decoding under tensor parallelism is not available yet");
   }
   if (!KvTypeFromName(o.kv_type))
     return absl::InvalidArgumentError("--kv-type expects f16, q8_0 or q4_0, got '" + o.kv_type +

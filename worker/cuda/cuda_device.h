@@ -272,6 +272,7 @@ class CudaDevice final : public Device {
   // the lm_head's rows; embd_v1_ = -1: the whole table).
   int64_t embd_v0_ = 0, embd_v1_ = -1;
   int n_vocab_local_ = 0;  // lm_head rows on this rank (n_vocab without TP)
+  tp::Plan tp_plan_;       // the group's plan (TP only): the MTP head's vocab gather
   int device_ = 0, n_slots_ = 0, slot_ctx_ = 0;
   int sm_count_ = 1;       // multiprocessors of the GPU (cudaDeviceProp)
   CudaBackendOptions copts_;
@@ -511,6 +512,11 @@ class CudaDevice final : public Device {
   // One MTP pass over r rows (mtp.cc): every per-call value on the device.
   absl::Status MtpPass(const int32_t* d_tok, const int32_t* d_slot, const int32_t* d_pos, int r,
                        bool last, const float* hid, const int32_t* hid_rows);
+  // The last row's residual u after a row-parallel projection: Σ over the TP group (a rank that
+  // computed nothing contributes zeros: rank 0 keeps u, the others clear it). Without TP: nothing.
+  absl::Status MtpReduceResidual(float* u, bool contributes);
+  // The pass after the attention: MLP, shared_head_norm into mtp_hid_, the head's logits.
+  absl::Status MtpTail(float* u);
 
   void DropSpeculation(int slot);  // forget its speculative chain and MTP rows (reset, load)
 };

@@ -78,6 +78,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   tp_world_ = tp.world;
   vocab_parallel_ = tp.world > 1 && tp.plan.lm_head == tp::LmHead::kVocabParallel;
   if (tp.world > 1) {  // vocab-parallel embedding (ModelWeights::Load cut token_embd the same way)
+    tp_plan_ = tp.plan;
     embd_v0_ = tp.plan.ranks[tp.rank].vocab.begin;
     embd_v1_ = tp.plan.ranks[tp.rank].vocab.end;
   }
@@ -147,10 +148,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     add_mat(p + "ffn_up", L.ffn_up);
     add_mat(p + "ffn_down", L.ffn_down);
   }
-  // The MTP block (spec §8.2) when speculative steps are asked for (and not under TP: the
-  // runner refuses MtpStep there). Its embedding and head are the model's unless the file has
-  // its own (nextn.embed_tokens / nextn.shared_head_head).
-  has_mtp_ = copts_.spec_tokens > 0 && mw.has_mtp && tp.world == 1;
+  // The MTP block (spec §8.2) when speculative steps are asked for; under TP this rank's cut of
+  // it (docs/tp.md §10), with the vocab-parallel head only (the runner refuses MTP with the
+  // lm_head on rank 0). Its embedding and head are the model's unless the file has its own
+  // (nextn.embed_tokens / nextn.shared_head_head).
+  has_mtp_ = copts_.spec_tokens > 0 && mw.has_mtp && (tp.world == 1 || vocab_parallel_);
   const bool mtp_own_embed = has_mtp_ && mw.mtp.embed.data != mw.token_embd.data;
   const bool mtp_own_head = has_mtp_ && mw.mtp.head.data != mw.output.data;
   if (has_mtp_) {

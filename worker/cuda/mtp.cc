@@ -17,6 +17,7 @@
 #include "kernels/cuda/mtp_attention.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "worker/cuda/cuda_device.h"
+#include "worker/tp/vocab_gather.h"
 
 namespace ds::cuda {
 
@@ -34,6 +35,7 @@ absl::Status CudaDevice::CommitSpeculative(int slot, int entry) {
   const size_t st1 = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim *
                      sizeof(float);
   auto copy = [&](float* base, uint64_t pitch, size_t bytes) -> absl::Status {
+    if (bytes == 0) return absl::OkStatus();  // a TP rank without GDN heads
     auto* b = reinterpret_cast<uint8_t*>(base);
     if (pitch <= static_cast<uint64_t>(INT32_MAX)) {
       DS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(b + slot * bytes, pitch, b + from * bytes, pitch,
@@ -83,9 +85,14 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   kv.v = L.vc;
   kv.type = GgmlType::F16;
 
-  // cat = [enorm(embed[token]) | hnorm(h)] per row; u = eh_proj · cat.
+  // cat = [enorm(embed[token]) | hnorm(h)] per row; u = eh_proj · cat. Under TP the embedding
+  // is vocab-parallel as in Embed (zero rows for other ranks' tokens + the all-reduce) and
+  // eh_proj is whole on every rank (docs/tp.md §10).
   InvalidateX();
-  DS_RETURN_IF_ERROR(EmbedRows(mtp_embed_.type, mtp_embed_.d, H, d_tok, r, mtp_a_, stream_));
+  DS_RETURN_IF_ERROR(EmbedRows(mtp_embed_.type, mtp_embed_.d, H, d_tok, r, mtp_a_, stream_,
+                               embd_v0_, embd_v1_));
+  if (coll_ && tp_world_ > 1)
+    DS_RETURN_IF_ERROR(coll_->AllReduceSumOnStream(mtp_a_, static_cast<size_t>(r) * H, stream_));
   if (r == 1) {
     DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_));
     DS_RETURN_IF_ERROR(RmsNormRows(hid, H, hid_rows, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_));
@@ -97,7 +104,15 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   }
   DS_RETURN_IF_ERROR(LinearRows(mtp_eh_, mtp_cat_, r, mtp_u_, false));
 
-  // K/V of every row into the MTP plane; the query of the last row only.
+  // K/V of every row into the MTP plane; the query of the last row only. A TP rank without
+  // attention heads writes no K/V and contributes zeros to the attention's all-reduce.
+  const bool heads = attn_shape_.n_kv > 0;
+  float* u = mtp_u_ + static_cast<int64_t>(r - 1) * H;  // the last row's residual
+  if (!heads) {
+    if (!last) return absl::OkStatus();
+    DS_RETURN_IF_ERROR(MtpReduceResidual(u, /*contributes=*/false));
+    return MtpTail(u);
+  }
   DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, r, H, eps, stream_));
   InvalidateX();
   DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, r, mtp_k_, false));
@@ -130,7 +145,6 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   pa.qg = mtp_qg_;
   pa.q_out = mtp_q_;
   DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
-  float* u = mtp_u_ + static_cast<int64_t>(i) * H;  // the last row's residual
 
   // u += GatedAttention(attn_norm(u)) over the slot's valid MTP rows [0, pos].
   MaskedAttnArgs ma;
@@ -147,22 +161,42 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   ma.out = mtp_o_;
   DS_RETURN_IF_ERROR(MaskedAttnDecode(ma, stream_));
   InvalidateX();
-  DS_RETURN_IF_ERROR(LinearRows(L.o, mtp_o_, 1, u, true));
+  // Row-parallel attn_output under TP: the ResidualOnThisRank rule of the trunk (rank 0 adds
+  // into u, the others store their partial product there) and the all-reduce sum them.
+  DS_RETURN_IF_ERROR(LinearRows(L.o, mtp_o_, 1, u, ResidualOnThisRank()));
+  DS_RETURN_IF_ERROR(MtpReduceResidual(u, /*contributes=*/true));
+  return MtpTail(u);
+}
 
-  // u += MLP(post_norm(u)).
-  DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_));
-  InvalidateX();
+absl::Status CudaDevice::MtpReduceResidual(float* u, bool contributes) {
+  if (!coll_ || tp_world_ == 1) return absl::OkStatus();
+  if (!contributes && !ResidualOnThisRank())
+    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(u, 0, cfg_.n_embd * sizeof(float), stream_));
+  return coll_->AllReduceSumOnStream(u, cfg_.n_embd, stream_);
+}
+
+// u += MLP(post_norm(u)); h' = shared_head_norm(u); logits = head · h' (this rank's vocabulary
+// rows into logits_part_ under TP: MtpRows gathers them).
+absl::Status CudaDevice::MtpTail(float* u) {
+  const int H = cfg_.n_embd;
+  const float eps = cfg_.rms_eps;
+  const DLayer& L = mtp_layer_;
   const int n_ff = L.ffn_gate.rows;
-  DS_RETURN_IF_ERROR(LinearRows(L.ffn_gate, mtp_a_, 1, mtp_ff_, false));
-  DS_RETURN_IF_ERROR(LinearRows(L.ffn_up, mtp_a_, 1, mtp_ff_ + n_ff, false));
-  DS_RETURN_IF_ERROR(SiluMul(mtp_ff_, mtp_ff_ + n_ff, mtp_ff_, n_ff, stream_));
-  InvalidateX();
-  DS_RETURN_IF_ERROR(LinearRows(L.ffn_down, mtp_ff_, 1, u, true));
+  if (n_ff > 0) {
+    DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_));
+    InvalidateX();
+    DS_RETURN_IF_ERROR(LinearRows(L.ffn_gate, mtp_a_, 1, mtp_ff_, false));
+    DS_RETURN_IF_ERROR(LinearRows(L.ffn_up, mtp_a_, 1, mtp_ff_ + n_ff, false));
+    DS_RETURN_IF_ERROR(SiluMul(mtp_ff_, mtp_ff_ + n_ff, mtp_ff_, n_ff, stream_));
+    InvalidateX();
+    DS_RETURN_IF_ERROR(LinearRows(L.ffn_down, mtp_ff_, 1, u, ResidualOnThisRank()));
+  }
+  DS_RETURN_IF_ERROR(MtpReduceResidual(u, /*contributes=*/n_ff > 0));
 
-  // h' = shared_head_norm(u); logits = head · h'.
   DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, mtp_norm_, mtp_hid_, 1, H, eps, stream_));
   InvalidateX();
-  DS_RETURN_IF_ERROR(LinearRows(mtp_head_, mtp_hid_, 1, mtp_logits_, false));
+  DS_RETURN_IF_ERROR(
+      LinearRows(mtp_head_, mtp_hid_, 1, VocabParallel() ? logits_part_ : mtp_logits_, false));
   InvalidateX();
   return absl::OkStatus();
 }
@@ -226,6 +260,15 @@ absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t
     // (The pass reads the hidden rows from mtp_u_ before its eh_proj overwrites them.)
     DS_RETURN_IF_ERROR(MtpPass(mtp_ints_, mtp_ints_ + R, mtp_ints_ + 2 * R, r, c0 + r == n,
                                mtp_u_, nullptr));
+  }
+  if (VocabParallel()) {
+    // The head wrote this rank's rows: gather every rank's into mtp_logits_ as the runner gathers
+    // the model's (the collective is blocking and not ordered with the stream: finish first).
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    DS_RETURN_IF_ERROR(tp::GatherVocabParallel(
+        *coll_, tp_plan_, cfg_.n_vocab, 1, logits_part_, logits_gather_, mtp_logits_,
+        [this](float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t width,
+               int64_t rows) { return CopyColumns(dst, ld_dst, src, ld_src, width, rows); }));
   }
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_hid, mtp_hid_, static_cast<size_t>(H) * sizeof(float),
                                           cudaMemcpyDeviceToHost, stream_));

@@ -176,6 +176,11 @@ class Backend {
     return absl::UnimplementedError("speculative decoding is not implemented by backend " + name());
   }
 
+  // Whether MtpStep / MtpRows / SeqStep::fill_mtp can run here (the model has an MTP block, the
+  // device holds it, a TP group places it); otherwise why not.
+  virtual absl::Status MtpAvailable() const {
+    return absl::UnimplementedError("MTP not implemented by backend " + name());
+  }
   // MTP draft step (spec §8.2) for one slot's MTP KV; hidden = [n_embd] final-normed main-model
   // state at position pos, token = the token following it. Writes [n_vocab] logits and the
   // draft hidden state [n_embd]. Unimplemented backends return Unimplemented.

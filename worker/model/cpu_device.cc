@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/ops.h"
+#include "worker/tp/vocab_gather.h"
 
 namespace ds {
 
@@ -110,10 +111,12 @@ absl::Status CpuDevice::MapPages(int slot, int first, std::span<const int32_t> p
 }
 
 absl::Status CpuDevice::CommitSpeculative(int slot, int entry) {
-  if (entry < 0 || entry >= static_cast<int>(spec_.size()) || spec_[entry].conv.empty())
+  Slot& s = slots_[slot];
+  // (A TP rank without GDN heads keeps no recurrent state: its entries stay empty like its slots.)
+  if (entry < 0 || entry >= static_cast<int>(spec_.size()) ||
+      spec_[entry].conv.size() != s.conv.size() || spec_[entry].ssm.size() != s.ssm.size())
     return absl::InternalError(absl::StrCat("CommitSpeculative: speculative entry ", entry,
                                             " holds no state"));
-  Slot& s = slots_[slot];
   s.conv = spec_[entry].conv;
   s.ssm = spec_[entry].ssm;
   return absl::OkStatus();
@@ -374,19 +377,25 @@ absl::Status CpuDevice::Argmax(int n, int32_t* tokens) {
   return absl::OkStatus();
 }
 
-void CpuDevice::MtpAttention(int slot, int32_t pos0, std::span<const int32_t> tokens,
-                             const float* hidden, float* u, float* y) {
+absl::Status CpuDevice::MtpAttention(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                     const float* hidden, float* u, float* y) {
   const ModelConfig& c = cfg_;
   const int64_t H = c.n_embd, n = static_cast<int64_t>(tokens.size());
   const MtpWeights& m = w_.mtp;
-  std::vector<float> cat(n * 2 * H), a(n * H);
+  std::vector<float> e(n * H), cat(n * 2 * H), a(n * H);
+  // The embedding as Embed takes it: vocab-parallel under TP (zero rows + the all-reduce).
+  const tp::Range v = tp_.world > 1 ? tp_.plan.ranks[tp_.rank].vocab : tp::Range{0, c.n_vocab};
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] >= v.begin && tokens[i] < v.end)
+      cpu::GetRow(m.embed, tokens[i] - v.begin, e.data() + i * H);
+  }
+  DS_RETURN_IF_ERROR(AllReduce(e.data(), n * H));
   for (int64_t i = 0; i < n; ++i) {
     float* ci = cat.data() + i * 2 * H;
-    cpu::GetRow(m.embed, tokens[i], ci);
-    cpu::RmsNorm(ci, m.enorm.data(), H, c.rms_eps, ci);                   // e (first half)
+    cpu::RmsNorm(e.data() + i * H, m.enorm.data(), H, c.rms_eps, ci);  // e (first half)
     cpu::RmsNorm(hidden + i * H, m.hnorm.data(), H, c.rms_eps, ci + H);  // hh
   }
-  cpu::MatMul(m.eh_proj, cat.data(), n, u, pool_);
+  cpu::MatMul(m.eh_proj, cat.data(), n, u, pool_);  // whole on every rank: u is replicated
   Slot& s = slots_[slot];
   // Rows [pos0, pos0 + n) replace whatever was there and drop every later row (rejected drafts).
   s.mtp_len = cpu::MtpMaskWrite(s.mtp_valid.data(), pos0, static_cast<int32_t>(n), s.mtp_len);
@@ -398,7 +407,8 @@ void CpuDevice::MtpAttention(int slot, int32_t pos0, std::span<const int32_t> to
   run[0].k_cache = s.mtp_k.data();
   run[0].v_cache = s.mtp_v.data();
   run[0].valid = s.mtp_valid.data();
-  AttnMixer(m.layer.attn, a.data(), n, run, y);
+  AttnMixer(m.layer.attn, a.data(), n, run, y);  // this rank's heads: y is a partial sum
+  return absl::OkStatus();
 }
 
 absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
@@ -411,16 +421,32 @@ absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
   const int64_t H = c.n_embd;
   const MtpWeights& m = w_.mtp;
   std::vector<float> u(H), a(H), y(H);
-  MtpAttention(slot, pos, std::span<const int32_t>(&token, 1), hidden.data(), u.data(), y.data());
+  DS_RETURN_IF_ERROR(MtpAttention(slot, pos, std::span<const int32_t>(&token, 1), hidden.data(),
+                                  u.data(), y.data()));
+  DS_RETURN_IF_ERROR(AllReduce(y.data(), H));  // row-parallel attn_output: Σ over ranks
   for (int64_t i = 0; i < H; ++i) u[i] += y[i];
   cpu::RmsNorm(u.data(), m.layer.post_norm.data(), H, c.rms_eps, a.data());
   Mlp(m.layer, a.data(), 1, y.data());
+  DS_RETURN_IF_ERROR(AllReduce(y.data(), H));  // row-parallel ffn_down
   for (int64_t i = 0; i < H; ++i) u[i] += y[i];
   hidden_out->assign(H, 0.f);
   cpu::RmsNorm(u.data(), m.shared_head_norm.data(), H, c.rms_eps, hidden_out->data());
   logits->assign(c.n_vocab, 0.f);
-  cpu::MatMul(m.head, hidden_out->data(), 1, logits->data(), pool_);
-  return absl::OkStatus();
+  if (tp_.world == 1) {
+    cpu::MatMul(m.head, hidden_out->data(), 1, logits->data(), pool_);
+    return absl::OkStatus();
+  }
+  // Vocab-parallel head (the runner refuses MTP with the lm_head on rank 0): this rank's rows,
+  // then every rank's, gathered as the model's logits are.
+  std::vector<float> local(lc_.n_vocab), gathered(c.n_vocab);
+  cpu::MatMul(m.head, hidden_out->data(), 1, local.data(), pool_);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = tp::GatherVocabParallel(
+      *tp_.collective, tp_.plan, c.n_vocab, 1, local.data(), gathered.data(), logits->data(),
+      [this](float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t width,
+             int64_t rows) { return CopyColumns(dst, ld_dst, src, ld_src, width, rows); });
+  comm_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
 }
 
 // The MtpStep rows of a prompt's positions without their MLP and head (a row's K/V depends only
@@ -440,8 +466,8 @@ absl::Status CpuDevice::MtpFill(const RowRun& run, int32_t next) {
     cpu::RmsNorm(h_.data() + (run.row0 + i) * H, w_.output_norm.data(), H, cfg_.rms_eps,
                  hid.data() + i * H);
   }
-  MtpAttention(run.slot, run.pos0, tokens, hid.data(), u.data(), y.data());  // y is not needed
-  return absl::OkStatus();
+  // y (the attention's output) is not needed: no all-reduce of it.
+  return MtpAttention(run.slot, run.pos0, tokens, hid.data(), u.data(), y.data());
 }
 
 // Payload: [mtp_len i32][conv f32...][ssm f32...]

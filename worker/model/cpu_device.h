@@ -114,9 +114,11 @@ class CpuDevice final : public Device {
   void Mlp(const LayerWeights& w, const float* f, int64_t N, float* y);
   // The MTP block up to its attention (spec §8.2) for n = tokens.size() rows of `slot` at pos0:
   // row i pairs hidden row i ([n, H], final-normed) with tokens[i]; writes the MTP K/V rows
-  // (mask and length as MtpStep), u = eh_proj(...) [n, H] and the attention output y [n, H].
-  void MtpAttention(int slot, int32_t pos0, std::span<const int32_t> tokens, const float* hidden,
-                    float* u, float* y);
+  // (mask and length as MtpStep), u = eh_proj(...) [n, H] and the attention output y [n, H] —
+  // under TP this rank's partial sum (its heads), which the caller all-reduces when it uses it.
+  // The vocab-parallel embedding is all-reduced here.
+  absl::Status MtpAttention(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                            const float* hidden, float* u, float* y);
   void GdnMixer(const LayerWeights& L, int gdn_index, float* y);
   size_t StateBytes(int32_t n_past, int32_t mtp_len) const;
 

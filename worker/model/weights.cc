@@ -154,7 +154,10 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::File& f, const Model
   w.layers.resize(c.n_layer);
   for (int i = 0; i < c.n_layer; ++i)
     DS_RETURN_IF_ERROR(LoadLayer(f, c, i, c.is_recurrent[i], sh, &w.layers[i]));
-  if (c.n_nextn == 1 && !plan) {
+  if (c.n_nextn == 1) {
+    // Under TP (docs/tp.md §10) the MTP block is placed like the trunk: its attention layer and
+    // FFN cut exactly as a trunk attention layer's (the same CutFor suffixes), eh_proj and the
+    // three norms whole on every rank, its embedding and head the rank's vocabulary rows.
     const int i = c.n_layer;
     const std::string pre = absl::StrCat("blk.", i, ".");
     DS_RETURN_IF_ERROR(LoadLayer(f, c, i, /*recurrent=*/false, sh, &w.mtp.layer));
@@ -162,13 +165,13 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::File& f, const Model
     DS_ASSIGN_OR_RETURN(w.mtp.enorm, Floats(f, pre + "nextn.enorm.weight", {H}));
     DS_ASSIGN_OR_RETURN(w.mtp.hnorm, Floats(f, pre + "nextn.hnorm.weight", {H}));
     DS_ASSIGN_OR_RETURN(w.mtp.shared_head_norm, Floats(f, pre + "nextn.shared_head_norm.weight", {H}));
-    w.mtp.embed = w.token_embd;
+    w.mtp.embed = w.token_embd;  // already the rank's rows under TP
     if (f.FindTensor(pre + "nextn.embed_tokens.weight")) {
-      DS_ASSIGN_OR_RETURN(w.mtp.embed, Matrix(f, pre + "nextn.embed_tokens.weight", H, V));
+      DS_ASSIGN_OR_RETURN(w.mtp.embed, sh.M(f, pre, "nextn.embed_tokens.weight", H, V));
     }
     w.mtp.head = w.output;
     if (f.FindTensor(pre + "nextn.shared_head_head.weight")) {
-      DS_ASSIGN_OR_RETURN(w.mtp.head, Matrix(f, pre + "nextn.shared_head_head.weight", H, V));
+      DS_ASSIGN_OR_RETURN(w.mtp.head, sh.M(f, pre, "nextn.shared_head_head.weight", H, V));
     }
     w.has_mtp = true;
   }

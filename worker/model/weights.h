@@ -64,7 +64,7 @@ struct ModelWeights {
 
   // Tensor-parallel shard (Load with a plan): the views above hold only rank `tp_rank`'s rows /
   // columns (worker/tp/plan.h CutFor), so their rows/cols are the local sizes; bytes that could
-  // not stay in the mapping live in shard_store. The MTP block is not loaded under TP.
+  // not stay in the mapping live in shard_store. The MTP block is cut like the trunk (weights.cc).
   tp::ShardStore shard_store;
   uint64_t dequantized_bytes = 0;   // f32 copies of unaligned column slices (worker/tp/shard.h)
 

@@ -38,13 +38,8 @@ absl::Status StepExecutor::SetMtp(const spec::MtpSetting& setting) {
     drafter_.reset();
     return absl::OkStatus();
   }
-  if (group_)
-    return absl::UnimplementedError(
-        "--mtp: speculative decoding under tensor parallelism is not available yet (the MTP block "
-        "is not sharded)");
-  if (backend_->config().n_nextn < 1)
-    return absl::FailedPreconditionError(
-        "--mtp: the model file has no MTP block (nextn_predict_layers = 0)");
+  if (absl::Status m = backend_->MtpAvailable(); !m.ok())
+    return absl::Status(m.code(), absl::StrCat("--mtp: ", m.message()));
   const int max_tokens = backend_->max_speculative_tokens();
   if (max_tokens < 2)
     return absl::UnimplementedError(absl::StrCat("--mtp: backend ", backend_->name(),
@@ -281,8 +276,13 @@ StepResult StepExecutor::Run(const Step& step) {
       for (uint32_t i = 0; i < st.n_generated; ++i) slot.sampler->ConsumeUniform();
     slot.n_prompt = static_cast<int>(st.tokens.size() - std::min<size_t>(st.n_generated, st.tokens.size()));
     slot.max_new = static_cast<int>(st.max_new_tokens);
+    // Under TP every rank accepts and drafts for itself (Run, below), so a sampled sequence must
+    // draw the same uniforms on every rank: one without a seed (each rank would draw its own)
+    // is not speculated. The scheduler gives every request a seed.
+    const bool same_draws = group_ == nullptr || st.sampling.temperature <= 0.0f ||
+                            st.sampling.seed != 0;
     slot.mtp = drafter_.has_value() && !slot.want_logprob && st.max_new_tokens > 0 &&
-               st.sampling.mtp_drafts != 0;
+               st.sampling.mtp_drafts != 0 && same_draws;
     slot.mtp_cap = std::max(0, st.sampling.mtp_drafts);
     if (st.sampling.json_object) {
       slot.mtp = false;  // drafts would need masks at every position
@@ -312,6 +312,8 @@ StepResult StepExecutor::Run(const Step& step) {
   int64_t kv_left = pool.page_size > 0 ? pool.free_tokens() : INT64_MAX;
   batch_.resize(step.work.size());
   out_row_.assign(step.work.size() + 1, 0);
+  spec_veto_.assign(step.work.size(), 1.0f);  // 0: this rank can verify the slot's drafts
+  bool any_drafts = false;
   for (int i = 0; i < n_work; ++i) {
     const SlotWork& w = step.work[i];
     SlotState& slot = slots_[w.slot];
@@ -339,14 +341,35 @@ StepResult StepExecutor::Run(const Step& step) {
       want_hidden = true;
       const int n_drafts = static_cast<int>(slot.drafts.tokens.size());
       const int64_t kv_need = n_drafts + std::max(pool.page_size, 1);
+      any_drafts |= n_drafts > 0;
       if (n_drafts > 0 && w.n_tokens == 1 && w.pos0 + 1 == known.size() && spec_seqs_left > 0 &&
           kv_left >= kv_need) {
+        spec_veto_[i] = 0.0f;
+        --spec_seqs_left;
+        kv_left -= kv_need;
+      }
+    }
+  }
+  // Under TP the ranks' KV pools may differ in size: a slot verifies its drafts only where every
+  // rank has room (the drafts themselves are the same on every rank). One small all-reduce, in
+  // steps that carry drafts only.
+  if (group_ && any_drafts) {
+    if (absl::Status s = group_->AllReduceSum(spec_veto_.data(), spec_veto_.size()); !s.ok()) {
+      group_broken_ = true;
+      result.error = "tp agreement on speculative verifies: " + s.ToString();
+      return result;
+    }
+  }
+  for (int i = 0; i < n_work; ++i) {
+    const SlotWork& w = step.work[i];
+    SlotState& slot = slots_[w.slot];
+    SeqStep& q = batch_[i];
+    if (slot.mtp && w.sample) {
+      if (spec_veto_[i] == 0.0f) {
         q.tokens.insert(q.tokens.end(), slot.drafts.tokens.begin(), slot.drafts.tokens.end());
         q.all_logits = true;
         q.speculative = true;
         q.decode_path = true;
-        --spec_seqs_left;
-        kv_left -= kv_need;
       } else {
         slot.drafts.clear();  // stale or no room: a plain step
       }
@@ -404,7 +427,7 @@ StepResult StepExecutor::Run(const Step& step) {
     return result;
   }
   const bool samples = group_ == nullptr || group_->rank() == 0;
-  bool need_logits = samples;
+  bool need_logits = samples || n_mtp_slots > 0;  // TP: every rank judges speculated slots
   if (device) {
     need_logits = false;
     for (const DeviceSampleRow& d : dev_rows_) need_logits |= d.mode == DeviceSampleRow::Mode::kLogits;
@@ -428,20 +451,35 @@ StepResult StepExecutor::Run(const Step& step) {
       return result;
     }
   }
+  // TP: rank 0 broadcasts what every sampled slot appended, one block per slot: [count, tokens]
+  // (count 1, or 1..K+1 after a verify). The other ranks append those tokens; a speculated slot
+  // they decided themselves (below), and the blocks must agree.
+  const size_t block = 2 + (drafter_ ? static_cast<size_t>(mtp_.drafts) : 0);
+  size_t k = 0;  // sampled slots so far (block k of shared_ is the next one's)
   if (group_) {
     shared_.clear();
     for (const SlotWork& w : step.work)
-      if (w.sample) shared_.push_back(0);
+      if (w.sample) shared_.resize(shared_.size() + block, -1);
   }
-  size_t k = 0;  // index into shared_ (rank > 0 reads it after the broadcast below)
+  auto share = [&](size_t blk, std::span<const int32_t> appended) {
+    if (!group_) return;
+    int32_t* b = shared_.data() + blk * block;
+    b[0] = static_cast<int32_t>(appended.size());
+    std::copy(appended.begin(), appended.end(), b + 1);
+  };
   const size_t H = static_cast<size_t>(backend_->config().n_embd);
   auto hidden_rows = [&](int row0, int n) {
     return std::span<const float>(out.hidden.data() + row0 * H, n * H);
   };
-  for (int i = 0; i < n_work && samples; ++i) {
+  for (int i = 0; i < n_work; ++i) {
     const SlotWork& w = step.work[i];
     if (!w.sample) continue;
+    const size_t blk = k++;
     SlotState& slot = slots_[w.slot];
+    // Under TP a speculated slot is decided on every rank, from the same gathered logits and
+    // the same seeded draws, so that every rank runs the same MTP passes (collectives) in the
+    // same order; the others only on rank 0.
+    if (!samples && !slot.mtp) continue;
     const int row0 = out_row_[i];
     if (batch_[i].speculative) {
       // Verify: keep the drafts the rule accepts plus the model's own token, roll the slot back
@@ -465,8 +503,11 @@ StepResult StepExecutor::Run(const Step& step) {
         result.error = absl::StrCat("backend ", backend_->name(), ": ", cs.ToString());
         return result;
       }
-      for (size_t j = before; j < slot.known.size(); ++j)
-        result.tokens.push_back(SampledToken{w.slot, slot.known[j], std::nullopt});
+      const std::span<const int32_t> appended =
+          std::span<const int32_t>(slot.known).subspan(before);
+      share(blk, appended);
+      if (samples)
+        for (int32_t t : appended) result.tokens.push_back(SampledToken{w.slot, t, std::nullopt});
       verify_tokens_.push_back(kept + 1);
       slot.policy.Record(offered, kept);
       DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
@@ -492,7 +533,8 @@ StepResult StepExecutor::Run(const Step& step) {
     if (slot.mtp)
       DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1), row0,
                  hidden_rows(row0, 1), 1, n_mtp_slots);
-    if (group_) shared_[k++] = r.token;
+    share(blk, std::span<const int32_t>(&r.token, 1));
+    if (!samples) continue;
     SampledToken& t = result.tokens.emplace_back();
     t.slot = w.slot;
     t.token = r.token;
@@ -505,6 +547,7 @@ StepResult StepExecutor::Run(const Step& step) {
     }
   }
   if (group_ && !shared_.empty()) {
+    mine_ = shared_;
     absl::Status bs = group_->Broadcast(shared_.data(), shared_.size() * sizeof(int32_t), 0);
     if (!bs.ok()) {
       group_broken_ = true;
@@ -514,8 +557,23 @@ StepResult StepExecutor::Run(const Step& step) {
     }
     if (!samples) {
       k = 0;
-      for (const SlotWork& w : step.work)
-        if (w.sample) slots_[w.slot].known.push_back(shared_[k++]);
+      for (const SlotWork& w : step.work) {
+        if (!w.sample) continue;
+        const int32_t* b = shared_.data() + k * block;
+        if (mine_[k * block] >= 0) {
+          // Decided here too (a speculated slot): a rank that kept other tokens holds another
+          // state and ran other MTP passes, so the group cannot go on.
+          if (!std::equal(b, b + block, mine_.data() + k * block)) {
+            group_broken_ = true;
+            result.error = absl::StrCat("tp rank ", group_->rank(), " kept other tokens than ",
+                                        "rank 0 for slot ", w.slot, " (speculative step)");
+            return result;
+          }
+        } else {
+          slots_[w.slot].known.push_back(b[1]);
+        }
+        ++k;
+      }
     }
   }
   if (step_stats_.steps > 0) mtp_stats_.Add(step_stats_);

@@ -50,7 +50,9 @@ class StepExecutor {
   // (a speculative SeqStep beside the other slots' prefill chunks and decodes); the slot then
   // answers with its kept drafts plus the model's own token. Off (the default) or when the
   // backend cannot: one token per sampled slot. Requests that want logprobs are not speculated.
-  // Not under tensor parallelism (the MTP block is not sharded).
+  // Under tensor parallelism (docs/tp.md §10; SetGroup first) every rank accepts and drafts for
+  // a speculated slot itself, from the same gathered logits and seeded draws, so that the ranks
+  // run the same MTP passes; rank 0's broadcast checks that they kept the same tokens.
   absl::Status SetMtp(const spec::MtpSetting& setting);
   const spec::SpecStats& mtp_stats() const { return mtp_stats_; }
   // The last Run's share of mtp_stats() and the tokens each of its verify steps kept (1 +
@@ -132,7 +134,9 @@ class StepExecutor {
   std::vector<uint32_t> resumed_;     // TP: slots this step resumed, reused
   std::vector<float> agree_;          // TP: failure flags summed over the group, reused
   bool group_broken_ = false;
-  std::vector<int32_t> shared_;   // [n sampled] ids broadcast from rank 0
+  std::vector<int32_t> shared_;   // TP: [n sampled][2 + K] blocks broadcast from rank 0
+  std::vector<int32_t> mine_;     // TP: this rank's blocks before the broadcast, reused
+  std::vector<float> spec_veto_;  // [work] ranks that cannot verify the slot's drafts (TP: summed)
   spec::MtpSetting mtp_;
   std::optional<spec::MtpDrafter> drafter_;
   spec::SpecStats mtp_stats_;

@@ -123,10 +123,6 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   if (o.tp_world < 1 || o.tp_rank < 0 || o.tp_rank >= o.tp_world)
     return absl::InvalidArgumentError(
         absl::StrCat("--tp-rank ", o.tp_rank, " is not in a --tp-world of ", o.tp_world));
-  if (o.mtp.drafts > 0 && o.tp_world > 1)
-    return absl::InvalidArgumentError(
-        "--mtp: speculative decoding under tensor parallelism is not available yet (the MTP "
-        "block is not sharded); run the group without --mtp");
   if (m.count("--tp-group")) o.tp_group = m["--tp-group"];
   if (m.count("--split")) o.tp_split = m["--split"];
   if (m.count("--tp-iface")) o.tp_iface = m["--tp-iface"];

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/runner/micro_steps.h"
 #include "worker/runner/slot_snapshot.h"
+#include "worker/tp/vocab_gather.h"
 
 namespace ds {
 namespace {
@@ -192,10 +193,9 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
       spec_tokens += static_cast<int>(s.tokens.size());
     }
     if (s.fill_mtp) {
-      if (!SupportsDraftChain())
-        return absl::InvalidArgumentError(absl::StrCat(
-            "batch[", i, "]: fill_mtp needs the MTP block on the device (", name(),
-            tp_.world > 1 ? " under tensor parallelism" : "", " has none)"));
+      if (absl::Status m = MtpAvailable(); !m.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch[", i, "]: fill_mtp: ", m.message()));
       if (s.speculative)
         return absl::InvalidArgumentError(
             absl::StrCat("batch[", i, "]: fill_mtp with a speculative verify"));
@@ -332,21 +332,12 @@ absl::Status StepRunner::GatherVocabParallelLogits(int n_rows) {
   // gather on its own stream, the staged collective through host copies): finish the head first.
   DS_RETURN_IF_ERROR(dev_->Finish());
   const LogitBuffers b = dev_->logit_buffers();
-  std::vector<size_t> counts(tp_.world);
-  for (int r = 0; r < tp_.world; ++r) counts[r] = n_rows * tp_.plan.ranks[r].vocab.size();
   const auto t0 = std::chrono::steady_clock::now();
-  DS_RETURN_IF_ERROR(tp_.collective->AllGatherV(b.local, counts, b.gathered));
+  DS_RETURN_IF_ERROR(tp::GatherVocabParallel(
+      *tp_.collective, tp_.plan, cfg_.n_vocab, n_rows, b.local, b.gathered, b.full,
+      [this](float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t width,
+             int64_t rows) { return dev_->CopyColumns(dst, ld_dst, src, ld_src, width, rows); }));
   gather_seconds_ += SecondsSince(t0);
-  // [r][n][V_r] rank-major -> [n][V]: rank r's block is an n x V_r matrix that lands in columns
-  // [v0_r, v1_r) of every row.
-  const float* src = b.gathered;
-  for (int r = 0; r < tp_.world; ++r) {
-    const tp::Range v = tp_.plan.ranks[r].vocab;
-    if (v.size() > 0)
-      DS_RETURN_IF_ERROR(
-          dev_->CopyColumns(b.full + v.begin, cfg_.n_vocab, src, v.size(), v.size(), n_rows));
-    src += static_cast<int64_t>(n_rows) * v.size();
-  }
   return absl::OkStatus();
 }
 
@@ -539,12 +530,24 @@ absl::Status StepRunner::LoadCheckpoint(int slot, const StateCheckpoint& checkpo
   });
 }
 
+absl::Status StepRunner::MtpAvailable() const {
+  if (cfg_.n_nextn < 1)
+    return absl::FailedPreconditionError(
+        "the model file has no MTP block (nextn_predict_layers = 0)");
+  if (tp_.world > 1 && !VocabParallel())
+    return absl::UnimplementedError(
+        "MTP under tensor parallelism needs the vocab-parallel lm_head: the MTP head is cut "
+        "like it (docs/tp.md §10), not kept on rank 0");
+  if (dev_->limits().max_spec_tokens == 0)
+    return absl::UnimplementedError(absl::StrCat(
+        "device ", name(), " holds no MTP block (created without room for speculative steps)"));
+  return absl::OkStatus();
+}
+
 absl::Status StepRunner::MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
                                  std::span<const float> hidden, std::vector<float>* logits,
                                  std::vector<float>* hidden_out) {
-  if (tp_.world > 1)
-    return absl::UnimplementedError(
-        "MtpRows: the MTP block is not sharded under tensor parallelism");
+  DS_RETURN_IF_ERROR(MtpAvailable());
   if (slot < 0 || slot >= n_slots())
     return absl::InvalidArgumentError(
         absl::StrCat("MtpRows: slot ", slot, " out of range [0, ", n_slots(), ")"));

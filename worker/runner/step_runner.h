@@ -108,9 +108,10 @@ class StepRunner : public Backend {
   absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
                        std::span<const float> hidden, std::vector<float>* logits,
                        std::vector<float>* hidden_out) override;
-  bool SupportsDraftChain() const override {
-    return tp_.world == 1 && cfg_.n_nextn > 0 && dev_->limits().max_spec_tokens > 0;
-  }
+  absl::Status MtpAvailable() const override;
+  // Draft chains keep the MTP logits where they are computed: not under TP (the vocab-parallel
+  // head's logits are gathered on the host path, MtpRows).
+  bool SupportsDraftChain() const override { return tp_.world == 1 && MtpAvailable().ok(); }
   absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
                               int out_row0, int n_drafts, std::vector<int32_t>* drafts) override;
   int max_speculative_tokens() const override { return dev_->limits().max_spec_tokens; }

@@ -240,7 +240,10 @@ Cut CutFor(const ModelConfig& c, const Plan& p, int r, std::string_view n) {
   if (n == "ffn_gate.weight" || n == "ffn_up.weight") return rows({s.ffn});
   if (n == "ffn_down.weight") return cols({s.ffn});
   // The embedding is vocab-parallel like the lm_head, with the same rows (docs/tp.md §3).
-  if (n == "output.weight" || n == "token_embd.weight") return rows({s.vocab});
+  // The MTP block's own embedding and head (when the file has them) are cut the same way.
+  if (n == "output.weight" || n == "token_embd.weight" || n == "nextn.embed_tokens.weight" ||
+      n == "nextn.shared_head_head.weight")
+    return rows({s.vocab});
   return Cut{};
 }
 
@@ -261,7 +264,9 @@ absl::StatusOr<std::vector<RankMemory>> PlanMemory(std::span<const gguf::TensorI
         int layer = -1;
         if (dot == std::string_view::npos || !absl::SimpleAtoi(std::string(name.substr(4, dot - 4)), &layer))
           continue;
-        if (layer >= c.n_layer) continue;  // MTP block: not loaded under TP
+        // The MTP block (layer n_layer) is cut like a trunk attention layer; its nextn.*
+        // tensors are whole on every rank except the embedding and head (CutFor).
+        if (layer > c.n_layer || (layer == c.n_layer && c.n_nextn < 1)) continue;
         suffix = name.substr(dot + 1);
       }
       const Cut cut = CutFor(c, p, r, suffix);

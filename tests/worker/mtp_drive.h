@@ -1,0 +1,79 @@
+// The schedule the MTP executor tests drive (step_executor_mtp_test, step_executor_mtp_tp_test):
+// three sequences as the scheduler would send them — slots 0 and 1 start together, slot 2 joins
+// at step 3 with its prompt prefilled in the same Forward as the others' decodes (or verifies) —
+// each generating kMaxNew tokens. The next step is built from the executor's own known tokens,
+// which are the same on every rank of a TP group (rank 0 samples, the others follow), so every
+// rank of a group is driven through the same steps.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "worker/process/step_executor.h"
+
+namespace ds::worker::mtp_test {
+
+inline std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((i * 37 + salt * 101) % 2000 + 5));
+  return p;
+}
+
+struct Outcome {
+  std::map<uint32_t, std::vector<int32_t>> generated;  // by slot, cut to kMaxNew
+  int steps = 0;
+  spec::SpecStats stats;
+};
+
+inline constexpr uint32_t kMaxNew = 40;
+
+inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature) {
+  Outcome o;
+  std::map<uint32_t, size_t> n_prompt;
+  auto start = [&](Step& st, uint32_t slot, std::vector<int32_t> prompt) {
+    for (int32_t& t : prompt) t %= n_vocab;  // (the tiny model's 512 ids)
+    SequenceStart s;
+    s.request_id = 100 + slot;
+    s.slot = slot;
+    s.tokens = prompt;
+    s.sampling.temperature = temperature;
+    s.sampling.seed = 7 + slot;
+    s.max_new_tokens = kMaxNew;
+    st.started.push_back(s);
+    st.work.push_back(SlotWork{slot, 0, static_cast<uint32_t>(prompt.size()), true, false});
+    n_prompt[slot] = prompt.size();
+  };
+  auto generated = [&](uint32_t slot) { return ex.known(static_cast<int>(slot)).size() - n_prompt[slot]; };
+  uint64_t id = 1;
+  for (int step = 0; step < 200; ++step) {
+    Step st;
+    st.step_id = id++;
+    if (step == 0) {
+      start(st, 0, Prompt(11, 0));
+      start(st, 1, Prompt(23, 1));
+    }
+    for (uint32_t slot = 0; slot < 3 && step > 0; ++slot) {
+      if (!n_prompt.count(slot) || generated(slot) >= kMaxNew) continue;
+      const uint32_t known = static_cast<uint32_t>(ex.known(static_cast<int>(slot)).size());
+      st.work.push_back(SlotWork{slot, known - 1, 1, true, true});
+    }
+    if (step == 3) start(st, 2, Prompt(17, 2));
+    if (st.work.empty()) break;
+    const StepResult r = ex.Run(st);
+    EXPECT_TRUE(r.error.empty()) << r.error;
+    if (!r.error.empty()) break;
+    ++o.steps;
+  }
+  for (const auto& [slot, np] : n_prompt) {
+    const std::vector<int32_t>& k = ex.known(static_cast<int>(slot));
+    std::vector<int32_t> g(k.begin() + static_cast<std::ptrdiff_t>(std::min(np, k.size())), k.end());
+    EXPECT_GE(g.size(), kMaxNew) << "slot " << slot;
+    if (g.size() > kMaxNew) g.resize(kMaxNew);  // a scheduler drops tokens past max_new
+    o.generated[slot] = std::move(g);
+  }
+  o.stats = ex.mtp_stats();
+  return o;
+}
+
+}  // namespace ds::worker::mtp_test
