@@ -315,6 +315,37 @@ TEST(CpuBackend, MtpStepIsDeterministicAndRollsBack) {
   EXPECT_FALSE(a->MtpStep(0, 1, 0, h7.subspan(1), &lg, &ho).ok());
 }
 
+// MtpRows (one pass over n rows: every row's K/V and attention, the MLP and head of the last
+// only) gives what n MtpStep calls give, bit for bit: the last row's logits and hidden state, the
+// MTP K/V (in the snapshot), and the next draft step after it. Also after rows of rejected drafts
+// (the rows are rewritten from pos0 and the later ones dropped).
+TEST(CpuBackend, MtpRowsEqualsMtpStepCalls) {
+  const std::string& p = testing::TinyModelPath();
+  auto a = Make(p), b = Make(p);
+  const int V = a->config().n_vocab, H = a->config().n_embd;
+  const auto prompt = Tokens(12, V, 23);
+  StepOutput pa = RunSeq(*a, 0, prompt, true, true);
+  RunSeq(*b, 0, prompt, true, true);
+  for (auto [p0, n] : {std::pair{0, 11}, std::pair{6, 4}, std::pair{9, 1}, std::pair{7, 3}}) {
+    std::vector<int32_t> toks(prompt.begin() + p0 + 1, prompt.begin() + p0 + 1 + n);
+    std::span<const float> h(pa.hidden.data() + static_cast<size_t>(p0) * H,
+                             static_cast<size_t>(n) * H);
+    std::vector<float> la, ha, lb, hb;
+    ASSERT_TRUE(a->MtpRows(0, p0, toks, h, &la, &ha).ok());
+    for (int i = 0; i < n; ++i)
+      ASSERT_TRUE(b->MtpStep(0, toks[i], p0 + i, h.subspan(static_cast<size_t>(i) * H, H), &lb, &hb).ok());
+    EXPECT_EQ(la, lb) << "rows [" << p0 << ", " << p0 + n << ")";
+    EXPECT_EQ(ha, hb) << "rows [" << p0 << ", " << p0 + n << ")";
+    std::vector<float> da, dha, db, dhb;
+    ASSERT_TRUE(a->MtpStep(0, 5, p0 + n, ha, &da, &dha).ok());
+    ASSERT_TRUE(b->MtpStep(0, 5, p0 + n, hb, &db, &dhb).ok());
+    EXPECT_EQ(da, db);
+    auto sa = a->Snapshot(0), sb = b->Snapshot(0);
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    EXPECT_EQ(sa->bytes, sb->bytes);
+  }
+}
+
 // Quantized weights: K-quant / IQ4 / Q8_0 matrices run and keep prefill == decode.
 TEST(CpuBackend, QuantizedModelsRunAndAgree) {
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::IQ4_XS}) {

@@ -414,23 +414,35 @@ absl::Status CpuDevice::MtpAttention(int slot, int32_t pos0, std::span<const int
 absl::Status CpuDevice::MtpStep(int slot, int32_t token, int32_t pos,
                                 std::span<const float> hidden, std::vector<float>* logits,
                                 std::vector<float>* hidden_out) {
+  return MtpRows(slot, pos, std::span<const int32_t>(&token, 1), hidden, cfg_.n_embd, logits,
+                 hidden_out);
+}
+
+// n MtpStep rows in one pass: every row's K/V and attention (MtpAttention; a row attends only to
+// rows up to its own, so each is what MtpStep would give), then the MLP, norm and head of the
+// last row only, the one whose outputs are returned. Bit-identical to n MtpStep calls
+// (cpu::MatMul's sums do not depend on the token count) with one weight pass instead of n.
+absl::Status CpuDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                std::span<const float> hidden, int64_t n_embd,
+                                std::vector<float>* logits, std::vector<float>* hidden_out) {
   const ModelConfig& c = cfg_;
   if (!w_.has_mtp)
     return absl::UnimplementedError(
         "MtpStep: the model file has no MTP block (nextn_predict_layers = 0)");
-  const int64_t H = c.n_embd;
+  const int64_t H = c.n_embd, n = static_cast<int64_t>(tokens.size());
   const MtpWeights& m = w_.mtp;
-  std::vector<float> u(H), a(H), y(H);
-  DS_RETURN_IF_ERROR(MtpAttention(slot, pos, std::span<const int32_t>(&token, 1), hidden.data(),
-                                  u.data(), y.data()));
-  DS_RETURN_IF_ERROR(AllReduce(y.data(), H));  // row-parallel attn_output: Σ over ranks
-  for (int64_t i = 0; i < H; ++i) u[i] += y[i];
-  cpu::RmsNorm(u.data(), m.layer.post_norm.data(), H, c.rms_eps, a.data());
-  Mlp(m.layer, a.data(), 1, y.data());
-  DS_RETURN_IF_ERROR(AllReduce(y.data(), H));  // row-parallel ffn_down
-  for (int64_t i = 0; i < H; ++i) u[i] += y[i];
+  std::vector<float> u(n * H), y(n * H), a(H);
+  DS_RETURN_IF_ERROR(MtpAttention(slot, pos0, tokens, hidden.data(), u.data(), y.data()));
+  float* ul = u.data() + (n - 1) * H;  // the last row
+  float* yl = y.data() + (n - 1) * H;
+  DS_RETURN_IF_ERROR(AllReduce(yl, H));  // row-parallel attn_output: Σ over ranks
+  for (int64_t i = 0; i < H; ++i) ul[i] += yl[i];
+  cpu::RmsNorm(ul, m.layer.post_norm.data(), H, c.rms_eps, a.data());
+  Mlp(m.layer, a.data(), 1, yl);
+  DS_RETURN_IF_ERROR(AllReduce(yl, H));  // row-parallel ffn_down
+  for (int64_t i = 0; i < H; ++i) ul[i] += yl[i];
   hidden_out->assign(H, 0.f);
-  cpu::RmsNorm(u.data(), m.shared_head_norm.data(), H, c.rms_eps, hidden_out->data());
+  cpu::RmsNorm(ul, m.shared_head_norm.data(), H, c.rms_eps, hidden_out->data());
   logits->assign(c.n_vocab, 0.f);
   if (tp_.world == 1) {
     cpu::MatMul(m.head, hidden_out->data(), 1, logits->data(), pool_);

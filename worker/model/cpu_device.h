@@ -72,6 +72,9 @@ class CpuDevice final : public Device {
   absl::Status MtpFill(const RowRun& run, int32_t next) override;
   absl::Status MtpStep(int slot, int32_t token, int32_t pos, std::span<const float> hidden,
                        std::vector<float>* logits, std::vector<float>* hidden_out) override;
+  absl::Status MtpRows(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                       std::span<const float> hidden, int64_t n_embd, std::vector<float>* logits,
+                       std::vector<float>* hidden_out) override;
   absl::Status CommitSpeculative(int slot, int entry) override;
 
   // Speculative tokens one sequence may verify in a Forward (DeviceLimits::max_spec_tokens), and

@@ -3,6 +3,8 @@
 // DequantizeRow, quantize/dequantize error bounds, and edge cases.
 #include "kernels/cpu/quant.h"
 
+#include "common/util/half.h"
+
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -360,6 +362,63 @@ TEST_P(QuantTypeTest, DotRowsEqualsDotRowPerRow) {
   for (int r = 0; r < n_rows; ++r) {
     const float one = DotRow(t, mat.data() + r * stride, x.data(), n);
     EXPECT_EQ(std::memcmp(&one, &out[r], 4), 0) << "row " << r;
+  }
+}
+
+// The matmul form: each row dequantized once for several tokens, sums four at a time; still
+// DotRow's sums bit for bit, for every (row, token), a short tail chunk (scalar formats) and token
+// counts that leave a short last group.
+TEST_P(QuantTypeTest, DotRowsTokensEqualsDotRowPerRowAndToken) {
+  const GgmlType t = GetParam();
+  std::mt19937 rng(9);
+  const int nb = BlockElems(t) == 1 ? 100 : 3;  // 100: 64 + a 36-element tail
+  const int64_t n = static_cast<int64_t>(nb) * BlockElems(t);
+  const size_t row_bytes = GgmlRowBytes(t, n);
+  const size_t stride = row_bytes + 2;
+  const int n_rows = 7;
+  std::vector<uint8_t> mat(stride * n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    const auto row = RandomRow(t, nb, rng, GenericScale);
+    std::memcpy(mat.data() + r * stride, row.data(), row_bytes);
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> scratch;
+  for (int T : {1, 2, 3, 5}) {
+    const int64_t ldx = n + 3;
+    std::vector<float> x(T * ldx);
+    for (auto& v : x) v = normal(rng);
+    const int64_t ldo = n_rows + 1;
+    std::vector<float> out(T * ldo, -1.0f);
+    DotRowsTokens(t, mat.data(), stride, n_rows, x.data(), ldx, T, n, out.data(), ldo, &scratch);
+    for (int tok = 0; tok < T; ++tok)
+      for (int r = 0; r < n_rows; ++r) {
+        const float one = DotRow(t, mat.data() + r * stride, x.data() + tok * ldx, n);
+        EXPECT_EQ(std::memcmp(&one, &out[tok * ldo + r], 4), 0)
+            << "T " << T << " token " << tok << " row " << r << ": " << one << " vs "
+            << out[tok * ldo + r];
+      }
+  }
+}
+
+// F16 / BF16 rows dequantize eight at a time with the hardware conversions: the same value as the
+// scalar conversion for every non-NaN bit pattern (subnormals, infinities, signed zeros).
+TEST(QuantF16, VectorDequantEqualsScalarForEveryHalf) {
+  for (GgmlType t : {GgmlType::F16, GgmlType::BF16}) {
+    std::vector<uint16_t> all(65536);
+    for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+    std::vector<float> got(65536);
+    DequantizeRow(t, all.data(), got.data(), 65536);
+    int checked = 0;
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float want = t == GgmlType::F16 ? F16ToF32(all[i]) : Bf16ToF32(all[i]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got[i])) << i;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(&want, &got[i], 4), 0) << "bits " << i << ": " << want << " vs " << got[i];
+      ++checked;
+    }
+    EXPECT_GT(checked, 60000);
   }
 }
 
