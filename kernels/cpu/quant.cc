@@ -749,12 +749,22 @@ void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int
   // (row, token) sum is DotRow's bit for bit; only the dequantization is shared by the tokens.
   const int L = DotChunk(type);
   const int64_t padded = (n + L - 1) / L * L;
-  scratch->resize(static_cast<size_t>(n_rows * padded));
   const auto* base = static_cast<const uint8_t*>(rows);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float* w = scratch->data() + r * padded;
-    ops->dequant(base + r * row_stride_bytes, w, n);
-    std::fill(w + n, w + padded, 0.0f);
+  // F32 rows without a short chunk are read where they are (a copy would be the only work of
+  // their "dequantization"); everything else goes through the scratch rows, zero-padded.
+  const bool in_place = type == GgmlType::F32 && padded == n && row_stride_bytes % 4 == 0 &&
+                        reinterpret_cast<uintptr_t>(rows) % 4 == 0;
+  auto row_of = [&](int64_t r) -> const float* {
+    return in_place ? reinterpret_cast<const float*>(base + r * row_stride_bytes)
+                    : scratch->data() + r * padded;
+  };
+  if (!in_place) {
+    scratch->resize(static_cast<size_t>(n_rows * padded));
+    for (int64_t r = 0; r < n_rows; ++r) {
+      float* w = scratch->data() + r * padded;
+      ops->dequant(base + r * row_stride_bytes, w, n);
+      std::fill(w + n, w + padded, 0.0f);
+    }
   }
   const int64_t full = n / L * L;  // the chunks that need no padding
   // A short last chunk reads each token's tail from a zero-padded copy, as DotScalar does.
@@ -775,7 +785,7 @@ void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int
       const int64_t p = p0 + std::min(k, m - 1);  // a short group repeats its last pair
       t_of[k] = p / n_rows;
       r_of[k] = p % n_rows;
-      w[k] = scratch->data() + r_of[k] * padded;
+      w[k] = row_of(r_of[k]);
       xt[k] = x + t_of[k] * ldx;
     }
     float total[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4];

@@ -371,32 +371,37 @@ TEST_P(QuantTypeTest, DotRowsEqualsDotRowPerRow) {
 TEST_P(QuantTypeTest, DotRowsTokensEqualsDotRowPerRowAndToken) {
   const GgmlType t = GetParam();
   std::mt19937 rng(9);
-  const int nb = BlockElems(t) == 1 ? 100 : 3;  // 100: 64 + a 36-element tail
-  const int64_t n = static_cast<int64_t>(nb) * BlockElems(t);
-  const size_t row_bytes = GgmlRowBytes(t, n);
-  const size_t stride = row_bytes + 2;
-  const int n_rows = 7;
-  std::vector<uint8_t> mat(stride * n_rows);
-  for (int r = 0; r < n_rows; ++r) {
-    const auto row = RandomRow(t, nb, rng, GenericScale);
-    std::memcpy(mat.data() + r * stride, row.data(), row_bytes);
-  }
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> scratch;
-  for (int T : {1, 2, 3, 5}) {
-    const int64_t ldx = n + 3;
-    std::vector<float> x(T * ldx);
-    for (auto& v : x) v = normal(rng);
-    const int64_t ldo = n_rows + 1;
-    std::vector<float> out(T * ldo, -1.0f);
-    DotRowsTokens(t, mat.data(), stride, n_rows, x.data(), ldx, T, n, out.data(), ldo, &scratch);
-    for (int tok = 0; tok < T; ++tok)
+  // Scalar formats: 100 elements (64 + a 36-element tail) and 128 (whole chunks: F32 rows are
+  // then read in place when the stride allows); padded and packed row strides.
+  for (const int nb : BlockElems(t) == 1 ? std::vector<int>{100, 128} : std::vector<int>{3}) {
+    const int64_t n = static_cast<int64_t>(nb) * BlockElems(t);
+    const size_t row_bytes = GgmlRowBytes(t, n);
+    for (const size_t stride : {row_bytes + 2, row_bytes}) {
+      const int n_rows = 7;
+      std::vector<uint32_t> storage((stride * n_rows + 3) / 4);  // 4-byte aligned
+      auto* mat = reinterpret_cast<uint8_t*>(storage.data());
       for (int r = 0; r < n_rows; ++r) {
-        const float one = DotRow(t, mat.data() + r * stride, x.data() + tok * ldx, n);
-        EXPECT_EQ(std::memcmp(&one, &out[tok * ldo + r], 4), 0)
-            << "T " << T << " token " << tok << " row " << r << ": " << one << " vs "
-            << out[tok * ldo + r];
+        const auto row = RandomRow(t, nb, rng, GenericScale);
+        std::memcpy(mat + r * stride, row.data(), row_bytes);
       }
+      for (int T : {1, 2, 3, 5}) {
+        const int64_t ldx = n + 3;
+        std::vector<float> x(T * ldx);
+        for (auto& v : x) v = normal(rng);
+        const int64_t ldo = n_rows + 1;
+        std::vector<float> out(T * ldo, -1.0f);
+        DotRowsTokens(t, mat, stride, n_rows, x.data(), ldx, T, n, out.data(), ldo, &scratch);
+        for (int tok = 0; tok < T; ++tok)
+          for (int r = 0; r < n_rows; ++r) {
+            const float one = DotRow(t, mat + r * stride, x.data() + tok * ldx, n);
+            EXPECT_EQ(std::memcmp(&one, &out[tok * ldo + r], 4), 0)
+                << "n " << n << " stride " << stride << " T " << T << " token " << tok
+                << " row " << r << ": " << one << " vs " << out[tok * ldo + r];
+          }
+      }
+    }
   }
 }
 
