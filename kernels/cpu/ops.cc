@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/util/thread_pool.h"
+#include "kernels/cpu/dot_tokens.h"
 #include "kernels/cpu/quant.h"
 
 namespace ds::cpu {

@@ -14,6 +14,7 @@
 #endif
 
 #include "common/util/half.h"
+#include "kernels/cpu/dot_f32.h"
 #include "kernels/cpu/quant_blocks.h"
 
 namespace ds::cpu {
@@ -21,66 +22,6 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Shared numeric helpers.
-
-// Dot product of n floats, n a multiple of 16. Two 8-lane accumulators and a fixed reduction
-// tree, so the result depends only on the inputs (deterministic for a given n).
-inline float DotF32(const float* a, const float* x, int n) {
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 acc0 = _mm256_setzero_ps();
-  __m256 acc1 = _mm256_setzero_ps();
-  for (int i = 0; i < n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-  }
-  const __m256 acc = _mm256_add_ps(acc0, acc1);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-#else
-  float acc[16] = {};
-  for (int i = 0; i < n; i += 16)
-    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * x[i + k];
-  for (int k = 0; k < 8; ++k) acc[k] += acc[k + 8];
-  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-#endif
-}
-
-// out[k] = DotF32(a[k], x[k], n) for k < 4, with the same operations in the same order per k
-// (bit-identical), the four chains interleaved: one DotF32 waits on its two FMA chains, four
-// of them keep the FMA units busy. n a multiple of 16.
-inline void DotF32x4(const float* const a[4], const float* const x[4], int n, float out[4]) {
-#if defined(__AVX2__) && defined(__FMA__)
-  // Eight named accumulators (arrays indexed in a loop were kept on the stack).
-  __m256 p0 = _mm256_setzero_ps(), q0 = p0, p1 = p0, q1 = p0, p2 = p0, q2 = p0, p3 = p0, q3 = p0;
-  const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3];
-  const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-  for (int i = 0; i < n; i += 16) {
-    p0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + i), _mm256_loadu_ps(x0 + i), p0);
-    q0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + i + 8), _mm256_loadu_ps(x0 + i + 8), q0);
-    p1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + i), _mm256_loadu_ps(x1 + i), p1);
-    q1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + i + 8), _mm256_loadu_ps(x1 + i + 8), q1);
-    p2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + i), _mm256_loadu_ps(x2 + i), p2);
-    q2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + i + 8), _mm256_loadu_ps(x2 + i + 8), q2);
-    p3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + i), _mm256_loadu_ps(x3 + i), p3);
-    q3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + i + 8), _mm256_loadu_ps(x3 + i + 8), q3);
-  }
-  // DotF32's reduction of (acc0, acc1), per chain.
-  auto reduce = [](__m256 acc0, __m256 acc1) {
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  };
-  out[0] = reduce(p0, q0);
-  out[1] = reduce(p1, q1);
-  out[2] = reduce(p2, q2);
-  out[3] = reduce(p3, q3);
-#else
-  for (int k = 0; k < 4; ++k) out[k] = DotF32(a[k], x[k], n);
-#endif
-}
 
 // Quantizers treat NaN as 0 and +-inf as +-FLT_MAX so every output is finite.
 inline float Sanitize(float v) {
@@ -734,81 +675,6 @@ int DotChunk(GgmlType type) {
   const QuantOps* ops = FindOps(type);
   if (!ops) return 0;
   return ops->block_elems == 1 ? kChunk : ops->block_elems;
-}
-
-void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n_rows,
-                   const float* x, int64_t ldx, int64_t T, int64_t n, float* out, int64_t ldo,
-                   std::vector<float>* scratch) {
-  const QuantOps* ops = FindOps(type);
-  if (!ops) {
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t r = 0; r < n_rows; ++r) out[t * ldo + r] = std::nanf("");
-    return;
-  }
-  // The chunks of DotBlocks / DotScalar: the same DotF32 calls in the same order, so each
-  // (row, token) sum is DotRow's bit for bit; only the dequantization is shared by the tokens.
-  const int L = DotChunk(type);
-  const int64_t padded = (n + L - 1) / L * L;
-  const auto* base = static_cast<const uint8_t*>(rows);
-  // F32 rows without a short chunk are read where they are (a copy would be the only work of
-  // their "dequantization"); everything else goes through the scratch rows, zero-padded.
-  const bool in_place = type == GgmlType::F32 && padded == n && row_stride_bytes % 4 == 0 &&
-                        reinterpret_cast<uintptr_t>(rows) % 4 == 0;
-  auto row_of = [&](int64_t r) -> const float* {
-    return in_place ? reinterpret_cast<const float*>(base + r * row_stride_bytes)
-                    : scratch->data() + r * padded;
-  };
-  if (!in_place) {
-    scratch->resize(static_cast<size_t>(n_rows * padded));
-    for (int64_t r = 0; r < n_rows; ++r) {
-      float* w = scratch->data() + r * padded;
-      ops->dequant(base + r * row_stride_bytes, w, n);
-      std::fill(w + n, w + padded, 0.0f);
-    }
-  }
-  const int64_t full = n / L * L;  // the chunks that need no padding
-  // A short last chunk reads each token's tail from a zero-padded copy, as DotScalar does.
-  thread_local std::vector<float> tails;
-  if (full < n) {
-    tails.assign(static_cast<size_t>(T * L), 0.0f);
-    for (int64_t t = 0; t < T; ++t) std::copy(x + t * ldx + full, x + t * ldx + n, tails.data() + t * L);
-  }
-  // The (row, token) sums four at a time, token-major; the pairs of a group need not share a row
-  // or a token (DotF32x4 keeps each one's order).
-  const int64_t n_pairs = n_rows * T;
-  for (int64_t p0 = 0; p0 < n_pairs; p0 += 4) {
-    const int m = static_cast<int>(std::min<int64_t>(4, n_pairs - p0));
-    const float* w[4];
-    const float* xt[4];
-    int64_t t_of[4], r_of[4];
-    for (int k = 0; k < 4; ++k) {
-      const int64_t p = p0 + std::min(k, m - 1);  // a short group repeats its last pair
-      t_of[k] = p / n_rows;
-      r_of[k] = p % n_rows;
-      w[k] = row_of(r_of[k]);
-      xt[k] = x + t_of[k] * ldx;
-    }
-    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4];
-    const float* wc[4];
-    const float* xc[4];
-    for (int64_t c = 0; c < full; c += L) {
-      for (int k = 0; k < 4; ++k) {
-        wc[k] = w[k] + c;
-        xc[k] = xt[k] + c;
-      }
-      DotF32x4(wc, xc, L, d);
-      for (int k = 0; k < 4; ++k) total[k] += d[k];
-    }
-    if (full < n) {
-      for (int k = 0; k < 4; ++k) {
-        wc[k] = w[k] + full;
-        xc[k] = tails.data() + t_of[k] * L;
-      }
-      DotF32x4(wc, xc, L, d);
-      for (int k = 0; k < 4; ++k) total[k] += d[k];
-    }
-    for (int k = 0; k < m; ++k) out[t_of[k] * ldo + r_of[k]] = total[k];
-  }
 }
 
 void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {

@@ -4,7 +4,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "common/gguf/ggml_types.h"
 
@@ -30,15 +29,10 @@ void DotRows(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n
              const float* x, int64_t n, float* out);
 
 // The chunk of DotRow's sum: DotRow = Σ over chunks, in order, of an f32 dot of the chunk's
-// dequantized values (a short last chunk zero-padded). The block size; 64 for F32 / F16 / BF16.
+// dequantized values (a short last chunk zero-padded). The block size; 64 for F32 / F16 / BF16;
+// 0 for unsupported types. DotRowsTokens (dot_tokens.h) computes the same sums for several tokens.
 int DotChunk(GgmlType type);
 
-// out[t * ldo + r] = DotRow(type, rows + r * row_stride_bytes, x + t * ldx, n) for r < n_rows,
-// t < T, bit-identical, with each row dequantized once for all T tokens (into *scratch) instead
-// of once per token: the form for matmuls of several tokens.
-void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n_rows,
-                   const float* x, int64_t ldx, int64_t T, int64_t n, float* out, int64_t ldo,
-                   std::vector<float>* scratch);
 
 // True when the three functions above implement `type` (same set as GgmlInfo(type).supported).
 // For other types DequantizeRow writes NaN, DotRow returns NaN and QuantizeRow zero-fills.

@@ -3,8 +3,6 @@
 // DequantizeRow, quantize/dequantize error bounds, and edge cases.
 #include "kernels/cpu/quant.h"
 
-#include "common/util/half.h"
-
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -15,6 +13,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "common/util/half.h"
+#include "kernels/cpu/dot_tokens.h"
 
 #include "common/util/half.h"
 
