@@ -17,8 +17,6 @@
 #include "common/util/half.h"
 #include "kernels/cpu/dot_tokens.h"
 
-#include "common/util/half.h"
-
 namespace ds::cpu {
 namespace {
 
