@@ -487,16 +487,18 @@ StepResult StepExecutor::Run(const Step& step) {
       const size_t before = slot.known.size();
       const int n_out = out_row_[i + 1] - row0;
       const int offered = static_cast<int>(slot.drafts.tokens.size());
+      // Acceptance statistics (metrics) on rank 0 only: every rank of a group judges the same.
+      spec::SpecStats* stats = samples ? &step_stats_ : nullptr;
       const int kept =
           device && dev_rows_[row0].mode == DeviceSampleRow::Mode::kSample
               ? spec::MtpDrafter::AcceptTokens(
                     std::span<const int32_t>(out.tokens).subspan(row0, n_out), slot.drafts,
-                    &slot.known, &step_stats_)
+                    &slot.known, stats)
               : drafter_->Accept(
                     *slot.sampler,
                     std::span<const float>(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
                                            static_cast<size_t>(n_out) * n_vocab),
-                    slot.drafts, &slot.known, &step_stats_);
+                    slot.drafts, &slot.known, stats);
       if (absl::Status cs = backend_->CommitSpeculative(static_cast<int>(w.slot), kept + 1);
           !cs.ok()) {
         result.tokens.clear();
@@ -508,7 +510,7 @@ StepResult StepExecutor::Run(const Step& step) {
       share(blk, appended);
       if (samples)
         for (int32_t t : appended) result.tokens.push_back(SampledToken{w.slot, t, std::nullopt});
-      verify_tokens_.push_back(kept + 1);
+      if (samples) verify_tokens_.push_back(kept + 1);
       slot.policy.Record(offered, kept);
       DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
                  kept + 1, n_mtp_slots);
