@@ -4,7 +4,7 @@
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 tools/device/pack.sh deltaserve ds_tp_rank kernels_cuda_test gdn_cuda_test kv_quant_cuda_test \
 #     sampling_cuda_test gpu_vs_cpu_test \
-#     batch_invariance_test paged_kv_gpu_test tp_custom_allreduce_test):
+#     batch_invariance_test paged_kv_gpu_test tp_custom_allreduce_test mtp_gpu_test worker_mtp_tp_gpu_test):
 #   bash tools/device/gpu_tests.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,7 +13,7 @@ LOG=${OUT:-/tmp}/gpu_tests; mkdir -p "$LOG"
 ( timeout 150 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out /tmp/m.gguf >"$LOG/synth.log" 2>&1 ) &
 SYNTH=$!
 for t in kernels_cuda_test gdn_cuda_test kv_quant_cuda_test sampling_cuda_test gpu_vs_cpu_test batch_invariance_test \
-         paged_kv_gpu_test tp_custom_allreduce_test; do
+         paged_kv_gpu_test tp_custom_allreduce_test mtp_gpu_test worker_mtp_tp_gpu_test; do
   [ -x "$BIN/$t" ] || { echo "skip $t (not packed)"; continue; }
   t0=$SECONDS
   DS_TP_RANK_BIN=$BIN/ds_tp_rank timeout 300 "$BIN/$t" --gtest_color=no >"$LOG/$t.log" 2>&1
