@@ -154,10 +154,10 @@ class TpCluster {
     return Start("rank" + std::to_string(r), "worker", f, client_key_).pid;
   }
   pid_t StartSingleWorker() {
-    return Start("single", "worker",
-                 {"--scheduler", sched_, "--model", TinyModel(), "--backend", "cpu", "--threads", "1",
-                  "--worker-id", "single"})
-        .pid;
+    std::vector<std::string> f = {"--scheduler", sched_, "--model", o_.model, "--backend", "cpu",
+                                  "--threads", "1", "--worker-id", "single"};
+    f.insert(f.end(), o_.rank_flags.begin(), o_.rank_flags.end());
+    return Start("single", "worker", f).pid;
   }
   pid_t pid(const std::string& name) const {
     for (const Child& c : children_)
@@ -378,14 +378,16 @@ TEST(TpCluster, KillingOneRankMakesHealthNotServingAndRequestsUnavailable) {
   EXPECT_TRUE(Exits(c.pid("rank0"), 15s)) << "rank 0 outlived its group";
 }
 
-TEST(TpCluster, FailoverReplaysOnAReplacementWorkerWithNothingLost) {
-  TpCluster c({.scheduler_flags = {"--failover-wait", "30"}});
+// Two greedy streams; rank 1 is killed once the first has 10 tokens, then a TP = 1 worker
+// (split recomputed: the whole model, the same worker flags) replaces the group: both streams
+// end with exactly the reference's tokens.
+void FailoverReplaysWithNothingLost(TpCluster::Options o) {
+  const std::string model = o.model;
+  TpCluster c(std::move(o));
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 30s));
   constexpr int kMax = 400;
-  const std::vector<int32_t> want = Reference(kPrompt, kMax);
+  const std::vector<int32_t> want = Reference(kPrompt, kMax, model);
   ASSERT_EQ(want.size(), static_cast<size_t>(kMax));
-  // Two streams; rank 1 is killed once the first has 10 tokens, then a TP = 1 worker (split
-  // recomputed: the whole model) replaces the group.
   std::promise<void> streaming;
   std::atomic<bool> fired{false};
   std::atomic<int> seen{0};
@@ -416,6 +418,18 @@ TEST(TpCluster, FailoverReplaysOnAReplacementWorkerWithNothingLost) {
   const v1::ClusterStatus st = c.Status();
   ASSERT_EQ(st.workers_size(), 1);
   EXPECT_EQ(st.workers(0).id(), "single");
+}
+
+TEST(TpCluster, FailoverReplaysOnAReplacementWorkerWithNothingLost) {
+  FailoverReplaysWithNothingLost({.scheduler_flags = {"--failover-wait", "30"}});
+}
+
+// The same with MTP (issue #15): the group speculates with the demo model's MTP head cut over its
+// ranks, the replacement worker with the whole one; the replay resumes the streams exactly.
+TEST(TpCluster, FailoverWithMtpReplaysOnAReplacementWorkerWithNothingLost) {
+  FailoverReplaysWithNothingLost({.scheduler_flags = {"--failover-wait", "30"},
+                                  .model = ResolveModelAlias("demo"),
+                                  .rank_flags = {"--mtp", "3"}});
 }
 
 // MTP under TP (issue #15, docs/tp.md §10): the trained demo model's MTP block cut over the two
