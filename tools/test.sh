@@ -84,9 +84,10 @@ echo "== tests (release) =="
 run_ctest build -LE gpu
 
 # The sanitizer pass covers the code that parses untrusted input and does the arithmetic (GGUF,
-# quant formats, tokenizer, sampling, model, the step runner, the step executor, scheduler); the
-# process-level cluster tests run in the release pass only (they spawn the release binary).
-ASAN_TARGETS="util_test gguf_test kernels_cpu_test tokenizer_test sampling_test model_test runner_test worker_step_test scheduler_test"
+# quant formats, tokenizer, sampling, model, the step runner, the step executor, scheduler) and
+# the TP ranks' MTP path (threads over Gloo); the process-level cluster tests run in the release
+# pass only (they spawn the release binary).
+ASAN_TARGETS="util_test gguf_test kernels_cpu_test tokenizer_test sampling_test model_test runner_test worker_step_test scheduler_test worker_mtp_tp_test"
 if [ "${DS_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== tests under ASan + UBSan =="
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDS_SANITIZE=ON -DDS_CUDA=OFF $LAUNCHER >/dev/null
