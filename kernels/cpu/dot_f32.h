@@ -8,6 +8,17 @@
 
 namespace ds::cpu {
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The fixed reduction tree of one dot's two 8-lane accumulators.
+inline float SumAccumulators(__m256 acc0, __m256 acc1) {
+  const __m256 acc = _mm256_add_ps(acc0, acc1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 // Dot product of n floats, n a multiple of 16 (deterministic for a given n).
 inline float DotF32(const float* a, const float* x, int n) {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -17,11 +28,7 @@ inline float DotF32(const float* a, const float* x, int n) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
   }
-  const __m256 acc = _mm256_add_ps(acc0, acc1);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  return SumAccumulators(acc0, acc1);
 #else
   float acc[16] = {};
   for (int i = 0; i < n; i += 16)
@@ -50,18 +57,10 @@ inline void DotF32x4(const float* const a[4], const float* const x[4], int n, fl
     p3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + i), _mm256_loadu_ps(x3 + i), p3);
     q3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + i + 8), _mm256_loadu_ps(x3 + i + 8), q3);
   }
-  // DotF32's reduction of (acc0, acc1), per chain.
-  auto reduce = [](__m256 acc0, __m256 acc1) {
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  };
-  out[0] = reduce(p0, q0);
-  out[1] = reduce(p1, q1);
-  out[2] = reduce(p2, q2);
-  out[3] = reduce(p3, q3);
+  out[0] = SumAccumulators(p0, q0);
+  out[1] = SumAccumulators(p1, q1);
+  out[2] = SumAccumulators(p2, q2);
+  out[3] = SumAccumulators(p3, q3);
 #else
   for (int k = 0; k < 4; ++k) out[k] = DotF32(a[k], x[k], n);
 #endif

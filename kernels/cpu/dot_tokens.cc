@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/dot_f32.h"
 #include "kernels/cpu/quant.h"
@@ -11,8 +12,7 @@
 namespace ds::cpu {
 
 void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n_rows,
-                   const float* x, int64_t ldx, int64_t T, int64_t n, float* out, int64_t ldo,
-                   std::vector<float>* scratch) {
+                   const float* x, int64_t ldx, int64_t T, int64_t n, float* out, int64_t ldo) {
   const int L = DotChunk(type);
   if (L == 0) {
     for (int64_t t = 0; t < T; ++t)
@@ -21,6 +21,8 @@ void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int
   }
   // The chunks of DotBlocks / DotScalar: the same DotF32 calls in the same order, so each
   // (row, token) sum is DotRow's bit for bit; only the dequantization is shared by the tokens.
+  // Per thread, kept between calls: the dequantized rows and the tokens' zero-padded tails.
+  thread_local std::vector<float> rows_f32, tails;
   const int64_t padded = (n + L - 1) / L * L;
   const auto* base = static_cast<const uint8_t*>(rows);
   // F32 rows without a short chunk are read where they are (a copy would be the only work of
@@ -29,19 +31,18 @@ void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int
                         reinterpret_cast<uintptr_t>(rows) % 4 == 0;
   auto row_of = [&](int64_t r) -> const float* {
     return in_place ? reinterpret_cast<const float*>(base + r * row_stride_bytes)
-                    : scratch->data() + r * padded;
+                    : rows_f32.data() + r * padded;
   };
   if (!in_place) {
-    scratch->resize(static_cast<size_t>(n_rows * padded));
+    rows_f32.resize(static_cast<size_t>(n_rows * padded));
     for (int64_t r = 0; r < n_rows; ++r) {
-      float* w = scratch->data() + r * padded;
+      float* w = rows_f32.data() + r * padded;
       DequantizeRow(type, base + r * row_stride_bytes, w, n);
       std::fill(w + n, w + padded, 0.0f);
     }
   }
   const int64_t full = n / L * L;  // the chunks that need no padding
   // A short last chunk reads each token's tail from a zero-padded copy, as DotScalar does.
-  thread_local std::vector<float> tails;
   if (full < n) {
     tails.assign(static_cast<size_t>(T * L), 0.0f);
     for (int64_t t = 0; t < T; ++t) std::copy(x + t * ldx + full, x + t * ldx + n, tails.data() + t * L);

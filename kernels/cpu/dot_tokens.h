@@ -3,17 +3,15 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "common/gguf/ggml_types.h"
 
 namespace ds::cpu {
 
 // out[t * ldo + r] = DotRow(type, rows + r * row_stride_bytes, x + t * ldx, n) for r < n_rows,
-// t < T, bit-identical, with each row dequantized once for all T tokens (into *scratch) instead
-// of once per token: the form for matmuls of several tokens.
+// t < T, bit-identical, with each row dequantized once for all T tokens (into the calling
+// thread's scratch) instead of once per token: the form for matmuls of several tokens.
 void DotRowsTokens(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n_rows,
-                   const float* x, int64_t ldx, int64_t T, int64_t n, float* out, int64_t ldo,
-                   std::vector<float>* scratch);
+                   const float* x, int64_t ldx, int64_t T, int64_t n, float* out, int64_t ldo);
 
 }  // namespace ds::cpu

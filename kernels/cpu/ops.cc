@@ -28,11 +28,10 @@ void MatMul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
       [&](int64_t r0, int64_t r1) {
         // Each row of the tile dequantized once for all tokens, and the tile's (row, token) sums
         // computed four at a time: DotRow's sums bit for bit (quant.h contract).
-        thread_local std::vector<float> scratch;
         for (int64_t rb = r0; rb < r1; rb += kTile) {
           const int64_t re = std::min(r1, rb + kTile);
           DotRowsTokens(w.type, base + rb * row_bytes, row_bytes, re - rb, x, w.cols, T, w.cols,
-                        y + rb, w.rows, &scratch);
+                        y + rb, w.rows);
         }
       },
       grain);

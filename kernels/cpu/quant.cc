@@ -663,14 +663,6 @@ float DotRow(GgmlType type, const void* row, const float* x, int64_t n) {
   return std::nanf("");
 }
 
-void DotRows(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n_rows,
-             const float* x, int64_t n, float* out) {
-  const QuantOps* ops = FindOps(type);
-  const auto* base = static_cast<const uint8_t*>(rows);
-  for (int64_t r = 0; r < n_rows; ++r)
-    out[r] = ops ? ops->dot(base + r * row_stride_bytes, x, n) : std::nanf("");
-}
-
 int DotChunk(GgmlType type) {
   const QuantOps* ops = FindOps(type);
   if (!ops) return 0;

@@ -23,20 +23,14 @@ float DotRow(GgmlType type, const void* row, const float* x, int64_t n);
 // +-FLT_MAX; F32/F16/BF16 keep NaN/inf. Block formats are slow (IQ4_* ~2M elements/s).
 void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
 
-// out[r] = DotRow(type, rows + r * row_stride_bytes, x, n) for r in [0, n_rows): one matrix-vector
-// product over n_rows weight rows (bit-identical to calling DotRow per row).
-void DotRows(GgmlType type, const void* rows, size_t row_stride_bytes, int64_t n_rows,
-             const float* x, int64_t n, float* out);
+// True when the three functions above implement `type` (same set as GgmlInfo(type).supported).
+// For other types DequantizeRow writes NaN, DotRow returns NaN and QuantizeRow zero-fills.
+bool QuantTypeSupported(GgmlType type);
 
 // The chunk of DotRow's sum: DotRow = Σ over chunks, in order, of an f32 dot of the chunk's
 // dequantized values (a short last chunk zero-padded). The block size; 64 for F32 / F16 / BF16;
 // 0 for unsupported types. DotRowsTokens (dot_tokens.h) computes the same sums for several tokens.
 int DotChunk(GgmlType type);
-
-
-// True when the three functions above implement `type` (same set as GgmlInfo(type).supported).
-// For other types DequantizeRow writes NaN, DotRow returns NaN and QuantizeRow zero-fills.
-bool QuantTypeSupported(GgmlType type);
 
 // The IQ4_NL / IQ4_XS non-linear codebook.
 inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -146,26 +146,28 @@ absl::Status CpuDevice::Prepare(const MicroStep& step) {
   return absl::OkStatus();
 }
 
-absl::Status CpuDevice::Embed() {
-  const int64_t H = cfg_.n_embd;
+absl::Status CpuDevice::Embed() { return EmbedRows(w_.token_embd, step_->ids, h_.data()); }
+
+absl::Status CpuDevice::EmbedRows(const cpu::WeightView& table, std::span<const int32_t> ids,
+                                  float* out) {
+  const int64_t H = cfg_.n_embd, n = static_cast<int64_t>(ids.size());
   if (tp_.world == 1) {
-    for (int r = 0; r < step_->rows(); ++r)
-      cpu::GetRow(w_.token_embd, step_->ids[r], h_.data() + r * H);
+    for (int64_t r = 0; r < n; ++r) cpu::GetRow(table, ids[r], out + r * H);
     return absl::OkStatus();
   }
   // Vocab-parallel: this rank holds vocabulary rows [v0, v1) of the table; other tokens get zero
   // rows and the all-reduce adds the owner's row (x + 0 is exact, so every rank ends with the
   // same embedding as TP = 1).
   const tp::Range v = tp_.plan.ranks[tp_.rank].vocab;
-  for (int r = 0; r < step_->rows(); ++r) {
-    const int64_t id = step_->ids[r];
-    float* row = h_.data() + r * H;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t id = ids[r];
+    float* row = out + r * H;
     if (id >= v.begin && id < v.end)
-      cpu::GetRow(w_.token_embd, id - v.begin, row);
+      cpu::GetRow(table, id - v.begin, row);
     else
       std::fill(row, row + H, 0.f);
   }
-  return AllReduce(h_.data(), step_->rows() * H);
+  return AllReduce(out, n * H);
 }
 
 absl::Status CpuDevice::AllReduce(float* y, int64_t n) {
@@ -383,13 +385,7 @@ absl::Status CpuDevice::MtpAttention(int slot, int32_t pos0, std::span<const int
   const int64_t H = c.n_embd, n = static_cast<int64_t>(tokens.size());
   const MtpWeights& m = w_.mtp;
   std::vector<float> e(n * H), cat(n * 2 * H), a(n * H);
-  // The embedding as Embed takes it: vocab-parallel under TP (zero rows + the all-reduce).
-  const tp::Range v = tp_.world > 1 ? tp_.plan.ranks[tp_.rank].vocab : tp::Range{0, c.n_vocab};
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] >= v.begin && tokens[i] < v.end)
-      cpu::GetRow(m.embed, tokens[i] - v.begin, e.data() + i * H);
-  }
-  DS_RETURN_IF_ERROR(AllReduce(e.data(), n * H));
+  DS_RETURN_IF_ERROR(EmbedRows(m.embed, tokens, e.data()));  // vocab-parallel under TP, as Embed
   for (int64_t i = 0; i < n; ++i) {
     float* ci = cat.data() + i * 2 * H;
     cpu::RmsNorm(e.data() + i * H, m.enorm.data(), H, c.rms_eps, ci);  // e (first half)

@@ -112,6 +112,9 @@ class CpuDevice final : public Device {
   CpuDevice() = default;
   // Sums a partial [n] result over the TP group (no-op without TP); adds the time to comm_.
   absl::Status AllReduce(float* y, int64_t n);
+  // out[r] = the embedding row of ids[r] from `table` (token_embd, or the MTP block's): under TP
+  // the rank's vocabulary rows, zero rows for the others' tokens, then the all-reduce.
+  absl::Status EmbedRows(const cpu::WeightView& table, std::span<const int32_t> ids, float* out);
   void AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
                  const std::vector<SeqRun>& seqs, float* y);
   void Mlp(const LayerWeights& w, const float* f, int64_t N, float* y);

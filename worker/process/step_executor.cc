@@ -549,7 +549,7 @@ StepResult StepExecutor::Run(const Step& step) {
     }
   }
   if (group_ && !shared_.empty()) {
-    mine_ = shared_;
+    if (!samples) mine_ = shared_;  // what this rank decided, to compare with rank 0's
     absl::Status bs = group_->Broadcast(shared_.data(), shared_.size() * sizeof(int32_t), 0);
     if (!bs.ok()) {
       group_broken_ = true;

@@ -340,30 +340,6 @@ TEST_P(QuantTypeTest, DotRowMatchesDequantizedDot) {
   }
 }
 
-TEST_P(QuantTypeTest, DotRowsEqualsDotRowPerRow) {
-  const GgmlType t = GetParam();
-  std::mt19937 rng(5);
-  const int nb = BlockElems(t) == 1 ? 96 : 2;
-  const int64_t n = static_cast<int64_t>(nb) * BlockElems(t);
-  const size_t row_bytes = GgmlRowBytes(t, n);
-  const size_t stride = row_bytes + 6;  // padded rows
-  const int n_rows = 5;
-  std::vector<uint8_t> mat(stride * n_rows);
-  for (int r = 0; r < n_rows; ++r) {
-    const auto row = RandomRow(t, nb, rng, GenericScale);
-    std::memcpy(mat.data() + r * stride, row.data(), row_bytes);
-  }
-  std::vector<float> x(n);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto& v : x) v = normal(rng);
-  std::vector<float> out(n_rows);
-  DotRows(t, mat.data(), stride, n_rows, x.data(), n, out.data());
-  for (int r = 0; r < n_rows; ++r) {
-    const float one = DotRow(t, mat.data() + r * stride, x.data(), n);
-    EXPECT_EQ(std::memcmp(&one, &out[r], 4), 0) << "row " << r;
-  }
-}
-
 // The matmul form: each row dequantized once for several tokens, sums four at a time; still
 // DotRow's sums bit for bit, for every (row, token), a short tail chunk (scalar formats) and token
 // counts that leave a short last group.
@@ -371,7 +347,6 @@ TEST_P(QuantTypeTest, DotRowsTokensEqualsDotRowPerRowAndToken) {
   const GgmlType t = GetParam();
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> scratch;
   // Scalar formats: 100 elements (64 + a 36-element tail) and 128 (whole chunks: F32 rows are
   // then read in place when the stride allows); padded and packed row strides.
   for (const int nb : BlockElems(t) == 1 ? std::vector<int>{100, 128} : std::vector<int>{3}) {
@@ -391,7 +366,7 @@ TEST_P(QuantTypeTest, DotRowsTokensEqualsDotRowPerRowAndToken) {
         for (auto& v : x) v = normal(rng);
         const int64_t ldo = n_rows + 1;
         std::vector<float> out(T * ldo, -1.0f);
-        DotRowsTokens(t, mat, stride, n_rows, x.data(), ldx, T, n, out.data(), ldo, &scratch);
+        DotRowsTokens(t, mat, stride, n_rows, x.data(), ldx, T, n, out.data(), ldo);
         for (int tok = 0; tok < T; ++tok)
           for (int r = 0; r < n_rows; ++r) {
             const float one = DotRow(t, mat + r * stride, x.data() + tok * ldx, n);
