@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <string>
 #include <vector>
 
+#include "common/util/model_alias.h"
+#include "worker/backend_factory.h"
 #include "worker/process/step_executor.h"
 
 namespace ds::worker::mtp_test {
@@ -74,6 +77,22 @@ inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature) {
   }
   o.stats = ex.mtp_stats();
   return o;
+}
+
+// The schedule on one CPU backend (`model`: "demo" or a file) with --mtp mtp_drafts (0: off).
+inline Outcome DriveOneRank(int mtp_drafts, float temperature, const std::string& model = "demo",
+                            bool automatic = false) {
+  BackendOptions bo;
+  bo.n_slots = 3;
+  bo.slot_ctx = 256;
+  bo.n_threads = 2;
+  auto be = CreateBackend("cpu", model == "demo" ? ResolveModelAlias("demo") : model, bo,
+                          SpeculativeRoom{mtp_drafts + 1, 3});
+  EXPECT_TRUE(be.ok()) << be.status();
+  if (!be.ok()) return {};
+  StepExecutor ex(be->get(), 3);
+  EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, automatic}).ok());
+  return DriveSteps(ex, (*be)->config().n_vocab, temperature);
 }
 
 }  // namespace ds::worker::mtp_test

@@ -4,8 +4,6 @@
 // equal those of the same steps without MTP, while slots answer with several tokens per step.
 #include <gtest/gtest.h>
 
-#include <map>
-
 #include "common/util/model_alias.h"
 #include "tests/model/test_util.h"
 #include "tests/worker/mtp_drive.h"
@@ -17,25 +15,11 @@ namespace {
 
 using mtp_test::Outcome;
 using mtp_test::Prompt;
-
-Outcome Drive(int mtp_drafts, float temperature, const std::string& model = "demo",
-              bool automatic = false) {
-  BackendOptions bo;
-  bo.n_slots = 3;
-  bo.slot_ctx = 256;
-  bo.n_threads = 2;
-  auto be = CreateBackend("cpu", model == "demo" ? ResolveModelAlias("demo") : model, bo,
-                          SpeculativeRoom{mtp_drafts + 1, 3});
-  EXPECT_TRUE(be.ok()) << be.status();
-  if (!be.ok()) return {};
-  StepExecutor ex(be->get(), 3);
-  EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, automatic}).ok());
-  return mtp_test::DriveSteps(ex, (*be)->config().n_vocab, temperature);
-}
+using mtp_test::DriveOneRank;
 
 TEST(StepExecutorMtp, GreedyTokensEqualPlainStepsAndTakeFewerSteps) {
-  const Outcome plain = Drive(0, 0.0f);
-  const Outcome mtp = Drive(3, 0.0f);
+  const Outcome plain = DriveOneRank(0, 0.0f);
+  const Outcome mtp = DriveOneRank(3, 0.0f);
   ASSERT_EQ(plain.generated.size(), 3u);
   EXPECT_EQ(mtp.generated, plain.generated);
   EXPECT_GT(mtp.stats.accepted[0], 0);
@@ -47,24 +31,24 @@ TEST(StepExecutorMtp, GreedyTokensEqualPlainStepsAndTakeFewerSteps) {
 // on the trained demo model they keep drafting and accepting. Tokens equal plain steps on both.
 TEST(StepExecutorMtp, AutoDraftsWhatTheSequenceAccepts) {
   const std::string& tiny = testing::TinyModelPath();
-  const Outcome plain = Drive(0, 0.0f, tiny);
-  const Outcome fixed = Drive(3, 0.0f, tiny);
-  const Outcome adaptive = Drive(3, 0.0f, tiny, /*automatic=*/true);
+  const Outcome plain = DriveOneRank(0, 0.0f, tiny);
+  const Outcome fixed = DriveOneRank(3, 0.0f, tiny);
+  const Outcome adaptive = DriveOneRank(3, 0.0f, tiny, /*automatic=*/true);
   EXPECT_EQ(fixed.generated, plain.generated);
   EXPECT_EQ(adaptive.generated, plain.generated);
   ASSERT_GT(fixed.stats.offered[0], 0);
   EXPECT_LT(2 * adaptive.stats.offered[0], fixed.stats.offered[0])
       << "auto offered drafts in " << adaptive.stats.offered[0] << " verifies, fixed K in "
       << fixed.stats.offered[0];
-  const Outcome demo_plain = Drive(0, 0.0f);
-  const Outcome demo_auto = Drive(3, 0.0f, "demo", /*automatic=*/true);
+  const Outcome demo_plain = DriveOneRank(0, 0.0f);
+  const Outcome demo_auto = DriveOneRank(3, 0.0f, "demo", /*automatic=*/true);
   EXPECT_EQ(demo_auto.generated, demo_plain.generated);
   EXPECT_GT(demo_auto.stats.accepted[0], 0);
   EXPECT_LT(demo_auto.steps, demo_plain.steps);
 }
 
 TEST(StepExecutorMtp, SampledRequestsRepeatPerSeed) {
-  const Outcome a = Drive(2, 0.8f), b = Drive(2, 0.8f);
+  const Outcome a = DriveOneRank(2, 0.8f), b = DriveOneRank(2, 0.8f);
   ASSERT_EQ(a.generated.size(), 3u);
   EXPECT_EQ(a.generated, b.generated);
   EXPECT_GT(a.stats.steps, 0);

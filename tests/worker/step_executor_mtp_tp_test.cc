@@ -23,20 +23,8 @@ std::vector<Outcome> RunGroup(int world, int k, float temperature, const std::st
       [](int, std::unique_ptr<GlooCollective> g) -> std::unique_ptr<Collective> { return g; });
 }
 
-Outcome Plain(float temperature) {
-  BackendOptions bo;
-  bo.n_slots = 3;
-  bo.slot_ctx = 256;
-  bo.n_threads = 2;
-  auto be = CreateBackend("cpu", ResolveModelAlias("demo"), bo);
-  EXPECT_TRUE(be.ok()) << be.status();
-  if (!be.ok()) return {};
-  StepExecutor ex(be->get(), 3);
-  return mtp_test::DriveSteps(ex, (*be)->config().n_vocab, temperature);
-}
-
 TEST(StepExecutorMtpTp, GreedyTokensEqualOneRankWithoutMtp) {
-  const Outcome plain = Plain(0.0f);
+  const Outcome plain = mtp_test::DriveOneRank(0, 0.0f);
   for (int world : {2, 3}) {
     const std::vector<Outcome> ranks = RunGroup(world, 3, 0.0f, "mtp_tp_greedy" + std::to_string(world));
     ASSERT_EQ(plain.generated.size(), 3u);
