@@ -67,6 +67,10 @@ __global__ void TileRowsKernel(const uint8_t* __restrict__ raw, int64_t rows, in
   }
 }
 
+__device__ __forceinline__ float F4At(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 struct TiledLaunch {
   GemvArgs seg[kGemvMaxSegs];
   int blk_end[kGemvMaxSegs];
@@ -89,27 +93,23 @@ __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant
   const int tile = blockIdx.x - (si > 0 ? L.blk_end[si - 1] : 0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int nu = a.K / kUnitElems, kb = a.K / 32, nc = a.nc;
-  const uint8_t* wt[P];
-  wt[0] = static_cast<const uint8_t*>(a.w) + static_cast<int64_t>(tile) * nu * kTileUnitBytes;
-  if constexpr (kPair)
-    wt[P - 1] = static_cast<const uint8_t*>(a.w2) + static_cast<int64_t>(tile) * nu * kTileUnitBytes;
 
   // B operand: column 8j + g, bytes 16s + 4q .. +3 of each unit; C columns 8j + 2q (+1) scale by
   // their activation block scales. Columns past nc read column nc-1: the mma keeps columns apart,
-  // so they only fill C columns that are scaled by zero and never stored.
+  // so they only fill C columns that are never stored. The pointers walk this warp's units
+  // (u = warp, warp + 4, ...); every load of a unit is at a constant offset from them.
+  const uint8_t* wp[P];
+  wp[0] = static_cast<const uint8_t*>(a.w) + (static_cast<int64_t>(tile) * nu + warp) * kTileUnitBytes;
+  if constexpr (kPair)
+    wp[P - 1] = static_cast<const uint8_t*>(a.w2) + (static_cast<int64_t>(tile) * nu + warp) * kTileUnitBytes;
   const int8_t* xb[NT];
   const float* xs[NT][2];
-  bool sok[NT][2];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    const int cb = 8 * j + g;
-    xb[j] = a.xq + static_cast<int64_t>(min(cb, nc - 1)) * a.K + 4 * q;
+    xb[j] = a.xq + static_cast<int64_t>(min(8 * j + g, nc - 1)) * a.K + 4 * q + warp * kUnitElems;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int cs = 8 * j + 2 * q + e;
-      sok[j][e] = cs < nc;
-      xs[j][e] = a.xd + static_cast<int64_t>(min(cs, nc - 1)) * kb;
-    }
+    for (int e = 0; e < 2; ++e)
+      xs[j][e] = a.xd + static_cast<int64_t>(min(8 * j + 2 * q + e, nc - 1)) * kb + warp * 8;
   }
 
   float acc[P][NT][4];
@@ -120,10 +120,35 @@ __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[p][j][e] = 0.f;
 
+  // Up to 8 columns (the decode and MTP-verify steps), a unit's operands are all loaded before its
+  // first mma: the 16 B words, the 8 block scales of both C columns as four 16-byte loads, and,
+  // for a single matrix, the weights of the warp's next unit (one unit in flight while this one
+  // is multiplied). tiled_gemv_bench, H200: 8.78 -> ~7.7 ms per 27B step of decode matmuls; the
+  // next-unit prefetch costs the gate/up pair 9% (kernels/cuda/README.md, "Tiled Q6_K").
+  constexpr bool kHoist = NT == 1;
+  constexpr bool kPrefetch = NT == 1 && !kPair;
+  TileUnit next[P];
+  if constexpr (kPrefetch)
+    if (warp < nu) LoadTileUnit(next[0], wp[0], lane);
   for (int u = warp; u < nu; u += kWarps) {
     TileUnit tu[P];
+    if constexpr (kPrefetch) {
+      tu[0] = next[0];
+      if (u + kWarps < nu) LoadTileUnit(next[0], wp[0] + kWarps * kTileUnitBytes, lane);
+    } else {
 #pragma unroll
-    for (int p = 0; p < P; ++p) LoadTileUnit(tu[p], wt[p] + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+      for (int p = 0; p < P; ++p) LoadTileUnit(tu[p], wp[p], lane);
+    }
+    uint32_t b_unit[16];
+    float4 xs_unit[2][2];  // [column 2q / 2q+1][blocks 0-3 / 4-7]
+    if constexpr (kHoist) {
+#pragma unroll
+      for (int s = 0; s < 16; ++s) b_unit[s] = __ldg(reinterpret_cast<const uint32_t*>(xb[0] + 16 * s));
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) xs_unit[e][h] = __ldg(reinterpret_cast<const float4*>(xs[0][e] + 4 * h));
+    }
     float dg[P], dg8[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -135,9 +160,8 @@ __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant
     for (int s = 0; s < 16; ++s) {
       uint32_t bw[NT];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        bw[j] = __ldg(reinterpret_cast<const uint32_t*>(xb[j] + u * 256 + 16 * s));
-      }
+      for (int j = 0; j < NT; ++j)
+        bw[j] = kHoist ? b_unit[s] : __ldg(reinterpret_cast<const uint32_t*>(xb[j] + 16 * s));
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         uint32_t a0, a1;
@@ -162,11 +186,17 @@ __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant
         }
       }
       if (s & 1) {  // both sub-blocks of a 32-element activation block done: apply its scale
+        const int blk = s >> 1;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const int blk = u * 8 + (s >> 1);
-          const float x0 = sok[j][0] ? __ldg(xs[j][0] + blk) : 0.f;
-          const float x1 = sok[j][1] ? __ldg(xs[j][1] + blk) : 0.f;
+          float x0, x1;
+          if constexpr (kHoist) {
+            x0 = F4At(xs_unit[0][blk >> 2], blk & 3);
+            x1 = F4At(xs_unit[1][blk >> 2], blk & 3);
+          } else {
+            x0 = __ldg(xs[j][0] + blk);
+            x1 = __ldg(xs[j][1] + blk);
+          }
 #pragma unroll
           for (int p = 0; p < P; ++p) {
             acc[p][j][0] = fmaf(x0, part[p][j][0], acc[p][j][0]);
@@ -176,6 +206,14 @@ __global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant
           }
         }
       }
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) wp[p] += kWarps * kTileUnitBytes;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      xb[j] += kWarps * kUnitElems;
+      xs[j][0] += kWarps * 8;
+      xs[j][1] += kWarps * 8;
     }
   }
 
