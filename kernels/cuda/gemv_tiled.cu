@@ -80,8 +80,11 @@ struct TiledLaunch {
 // Block = one 16-row tile (of w and w2 in pair mode) x all nc <= 8*NT columns; warp w takes
 // units w, w+4, ...; per unit and step one mma per n-tile of 8 columns. Thread (g, q) holds C
 // entries rows {g, g+8} x columns {8j + 2q, 8j + 2q + 1}.
+// The 1..8-column gate/up pair is held to 96 registers (5 blocks per SM instead of 4):
+// 49.9-50.0 vs 52.8-52.9 us per 27B launch (tiled_gemv_bench, H200); single matrices spill at that
+// bound and lose 20-40% (kernels/cuda/README.md).
 template <int NT, bool kPair>
-__global__ void __launch_bounds__(kWarps * 32) TiledKernel(const __grid_constant__ TiledLaunch L) {
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : 0) TiledKernel(const __grid_constant__ TiledLaunch L) {
   constexpr int P = kPair ? 2 : 1;
   constexpr int NCB = NT * 8;
   __shared__ float red[kWarps][P][kTiledRows][NCB];
