@@ -6,10 +6,19 @@
 #include <cstring>
 #include <vector>
 
+#include "common/util/half.h"
 #include "common/util/thread_pool.h"
 #include "kernels/cpu/ops.h"
 
 namespace ds::cpu {
+namespace {
+
+// x = bf16(x) (round to nearest even): the state a bf16 store would give back.
+void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Bf16ToF32(F32ToBf16(x[i]));
+}
+
+}  // namespace
 
 void CausalConvSilu(const float* x, int64_t T, int C, const float* w, int K, float* state,
                     float* y) {
@@ -68,6 +77,7 @@ void DeltaRuleRecurrent(const DeltaRuleArgs& a) {
       for (int j = 0; j < dv; ++j) o[j] = 0.f;
       for (int i = 0; i < dk; ++i)
         for (int j = 0; j < dv; ++j) o[j] += S[i * dv + j] * q[i];
+      if (a.state_bf16) RoundToBf16(S, static_cast<int64_t>(dk) * dv);
     }
   }
   };
@@ -190,6 +200,7 @@ void DeltaRuleChunked(const DeltaRuleArgs& a, int chunk) {
                                                  std::max<int64_t>(1, int64_t{4} * a.T * dk * dv)));
   else
     heads(0, Hv);
+  if (a.state_bf16) RoundToBf16(a.state, static_cast<int64_t>(Hv) * dk * dv);
 }
 
 void GdnSequence(const GdnSeqArgs& a) {
@@ -228,6 +239,7 @@ void GdnSequence(const GdnSeqArgs& a) {
   r.out = a.out;
   r.ldo = Vw;
   r.pool = a.pool;
+  r.state_bf16 = a.state_bf16;
   if (a.chunk > 0)
     DeltaRuleChunked(r, a.chunk);
   else

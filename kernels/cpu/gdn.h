@@ -46,6 +46,11 @@ struct DeltaRuleArgs {
   float* state = nullptr;                      // [Hv, dk, dv] in/out
   float* out = nullptr;  int64_t ldo = 0;      // [T, Hv*dv]
   ThreadPool* pool = nullptr;                  // heads run in parallel on it; nullptr = serial
+  // Emulates a state stored in bf16 between steps (issue #22: its precision measured before a
+  // device changes the default; docs/quality.md): the recurrence rounds the state to bf16 after
+  // each token (a decode step reads and writes it once), the chunked form once at the end of the
+  // call (a prefill kernel keeps it in f32 across its chunks). The output uses the f32 state.
+  bool state_bf16 = false;
 };
 
 // Per-token recurrence (§5.2 step 7).
@@ -71,6 +76,7 @@ struct GdnSeqArgs {
   float* out = nullptr;            // [T, Hv*dv] gated, normed head outputs (input of ssm_out)
   int chunk = 0;                   // 0: recurrence; > 0: chunked form with this chunk size
   ThreadPool* pool = nullptr;      // for the per-head delta rule; nullptr = serial
+  bool state_bf16 = false;         // DeltaRuleArgs::state_bf16
 };
 void GdnSequence(const GdnSeqArgs& a);
 

@@ -2,6 +2,7 @@
 #include "kernels/cpu/gdn.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -149,6 +150,51 @@ TEST(DeltaRule, ParallelHeadsMatchSerial) {
   DeltaRuleChunked(a, 16);
   EXPECT_EQ(o1, o2);
   EXPECT_EQ(s1, s2);
+}
+
+// The bf16-state emulation (issue #22's precision measurement): the recurrence rounds the state
+// to bf16 after every token, the chunked form once at the end; outputs use the f32 state of
+// their token, so a one-token step's output is the f32 one exactly.
+TEST(DeltaRule, Bf16StateRoundsBetweenTokens) {
+  const GdnDims d{2, 6, 16, 12, 4};
+  auto is_bf16 = [](const std::vector<float>& v) {
+    for (float x : v) {
+      uint32_t b;
+      std::memcpy(&b, &x, 4);
+      if (b & 0xFFFFu) return false;
+    }
+    return true;
+  };
+  const Inputs one = MakeInputs(d, 1, 21);
+  std::vector<float> s32, o32, s16, o16;
+  DeltaRuleRecurrent(Args(one, &s32, &o32));
+  DeltaRuleArgs a = Args(one, &s16, &o16);
+  a.state_bf16 = true;
+  DeltaRuleRecurrent(a);
+  EXPECT_EQ(o16, o32);
+  EXPECT_FALSE(is_bf16(s32));
+  ASSERT_TRUE(is_bf16(s16));
+  for (size_t i = 0; i < s32.size(); ++i)  // round to nearest: within half a bf16 ulp (2^-8)
+    ASSERT_LE(std::abs(s16[i] - s32[i]), std::abs(s32[i]) * (1.0 / 256)) << i;
+
+  // Over 64 tokens the rounding of every step stays small next to the state, and the chunked
+  // form (rounded once) lands nearer the f32 result than the per-token recurrence.
+  const Inputs many = MakeInputs(d, 64, 22);
+  std::vector<float> sr, orr, sr16, or16, sc16, oc16;
+  DeltaRuleRecurrent(Args(many, &sr, &orr));
+  DeltaRuleArgs r = Args(many, &sr16, &or16);
+  r.state_bf16 = true;
+  DeltaRuleRecurrent(r);
+  DeltaRuleArgs c = Args(many, &sc16, &oc16);
+  c.state_bf16 = true;
+  DeltaRuleChunked(c, 16);
+  EXPECT_TRUE(is_bf16(sr16));
+  EXPECT_TRUE(is_bf16(sc16));
+  const double rec = MaxRelErr(sr16, sr), chk = MaxRelErr(sc16, sr);
+  EXPECT_GT(rec, 0.0);
+  EXPECT_LT(rec, 2e-2);
+  EXPECT_LT(MaxRelErr(or16, orr), 2e-2);
+  EXPECT_LE(chk, rec);
 }
 
 TEST(DeltaRule, TiledNotGroupedHeadMapping) {

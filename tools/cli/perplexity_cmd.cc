@@ -5,6 +5,8 @@
 // token after the first of its window is scored: ppl = exp(mean(-log p(x_{i+1} | x_{<=i}))).
 // Progress (windows done, tokens, running perplexity, tokens/s) goes to stderr. --decode-path
 // scores the same windows through the device's decode kernels instead of its prefill kernels.
+// --gdn-state bf16 (CPU backend): the GDN recurrent state rounded to bf16 between steps, the
+// precision question of issue #22 (with --chunk 1 every token is a step, as in decoding).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,7 +41,7 @@ double Now() {
 
 int CmdPerplexity(int argc, char** argv) {
   auto args = Args::Parse(argc, argv, {"--model", "--text", "--ctx", "--backend", "--threads",
-                                       "--max-tokens", "--chunk"},
+                                       "--max-tokens", "--chunk", "--gdn-state"},
                           {"--json", "--quiet", "--decode-path"});
   if (!args.ok()) return Fail(args.status());
   auto model_arg = args->Required("--model");
@@ -76,6 +78,10 @@ int CmdPerplexity(int argc, char** argv) {
   bo.n_slots = 1;
   bo.slot_ctx = static_cast<int>(*ctx);
   bo.n_threads = static_cast<int>(*threads);
+  const std::string gdn_state = args->Str("--gdn-state", "f32");
+  if (gdn_state != "f32" && gdn_state != "bf16")
+    return Fail(absl::InvalidArgumentError("--gdn-state takes f32 or bf16, not " + gdn_state));
+  bo.gdn_state_bf16 = gdn_state == "bf16";
   auto be_or = CreateBackend(args->Str("--backend", "cpu"), model, bo);
   if (!be_or.ok()) return Fail(be_or.status());
   Backend& be = **be_or;
@@ -131,6 +137,7 @@ int CmdPerplexity(int argc, char** argv) {
     j["scored"] = scored;
     j["ctx"] = *ctx;
     j["decode_path"] = args->Has("--decode-path");
+    j["gdn_state"] = gdn_state;
     j["mean_nll"] = nll / std::max<int64_t>(1, scored);
     j["perplexity"] = ppl;
     j["seconds"] = Now() - t0;

@@ -244,6 +244,10 @@ struct BackendOptions {
   // dense_weights, --dense-weights): faster batched decode past 32 sequences and prefill for ~2
   // bytes per weight of device memory; the CPU backend ignores it.
   bool dense_weights = false;
+  // CPU: emulate a GDN recurrent state stored in bf16 between steps (cpu::DeltaRuleArgs::
+  // state_bf16; `perplexity --gdn-state bf16`): issue #22 asks for its precision to be measured
+  // before any device stores it so (docs/quality.md). The CUDA backend keeps f32 and rejects it.
+  bool gdn_state_bf16 = false;
   // Paged KV pool (issue #23): tokens of KV the pool holds for all slots together, and tokens per
   // page. kv_pool_tokens 0 = n_slots x slot_ctx (every slot can hold a full context: no sharing);
   // less makes the slots share it (the scheduler admits against it). kv_page_size 0 = the

@@ -275,6 +275,7 @@ void CpuDevice::GdnMixer(const LayerWeights& L, int gi, float* y) {
     g.out = o.data() + r.row0 * Vw;
     g.chunk = r.n > 1 ? gdn_chunk_ : 0;  // prefill pieces: WY form; decode: recurrence
     g.pool = pool_;
+    g.state_bf16 = gdn_state_bf16_;
     if (spec_entry < 0) {
       cpu::GdnSequence(g);
       continue;

@@ -84,6 +84,8 @@ class CpuDevice final : public Device {
   // Chunk size of the chunked GDN form used for multi-token pieces (default 64). 0 = use the
   // per-token recurrence for prefill too (tests compare the two).
   void set_gdn_chunk(int chunk) { gdn_chunk_ = chunk; }
+  // BackendOptions::gdn_state_bf16: the delta-rule state rounded to bf16 between steps.
+  void set_gdn_state_bf16(bool on) { gdn_state_bf16_ = on; }
   // The CPU takes a whole step at once by default; smaller limits make the runner cut steps into
   // micro-steps as it does for a GPU (tests of the one splitting rule).
   void set_limits(const DeviceLimits& limits) { limits_ = limits; }
@@ -135,6 +137,7 @@ class CpuDevice final : public Device {
   DeviceLimits limits_;
   int slot_ctx_ = 0;
   int gdn_chunk_ = 64;
+  bool gdn_state_bf16_ = false;
   std::vector<int> gdn_index_, attn_index_;  // [n_layer] index among GDN / attention layers or -1
   int n_gdn_ = 0, n_attn_ = 0;
   int64_t conv_elems_ = 0, ssm_elems_ = 0, kv_width_ = 0;  // per GDN layer / per KV row
