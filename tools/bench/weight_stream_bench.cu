@@ -22,6 +22,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/tiled_q6k.cuh"
+
 #define CHECK(x)                                                                   \
   do {                                                                             \
     cudaError_t e_ = (x);                                                          \
@@ -33,37 +35,23 @@
 
 namespace {
 
-constexpr int kUnit = 3360;  // bytes of one 16-row x 256-element tile-unit
+constexpr int kUnit = ds::cuda::kTileUnitBytes;  // one 16-row x 256-element tile-unit
 constexpr int kWarps = 4;
 
-__device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 __device__ __forceinline__ uint32_t Fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
-// The 9 loads of a lane for one unit (4 ql + 2 qh + 2 scale rows + d), as gemv_tiled.cu issues them.
-struct Regs {
-  uint4 v[8];
-  uint32_t d;
-};
+// A lane's loads of one unit are the kernel's own (tiled::LoadTileUnit).
+using ds::cuda::tiled::LdStream;
+using Regs = ds::cuda::tiled::TileUnit;
 __device__ __forceinline__ void LoadUnit(Regs& r, const uint8_t* p, int lane) {
-  const int g = lane >> 2;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) r.v[i] = LdStream(p + 512 * i + 16 * lane);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) r.v[4 + i] = LdStream(p + 2048 + 512 * i + 16 * lane);
-  r.v[6] = __ldg(reinterpret_cast<const uint4*>(p + 3072 + 16 * g));
-  r.v[7] = __ldg(reinterpret_cast<const uint4*>(p + 3072 + 16 * (g + 8)));
-  r.d = __ldg(reinterpret_cast<const uint32_t*>(p + 3328 + 4 * g));
+  ds::cuda::tiled::LoadTileUnit(r, p, lane);
 }
 __device__ __forceinline__ uint32_t FoldUnit(const Regs& r) {
-  uint32_t a = r.d;
+  uint32_t a = r.d ^ Fold(r.sc0) ^ Fold(r.sc1);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) a ^= Fold(r.v[i]);
+  for (int i = 0; i < 4; ++i) a ^= Fold(r.ql[i]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) a ^= Fold(r.qh[i]);
   return a;
 }
 
