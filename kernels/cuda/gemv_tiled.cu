@@ -357,6 +357,9 @@ absl::Status TiledGemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t strea
     if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.xq != b.xq || a.xd != b.xd))
       return absl::InvalidArgumentError("TiledGemvMulti: segments must share type, K, nc and activations");
   }
+  // Up to 8 columns the kernel reads the block scales with 16-byte loads.
+  if (b.nc <= 8 && reinterpret_cast<uintptr_t>(b.xd) % 16 != 0)
+    return absl::InvalidArgumentError("TiledGemvMulti: xd not 16-byte aligned");
   if (b.epilogue == GemvEpilogue::kSiluMul && b.nc > 32) {
     // The 64-column pair kernel needs more than 255 registers: two 32-column passes instead.
     for (int c0 = 0; c0 < b.nc; c0 += 32) {

@@ -443,6 +443,22 @@ TEST(Tiled, RejectsBadArguments) {
   EXPECT_EQ(TiledBytes(GgmlType::Q8_0, 16, 256), 0u);
   EXPECT_EQ(TiledBytes(GgmlType::Q6_K, 17, 512), 2u * 2 * kTileUnitBytes);
   EXPECT_FALSE(TileRows(GgmlType::Q6_K, nullptr, 8, 16, 256, nullptr, nullptr).ok());
+  // Up to 8 columns the block scales are read 16 bytes at a time: a misaligned xd is refused
+  // before any launch (the pointers are only checked, never dereferenced here).
+  alignas(16) static int8_t xq[256];
+  alignas(16) static float xd[12];
+  GemvArgs m;
+  m.type = GgmlType::Q6_K;
+  m.M = 16;
+  m.K = 256;
+  m.nc = 1;
+  m.w = xq;
+  m.xq = xq;
+  m.xd = xd + 1;
+  m.y = xd;
+  const absl::Status st = TiledGemvMulti(&m, 1, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("16-byte"), std::string_view::npos) << st;
 }
 
 // ---------------------------------------------------------------------------------------------
