@@ -59,10 +59,6 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& kind,
                                       " (expected >= 0)");
 #ifdef DS_HAVE_CUDA
   if (*k == "cuda") {
-    if (opts.gdn_state_bf16)
-      return absl::InvalidArgumentError(
-          "--gdn-state bf16 is a CPU emulation (a precision measurement); the CUDA backend keeps "
-          "the GDN state in f32");
     CudaBackendOptions copts;
     copts.kv_type = opts.kv_type;
     copts.spec_tokens = spec.tokens;

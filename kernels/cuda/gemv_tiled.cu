@@ -130,14 +130,14 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : 0) TiledKe
   // next-unit prefetch costs the gate/up pair 9% (kernels/cuda/README.md, "Tiled Q6_K").
   constexpr bool kHoist = NT == 1;
   constexpr bool kPrefetch = NT == 1 && !kPair;
-  TileUnit next[P];
+  TileUnit next;  // kPrefetch: the warp's next unit, loading while this one is multiplied
   if constexpr (kPrefetch)
-    if (warp < nu) LoadTileUnit(next[0], wp[0], lane);
+    if (warp < nu) LoadTileUnit(next, wp[0], lane);
   for (int u = warp; u < nu; u += kWarps) {
     TileUnit tu[P];
     if constexpr (kPrefetch) {
-      tu[0] = next[0];
-      if (u + kWarps < nu) LoadTileUnit(next[0], wp[0] + kWarps * kTileUnitBytes, lane);
+      tu[0] = next;
+      if (u + kWarps < nu) LoadTileUnit(next, wp[0] + kWarps * kTileUnitBytes, lane);
     } else {
 #pragma unroll
       for (int p = 0; p < P; ++p) LoadTileUnit(tu[p], wp[p], lane);

@@ -42,11 +42,9 @@ __device__ __forceinline__ uint32_t Fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w
 
 // A lane's loads of one unit are the kernel's own (tiled::LoadTileUnit).
 using ds::cuda::tiled::LdStream;
-using Regs = ds::cuda::tiled::TileUnit;
-__device__ __forceinline__ void LoadUnit(Regs& r, const uint8_t* p, int lane) {
-  ds::cuda::tiled::LoadTileUnit(r, p, lane);
-}
-__device__ __forceinline__ uint32_t FoldUnit(const Regs& r) {
+using ds::cuda::tiled::LoadTileUnit;
+using ds::cuda::tiled::TileUnit;
+__device__ __forceinline__ uint32_t FoldUnit(const TileUnit& r) {
   uint32_t a = r.d ^ Fold(r.sc0) ^ Fold(r.sc1);
 #pragma unroll
   for (int i = 0; i < 4; ++i) a ^= Fold(r.ql[i]);
@@ -74,17 +72,17 @@ __global__ void __launch_bounds__(kWarps * 32) TileKernel(const uint8_t* __restr
   uint32_t acc = 0;
   if constexpr (kInflight == 1) {
     for (int u = u0 + warp; u < u1; u += kWarps) {
-      Regs r;
-      LoadUnit(r, base + static_cast<int64_t>(u) * kUnit, lane);
+      TileUnit r;
+      LoadTileUnit(r, base + static_cast<int64_t>(u) * kUnit, lane);
       acc ^= FoldUnit(r);
     }
   } else {
     int u = u0 + warp;
-    Regs cur;
-    if (u < u1) LoadUnit(cur, base + static_cast<int64_t>(u) * kUnit, lane);
+    TileUnit cur;
+    if (u < u1) LoadTileUnit(cur, base + static_cast<int64_t>(u) * kUnit, lane);
     for (; u < u1; u += kWarps) {
-      Regs nxt;
-      if (u + kWarps < u1) LoadUnit(nxt, base + static_cast<int64_t>(u + kWarps) * kUnit, lane);
+      TileUnit nxt;
+      if (u + kWarps < u1) LoadTileUnit(nxt, base + static_cast<int64_t>(u + kWarps) * kUnit, lane);
       acc ^= FoldUnit(cur);
       cur = nxt;
     }

@@ -21,6 +21,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA backend: BackendOptions.kv_type ", KvTypeName(opts.kv_type),
         " disagrees with CudaBackendOptions.kv_type ", KvTypeName(copts.kv_type)));
+  if (opts.gdn_state_bf16)
+    return absl::InvalidArgumentError(
+        "--gdn-state bf16 is a CPU emulation (a precision measurement); the CUDA backend keeps "
+        "the GDN state in f32");
   DS_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::FromGguf(*file));
   DS_ASSIGN_OR_RETURN(TpPlacement tp, PlaceInGroup(*file, cfg, opts));
   // The pool figures of the generic options win where they are set.
