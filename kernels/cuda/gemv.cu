@@ -12,7 +12,8 @@ constexpr int kWarps = 4;  // 128 threads per block
 
 // One warp per 32 activations: lane i quantizes element i of the block.
 __global__ void QuantizeActKernel(const float* __restrict__ x, int n_blocks,
-                                  int8_t* __restrict__ xq, float* __restrict__ xd) {
+                                  int8_t* __restrict__ xq, float* __restrict__ xd,
+                                  int32_t* __restrict__ xsum) {
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (b >= n_blocks) return;
@@ -20,8 +21,15 @@ __global__ void QuantizeActKernel(const float* __restrict__ x, int n_blocks,
   const float amax = WarpMax(fabsf(v));
   const float d = amax / 127.f;
   const float id = d > 0.f ? 1.f / d : 0.f;
-  xq[static_cast<int64_t>(b) * 32 + lane] = static_cast<int8_t>(__float2int_rn(v * id));
+  const int qv = __float2int_rn(v * id);
+  xq[static_cast<int64_t>(b) * 32 + lane] = static_cast<int8_t>(qv);
   if (lane == 0) xd[b] = d;
+  if (xsum != nullptr) {  // sums of lanes 0-15 and 16-31
+    int sum = qv;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((lane & 15) == 0) xsum[2 * static_cast<int64_t>(b) + (lane >> 4)] = sum;
+  }
 }
 
 // v2 work layout. Block = 4 warps owning R row streams (R rows, or row r of W and of W2 in pair
@@ -222,11 +230,11 @@ void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
 }  // namespace
 
 absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, float* xd,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, int32_t* xsum) {
   if (K % 32 != 0) return absl::InvalidArgumentError(absl::StrCat("QuantizeActivations: K=", K, " not a multiple of 32"));
   const int nb = nc * (K / 32);
   if (nb == 0) return absl::OkStatus();
-  QuantizeActKernel<<<CeilDiv(nb, 8), 256, 0, stream>>>(x, nb, xq, xd);
+  QuantizeActKernel<<<CeilDiv(nb, 8), 256, 0, stream>>>(x, nb, xq, xd, xsum);
   return LastLaunchStatus("QuantizeActKernel");
 }
 

@@ -17,9 +17,10 @@ namespace ds::cuda {
 constexpr int kGemvMaxCols = 16;
 constexpr int kGemvMaxSegs = 4;
 
-// x: [nc, K] f32 -> xq: [nc, K] int8, xd: [nc, K/32] f32 scales. K % 32 == 0.
+// x: [nc, K] f32 -> xq: [nc, K] int8, xd: [nc, K/32] f32 scales. K % 32 == 0. With `xsum`
+// ([nc, K/16], 16-byte aligned) also the sum of each 16 consecutive xq (GemvArgs::xsum).
 absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, float* xd,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, int32_t* xsum = nullptr);
 
 enum class GemvEpilogue {
   kStore,       // y = W x
@@ -36,6 +37,7 @@ struct GemvArgs {
   const float* x = nullptr;    // [nc, K] f32 (float formats and the fallback path)
   const int8_t* xq = nullptr;  // [nc, K] int8 (quantized formats)
   const float* xd = nullptr;   // [nc, K/32]
+  const int32_t* xsum = nullptr;  // optional [nc, K/16]: sums of 16 xq (tiled kernel, 1 column)
   float* y = nullptr;          // y[c * ldy + r]
   int64_t ldy = 0;             // defaults to M when 0
   GemvEpilogue epilogue = GemvEpilogue::kStore;

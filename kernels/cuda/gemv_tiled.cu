@@ -83,8 +83,18 @@ struct TiledLaunch {
 // The 1..8-column gate/up pair is held to 96 registers (5 blocks per SM instead of 4):
 // 49.9-50.0 vs 52.8-52.9 us per 27B launch (tiled_gemv_bench, H200); single matrices spill at that
 // bound and lose 20-40% (kernels/cuda/README.md).
-template <int NT, bool kPair>
-__global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : 0) TiledKernel(const __grid_constant__ TiledLaunch L) {
+// kOneCol (nc == 1, the single-stream decode step): only C column 2q of a thread can be column 0,
+// so the odd C entries (columns 2q + 1) are dead and their epilogue is not computed; the live
+// entries see the same float operations as with kOneCol off.
+// kSums (a.xsum given; one column, single matrices): the weights go into the mma unsigned
+// (q = t ^ 32, no sign extension) and C starts at 1.5 * 2^23 - 32 * (the sum of the step's 16
+// activations), so D is the same exact integer as with the centred weights. Held to 4 blocks per
+// SM (128 registers; unbounded it takes 140 and qkv+z-sized grids lose 10%). The pair has no
+// registers left for the 16 sums at 5 blocks per SM (it spills and loses 14%; kernels/cuda/README.md).
+template <int NT, bool kPair, bool kOneCol, bool kSums>
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 : 0) TiledKernel(const __grid_constant__ TiledLaunch L) {
+  static_assert(!kOneCol || NT == 1, "kOneCol is the 1-column case of the 8-column tile");
+  static_assert(!kSums || (kOneCol && !kPair), "kSums is for one column of a single matrix");
   constexpr int P = kPair ? 2 : 1;
   constexpr int NCB = NT * 8;
   __shared__ float red[kWarps][P][kTiledRows][NCB];
@@ -107,6 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : 0) TiledKe
     wp[P - 1] = static_cast<const uint8_t*>(a.w2) + (static_cast<int64_t>(tile) * nu + warp) * kTileUnitBytes;
   const int8_t* xb[NT];
   const float* xs[NT][2];
+  const int32_t* xsum = a.xsum + warp * 16;  // kSums: the sums of this warp's units
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     xb[j] = a.xq + static_cast<int64_t>(min(8 * j + g, nc - 1)) * a.K + 4 * q + warp * kUnitElems;
@@ -152,6 +163,16 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : 0) TiledKe
 #pragma unroll
         for (int h = 0; h < 2; ++h) xs_unit[e][h] = __ldg(reinterpret_cast<const float4*>(xs[0][e] + 4 * h));
     }
+    uint4 sum_unit[4];  // kSums: the 16 steps' activation sums
+    if constexpr (kSums) {
+#pragma unroll
+      for (int h = 0; h < 4; ++h) sum_unit[h] = __ldg(reinterpret_cast<const uint4*>(xsum + 4 * h));
+#pragma unroll
+      for (int p = 0; p < P; ++p) {  // t ^ 32 = q: flip bit 5 of every 6-bit value (bit 1 of its qh pair)
+        tu[p].qh[0] = Xor4(tu[p].qh[0], 0xAAAAAAAAu);
+        tu[p].qh[1] = Xor4(tu[p].qh[1], 0xAAAAAAAAu);
+      }
+    }
     float dg[P], dg8[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -168,23 +189,35 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : 0) TiledKe
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         uint32_t a0, a1;
-        DecodeStep(Word(tu[p].ql[s >> 2], s & 3), Word(tu[p].qh[s >> 3], (s & 7) >> 1), s & 1, a0, a1);
+        if constexpr (kSums)
+          DecodeStepUnsigned(Word(tu[p].ql[s >> 2], s & 3), Word(tu[p].qh[s >> 3], (s & 7) >> 1), s & 1, a0, a1);
+        else
+          DecodeStep(Word(tu[p].ql[s >> 2], s & 3), Word(tu[p].qh[s >> 3], (s & 7) >> 1), s & 1, a0, a1);
         const float s0 = dg[p] * static_cast<float>(static_cast<int8_t>(Word(tu[p].sc0, s >> 2) >> (8 * (s & 3))));
         const float s1 = dg8[p] * static_cast<float>(static_cast<int8_t>(Word(tu[p].sc1, s >> 2) >> (8 * (s & 3))));
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           float f[4];
-          Mma(a0, a1, bw[j], f);
+          if constexpr (kSums) {
+            const int c = kMmaBias - 32 * static_cast<int>(Word(sum_unit[s >> 2], s & 3));
+            MmaFrom(a0, a1, bw[j], c, c, f);  // C column 2q + 1 is dead at one column
+          } else {
+            Mma(a0, a1, bw[j], f);
+          }
           if ((s & 1) == 0) {
             part[p][j][0] = s0 * f[0];
-            part[p][j][1] = s0 * f[1];
             part[p][j][2] = s1 * f[2];
-            part[p][j][3] = s1 * f[3];
+            if constexpr (!kOneCol) {
+              part[p][j][1] = s0 * f[1];
+              part[p][j][3] = s1 * f[3];
+            }
           } else {
             part[p][j][0] = fmaf(s0, f[0], part[p][j][0]);
-            part[p][j][1] = fmaf(s0, f[1], part[p][j][1]);
             part[p][j][2] = fmaf(s1, f[2], part[p][j][2]);
-            part[p][j][3] = fmaf(s1, f[3], part[p][j][3]);
+            if constexpr (!kOneCol) {
+              part[p][j][1] = fmaf(s0, f[1], part[p][j][1]);
+              part[p][j][3] = fmaf(s1, f[3], part[p][j][3]);
+            }
           }
         }
       }
@@ -203,15 +236,18 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : 0) TiledKe
 #pragma unroll
           for (int p = 0; p < P; ++p) {
             acc[p][j][0] = fmaf(x0, part[p][j][0], acc[p][j][0]);
-            acc[p][j][1] = fmaf(x1, part[p][j][1], acc[p][j][1]);
             acc[p][j][2] = fmaf(x0, part[p][j][2], acc[p][j][2]);
-            acc[p][j][3] = fmaf(x1, part[p][j][3], acc[p][j][3]);
+            if constexpr (!kOneCol) {
+              acc[p][j][1] = fmaf(x1, part[p][j][1], acc[p][j][1]);
+              acc[p][j][3] = fmaf(x1, part[p][j][3], acc[p][j][3]);
+            }
           }
         }
       }
     }
 #pragma unroll
     for (int p = 0; p < P; ++p) wp[p] += kWarps * kTileUnitBytes;
+    if constexpr (kSums) xsum += kWarps * 16;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       xb[j] += kWarps * kUnitElems;
@@ -287,13 +323,30 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     end += CeilDiv(L.seg[i].M, kTiledRows);
     L.blk_end[i] = end;
   }
+  const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
+  if constexpr (NT == 1) {
+    // tiled_gemv_bench, H200, 64 layers of the 27B at 1 column: 7.56 -> 7.33 ms with kOneCol,
+    // 7.11 with the sums of ssm_out and ffn_down (29.6 -> 26.5 us, 13.0 -> 12.5 us). From 2
+    // columns the sums cost more than they save (4 columns: 7.64 -> 8.45-8.57 ms).
+    const bool one = L.seg[0].nc == 1;
+    if (pair) {
+      if (one) TiledKernel<1, true, true, false><<<end, kWarps * 32, 0, s>>>(L);
+      else TiledKernel<1, true, false, false><<<end, kWarps * 32, 0, s>>>(L);
+    } else if (one) {
+      if (L.seg[0].xsum != nullptr) TiledKernel<1, false, true, true><<<end, kWarps * 32, 0, s>>>(L);
+      else TiledKernel<1, false, true, false><<<end, kWarps * 32, 0, s>>>(L);
+    } else {
+      TiledKernel<1, false, false, false><<<end, kWarps * 32, 0, s>>>(L);
+    }
+    return;
+  }
   if constexpr (NT <= 4) {  // 64-column pairs are split in two by TiledGemvMulti
-    if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) {
-      TiledKernel<NT, true><<<end, kWarps * 32, 0, s>>>(L);
+    if (pair) {
+      TiledKernel<NT, true, false, false><<<end, kWarps * 32, 0, s>>>(L);
       return;
     }
   }
-  TiledKernel<NT, false><<<end, kWarps * 32, 0, s>>>(L);
+  TiledKernel<NT, false, false, false><<<end, kWarps * 32, 0, s>>>(L);
 }
 
 }  // namespace
@@ -354,12 +407,14 @@ absl::Status TiledGemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t strea
       return absl::InvalidArgumentError("TiledGemvMulti: needs w, xq/xd and y");
     if (a.epilogue == GemvEpilogue::kSiluMul && (a.w2 == nullptr || n_segs != 1))
       return absl::InvalidArgumentError("TiledGemvMulti: kSiluMul takes one segment with w2");
-    if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.xq != b.xq || a.xd != b.xd))
+    if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.xq != b.xq || a.xd != b.xd || a.xsum != b.xsum))
       return absl::InvalidArgumentError("TiledGemvMulti: segments must share type, K, nc and activations");
   }
   // Up to 8 columns the kernel reads the block scales with 16-byte loads.
   if (b.nc <= 8 && reinterpret_cast<uintptr_t>(b.xd) % 16 != 0)
     return absl::InvalidArgumentError("TiledGemvMulti: xd not 16-byte aligned");
+  if (b.nc == 1 && reinterpret_cast<uintptr_t>(b.xsum) % 16 != 0)
+    return absl::InvalidArgumentError("TiledGemvMulti: xsum not 16-byte aligned");
   if (b.epilogue == GemvEpilogue::kSiluMul && b.nc > 32) {
     // The 64-column pair kernel needs more than 255 registers: two 32-column passes instead.
     for (int c0 = 0; c0 < b.nc; c0 += 32) {

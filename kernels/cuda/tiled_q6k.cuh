@@ -31,6 +31,18 @@ __device__ __forceinline__ void DecodeStep(uint32_t ql, uint32_t qh, int p, uint
   a1 = SignExtend6(((ql >> 4) & 0x0F0F0F0Fu) | h1);
 }
 
+// DecodeStep for weights whose qh bits were flipped to the unsigned quants q = t ^ 32 (0..63):
+// no sign extension; the caller subtracts 32 * (the activations' sum) through C (MmaFrom).
+__device__ __forceinline__ void DecodeStepUnsigned(uint32_t ql, uint32_t qh, int p, uint32_t& a0,
+                                                   uint32_t& a1) {
+  const uint32_t h0 = (p ? qh : qh << 4) & 0x30303030u;
+  const uint32_t h1 = (p ? qh >> 2 : qh << 2) & 0x30303030u;
+  a0 = (ql & 0x0F0F0F0Fu) | h0;
+  a1 = ((ql >> 4) & 0x0F0F0F0Fu) | h1;
+}
+
+__device__ __forceinline__ uint4 Xor4(uint4 v, uint32_t m) { return {v.x ^ m, v.y ^ m, v.z ^ m, v.w ^ m}; }
+
 // Weights are streamed once per step: 16-byte loads that do not allocate in L1, which keeps
 // L1 for the activations every warp re-reads.
 __device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
@@ -64,6 +76,29 @@ __device__ __forceinline__ void LoadTileUnit(TileUnit& t, const uint8_t* p, int 
 // D = A(16x16 s8) * B(16x8 s8) + C, C initialised to the bit pattern of 1.5 * 2^23: the int32
 // result read as a float minus 1.5 * 2^23 is the exact sum (|sum| <= 16 * 32 * 127 < 2^22), an
 // add instead of the quarter-rate I2F.
+constexpr int kMmaBias = 0x4B400000;  // the bits of 1.5 * 2^23
+
+// As Mma, C initialised to the given integers for the thread's columns 2q and 2q + 1 (both rows):
+// kMmaBias - 32 * (the column's activation sum) turns the unsigned weights' sum into the centred
+// one. f = float(bits of D) - 1.5 * 2^23, exact while |sum| < 2^22.
+__device__ __forceinline__ void MmaFrom(uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1,
+                                        float (&f)[4]) {
+  int d0, d1, d2, d3;
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%7,%8,%9,%10};"
+      : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+      : "r"(a0), "r"(a1), "r"(b), "r"(c0), "r"(c1), "r"(c0), "r"(c1));
+#else
+  d0 = d1 = d2 = d3 = 0;
+  __trap();
+#endif
+  f[0] = __int_as_float(d0) - 12582912.f;
+  f[1] = __int_as_float(d1) - 12582912.f;
+  f[2] = __int_as_float(d2) - 12582912.f;
+  f[3] = __int_as_float(d3) - 12582912.f;
+}
+
 __device__ __forceinline__ void Mma(uint32_t a0, uint32_t a1, uint32_t b, float (&f)[4]) {
   int c0 = 0x4B400000, c1 = 0x4B400000, c2 = 0x4B400000, c3 = 0x4B400000;
 #if __CUDA_ARCH__ >= 800

@@ -5,7 +5,9 @@
 // silu*mul) -> quantize -> down (5120 x 17408, accumulate). Prints ms per step and the weight
 // bandwidth, then each matrix alone (its 64 launches back to back). Kernel experiments are judged
 // by this bench first (kernels/cuda/README.md "Negative results" lists what it turned down).
-// Usage: tiled_gemv_bench [--layers N] [--cols 1,4] [--reps R]
+// --sums 0,1: without / with the activations' 16-element sums (GemvArgs::xsum: the column
+// kernel's unsigned decode) for ssm_out and ffn_down, as the worker gives them; one row each.
+// Usage: tiled_gemv_bench [--layers N] [--cols 1,4] [--reps R] [--sums 0,1]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,18 +54,21 @@ std::vector<uint8_t> RandomQ6K(int64_t rows, int K, uint64_t seed) {
 
 int Main(int argc, char** argv) {
   int layers = 64, reps = 7;
-  std::vector<int> cols = {1, 4};
+  std::vector<int> cols = {1, 4}, sums_modes = {1};
+  auto int_list = [](const char* p) {
+    std::vector<int> v;
+    while (*p) {
+      v.push_back(std::atoi(p));
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+    return v;
+  };
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--layers")) layers = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--cols")) {
-      cols.clear();
-      for (const char* p = argv[i + 1]; *p;) {
-        cols.push_back(std::atoi(p));
-        while (*p && *p != ',') ++p;
-        if (*p == ',') ++p;
-      }
-    }
+    else if (!std::strcmp(argv[i], "--cols")) cols = int_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--sums")) sums_modes = int_list(argv[i + 1]);
   }
   int dev = 0;
   DS_CUDA_CHECK(cudaGetDevice(&dev));
@@ -104,6 +109,9 @@ int Main(int argc, char** argv) {
   DS_CUDA_CHECK(cudaMalloc(&y, sizeof(float) * maxc * kmax));
   DS_CUDA_CHECK(cudaMalloc(&xq, maxc * kmax));
   DS_CUDA_CHECK(cudaMalloc(&xd, sizeof(float) * maxc * kmax / 32));
+  int32_t* xsum = nullptr;
+  DS_CUDA_CHECK(cudaMalloc(&xsum, sizeof(int32_t) * maxc * kmax / 16));
+  bool use_sums = false;
   {
     std::vector<float> hx(static_cast<size_t>(maxc) * kmax);
     for (size_t i = 0; i < hx.size(); ++i) hx[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.f - 1.f;
@@ -118,7 +126,10 @@ int Main(int argc, char** argv) {
 
   auto gemv = [&](int m, int layer, int nc, const float* in, float* out) {
     const Mat& mt = kMats[m];
-    (void)QuantizeActivations(in, nc, mt.K, xq, xd, s);
+    // As in the worker: only the activations EnsureQuantized makes (ssm_out's, ffn_down's) come
+    // with their sums; qkv+z and the pair read the fused norm's.
+    const bool sums_here = use_sums && (m == 1 || m == 3);
+    (void)QuantizeActivations(in, nc, mt.K, xq, xd, s, sums_here ? xsum : nullptr);
     GemvArgs a;
     a.type = GgmlType::Q6_K;
     a.w = w[m] + tb[m] * per[m] * layer;
@@ -128,6 +139,7 @@ int Main(int argc, char** argv) {
     a.nc = nc;
     a.xq = xq;
     a.xd = xd;
+    if (sums_here) a.xsum = xsum;
     a.y = out;
     a.epilogue = mt.ep;
     const auto st = TiledGemvMulti(&a, 1, s);
@@ -162,11 +174,12 @@ int Main(int argc, char** argv) {
 
   std::printf("tiled_gemv_bench: %d layers, %.2f GB of tiled Q6_K weights per step\n", layers,
               bytes_step / 1e9);
-  std::printf("%3s %9s %8s", "nc", "step ms", "GB/s");
+  std::printf("%4s %3s %9s %8s", "sums", "nc", "step ms", "GB/s");
   for (const Mat& mt : kMats) std::printf(" %14s", mt.name);
   std::printf("   (each matrix alone: us per launch / GB/s)\n");
   for (int nc : cols) {
-    {
+    for (int sums : sums_modes) {
+      use_sums = sums != 0;
       const float step = time_graph([&] {
         for (int l = 0; l < layers; ++l) {
           gemv(0, l, nc, x, h);
@@ -175,7 +188,7 @@ int Main(int argc, char** argv) {
           gemv(3, l, nc, h, y);
         }
       });
-      std::printf("%3d %9.3f %8.0f", nc, step, bytes_step / (step * 1e6));
+      std::printf("%4d %3d %9.3f %8.0f", sums, nc, step, bytes_step / (step * 1e6));
       for (int m = 0; m < kNumMats; ++m) {
         const float t = time_graph([&] {
           for (int l = 0; l < layers; ++l) gemv(m, l, nc, m == 3 ? h : x, m == 0 ? h : y);

@@ -417,6 +417,7 @@ absl::Status CudaDevice::AllReduceResidualFusedNorm(const float* w, int R, bool*
     ProfEnd();
     if (st.ok()) {
       if (a.xq) {
+        xsum_valid_ = false;
         xq_src_ = a_;
         xq_rows_ = R;
       }

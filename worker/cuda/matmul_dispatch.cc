@@ -65,7 +65,8 @@ absl::Status TiledColumns(const CudaBackendOptions& o, const GemvArgs* segs, int
 
 absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
   if (xq_src_ == x && xq_rows_ == R) return absl::OkStatus();
-  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_));
+  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_, xsum_));
+  xsum_valid_ = true;
   xq_src_ = x;
   xq_rows_ = R;
   return absl::OkStatus();
@@ -100,6 +101,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
     if (qx) {
       a.xq = xq_ + static_cast<int64_t>(c0) * w.cols;
       a.xd = xd_ + static_cast<int64_t>(c0) * (w.cols / 32);
+      if (xsum_valid_) a.xsum = xsum_ + static_cast<int64_t>(c0) * (w.cols / 16);
     }
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
@@ -383,6 +385,7 @@ absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*
       if (qx) {
         a.xq = xq_ + static_cast<int64_t>(c0) * m->cols;
         a.xd = xd_ + static_cast<int64_t>(c0) * (m->cols / 32);
+        if (xsum_valid_) a.xsum = xsum_ + static_cast<int64_t>(c0) * (m->cols / 16);
       }
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
@@ -398,6 +401,7 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
   InvalidateX();
   if (R <= QuantRows() && H % 32 == 0) {
     DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_));
+    xsum_valid_ = false;
     xq_src_ = a_;
     xq_rows_ = R;
     return absl::OkStatus();

@@ -436,6 +436,56 @@ TEST(Tiled, MatchesV2GemvOnTheSameActivations) {
   TiledVsV2(300, 5120, 32, GemvEpilogue::kSiluMul);
 }
 
+// With the activations' 16-element sums (GemvArgs::xsum) the column kernel feeds the unsigned
+// quants to the mma and subtracts 32 * sum through C: the same exact integers, so every output
+// must be bit-identical to the kernel without them, for 1 column (kOneCol) and 2-8.
+TEST(Tiled, ActivationSumsGiveTheSameBits) {
+  if (!HaveTiled()) GTEST_SKIP() << "tiled Q6_K needs sm_80+";
+  const GgmlType t = GgmlType::Q6_K;
+  for (const int K : {5120, 6144}) {
+    const int M = 1000;  // a partial last tile
+    auto w = RandomWeights(t, M, K), w2 = RandomWeights(t, M, K);
+    Dev<uint8_t> dw(w), dw2(w2);
+    Dev<uint8_t> tw = TileOnDevice(t, dw, M, K), tw2 = TileOnDevice(t, dw2, M, K);
+    for (const int nc : {1, 2, 3, 4, 5, 8}) {
+      auto x = RandVec(static_cast<size_t>(nc) * K, -1.f, 1.f);
+      for (size_t i = 0; i < x.size(); i += 97) x[i] *= 40.f;  // outliers: some blocks near +-127
+      for (int i = 0; i < 64; ++i) x[i] = 3.f;                 // one all-maximal block: sums 16 * 127
+      Dev<float> dx(x);
+      Dev<int8_t> dxq(static_cast<size_t>(nc) * K);
+      Dev<float> dxd(static_cast<size_t>(nc) * K / 32);
+      Dev<int32_t> dsum(static_cast<size_t>(nc) * K / 16);
+      ASSERT_OK(QuantizeActivations(dx.p, nc, K, dxq.p, dxd.p, nullptr, dsum.p));
+      const auto xq = dxq.Down();
+      const auto sums = dsum.Down();
+      for (size_t b = 0; b < sums.size(); ++b) {
+        int want = 0;
+        for (int i = 0; i < 16; ++i) want += xq[16 * b + i];
+        ASSERT_EQ(sums[b], want) << "sum of block " << b;
+      }
+      EXPECT_EQ(sums[0], 16 * 127);
+      for (GemvEpilogue ep : {GemvEpilogue::kStore, GemvEpilogue::kAccumulate, GemvEpilogue::kSiluMul}) {
+        SCOPED_TRACE(::testing::Message() << "K=" << K << " nc=" << nc << " ep=" << static_cast<int>(ep));
+        const auto y0 = RandVec(static_cast<size_t>(nc) * M, -1.f, 1.f);
+        Dev<float> ya(y0), yb(y0);
+        GemvArgs a;
+        a.type = t; a.M = M; a.K = K; a.nc = nc; a.xq = dxq.p; a.xd = dxd.p; a.epilogue = ep;
+        a.w = tw.p; a.w2 = ep == GemvEpilogue::kSiluMul ? tw2.p : nullptr; a.y = ya.p;
+        ASSERT_OK(TiledGemvMulti(&a, 1, nullptr));
+        a.xsum = dsum.p;
+        a.y = yb.p;
+        ASSERT_OK(TiledGemvMulti(&a, 1, nullptr));
+        const auto ga = ya.Down(), gb = yb.Down();
+        int differ = 0;
+        for (size_t i = 0; i < ga.size(); ++i)
+          if (std::memcmp(&ga[i], &gb[i], sizeof(float)) != 0 && differ++ < 5)
+            ADD_FAILURE() << "output " << i << ": " << gb[i] << " with sums vs " << ga[i];
+        EXPECT_EQ(differ, 0);
+      }
+    }
+  }
+}
+
 TEST(Tiled, RejectsBadArguments) {
   GemvArgs a;
   a.type = GgmlType::Q8_0;
