@@ -73,14 +73,11 @@ __device__ __forceinline__ void LoadTileUnit(TileUnit& t, const uint8_t* p, int 
   t.d = __ldg(reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g));
 }
 
-// D = A(16x16 s8) * B(16x8 s8) + C, C initialised to the bit pattern of 1.5 * 2^23: the int32
-// result read as a float minus 1.5 * 2^23 is the exact sum (|sum| <= 16 * 32 * 127 < 2^22), an
-// add instead of the quarter-rate I2F.
 constexpr int kMmaBias = 0x4B400000;  // the bits of 1.5 * 2^23
 
-// As Mma, C initialised to the given integers for the thread's columns 2q and 2q + 1 (both rows):
+// As Mma (below), with C initialised to c0 / c1 for the thread's columns 2q / 2q + 1 (both rows):
 // kMmaBias - 32 * (the column's activation sum) turns the unsigned weights' sum into the centred
-// one. f = float(bits of D) - 1.5 * 2^23, exact while |sum| < 2^22.
+// one. f = float(bits of D) - 1.5 * 2^23, exact while the centred |sum| < 2^22.
 __device__ __forceinline__ void MmaFrom(uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1,
                                         float (&f)[4]) {
   int d0, d1, d2, d3;
@@ -99,8 +96,11 @@ __device__ __forceinline__ void MmaFrom(uint32_t a0, uint32_t a1, uint32_t b, in
   f[3] = __int_as_float(d3) - 12582912.f;
 }
 
+// D = A(16x16 s8) * B(16x8 s8) + C, C initialised to the bit pattern of 1.5 * 2^23: the int32
+// result read as a float minus 1.5 * 2^23 is the exact sum (|sum| <= 16 * 32 * 127 < 2^22), an
+// add instead of the quarter-rate I2F.
 __device__ __forceinline__ void Mma(uint32_t a0, uint32_t a1, uint32_t b, float (&f)[4]) {
-  int c0 = 0x4B400000, c1 = 0x4B400000, c2 = 0x4B400000, c3 = 0x4B400000;
+  int c0 = kMmaBias, c1 = kMmaBias, c2 = kMmaBias, c3 = kMmaBias;
 #if __CUDA_ARCH__ >= 800
   asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
       "{%0,%1,%2,%3};"
