@@ -17,10 +17,11 @@ class DraftPolicy {
   // Weight of the newest verify in a position's moving average: about the last 10 verifies count.
   static constexpr double kWeight = 0.2;
   // Cost of one draft relative to a decode step: its MTP pass plus its verify row. Measured on
-  // the 27B at one stream (docs/perf/h200.md): a cycle of 3 drafts 14.0 ms vs a decode 10.7 ms,
-  // i.e. ~0.1 of a step per draft (12.5 vs 9.6 ms with the v4 decode kernel: still 0.1). A draft
-  // pays when it is accepted more often than that.
-  static constexpr double kDraftCost = 0.1;
+  // the 27B at one stream (docs/perf/h200.md): a cycle of 3 drafts 14.0 ms vs a decode 10.7 ms
+  // (~0.10 of a step per draft); with the v5 decode kernel 12.44 vs 9.01 ms, 0.13: the decode
+  // step got faster, the drafts (bound by the LM head's read) did not. A draft pays when it is
+  // accepted more often than that.
+  static constexpr double kDraftCost = 0.13;
   // With no draft chosen, every kProbeEvery-th step still offers one, so the estimate can rise
   // again when the text turns predictable.
   static constexpr int kProbeEvery = 16;
