@@ -358,9 +358,9 @@ class CudaDevice final : public Device {
   float* ffb_ = nullptr;    // [T, n_ff]
   int8_t* xq_ = nullptr;    // [QuantRows(), max_k]: a column segment's rows
   float* xd_ = nullptr;     // [QuantRows(), max_k/32]
-  // [QuantRows(), max_k/16]: sums of 16 xq (GemvArgs::xsum), valid when xsum_valid_: written by
-  // EnsureQuantized, not by the fused norm / all-reduce quantizers, whose activations feed
-  // matrices that gain little from them (kernels/cuda/README.md, "Tiled Q6_K").
+  // [max_k/16]: sums of 16 xq of a one-row activation (GemvArgs::xsum), valid when xsum_valid_:
+  // written by EnsureQuantized for R == 1, not by the fused norm / all-reduce quantizers, whose
+  // activations feed matrices that gain little from them (kernels/cuda/README.md, "Tiled Q6_K").
   int32_t* xsum_ = nullptr;
   bool xsum_valid_ = false;
   uint16_t* xh_ = nullptr;  // [T, max_k]

@@ -65,8 +65,10 @@ absl::Status TiledColumns(const CudaBackendOptions& o, const GemvArgs* segs, int
 
 absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
   if (xq_src_ == x && xq_rows_ == R) return absl::OkStatus();
-  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_, xsum_));
-  xsum_valid_ = true;
+  // The 16-element sums serve only one-column launches (the tiled kernel's kSums): a single-row
+  // activation; wider steps skip writing them.
+  xsum_valid_ = R == 1;
+  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_, xsum_valid_ ? xsum_ : nullptr));
   xq_src_ = x;
   xq_rows_ = R;
   return absl::OkStatus();
@@ -101,7 +103,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
     if (qx) {
       a.xq = xq_ + static_cast<int64_t>(c0) * w.cols;
       a.xd = xd_ + static_cast<int64_t>(c0) * (w.cols / 32);
-      if (xsum_valid_) a.xsum = xsum_ + static_cast<int64_t>(c0) * (w.cols / 16);
+      if (xsum_valid_) a.xsum = xsum_;  // one row, so c0 == 0
     }
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
@@ -385,7 +387,7 @@ absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*
       if (qx) {
         a.xq = xq_ + static_cast<int64_t>(c0) * m->cols;
         a.xd = xd_ + static_cast<int64_t>(c0) * (m->cols / 32);
-        if (xsum_valid_) a.xsum = xsum_ + static_cast<int64_t>(c0) * (m->cols / 16);
+        if (xsum_valid_) a.xsum = xsum_;  // one row, so c0 == 0
       }
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
