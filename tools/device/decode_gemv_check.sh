@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The decode column kernel (kernels/cuda/gemv_tiled.cu) on the device in one call: its matmuls
 # alone (tiled_gemv_bench), its bit-identity and CPU-reference tests (kernels_cuda_test Tiled.*,
-# mmq_cuda_test, gpu_vs_cpu_test, batch_invariance_test when packed), then the 27B Q6_K synth's
-# decode rows and the MTP cost rows (`deltaserve bench --mtp 3`, the tok/s at 75% acceptance).
+# tiled_cuda_test, mmq_cuda_test, gpu_vs_cpu_test, batch_invariance_test when packed), then the
+# 27B Q6_K synth's decode rows and the MTP cost rows (`deltaserve bench --mtp 3`, the tok/s at
+# 75% acceptance).
 # Logs in /tmp/decode_gemv on the device.
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
-#     deltaserve tiled_gemv_bench kernels_cuda_test mmq_cuda_test gpu_vs_cpu_test):
+#     deltaserve tiled_gemv_bench kernels_cuda_test tiled_cuda_test mmq_cuda_test gpu_vs_cpu_test):
 #   DS_CARRY=.devcarry-lead bash tools/device/decode_gemv_check.sh
 # SKIP_TESTS=1 runs the benches only.
 set -uo pipefail
@@ -18,7 +19,7 @@ M=/tmp/m.gguf
 SYNTH=$!
 [ -x "$BIN/tiled_gemv_bench" ] && "$BIN/tiled_gemv_bench" --layers 64 --cols 1,4,8 --reps 7
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  for t in "kernels_cuda_test --gtest_filter=Tiled.*" mmq_cuda_test gpu_vs_cpu_test batch_invariance_test; do
+  for t in "kernels_cuda_test --gtest_filter=Tiled.*" tiled_cuda_test mmq_cuda_test gpu_vs_cpu_test batch_invariance_test; do
     set -- $t
     [ -x "$BIN/$1" ] || { echo "skip $1 (not packed)"; continue; }
     t0=$SECONDS
