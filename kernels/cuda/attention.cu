@@ -4,16 +4,13 @@
 #include <cfloat>
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
 
 namespace ds::cuda {
 namespace {
-
-__device__ __forceinline__ int64_t KvRow(const KvCacheView& kv, int slot, int pos) {
-  const int page = kv.block_table[slot * kv.max_pages + pos / kv.page_size];
-  return (static_cast<int64_t>(page) * kv.page_size + pos % kv.page_size) * kv.n_kv;
-}
 
 // ---- KV quantization (rules and their CPU reference: kernels/cpu/kv_quant.h). The scale and
 // rounding arithmetic runs in double exactly as the reference does, so the blocks are bitwise
@@ -202,16 +199,6 @@ __global__ void __launch_bounds__(256) QkvPrepKernel(const QkvPrepArgs a) {
 constexpr int kDecWarps = 8;
 constexpr int kMaxGroup = 8;
 constexpr int kPrefetch = 4;
-// Tokens per split: the fixed split count spread over the sequence, but never under kMinChunk
-// tokens, so a short sequence uses few splits (`used`) and the combine reads only those.
-constexpr int kMinChunk = 64;
-
-__device__ __forceinline__ int SplitChunk(int len, int n_splits, int* used) {
-  const int chunk = max((len + n_splits - 1) / n_splits, kMinChunk);
-  *used = (len + chunk - 1) / chunk;
-  return chunk;
-}
-
 // Grid (n_kv, n_splits, n_seqs). Warp w of split s walks tokens start+w, start+w+8, ... of the
 // split's range keeping an online softmax per query head of the GQA group; the block merges its
 // warps and writes one partial (acc, m, l) per head and split.
@@ -487,10 +474,17 @@ absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream) {
         absl::StrCat("AttnDecode: head_dim ", s.hd, " not in {32,64,128,256}"));
   DS_RETURN_IF_ERROR(KvTypeCheck(a.kv, "AttnDecode"));
   const dim3 grid(s.n_kv, a.n_splits, a.n_seqs);
-  switch (a.kv.type) {
-    case GgmlType::Q8_0: LaunchAttnDecodeHd<GgmlType::Q8_0>(a, grid, stream); break;
-    case GgmlType::Q4_0: LaunchAttnDecodeHd<GgmlType::Q4_0>(a, grid, stream); break;
-    default: LaunchAttnDecodeHd<GgmlType::F16>(a, grid, stream); break;
+  if (a.tensor_cores) {
+    if (!AttnDecodeMmaSupports(s))
+      return absl::UnimplementedError(absl::StrCat("AttnDecode on tensor cores: head_dim ", s.hd,
+                                                   ", GQA group ", s.n_head / s.n_kv));
+    LaunchAttnDecodeMma(a, stream);
+  } else {
+    switch (a.kv.type) {
+      case GgmlType::Q8_0: LaunchAttnDecodeHd<GgmlType::Q8_0>(a, grid, stream); break;
+      case GgmlType::Q4_0: LaunchAttnDecodeHd<GgmlType::Q4_0>(a, grid, stream); break;
+      default: LaunchAttnDecodeHd<GgmlType::F16>(a, grid, stream); break;
+    }
   }
   DS_RETURN_IF_ERROR(LastLaunchStatus("AttnDecode"));
   AttnCombineKernel<<<dim3(s.n_head, a.n_seqs), s.hd, 0, stream>>>(a);  // hd >= 32: whole warps

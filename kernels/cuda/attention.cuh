@@ -74,6 +74,10 @@ struct AttnDecodeArgs {
                                    // length exit early
   float* partials = nullptr;       // [n_seqs, n_head, n_splits, hd + 2] scratch
   float* out = nullptr;            // [T, n_head*hd]
+  // The f16 tensor-core kernel (attention_mma.cu, sm_80+; hd 32..256, GQA group <= 8) instead of
+  // the f32 SIMT one: P and K are rounded to f16 (~1e-4..1e-3 relative), ~10x fewer instructions
+  // per token, which is what bounds decode at long contexts.
+  bool tensor_cores = false;
 };
 int64_t AttnDecodePartialFloats(const AttnShape& s, int n_seqs, int n_splits);
 absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
 
@@ -25,26 +26,6 @@ constexpr int kColBytes = kXRow + 4 * kSRow;
 template <int NCB>
 constexpr int StageBytes() {
   return NCB * kColBytes;
-}
-
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
-#if __CUDA_ARCH__ >= 800
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src));
-#else
-  __trap();  // never launched below sm_80 (TiledAvailable)
-#endif
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-#endif
 }
 
 struct MmqLaunch {

@@ -279,6 +279,9 @@ class CudaDevice final : public Device {
   DeviceLimits limits_;
   bool bf16_ = true;  // 16-bit GEMM operand type: bf16 on sm_80+, f16 on the portable path
   bool portable_ = false;  // copts_.portable, or compute capability < 8.0 (cuda_options.h)
+  // Decode attention on tensor cores: copts_.attn_tensor_cores off the portable path, for
+  // shapes the kernel runs (AttnDecodeMmaSupports).
+  bool attn_tensor_cores_ = false;
   float* xh_scale_ = nullptr;  // [2] xh_'s f16 range scaling (dequant.cuh), portable path only
   const float* XhScale() const { return bf16_ ? nullptr : xh_scale_; }
   CudaMemoryPlan plan_;

@@ -308,6 +308,7 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
     a.n_splits = n_splits_;
     a.partials = partials_;
     a.out = mix_out_;
+    a.tensor_cores = attn_tensor_cores_;
     DS_RETURN_IF_ERROR(AttnDecode(a, stream_));
   }
   const int64_t ow = static_cast<int64_t>(s.n_head) * s.hd, qgw = 2 * ow;

@@ -304,6 +304,13 @@ std::vector<double> RefAttend(const AttnShape& s, const float* qg_row, const std
   return out;
 }
 
+// The tensor-core decode kernel (attention_mma.cu) needs sm_80+.
+bool HaveTensorCores() {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major >= 8;
+}
+constexpr double kTensorCoreBound = 2e-3;
+
 struct AttnCase {
   GgmlType type;
   int n_head, n_kv, hd, n_rot;
@@ -428,6 +435,20 @@ void RunAttnCase(const AttnCase& ac) {
                 "1e-4); vs unquantized KV %.2e\n", Name(ac.type), pos, ac.n_splits, rel, qe);
     EXPECT_LT(rel, 1e-4);
     EXPECT_LT(qe, qerr_bound);
+    if (HaveTensorCores()) {
+      // The tensor-core kernel on the same rows: f16 P, K (and V's scale times P) cost ~2^-11
+      // relative per operand, observed a few 1e-4 on these shapes.
+      Dev<float> out_tc(static_cast<size_t>(2) * ow);
+      a.out = out_tc.p;
+      a.tensor_cores = true;
+      ASSERT_OK(AttnDecode(a, nullptr));
+      const auto all_tc = out_tc.Down();
+      const std::vector<float> got_tc(all_tc.begin() + ow, all_tc.end());
+      const double rel_tc = RelErr(got_tc, ref, "decode (tensor cores)");
+      std::printf("  %-5s decode @%5d (%2d splits), tensor cores: rel %.2e (bound %.0e)\n",
+                  Name(ac.type), pos, ac.n_splits, rel_tc, kTensorCoreBound);
+      EXPECT_LT(rel_tc, kTensorCoreBound);
+    }
   }
 }
 
@@ -461,18 +482,21 @@ TEST(KvQuantAttention, OddSmallShapes) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode attention at 32k context, 27B shape (one layer; x16 layers per token). A benchmark, not a
+// Decode attention at 32k and 192k contexts, 27B shape (one layer; x16 layers per token). A benchmark, not a
 // test (DISABLED_: ctest skips it; docs/conventions.md "Benchmarks"); run it with
 //   kv_quant_cuda_test --gtest_also_run_disabled_tests --gtest_filter='KvQuantTiming.*'
 
 TEST(KvQuantTiming, DISABLED_Decode32k27B) {
-  const int ctx = 32768, n_head = 24, n_kv = 4, hd = 256, page = 64;
+  const int n_head = 24, n_kv = 4, hd = 256, page = 64;
   AttnShape s{n_head, n_kv, hd, 64, 1e7f, 1e-6f};
   const int qgw = n_head * 2 * hd, ow = n_head * hd;
+  for (int ctx : {32768, 196608})
   for (int n_seqs : {1, 4}) {
     // Splits as CudaBackend::AttnSplits: ~2 waves of 132 SMs, no split under 256 tokens.
     const int n_splits = std::min(std::max(1, 264 / (n_kv * n_seqs)), (ctx + 255) / 256);
-    for (GgmlType t : {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    for (GgmlType t : {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0})
+    for (bool tc : {false, true}) {
+      if (tc && !HaveTensorCores()) continue;
       const int max_pages = (ctx + page - 1) / page;
       const int64_t rb = static_cast<int64_t>(GgmlRowBytes(t, hd));
       const size_t bytes = static_cast<size_t>(n_seqs) * max_pages * page * n_kv * rb;
@@ -493,7 +517,7 @@ TEST(KvQuantTiming, DISABLED_Decode32k27B) {
       AttnDecodeArgs a;
       a.shape = s; a.n_seqs = n_seqs; a.rows = drows.p; a.slots = dslots.p; a.pos = dpos.p;
       a.q = q.p; a.qg = qg.p; a.kv = KvCacheView{k.p, v.p, dt.p, page, max_pages, n_kv, hd, t};
-      a.n_splits = n_splits; a.partials = parts.p; a.out = out.p;
+      a.n_splits = n_splits; a.partials = parts.p; a.out = out.p; a.tensor_cores = tc;
       for (int i = 0; i < 5; ++i) ASSERT_OK(AttnDecode(a, nullptr));
       cudaEvent_t e0, e1;
       CK(cudaEventCreate(&e0));
@@ -509,9 +533,9 @@ TEST(KvQuantTiming, DISABLED_Decode32k27B) {
       CK(cudaEventDestroy(e1));
       const double us = 1e3 * ms / iters;
       const double kv_bytes = 2.0 * n_seqs * ctx * n_kv * rb;
-      std::printf("  decode attention @32k x%d, %-5s (%2d splits): %7.1f us/layer call, "
+      std::printf("  decode attention @%d x%d, %-5s %s (%2d splits): %7.1f us/layer call, "
                   "x16 layers %.2f ms/step, KV read %.1f MB -> %.2f TB/s\n",
-                  n_seqs, Name(t), n_splits, us, 16 * us * 1e-3, kv_bytes * 1e-6,
+                  ctx, n_seqs, Name(t), tc ? "mma " : "simt", n_splits, us, 16 * us * 1e-3, kv_bytes * 1e-6,
                   kv_bytes / (us * 1e-6) * 1e-12);
       for (float x : out.Down()) ASSERT_TRUE(std::isfinite(x));
     }
