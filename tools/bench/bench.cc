@@ -202,11 +202,31 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
               "decode", "verify(dev)", "verify(host)", "rows 1", "rows k+1", "MtpStep",
               "plain t/s", "t/s @75%", "tok/step", "cycle", "chain@75",
               o.mtp_accept.empty() ? "" : "  t/s @", acc.c_str());
+  std::vector<std::string> prof_lines;
   for (int B : o.mtp_streams) {
     for (int k : o.mtp) {
       MtpCostOptions mo = big;
       mo.k = k;
       mo.streams = B;
+      if (o.profile && B == o.mtp_streams.front() && k == o.mtp.front()) {
+        // Per-op-class time of a plain decode step and of a verify step (graphs off), printed
+        // after the row.
+        mo.profile = [&be, &prof_lines](const char* shape, bool begin) {
+          if (begin) {
+            be.SetProfiling(true);
+            be.ResetProfile();
+            return;
+          }
+          be.SetProfiling(false);
+          std::string line = std::string("   per-op-class, ") + shape + " (ms/step):";
+          for (auto& [cls, ms] : be.ProfileTotals()) {
+            char b[64];
+            std::snprintf(b, sizeof b, " %s %.3f", cls.c_str(), ms / 8);
+            line += b;
+          }
+          prof_lines.push_back(line);
+        };
+      }
       auto c = MeasureMtpCost(be, mo);
       if (!c.ok()) {
         std::fprintf(stderr, "bench: MTP cost k=%d streams=%d: %s\n", k, B,
@@ -223,6 +243,8 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
         std::printf("  %.1f (%.2f tok/step; chain %.1f)", MtpProjectedTokS(*c, mo, o.mtp_accept),
                     MtpTokensPerStep(k, o.mtp_accept), MtpChainProjectedTokS(*c, mo, o.mtp_accept));
       std::printf("\n");
+      for (const std::string& line : prof_lines) std::printf("%s\n", line.c_str());
+      prof_lines.clear();
       if (B == o.mtp_streams.front() && k == o.mtp.front())
         std::printf("   (MTP KV over a %d-token prompt, written inside its prefill: %.2f ms with, "
                     "%.2f ms without: +%.1f%%)\n",

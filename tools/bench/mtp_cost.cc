@@ -113,6 +113,14 @@ absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
                       MedianMs(o.iters, [&] { return step(Shape::kVerifyDevice); }));
   DS_ASSIGN_OR_RETURN(c.verify_host_ms,
                       MedianMs(o.iters, [&] { return step(Shape::kVerifyHost); }));
+  if (o.profile) {
+    for (const Shape sh : {Shape::kDecode, Shape::kVerifyDevice}) {
+      const char* name = sh == Shape::kDecode ? "decode" : "verify(dev)";
+      o.profile(name, true);
+      for (int r = 0; r < 8; ++r) DS_RETURN_IF_ERROR(step(sh));
+      o.profile(name, false);
+    }
+  }
   if (o.decode_path) {
     DS_RETURN_IF_ERROR(step(Shape::kPath));
     DS_ASSIGN_OR_RETURN(c.path_ms, MedianMs(o.iters, [&] { return step(Shape::kPath); }));

@@ -4,6 +4,7 @@
 // (CommitSpeculative(1)); the drafts are MtpRows over the catch-up rows and k - 1 chained
 // MtpStep calls per stream. The projection then puts acceptance rates on top of those costs.
 #pragma once
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,10 @@ struct MtpCostOptions {
   int depth = 512;  // tokens of context each stream holds before the timing
   int iters = 20;   // timed repetitions of each shape (median)
   bool decode_path = false;  // also time the k + 1 tokens as a decode_path run (no entries)
+  // When set: after the timings, 8 plain decode steps and then 8 verify(dev) steps run between
+  // profile(shape, true) and profile(shape, false) (the bench turns the backend's per-op-class
+  // profiling on and prints it per step: where a verify's extra time goes).
+  std::function<void(const char* shape, bool begin)> profile;
 };
 
 // Median milliseconds of each shape (one step for all streams unless noted).

@@ -492,11 +492,16 @@ TEST(KvQuantTiming, DISABLED_Decode32k27B) {
   const int qgw = n_head * 2 * hd, ow = n_head * hd;
   for (int ctx : {32768, 196608})
   for (int n_seqs : {1, 4}) {
-    // Splits as CudaBackend::AttnSplits: ~2 waves of 132 SMs, no split under 256 tokens.
-    const int n_splits = std::min(std::max(1, 264 / (n_kv * n_seqs)), (ctx + 255) / 256);
+    // Splits as CudaDevice::AttnSplits: 2 blocks per SM of 132 (~one wave of the tensor-core
+    // kernel's 4-warp blocks, two of the SIMT kernel's), no split under 256 tokens; the
+    // tensor-core kernel also at 3 per SM (its occupancy limit) for comparison.
+    const int n_splits2 = std::min(std::max(1, 264 / (n_kv * n_seqs)), (ctx + 255) / 256);
     for (GgmlType t : {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0})
-    for (bool tc : {false, true}) {
+    for (int variant : {0, 1, 2}) {  // SIMT; tensor cores at 2, at 3 blocks per SM
+      const bool tc = variant > 0;
       if (tc && !HaveTensorCores()) continue;
+      const int n_splits = variant == 2 ? std::min(std::max(1, 396 / (n_kv * n_seqs)), (ctx + 255) / 256)
+                                        : n_splits2;
       const int max_pages = (ctx + page - 1) / page;
       const int64_t rb = static_cast<int64_t>(GgmlRowBytes(t, hd));
       const size_t bytes = static_cast<size_t>(n_seqs) * max_pages * page * n_kv * rb;
