@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_prefill_mma.cuh"
 #include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -511,6 +512,12 @@ absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_
       break;
   }
   DS_RETURN_IF_ERROR(LastLaunchStatus("GatherKv"));
+  if (a.tensor_cores) {
+    if (!AttnPrefillMmaSupports(s))
+      return absl::UnimplementedError(absl::StrCat("AttnPrefill on tensor cores: head_dim ", hd,
+                                                   ", GQA group ", G));
+    return LaunchAttnPrefillMma(a, stream);
+  }
   const float scale = 1.f / sqrtf(static_cast<float>(hd));
   for (int t0 = 0; t0 < a.T; t0 += a.tq) {
     const int tqc = std::min(a.tq, a.T - t0);

@@ -97,6 +97,10 @@ struct AttnPrefillArgs {
   uint16_t* probs = nullptr;      // [G, tq, pos0+T] scratch
   int tq = 256;
   float* out = nullptr;           // [T, n_head*hd]
+  // The flash kernel on f16 tensor cores (attention_prefill_mma.cu, sm_80+; hd 64/128/256, GQA
+  // group <= 8) instead of the cuBLAS chunks: the same f16 operands, nothing of size queries x
+  // keys in memory (scores / probs unused).
+  bool tensor_cores = false;
 };
 absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_t stream);
 

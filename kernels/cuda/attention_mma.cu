@@ -315,16 +315,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) AttnDecodeMmaKernel(const A
     l = l * c + ps;
     m = mn;
     // This lane's outputs are heads 2 tig and 2 tig + 1: their rescale factors.
-    const float ca = __shfl_sync(0xffffffffu, c, 8 * tig), cb = __shfl_sync(0xffffffffu, c, 8 * tig + 4);
+    // Rescale only when some head's max moved (c is exactly 1 otherwise), which past the first
+    // tiles is rare.
+    if (__any_sync(0xffffffffu, c != 1.f)) {
+      const float ca = __shfl_sync(0xffffffffu, c, 8 * tig), cb = __shfl_sync(0xffffffffu, c, 8 * tig + 4);
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
+      for (int b = 0; b < NB; ++b)
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        o[b][t][0] *= ca;
-        o[b][t][1] *= cb;
-        o[b][t][2] *= ca;
-        o[b][t][3] *= cb;
-      }
+        for (int t = 0; t < 2; ++t) {
+          o[b][t][0] *= ca;
+          o[b][t][1] *= cb;
+          o[b][t][2] *= ca;
+          o[b][t][3] *= cb;
+        }
+    }
     const __half2 p01 = __floats2half2_rn(p[0][0], p[0][1]), p89 = __floats2half2_rn(p[1][0], p[1][1]);
     const uint8_t* vrow[4];
 #pragma unroll

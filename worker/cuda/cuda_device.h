@@ -282,6 +282,7 @@ class CudaDevice final : public Device {
   // Decode attention on tensor cores: copts_.attn_tensor_cores off the portable path, for
   // shapes the kernel runs (AttnDecodeMmaSupports).
   bool attn_tensor_cores_ = false;
+  bool attn_prefill_tensor_cores_ = false;  // the same for prefill (AttnPrefillMmaSupports)
   float* xh_scale_ = nullptr;  // [2] xh_'s f16 range scaling (dequant.cuh), portable path only
   const float* XhScale() const { return bf16_ ? nullptr : xh_scale_; }
   CudaMemoryPlan plan_;

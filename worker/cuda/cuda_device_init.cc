@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/collective/collective.h"
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_prefill_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
@@ -117,6 +118,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   if (c.n_recurrent() > 0 && gdn_k > 0) DS_RETURN_IF_ERROR(GdnShapeSupported(gdn_shape_));
   attn_shape_ = AttnShape{n_head, n_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps};
   attn_tensor_cores_ = copts_.attn_tensor_cores && !portable_ && AttnDecodeMmaSupports(attn_shape_);
+  attn_prefill_tensor_cores_ =
+      copts_.attn_tensor_cores && !portable_ && AttnPrefillMmaSupports(attn_shape_);
   if (c.n_attention() > 0 && (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
     return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {32,64,128,256}"));
   // Bytes of one token's K (or V) row over all KV heads: hd/32 blocks per head for q8_0 / q4_0.

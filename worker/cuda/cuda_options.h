@@ -24,10 +24,12 @@ struct CudaBackendOptions {
   // An MTP verify's GDN rows in runs (GdnDecodeArgs::run_first): the k + 1 tokens of a sequence
   // in one launch, the state read once; false = one launch per token index (A/B).
   bool gdn_decode_runs = true;
-  // Decode attention on f16 tensor cores (kernels/cuda/attention_mma.cu, sm_80+, not on the
-  // portable path): ~10x fewer instructions per cached token than the f32 SIMT kernel, which
-  // bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on the
-  // attention output). false: the SIMT kernel (A/B runs, `bench --attn-mma off`).
+  // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
+  // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
+  // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on
+  // the attention output). Prefill (attention_prefill_mma.cu): a flash kernel instead of the
+  // cuBLAS chunks with their scores in memory, the same f16 operands. false: the SIMT decode
+  // kernel and the cuBLAS prefill (A/B runs, `bench --attn-mma off`).
   bool attn_tensor_cores = true;
   // The portable path (issue #19, docs/v100.md): the kernels a V100 (sm_70) runs, on any GPU:
   // f16 cuBLAS operands for prefill (activations scaled into f16's range,

@@ -327,6 +327,7 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
     a.probs = probs_;
     a.tq = attn_tq_;
     a.out = mix_out_ + p.row0 * ow;
+    a.tensor_cores = attn_prefill_tensor_cores_;
     DS_RETURN_IF_ERROR(AttnPrefill(a, gemm_.get(), stream_));
   }
   ProfEnd();

@@ -31,6 +31,7 @@
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_prefill_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
@@ -318,6 +319,7 @@ struct AttnCase {
   int ctx_fill;   // further tokens written by QkvPrep only (long contexts), before decoding
   int n_decode;
   int page, n_splits;
+  int T_prefill2 = 0;  // a second prefill after the ctx_fill rows (pos0 > 0); 0 = none
 };
 
 void RunAttnCase(const AttnCase& ac) {
@@ -326,7 +328,7 @@ void RunAttnCase(const AttnCase& ac) {
                                     << ac.ctx_fill << " splits " << ac.n_splits);
   AttnShape s{ac.n_head, ac.n_kv, ac.hd, ac.n_rot, 1e7f, 1e-6f};
   const int hd = ac.hd, kvw = ac.n_kv * hd, qgw = ac.n_head * 2 * hd, ow = ac.n_head * hd;
-  const int max_len = ac.T_prefill + ac.ctx_fill + ac.n_decode, slot = 1;
+  const int max_len = ac.T_prefill + ac.ctx_fill + ac.T_prefill2 + ac.n_decode, slot = 1;
   Cache c(ac.type, ac.n_kv, hd, ac.page, max_len);
   auto qn = RandVec(hd, 0.5f, 1.5f), kn = RandVec(hd, 0.5f, 1.5f);
   Dev<float> dqn(qn), dkn(kn);
@@ -358,36 +360,50 @@ void RunAttnCase(const AttnCase& ac) {
   ASSERT_TRUE(gemm_or.ok());
   std::unique_ptr<CublasGemm> gemm(*gemm_or);
   int pos = 0;
-  if (ac.T_prefill > 0) {
-    const int T = ac.T_prefill, G = ac.n_head / ac.n_kv, tq = 48;
+  // A prefill of T tokens at positions pos0.. (after pos0 cached ones): cuBLAS and the flash
+  // kernel against the double reference.
+  auto prefill = [&](int T, int pos0) {
+    const int G = ac.n_head / ac.n_kv, tq = 48, L = pos0 + T;
     auto qg = RandVec(static_cast<size_t>(T) * qgw, -2.f, 2.f);
     auto k = RandVec(static_cast<size_t>(T) * kvw, -2.f, 2.f);
     auto v = RandVec(static_cast<size_t>(T) * kvw, -2.f, 2.f);
-    Prepped pr = RunPrep(s, c, slot, 0, T, qg, k, v, dqn, dkn);
-    Dev<uint16_t> kt(static_cast<size_t>(T) * kvw), vt(static_cast<size_t>(T) * kvw);
-    Dev<uint16_t> probs(static_cast<size_t>(G) * tq * T);
-    Dev<float> scores(static_cast<size_t>(G) * tq * T), out(static_cast<size_t>(T) * ow);
+    Prepped pr = RunPrep(s, c, slot, pos0, T, qg, k, v, dqn, dkn);
+    Dev<uint16_t> kt(static_cast<size_t>(L) * kvw), vt(static_cast<size_t>(L) * kvw);
+    Dev<uint16_t> probs(static_cast<size_t>(G) * tq * L);
+    Dev<float> scores(static_cast<size_t>(G) * tq * L), out(static_cast<size_t>(T) * ow);
     Dev<float> dqg(qg);
     AttnPrefillArgs a;
-    a.shape = s; a.T = T; a.pos0 = 0; a.slot = slot; a.q16 = pr.q16->p; a.qg = dqg.p;
+    a.shape = s; a.T = T; a.pos0 = pos0; a.slot = slot; a.q16 = pr.q16->p; a.qg = dqg.p;
     a.kv = c.View(); a.k_tmp = kt.p; a.v_tmp = vt.p; a.scores = scores.p; a.probs = probs.p;
     a.tq = tq; a.out = out.p;
     ASSERT_OK(AttnPrefill(a, gemm.get(), nullptr));
     const auto got = out.Down();
-    const auto K = c.Rows(c.k->Down(), slot, T), V = c.Rows(c.v->Down(), slot, T);
+    const auto K = c.Rows(c.k->Down(), slot, L), V = c.Rows(c.v->Down(), slot, L);
     std::vector<double> ref(static_cast<size_t>(T) * ow);
     for (int t = 0; t < T; ++t) {
-      const auto r = RefAttend(s, qg.data() + static_cast<size_t>(t) * qgw, qn, t, K, V);
+      const auto r = RefAttend(s, qg.data() + static_cast<size_t>(t) * qgw, qn, pos0 + t, K, V);
       std::copy(r.begin(), r.end(), ref.begin() + static_cast<size_t>(t) * ow);
     }
     const double rel = RelErr(got, ref, "prefill");
-    const double qe = quant_err(got, cpu_exact(T, 0, qg, k, v));
-    std::printf("  %-5s prefill T %4d: rel vs dequantized-KV reference %.2e (bound 5e-3); vs "
-                "unquantized KV %.2e\n", Name(ac.type), T, rel, qe);
+    const double qe = quant_err(got, cpu_exact(T, pos0, qg, k, v));
+    std::printf("  %-5s prefill T %4d @%4d: rel vs dequantized-KV reference %.2e (bound 5e-3); vs "
+                "unquantized KV %.2e\n", Name(ac.type), T, pos0, rel, qe);
     EXPECT_LT(rel, 5e-3);
     EXPECT_LT(qe, qerr_bound);
-    pos = T;
-  }
+    if (HaveTensorCores() && AttnPrefillMmaSupports(s)) {
+      // The flash kernel on the same rows: the same f16 operands as cuBLAS, same bound.
+      Dev<float> out_tc(static_cast<size_t>(T) * ow);
+      a.out = out_tc.p;
+      a.tensor_cores = true;
+      ASSERT_OK(AttnPrefill(a, gemm.get(), nullptr));
+      const double rel_tc = RelErr(out_tc.Down(), ref, "prefill (tensor cores)");
+      std::printf("  %-5s prefill T %4d @%4d, tensor cores: rel %.2e (bound 5e-3)\n",
+                  Name(ac.type), T, pos0, rel_tc);
+      EXPECT_LT(rel_tc, 5e-3);
+    }
+    pos = L;
+  };
+  if (ac.T_prefill > 0) prefill(ac.T_prefill, 0);
   // Long context: more rows through QkvPrep in chunks (not compared as prefill).
   for (int done = 0; done < ac.ctx_fill;) {
     const int T = std::min(1024, ac.ctx_fill - done);
@@ -406,6 +422,7 @@ void RunAttnCase(const AttnCase& ac) {
     pos += T;
     done += T;
   }
+  if (ac.T_prefill2 > 0) prefill(ac.T_prefill2, pos);  // a chunk after the cached context
   for (int step = 0; step < ac.n_decode; ++step, ++pos) {
     // Two rows: row 0 a dummy sequence in slot 0 at position 0, row 1 the tracked one.
     auto qg = RandVec(static_cast<size_t>(2) * qgw, -2.f, 2.f);
@@ -458,6 +475,8 @@ constexpr GgmlType kAllTypes[] = {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}
 
 TEST(KvQuantAttention, Shape27B) {
   for (GgmlType t : kAllTypes) RunAttnCase({t, 24, 4, 256, 64, 300, 0, 2, 64, 5});
+  // A second prefill chunk at position 1,333 (as a long prompt's later chunks run).
+  for (GgmlType t : kAllTypes) RunAttnCase({t, 24, 4, 256, 64, 333, 1000, 1, 64, 5, 260});
 }
 // Long contexts on the 27B shape, at the split counts the backend uses (66 at one sequence, 16 at
 // four) and a tail of 1 + prefetch remainder.
@@ -478,6 +497,9 @@ TEST(KvQuantAttention, OddSmallShapes) {
     RunAttnCase({t, 6, 1, 128, 32, 0, 0, 4, 16, 9});  // decode-only from position 0
     RunAttnCase({t, 2, 2, 256, 64, 0, 1000, 2, 32, 7});
     RunAttnCase({t, 8, 1, 32, 32, 0, 333, 2, 16, 1});  // group 8, one split
+    // A prefill chunk after cached context (the flash kernel's causal diagonal off tile edges).
+    RunAttnCase({t, 8, 1, 64, 16, 37, 70, 1, 16, 3, 45});
+    RunAttnCase({t, 6, 2, 128, 32, 0, 100, 1, 64, 4, 77});
   }
 }
 

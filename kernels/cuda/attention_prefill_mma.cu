@@ -1,0 +1,269 @@
+// Causal prefill attention on f16 tensor cores, flash style (see attention_prefill_mma.cuh and
+// kernels/cuda/README.md, "Prefill attention on tensor cores").
+//
+// Why: the cuBLAS path writes the scores of every 256-query chunk to memory as f32, softmaxes
+// them into f16 probabilities and multiplies those back: at long contexts that traffic (~12 bytes
+// per query, head and key) and the per-chunk launches are most of a prefill (a 32k prompt:
+// attention 2.1 of 5.8 s on the H200). Here nothing of size queries x keys leaves the SM.
+//
+// Block = one KV head x 16 query positions, one warp per query head of the GQA group (warp w:
+// head kvh * G + w, the block's 16 positions as the 16 rows of its mma tiles), so every K/V tile
+// staged in shared memory serves the whole group. Per 32-key tile a warp computes S = Q Kᵀ
+// (`mma.m16n8k16`, Q and K fragments by ldmatrix), an online softmax per row (a lane holds rows
+// g and g + 8), and O += P V with P re-packed from the S accumulator as the A operand and V by
+// ldmatrix.trans. K/V tiles are double-buffered with cp.async. Output O / l times the sigmoid
+// gate, f32. Numerics as the cuBLAS path: f16 Q, K, V and P, f32 accumulation.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention_prefill_mma.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cp_async.cuh"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kRows = 16;  // query positions per block (the mma's M)
+constexpr int kKeys = 32;  // keys per tile
+constexpr int kStages = 2;
+
+__device__ __forceinline__ void Mma16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         float (&c)[4]) {
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void LdMatrixX4(const void* p, uint32_t (&r)[4]) {
+#if __CUDA_ARCH__ >= 800
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+#endif
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(const void* p, uint32_t (&r)[4]) {
+#if __CUDA_ARCH__ >= 800
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+#endif
+}
+
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Shared-memory layout of a block: every row (a query or a key) is hd halves plus 16 bytes of
+// padding, so the 8 rows an ldmatrix reads at one column start 4 banks apart (no conflicts).
+template <int HD>
+struct PrefillSmem {
+  static constexpr int kStride = HD * 2 + 16;  // bytes per row
+  static constexpr int kTile = kKeys * kStride;
+  static int Bytes(int G) { return G * kRows * kStride + kStages * 2 * kTile; }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(256) AttnPrefillMmaKernel(const AttnPrefillArgs a) {
+  using Sm = PrefillSmem<HD>;
+  constexpr int NT = HD / 8;  // n-tiles of the output (8 dims each)
+  extern __shared__ __align__(16) uint8_t smem[];
+  const AttnShape& s = a.shape;
+  const int G = s.n_head / s.n_kv;
+  const int kvh = blockIdx.y, t0 = blockIdx.x * kRows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const int nthreads = blockDim.x, h = kvh * G + warp;
+  const int L = a.pos0 + a.T;
+  const int last = min(t0 + kRows, a.T) - 1;  // the block's last query (local index)
+  const int n_keys = a.pos0 + last + 1;       // keys the block's last query sees
+  const int64_t qw = static_cast<int64_t>(s.n_head) * HD, kvw = static_cast<int64_t>(s.n_kv) * HD;
+
+  uint8_t* qs = smem + warp * kRows * Sm::kStride;
+  uint8_t* kv0 = smem + G * kRows * Sm::kStride;
+  // This warp's 16 query rows (rows past T repeat the last one; they are not written).
+  for (int c = lane; c < kRows * (HD / 8); c += 32) {
+    const int r = c / (HD / 8), col = c % (HD / 8);
+    const int t = min(t0 + r, a.T - 1);
+    CpAsync16(qs + r * Sm::kStride + col * 16, a.q16 + t * qw + static_cast<int64_t>(h) * HD + col * 8);
+  }
+  auto stage = [&](int tile, int st) {
+    uint8_t* ks = kv0 + st * 2 * Sm::kTile;
+    for (int c = threadIdx.x; c < kKeys * (HD / 8); c += nthreads) {
+      const int r = c / (HD / 8), col = c % (HD / 8);
+      const int key = min(tile * kKeys + r, L - 1);
+      const int64_t src = key * kvw + static_cast<int64_t>(kvh) * HD + col * 8;
+      CpAsync16(ks + r * Sm::kStride + col * 16, a.k_tmp + src);
+      CpAsync16(ks + Sm::kTile + r * Sm::kStride + col * 16, a.v_tmp + src);
+    }
+    CpAsyncCommit();
+  };
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+  stage(0, 0);  // with the Q rows in its group
+
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  // Rows g and g + 8 of this lane: running max (of the scaled scores, base 2) and partial sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int pos_row[2] = {a.pos0 + t0 + g, a.pos0 + t0 + g + 8};
+  const float scale_log2 = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;
+  // ldmatrix row addresses of this lane: matrix lane / 8, row lane % 8 of it.
+  const int lm = lane >> 3, lr = lane & 7;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) stage(tile + 1, (tile + 1) & 1);
+    else CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const uint8_t* ks = kv0 + (tile & 1) * 2 * Sm::kTile;
+    const uint8_t* vs = ks + Sm::kTile;
+
+    // S = Q Kᵀ: 16 rows x 32 keys (4 n-tiles of 8 keys).
+    float sc[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t qa[4];
+      // a0: rows 0-7 / dims 0-7, a1: rows 8-15 / dims 0-7, a2: rows 0-7 / dims 8-15, a3: 8-15 / 8-15.
+      LdMatrixX4(qs + ((lm & 1) * 8 + lr) * Sm::kStride + (kk * 16 + (lm >> 1) * 8) * 2, qa);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {  // keys 16 np .. 16 np + 15
+        uint32_t kb[4];
+        // (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7), (keys 8-15, dims 8-15)
+        LdMatrixX4(ks + (np * 16 + (lm >> 1) * 8 + lr) * Sm::kStride + (kk * 16 + (lm & 1) * 8) * 2, kb);
+        Mma16816(qa, kb[0], kb[1], sc[2 * np]);
+        Mma16816(qa, kb[2], kb[3], sc[2 * np + 1]);
+      }
+    }
+    // Online softmax of rows g (entries 0, 1) and g + 8 (entries 2, 3).
+    const int key0 = tile * kKeys;
+    const bool diag = key0 + kKeys - 1 > a.pos0 + t0;  // some key lies past some row's position
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, key = key0 + 8 * n + 2 * tig + (e & 1);
+        float v = sc[n][e] * scale_log2;
+        if (diag && key > pos_row[r]) v = -INFINITY;
+        sc[n][e] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+    float c[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is visible to every row
+      c[r] = exp2f(m[r] - mn);
+      m[r] = mn;
+      l[r] *= c[r];
+    }
+    uint32_t pa[2][4];  // P as the A operand of the two 16-key steps
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = exp2f(sc[n][e] - m[e >> 1]);
+        l[e >> 1] += p[e];
+      }
+      // n-tile n holds keys 8n..8n+7: a0/a1 of step n / 2 for even n, a2/a3 for odd n.
+      pa[n >> 1][(n & 1) * 2] = PackHalf2(p[0], p[1]);
+      pa[n >> 1][(n & 1) * 2 + 1] = PackHalf2(p[2], p[3]);
+    }
+    // Rescale only when some row's max moved (c is then exactly 1 otherwise): past the first
+    // tiles that is rare, and the rescale is as many instructions as the tile's mma.
+    if (__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f)) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        o[n][0] *= c[0];
+        o[n][1] *= c[0];
+        o[n][2] *= c[1];
+        o[n][3] *= c[1];
+      }
+    }
+    // O += P V: B = V (keys x dims) by ldmatrix.trans, two n-tiles of 8 dims per load.
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t vb[4];
+        // (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 8-15)
+        LdMatrixX4Trans(vs + (kk * 16 + (lm & 1) * 8 + lr) * Sm::kStride + (np * 16 + (lm >> 1) * 8) * 2, vb);
+        Mma16816(pa[kk], vb[0], vb[1], o[2 * np]);
+        Mma16816(pa[kk], vb[2], vb[3], o[2 * np + 1]);
+      }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  CpAsyncWait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = t0 + g + 8 * r;
+    if (t >= a.T) continue;
+    const float inv = 1.f / l[r];
+    float* dst = a.out + t * qw + static_cast<int64_t>(h) * HD;
+    const float* gate = a.qg + t * 2 * qw + static_cast<int64_t>(h) * 2 * HD + HD;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int d = 8 * n + 2 * tig;
+      const float2 gt = *reinterpret_cast<const float2*>(gate + d);
+      float2 v;
+      v.x = o[n][2 * r] * inv * Sigmoid(gt.x);
+      v.y = o[n][2 * r + 1] * inv * Sigmoid(gt.y);
+      *reinterpret_cast<float2*>(dst + d) = v;
+    }
+  }
+}
+
+template <int HD>
+absl::Status Launch(const AttnPrefillArgs& a, cudaStream_t stream) {
+  const int G = a.shape.n_head / a.shape.n_kv;
+  const int bytes = PrefillSmem<HD>::Bytes(G);
+  if (bytes > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        AttnPrefillMmaKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess)
+      return absl::InternalError(absl::StrCat("AttnPrefillMma: ", bytes, " bytes of shared memory: ",
+                                              cudaGetErrorString(e)));
+  }
+  const dim3 grid(CeilDiv(a.T, kRows), a.shape.n_kv);
+  AttnPrefillMmaKernel<HD><<<grid, G * 32, bytes, stream>>>(a);
+  return LastLaunchStatus("AttnPrefillMma");
+}
+
+}  // namespace
+
+bool AttnPrefillMmaSupports(const AttnShape& s) {
+  return s.n_kv > 0 && s.n_head % s.n_kv == 0 && s.n_head / s.n_kv <= 8 &&
+         (s.hd == 64 || s.hd == 128 || s.hd == 256);
+}
+
+absl::Status LaunchAttnPrefillMma(const AttnPrefillArgs& a, cudaStream_t stream) {
+  switch (a.shape.hd) {
+    case 64: return Launch<64>(a, stream);
+    case 128: return Launch<128>(a, stream);
+    default: return Launch<256>(a, stream);
+  }
+}
+
+}  // namespace ds::cuda
