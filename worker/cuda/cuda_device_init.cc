@@ -274,6 +274,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     void** p;
     uint64_t bytes;
   };
+  // The cuBLAS prefill attention's scores / probabilities ([G, tq, slot_ctx], 2.25x the
+  // gathered K/V per context token on the 27B); the flash kernel needs neither.
+  const uint64_t score_ctx = attn_prefill_tensor_cores_ ? 0 : static_cast<uint64_t>(slot_ctx_);
   std::vector<Buf> bufs = {
       {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
@@ -303,8 +306,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
       {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
       {reinterpret_cast<void**>(&vt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
-      {reinterpret_cast<void**>(&scores_), static_cast<uint64_t>(G) * attn_tq_ * slot_ctx_ * 4},
-      {reinterpret_cast<void**>(&probs_), static_cast<uint64_t>(G) * attn_tq_ * slot_ctx_ * 2},
+      {reinterpret_cast<void**>(&scores_), static_cast<uint64_t>(G) * attn_tq_ * score_ctx * 4},
+      {reinterpret_cast<void**>(&probs_), static_cast<uint64_t>(G) * attn_tq_ * score_ctx * 2},
       {reinterpret_cast<void**>(&partials_), static_cast<uint64_t>(partial_floats_) * 4},
       {reinterpret_cast<void**>(&hn_), static_cast<uint64_t>(logit_rows_max_) * H * 4},
       {reinterpret_cast<void**>(&logits_), static_cast<uint64_t>(logit_rows_max_) * c.n_vocab * 4},
@@ -341,8 +344,10 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // Kept free: CUDA graphs, the sampler's growing buffers, library handles allocated later.
   pin.margin = RuntimeHeadroom(total_b);
   pin.weights = plan_.weights;
-  // kt_/vt_/scores_/probs_ grow with the context; the rest does not.
-  pin.workspace_per_ctx = kvw * 2 * 2 + static_cast<uint64_t>(G) * attn_tq_ * (4 + 2);
+  // kt_/vt_ (and scores_/probs_ without the flash prefill) grow with the context; the rest
+  // does not.
+  pin.workspace_per_ctx =
+      kvw * 2 * 2 + (score_ctx > 0 ? static_cast<uint64_t>(G) * attn_tq_ * (4 + 2) : 0);
   pin.workspace_fixed = plan_.workspace - std::min<uint64_t>(plan_.workspace, pin.workspace_per_ctx * slot_ctx_);
   pin.recurrent_per_slot = rec_slots / std::max(1, n_slots_);
   pin.recurrent_fixed = plan_.recurrent - rec_slots;
