@@ -25,22 +25,13 @@
 #include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/mma_f16.cuh"
 
 namespace ds::cuda {
 namespace {
 
 constexpr int kMmaWarps = 4;
 constexpr int kMmaTile = 16;  // tokens per warp and iteration
-
-__device__ __forceinline__ void MmaF16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                       float (&c)[4]) {
-#if __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 
 __device__ __forceinline__ uint32_t Ld16(const uint8_t* p) {
   return *reinterpret_cast<const uint16_t*>(p);

@@ -21,6 +21,7 @@
 #include "kernels/cuda/attention_prefill_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/mma_f16.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -28,34 +29,6 @@ namespace {
 constexpr int kRows = 16;  // query positions per block (the mma's M)
 constexpr int kKeys = 32;  // keys per tile
 constexpr int kStages = 2;
-
-__device__ __forceinline__ void Mma16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                         float (&c)[4]) {
-#if __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ __forceinline__ void LdMatrixX4(const void* p, uint32_t (&r)[4]) {
-#if __CUDA_ARCH__ >= 800
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-#endif
-}
-
-__device__ __forceinline__ void LdMatrixX4Trans(const void* p, uint32_t (&r)[4]) {
-#if __CUDA_ARCH__ >= 800
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-#endif
-}
 
 __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -144,8 +117,8 @@ __global__ void __launch_bounds__(256) AttnPrefillMmaKernel(const AttnPrefillArg
         uint32_t kb[4];
         // (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7), (keys 8-15, dims 8-15)
         LdMatrixX4(ks + (np * 16 + (lm >> 1) * 8 + lr) * Sm::kStride + (kk * 16 + (lm & 1) * 8) * 2, kb);
-        Mma16816(qa, kb[0], kb[1], sc[2 * np]);
-        Mma16816(qa, kb[2], kb[3], sc[2 * np + 1]);
+        MmaF16(qa, kb[0], kb[1], sc[2 * np]);
+        MmaF16(qa, kb[2], kb[3], sc[2 * np + 1]);
       }
     }
     // Online softmax of rows g (entries 0, 1) and g + 8 (entries 2, 3).
@@ -204,8 +177,8 @@ __global__ void __launch_bounds__(256) AttnPrefillMmaKernel(const AttnPrefillArg
         uint32_t vb[4];
         // (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 8-15)
         LdMatrixX4Trans(vs + (kk * 16 + (lm & 1) * 8 + lr) * Sm::kStride + (np * 16 + (lm >> 1) * 8) * 2, vb);
-        Mma16816(pa[kk], vb[0], vb[1], o[2 * np]);
-        Mma16816(pa[kk], vb[2], vb[3], o[2 * np + 1]);
+        MmaF16(pa[kk], vb[0], vb[1], o[2 * np]);
+        MmaF16(pa[kk], vb[2], vb[3], o[2 * np + 1]);
       }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
