@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Decode attention on tensor cores (kernels/cuda/attention_mma.cu) on the device in one call: its
-# CPU-reference tests beside the SIMT kernel's (kv_quant_cuda_test), the kernel alone at 32k and
-# 192k (KvQuantTiming, both kernels), the whole-model checks that run it (gpu_vs_cpu_test,
-# batch_invariance_test, mtp_gpu_test), then the 27B Q6_K synth end to end: decode at depth 32768
-# with q4_0 KV, tensor cores on and off, and the short-context rows.
+# Attention on tensor cores (kernels/cuda/attention_mma.cu decode, attention_prefill_mma.cu
+# prefill) on the device in one call: their CPU-reference tests beside the SIMT / cuBLAS paths'
+# (kv_quant_cuda_test), the decode kernel alone at 32k and 192k (KvQuantTiming), the whole-model
+# checks that run them (gpu_vs_cpu_test, batch_invariance_test, mtp_gpu_test), then the 27B Q6_K
+# synth end to end with tensor cores on and off: pp512 / pp32768 and decode at depth 32768 with
+# q4_0 KV, and the short-context rows.
 # Logs in /tmp/attn_mma on the device.
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
@@ -34,10 +35,10 @@ fi
 wait "$SYNTH"; tail -1 "$LOG/synth.log"
 for depth in ${DEPTHS:-32768}; do
   for mma in on off; do
-    timeout 300 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 32 --depth "$depth" \
+    timeout 300 "$BIN/deltaserve" bench --model "$M" --prefill 512,32768 --decode 32 --depth "$depth" \
       --conc "" --kv-type q4_0 --attn-mma $mma --no-profile >"$LOG/bench_${depth}_$mma.log" 2>&1
     r=$?
-    echo "depth $depth, attn-mma $mma: $(grep -E "^decode" "$LOG/bench_${depth}_$mma.log" | tr -s ' ' | tr '\n' ';')"
+    echo "depth $depth, attn-mma $mma: $(grep -E "^(prefill|decode)" "$LOG/bench_${depth}_$mma.log" | sort -u | tr -s ' ' | tr '\n' ';')"
     [ $r = 0 ] && pass "bench depth $depth attn-mma $mma" || fail "bench depth $depth attn-mma $mma (rc=$r)"
   done
 done
