@@ -397,7 +397,9 @@ void Launch(const AttnDecodeArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr int kBytes = MmaSmem<NB, KT>::kBytes;
   if constexpr (kBytes > 48 * 1024) {
     // Above the default limit: opt in once per instantiation (not a stream operation, so also
-    // fine while a graph is being captured).
+    // fine while a graph is being captured). The attribute belongs to the current device: once
+    // per process is enough because every process drives one GPU (worker, bench --tp spawns a
+    // process per rank), as for MmqTiledKernel.
     static const bool opted = cudaFuncSetAttribute(AttnDecodeMmaKernel<NB, KT>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    kBytes) == cudaSuccess;
