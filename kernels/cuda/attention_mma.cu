@@ -39,9 +39,6 @@ __device__ __forceinline__ uint32_t Ld16(const uint8_t* p) {
 // Four bytes at a 2-byte aligned address (quantized blocks are 18 / 34 bytes long).
 __device__ __forceinline__ uint32_t Ld32At2(const uint8_t* p) { return Ld16(p) | Ld16(p + 2) << 16; }
 
-__device__ __forceinline__ uint32_t Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 Half2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-
 // Two 4-bit fields at bits 0..3 and 16..19 of x, as the f16 pair (q - 8): 0x6400 | q is 1024 + q
 // exactly, minus 1032.
 __device__ __forceinline__ __half2 Nibbles(uint32_t x) {

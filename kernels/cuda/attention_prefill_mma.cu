@@ -30,11 +30,6 @@ constexpr int kRows = 16;  // query positions per block (the mma's M)
 constexpr int kKeys = 32;  // keys per tile
 constexpr int kStages = 2;
 
-__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 // Shared-memory layout of a block: every row (a query or a key) is hd halves plus 16 bytes of
 // padding, so the 8 rows an ldmatrix reads at one column start 4 banks apart (no conflicts).
 template <int HD>
@@ -155,8 +150,8 @@ __global__ void __launch_bounds__(256) AttnPrefillMmaKernel(const AttnPrefillArg
         l[e >> 1] += p[e];
       }
       // n-tile n holds keys 8n..8n+7: a0/a1 of step n / 2 for even n, a2/a3 for odd n.
-      pa[n >> 1][(n & 1) * 2] = PackHalf2(p[0], p[1]);
-      pa[n >> 1][(n & 1) * 2 + 1] = PackHalf2(p[2], p[3]);
+      pa[n >> 1][(n & 1) * 2] = Bits(__floats2half2_rn(p[0], p[1]));
+      pa[n >> 1][(n & 1) * 2 + 1] = Bits(__floats2half2_rn(p[2], p[3]));
     }
     // Rescale only when some row's max moved (c is then exactly 1 otherwise): past the first
     // tiles that is rare, and the rescale is as many instructions as the tile's mma.

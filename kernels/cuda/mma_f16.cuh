@@ -2,11 +2,16 @@
 // attention_prefill_mma.cu): the m16n8k16 mma with f32 accumulation and the ldmatrix loads of
 // its fragments. Below sm_80 they compile to nothing; their callers never launch there.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace ds::cuda {
+
+// An f16 pair as the 32-bit register an mma operand takes, and back.
+__device__ __forceinline__ uint32_t Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 Half2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
 // c += a (16x16, row) * b (16x8, col): the PTX fragment layouts (lane = 4 g + tig: a0 = rows g,
 // k 2tig..+1; a1 = rows g + 8; a2 / a3 = k + 8; b0 = k 2tig..+1, column g; b1 = k + 8; c0, c1 =
