@@ -193,6 +193,13 @@ class CudaDevice final : public Device {
     xq_src_ = nullptr;
     xh_src_ = nullptr;
   }
+  // Records what xq_/xd_ now hold (every quantizer that writes them calls this): `rows` rows of
+  // `src`, and whether xsum_ holds their 16-element sums.
+  void NoteQuantized(const float* src, int rows, bool sums) {
+    xq_src_ = src;
+    xq_rows_ = rows;
+    xsum_valid_ = sums;
+  }
   // Rows that take a matmul on int8 activations (GEMV or tiled kernel): the xq_/xd_ capacity.
   int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
   // Rows up to which a matmul on `w` takes the column kernels (tiled mma or v2 GEMV) rather than
@@ -362,8 +369,8 @@ class CudaDevice final : public Device {
   float* ffb_ = nullptr;    // [T, n_ff]
   int8_t* xq_ = nullptr;    // [QuantRows(), max_k]: a column segment's rows
   float* xd_ = nullptr;     // [QuantRows(), max_k/32]
-  // [max_k/16]: sums of 16 xq of a one-row activation (GemvArgs::xsum), valid when xsum_valid_:
-  // written by EnsureQuantized for R == 1, not by the fused norm / all-reduce quantizers, whose
+  // [max_k/16]: sums of 16 xq of a one-row activation (GemvArgs::xsum), valid when xsum_valid_
+  // (NoteQuantized): written by EnsureQuantized for R == 1, not by the fused norm / all-reduce quantizers, whose
   // activations feed matrices that gain little from them (kernels/cuda/README.md, "Tiled Q6_K").
   int32_t* xsum_ = nullptr;
   bool xsum_valid_ = false;

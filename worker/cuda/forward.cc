@@ -418,11 +418,7 @@ absl::Status CudaDevice::AllReduceResidualFusedNorm(const float* w, int R, bool*
     absl::Status st = coll_->AllReduceRmsNormOnStream(a, stream_);
     ProfEnd();
     if (st.ok()) {
-      if (a.xq) {
-        xsum_valid_ = false;
-        xq_src_ = a_;
-        xq_rows_ = R;
-      }
+      if (a.xq) NoteQuantized(a_, R, /*sums=*/false);
       *normed = true;
       return st;
     }

@@ -67,10 +67,9 @@ absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
   if (xq_src_ == x && xq_rows_ == R) return absl::OkStatus();
   // The 16-element sums serve only one-column launches (the tiled kernel's kSums): a single-row
   // activation; wider steps skip writing them.
-  xsum_valid_ = R == 1;
-  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_, xsum_valid_ ? xsum_ : nullptr));
-  xq_src_ = x;
-  xq_rows_ = R;
+  const bool sums = R == 1;
+  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_, sums ? xsum_ : nullptr));
+  NoteQuantized(x, R, sums);
   return absl::OkStatus();
 }
 absl::Status CudaDevice::EnsureHalf(const float* x, int R, int K) {
@@ -403,9 +402,7 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
   InvalidateX();
   if (R <= QuantRows() && H % 32 == 0) {
     DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_));
-    xsum_valid_ = false;
-    xq_src_ = a_;
-    xq_rows_ = R;
+    NoteQuantized(a_, R, /*sums=*/false);
     return absl::OkStatus();
   }
   return RmsNormRows(h_, H, nullptr, w, a_, R, H, cfg_.rms_eps, stream_);
