@@ -1,4 +1,5 @@
-// Deterministic pseudo-random generator for sampling: xoshiro256** seeded through splitmix64.
+// Deterministic pseudo-random numbers for sampling: counter-based uniforms (UniformAt, what the
+// sampler draws) and a xoshiro256** stream seeded through splitmix64 (Rng, for tests and benches).
 // Both algorithms are fully specified integer arithmetic (Blackman & Vigna), so a given seed yields
 // the same stream on every compiler, standard library and platform. std:: distributions are not
 // used anywhere in sampling because their output is implementation-defined.
@@ -14,6 +15,17 @@ inline uint64_t SplitMix64(uint64_t& state) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
+}
+
+// The uniform in [0, 1) (53 random bits) of draw `counter` of the stream named `seed`, computed
+// directly: element `counter` of the splitmix64 sequence that starts from a mix of the seed (the
+// mix keeps nearby seeds, 1, 2, 3, from naming shifted copies of one sequence). The sampler keys
+// its draws by the token's position in the sequence, so the token at position p takes the same
+// uniform however it is reached: plain decoding, a speculative verify, a replay after failover.
+inline double UniformAt(uint64_t seed, uint64_t counter) {
+  uint64_t key = seed;
+  uint64_t state = SplitMix64(key) + counter * 0x9e3779b97f4a7c15ULL;
+  return static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;
 }
 
 class Rng {

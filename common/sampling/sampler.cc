@@ -33,7 +33,7 @@ int32_t FirstIndexOf(const std::vector<float>& x, float v) {
 
 }  // namespace
 
-Sampler::Sampler(SamplingParams params) : params_(std::move(params)), rng_(params_.seed) {}
+Sampler::Sampler(SamplingParams params) : params_(std::move(params)) {}
 
 absl::StatusOr<Sampler> Sampler::Create(SamplingParams params, int n_vocab) {
   DS_RETURN_IF_ERROR(Validate(params, n_vocab));
@@ -306,10 +306,17 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
     }
   }
   int32_t tok = Filter(raw_max, history);
-  if (tok < 0) tok = Draw(rng_.NextDouble());
+  if (tok < 0) tok = Draw(UniformAt(history.size()));
   res.token = tok;
   res.logprob = raw_max > kNegInf ? static_cast<float>(SanitizeOne(logits[tok]) - lse) : kNegInf;
   return res;
+}
+
+int32_t Sampler::Argmax(std::span<const float> logits, std::span<const int32_t> history) {
+  if (logits.empty()) return -1;
+  const float raw_max = Load(logits);
+  const bool penalized = ApplyPenalties(history);
+  return FirstIndexOf(work_, penalized ? internal::Max(work_.data(), work_.size()) : raw_max);
 }
 
 std::vector<std::pair<int32_t, double>> Sampler::Distribution(std::span<const float> logits,

@@ -5,18 +5,21 @@
 //      repetition: logit > 0 ? logit / repetition_penalty : logit * repetition_penalty, then
 //      logit -= count * frequency_penalty + presence_penalty (count = occurrences in the window);
 //   2. temperature == 0: greedy argmax of the penalized logits, ties to the lowest token id
-//      (top-k/top-p/min-p cannot change an argmax, and the RNG is not advanced);
+//      (top-k/top-p/min-p cannot change an argmax, and no uniform is used);
 //   3. top-k: keep the k largest penalized logits (ties to the lowest id);
 //   4. temperature: logit / temperature;
 //   5. softmax over the kept tokens;
 //   6. top-p: keep the shortest prefix of tokens sorted by probability (descending, ties to the
 //      lowest id) whose cumulative probability is >= top_p (always at least one token);
 //   7. min-p: drop tokens whose probability is < min_p * (largest probability);
-//   8. draw one token from the renormalized result with one uniform double u from the sequence's
-//      own xoshiro256** stream (seeded with `seed`): the first token, in ascending id order, whose
-//      cumulative weight exceeds u * (total weight). The order is canonical (the same for every
-//      filter path) so that a device sampler given the same u picks the same token
-//      (kernels/cuda/sampling.cuh).
+//   8. draw one token from the renormalized result with one uniform double u: the first token, in
+//      ascending id order, whose cumulative weight exceeds u * (total weight). The order is
+//      canonical (the same for every filter path) so that a device sampler given the same u picks
+//      the same token (kernels/cuda/sampling.cuh). u is keyed by (seed, position of the token
+//      being sampled = history.size()): UniformAt. So the token at a position does not depend on
+//      how many draws came before it: a replay after failover, a speculative verify (which samples
+//      each row and keeps drafts while they match, worker/spec/speculative_rule.h) and plain
+//      decoding give the same stream for a seed.
 //
 // SampleResult::logprob is the log-softmax of the chosen token under the model's *unmodified*
 // distribution (raw logits: no penalties, temperature or truncation), as the OpenAI API reports
@@ -63,21 +66,21 @@ class Sampler {
 
   // The distribution step 8 draws from: (token, probability) for every token with non-zero
   // probability, most likely first (ties to the lowest id); probabilities sum to 1. For greedy it
-  // is the argmax with probability 1. Used by tests and by speculative decoding (which needs the
-  // processed target distribution). Does not advance the RNG.
+  // is the argmax with probability 1. Used by tests (statistics of the draw).
   std::vector<std::pair<int32_t, double>> Distribution(std::span<const float> logits,
                                                        std::span<const int32_t> history);
 
   const SamplingParams& params() const { return params_; }
 
-  // The uniform the next non-greedy Sample() would draw (for a device sampler), without advancing
-  // the RNG; ConsumeUniform() then advances it as that Sample() would have. Greedy calls
-  // (temperature 0) draw nothing.
-  double PeekUniform() const {
-    Rng copy = rng_;
-    return copy.NextDouble();
+  // The uniform Sample() draws for the token at `position` (its history's length), for a device
+  // sampler given the logits. Greedy calls (temperature 0) use none.
+  double UniformAt(size_t position) const {
+    return sampling::UniformAt(params_.seed, static_cast<uint64_t>(position));
   }
-  void ConsumeUniform() { rng_.NextDouble(); }
+
+  // The token a temperature-0 Sample() would return under these penalties (argmax of the
+  // penalized logits, lowest id on ties), whatever the temperature: a speculative draft.
+  int32_t Argmax(std::span<const float> logits, std::span<const int32_t> history);
 
  private:
   struct Candidate {
@@ -101,7 +104,6 @@ class Sampler {
   }
 
   SamplingParams params_;
-  Rng rng_;
   std::vector<float> work_;          // [V] sanitized logits -> penalized logits -> weights
   std::vector<int32_t> counts_;      // [V] zero between calls; penalty occurrence counts
   std::vector<double> block_sums_;   // [ceil(V / kSumBlock)] weight sums (whole-vocab mode)

@@ -53,7 +53,7 @@ struct PenaltyPair {
 
 // Appends the row for `params` to `rows` and its penalty window (the last penalty_last_n tokens
 // of `history`, ids outside [0, n_vocab) dropped, exactly as Sampler::Sample applies it) to
-// `pairs`. `uniform` is what Sampler::PeekUniform() returns for this call; it is ignored when the
+// `pairs`. `uniform` is what Sampler::UniformAt(history.size()) returns for this call; it is ignored when the
 // row is greedy (temperature 0), for which the CPU sampler draws nothing. skip = true appends a
 // kSampleSkip row.
 #if __cplusplus >= 202002L

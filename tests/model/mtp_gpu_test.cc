@@ -19,6 +19,8 @@
 //  * Fill: SeqStep::fill_mtp (the MTP K/V written inside prefill Forwards, across micro-steps)
 //    against MtpRows over the prompt's hidden rows.
 //  * SavedStatesCarryTheMtpRows: host snapshots and device checkpoints restore the MTP rows.
+//  * SampledWithDraftsEqualsPlainSamplingPerSeed: sampled MTP on the device path gives plain
+//    sampling's tokens per seed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -33,11 +35,13 @@
 #include <vector>
 
 #include "common/gguf/gguf.h"
+#include "common/sampling/sampler.h"
 #include "common/util/status.h"
 #include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
+#include "worker/spec/mtp_speculator.h"
 
 namespace ds {
 namespace {
@@ -570,6 +574,68 @@ TEST_P(Mtp, DraftChainMatchesHostDrafts) {
     EXPECT_EQ(chain, host);
     toks.insert(toks.end(), catchup.begin(), catchup.end());
   }
+}
+
+// Sampling with drafts on the device (MtpSpeculator's draft-chain path: verify rows sampled where
+// the logits are, each with the uniform of its position; drafts chained on the device) gives,
+// per seed, the tokens of plain decoding sampled on the host: the verify rows run the decode
+// kernels (decode_path), so their logits are a decode step's, and the device sampler picks the
+// host sampler's token for the same uniform (kernels/cuda/README.md "Sampling v2").
+TEST_P(Mtp, SampledWithDraftsEqualsPlainSamplingPerSeed) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Model& m = GetParam();
+  auto file = Synth(m);
+  ASSERT_TRUE(file);
+  auto gpu = Cuda(file);
+  ASSERT_TRUE(gpu);
+  ASSERT_TRUE(gpu->SupportsDraftChain() && gpu->SupportsDeviceSampling());
+  const int V = gpu->config().n_vocab;
+  const std::vector<int32_t> prompt = Prompt(kPrompt, V);
+  const int kNew = 48;
+  int64_t kept = 0;
+  for (uint64_t seed : {11ULL, 12ULL, 13ULL}) {
+    SCOPED_TRACE(::testing::Message() << m.name << " seed " << seed);
+    sampling::SamplingParams p;
+    p.temperature = 1.0f;
+    p.top_k = 40;
+    p.seed = seed;
+    // Plain: one token per Forward, logits to the host, the host sampler.
+    sampling::Sampler plain_sampler(p);
+    std::vector<int32_t> plain = prompt;
+    gpu->ResetSlot(0);
+    SeqStep s;
+    s.slot = 0;
+    s.tokens = prompt;
+    StepOutput out;
+    ASSERT_TRUE(gpu->Forward({&s, 1}, StepOptions{}, &out).ok());
+    while (static_cast<int>(plain.size() - prompt.size()) < kNew) {
+      plain.push_back(plain_sampler.Sample(out.logits, plain).token);
+      s.pos0 = static_cast<int32_t>(plain.size()) - 1;
+      s.tokens = {plain.back()};
+      s.decode_path = true;
+      ASSERT_TRUE(gpu->Forward({&s, 1}, StepOptions{}, &out).ok());
+    }
+    // With three drafts per verify on slot 1.
+    sampling::Sampler spec_sampler(p);
+    gpu->ResetSlot(1);
+    spec::SpecSequence seq;
+    seq.slot = 1;
+    seq.tokens = prompt;
+    seq.sampler = &spec_sampler;
+    seq.max_new = kNew;
+    auto sp = spec::MtpSpeculator::Create(gpu.get(), 3);
+    ASSERT_TRUE(sp.ok()) << sp.status();
+    spec::SpecSequence* seqs[] = {&seq};
+    ASSERT_TRUE(sp->Start(seqs).ok());
+    while (seq.n_generated() < kNew) {
+      absl::Status st = sp->Step(seqs);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    EXPECT_EQ(seq.tokens, plain);
+    for (int64_t a : sp->stats().accepted) kept += a;
+  }
+  std::printf("%s: %lld drafts kept over 3 x %d sampled tokens\n", m.name,
+              static_cast<long long>(kept), kNew);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Mtp, ::testing::ValuesIn(kModels),

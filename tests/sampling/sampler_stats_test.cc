@@ -4,7 +4,9 @@
 // catch a wrong distribution.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "common/sampling/rng.h"
@@ -21,10 +23,15 @@ using testing::SoftmaxD;
 
 constexpr int kDraws = 200000;
 
+// The sampler keys its uniform by position (the history's length), so independent draws take
+// one more position each: filler ids -1 (ignored by the penalties) go before `history`.
 std::vector<int64_t> Draw(Sampler& s, const std::vector<float>& logits,
                           const std::vector<int32_t>& history = {}, int draws = kDraws) {
+  std::vector<int32_t> hist(static_cast<size_t>(draws) + history.size(), -1);
+  std::copy(history.begin(), history.end(), hist.end() - static_cast<ptrdiff_t>(history.size()));
   std::vector<int64_t> counts(logits.size(), 0);
-  for (int i = 0; i < draws; ++i) ++counts[s.Sample(logits, history).token];
+  for (int i = 0; i < draws; ++i)
+    ++counts[s.Sample(logits, std::span<const int32_t>(hist).last(history.size() + i)).token];
   return counts;
 }
 
@@ -143,8 +150,9 @@ TEST(SamplerStats, FullSizeVocabTopPDraws) {
     Sampler s({.temperature = 1.0f, .top_p = top_p, .seed = 11});
     std::vector<int64_t> cells(5, 0);
     const int draws = 3000;
+    const std::vector<int32_t> filler(draws, -1);  // one more position per draw (see Draw)
     for (int i = 0; i < draws; ++i) {
-      const int32_t t = s.Sample(logits, {}).token;
+      const int32_t t = s.Sample(logits, std::span<const int32_t>(filler).first(i)).token;
       int cell = 4;
       for (int k = 0; k < 4; ++k) cell = t == heads[k] ? k : cell;
       ++cells[cell];

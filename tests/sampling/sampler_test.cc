@@ -278,15 +278,46 @@ TEST(Sampler, SameSeedSameTokensDifferentSeedDifferent) {
     Sampler c(base);
     std::vector<int32_t> ha, hb, hc;
     for (int i = 0; i < 100; ++i) {
-      ha.push_back(a.Sample(logits, {}).token);
-      hb.push_back(b.Sample(logits, {}).token);
-      hc.push_back(c.Sample(logits, {}).token);
+      ha.push_back(a.Sample(logits, ha).token);
+      hb.push_back(b.Sample(logits, hb).token);
+      hc.push_back(c.Sample(logits, hc).token);
     }
     EXPECT_EQ(ha, hb);
     EXPECT_NE(ha, hc);
     // The draws are genuinely random: many distinct tokens.
     EXPECT_GT(std::set<int32_t>(ha.begin(), ha.end()).size(), 20u);
   }
+}
+
+// The uniform of a draw is keyed by the position of the token (the history's length), not by how
+// many draws came before: a sampler that skipped positions, or a fresh one, draws the same token
+// at a position (what a replay and a speculative verify rely on).
+TEST(Sampler, DrawsAreKeyedByPosition) {
+  const std::vector<float> logits = RandomLogits(kBigVocab, 37, 1.0f, 0);
+  const SamplingParams p{.temperature = 1.0f, .top_k = 200, .seed = 99};
+  Sampler run(p);
+  std::vector<int32_t> hist = {5, 6, 7};
+  for (int i = 0; i < 40; ++i) hist.push_back(run.Sample(logits, hist).token);
+  for (size_t pos = 3; pos < hist.size(); pos += 7) {
+    Sampler fresh(p);
+    const std::span<const int32_t> before(hist.data(), pos);
+    EXPECT_EQ(fresh.Sample(logits, before).token, hist[pos]) << pos;
+    EXPECT_EQ(fresh.UniformAt(pos), UniformAt(p.seed, pos));
+  }
+  // Different positions draw different uniforms, so the stream is not one token repeated.
+  EXPECT_GT(std::set<int32_t>(hist.begin() + 3, hist.end()).size(), 10u);
+}
+
+TEST(Sampler, ArgmaxIsTheGreedyTokenUnderPenaltiesAtAnyTemperature) {
+  const std::vector<float> logits = {2.0f, 1.9f, -3.0f, 2.0f};
+  Sampler hot({.temperature = 1.5f, .top_k = 3});
+  EXPECT_EQ(hot.Argmax(logits, std::vector<int32_t>{0}), 0);  // tie: lowest id
+  Sampler rep({.temperature = 0.7f, .repetition_penalty = 1.1f});
+  EXPECT_EQ(rep.Argmax(logits, std::vector<int32_t>{0, 3}), 1);  // both 2.0s divided by 1.1
+  Sampler greedy({.temperature = 0.0f, .repetition_penalty = 1.1f});
+  EXPECT_EQ(greedy.Argmax(logits, std::vector<int32_t>{0, 3}),
+            greedy.Sample(logits, std::vector<int32_t>{0, 3}).token);
+  EXPECT_EQ(hot.Argmax({}, {}), -1);
 }
 
 TEST(Sampler, DegenerateInputNeverCrashes) {
@@ -329,13 +360,10 @@ TEST(Sampler, DrawWalksKeptTokensInAscendingId) {
         SamplingParams p = base;
         p.seed = seed * 977;
         Sampler s(p);
-        const double u = s.PeekUniform();
-        EXPECT_EQ(u, s.PeekUniform());  // peeking does not advance
-        EXPECT_EQ(u, Rng(p.seed).NextDouble());
+        const double u = s.UniformAt(0);
+        EXPECT_EQ(u, UniformAt(p.seed, 0));
         const int32_t tok = s.Sample(*logits, {}).token;
-        Rng second(p.seed);
-        second.NextDouble();
-        EXPECT_EQ(s.PeekUniform(), second.NextDouble());  // Sample consumed exactly one
+        EXPECT_EQ(s.UniformAt(0), u);  // keyed by position: sampling changes nothing
         std::vector<std::pair<int32_t, double>> d = Sampler(p).Distribution(*logits, {});
         std::sort(d.begin(), d.end());
         double cum = 0;

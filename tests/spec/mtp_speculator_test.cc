@@ -133,6 +133,49 @@ TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheDemoModelAndAccepts) {
   ExpectGreedyEqual(ResolveModelAlias("demo"), 3, 48, true);
 }
 
+// Sampling with MTP gives, per seed, exactly the tokens of plain sampling (speculative_rule.h: each
+// verify row draws with the uniform of its position), with and without penalties (the host path
+// and the draft-chain path), at k 1 and 3; the demo model keeps drafts, so both outcomes occur.
+TEST(MtpSpeculator, SampledStreamsEqualPlainSamplingPerSeed) {
+  auto be = Make(ResolveModelAlias("demo"), 2, 512);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab;
+  const std::vector<std::vector<int32_t>> prompts = {Tokens(9, V, 61), Tokens(14, V, 62)};
+  const int kNew = 40;
+  sampling::SamplingParams with_penalty = Params(0.9f, 0, 0);
+  with_penalty.repetition_penalty = 1.15f;
+  with_penalty.presence_penalty = 0.1f;
+  int64_t kept = 0, rejected = 0;
+  for (const sampling::SamplingParams& base :
+       {Params(0.8f, 40, 0), Params(1.0f, 0, 0), with_penalty}) {
+    for (uint64_t seed : {3ULL, 4ULL}) {
+      std::vector<std::vector<int32_t>> want;
+      std::vector<sampling::Sampler> samplers;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        sampling::SamplingParams p = base;
+        p.seed = seed * 10 + i;
+        sampling::Sampler plain(p);
+        want.push_back(PlainDecode(*be, static_cast<int>(i), prompts[i], kNew, plain));
+        samplers.emplace_back(p);
+      }
+      for (int k : {1, 3}) {
+        std::vector<sampling::Sampler> fresh = samplers;
+        SpecStats stats;
+        const auto got = SpecDecode(*be, k, prompts, kNew, fresh, &stats);
+        for (size_t i = 0; i < prompts.size(); ++i)
+          EXPECT_EQ(got[i], want[i]) << "sequence " << i << " k " << k << " seed " << seed
+                                     << " temperature " << base.temperature;
+        for (size_t j = 0; j < stats.offered.size(); ++j) {
+          kept += stats.accepted[j];
+          rejected += stats.offered[j] - stats.accepted[j];
+        }
+      }
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(rejected, 0);
+}
+
 TEST(MtpSpeculator, DraftChainGivesTheHostPathsDraftsAndTokens) {
   // Plain greedy takes the draft chain (Backend::MtpDraftGreedy: on the CPU the device's default,
   // hidden rows read back, argmax on the host); the host path (MtpRows / MtpStep with the

@@ -47,11 +47,16 @@ TEST(StepExecutorMtp, AutoDraftsWhatTheSequenceAccepts) {
   EXPECT_LT(demo_auto.steps, demo_plain.steps);
 }
 
-TEST(StepExecutorMtp, SampledRequestsRepeatPerSeed) {
+// Sampled requests: per seed, the tokens of the same steps without MTP (each verify row draws the
+// uniform of its position; worker/spec/speculative_rule.h), while drafts are kept.
+TEST(StepExecutorMtp, SampledTokensEqualPlainStepsPerSeed) {
+  const Outcome plain = DriveOneRank(0, 0.8f);
   const Outcome a = DriveOneRank(2, 0.8f), b = DriveOneRank(2, 0.8f);
   ASSERT_EQ(a.generated.size(), 3u);
   EXPECT_EQ(a.generated, b.generated);
-  EXPECT_GT(a.stats.steps, 0);
+  EXPECT_EQ(a.generated, plain.generated);
+  EXPECT_GT(a.stats.accepted[0], 0);
+  EXPECT_LT(a.steps, plain.steps);
 }
 
 // A prompt prefilled in two chunks (the second one sampled) leaves the slot's MTP layer with K/V

@@ -184,8 +184,8 @@ TEST(StepExecutor, DeviceSamplingTakesTheSeededUniformAndKeepsLogprobRowsOnTheHo
   FakeBackend be(3, 64);
   be.device_sampling = true;
   worker::StepExecutor ex(&be, 3);
-  sampling::Rng rng(42);
-  const double u1 = rng.NextDouble(), u2 = rng.NextDouble();
+  // The uniforms of positions 2 and 3 (the tokens sampled after 2 and 3 known tokens).
+  const double u1 = sampling::UniformAt(42, 2), u2 = sampling::UniformAt(42, 3);
 
   worker::Step s1 = MakeStep(1);
   AddStart(s1, 7, 0, {1, 2});
@@ -208,7 +208,7 @@ TEST(StepExecutor, DeviceSamplingTakesTheSeededUniformAndKeepsLogprobRowsOnTheHo
   EXPECT_EQ(r1.tokens[1].token, 5);  // host argmax of the one-hot row
   EXPECT_TRUE(r1.tokens[1].logprob.has_value());
 
-  // A failed step consumes no uniform; the retry gets the next one only after success.
+  // A failed step and its retry sample the same position: the same uniform.
   worker::Step s2 = MakeStep(2);
   AddWork(s2, 0, 2, 1, true);
   AddWork(s2, 2, 2, 1, true);
@@ -242,17 +242,14 @@ TEST(StepExecutor, LogprobsAreCappedAtTheSamplersMaximum) {
   EXPECT_EQ(r.tokens[0].logprob->top[0].token_id, 3);  // most likely first
 }
 
-// A replay after failover (SequenceStart.n_generated = 2): the sampler skips the two draws the
-// earlier tokens took, so the next uniform is the third of the seed's stream (seeded sampling
-// continues exactly); greedy requests draw nothing and skip nothing.
+// A replay after failover (SequenceStart.n_generated = 2): the uniforms are keyed by position,
+// so the next token draws the uniform of position 4, as the uninterrupted run did (seeded
+// sampling continues exactly, however many draws the earlier tokens took, MTP included).
 TEST(StepExecutor, ReplayedSequenceContinuesTheSeededRandomStream) {
   FakeBackend be(3, 64);
   be.device_sampling = true;
   worker::StepExecutor ex(&be, 2);
-  sampling::Rng rng(42);
-  rng.NextDouble();
-  rng.NextDouble();
-  const double third = rng.NextDouble();
+  const double third = sampling::UniformAt(42, 4);
   worker::Step s = MakeStep(1);
   AddStart(s, 7, 0, {1, 2, 30, 31});
   s.started[0].sampling.temperature = 1.0f;

@@ -145,7 +145,7 @@ absl::StatusOr<double> SampledDecodeLoop(cuda::CudaBackendApi& be, const std::ve
       rows[i].mode = DeviceSampleRow::Mode::kSample;
       rows[i].params = &samplers[i].params();
       rows[i].history = hist[i];
-      rows[i].uniform = params.temperature > 0 ? samplers[i].PeekUniform() : 0.0;
+      rows[i].uniform = params.temperature > 0 ? samplers[i].UniformAt(hist[i].size()) : 0.0;
     }
     StepOptions opts;
     if (device) opts.device_sample = rows;
@@ -154,7 +154,6 @@ absl::StatusOr<double> SampledDecodeLoop(cuda::CudaBackendApi& be, const std::ve
       int32_t t;
       if (device) {
         t = out.tokens[i];
-        if (params.temperature > 0) samplers[i].ConsumeUniform();
       } else {
         t = samplers[i].Sample(std::span<const float>(out.logits.data() + i * V, V), hist[i]).token;
       }

@@ -59,7 +59,7 @@ struct DeviceSampleRow {
   Mode mode = Mode::kSkip;
   const sampling::SamplingParams* params = nullptr;  // kSample
   std::span<const int32_t> history;  // kSample: prompt + generated so far, oldest first (penalties)
-  double uniform = 0.0;  // kSample: sampling::Sampler::PeekUniform(); unused when greedy
+  double uniform = 0.0;  // kSample: sampling::Sampler::UniformAt(the row's position); unused when greedy
 };
 
 struct StepOutput {

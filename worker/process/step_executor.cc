@@ -64,17 +64,14 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),
                                   backend_->slot_ctx());
-  // Plain greedy on a backend with draft chains: the drafts are made where the model ran, from
+  // No penalties, on a backend with draft chains: the drafts are made where the model ran, from
   // the hidden rows it still holds (the rows must be in the Forward's last micro-step; else the
   // host path below, from the copied hidden states).
-  if (spec::PlainGreedy(slot.sampler->params()) && backend_->SupportsDraftChain()) {
+  if (spec::DraftsOnDevice(slot.sampler->params()) && backend_->SupportsDraftChain()) {
     absl::Status cs = backend_->MtpDraftGreedy(
         slot_index, p0, std::span<const int32_t>(slot.known).subspan(p0 + 1, n_rows), out_row0, n,
         &slot.drafts.tokens);
-    if (cs.ok()) {
-      slot.drafts.q.assign(slot.drafts.tokens.size(), spec::Distribution{});
-      return;
-    }
+    if (cs.ok()) return;
     slot.drafts.clear();
     if (!absl::IsFailedPrecondition(cs)) {
       slot.mtp = false;
@@ -268,12 +265,9 @@ StepResult StepExecutor::Run(const Step& step) {
     slot.known.assign(st.tokens.begin(), st.tokens.end());
     // The public API's `logprobs = n` asks for the chosen token's logprob plus the top n.
     slot.want_logprob = st.sampling.n_logprobs > 0;
+    // A replay goes on with the stream it had: the sampler's uniforms are keyed by position
+    // (sampling::UniformAt), with MTP too (worker/spec/speculative_rule.h).
     slot.sampler.emplace(Seeded(st.sampling));
-    // A replay: every earlier non-greedy token took one draw; skip them so the stream goes on
-    // where it was (greedy tokens drew nothing). (With MTP the draws differ from plain decoding;
-    // a replayed sampled request then continues with its seed but not its exact stream.)
-    if (st.sampling.temperature > 0)
-      for (uint32_t i = 0; i < st.n_generated; ++i) slot.sampler->ConsumeUniform();
     slot.n_prompt = static_cast<int>(st.tokens.size() - std::min<size_t>(st.n_generated, st.tokens.size()));
     slot.max_new = static_cast<int>(st.max_new_tokens);
     // Under TP every rank accepts and drafts for itself (Run, below), so a sampled sequence must
@@ -378,8 +372,8 @@ StepResult StepExecutor::Run(const Step& step) {
   }
   const int n_rows = out_row_[n_work];
   // Device sampling (no TP, backend offers it): rows that want no logprobs are sampled where the
-  // logits are, with the uniform the CPU sampler would draw (Sampler::PeekUniform), so the tokens
-  // are the CPU sampler's; logprob rows keep the host path. The RNG advances only after success.
+  // logits are, with the uniform the CPU sampler would draw (Sampler::UniformAt of the token's
+  // position), so the tokens are the CPU sampler's; logprob rows keep the host path.
   const bool device = group_ == nullptr && backend_->SupportsDeviceSampling();
   StepOptions opts;
   opts.want_hidden = want_hidden;
@@ -391,15 +385,17 @@ StepResult StepExecutor::Run(const Step& step) {
       SlotState& slot = slots_[w.slot];
       DeviceSampleRow& d = dev_rows_[out_row_[i]];
       if (slot.mtp) {
-        // Plain greedy: every verify row is the argmax, picked where the logits are (and the
-        // drafts follow on the device: DraftAfter). Otherwise the acceptance rule and the
-        // drafts read the logits on the host.
-        const bool on_device = spec::PlainGreedy(slot.sampler->params());
+        // No penalties: every verify row is sampled where the logits are, with the uniform of
+        // its position (and the drafts follow on the device: DraftAfter). Otherwise the rows
+        // and the drafts read the logits on the host.
+        const bool on_device = spec::DraftsOnDevice(slot.sampler->params());
+        const bool draws = slot.sampler->params().temperature > 0.0f;
         for (int r = out_row_[i]; r < out_row_[i + 1]; ++r) {
           DeviceSampleRow& v = dev_rows_[r];
           v.mode = on_device ? DeviceSampleRow::Mode::kSample : DeviceSampleRow::Mode::kLogits;
           v.params = &slot.sampler->params();
-          v.history = slot.known;  // no penalties: the history does not change the argmax
+          v.history = slot.known;  // no penalties: the history does not change the token
+          v.uniform = draws ? slot.sampler->UniformAt(slot.known.size() + (r - out_row_[i])) : 0.0;
         }
         continue;
       }
@@ -410,7 +406,7 @@ StepResult StepExecutor::Run(const Step& step) {
       d.mode = DeviceSampleRow::Mode::kSample;
       d.params = &slot.sampler->params();
       d.history = slot.known;
-      d.uniform = d.params->temperature > 0.0f ? slot.sampler->PeekUniform() : 0.0;
+      d.uniform = d.params->temperature > 0.0f ? slot.sampler->UniformAt(slot.known.size()) : 0.0;
     }
     opts.device_sample = dev_rows_;
   }
@@ -519,7 +515,6 @@ StepResult StepExecutor::Run(const Step& step) {
     sampling::SampleResult r;
     if (device && dev_rows_[row0].mode == DeviceSampleRow::Mode::kSample) {
       r.token = out.tokens[row0];  // range-checked above
-      if (slot.sampler->params().temperature > 0.0f) slot.sampler->ConsumeUniform();
     } else {
       std::span<const float> row(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
                                  static_cast<size_t>(n_vocab));  // [n_vocab]

@@ -10,25 +10,25 @@ int DraftBudget(int k, int n_generated, int max_new, int32_t len, int slot_ctx) 
   return std::max(0, std::min({k, max_new - n_generated - 1, slot_ctx - len}));
 }
 
-bool PlainGreedy(const sampling::SamplingParams& p) {
-  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f;
+bool DraftsOnDevice(const sampling::SamplingParams& p) {
+  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 
-MtpDrafter::MtpDrafter(const ModelConfig& cfg)
-    : n_vocab_(cfg.n_vocab), n_embd_(cfg.n_embd), scratch_(static_cast<size_t>(cfg.n_vocab), 0.0) {}
+MtpDrafter::MtpDrafter(const ModelConfig& cfg) : n_vocab_(cfg.n_vocab), n_embd_(cfg.n_embd) {}
 
-int32_t MtpDrafter::DraftToken(sampling::Sampler& s, std::span<const float> logits,
-                               std::span<const int32_t> history, Distribution* q) {
-  if (s.params().temperature <= 0.0f) {
-    q->clear();
-    return s.Sample(logits, history).token;  // greedy: the argmax, no random draw
-  }
-  *q = s.Distribution(logits, history);
-  const double u = s.PeekUniform();
-  s.ConsumeUniform();
-  return DrawFrom(*q, u);
+namespace {
+
+// Acceptance statistics of one verify: drafts 0..kept were judged (kept < n: the last one lost).
+void Count(int n, int kept, SpecStats* stats) {
+  if (!stats) return;
+  stats->Resize(n);
+  for (int d = 0; d < std::min(n, kept + 1); ++d) ++stats->offered[d];
+  for (int d = 0; d < kept; ++d) ++stats->accepted[d];
+  ++stats->steps;
+  stats->tokens += kept + 1;
 }
+
+}  // namespace
 
 absl::Status MtpDrafter::Draft(Backend& be, int slot, std::span<const int32_t> tokens, int32_t p0,
                                std::span<const float> hidden, int n_rows, int n_drafts,
@@ -48,10 +48,8 @@ absl::Status MtpDrafter::Draft(Backend& be, int slot, std::span<const int32_t> t
       DS_RETURN_IF_ERROR(be.MtpStep(slot, out->tokens.back(), t_last + j, chain_hidden_,
                                     &mtp_logits_, &mtp_hidden_));
     }
-    Distribution q;
-    const int32_t d = DraftToken(sampler, mtp_logits_, history_, &q);
+    const int32_t d = sampler.Argmax(mtp_logits_, history_);
     out->tokens.push_back(d);
-    out->q.push_back(std::move(q));
     history_.push_back(d);
   }
   return absl::OkStatus();
@@ -59,63 +57,19 @@ absl::Status MtpDrafter::Draft(Backend& be, int slot, std::span<const int32_t> t
 
 int MtpDrafter::Accept(sampling::Sampler& sampler, std::span<const float> logits,
                        const Drafts& drafts, std::vector<int32_t>* tokens, SpecStats* stats) {
-  const bool greedy = sampler.params().temperature <= 0.0f;
-  auto row = [&](int r) { return logits.subspan(static_cast<size_t>(r) * n_vocab_, n_vocab_); };
-  const int n = static_cast<int>(drafts.tokens.size());
-  if (stats) stats->Resize(n);
-  int kept = 0;
-  int32_t bonus = -1;
-  for (int d = 0; d < n; ++d) {
-    if (stats) ++stats->offered[d];
-    const int32_t draft = drafts.tokens[d];
-    if (greedy) {
-      const int32_t y = sampler.Sample(row(d), *tokens).token;
-      if (y != draft) {
-        bonus = y;
-        break;
-      }
-    } else {
-      const Distribution p = sampler.Distribution(row(d), *tokens);
-      const double u_accept = sampler.PeekUniform();
-      sampler.ConsumeUniform();
-      const double u_resample = sampler.PeekUniform();
-      const Verdict v = JudgeDraft(p, drafts.q[d], draft, u_accept, u_resample, &scratch_);
-      if (!v.accepted) {
-        sampler.ConsumeUniform();
-        bonus = v.token;
-        break;
-      }
-    }
-    if (stats) ++stats->accepted[d];
-    tokens->push_back(draft);
-    ++kept;
-  }
-  if (bonus < 0) bonus = sampler.Sample(row(kept), *tokens).token;
-  tokens->push_back(bonus);
-  if (stats) {
-    ++stats->steps;
-    stats->tokens += kept + 1;
-  }
+  auto row_token = [&](int r) {
+    return sampler.Sample(logits.subspan(static_cast<size_t>(r) * n_vocab_, n_vocab_), *tokens)
+        .token;
+  };
+  const int kept = KeepMatchingDrafts(drafts.tokens, row_token, tokens);
+  Count(static_cast<int>(drafts.tokens.size()), kept, stats);
   return kept;
 }
 
 int MtpDrafter::AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
                              std::vector<int32_t>* tokens, SpecStats* stats) {
-  const int n = static_cast<int>(drafts.tokens.size());
-  if (stats) stats->Resize(n);
-  int kept = 0;
-  for (int d = 0; d < n; ++d) {
-    if (stats) ++stats->offered[d];
-    if (y[d] != drafts.tokens[d]) break;
-    if (stats) ++stats->accepted[d];
-    tokens->push_back(drafts.tokens[d]);
-    ++kept;
-  }
-  tokens->push_back(y[kept]);
-  if (stats) {
-    ++stats->steps;
-    stats->tokens += kept + 1;
-  }
+  const int kept = KeepMatchingDrafts(drafts.tokens, [&](int r) { return y[r]; }, tokens);
+  Count(static_cast<int>(drafts.tokens.size()), kept, stats);
   return kept;
 }
 
@@ -192,7 +146,7 @@ bool MtpSpeculator::UseDraftChain(std::span<SpecSequence* const> seqs) const {
   // verify to rows that one micro-step holds on every device (CUDA: 64 logit rows).
   size_t rows = 0;
   for (const SpecSequence* s : seqs) {
-    if (!PlainGreedy(s->sampler->params())) return false;
+    if (!DraftsOnDevice(s->sampler->params())) return false;
     rows += 1 + s->drafts.tokens.size();
   }
   return rows <= 32;
@@ -202,15 +156,20 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
   StepOptions opts;  // no hidden states: the drafts take them where they are
   const bool device_sample = be_->SupportsDeviceSampling();
   if (device_sample) {
-    // Every row sampled greedily where the logits are; no logits cross. Plain greedy has no
-    // penalties, so the history does not change the argmax (the executor does the same).
+    // Every row sampled where the logits are, with the uniform of its position; no logits
+    // cross. Without penalties the history does not change a row's token (the executor does the
+    // same).
     sample_rows_.clear();
     for (size_t i = 0; i < seqs.size(); ++i) {
       DeviceSampleRow d;
       d.mode = DeviceSampleRow::Mode::kSample;
       d.params = &seqs[i]->sampler->params();
       d.history = seqs[i]->tokens;
-      sample_rows_.insert(sample_rows_.end(), batch_[i].tokens.size(), d);
+      for (size_t r = 0; r < batch_[i].tokens.size(); ++r) {
+        d.uniform = d.params->temperature > 0.0f ? seqs[i]->sampler->UniformAt(d.history.size() + r)
+                                                 : 0.0;
+        sample_rows_.push_back(d);
+      }
     }
     opts.device_sample = sample_rows_;
   }
@@ -235,7 +194,6 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
     DS_RETURN_IF_ERROR(be_->MtpDraftGreedy(
         s.slot, p0, std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1),
         static_cast<int>(row), n, &s.drafts.tokens));
-    s.drafts.q.assign(s.drafts.tokens.size(), Distribution{});
     row += rows;
   }
   return absl::OkStatus();

@@ -6,18 +6,21 @@
 // Per sequence and step:
 //   verify   SeqStep{tokens = [pending, d_1..d_k], all_logits, speculative} (decode path: the
 //            rows are computed as k + 1 decode steps would), hidden states of every row;
-//   accept   greedy: d_i is kept while it equals the main model's token at row i - 1;
-//            sampling: the speculative rule (speculative_rule.h) with the sequence's own seeded
-//            sampler, so the tokens follow the plain sampling distribution and repeat per seed;
-//            then the main model's token after the last kept draft (the bonus token);
+//   accept   d_i is kept while it equals the main model's token at row i - 1, sampled with the
+//            sequence's own sampler (greedy: the argmax; sampling: the uniform of the row's
+//            position), then the main model's token after the last kept draft (the bonus token):
+//            the standard rule for deterministic drafts (speculative_rule.h), so the tokens are
+//            plain decoding's, per seed too;
 //   rollback Backend::CommitSpeculative(slot, kept + 1): the recurrent state after the last kept
 //            token, without recomputing anything; the attention KV past it is dead;
 //   draft    MtpStep over the accepted positions (h_p with the token after it) fills the MTP
-//            layer's KV, the last one gives d'_1, and d'_j = MTP(d'_{j-1}, h'_{j-1}) for j <= k.
-// Plain greedy sequences on a backend with draft chains (Backend::SupportsDraftChain, e.g. CUDA)
-// take a fast path: the verify rows are sampled where the logits are and the catch-up + drafts
-// run there from the verify's hidden states (Backend::MtpDraftGreedy), so only token ids cross
-// to the host and both halves replay as graphs.
+//            layer's KV, the last one gives d'_1, and d'_j = MTP(d'_{j-1}, h'_{j-1}) for j <= k;
+//            each draft is the MTP logits' argmax after the request's penalties.
+// Sequences without penalties on a backend with draft chains (Backend::SupportsDraftChain, e.g.
+// CUDA) take a fast path: the verify rows are sampled where the logits are (device sampling, each
+// row with its position's uniform) and the catch-up + drafts run there from the verify's hidden
+// states (Backend::MtpDraftGreedy: the raw argmax, which is the draft when nothing penalizes), so
+// only token ids cross to the host and both halves replay as graphs.
 // The prompt is prefilled with every row's hidden state, so the MTP KV covers it too.
 //
 // Not thread-safe; one caller drives it (like the Backend under it).
@@ -33,15 +36,10 @@
 
 namespace ds::spec {
 
-// A sequence's drafts for its next verify step, and (sampling) the distribution each was drawn
-// from.
+// A sequence's drafts for its next verify step.
 struct Drafts {
   std::vector<int32_t> tokens;
-  std::vector<Distribution> q;  // [tokens] empty lists when greedy
-  void clear() {
-    tokens.clear();
-    q.clear();
-  }
+  void clear() { tokens.clear(); }
 };
 
 // Acceptance over a run: drafts offered and kept at each draft position (1-based in the text,
@@ -86,18 +84,14 @@ class MtpDrafter {
   // token to *tokens. Returns how many drafts were kept. Counts into *stats when not null.
   int Accept(sampling::Sampler& sampler, std::span<const float> logits, const Drafts& drafts,
              std::vector<int32_t>* tokens, SpecStats* stats);
-  // Greedy acceptance from the main model's own tokens y [drafts + 1] (row i's greedy token, e.g.
-  // sampled on the device): the drafts equal to y[i] while they match, then y[kept]. The same
-  // verdict as Accept of a greedy sampler over those rows' logits.
+  // Acceptance from the main model's own tokens y [drafts + 1] (row i's token, sampled on the
+  // device with the sampler's uniform of its position): the drafts equal to y[i] while they
+  // match, then y[kept]. The same verdict as Accept over those rows' logits.
   static int AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
                           std::vector<int32_t>* tokens, SpecStats* stats);
 
  private:
-  int32_t DraftToken(sampling::Sampler& s, std::span<const float> logits,
-                     std::span<const int32_t> history, Distribution* q);
-
   int n_vocab_ = 0, n_embd_ = 0;
-  std::vector<double> scratch_;  // [n_vocab] zero between JudgeDraft calls
   std::vector<float> mtp_logits_, mtp_hidden_, chain_hidden_;
   std::vector<int32_t> history_;
 };
@@ -120,9 +114,10 @@ struct SpecSequence {
 // and its last row must stay inside the slot.
 int DraftBudget(int k, int n_generated, int max_new, int32_t len, int slot_ctx);
 
-// Plain greedy (temperature 0, no penalties): its tokens are the logits' argmax, so a device may
-// pick them (verify rows sampled on the device, drafts chained there: Backend::MtpDraftGreedy).
-bool PlainGreedy(const sampling::SamplingParams& p);
+// No penalties: a row's token depends on its logits and its position's uniform only, and the
+// draft is the raw argmax, so a device may pick both (verify rows sampled on the device, drafts
+// chained there: Backend::MtpDraftGreedy).
+bool DraftsOnDevice(const sampling::SamplingParams& p);
 
 class MtpSpeculator {
  public:
@@ -143,7 +138,7 @@ class MtpSpeculator {
  private:
   MtpSpeculator(Backend* backend, int k, bool draft_chain);
   absl::Status Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden, int n_rows);
-  // The fast path for plain greedy sequences on a backend with draft chains: the verify rows'
+  // The fast path for sequences without penalties on a backend with draft chains: the verify rows'
   // tokens are picked where the logits are (no logits or hidden states to the host) and the
   // drafts are chained there too; only token ids cross. Same tokens as the host path.
   bool UseDraftChain(std::span<SpecSequence* const> seqs) const;

@@ -207,7 +207,7 @@ void RunMatch(int n, Shape shape, uint64_t seed, int n_cases, Tally* fast, Tally
     c.p = RandomParams(rng, n);
     c.hist = RandomHistory(rng, logits);
     Sampler s(c.p);
-    c.u = s.PeekUniform();
+    c.u = s.UniformAt(c.hist.size());
     c.cpu = s.Sample(logits, c.hist).token;
   }
   const std::string what = std::string(ShapeName(shape)) + " n=" + std::to_string(n);
