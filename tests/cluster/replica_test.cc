@@ -276,7 +276,7 @@ TEST(Replicas, JsonObjectRequestReplaysWithTheSameTokens) {
   Cluster c(Opts(2, {"--failover-wait", "30"}));
   const pid_t first = c.StartWorker();
   ASSERT_TRUE(WaitReplicas(c, 1, StartTimeout()));
-  v1::GenerateRequest req = Seeded(kTokens, 11);
+  v1::GenerateRequest req = Seeded(kTokens, 12);  // a 112-token object (ends by EOS)
   req.mutable_sampling()->set_json_object(true);
   req.set_ignore_eos(false);  // refused with json_object: EOS ends the completed object
   const GenResult ref = c.Generate(req, 60s);
