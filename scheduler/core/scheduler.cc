@@ -511,9 +511,10 @@ absl::StatusOr<StepPlan> Scheduler::ScheduleAhead(absl::Time now) {
   last_now_ = std::max(last_now_, now);
   ExpireDeadlines(now);
   StepPlan plan;
-  // MTP: the in-flight step answers with 1..k+1 tokens per decode, so the next position is
-  // unknown until it is applied.
-  if (config_.mtp_drafts > 0) return plan;
+  // MTP: the in-flight step answers with 1..1 + extra tokens per decode, so the next position is
+  // unknown here; the entries then *follow* (PlanEntry::follows): the worker continues each slot
+  // from where its answer left it, and Apply shifts the positions by the drafts it kept.
+  const int32_t extra = std::max(0, config_.mtp_drafts);
   // Only when Schedule() after the in-flight plan would just decode: an admission or a prefill
   // chunk waits for it (a queued request sees at most one step of extra delay).
   if (!queue_.empty() && FreeSlot() >= 0 &&
@@ -524,16 +525,17 @@ absl::StatusOr<StepPlan> Scheduler::ScheduleAhead(absl::Time now) {
     if (s->zombie) continue;
     if (s->plans == 0 || !s->planned_sample) return plan;
     // Over-commit: a decode ahead that would outgrow the reservation waits for Schedule (which
-    // grows it, or preempts).
+    // grows it, or preempts). With MTP the in-flight answer may keep `extra` drafts and this
+    // step verifies as many more.
     if (Overcommit() && s->stale == false && s->pending == Pending::kNone &&
         s->n_generated() + s->samples_in_flight < s->req.max_new_tokens &&
-        static_cast<int64_t>(s->planned_end) + 1 > s->reserved)
+        static_cast<int64_t>(s->planned_end) + 1 + 2 * extra > s->reserved)
       return plan;
   }
   for (Seq* s : running_) {
     if (s->zombie || s->stale || s->pending != Pending::kNone) continue;
-    // The in-flight token may be its last one (length): nothing to continue.
-    if (s->n_generated() + s->samples_in_flight >= s->req.max_new_tokens) continue;
+    // The in-flight answer may hold its last token (length): nothing to continue.
+    if (s->n_generated() + s->samples_in_flight * (1 + extra) >= s->req.max_new_tokens) continue;
     if (plan.n_tokens >= config_.max_num_batched_tokens) break;
     PlanEntry e;
     e.id = s->req.id;
@@ -542,6 +544,7 @@ absl::StatusOr<StepPlan> Scheduler::ScheduleAhead(absl::Time now) {
     e.tokens = {-1};  // the worker's sample of the in-flight plan
     e.sample = true;
     e.ahead = true;
+    e.follows = extra > 0;
     ++s->plans;
     ++s->samples_in_flight;
     s->planned_end += 1;
@@ -588,9 +591,11 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
   }
   for (const PlanEntry& e : plan.entries) {
     auto it = seqs_.find(e.id);
-    // Zombies and stale requests no longer track positions: their results are dropped.
+    // Zombies and stale requests no longer track positions: their results are dropped. An entry
+    // that follows was planned before the drafts kept in front of it were known.
     if (it == seqs_.end() || it->second->plans == 0 || it->second->slot != e.slot ||
-        (!it->second->zombie && !it->second->stale && it->second->computed != e.pos0)) {
+        (!it->second->zombie && !it->second->stale && !e.follows &&
+         it->second->computed != e.pos0)) {
       return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": entry of request ",
                                                      e.id, " does not match the plan issued"));
     }
@@ -657,7 +662,11 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
         finished = true;
         break;
       }
-      if (j > 0) ++s.computed;
+      if (j > 0) {
+        ++s.computed;
+        // A plan sent ahead follows this answer: its positions move with the kept draft.
+        if (s.plans > 0) ++s.planned_end;
+      }
       s.tokens.push_back(t);
       if (s.timings.first_token == absl::InfinitePast()) s.timings.first_token = now;
       s.timings.last_token = now;

@@ -66,8 +66,9 @@ class Scheduler {
   // change: one `ahead` entry per request whose in-flight entry samples, that has no pending
   // abort/requeue and that can still generate after that token. Empty (step_id 0, not in flight)
   // when Schedule() after the in-flight plan would do anything else: a running request not in the
-  // plan or still prefilling, or a queued request that could be admitted. FailedPrecondition with
-  // zero or two plans in flight. Deadlines are checked as in Schedule().
+  // plan or still prefilling, or a queued request that could be admitted. With MTP the entries
+  // follow (PlanEntry::follows): the in-flight answer's length is not known yet. FailedPrecondition
+  // with zero or two plans in flight. Deadlines are checked as in Schedule().
   absl::StatusOr<StepPlan> ScheduleAhead(absl::Time now);
 
   // Applies the worker's results of the oldest in-flight plan and returns the events (outbox

@@ -84,6 +84,10 @@ struct PlanEntry {
   // samples for this slot in the plan still in flight, unknown here (tokens = {-1}). The worker
   // protocol needs nothing for it: SlotWork names positions of the tokens the worker knows.
   bool ahead = false;
+  // Scheduled ahead with MTP (proto SlotWork.follows): the in-flight plan's answer for this slot
+  // holds 1..1 + mtp_drafts tokens, so pos0 is only a lower bound: the worker continues the slot
+  // from where that answer left it (its last token, pending, at the slot's end).
+  bool follows = false;
   // The tokens are generated ones (pos0 >= the prompt's length): the worker computes them as
   // decode steps of one token would (SeqStep::decode_path), also when a replay re-prefills many.
   bool decode_path = false;
@@ -194,7 +198,8 @@ struct SchedulerConfig {
   int32_t max_queue = 256;                // waiting (not yet admitted) requests; Add fails beyond
   // MTP on the worker (WarmupDone.mtp_drafts, issue #15): a decode verifies up to this many drafts,
   // so it counts 1 + mtp_drafts rows against the step's token budget, may answer with several
-  // tokens, and is never scheduled ahead (the next position is unknown until the result). 0 = off.
+  // tokens, and is scheduled ahead as a slot that follows its answer (PlanEntry::follows: the
+  // next position is unknown until the result). 0 = off.
   int32_t mtp_drafts = 0;
   ContextPolicy context;
   PrefixCacheConfig prefix_cache;

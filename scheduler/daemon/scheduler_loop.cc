@@ -576,8 +576,8 @@ void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
     if (it != side_.end()) {
       *q->mutable_sampling() = sampling::ToProto(it->second.sampling);
       q->set_logprobs(static_cast<uint32_t>(it->second.logprobs));
-      // A replay: the tokens after the prompt were sampled already; the worker's sampler skips
-      // the draws they took, so seeded sampling continues where it was.
+      // A replay: the tokens after the prompt were sampled already (the worker's sampler keys
+      // its draws by position, so seeded sampling continues where it was).
       q->set_n_generated(static_cast<uint32_t>(
           std::max<int64_t>(0, static_cast<int64_t>(st.tokens.size()) - it->second.n_prompt)));
     }
@@ -590,6 +590,7 @@ void SchedulerLoop::ScheduleAndSend(Replica* r, bool ahead) {
     w->set_sample(e.sample);
     w->set_decode_path(e.decode_path);
     w->set_checkpoint(e.checkpoint);
+    w->set_follows(e.follows);
   }
   r->flight.push_back({std::move(*plan), t0, {}});
   // A plan sent ahead waits behind the one in flight: the timer of the oldest one runs.

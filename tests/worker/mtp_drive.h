@@ -31,7 +31,9 @@ struct Outcome {
 
 inline constexpr uint32_t kMaxNew = 40;
 
-inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature) {
+// follows: the decodes are sent as a scheduler sends them ahead with MTP (SlotWork::follows, no
+// position: the executor continues each slot from its pending token).
+inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature, bool follows = false) {
   Outcome o;
   std::map<uint32_t, size_t> n_prompt;
   auto start = [&](Step& st, uint32_t slot, std::vector<int32_t> prompt) {
@@ -59,7 +61,15 @@ inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature) {
     for (uint32_t slot = 0; slot < 3 && step > 0; ++slot) {
       if (!n_prompt.count(slot) || generated(slot) >= kMaxNew) continue;
       const uint32_t known = static_cast<uint32_t>(ex.known(static_cast<int>(slot)).size());
-      st.work.push_back(SlotWork{slot, known - 1, 1, true, true});
+      if (follows) {
+        SlotWork w;
+        w.slot = slot;
+        w.decode_path = true;
+        w.follows = true;  // pos0 / n_tokens / sample left for the executor
+        st.work.push_back(w);
+      } else {
+        st.work.push_back(SlotWork{slot, known - 1, 1, true, true});
+      }
     }
     if (step == 3) start(st, 2, Prompt(17, 2));
     if (st.work.empty()) break;
@@ -81,7 +91,7 @@ inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature) {
 
 // The schedule on one CPU backend (`model`: "demo" or a file) with --mtp mtp_drafts (0: off).
 inline Outcome DriveOneRank(int mtp_drafts, float temperature, const std::string& model = "demo",
-                            bool automatic = false) {
+                            bool automatic = false, bool follows = false) {
   BackendOptions bo;
   bo.n_slots = 3;
   bo.slot_ctx = 256;
@@ -92,7 +102,7 @@ inline Outcome DriveOneRank(int mtp_drafts, float temperature, const std::string
   if (!be.ok()) return {};
   StepExecutor ex(be->get(), 3);
   EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, automatic}).ok());
-  return DriveSteps(ex, (*be)->config().n_vocab, temperature);
+  return DriveSteps(ex, (*be)->config().n_vocab, temperature, follows);
 }
 
 }  // namespace ds::worker::mtp_test

@@ -26,6 +26,17 @@ TEST(StepExecutorMtp, GreedyTokensEqualPlainStepsAndTakeFewerSteps) {
   EXPECT_LT(mtp.steps, plain.steps);
 }
 
+// Decodes sent ahead (SlotWork::follows: no position, the scheduler does not know how many tokens
+// the previous answer held): the executor continues each slot from its pending token, with the
+// tokens and steps of the same schedule with positions.
+TEST(StepExecutorMtp, WorkThatFollowsContinuesFromThePendingToken) {
+  const Outcome named = DriveOneRank(3, 0.8f);
+  const Outcome follows = DriveOneRank(3, 0.8f, "demo", /*automatic=*/false, /*follows=*/true);
+  EXPECT_EQ(follows.generated, named.generated);
+  EXPECT_EQ(follows.steps, named.steps);
+  EXPECT_GT(follows.stats.accepted[0], 0);
+}
+
 // `--mtp auto` (worker/spec/draft_policy.h): on the tiny random-weight model, whose drafts are
 // rejected, sequences soon stop drafting (far fewer verifies offer a draft than with a fixed K);
 // on the trained demo model they keep drafting and accepting. Tokens equal plain steps on both.

@@ -168,6 +168,14 @@ TEST(StepExecutor, MalformedStepsAndBackendErrorsFailTheStepOnly) {
   worker::Step slot_range = MakeStep(3);
   slot_range.released.push_back(5);
   EXPECT_NE(ex.Run(slot_range).error, "");
+  // Work that follows (sent ahead) on an idle slot, or on a slot started in the same step.
+  worker::Step follows_idle = MakeStep(5);
+  follows_idle.work.push_back(worker::SlotWork{.slot = 0, .follows = true});
+  EXPECT_NE(ex.Run(follows_idle).error, "");
+  worker::Step follows_started = MakeStep(6);
+  AddStart(follows_started, 1, 0, {1, 2});
+  follows_started.work.push_back(worker::SlotWork{.slot = 0, .follows = true});
+  EXPECT_NE(ex.Run(follows_started).error.find("pending token"), std::string::npos);
   EXPECT_EQ(be.forwards, 0);
 
   worker::Step ok = MakeStep(4);

@@ -186,6 +186,9 @@ absl::Status StepExecutor::Validate(const Step& step) const {
     if (seen[w.slot])
       return absl::InvalidArgumentError(absl::StrCat("slot ", w.slot, " twice in one step"));
     seen[w.slot] = true;
+    if (w.follows && started[w.slot])
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", w.slot, " started and continued from its pending token at once"));
     const bool active = started[w.slot] || slots_[w.slot].active;
     if (!active) return absl::InvalidArgumentError(absl::StrCat("work for idle slot ", w.slot));
     // Known length after this step's starts (a start replaces the slot's tokens).
@@ -205,6 +208,22 @@ absl::Status StepExecutor::Validate(const Step& step) const {
 }
 
 StepResult StepExecutor::Run(const Step& step) {
+  const auto follows = [](const SlotWork& w) { return w.follows; };
+  if (std::none_of(step.work.begin(), step.work.end(), follows)) return RunResolved(step);
+  // Sent ahead with MTP: the scheduler did not know how many tokens the previous answer held;
+  // the slot does. (Steps sent ahead start nothing; an unknown or idle slot stays as named, for
+  // Validate to refuse.)
+  resolved_ = step;
+  for (SlotWork& w : resolved_.work) {
+    if (!w.follows || w.slot >= slots_.size() || slots_[w.slot].known.empty()) continue;
+    w.pos0 = static_cast<uint32_t>(slots_[w.slot].known.size() - 1);
+    w.n_tokens = 1;
+    w.sample = true;
+  }
+  return RunResolved(resolved_);
+}
+
+StepResult StepExecutor::RunResolved(const Step& step) {
   verify_tokens_.clear();
   step_stats_ = {};
   StepResult result;

@@ -36,6 +36,8 @@ class StepExecutor {
   // Applies released -> started -> work. A malformed step (unknown slot, a range outside the known
   // tokens) or a backend error answers with StepResult::error and leaves every slot as it was
   // before the Forward (the backend validates before it touches state). handle_seconds is left 0.
+  // Work that follows (SlotWork::follows, sent ahead with MTP) continues its slot from the
+  // pending token: pos0 = known - 1, one token, sampled.
   StepResult Run(const Step& step);
 
   // Tensor parallelism (docs/tp.md §6): every rank runs the same steps; only rank 0 of `group`
@@ -83,6 +85,8 @@ class StepExecutor {
   bool active(int slot) const { return slots_[slot].active; }
 
  private:
+  StepResult RunResolved(const Step& step);
+
   struct SlotState {
     bool active = false;
     uint64_t request_id = 0;
@@ -122,6 +126,7 @@ class StepExecutor {
   Backend* backend_;
   std::vector<SlotState> slots_;  // [n_usable]
   std::vector<SeqStep> batch_;    // reused between steps
+  Step resolved_;  // Run: a step whose following work got its positions
   std::vector<DeviceSampleRow> dev_rows_;  // [work_size] device sampling requests, reused
   // Reused every step: its logits buffer (1 MB at vocab 248320) keeps its capacity, so a step does
   // not allocate, fault in and free it again (measured: part of the per-step control overhead).

@@ -28,8 +28,8 @@ void FromProto(const pb::Step& in, Step* out) {
   out->work.resize(static_cast<size_t>(in.work_size()));
   for (int i = 0; i < in.work_size(); ++i) {
     const pb::SlotWork& p = in.work(i);
-    out->work[i] = SlotWork{p.slot(), p.pos0(), p.n_tokens(), p.sample(), p.decode_path(),
-                            p.checkpoint()};
+    out->work[i] = SlotWork{p.slot(),        p.pos0(),       p.n_tokens(), p.sample(),
+                            p.decode_path(), p.checkpoint(), p.follows()};
   }
   out->saves.resize(static_cast<size_t>(in.saves_size()));
   for (int i = 0; i < in.saves_size(); ++i)
@@ -60,6 +60,7 @@ void ToProto(const Step& in, pb::Step* out) {
     p->set_sample(w.sample);
     p->set_decode_path(w.decode_path);
     p->set_checkpoint(w.checkpoint);
+    p->set_follows(w.follows);
   }
   for (const CheckpointSave& c : in.saves) {
     pb::CheckpointSave* p = out->add_saves();

@@ -42,6 +42,9 @@ struct SlotWork {
   bool sample = false;  // sample a token after this chunk (it reaches the end of the known tokens)
   bool decode_path = false;  // SeqStep::decode_path (proto SlotWork.decode_path)
   uint64_t checkpoint = 0;   // non-zero: save the slot as this checkpoint after the work
+  // Sent ahead with MTP (proto SlotWork.follows): continue from the slot's pending token;
+  // StepExecutor::Run sets pos0 / n_tokens / sample from what the slot knows.
+  bool follows = false;
 };
 
 // Prefix cache: save `slot` (holding n_past positions) as checkpoint `id` before releases.
