@@ -4,11 +4,12 @@
 # from the scheduler's /metrics, the per-step control overhead (step time minus the worker's
 # forward+sample time) at batch 1 and under concurrency.
 # Usage (device, repo root, after tools/device/pack.sh deltaserve deltactl): tools/device/cluster_run.sh
-# Env: SCHED_ARGS (extra scheduler flags, e.g. --spin-wait off), CONCS (default "1 16").
+# Env: SCHED_ARGS (extra scheduler flags, e.g. --spin-wait off), WORKER_ARGS (extra worker flags,
+# e.g. --mtp 3), CONCS (default "1 16"), DS_CARRY (the carry folder, default .devcarry).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
-B=.devcarry/bin/deltaserve; C=.devcarry/bin/deltactl
+B=$BIN/deltaserve; C=$BIN/deltactl
 MODEL=${MODEL:-/tmp/q6k-27b.gguf}
 LOG=${OUT:-/tmp}/cluster_run; mkdir -p "$LOG"
 [ -f "$MODEL" ] || "$B" gguf-synth --preset 27b --type Q6_K --out "$MODEL" 2>&1 | tail -1
@@ -16,7 +17,8 @@ LOG=${OUT:-/tmp}/cluster_run; mkdir -p "$LOG"
   --slot-cap 8192 --slot-ctx 8192 --metrics-listen 127.0.0.1:9460 --log-interval 1 ${SCHED_ARGS:-} \
   >"$LOG/scheduler.log" 2>&1 &
 S=$!
-"$B" worker --scheduler 127.0.0.1:50060 --model "$MODEL" --backend cuda >"$LOG/worker.log" 2>&1 &
+"$B" worker --scheduler 127.0.0.1:50060 --model "$MODEL" --backend cuda ${WORKER_ARGS:-} \
+  >"$LOG/worker.log" 2>&1 &
 W=$!
 "$B" gateway --listen 127.0.0.1:50061 --admin-listen 127.0.0.1:50062 --scheduler 127.0.0.1:50060 \
   --model "$MODEL" --max-inflight 64 >"$LOG/gateway.log" 2>&1 &
