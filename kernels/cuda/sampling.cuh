@@ -2,7 +2,7 @@
 //   ArgmaxRows: greedy, one kernel.
 //   SampleRows: the CPU sampler's pipeline (common/sampling/sampler.h: penalties, temperature,
 //     top-k, top-p, min-p, one draw) on logits already on the device. Given the uniform the CPU
-//     sampler would draw from the request's Rng, the token equals the CPU sampler's up to
+//     sampler would draw for that position, the token equals the CPU sampler's up to
 //     floating-point summation order (see "Sampling v2" in kernels/cuda/README.md).
 // Top-n logprobs are not computed here: rows that ask for them keep the host path.
 #pragma once

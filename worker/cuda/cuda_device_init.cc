@@ -281,6 +281,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
       {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
+      {reinterpret_cast<void**>(&argmax_scratch_.value), 64ull * kArgmaxParts * 4},
+      {reinterpret_cast<void**>(&argmax_scratch_.index), 64ull * kArgmaxParts * 4},
+      {reinterpret_cast<void**>(&argmax_scratch_.tickets), 64 * 4ull},
       {reinterpret_cast<void**>(&h_), T * H * 4},
       {reinterpret_cast<void**>(&a_), T * H * 4},
       {reinterpret_cast<void**>(&mixed_), T * std::max<uint64_t>(C, qgw) * 4},
@@ -556,6 +559,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&work_mem_, work_bytes));
   Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
+  argmax_scratch_.max_rows = 64;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_scratch_.tickets, 0, 64 * 4ull));
   // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
   // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions, then (at
   // a 16-byte boundary) its hidden rows in and its hidden state and logits out.

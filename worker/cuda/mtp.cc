@@ -375,8 +375,8 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
                                  j == 0 ? n : 1, n_drafts > 0, j == 0 ? hn_ : mtp_hid_,
                                  j == 0 ? d_rows : nullptr));
       if (n_drafts > 0)
-        DS_RETURN_IF_ERROR(
-            ArgmaxRows(mtp_logits_, cfg_.n_vocab, 1, cfg_.n_vocab, d_drafts + j, stream_));
+        DS_RETURN_IF_ERROR(ArgmaxSplitRows(mtp_logits_, cfg_.n_vocab, 1, cfg_.n_vocab,
+                                           argmax_scratch_, d_drafts + j, stream_));
     }
     return absl::OkStatus();
   };

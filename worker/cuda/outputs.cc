@@ -36,7 +36,8 @@ absl::Status CudaDevice::ReadHidden(int n, float* dst) {
 
 absl::Status CudaDevice::Argmax(int n, int32_t* tokens) {
   ProfBegin("sample");
-  DS_RETURN_IF_ERROR(ArgmaxRows(logits_, cfg_.n_vocab, n, cfg_.n_vocab, d_argmax_, stream_));
+  DS_RETURN_IF_ERROR(
+      ArgmaxSplitRows(logits_, cfg_.n_vocab, n, cfg_.n_vocab, argmax_scratch_, d_argmax_, stream_));
   ProfEnd();
   DS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(tokens, d_argmax_, n * 4ull, cudaMemcpyDeviceToHost, stream_));
@@ -68,6 +69,20 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
   if (sample_.params == nullptr) {
     DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&sample_.params, logit_rows_max_ * sizeof(SampleRowParams)));
     DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&sample_.tokens, logit_rows_max_ * sizeof(int32_t)));
+  }
+  // Plain greedy rows only (every decode of greedy requests, an MTP verify's rows): the split
+  // argmax, the same token as SampleRows' greedy path (the CPU sampler's), with every row spread
+  // over many SMs instead of one.
+  bool plain_greedy = h_sample_pairs_.empty();
+  for (const SampleRowParams& p : h_sample_rows_) plain_greedy &= p.mode == kSampleGreedy;
+  if (plain_greedy && nl <= argmax_scratch_.max_rows) {
+    ProfBegin("sample");
+    DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, argmax_scratch_,
+                                       sample_.tokens, stream_));
+    ProfEnd();
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, sample_.tokens, nl * sizeof(int32_t),
+                                            cudaMemcpyDeviceToHost, stream_));
+    return absl::OkStatus();
   }
   if (h_sample_pairs_.size() > sample_.pairs_cap) {
     // The previous launch may still read the old buffer: cudaFree synchronizes the device.

@@ -5,6 +5,8 @@
 //     the uniform lies within kEps of the GPU token's cumulative-probability interval (ascending
 //     id order), and those are counted and bounded;
 //   * a chi-square test of the GPU draw distribution against the CPU-computed probabilities;
+//   * ArgmaxSplitRows (kernels/cuda/argmax.cuh) against the CPU sampler's greedy token and
+//     SampleRows' greedy rows, over every shape (ties, NaN, +-inf), odd sizes and unaligned rows;
 //   * a timing loop (printed, not asserted) at vocabulary 248320.
 // Needs a GPU (ctest label `gpu`).
 #include <cuda_runtime.h>
@@ -21,6 +23,7 @@
 
 #include "common/sampling/rng.h"
 #include "common/sampling/sampler.h"
+#include "kernels/cuda/argmax.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
@@ -271,6 +274,84 @@ TEST(SampleRows, SkipRowsAndGreedyMatchArgmax) {
   EXPECT_EQ(got[1], -1);
 }
 
+// The split argmax (a row over 32 blocks, the last one reducing) picks the CPU sampler's greedy
+// token, hence SampleRows' greedy one: every shape (ties across slices, NaN, -inf, +inf), sizes
+// from 1 to past the vocabulary, 1..64 rows, aligned and unaligned rows (ld = n + 1: the scalar
+// path), all -inf / all NaN rows (token 0), and repeated launches on the same scratch (each must
+// leave its tickets zero).
+TEST(ArgmaxSplitRows, MatchesTheCpuSamplersGreedyToken) {
+  constexpr int kMaxRows = 64;
+  Dev<float> value(kMaxRows * kArgmaxParts);
+  Dev<int32_t> index(kMaxRows * kArgmaxParts);
+  Dev<uint32_t> tickets(kMaxRows);
+  DS_CUDA_CHECK(cudaMemset(tickets.p, 0, kMaxRows * sizeof(uint32_t)));
+  const ArgmaxScratch scratch{value.p, index.p, tickets.p, kMaxRows};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  int checked = 0;
+  for (int n : {1, 3, 31, 128, 1000, 4097, 65536, kVocab, 262145}) {
+    for (const int rows : {1, 4, 64}) {
+      if (static_cast<int64_t>(rows) * n > 4 * kVocab) continue;
+      for (int64_t ld : {static_cast<int64_t>(n), static_cast<int64_t>(n) + 1}) {
+        std::vector<float> all(static_cast<size_t>(rows) * ld, 0.0f);
+        std::vector<int32_t> want(rows);
+        for (int r = 0; r < rows; ++r) {
+          const Shape shape = static_cast<Shape>((r + n) % 5);
+          std::vector<float> l = MakeLogits(n, 1000 * n + r, shape);
+          if (r == 1) std::fill(l.begin(), l.end(), -INFINITY);
+          if (r == 2) std::fill(l.begin(), l.end(), std::nanf(""));
+          if (r == 3 && n > 64) {  // the same maximum in the first and the last slice
+            l[n - 1] = 1e30f;
+            l[5] = 1e30f;
+          }
+          std::copy(l.begin(), l.end(), all.begin() + r * ld);
+          want[r] = Sampler(greedy).Sample(l, {}).token;
+        }
+        Dev<float> dl(all);
+        Dev<int32_t> out(rows);
+        for (int launch = 0; launch < 2; ++launch) {
+          out.Poison();
+          ASSERT_OK(ArgmaxSplitRows(dl.p, ld, rows, n, scratch, out.p, nullptr));
+          EXPECT_EQ(out.Down(rows), want) << "n " << n << " rows " << rows << " ld " << ld
+                                          << " launch " << launch;
+        }
+        checked += rows;
+      }
+    }
+  }
+  EXPECT_EQ(tickets.Down(kMaxRows), std::vector<uint32_t>(kMaxRows, 0u));
+  EXPECT_GT(checked, 200);
+  Dev<int32_t> out(1);
+  EXPECT_FALSE(ArgmaxSplitRows(value.p, 1, kMaxRows + 1, 1, scratch, out.p, nullptr).ok());
+}
+
+// SampleRows' greedy rows and the split argmax agree on decoder-like rows of the full vocabulary.
+TEST(ArgmaxSplitRows, EqualsSampleRowsGreedy) {
+  constexpr int kRows = 8;
+  std::vector<float> all;
+  std::vector<SampleRowParams> rows;
+  std::vector<PenaltyPair> pairs;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  for (int r = 0; r < kRows; ++r) {
+    const std::vector<float> l = MakeLogits(kVocab, 77 + r, r % 2 ? Shape::kDecoder : Shape::kTies);
+    all.insert(all.end(), l.begin(), l.end());
+    PackSampleRow(greedy, {}, kVocab, 0.0, false, &rows, &pairs);
+  }
+  Dev<float> dl(all);
+  Dev<SampleRowParams> dp(rows);
+  Dev<PenaltyPair> dq(1);
+  Dev<int32_t> sampled(kRows), split(kRows);
+  Dev<float> value(kRows * kArgmaxParts);
+  Dev<int32_t> index(kRows * kArgmaxParts);
+  Dev<uint32_t> tickets(kRows);
+  DS_CUDA_CHECK(cudaMemset(tickets.p, 0, kRows * sizeof(uint32_t)));
+  ASSERT_OK(SampleRows(dl.p, kVocab, kRows, kVocab, dp.p, dq.p, sampled.p, nullptr));
+  ASSERT_OK(ArgmaxSplitRows(dl.p, kVocab, kRows, kVocab,
+                            ArgmaxScratch{value.p, index.p, tickets.p, kRows}, split.p, nullptr));
+  EXPECT_EQ(split.Down(kRows), sampled.Down(kRows));
+}
+
 // Observed counts against expected probabilities: cells with expected count >= 5 alone, the rest
 // merged; draws of probability-0 tokens are reported separately.
 double ChiSquareMerged(const std::map<int32_t, int64_t>& counts,
@@ -457,6 +538,23 @@ TEST(SampleRows, DISABLED_TimingVocab248320) {
       DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
       std::printf("[ sampling ]   %-36s %8.1f us (%d rows)\n", "ArgmaxRows", 1e3 * ms / kIters,
                   rows);
+    }
+    Dev<float> value(kMaxRows * kArgmaxParts);
+    Dev<int32_t> index(kMaxRows * kArgmaxParts);
+    Dev<uint32_t> tickets(kMaxRows);
+    DS_CUDA_CHECK(cudaMemset(tickets.p, 0, kMaxRows * sizeof(uint32_t)));
+    const ArgmaxScratch scratch{value.p, index.p, tickets.p, kMaxRows};
+    for (int rows : {1, 4, kMaxRows}) {
+      Dev<int32_t> am(rows);
+      DS_CUDA_CHECK(cudaEventRecord(e0));
+      for (int it = 0; it < kIters; ++it)
+        ASSERT_OK(ArgmaxSplitRows(dl.p, kVocab, rows, kVocab, scratch, am.p, nullptr));
+      DS_CUDA_CHECK(cudaEventRecord(e1));
+      DS_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      std::printf("[ sampling ]   %-36s %8.1f us (%d rows)\n", "ArgmaxSplitRows",
+                  1e3 * ms / kIters, rows);
     }
   }
   // 32 rows of each shape, generated once.
