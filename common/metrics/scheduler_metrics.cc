@@ -86,6 +86,11 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& r) {
                 .Help("Steps applied")
                 .Register(r)
                 .Add({});
+  steps_ahead_ = &prometheus::BuildCounter()
+                      .Name("deltaserve_steps_ahead_total")
+                      .Help("Steps sent before the previous step's answer (lookahead)")
+                      .Register(r)
+                      .Add({});
   step_tokens_ = &prometheus::BuildCounter()
                       .Name("deltaserve_step_tokens_total")
                       .Help("Tokens processed by applied steps (prompt prefill + decode)")
@@ -135,8 +140,9 @@ void SchedulerMetrics::Update(const SchedulerGaugeState& s) {
 }
 
 void SchedulerMetrics::OnStep(double step_seconds, int batch_tokens, int batch_sequences,
-                              double worker_seconds) {
+                              double worker_seconds, bool ahead) {
   step_->Observe(step_seconds);
+  if (ahead) steps_ahead_->Increment();
   worker_share_->Observe(worker_seconds);
   batch_tokens_->Observe(batch_tokens);
   batch_seqs_->Observe(batch_sequences);

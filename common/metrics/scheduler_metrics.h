@@ -57,7 +57,9 @@ class SchedulerMetrics {
   void Update(const SchedulerGaugeState& s);
   // One applied step: its wall time from Schedule() to the routed events, the tokens and
   // sequences it advanced, and the worker's share (forward + sample as the worker measured it).
-  void OnStep(double step_seconds, int batch_tokens, int batch_sequences, double worker_seconds);
+  // `ahead`: the step was sent before the previous one's answer (lookahead).
+  void OnStep(double step_seconds, int batch_tokens, int batch_sequences, double worker_seconds,
+              bool ahead = false);
   // Liveness of a worker by id (up = attached). A lost worker stays exported with up=0 (worker ids are stable
   // under systemd: %H-gpu%i) so the WorkerDown alert sees it until it returns.
   void SetWorker(const std::string& worker_id, bool up, double heartbeat_age_seconds);
@@ -78,7 +80,7 @@ class SchedulerMetrics {
   };
   std::vector<SlotSeries> slot_series_;
   prometheus::Histogram *step_, *worker_share_, *batch_tokens_, *batch_seqs_;
-  prometheus::Counter *steps_, *step_tokens_;
+  prometheus::Counter *steps_, *step_tokens_, *steps_ahead_;
   prometheus::Family<prometheus::Gauge>* worker_up_family_;
   prometheus::Family<prometheus::Gauge>* worker_hb_family_;
   struct WorkerSeries {

@@ -107,6 +107,7 @@ panel("Tokens/s",
       desc="Generated tokens streamed to clients, prompt tokens admitted, tokens processed by steps.")
 panel("Steps/s and tokens per step",
       [(f"sum(rate(deltaserve_steps_total[{RI}]))", "steps/s"),
+       (f"sum(rate(deltaserve_steps_ahead_total[{RI}]))", "of which sent ahead (lookahead)"),
        (f"sum(rate(deltaserve_step_batch_tokens_sum[{RI}])) / sum(rate(deltaserve_step_batch_tokens_count[{RI}]))",
         "tokens per step"),
        (f"sum(rate(deltaserve_step_batch_sequences_sum[{RI}])) / sum(rate(deltaserve_step_batch_sequences_count[{RI}]))",

@@ -258,6 +258,7 @@ grpc::Status ClusterService::WorkerSession(
         wi.kv_page_size = static_cast<int>(w.kv_page_size());
         wi.mtp_drafts = static_cast<int>(w.mtp_drafts());
         wi.mtp_auto = w.mtp_auto();
+        wi.follows_work = w.follows_work();
         wi.active_slots = static_cast<int>(w.active_slots());
         wi.prefix_cache_bytes = w.prefix_cache_bytes();
         wi.prefix_cache_tier = w.prefix_cache_tier();
@@ -501,6 +502,7 @@ grpc::Status ClusterService::GetStepStats(grpc::ServerContext* ctx, const pb::St
   if (!s.ok()) return s;
   const StepStatsSnapshot& st = snap.stats;
   resp->set_steps(st.steps);
+  resp->set_steps_ahead(st.steps_ahead);
   resp->set_mean_us(st.mean_us);
   resp->set_p50_us(st.p50_us);
   resp->set_p90_us(st.p90_us);

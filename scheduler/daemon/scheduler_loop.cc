@@ -423,8 +423,14 @@ void SchedulerLoop::Handle(WorkerWarmupCmd& c) {
   if (!r || r->state != WorkerState::kWarming) return;
   r->warmup = c.info;
   r->state = WorkerState::kReady;
-  // MTP: decodes count their drafts in the budget and may answer with several tokens.
+  // MTP: decodes count their drafts in the budget and may answer with several tokens; a step
+  // sent ahead then follows the answer in flight, which a worker must know how to continue.
   r->core->SetMtpDrafts(c.info.mtp_drafts);
+  if (r->lookahead && c.info.mtp_drafts > 0 && !c.info.follows_work) {
+    r->lookahead = false;
+    DS_LOG(INFO, "lookahead_off", {{"replica", r->id},
+                                   {"reason", "MTP worker without follows_work (older build)"}});
+  }
   // Prefix cache: only where the worker keeps checkpoints (and the scheduler allows it).
   PrefixCacheConfig pc = opts_.core.prefix_cache;
   pc.enabled = pc.enabled && c.info.prefix_cache_bytes > 0;
@@ -511,6 +517,8 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   StepTiming t;
   t.n_tokens = done.plan.n_tokens;
   t.n_seqs = static_cast<int>(done.plan.entries.size());
+  t.ahead = std::any_of(done.plan.entries.begin(), done.plan.entries.end(),
+                        [](const PlanEntry& e) { return e.ahead; });
   Route(std::move(*events), &lps, false);
   const auto t_end = SteadyClock::now();
   // A step sent ahead starts, for the worker, when the previous answer left it: its interval is
@@ -524,7 +532,8 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   t.apply_us = Micros(t_end - t_recv);
   rep->last_result = t_recv;
   stats_.Record(t);
-  if (metrics_) metrics_->OnStep(t.total_us * 1e-6, t.n_tokens, t.n_seqs, t.worker_us * 1e-6);
+  if (metrics_)
+    metrics_->OnStep(t.total_us * 1e-6, t.n_tokens, t.n_seqs, t.worker_us * 1e-6, t.ahead);
 }
 
 void SchedulerLoop::Handle(WorkerGoneCmd& c) {

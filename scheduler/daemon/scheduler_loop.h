@@ -55,6 +55,7 @@ struct WarmupInfo {
   // MTP on the worker (issue #15): drafts per decode (0 = off), `auto` lowering them.
   int mtp_drafts = 0;
   bool mtp_auto = false;
+  bool follows_work = false;  // continues SlotWork.follows (MTP steps sent ahead)
   int active_slots = 0;  // sequences the worker holds state for at once; 0 = every slot
   // Prefix cache (issue #17): the worker's checkpoint budget (0 = none) and where it keeps them.
   uint64_t prefix_cache_bytes = 0;

@@ -27,6 +27,7 @@ void StepStats::Record(const StepTiming& t) {
     ring_pos_ = (ring_pos_ + 1) % kRing;
   }
   ++steps_;
+  steps_ahead_ += t.ahead;
   sum_ += o;
   sum_worker_ += t.worker_us;
   sum_schedule_ += t.schedule_us;
@@ -40,6 +41,7 @@ void StepStats::Reset() { *this = StepStats(); }
 StepStatsSnapshot StepStats::Snapshot() const {
   StepStatsSnapshot s;
   s.steps = steps_;
+  s.steps_ahead = steps_ahead_;
   s.bucket_upper_us = upper_;
   s.bucket_count = counts_;
   if (steps_ == 0) return s;
@@ -63,10 +65,11 @@ StepStatsSnapshot StepStats::Snapshot() const {
 
 std::string StepStatsSnapshot::ToString() const {
   return absl::StrFormat(
-      "steps %d | control overhead us: mean %.1f p50 %.1f p90 %.1f p99 %.1f max %.1f | "
+      "steps %d (%d sent ahead) | control overhead us: mean %.1f p50 %.1f p90 %.1f p99 %.1f "
+      "max %.1f | "
       "mean worker compute %.1f us, worker bookkeeping %.1f us, schedule+send %.1f us, "
       "apply+route %.1f us, transport (rest) %.1f us",
-      steps, mean_us, p50_us, p90_us, p99_us, max_us, mean_worker_us,
+      steps, steps_ahead, mean_us, p50_us, p90_us, p99_us, max_us, mean_worker_us,
       std::max(0.0, mean_worker_handle_us - mean_worker_us), mean_schedule_us, mean_apply_us,
       std::max(0.0, mean_us - std::max(0.0, mean_worker_handle_us - mean_worker_us) -
                         mean_schedule_us - mean_apply_us));

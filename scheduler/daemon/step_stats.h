@@ -17,11 +17,13 @@ struct StepTiming {
   double worker_handle_us = 0;  // receipt -> reply on the worker (worker_us + its bookkeeping)
   int n_tokens = 0;        // plan tokens
   int n_seqs = 0;          // plan entries
+  bool ahead = false;      // sent before the previous step's answer (Scheduler::ScheduleAhead)
   double overhead_us() const { return total_us - worker_us; }
 };
 
 struct StepStatsSnapshot {
   uint64_t steps = 0;
+  uint64_t steps_ahead = 0;  // of which sent ahead
   double mean_us = 0, p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0;  // overhead
   double mean_worker_us = 0, mean_schedule_us = 0, mean_apply_us = 0;
   double mean_worker_handle_us = 0;  // of which on the worker outside forward + sample: this - worker
@@ -44,7 +46,7 @@ class StepStats {
   std::vector<uint64_t> counts_;
   std::vector<double> ring_;  // [min(steps, kRing)] recent overheads
   size_t ring_pos_ = 0;
-  uint64_t steps_ = 0;
+  uint64_t steps_ = 0, steps_ahead_ = 0;
   double sum_ = 0, sum_worker_ = 0, sum_schedule_ = 0, sum_apply_ = 0, sum_handle_ = 0, max_ = 0;
 };
 

@@ -212,6 +212,7 @@ void WorkerGroups::FromRank(const GroupMember& m, Command cmd) {
       merged.prefix_cache_bytes = std::min(merged.prefix_cache_bytes, x->prefix_cache_bytes);
       merged.mtp_drafts = std::max(merged.mtp_drafts, x->mtp_drafts);
       merged.mtp_auto = merged.mtp_auto || x->mtp_auto;
+      merged.follows_work = merged.follows_work && x->follows_work;
       if (x->active_slots > 0 &&
           (merged.active_slots <= 0 || x->active_slots < merged.active_slots))
         merged.active_slots = x->active_slots;

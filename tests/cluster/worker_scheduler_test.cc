@@ -534,6 +534,24 @@ TEST_F(ClusterTest, StepStatsCountEveryStepAtBatchOne) {
   uint64_t counted = 0;
   for (uint64_t n : st.bucket_count()) counted += n;
   EXPECT_EQ(counted, st.steps());
+  // Lookahead (on by default): a one-sequence decode runs ahead of every answer but the ones
+  // after its prefill and around its end.
+  EXPECT_GT(st.steps_ahead(), st.steps() / 2);
+  EXPECT_LE(st.steps_ahead(), st.steps());
+}
+
+// With an MTP worker (--mtp 2) the decodes are sent ahead too (their work follows the answer in
+// flight, SlotWork.follows), and the request gets all its tokens.
+TEST_F(ClusterTest, MtpStepsAreSentAhead) {
+  StartCluster({"--slots", "1", "--ctx", "4096"}, {"--mtp", "2"});
+  const int kTokens = 48;
+  Outcome o = Submit(700, Prompt(4, 3), kTokens);
+  ASSERT_TRUE(o.status.ok()) << o.status.error_message();
+  EXPECT_EQ(o.tokens.size(), static_cast<size_t>(kTokens));
+  grpc::ClientContext ctx;
+  pb::StepStats st;
+  ASSERT_TRUE(stub_->GetStepStats(&ctx, pb::StepStatsRequest(), &st).ok());
+  EXPECT_GT(st.steps_ahead(), 0u) << "no MTP step was sent ahead of an answer";
 }
 
 // Benchmark, not a test (DISABLED_: ctest skips it; docs/conventions.md "Benchmarks"): control

@@ -121,6 +121,7 @@ TEST(SchedulerMetricsTest, GaugesSlotsAndWorkers) {
   st.per_slot = {{100, 512, 4096, true}, {200, 512, 4096, true}, {}, {}};
   m.Update(st);
   m.OnStep(0.02, 130, 2, 0.015);
+  m.OnStep(0.01, 2, 2, 0.009, /*ahead=*/true);
   m.SetWorker("host-gpu0", true, 0.4);
   std::string t = s->Scrape();
   EXPECT_EQ(Value(t, "deltaserve_requests_waiting"), 3);
@@ -128,8 +129,10 @@ TEST(SchedulerMetricsTest, GaugesSlotsAndWorkers) {
   EXPECT_EQ(Value(t, "deltaserve_context_usage_ratio"), 0.25);
   EXPECT_EQ(Value(t, "deltaserve_slot_context_used_tokens{slot=\"1\"}"), 200);
   EXPECT_EQ(Value(t, "deltaserve_slot_context_capacity_tokens{slot=\"3\"}"), 0);
-  EXPECT_EQ(Value(t, "deltaserve_step_batch_tokens_sum"), 130);
-  EXPECT_EQ(Value(t, "deltaserve_step_tokens_total"), 130);
+  EXPECT_EQ(Value(t, "deltaserve_step_batch_tokens_sum"), 132);
+  EXPECT_EQ(Value(t, "deltaserve_step_tokens_total"), 132);
+  EXPECT_EQ(Value(t, "deltaserve_steps_total"), 2);
+  EXPECT_EQ(Value(t, "deltaserve_steps_ahead_total"), 1);
   EXPECT_EQ(Value(t, "deltaserve_worker_up{worker=\"host-gpu0\"}"), 1);
   // Shrink to 2 slots: series of slots 2 and 3 go away. The worker is lost: up=0, kept.
   st.per_slot.resize(2);

@@ -461,6 +461,7 @@ class Session {
           w->set_kv_pool_tokens(static_cast<uint64_t>(be_->kv_pool().total_tokens()));
           w->set_kv_page_size(static_cast<uint32_t>(be_->kv_pool().page_size));
           w->set_mtp_drafts(static_cast<uint32_t>(o_.mtp.drafts));
+          w->set_follows_work(true);
           if (o_.max_active > 0)
             w->set_active_slots(static_cast<uint32_t>(std::min(o_.max_active, n_usable)));
           w->set_mtp_auto(o_.mtp.automatic);
