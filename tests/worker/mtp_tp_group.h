@@ -33,7 +33,7 @@ using WrapCollective = std::function<std::unique_ptr<Collective>(int, std::uniqu
 // Every rank's outcome; k = 0: no MTP (the same group, plain steps).
 inline std::vector<Outcome> RunTpGroup(const std::string& kind, int world, int k,
                                        float temperature, const std::string& name,
-                                       const WrapCollective& wrap) {
+                                       const WrapCollective& wrap, bool follows = false) {
   std::vector<Outcome> out(world);
   RunRanks<Collective>(world, name, wrap, [&](int rank, Collective& g) {
     auto be = CreateBackend(kind, ResolveModelAlias("demo"), TpOptions(rank, world, &g),
@@ -42,7 +42,7 @@ inline std::vector<Outcome> RunTpGroup(const std::string& kind, int world, int k
     StepExecutor ex(be->get(), 3);
     ex.SetGroup(&g);
     ASSERT_TRUE(ex.SetMtp(spec::MtpSetting{k, false}).ok());
-    out[rank] = DriveSteps(ex, (*be)->config().n_vocab, temperature);
+    out[rank] = DriveSteps(ex, (*be)->config().n_vocab, temperature, follows);
     EXPECT_FALSE(ex.group_broken()) << "rank " << rank;
   });
   return out;

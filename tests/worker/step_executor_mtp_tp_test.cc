@@ -17,10 +17,12 @@ namespace {
 using mtp_test::Outcome;
 using mtp_test::TpOptions;
 
-std::vector<Outcome> RunGroup(int world, int k, float temperature, const std::string& name) {
+std::vector<Outcome> RunGroup(int world, int k, float temperature, const std::string& name,
+                              bool follows = false) {
   return mtp_test::RunTpGroup(
       "cpu", world, k, temperature, name,
-      [](int, std::unique_ptr<GlooCollective> g) -> std::unique_ptr<Collective> { return g; });
+      [](int, std::unique_ptr<GlooCollective> g) -> std::unique_ptr<Collective> { return g; },
+      follows);
 }
 
 TEST(StepExecutorMtpTp, GreedyTokensEqualOneRankWithoutMtp) {
@@ -42,13 +44,18 @@ TEST(StepExecutorMtpTp, GreedyTokensEqualOneRankWithoutMtp) {
 }
 
 // Sampled sequences: every rank draws the same uniforms (the seeds are the requests'), so the
-// group agrees on every verify and repeats per seed.
-TEST(StepExecutorMtpTp, SampledRequestsAgreeAcrossRanksAndRepeat) {
+// group agrees on every verify, repeats per seed, and gives one rank's plain sampled tokens
+// (worker/spec/speculative_rule.h). The second run gets its decodes as work that follows the
+// answer in flight (SlotWork.follows, sent ahead): every rank continues from the same token.
+TEST(StepExecutorMtpTp, SampledRequestsAgreeAcrossRanksAndEqualPlainSampling) {
+  const Outcome plain = mtp_test::DriveOneRank(0, 0.8f);
   const std::vector<Outcome> a = RunGroup(2, 2, 0.8f, "mtp_tp_sampled_a");
-  const std::vector<Outcome> b = RunGroup(2, 2, 0.8f, "mtp_tp_sampled_b");
+  const std::vector<Outcome> b = RunGroup(2, 2, 0.8f, "mtp_tp_sampled_b", /*follows=*/true);
   ASSERT_EQ(a[0].generated.size(), 3u);
   EXPECT_EQ(a[1].generated, a[0].generated);
   EXPECT_EQ(b[0].generated, a[0].generated);
+  EXPECT_EQ(b[1].generated, a[0].generated);
+  EXPECT_EQ(a[0].generated, plain.generated);
   EXPECT_GT(a[0].stats.steps, 0);
 }
 
