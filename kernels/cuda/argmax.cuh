@@ -2,9 +2,10 @@
 // (common/sampling/sampler.h: NaN as -inf, +inf as FLT_MAX, the lowest id among the largest; 0
 // when every logit is -inf or NaN) for a few rows of a large vocabulary.
 //
-// Why: ArgmaxRows / SampleRows give a row one block of 1024 threads, which walks 248,320 logits
-// in ~40-54 us on one SM (README "Sampling v2": compute- and latency-bound there). A decode step
-// picks one row, an MTP verify 4, each draft of the chain one: the 132 SMs sit idle meanwhile.
+// Why: SampleRows (and ArgmaxRows before it) give a row one block of 1024 threads, which walks
+// 248,320 logits in ~40-61 us on one SM (README "Sampling v2": compute- and latency-bound there).
+// A decode step picks one row, an MTP verify 4, each draft of the chain one: the 132 SMs sit
+// idle meanwhile.
 // Here each row is cut into `parts` slices, one block each (16-byte loads), every block leaves its
 // (value, index) in a scratch slot, and the last block of the row to finish (a ticket counter,
 // reset by that block so the launch replays in a graph) reduces the slices in slice order.

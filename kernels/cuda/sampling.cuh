@@ -1,5 +1,4 @@
-// GPU-side token selection so logits need not cross PCIe.
-//   ArgmaxRows: greedy, one kernel.
+// GPU-side token selection so logits need not cross PCIe (plain greedy rows: argmax.cuh).
 //   SampleRows: the CPU sampler's pipeline (common/sampling/sampler.h: penalties, temperature,
 //     top-k, top-p, min-p, one draw) on logits already on the device. Given the uniform the CPU
 //     sampler would draw for that position, the token equals the CPU sampler's up to
@@ -18,10 +17,6 @@
 #include "common/util/status.h"
 
 namespace ds::cuda {
-
-// out[r] = argmax_j logits[r * ld + j] over j < n (lowest index on ties, NaN ignored).
-absl::Status ArgmaxRows(const float* logits, int64_t ld, int rows, int n, int32_t* out,
-                        cudaStream_t stream);
 
 enum SampleMode : int32_t {
   kSampleSkip = 0,    // out[r] = -1, the row is not read

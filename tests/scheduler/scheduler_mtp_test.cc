@@ -107,6 +107,20 @@ int Drive(Scheduler& s, MtpFakeWorker& w, bool lookahead, int iterations, size_t
   return ahead;
 }
 
+// Requests 1..5 (prompt 5 + 3 id, 17 + id tokens) all ended by length, token j at position
+// prompt + j: FakeToken of the position the worker sampled it at.
+void ExpectFullLengthsAtTheirPositions(std::map<RequestId, std::vector<int32_t>>& got,
+                                       std::map<RequestId, FinishReason>& done) {
+  ASSERT_EQ(done.size(), 5u);
+  for (RequestId id = 1; id <= 5; ++id) {
+    EXPECT_EQ(done[id], FinishReason::kLength);
+    ASSERT_EQ(got[id].size(), static_cast<size_t>(17 + id)) << "request " << id;
+    for (size_t j = 0; j < got[id].size(); ++j)
+      EXPECT_EQ(got[id][j], FakeToken(id, static_cast<int32_t>(5 + 3 * id + j)))
+          << "request " << id << " token " << j;
+  }
+}
+
 TEST(SchedulerMtp, SeveralTokensPerDecodeKeepPositionsAndLengths) {
   SchedulerConfig c = Config(3, 64, 16, Pool(1000, 300));
   c.mtp_drafts = 3;
@@ -133,15 +147,7 @@ TEST(SchedulerMtp, SeveralTokensPerDecodeKeepPositionsAndLengths) {
       }
     }
   }
-  ASSERT_EQ(done.size(), 5u);
-  for (RequestId id = 1; id <= 5; ++id) {
-    EXPECT_EQ(done[id], FinishReason::kLength);
-    ASSERT_EQ(got[id].size(), static_cast<size_t>(17 + id)) << "request " << id;
-    // Token j sits at position prompt + j: FakeToken of the position the worker sampled it at.
-    for (size_t j = 0; j < got[id].size(); ++j)
-      EXPECT_EQ(got[id][j], FakeToken(id, static_cast<int32_t>(5 + 3 * id + j)))
-          << "request " << id << " token " << j;
-  }
+  ExpectFullLengthsAtTheirPositions(got, done);
 }
 
 // With lookahead (the daemon's default) the steps sent ahead follow the in-flight answers: every
@@ -157,14 +163,7 @@ TEST(SchedulerMtp, StepsSentAheadFollowTheAnswersWithTheSameTokens) {
     std::map<RequestId, FinishReason> done;
     const int ahead = Drive(*s, w, /*lookahead=*/true, 400, 5, &got, &done);
     EXPECT_GT(ahead, 10) << "drafts " << drafts;
-    ASSERT_EQ(done.size(), 5u);
-    for (RequestId id = 1; id <= 5; ++id) {
-      EXPECT_EQ(done[id], FinishReason::kLength);
-      ASSERT_EQ(got[id].size(), static_cast<size_t>(17 + id)) << "request " << id;
-      for (size_t j = 0; j < got[id].size(); ++j)
-        EXPECT_EQ(got[id][j], FakeToken(id, static_cast<int32_t>(5 + 3 * id + j)))
-            << "request " << id << " token " << j << " drafts " << drafts;
-    }
+    ExpectFullLengthsAtTheirPositions(got, done);
     EXPECT_EQ(s->Status().running, 0);
     EXPECT_FALSE(s->Status().plan_in_flight);
   }

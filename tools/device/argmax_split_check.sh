@@ -16,16 +16,7 @@ MODEL=${MODEL:-/tmp/m.gguf}
 ( [ -s "$MODEL" ] || "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$MODEL" \
     >"$L/synth.log" 2>&1 ) &
 SYNTH=$!
-for t in "sampling_cuda_test" "mtp_gpu_test" "gpu_vs_cpu_test"; do
-  set -- $t
-  [ -x "$BIN/$1" ] || { echo "skip $1 (not packed)"; continue; }
-  t0=$SECONDS
-  timeout 240 "$BIN/$1" --gtest_color=no >"$L/$1.log" 2>&1
-  r=$?
-  echo "$1: rc=$r in $((SECONDS - t0)) s; $(grep -E '^\[  (PASSED|FAILED)' "$L/$1.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \]|Failure|Expected|Which is" "$L/$1.log" | head -20
-  [ $r = 0 ] && pass "$1" || fail "$1"
-done
+for t in sampling_cuda_test mtp_gpu_test gpu_vs_cpu_test; do run_gtest "$t"; done
 timeout 120 "$BIN/sampling_cuda_test" --gtest_also_run_disabled_tests \
   --gtest_filter='*Timing*' 2>&1 | grep -E "Argmax|greedy" | head -12
 wait $SYNTH

@@ -25,3 +25,16 @@ wait_serving() {
   done
   return 1
 }
+# Runs the packed gtest binary $1 (its arguments after it) under a 240 s limit, its log in
+# $L/$1.log (L: the calling script's log folder); prints the summary and the failures, then a
+# PASS/FAIL line. A binary that was not packed is skipped.
+run_gtest() {
+  local b=$1 t0=$SECONDS r
+  shift
+  [ -x "$BIN/$b" ] || { echo "skip $b (not packed)"; return 0; }
+  timeout 240 "$BIN/$b" "$@" --gtest_color=no >"$L/$b.log" 2>&1
+  r=$?
+  echo "$b: rc=$r in $((SECONDS - t0)) s; $(grep -E '^\[  (PASSED|FAILED)' "$L/$b.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|drafts kept" "$L/$b.log" | head -20
+  [ $r = 0 ] && pass "$b" || fail "$b"
+}

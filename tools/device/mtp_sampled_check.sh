@@ -19,16 +19,7 @@ MODEL=${MODEL:-/tmp/m.gguf}
 ( [ -s "$MODEL" ] || "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$MODEL" \
     >"$L/synth.log" 2>&1 ) &
 SYNTH=$!
-for t in "mtp_gpu_test" "sampling_cuda_test"; do
-  set -- $t
-  [ -x "$BIN/$1" ] || { echo "skip $1 (not packed)"; continue; }
-  t0=$SECONDS
-  timeout 240 "$BIN/$1" "${@:2}" --gtest_color=no >"$L/$1.log" 2>&1
-  r=$?
-  echo "$1: rc=$r in $((SECONDS - t0)) s; $(grep -E '^\[  (PASSED|FAILED)' "$L/$1.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|drafts kept" "$L/$1.log" | head -20
-  [ $r = 0 ] && pass "$1" || fail "$1"
-done
+for t in mtp_gpu_test sampling_cuda_test; do run_gtest "$t"; done
 gen() {  # gen MODEL TAG MTP MAX_TOKENS EXTRA...
   local m=$1 tag=$2 k=$3 n=$4; shift 4
   timeout 200 "$BIN/deltaserve" generate --model "$m" --backend cuda --max-tokens "$n" \

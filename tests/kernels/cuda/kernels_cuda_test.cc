@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cuda/argmax.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
@@ -446,7 +447,12 @@ TEST(Ops, ArgmaxKnownAnswer) {
   l[2 * n + 5] = std::nanf("");             // NaN ignored
   Dev<float> dl(l);
   Dev<int32_t> out(rows);
-  ASSERT_OK(ArgmaxRows(dl.p, n, rows, n, out.p, nullptr));
+  Dev<float> value(rows * kArgmaxParts);
+  Dev<int32_t> index(rows * kArgmaxParts);
+  Dev<uint32_t> tickets(rows);
+  CK(cudaMemset(tickets.p, 0, rows * sizeof(uint32_t)));
+  ASSERT_OK(ArgmaxSplitRows(dl.p, n, rows, n, ArgmaxScratch{value.p, index.p, tickets.p, rows},
+                            out.p, nullptr));
   const auto got = out.Down();
   EXPECT_EQ(got[0], 248319);
   EXPECT_EQ(got[1], 7);

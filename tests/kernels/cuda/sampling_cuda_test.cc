@@ -268,7 +268,12 @@ TEST(SampleRows, SkipRowsAndGreedyMatchArgmax) {
   Dev<PenaltyPair> dq(1);
   Dev<int32_t> out(2), am(1);
   ASSERT_OK(SampleRows(dl.p, 0, 2, n, dp.p, dq.p, out.p, nullptr));
-  ASSERT_OK(ArgmaxRows(dl.p, n, 1, n, am.p, nullptr));
+  Dev<float> value(kArgmaxParts);
+  Dev<int32_t> index(kArgmaxParts);
+  Dev<uint32_t> tickets(1);
+  DS_CUDA_CHECK(cudaMemset(tickets.p, 0, sizeof(uint32_t)));
+  ASSERT_OK(ArgmaxSplitRows(dl.p, n, 1, n, ArgmaxScratch{value.p, index.p, tickets.p, 1}, am.p,
+                            nullptr));
   const std::vector<int32_t> got = out.Down(2);
   EXPECT_EQ(got[0], am.Down(1)[0]);
   EXPECT_EQ(got[1], -1);
@@ -527,18 +532,6 @@ TEST(SampleRows, DISABLED_TimingVocab248320) {
       all.insert(all.end(), l.begin(), l.end());
     }
     dl.Up(all);
-    for (int rows : {1, kMaxRows}) {
-      Dev<int32_t> am(rows);
-      DS_CUDA_CHECK(cudaEventRecord(e0));
-      for (int it = 0; it < kIters; ++it)
-        ASSERT_OK(ArgmaxRows(dl.p, kVocab, rows, kVocab, am.p, nullptr));
-      DS_CUDA_CHECK(cudaEventRecord(e1));
-      DS_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      std::printf("[ sampling ]   %-36s %8.1f us (%d rows)\n", "ArgmaxRows", 1e3 * ms / kIters,
-                  rows);
-    }
     Dev<float> value(kMaxRows * kArgmaxParts);
     Dev<int32_t> index(kMaxRows * kArgmaxParts);
     Dev<uint32_t> tickets(kMaxRows);
