@@ -102,6 +102,9 @@ void ToProto(const FinishInfo& f, v1::GenerateResponse::Finished* out) {
   t->set_total_seconds(f.timings.total_seconds);
   t->set_mean_inter_token_seconds(f.timings.mean_itl_seconds);
   t->set_tokens_per_step(f.timings.tokens_per_step);
+  t->mutable_drafts_judged()->Add(f.timings.drafts_judged.begin(), f.timings.drafts_judged.end());
+  t->mutable_drafts_accepted()->Add(f.timings.drafts_accepted.begin(),
+                                    f.timings.drafts_accepted.end());
   out->set_stop_string(f.stop_string);
 }
 

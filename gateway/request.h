@@ -96,6 +96,8 @@ struct ServerTimings {
   double total_seconds = 0;
   double mean_itl_seconds = 0;
   double tokens_per_step = 0;  // 1 + accepted MTP drafts per step on average (0: not reported)
+  // MTP by draft position: verifies that judged a draft there, and those that kept it.
+  std::vector<uint32_t> drafts_judged, drafts_accepted;
 };
 
 // One message of the internal Submit stream, translated.

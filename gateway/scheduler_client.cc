@@ -62,6 +62,10 @@ void Translate(const pb::RequestEvent& m, InternalEvent* ev) {
       ev->timings.total_seconds = f.timings().total_seconds();
       ev->timings.mean_itl_seconds = f.timings().mean_inter_token_seconds();
       ev->timings.tokens_per_step = f.timings().tokens_per_step();
+      ev->timings.drafts_judged.assign(f.timings().drafts_judged().begin(),
+                                       f.timings().drafts_judged().end());
+      ev->timings.drafts_accepted.assign(f.timings().drafts_accepted().begin(),
+                                         f.timings().drafts_accepted().end());
       break;
     }
     default:

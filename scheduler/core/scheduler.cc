@@ -49,6 +49,19 @@ absl::Status CheckTokens(RequestId id, const char* what, const std::vector<int32
   return absl::OkStatus();
 }
 
+// A verify that offered `offered` drafts and kept `kept` of them: draft positions below
+// min(offered, kept + 1) were judged (every draft before them kept), those below kept accepted.
+void CountDrafts(int32_t offered, int32_t kept, RequestTimings& t) {
+  const int32_t judged = std::min(offered, kept + 1);
+  if (judged <= 0) return;
+  if (static_cast<int32_t>(t.drafts_judged.size()) < judged) {
+    t.drafts_judged.resize(static_cast<size_t>(judged), 0);
+    t.drafts_accepted.resize(static_cast<size_t>(judged), 0);
+  }
+  for (int32_t j = 0; j < judged; ++j) ++t.drafts_judged[static_cast<size_t>(j)];
+  for (int32_t j = 0; j < kept; ++j) ++t.drafts_accepted[static_cast<size_t>(j)];
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConfig& c) {
@@ -584,6 +597,16 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
           "step ", plan.step_id, ": ", results.tokens.size(), " tokens in ",
           results.counts.size(), " counts for ", plan.n_sampled,
           " sampled entries (each 1..", 1 + std::max(0, config_.mtp_drafts), ")"));
+    if (valid && !results.drafts_offered.empty()) {
+      valid = static_cast<int32_t>(results.drafts_offered.size()) == plan.n_sampled;
+      for (size_t i = 0; valid && i < results.counts.size(); ++i)
+        valid = results.counts[i] - 1 <= results.drafts_offered[i];
+      if (!valid)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "step ", plan.step_id, ": ", results.drafts_offered.size(),
+            " drafts_offered for ", plan.n_sampled,
+            " sampled entries, or an entry kept more drafts than it offered"));
+    }
   } else if (ok && static_cast<int32_t>(results.tokens.size()) != plan.n_sampled) {
     return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": ",
                                                    results.tokens.size(), " sampled tokens for ",
@@ -652,6 +675,8 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
     s.computed += static_cast<int32_t>(e.tokens.size());
     if (!e.sample) continue;
     ++s.timings.answers;
+    if (counted && !results.drafts_offered.empty())
+      CountDrafts(results.drafts_offered[entry - 1], static_cast<int32_t>(more.size()), s.timings);
     // Every token but the last of an MTP answer is a kept draft: already in the worker's state.
     bool finished = false;  // FinishSoon may destroy s: touch nothing of it afterwards
     for (size_t j = 0; j <= more.size() && !finished; ++j) {

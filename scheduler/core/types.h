@@ -54,6 +54,9 @@ struct RequestTimings {
   absl::Time last_token = absl::InfinitePast();   // latest token sampled
   absl::Time finished = absl::InfinitePast();
   int32_t answers = 0;  // sampled entries applied (with MTP one may bring several tokens)
+  // MTP, by draft position (0 = the first draft): verifies that judged a draft there (all before
+  // it kept) and how many of those kept it. Empty until a verify is reported.
+  std::vector<int32_t> drafts_judged, drafts_accepted;
 };
 
 // What the gateway streams. A flat tagged struct (not a variant) so the daemon maps it to a proto
@@ -135,6 +138,9 @@ struct StepResults {
   // when `counts` is not empty (MTP: a verify step keeps drafts, 1..mtp_drafts + 1 tokens).
   std::vector<int32_t> tokens;
   std::vector<int32_t> counts;  // [plan.n_sampled] or empty
+  // MTP (proto StepResult.drafts_offered): the drafts each sampled entry's verify offered, with
+  // counts; [plan.n_sampled] or empty (not reported). Only for RequestTimings' acceptance.
+  std::vector<int32_t> drafts_offered;
   double forward_seconds = 0;   // as measured by the worker (for metrics; unused here)
   // Prefix cache (proto StepResult.checkpoints_*), also when status is not OK: (id, bytes) of the
   // checkpoints the worker saved, the ids it dropped to make room and those it did not save.

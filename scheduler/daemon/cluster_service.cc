@@ -87,6 +87,10 @@ void ToProto(const Event& e, const std::optional<TokenLogprobInfo>& lp, pb::Requ
         t->set_mean_inter_token_seconds(Sec(tm.first_token, tm.last_token) / (e.n_generated - 1));
       if (tm.answers > 0)
         t->set_tokens_per_step(static_cast<double>(e.n_generated) / tm.answers);
+      for (size_t j = 0; j < tm.drafts_judged.size(); ++j) {
+        t->add_drafts_judged(static_cast<uint32_t>(tm.drafts_judged[j]));
+        t->add_drafts_accepted(static_cast<uint32_t>(tm.drafts_accepted[j]));
+      }
       break;
     }
   }
@@ -279,6 +283,7 @@ grpc::Status ClusterService::WorkerSession(
                                        sr.checkpoints_evicted().end());
         res.checkpoints_failed.assign(sr.checkpoints_failed().begin(),
                                       sr.checkpoints_failed().end());
+        res.drafts_offered.assign(sr.drafts_offered().begin(), sr.drafts_offered().end());
         res.tokens.reserve(static_cast<size_t>(sr.tokens_size()));
         for (const pb::SampledToken& t : sr.tokens()) {
           WorkerSampled ws;

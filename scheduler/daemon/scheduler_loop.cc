@@ -506,6 +506,8 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
       r.counts.push_back(static_cast<int32_t>(it->second.size()));
       if (it->second.back()->logprob) lps[e.id] = *it->second.back()->logprob;
     }
+    // In work order of the sampled entries, which is plan order (the core checks the counts).
+    if (r.status.ok()) r.drafts_offered.assign(wr.drafts_offered.begin(), wr.drafts_offered.end());
   }
   auto events = rep->core->Apply(plan, r, absl::Now());
   if (!events.ok())

@@ -78,6 +78,7 @@ struct WorkerStepResult {
   std::vector<std::pair<uint64_t, uint64_t>> checkpoints_saved;
   std::vector<uint64_t> checkpoints_evicted;
   std::vector<uint64_t> checkpoints_failed;
+  std::vector<uint32_t> drafts_offered;  // MTP: per sampled work, the drafts its verify offered
 };
 
 // The outgoing half of one worker's session, implemented by the WorkerSession handler. The loop

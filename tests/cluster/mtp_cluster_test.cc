@@ -47,6 +47,21 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
   EXPECT_EQ(one.fin.usage().completion_tokens(), static_cast<uint32_t>(kMax));
   // Answers of several tokens crossed the scheduler: more than one token per decode step.
   EXPECT_GT(one.fin.timings().tokens_per_step(), 1.3);
+  // Acceptance by draft position: each position judged at most as often as the one before it
+  // kept its draft, and every kept draft is a token beyond one per answer (the length cut no
+  // answer: the worker drafts within max_new_tokens).
+  const v1::Timings& tm = one.fin.timings();
+  ASSERT_GE(tm.drafts_judged_size(), 1);
+  ASSERT_LE(tm.drafts_judged_size(), 3);
+  ASSERT_EQ(tm.drafts_accepted_size(), tm.drafts_judged_size());
+  uint32_t kept = 0;
+  for (int j = 0; j < tm.drafts_judged_size(); ++j) {
+    EXPECT_LE(tm.drafts_accepted(j), tm.drafts_judged(j)) << "position " << j;
+    if (j > 0) EXPECT_LE(tm.drafts_judged(j), tm.drafts_accepted(j - 1)) << "position " << j;
+    kept += tm.drafts_accepted(j);
+  }
+  const double answers = kMax / tm.tokens_per_step();
+  EXPECT_NEAR(kMax - answers, kept, 1e-6);
   std::vector<std::future<GenResult>> fs;
   for (const auto& p : prompts)
     fs.push_back(std::async(std::launch::async, [&c, p] { return c.Generate(IdsRequest(p, kMax)); }));
@@ -64,6 +79,8 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
     EXPECT_EQ(r.ids, want[1]) << "mtp " << k;
     if (k == 0) EXPECT_DOUBLE_EQ(r.fin.timings().tokens_per_step(), 1.0);
+    if (k == 0) EXPECT_EQ(r.fin.timings().drafts_judged_size(), 0);
+    if (k == 1) EXPECT_LE(r.fin.timings().drafts_judged_size(), 1);
   }
   v1::GenerateRequest bad = IdsRequest(prompts[1], kMax);
   bad.mutable_sampling()->set_mtp(16);

@@ -55,9 +55,13 @@ class MtpFakeWorker {
       }
       pending_[e.slot] = r.tokens.back();
       r.counts.push_back(kept + 1);
+      r.drafts_offered.push_back(drafts_);  // every verify offers all its drafts
+      kept_[e.id].push_back(kept);
     }
     return r;
   }
+  // The drafts kept by each answer of a request, in order.
+  const std::vector<int>& kept(RequestId id) { return kept_[id]; }
   int64_t entries() const { return computed_; }
 
  private:
@@ -66,6 +70,7 @@ class MtpFakeWorker {
   int64_t computed_ = 0;
   std::map<int, std::vector<int32_t>> state_;
   std::map<int, int32_t> pending_;  // the last token answered per slot
+  std::map<RequestId, std::vector<int>> kept_;
 };
 
 // Drives `s` as the daemon's loop does: Schedule() with nothing in flight, then (lookahead)
@@ -213,6 +218,56 @@ TEST(SchedulerMtp, NothingAheadWhenTheAnswerMayBeTheLast) {
   auto ahead = s->ScheduleAhead(T(1));
   ASSERT_TRUE(ahead.ok());
   EXPECT_TRUE(ahead->empty()) << "1 generated + up to 4 in flight >= 4";
+}
+
+// Finished timings count the drafts by position from the worker's drafts_offered and the answers'
+// lengths: a verify that kept k of K judged positions 0..min(K, k + 1) - 1 and accepted 0..k - 1.
+TEST(SchedulerMtp, FinishedTimingsCountDraftsByPosition) {
+  SchedulerConfig c = Config(2, 64, 64, Pool(1000, 300));
+  c.mtp_drafts = 3;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Add(Req(1, 6, 30)).ok());
+  ASSERT_TRUE(s->Add(Req(2, 9, 25)).ok());
+  MtpFakeWorker w(3);
+  std::map<RequestId, RequestTimings> timings;
+  for (int i = 0; i < 100 && timings.size() < 2; ++i) {
+    auto plan = s->Schedule(T(i));
+    ASSERT_TRUE(plan.ok());
+    if (plan->empty()) continue;
+    auto ev = s->Apply(*plan, w.Run(*plan), T(i));
+    ASSERT_TRUE(ev.ok()) << ev.status();
+    for (const Event& e : *ev)
+      if (e.kind == Event::Kind::kFinished) timings[e.id] = e.timings;
+  }
+  ASSERT_EQ(timings.size(), 2u);
+  for (RequestId id : {1, 2}) {
+    std::vector<int32_t> judged(3, 0), accepted(3, 0);
+    for (int k : w.kept(id)) {
+      for (int j = 0; j < std::min(3, k + 1); ++j) ++judged[j];
+      for (int j = 0; j < k; ++j) ++accepted[j];
+    }
+    EXPECT_EQ(timings[id].drafts_judged, judged) << "request " << id;
+    EXPECT_EQ(timings[id].drafts_accepted, accepted) << "request " << id;
+    EXPECT_GT(accepted[0], 0);
+  }
+}
+
+// A worker that reports keeping more drafts than it offered is refused.
+TEST(SchedulerMtp, KeepingMoreDraftsThanOfferedIsRefused) {
+  SchedulerConfig c = Config(1, 64, 64, Pool(1000, 300));
+  c.mtp_drafts = 3;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Add(Req(1, 4, 10)).ok());
+  auto plan = s->Schedule(T(0));
+  ASSERT_TRUE(plan.ok());
+  StepResults r;
+  r.step_id = plan->step_id;
+  r.tokens = {11, 12, 13};
+  r.counts = {3};
+  r.drafts_offered = {1};
+  EXPECT_EQ(s->Apply(*plan, r, T(0)).status().code(), absl::StatusCode::kInvalidArgument);
+  r.drafts_offered = {2};
+  EXPECT_TRUE(s->Apply(*plan, r, T(0)).ok());
 }
 
 TEST(SchedulerMtp, StopInsideAnAnswerEndsItThere) {

@@ -49,6 +49,7 @@ pb::Step FullStep() {
   w->set_pos0(1);
   w->set_n_tokens(3);
   w->set_sample(false);
+  w->set_follows(true);
   return s;
 }
 
@@ -83,6 +84,8 @@ TEST(StepProto, StepFieldsLandInTheirPlainFieldsAndRoundTrip) {
   EXPECT_EQ(plain.work[1].pos0, 1u);
   EXPECT_EQ(plain.work[1].n_tokens, 3u);
   EXPECT_FALSE(plain.work[1].sample);
+  EXPECT_FALSE(plain.work[0].follows);
+  EXPECT_TRUE(plain.work[1].follows);
 
   pb::Step out;
   worker::ToProto(plain, &out);
@@ -150,8 +153,18 @@ TEST(StepProto, ResultRoundTripsAndKeepsLogprobPresence) {
   worker::StepResult back = FullResult();  // reused: every field must be overwritten
   back.tokens[0].logprob = worker::TokenLogprob{1, 1.0f, {}};
   back.tokens.emplace_back();
+  back.drafts_offered = {7};
   worker::FromProto(p, &back);
   EXPECT_EQ(back, in);
+
+  // MTP: the drafts each sampled work's verify offered.
+  worker::StepResult mtp = FullResult();
+  mtp.drafts_offered = {0, 3, 2};
+  worker::ToProto(mtp, &p);
+  ASSERT_EQ(p.drafts_offered_size(), 3);
+  EXPECT_EQ(p.drafts_offered(1), 3u);
+  worker::FromProto(p, &back);
+  EXPECT_EQ(back, mtp);
 }
 
 // What StepExecutor::Run used to fill in place, field by field, before the plain types: the bytes

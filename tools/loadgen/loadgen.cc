@@ -54,6 +54,7 @@ struct Samples {
   std::map<std::string, int> errors;
   std::map<std::string, std::string> first_error;
   uint64_t generated = 0, prompt = 0;
+  std::vector<uint64_t> drafts_judged, drafts_accepted;  // MTP, summed by draft position
   absl::Status channel_error;  // a client could not build its channel (TLS files)
 };
 
@@ -156,6 +157,16 @@ void Client(const LoadOptions& o, int client, std::atomic<int>* next, Samples* o
     out->srv_total.push_back(fin.timings().total_seconds());
     if (fin.timings().tokens_per_step() > 0)
       out->tokens_per_step.push_back(fin.timings().tokens_per_step());
+    const auto& judged = fin.timings().drafts_judged();
+    const auto& accepted = fin.timings().drafts_accepted();
+    if (out->drafts_judged.size() < static_cast<size_t>(judged.size())) {
+      out->drafts_judged.resize(judged.size(), 0);
+      out->drafts_accepted.resize(judged.size(), 0);
+    }
+    for (int j = 0; j < judged.size() && j < accepted.size(); ++j) {
+      out->drafts_judged[j] += judged[j];
+      out->drafts_accepted[j] += accepted[j];
+    }
   }
 }
 
@@ -210,6 +221,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o) {
   r.srv_itl = Summarize(s.srv_itl);
   r.srv_total = Summarize(s.srv_total);
   r.tokens_per_step = Summarize(s.tokens_per_step);
+  r.drafts_judged = s.drafts_judged;
+  r.drafts_accepted = s.drafts_accepted;
   return r;
 }
 
@@ -255,6 +268,17 @@ std::string FormatReport(const LoadReport& r) {
   if (t.n > 0)
     absl::StrAppendFormat(&out, "  %-26s %9.2f %9.2f %9.2f %9.2f %9.2f  (n=%zu)\n",
                           "tokens per step (MTP)", t.p50, t.p90, t.p99, t.mean, t.max, t.n);
+  if (!r.drafts_judged.empty()) {
+    out += "MTP acceptance by draft position (accepted / judged, all requests):";
+    for (size_t j = 0; j < r.drafts_judged.size(); ++j)
+      absl::StrAppendFormat(&out, "  %zu: %.3f (%llu/%llu)", j + 1,
+                            r.drafts_judged[j] ? static_cast<double>(r.drafts_accepted[j]) /
+                                                     static_cast<double>(r.drafts_judged[j])
+                                               : 0.0,
+                            static_cast<unsigned long long>(r.drafts_accepted[j]),
+                            static_cast<unsigned long long>(r.drafts_judged[j]));
+    out += "\n";
+  }
   return out;
 }
 

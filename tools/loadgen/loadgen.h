@@ -60,6 +60,8 @@ struct LoadReport {
   // Finished.timings.tokens_per_step of each request (1 without MTP; with MTP 1 + the drafts
   // accepted per verify step: the mean accepted length). Not seconds.
   Percentiles tokens_per_step;
+  // Finished.timings.drafts_judged / drafts_accepted summed over the requests, by draft position.
+  std::vector<uint64_t> drafts_judged, drafts_accepted;
 };
 
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& o);

@@ -525,7 +525,10 @@ StepResult StepExecutor::RunResolved(const Step& step) {
       share(blk, appended);
       if (samples)
         for (int32_t t : appended) result.tokens.push_back(SampledToken{w.slot, t, std::nullopt});
-      if (samples) verify_tokens_.push_back(kept + 1);
+      if (samples) {
+        verify_tokens_.push_back(kept + 1);
+        result.drafts_offered.push_back(static_cast<uint32_t>(offered));
+      }
       slot.policy.Record(offered, kept);
       DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
                  kept + 1, n_mtp_slots);
@@ -551,6 +554,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
                  hidden_rows(row0, 1), 1, n_mtp_slots);
     share(blk, std::span<const int32_t>(&r.token, 1));
     if (!samples) continue;
+    if (drafter_) result.drafts_offered.push_back(0);  // no verify: no draft offered
     SampledToken& t = result.tokens.emplace_back();
     t.slot = w.slot;
     t.token = r.token;

@@ -96,6 +96,7 @@ void FromProto(const pb::StepResult& in, StepResult* out) {
   out->checkpoints_evicted.assign(in.checkpoints_evicted().begin(), in.checkpoints_evicted().end());
   out->checkpoints_failed.assign(in.checkpoints_failed().begin(), in.checkpoints_failed().end());
   out->checkpoint_seconds = in.checkpoint_seconds();
+  out->drafts_offered.assign(in.drafts_offered().begin(), in.drafts_offered().end());
 }
 
 void ToProto(const StepResult& in, pb::StepResult* out) {
@@ -129,6 +130,7 @@ void ToProto(const StepResult& in, pb::StepResult* out) {
   out->mutable_checkpoints_failed()->Add(in.checkpoints_failed.begin(),
                                          in.checkpoints_failed.end());
   out->set_checkpoint_seconds(in.checkpoint_seconds);
+  out->mutable_drafts_offered()->Add(in.drafts_offered.begin(), in.drafts_offered.end());
 }
 
 }  // namespace ds::worker

@@ -105,6 +105,8 @@ struct StepResult {
   std::vector<uint64_t> checkpoints_evicted;
   std::vector<uint64_t> checkpoints_failed;
   double checkpoint_seconds = 0;
+  // MTP (proto StepResult.drafts_offered): per sampled work, the drafts its verify offered.
+  std::vector<uint32_t> drafts_offered;
   friend bool operator==(const StepResult&, const StepResult&) = default;
 };
 
