@@ -5,7 +5,8 @@
 # forward+sample time) at batch 1 and under concurrency.
 # Usage (device, repo root, after tools/device/pack.sh deltaserve deltactl): tools/device/cluster_run.sh
 # Env: SCHED_ARGS (extra scheduler flags, e.g. --spin-wait off), WORKER_ARGS (extra worker flags,
-# e.g. --mtp 3), CONCS (default "1 16"), DS_CARRY (the carry folder, default .devcarry).
+# e.g. --mtp 3), CONCS (default "1 16"), VOCAB (ids of the random prompts, default 248320),
+# DS_CARRY (the carry folder, default .devcarry).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -37,7 +38,7 @@ print(v('deltaserve_step_duration_seconds_sum'), v('deltaserve_step_worker_secon
 for conc in ${CONCS:-1 16}; do
   before=$(scrape); cpu0=$(awk '{print $14 + $15}' /proc/$S/stat); t0=$(date +%s.%N)
   "$C" load --addr 127.0.0.1:50061 --concurrency $conc --requests $((conc * 2)) --prompt-len 512 \
-    --max-tokens 128 --vocab 248320 2>&1 | tee "$LOG/load_c$conc.txt" | tail -25
+    --max-tokens 128 --vocab ${VOCAB:-248320} 2>&1 | tee "$LOG/load_c$conc.txt" | tail -25
   after=$(scrape); cpu1=$(awk '{print $14 + $15}' /proc/$S/stat); t1=$(date +%s.%N)
   echo "  scheduler process CPU: $(python3 -c "print(f'{($cpu1 - $cpu0) / $(getconf CLK_TCK) / ($t1 - $t0) * 100:.0f}% of one core')")"
   python3 -c "

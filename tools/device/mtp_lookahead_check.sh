@@ -13,5 +13,5 @@ for la in ${LOOKAHEAD:-on off}; do
   echo "=== --lookahead $la, worker --mtp ${MTP:-3}"
   SCHED_ARGS="--lookahead $la" WORKER_ARGS="--mtp ${MTP:-3}" CONCS="${CONCS:-1 4}" \
     OUT="${OUT:-/tmp}/lookahead_$la" bash tools/device/cluster_run.sh 2>&1 |
-    grep -E "health|concurrency|tok/s|scheduler:|TTFT|inter" | head -30
+    grep -E "health|concurrency|tok/s|scheduler:|TTFT|inter|MTP|per step" | head -30
 done
