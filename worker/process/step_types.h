@@ -22,8 +22,8 @@ struct SequenceStart {
   // `logprobs` (the public API's `logprobs = n`): > 0 returns the chosen token's logprob plus the
   // top n_logprobs, at most sampling::kMaxLogprobs.
   sampling::SamplingParams sampling;
-  // A replay after failover: the last n_generated of `tokens` were sampled already, so the
-  // sampler skips the random draws they took (proto SequenceStart.n_generated).
+  // A replay after failover: the last n_generated of `tokens` were sampled already (proto
+  // SequenceStart.n_generated); the sampler keys its draws by position, so it needs no skipping.
   uint32_t n_generated = 0;
   // Generated tokens the request may have in all (proto SequenceStart.max_new_tokens); 0 =
   // unknown (no MTP drafts for it).
