@@ -252,24 +252,6 @@ TEST(SchedulerMtp, FinishedTimingsCountDraftsByPosition) {
   }
 }
 
-// A worker that reports keeping more drafts than it offered is refused.
-TEST(SchedulerMtp, KeepingMoreDraftsThanOfferedIsRefused) {
-  SchedulerConfig c = Config(1, 64, 64, Pool(1000, 300));
-  c.mtp_drafts = 3;
-  auto s = Make(c);
-  ASSERT_TRUE(s->Add(Req(1, 4, 10)).ok());
-  auto plan = s->Schedule(T(0));
-  ASSERT_TRUE(plan.ok());
-  StepResults r;
-  r.step_id = plan->step_id;
-  r.tokens = {11, 12, 13};
-  r.counts = {3};
-  r.drafts_offered = {1};
-  EXPECT_EQ(s->Apply(*plan, r, T(0)).status().code(), absl::StatusCode::kInvalidArgument);
-  r.drafts_offered = {2};
-  EXPECT_TRUE(s->Apply(*plan, r, T(0)).ok());
-}
-
 TEST(SchedulerMtp, StopInsideAnAnswerEndsItThere) {
   SchedulerConfig c = Config(1, 64, 64, Pool(1000, 300));
   c.mtp_drafts = 3;
@@ -300,6 +282,8 @@ TEST(SchedulerMtp, StopInsideAnAnswerEndsItThere) {
   EXPECT_EQ(s->Status().running, 0);
 }
 
+// Malformed answers: too many tokens, counts that do not add up, more drafts kept than offered,
+// drafts_offered not one per sampled entry.
 TEST(SchedulerMtp, MalformedCountsAreRefused) {
   SchedulerConfig c = Config(2, 64, 64, Pool(1000, 300));
   c.mtp_drafts = 2;
@@ -316,6 +300,11 @@ TEST(SchedulerMtp, MalformedCountsAreRefused) {
   r.counts = {3};  // counts do not add up to the tokens
   EXPECT_EQ(s->Apply(*plan, r, T(0)).status().code(), absl::StatusCode::kInvalidArgument);
   r.counts = {2};
+  r.drafts_offered = {0};  // kept a draft it never offered
+  EXPECT_EQ(s->Apply(*plan, r, T(0)).status().code(), absl::StatusCode::kInvalidArgument);
+  r.drafts_offered = {1, 1};  // one per sampled entry
+  EXPECT_EQ(s->Apply(*plan, r, T(0)).status().code(), absl::StatusCode::kInvalidArgument);
+  r.drafts_offered = {2};
   EXPECT_TRUE(s->Apply(*plan, r, T(0)).ok());
   // Without MTP, several tokens for one entry are a protocol error.
   auto plain = Make(Config(2, 64, 64, Pool(1000, 300)));
