@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/draft_positions.h"
 
 namespace ds::sched {
 
@@ -47,19 +48,6 @@ absl::Status CheckTokens(RequestId id, const char* what, const std::vector<int32
     }
   }
   return absl::OkStatus();
-}
-
-// A verify that offered `offered` drafts and kept `kept` of them: draft positions below
-// min(offered, kept + 1) were judged (every draft before them kept), those below kept accepted.
-void CountDrafts(int32_t offered, int32_t kept, RequestTimings& t) {
-  const int32_t judged = std::min(offered, kept + 1);
-  if (judged <= 0) return;
-  if (static_cast<int32_t>(t.drafts_judged.size()) < judged) {
-    t.drafts_judged.resize(static_cast<size_t>(judged), 0);
-    t.drafts_accepted.resize(static_cast<size_t>(judged), 0);
-  }
-  for (int32_t j = 0; j < judged; ++j) ++t.drafts_judged[static_cast<size_t>(j)];
-  for (int32_t j = 0; j < kept; ++j) ++t.drafts_accepted[static_cast<size_t>(j)];
 }
 
 }  // namespace
@@ -676,7 +664,9 @@ absl::StatusOr<std::vector<Event>> Scheduler::Apply(const StepPlan& plan,
     if (!e.sample) continue;
     ++s.timings.answers;
     if (counted && !results.drafts_offered.empty())
-      CountDrafts(results.drafts_offered[entry - 1], static_cast<int32_t>(more.size()), s.timings);
+      metrics::CountDraftPositions(results.drafts_offered[entry - 1],
+                                   static_cast<int>(more.size()), s.timings.drafts_judged,
+                                   s.timings.drafts_accepted);
     // Every token but the last of an MTP answer is a kept draft: already in the worker's state.
     bool finished = false;  // FinishSoon may destroy s: touch nothing of it afterwards
     for (size_t j = 0; j <= more.size() && !finished; ++j) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/draft_positions.h"
 
 namespace ds::spec {
 
@@ -18,12 +19,11 @@ MtpDrafter::MtpDrafter(const ModelConfig& cfg) : n_vocab_(cfg.n_vocab), n_embd_(
 
 namespace {
 
-// Acceptance statistics of one verify: drafts 0..kept were judged (kept < n: the last one lost).
+// Acceptance statistics of one verify (common/metrics/draft_positions.h).
 void Count(int n, int kept, SpecStats* stats) {
   if (!stats) return;
   stats->Resize(n);
-  for (int d = 0; d < std::min(n, kept + 1); ++d) ++stats->offered[d];
-  for (int d = 0; d < kept; ++d) ++stats->accepted[d];
+  metrics::CountDraftPositions(n, kept, stats->offered, stats->accepted);
   ++stats->steps;
   stats->tokens += kept + 1;
 }
