@@ -519,14 +519,13 @@ void SchedulerLoop::Handle(WorkerStepCmd& c) {
   StepTiming t;
   t.n_tokens = done.plan.n_tokens;
   t.n_seqs = static_cast<int>(done.plan.entries.size());
-  t.ahead = std::any_of(done.plan.entries.begin(), done.plan.entries.end(),
-                        [](const PlanEntry& e) { return e.ahead; });
   Route(std::move(*events), &lps, false);
   const auto t_end = SteadyClock::now();
   // A step sent ahead starts, for the worker, when the previous answer left it: its interval is
   // measured from the previous answer here, and its scheduling (done during the previous step)
   // is off the critical path.
   const bool ahead = done.sent < rep->last_result;
+  t.ahead = ahead;
   t.total_us = Micros(t_end - (ahead ? rep->last_result : done.t0));
   t.worker_us = (wr.forward_seconds + wr.sample_seconds) * 1e6;
   t.worker_handle_us = std::max(t.worker_us, wr.handle_seconds * 1e6);
