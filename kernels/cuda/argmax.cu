@@ -3,6 +3,7 @@
 #include <climits>
 
 #include "kernels/cuda/argmax.cuh"
+#include "kernels/cuda/argmax_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace ds::cuda {
@@ -13,22 +14,6 @@ constexpr int kThreads = 256;
 // The CPU sampler's view of a logit (common/sampling/kernels.cc Sanitize).
 __device__ __forceinline__ float Sanitized(float v) {
   return isnan(v) ? -INFINITY : (v == INFINITY ? FLT_MAX : v);
-}
-
-__device__ __forceinline__ void Better(float& bv, int& bi, float v, int i) {
-  if (v > bv || (v == bv && i < bi)) {
-    bv = v;
-    bi = i;
-  }
-}
-
-__device__ __forceinline__ void WarpBest(float& bv, int& bi) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    Better(bv, bi, ov, oi);
-  }
 }
 
 // The block's best (value, index) into thread 0 (every thread must call it).

@@ -32,18 +32,12 @@
 #include <climits>
 
 #include "common/sampling/exp_constants.h"
+#include "kernels/cuda/argmax_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/sampling.cuh"
 
 namespace ds::cuda {
 namespace {
-
-__device__ __forceinline__ void Better(float& bv, int& bi, float v, int i) {
-  if (v > bv || (v == bv && i < bi)) {
-    bv = v;
-    bi = i;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // SampleRows
@@ -183,12 +177,7 @@ struct Smem {
 // ---- block reductions: common.cuh's BlockSum / BlockMax over the Smem scratch arrays; the
 // argmax below (all threads get the result; two __syncthreads) ----
 __device__ void BlockArgmax(float& bv, int& bi, Smem& s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFull, bv, o);
-    const int oi = __shfl_xor_sync(kFull, bi, o);
-    Better(bv, bi, ov, oi);
-  }
+  WarpBest(bv, bi);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
   if (lane == 0) {
@@ -198,12 +187,7 @@ __device__ void BlockArgmax(float& bv, int& bi, Smem& s) {
   __syncthreads();
   bv = s.red_f[lane];
   bi = s.red_i[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFull, bv, o);
-    const int oi = __shfl_xor_sync(kFull, bi, o);
-    Better(bv, bi, ov, oi);
-  }
+  WarpBest(bv, bi);
 }
 
 // Bitonic sort of a[0, len) in shared memory, len a power of two <= 2 * kThreads * 2.

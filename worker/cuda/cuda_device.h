@@ -350,7 +350,7 @@ class CudaDevice final : public Device {
   const int32_t* DecodePositions() const { return d_ints_ + 5 * T_max_; }
   int32_t* d_logit_rows_ = nullptr;  // [T_max]
   int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
-  ArgmaxScratch argmax_scratch_;     // ArgmaxSplitRows over up to 64 rows (work arena)
+  ArgmaxScratch argmax_scratch_;     // ArgmaxSplitRows over logit_rows_max rows (work arena)
   int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ + d_logit_rows_
   float* h_ = nullptr;      // [T, H] residual stream
   float* a_ = nullptr;      // [T, H] normed

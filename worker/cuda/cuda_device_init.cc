@@ -277,13 +277,14 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // The cuBLAS prefill attention's scores / probabilities ([G, tq, slot_ctx], 2.25x the
   // gathered K/V per context token on the 27B); the flash kernel needs neither.
   const uint64_t score_ctx = attn_prefill_tensor_cores_ ? 0 : static_cast<uint64_t>(slot_ctx_);
+  const uint64_t LR = static_cast<uint64_t>(logit_rows_max_);  // logit rows of one micro-step
   std::vector<Buf> bufs = {
       {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
       {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
-      {reinterpret_cast<void**>(&argmax_scratch_.value), 64ull * kArgmaxParts * 4},
-      {reinterpret_cast<void**>(&argmax_scratch_.index), 64ull * kArgmaxParts * 4},
-      {reinterpret_cast<void**>(&argmax_scratch_.tickets), 64 * 4ull},
+      {reinterpret_cast<void**>(&argmax_scratch_.value), LR * kArgmaxParts * 4},
+      {reinterpret_cast<void**>(&argmax_scratch_.index), LR * kArgmaxParts * 4},
+      {reinterpret_cast<void**>(&argmax_scratch_.tickets), LR * 4},
       {reinterpret_cast<void**>(&h_), T * H * 4},
       {reinterpret_cast<void**>(&a_), T * H * 4},
       {reinterpret_cast<void**>(&mixed_), T * std::max<uint64_t>(C, qgw) * 4},
@@ -559,8 +560,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&work_mem_, work_bytes));
   Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
-  argmax_scratch_.max_rows = 64;
-  DS_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_scratch_.tickets, 0, 64 * 4ull));
+  argmax_scratch_.max_rows = logit_rows_max_;
+  DS_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_scratch_.tickets, 0, LR * 4));
   // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
   // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions, then (at
   // a 16-byte boundary) its hidden rows in and its hidden state and logits out.

@@ -75,7 +75,7 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
   // over many SMs instead of one.
   bool plain_greedy = h_sample_pairs_.empty();
   for (const SampleRowParams& p : h_sample_rows_) plain_greedy &= p.mode == kSampleGreedy;
-  if (plain_greedy && nl <= argmax_scratch_.max_rows) {
+  if (plain_greedy) {
     ProfBegin("sample");
     DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, argmax_scratch_,
                                        sample_.tokens, stream_));
