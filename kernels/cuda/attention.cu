@@ -127,18 +127,39 @@ __device__ __forceinline__ void LoadKvLane(const uint8_t* row, int lane, float (
   }
 }
 
-// One block per token; warp w handles heads w, w+nw, ... (query heads, then key heads, then
-// value heads). RoPE angles are computed once per token in double (f32 angles lose ~1e-2 rad at
-// positions ~2.6e5), then shared by all heads.
-__global__ void __launch_bounds__(256) QkvPrepKernel(const QkvPrepArgs a) {
-  extern __shared__ float smem[];  // [n_rot/2] cos, [n_rot/2] sin, [nw][hd] head staging
+// Grid = (token, group of kPrepWarps heads), one warp per head (query heads, then key heads,
+// then value heads). RoPE angles are computed in double (f32 angles lose ~1e-2 rad at positions
+// ~2.6e5) by each block for its token while its warps read their heads and reduce the norm sums.
+// (v1 ran one 8-warp block per token, 4 heads per warp one after another: 12 us per decode row
+// of the 27B on the H200, ncu 2026-12-03; the per-head arithmetic is unchanged, bit for bit.)
+constexpr int kPrepWarps = 4;
+__global__ void __launch_bounds__(kPrepWarps * 32) QkvPrepKernel(const QkvPrepArgs a) {
+  extern __shared__ float smem[];  // [n_rot/2] cos, [n_rot/2] sin, [kPrepWarps][hd] head staging
   const AttnShape& s = a.shape;
-  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int half = s.n_rot / 2, hd = s.hd;
   float* cs = smem;
   float* sn = smem + half;
   float* stage = smem + 2 * half + warp * hd;
   const int pos = a.tok_pos[t], slot = a.tok_slot[t];
+  const int n_heads_total = s.n_head + 2 * s.n_kv;
+  const int head = blockIdx.y * kPrepWarps + warp;
+  const bool live = head < n_heads_total;  // a whole warp either way
+  const float* src = nullptr;
+  const float* nw_w = nullptr;
+  if (!live) {
+  } else if (head < s.n_head) {
+    src = a.qg + static_cast<int64_t>(t) * s.n_head * 2 * hd + head * 2 * hd;
+    nw_w = a.q_norm;
+  } else if (head < s.n_head + s.n_kv) {
+    src = a.k + static_cast<int64_t>(t) * s.n_kv * hd + (head - s.n_head) * hd;
+    nw_w = a.k_norm;
+  } else {
+    src = a.v + static_cast<int64_t>(t) * s.n_kv * hd + (head - s.n_head - s.n_kv) * hd;
+  }
+  float ss = 0.f;
+  if (live)
+    for (int e = lane; e < hd; e += 32) ss += src[e] * src[e];
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const double inv_freq = pow(static_cast<double>(s.rope_base), -2.0 * i / s.n_rot);
     double sd, cd;
@@ -147,53 +168,37 @@ __global__ void __launch_bounds__(256) QkvPrepKernel(const QkvPrepArgs a) {
     sn[i] = static_cast<float>(sd);
   }
   __syncthreads();
+  if (!live) return;
+  ss = WarpSum(ss);
   const int64_t kvrow = KvRow(a.kv, slot, pos);
-  const int n_heads_total = s.n_head + 2 * s.n_kv;
-  for (int head = warp; head < n_heads_total; head += nw) {
-    const float* src;
-    const float* nw_w = nullptr;
+  const float inv = nw_w ? rsqrtf(ss / hd + s.eps) : 1.f;
+  for (int e = lane; e < hd; e += 32) stage[e] = nw_w ? src[e] * inv * nw_w[e] : src[e];
+  __syncwarp();
+  for (int e = lane; e < hd; e += 32) {
+    float val = stage[e];
+    if (nw_w && e < s.n_rot) {
+      if (e < half) val = stage[e] * cs[e] - stage[e + half] * sn[e];
+      else val = stage[e - half] * sn[e - half] + stage[e] * cs[e - half];
+    }
     if (head < s.n_head) {
-      src = a.qg + static_cast<int64_t>(t) * s.n_head * 2 * hd + head * 2 * hd;
-      nw_w = a.q_norm;
-    } else if (head < s.n_head + s.n_kv) {
-      src = a.k + static_cast<int64_t>(t) * s.n_kv * hd + (head - s.n_head) * hd;
-      nw_w = a.k_norm;
+      const int64_t qi = static_cast<int64_t>(t) * s.n_head * hd + head * hd + e;
+      a.q_out[qi] = val;
+      if (a.q16) a.q16[qi] = __half_as_ushort(__float2half_rn(val));
+      continue;
+    }
+    const bool is_k = head < s.n_head + s.n_kv;
+    const int64_t hrow = kvrow + head - s.n_head - (is_k ? 0 : s.n_kv);
+    void* cache = is_k ? a.kv.k : a.kv.v;
+    if (a.kv.type == GgmlType::F16) {
+      static_cast<uint16_t*>(cache)[hrow * hd + e] = __half_as_ushort(__float2half_rn(val));
     } else {
-      src = a.v + static_cast<int64_t>(t) * s.n_kv * hd + (head - s.n_head - s.n_kv) * hd;
+      // Iteration e / 32 of this loop holds block e / 32 across the warp (lane = position in
+      // the block; hd % 32 == 0 is checked on the host, so every lane takes every iteration).
+      uint8_t* blk = static_cast<uint8_t*>(cache) + hrow * a.kv.row_bytes() +
+                     (e >> 5) * GgmlBlockBytes(a.kv.type);
+      if (a.kv.type == GgmlType::Q8_0) StoreKvBlock<GgmlType::Q8_0>(blk, lane, val);
+      else StoreKvBlock<GgmlType::Q4_0>(blk, lane, val);
     }
-    float ss = 0.f;
-    for (int e = lane; e < hd; e += 32) ss += src[e] * src[e];
-    ss = WarpSum(ss);
-    const float inv = nw_w ? rsqrtf(ss / hd + s.eps) : 1.f;
-    for (int e = lane; e < hd; e += 32) stage[e] = nw_w ? src[e] * inv * nw_w[e] : src[e];
-    __syncwarp();
-    for (int e = lane; e < hd; e += 32) {
-      float val = stage[e];
-      if (nw_w && e < s.n_rot) {
-        if (e < half) val = stage[e] * cs[e] - stage[e + half] * sn[e];
-        else val = stage[e - half] * sn[e - half] + stage[e] * cs[e - half];
-      }
-      if (head < s.n_head) {
-        const int64_t qi = static_cast<int64_t>(t) * s.n_head * hd + head * hd + e;
-        a.q_out[qi] = val;
-        if (a.q16) a.q16[qi] = __half_as_ushort(__float2half_rn(val));
-        continue;
-      }
-      const bool is_k = head < s.n_head + s.n_kv;
-      const int64_t hrow = kvrow + head - s.n_head - (is_k ? 0 : s.n_kv);
-      void* cache = is_k ? a.kv.k : a.kv.v;
-      if (a.kv.type == GgmlType::F16) {
-        static_cast<uint16_t*>(cache)[hrow * hd + e] = __half_as_ushort(__float2half_rn(val));
-      } else {
-        // Iteration e / 32 of this loop holds block e / 32 across the warp (lane = position in
-        // the block; hd % 32 == 0 is checked on the host, so every lane takes every iteration).
-        uint8_t* blk = static_cast<uint8_t*>(cache) + hrow * a.kv.row_bytes() +
-                       (e >> 5) * GgmlBlockBytes(a.kv.type);
-        if (a.kv.type == GgmlType::Q8_0) StoreKvBlock<GgmlType::Q8_0>(blk, lane, val);
-        else StoreKvBlock<GgmlType::Q4_0>(blk, lane, val);
-      }
-    }
-    __syncwarp();
   }
 }
 
@@ -455,9 +460,9 @@ absl::Status KvTypeCheck(const KvCacheView& kv, const char* what) {
 absl::Status QkvPrep(const QkvPrepArgs& a, cudaStream_t stream) {
   DS_RETURN_IF_ERROR(KvTypeCheck(a.kv, "QkvPrep"));
   if (a.T == 0) return absl::OkStatus();
-  const int nw = 8;
-  const size_t smem = sizeof(float) * (a.shape.n_rot + nw * a.shape.hd);
-  QkvPrepKernel<<<a.T, nw * 32, smem, stream>>>(a);
+  const int heads = a.shape.n_head + 2 * a.shape.n_kv;
+  const size_t smem = sizeof(float) * (a.shape.n_rot + kPrepWarps * a.shape.hd);
+  QkvPrepKernel<<<dim3(a.T, CeilDiv(heads, kPrepWarps)), kPrepWarps * 32, smem, stream>>>(a);
   return LastLaunchStatus("QkvPrep");
 }
 

@@ -67,6 +67,22 @@ __device__ __forceinline__ T BlockSum(T v, T* scratch) {
   T t = lane < nw ? scratch[lane] : T(0);
   return WarpSum(t);
 }
+// N block sums at once, each value reduced exactly as BlockSum reduces it (the same shuffles and
+// the same order), for the price of one pair of __syncthreads. `scratch` holds N x 32 values.
+template <int N>
+__device__ __forceinline__ void BlockSums(float (&v)[N], float (*scratch)[32]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = WarpSum(v[i]);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) scratch[i][warp] = v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = WarpSum(lane < nw ? scratch[i][lane] : 0.f);
+}
 __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   v = WarpMax(v);

@@ -3,6 +3,7 @@
 
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/quantize_block.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 
 namespace ds::cuda {
@@ -17,19 +18,8 @@ __global__ void QuantizeActKernel(const float* __restrict__ x, int n_blocks,
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (b >= n_blocks) return;
-  const float v = x[static_cast<int64_t>(b) * 32 + lane];
-  const float amax = WarpMax(fabsf(v));
-  const float d = amax / 127.f;
-  const float id = d > 0.f ? 1.f / d : 0.f;
-  const int qv = __float2int_rn(v * id);
-  xq[static_cast<int64_t>(b) * 32 + lane] = static_cast<int8_t>(qv);
-  if (lane == 0) xd[b] = d;
-  if (xsum != nullptr) {  // sums of lanes 0-15 and 16-31
-    int sum = qv;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if ((lane & 15) == 0) xsum[2 * static_cast<int64_t>(b) + (lane >> 4)] = sum;
-  }
+  QuantizeBlock32(x[static_cast<int64_t>(b) * 32 + lane], lane, xq + static_cast<int64_t>(b) * 32,
+                  xd + b, xsum != nullptr ? xsum + 2 * static_cast<int64_t>(b) : nullptr);
 }
 
 // v2 work layout. Block = 4 warps owning R row streams (R rows, or row r of W and of W2 in pair

@@ -166,6 +166,11 @@ class CudaDevice final : public Device {
   // when they share type and K, else one Linear each.
   absl::Status LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                            const float* x, int R);
+  // LinearMulti's single launch for R rows outside the step's segment plan (the MTP passes):
+  // the matrices must pass SameColumnMatrices and take the column kernels at R rows.
+  absl::Status ColumnsMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
+                            const float* x, int R);
+  bool SameColumnMatrices(std::initializer_list<std::pair<const DMat*, float*>> mats) const;
   // R rows that are not the step's (the head's logit rows): the column kernels up to
   // ColumnRows(w) rows, else dequantization + cuBLAS.
   // prefill_rows: rows of a step that holds prefill (the head's logit rows of an all_logits
@@ -233,6 +238,8 @@ class CudaDevice final : public Device {
   absl::Status EndOverlapReduce();  // every piece enqueued; sets residual_reduced_
 
   // ---- forward.cc
+  // The decode rows of this step compute b / alpha inside the GDN kernel (f32 gate weights).
+  bool GatesInGdnKernel(const DLayer& L) const;
   absl::Status GdnMixer(const DLayer& L, int R);
   absl::Status AttnMixer(const DLayer& L, int R);
   // Tensor parallelism: h_ <- Σ over ranks after a row-parallel projection (docs/tp.md §8).

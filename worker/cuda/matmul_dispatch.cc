@@ -359,16 +359,27 @@ absl::Status CudaDevice::Linear(const DMat& w, const float* x, int R, float* y, 
 absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                                       const float* x, int R) {
   const DMat& m0 = *mats.begin()->first;
-  bool same = static_cast<int>(mats.size()) <= kGemvMaxSegs;
-  for (auto& [m, y] : mats)
-    same = same && m->type == m0.type && m->cols == m0.cols && m->tiled == m0.tiled;
   const StepSegments& segs = SegmentsFor(m0);
-  if (!same || segs.column.size() != 1 || !segs.gemm.empty()) {
+  if (!SameColumnMatrices(mats) || segs.column.size() != 1 || !segs.gemm.empty()) {
     for (auto& [m, y] : mats) DS_RETURN_IF_ERROR(Linear(*m, x, R, y, false));
     return absl::OkStatus();
   }
-  // One column segment over the whole step (every decode step): one launch per column chunk
-  // for all matrices.
+  // One column segment over the whole step (every decode step).
+  return ColumnsMulti(mats, x, R);
+}
+
+bool CudaDevice::SameColumnMatrices(std::initializer_list<std::pair<const DMat*, float*>> mats) const {
+  const DMat& m0 = *mats.begin()->first;
+  bool same = static_cast<int>(mats.size()) <= kGemvMaxSegs;
+  for (auto& [m, y] : mats)
+    same = same && m->type == m0.type && m->cols == m0.cols && m->tiled == m0.tiled;
+  return same;
+}
+
+absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
+                                      const float* x, int R) {
+  // One launch per column chunk for all matrices (SameColumnMatrices: one type and width).
+  const DMat& m0 = *mats.begin()->first;
   const bool qx = m0.tiled || GemvWantsQuantizedX(m0.type, m0.cols);
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, m0.cols));
   const int max_cols = m0.tiled ? kTiledMaxCols : kGemvMaxCols;

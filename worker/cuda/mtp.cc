@@ -115,8 +115,16 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   }
   DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, r, H, eps, stream_));
   InvalidateX();
-  DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, r, mtp_k_, false));
-  DS_RETURN_IF_ERROR(LinearRows(L.v, mtp_a_, r, mtp_v_, false));
+  // A one-row pass with its query (every draft after the first): q, k and v in one launch, as
+  // the trunk's attention layers do (ncu, 27B on the H200: 23 us instead of 22 + 9 + 8).
+  const bool qkv_once = last && r == 1 && ColumnPath(L.q, 1) &&
+                        SameColumnMatrices({{&L.q, mtp_qg_}, {&L.k, mtp_k_}, {&L.v, mtp_v_}});
+  if (qkv_once) {
+    DS_RETURN_IF_ERROR(ColumnsMulti({{&L.q, mtp_qg_}, {&L.k, mtp_k_}, {&L.v, mtp_v_}}, mtp_a_, 1));
+  } else {
+    DS_RETURN_IF_ERROR(LinearRows(L.k, mtp_a_, r, mtp_k_, false));
+    DS_RETURN_IF_ERROR(LinearRows(L.v, mtp_a_, r, mtp_v_, false));
+  }
   QkvPrepArgs pa;
   pa.shape = attn_shape_;
   pa.tok_slot = d_slot;
@@ -136,7 +144,8 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   }
   if (!last) return absl::OkStatus();
   const int i = r - 1;
-  DS_RETURN_IF_ERROR(LinearRows(L.q, mtp_a_ + static_cast<int64_t>(i) * H, 1, mtp_qg_, false));
+  if (!qkv_once)
+    DS_RETURN_IF_ERROR(LinearRows(L.q, mtp_a_ + static_cast<int64_t>(i) * H, 1, mtp_qg_, false));
   pa.T = 1;
   pa.tok_slot = d_slot + i;
   pa.tok_pos = d_pos + i;
@@ -185,9 +194,16 @@ absl::Status CudaDevice::MtpTail(float* u) {
   if (n_ff > 0) {
     DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_));
     InvalidateX();
-    DS_RETURN_IF_ERROR(LinearRows(L.ffn_gate, mtp_a_, 1, mtp_ff_, false));
-    DS_RETURN_IF_ERROR(LinearRows(L.ffn_up, mtp_a_, 1, mtp_ff_ + n_ff, false));
-    DS_RETURN_IF_ERROR(SiluMul(mtp_ff_, mtp_ff_ + n_ff, mtp_ff_, n_ff, stream_));
+    const DMat& g = L.ffn_gate;
+    const DMat& up = L.ffn_up;
+    if (g.type == up.type && g.tiled == up.tiled && ColumnPath(g, 1)) {
+      // silu(gate) * up in one launch, as the trunk's FFN (ncu, 27B: 48 us instead of 2 x 28 + 3).
+      DS_RETURN_IF_ERROR(GemvColumns(g, &up, mtp_a_, 1, mtp_ff_, GemvEpilogue::kSiluMul));
+    } else {
+      DS_RETURN_IF_ERROR(LinearRows(g, mtp_a_, 1, mtp_ff_, false));
+      DS_RETURN_IF_ERROR(LinearRows(up, mtp_a_, 1, mtp_ff_ + n_ff, false));
+      DS_RETURN_IF_ERROR(SiluMul(mtp_ff_, mtp_ff_ + n_ff, mtp_ff_, n_ff, stream_));
+    }
     InvalidateX();
     DS_RETURN_IF_ERROR(LinearRows(L.ffn_down, mtp_ff_, 1, u, ResidualOnThisRank()));
   }

@@ -3,7 +3,10 @@
 // spilled), small ones the unspilled form that kernels_cuda_test checks against the CPU. The
 // arithmetic is the same: a batch of 8 sequences of the 27B's GDN shape (48 heads: 384 blocks) in
 // one launch gives outputs, states and conv rows bit-identical to the 8 sequences launched one
-// by one (48 blocks each), over several steps. Needs a GPU.
+// by one (48 blocks each), over several steps. And the kernel's fused parts (GdnDecodeArgs::
+// w_beta / xq): the gate projections computed in the kernel give the outputs of the separate
+// matmul within f32 rounding, the int8 copy of the output is QuantizeActivations' bit for bit,
+// and a run of tokens equals the same tokens launched one by one. Needs a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/gemv.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace ds::cuda {
@@ -94,6 +98,156 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
     EXPECT_EQ(Differing(state_all.Down(), state_one.Down()), 0u) << "states, step " << step;
     EXPECT_EQ(Differing(ring_all.Down(), ring_one.Down()), 0u) << "conv rows, step " << step;
   }
+}
+
+
+// Largest |a - b| over the largest |b| (both finite; a NaN counts as a mismatch of 1e30).
+double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0, r = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return 1e30;
+    m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+    r = std::max(r, static_cast<double>(std::fabs(b[i])));
+  }
+  return m / r;
+}
+
+TEST(GdnLaunch, FusedGatesAndInt8OutputMatchTheSeparateLaunches) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(78);
+  auto rand = [&](size_t n, float lo, float hi) { return RandVec(rng, n, lo, hi); };
+  const GdnShape s{16, 48, 128, 128, 4};
+  constexpr int kSeqs = 3, K = 4, H = 5120;
+  const int C = s.channels(), Vw = s.v_heads * s.v_dim, Hv = s.v_heads;
+  auto conv_w = rand(static_cast<size_t>(C) * K, -0.5f, 0.5f);
+  std::vector<float> ssm_a(Hv), dt(Hv);
+  for (int h = 0; h < Hv; ++h) {
+    ssm_a[h] = -std::exp(rand(1, -3.f, 2.5f)[0]);
+    dt[h] = rand(1, -2.f, 2.f)[0];
+  }
+  auto norm_w = rand(s.v_dim, 0.5f, 1.5f);
+  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
+  const GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
+  const auto wb = rand(static_cast<size_t>(Hv) * H, -0.03f, 0.03f);
+  const auto wa = rand(static_cast<size_t>(Hv) * H, -0.05f, 0.05f);
+  const auto x = rand(static_cast<size_t>(kSeqs) * H, -2.f, 2.f);
+  // The separate matmul's result, in double.
+  std::vector<float> b(kSeqs * Hv), al(kSeqs * Hv);
+  for (int r = 0; r < kSeqs; ++r)
+    for (int h = 0; h < Hv; ++h) {
+      double sb = 0, sa = 0;
+      for (int k = 0; k < H; ++k) {
+        sb += static_cast<double>(wb[h * H + k]) * x[r * H + k];
+        sa += static_cast<double>(wa[h * H + k]) * x[r * H + k];
+      }
+      b[r * Hv + h] = static_cast<float>(sb);
+      al[r * Hv + h] = static_cast<float>(sa);
+    }
+  Dev<float> d_wb(wb), d_wa(wa), d_x(x), d_b(b), d_al(al);
+  const auto mixed = rand(static_cast<size_t>(kSeqs) * C, -2.f, 2.f);
+  const auto z = rand(static_cast<size_t>(kSeqs) * Vw, -3.f, 3.f);
+  Dev<float> dm(mixed), dz(z);
+  // States: slot 0 and speculative entries 1..kSeqs (a run of kSeqs tokens of slot 0).
+  const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(Vw) * s.k_dim;
+  const int n_states = 1 + kSeqs;
+  auto start_state = rand(n_states * st1, -0.5f, 0.5f), start_ring = rand(n_states * ring1, -1.f, 1.f);
+  std::vector<int32_t> rows(kSeqs), slots(kSeqs), in_slots(kSeqs), pos(kSeqs), first{0}, len{kSeqs};
+  for (int i = 0; i < kSeqs; ++i) {
+    rows[i] = i;
+    slots[i] = 1 + i;
+    in_slots[i] = i;  // token i reads the previous token's entry (slot 0 for the first)
+    pos[i] = 9 + i;
+  }
+  Dev<int32_t> d_rows(rows), d_slots(slots), d_in(in_slots), d_pos(pos), d_first(first), d_len(len);
+  auto args = [&](Dev<float>& ring, Dev<float>& state, Dev<float>& out) {
+    GdnDecodeArgs a;
+    a.shape = s;
+    a.p = p;
+    a.rows = d_rows.p;
+    a.slots = d_slots.p;
+    a.in_slots = d_in.p;
+    a.pos = d_pos.p;
+    a.mixed = dm.p;
+    a.z = dz.p;
+    a.conv_ring = ring.p;
+    a.state = state.p;
+    a.out = out.p;
+    return a;
+  };
+  auto one_by_one = [&](GdnDecodeArgs a) {
+    for (int i = 0; i < kSeqs; ++i) {
+      GdnDecodeArgs w = a;
+      w.n_seqs = 1;
+      w.rows = d_rows.p + i;
+      w.slots = d_slots.p + i;
+      w.in_slots = d_in.p + i;
+      w.pos = d_pos.p + i;
+      ASSERT_OK(GdnDecode(w, nullptr));
+    }
+  };
+  // Separate launches' inputs (b, alpha given), token by token.
+  Dev<float> ring_ref(start_ring), state_ref(start_state), out_ref(static_cast<size_t>(kSeqs) * Vw);
+  GdnDecodeArgs ref = args(ring_ref, state_ref, out_ref);
+  ref.b = d_b.p;
+  ref.alpha = d_al.p;
+  one_by_one(ref);
+  // Fused, token by token (the decode waves) and as one run (an MTP verify).
+  Dev<int8_t> xq_w(static_cast<size_t>(kSeqs) * Vw), xq_r(static_cast<size_t>(kSeqs) * Vw);
+  Dev<float> xd_w(static_cast<size_t>(kSeqs) * Vw / 32), xd_r(static_cast<size_t>(kSeqs) * Vw / 32);
+  auto fused = [&](GdnDecodeArgs a, Dev<int8_t>& xq, Dev<float>& xd) {
+    a.w_beta = d_wb.p;
+    a.w_alpha = d_wa.p;
+    a.x = d_x.p;
+    a.x_dim = H;
+    a.xq = xq.p;
+    a.xd = xd.p;
+    return a;
+  };
+  Dev<float> ring_w(start_ring), state_w(start_state), out_w(static_cast<size_t>(kSeqs) * Vw);
+  one_by_one(fused(args(ring_w, state_w, out_w), xq_w, xd_w));
+  Dev<float> ring_r(start_ring), state_r(start_state), out_r(static_cast<size_t>(kSeqs) * Vw);
+  GdnDecodeArgs run = fused(args(ring_r, state_r, out_r), xq_r, xd_r);
+  run.n_seqs = 1;
+  run.run_first = d_first.p;
+  run.run_len = d_len.p;
+  ASSERT_OK(GdnDecode(run, nullptr));
+  CK(cudaDeviceSynchronize());
+
+  const auto o_ref = out_ref.Down(), o_w = out_w.Down();
+  EXPECT_LT(RelDiff(o_w, o_ref), 2e-5) << "outputs: gates in the kernel vs the separate matmul";
+  EXPECT_LT(RelDiff(state_w.Down(), state_ref.Down()), 2e-5) << "states";
+  EXPECT_EQ(Differing(out_r.Down(), o_w), 0u) << "run vs one by one: outputs";
+  EXPECT_EQ(Differing(state_r.Down(), state_w.Down()), 0u) << "run vs one by one: states";
+  EXPECT_EQ(Differing(ring_r.Down(), ring_w.Down()), 0u) << "run vs one by one: conv rows";
+  // The int8 copy equals QuantizeActivations of the same output, in both forms.
+  Dev<int8_t> xq_q(static_cast<size_t>(kSeqs) * Vw);
+  Dev<float> xd_q(static_cast<size_t>(kSeqs) * Vw / 32);
+  ASSERT_OK(QuantizeActivations(out_w.p, kSeqs, Vw, xq_q.p, xd_q.p, nullptr));
+  EXPECT_EQ(xq_w.Down(), xq_q.Down());
+  EXPECT_EQ(xq_r.Down(), xq_q.Down());
+  EXPECT_EQ(Differing(xd_w.Down(), xd_q.Down()), 0u);
+  EXPECT_EQ(Differing(xd_r.Down(), xd_q.Down()), 0u);
+
+  // One row with the 16-element sums (the one-stream step), against QuantizeActivations' sums.
+  Dev<float> ring_1(start_ring), state_1(start_state), out_1(Vw);
+  Dev<int8_t> xq_1(Vw);
+  Dev<float> xd_1(Vw / 32);
+  Dev<int32_t> sum_1(Vw / 16), sum_q(Vw / 16);
+  GdnDecodeArgs a1 = fused(args(ring_1, state_1, out_1), xq_1, xd_1);
+  a1.n_seqs = 1;
+  a1.xsum = sum_1.p;
+  ASSERT_OK(GdnDecode(a1, nullptr));
+  ASSERT_OK(QuantizeActivations(out_1.p, 1, Vw, xq_q.p, xd_q.p, nullptr, sum_q.p));
+  EXPECT_EQ(xq_1.Down(), xq_q.Down(Vw));
+  EXPECT_EQ(sum_1.Down(), sum_q.Down());
+  // Misuse is refused, not run.
+  GdnDecodeArgs bad = a1;
+  bad.w_alpha = nullptr;
+  EXPECT_FALSE(GdnDecode(bad, nullptr).ok());
+  bad = run;
+  bad.xsum = sum_1.p;
+  EXPECT_FALSE(GdnDecode(bad, nullptr).ok());
 }
 
 }  // namespace
