@@ -31,6 +31,25 @@ size_t Differing(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
+// A GDN layer's parameters (conv taps, gates' A and dt bias, norm weights) drawn from `rng`
+// and uploaded.
+struct LayerOnDevice {
+  Dev<float> conv, a, dt, norm;
+  GdnLayerParams p;
+  LayerOnDevice(std::mt19937& rng, const GdnShape& s)
+      : conv(RandVec(rng, static_cast<size_t>(s.channels()) * s.conv_kernel, -0.5f, 0.5f)),
+        a(s.v_heads), dt(s.v_heads), norm(RandVec(rng, s.v_dim, 0.5f, 1.5f)) {
+    std::vector<float> ssm_a(s.v_heads), dts(s.v_heads);
+    for (int h = 0; h < s.v_heads; ++h) {
+      ssm_a[h] = -std::exp(RandVec(rng, 1, -3.f, 2.5f)[0]);
+      dts[h] = RandVec(rng, 1, -2.f, 2.f)[0];
+    }
+    a.Up(ssm_a);
+    dt.Up(dts);
+    p = GdnLayerParams{conv.p, a.p, dt.p, norm.p, 1e-6f};
+  }
+};
+
 TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
@@ -39,15 +58,8 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
   const GdnShape s{16, 48, 128, 128, 4};
   constexpr int kSeqs = 8, kSteps = 3, K = 4;
   const int C = s.channels(), Vw = s.v_heads * s.v_dim;
-  auto conv_w = rand(static_cast<size_t>(C) * K, -0.5f, 0.5f);
-  std::vector<float> ssm_a(s.v_heads), dt(s.v_heads);
-  for (int h = 0; h < s.v_heads; ++h) {
-    ssm_a[h] = -std::exp(rand(1, -3.f, 2.5f)[0]);
-    dt[h] = rand(1, -2.f, 2.f)[0];
-  }
-  auto norm_w = rand(s.v_dim, 0.5f, 1.5f);
-  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
-  const GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
+  const LayerOnDevice layer(rng, s);
+  const GdnLayerParams p = layer.p;
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(Vw) * s.k_dim;
   // Two copies of every sequence's state: `one` launch for all, and one launch per sequence.
   auto start_state = rand(kSeqs * st1, -0.5f, 0.5f), start_ring = rand(kSeqs * ring1, -1.f, 1.f);
@@ -120,15 +132,8 @@ TEST(GdnLaunch, FusedGatesAndInt8OutputMatchTheSeparateLaunches) {
   const GdnShape s{16, 48, 128, 128, 4};
   constexpr int kSeqs = 3, K = 4, H = 5120;
   const int C = s.channels(), Vw = s.v_heads * s.v_dim, Hv = s.v_heads;
-  auto conv_w = rand(static_cast<size_t>(C) * K, -0.5f, 0.5f);
-  std::vector<float> ssm_a(Hv), dt(Hv);
-  for (int h = 0; h < Hv; ++h) {
-    ssm_a[h] = -std::exp(rand(1, -3.f, 2.5f)[0]);
-    dt[h] = rand(1, -2.f, 2.f)[0];
-  }
-  auto norm_w = rand(s.v_dim, 0.5f, 1.5f);
-  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
-  const GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
+  const LayerOnDevice layer(rng, s);
+  const GdnLayerParams p = layer.p;
   const auto wb = rand(static_cast<size_t>(Hv) * H, -0.03f, 0.03f);
   const auto wa = rand(static_cast<size_t>(Hv) * H, -0.05f, 0.05f);
   const auto x = rand(static_cast<size_t>(kSeqs) * H, -2.f, 2.f);
