@@ -207,8 +207,9 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   const GdnShape& s = gdn_shape_;
   const int C = s.channels(), Vw = s.v_heads * s.v_dim;
   // With gdn_gates_in_kernel the decode rows' gate projections run inside the GDN kernel (f32
-  // weights); prefill rows still need them as a matmul. The decode kernel also writes the int8 copy of its output for ssm_out
-  // when every row of the step is a decode row (QuantizeActivations' bits: no launch of its own).
+  // weights); prefill rows still need them as a matmul. The decode kernel also writes the int8
+  // copy of its output for ssm_out when every row of the step is a decode row
+  // (QuantizeActivations' bits: no launch of its own).
   const bool gates_in_kernel = GatesInGdnKernel(L);
   const bool quant_in_kernel = prefill_.empty() && n_dec_ == R && R <= QuantRows() &&
                                s.v_dim % 32 == 0 && copts_.fuse_gdn_decode;
