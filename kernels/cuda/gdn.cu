@@ -30,7 +30,7 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 template <int DK, int kMinBlocks>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
-  __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch4[4][32], red[NG][128];
+  __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
   const GdnShape& d = a.shape;
   const int dvr = blockDim.x / NG;  // dv rounded up to a warp
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
@@ -100,20 +100,6 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
       return Silu(acc);
     };
 
-    // The gate projections in the kernel (a.w_beta): every thread's share of the two dot
-    // products, reduced with the q/k norms below.
-    float bdot = 0.f, adot = 0.f;
-    if (a.w_beta) {
-      const float* xr = a.x + static_cast<int64_t>(row) * a.x_dim;
-      const float* wb = a.w_beta + static_cast<int64_t>(h) * a.x_dim;
-      const float* wa = a.w_alpha + static_cast<int64_t>(h) * a.x_dim;
-#pragma unroll 2
-      for (int k = tid; k < a.x_dim; k += blockDim.x) {
-        const float xv = xr[k];
-        bdot = fmaf(wb[k], xv, bdot);
-        adot = fmaf(wa[k], xv, adot);
-      }
-    }
     float qv = 0.f, kv = 0.f;
     if (qk_thread) {
       const bool owner = h < d.k_heads;  // exactly one block per key head writes its q/k channels
@@ -121,17 +107,16 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
       kv = conv(ck, hk, owner);
     }
     if (v_thread) vs[j] = conv(cv, hv, true);
-    float sums[4] = {qv * qv, kv * kv, bdot, adot};
-    BlockSums<4>(sums, scratch4);
+    float sums[2] = {qv * qv, kv * kv};
+    BlockSums<2>(sums, scratch2);
     const float qss = sums[0], kss = sums[1];
     if (qk_thread) {
       qs[j] = qv * rsqrtf(qss + a.p.eps) * rsqrtf(static_cast<float>(DK));
       ks[j] = kv * rsqrtf(kss + a.p.eps);
     }
-    const float b_in = a.w_beta ? sums[2] : a.b[static_cast<int64_t>(row) * Hv + h];
-    const float al_in = a.w_beta ? sums[3] : a.alpha[static_cast<int64_t>(row) * Hv + h];
-    const float beta = Sigmoid(b_in);
-    const float g = a.p.ssm_a[h] * Softplus(al_in + a.p.dt_bias[h]);
+    const float beta = Sigmoid(a.b[static_cast<int64_t>(row) * Hv + h]);
+    const float g =
+        a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
     const float decay = __expf(g);
     __syncthreads();
 
@@ -340,8 +325,6 @@ absl::Status GdnShapeSupported(const GdnShape& s) {
 absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
   DS_RETURN_IF_ERROR(GdnShapeSupported(a.shape));
   if (a.n_seqs == 0) return absl::OkStatus();
-  if (a.w_beta && (a.w_alpha == nullptr || a.x == nullptr || a.x_dim <= 0))
-    return absl::InvalidArgumentError("GdnDecode: in-kernel gates need w_beta, w_alpha, x and x_dim");
   if (a.xq && (a.xd == nullptr || a.shape.v_dim % 32 != 0))
     return absl::InvalidArgumentError(absl::StrCat(
         "GdnDecode: the fused int8 output needs xd and a value head dim that is a multiple of 32 (",

@@ -63,17 +63,10 @@ struct GdnDecodeArgs {
   float* conv_ring = nullptr;      // [n_states, K, C]   (n_states >= every index in slots / in_slots)
   float* state = nullptr;          // [n_states, Hv, dk, dv]
   float* out = nullptr;            // [T, Hv*dv]  rows as above
-  // Optional, fused (issue #22: each was a launch of its own per GDN layer and decode step):
-  // - the gate projections: with w_beta set, b and alpha above are not read; block h computes
-  //   b = W_beta[h]·x[row] and alpha = W_alpha[h]·x[row] itself (f32 weights [Hv, x_dim], x the
-  //   normed layer input [T, x_dim]), summed in its block-reduction order;
-  // - the int8 copy of the output for the next matmul (QuantizeActivations' layout and bits,
-  //   kernels/cuda/quantize_block.cuh): xq [T, Hv*dv], xd [T, Hv*dv/32], and with xsum (one-row
-  //   steps) the 16-element sums [Hv*dv/16] of row 0. Needs dv % 32 == 0.
-  const float* w_beta = nullptr;
-  const float* w_alpha = nullptr;
-  const float* x = nullptr;
-  int x_dim = 0;
+  // Optional (issue #22: it was a launch of its own per GDN layer and decode step): the int8
+  // copy of the output for the next matmul (QuantizeActivations' layout and bits,
+  // kernels/cuda/quantize_block.cuh): xq [T, Hv*dv], xd [T, Hv*dv/32], and with xsum (one-row
+  // steps) the 16-element sums [Hv*dv/16] of row 0. Needs dv % 32 == 0.
   int8_t* xq = nullptr;
   float* xd = nullptr;
   int32_t* xsum = nullptr;

@@ -317,7 +317,6 @@ int RunBench(const BenchOptions& o) {
     co.batch_invariant = o.batch_invariant;
     co.gdn_decode_runs = o.gdn_runs;
     co.fuse_gdn_decode = o.fuse_gdn;
-    co.gdn_gates_in_kernel = o.gdn_gates;
     co.attn_tensor_cores = o.attn_mma;
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
@@ -662,7 +661,7 @@ int BenchMain(int argc, char** argv) {
     }
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--batch-invariant" ||
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--dense-weights" ||
-             a == "--attn-mma" || a == "--fuse-gdn" || a == "--gdn-gates") {
+             a == "--attn-mma" || a == "--fuse-gdn") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -675,7 +674,6 @@ int BenchMain(int argc, char** argv) {
                     : a == "--batch-invariant" ? o.batch_invariant
                     : a == "--gdn-runs"        ? o.gdn_runs
                     : a == "--fuse-gdn"        ? o.fuse_gdn
-                    : a == "--gdn-gates"       ? o.gdn_gates
                     : a == "--attn-mma"        ? o.attn_mma
                     : a == "--dense-weights"   ? o.dense
                                                : o.fuse_norm;
@@ -703,7 +701,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--dense-weights on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--gdn-gates on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--dense-weights on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

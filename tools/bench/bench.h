@@ -26,7 +26,6 @@ struct BenchOptions {
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   bool gdn_runs = true;                      // --gdn-runs off: MTP verify GDN rows in waves (A/B)
   bool fuse_gdn = true;                      // --fuse-gdn off: the GDN output's int8 copy by a launch of its own (A/B)
-  bool gdn_gates = false;                    // --gdn-gates on: b / alpha inside the GDN decode kernel (A/B)
   bool attn_mma = true;                      // --attn-mma off: the f32 SIMT decode attention (A/B)
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection

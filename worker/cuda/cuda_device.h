@@ -238,8 +238,6 @@ class CudaDevice final : public Device {
   absl::Status EndOverlapReduce();  // every piece enqueued; sets residual_reduced_
 
   // ---- forward.cc
-  // The decode rows of this step compute b / alpha inside the GDN kernel (f32 gate weights).
-  bool GatesInGdnKernel(const DLayer& L) const;
   absl::Status GdnMixer(const DLayer& L, int R);
   absl::Status AttnMixer(const DLayer& L, int R);
   // Tensor parallelism: h_ <- Σ over ranks after a row-parallel projection (docs/tp.md §8).

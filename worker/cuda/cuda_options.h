@@ -27,11 +27,6 @@ struct CudaBackendOptions {
   // The GDN decode kernel writes the int8 copy of its output for ssm_out (GdnDecodeArgs::xq):
   // one launch per GDN layer fewer in decode-only steps (A/B: `bench --fuse-gdn off`).
   bool fuse_gdn_decode = true;
-  // ... and computes b / alpha itself from f32 gate weights (GdnDecodeArgs::w_beta) instead of
-  // their 48-row matmul. Off: on the H200 (27B, 2026-12-03) it saved 0.05 ms of an 8.8 ms decode
-  // step but cost an MTP verify 0.11 ms (the dot products sit on each token's serial path in a
-  // run) and spills the two-per-SM form (A/B: `bench --gdn-gates on`).
-  bool gdn_gates_in_kernel = false;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

@@ -206,17 +206,13 @@ absl::Status CudaDevice::Embed() {
 absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   const GdnShape& s = gdn_shape_;
   const int C = s.channels(), Vw = s.v_heads * s.v_dim;
-  // With gdn_gates_in_kernel the decode rows' gate projections run inside the GDN kernel (f32
-  // weights); prefill rows still need them as a matmul. The decode kernel also writes the int8
-  // copy of its output for ssm_out when every row of the step is a decode row
-  // (QuantizeActivations' bits: no launch of its own).
-  const bool gates_in_kernel = GatesInGdnKernel(L);
-  const bool quant_in_kernel = prefill_.empty() && n_dec_ == R && R <= QuantRows() &&
-                               s.v_dim % 32 == 0 && copts_.fuse_gdn_decode;
+  // When every row of the step is a decode row, the decode kernel writes the int8 copy of its
+  // output for ssm_out (QuantizeActivations' bits: no launch of its own).
+  const bool quant_in_kernel =
+      copts_.fuse_gdn_decode && prefill_.empty() && R <= QuantRows() && s.v_dim % 32 == 0;
   ProfBegin("gdn_proj");
   DS_RETURN_IF_ERROR(LinearMulti({{&L.qkv, mixed_}, {&L.gate, z_}}, a_, R));
-  if (!gates_in_kernel || !prefill_.empty())
-    DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));
+  DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));
   ProfEnd();
   ProfBegin("gdn_core");
   // The decode rows: in runs (every multi-token run speculative: one launch, a block per (head,
@@ -231,12 +227,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.conv_ring = L.ring;
   d.state = L.state;
   d.out = mix_out_;
-  if (gates_in_kernel) {
-    d.w_beta = static_cast<const float*>(L.beta.d);
-    d.w_alpha = static_cast<const float*>(L.alpha.d);
-    d.x = a_;
-    d.x_dim = L.beta.cols;
-  }
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;
@@ -290,13 +280,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   DS_RETURN_IF_ERROR(ProjectToResidual(L.ssm_out, mix_out_, R));
   ProfEnd();
   return absl::OkStatus();
-}
-
-bool CudaDevice::GatesInGdnKernel(const DLayer& L) const {
-  return copts_.gdn_gates_in_kernel && n_dec_ > 0 && L.beta.type == GgmlType::F32 &&
-         L.alpha.type == GgmlType::F32 && !L.beta.tiled && !L.alpha.tiled &&
-         L.beta.rows == gdn_shape_.v_heads && L.alpha.rows == gdn_shape_.v_heads &&
-         L.beta.cols == cfg_.n_embd && L.alpha.cols == cfg_.n_embd;
 }
 
 absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
