@@ -9,20 +9,10 @@
 namespace ds::cpu {
 namespace {
 
-// Centred quant (q - 32, in [-32, 31]) of element e (0..255) of a Q6_K block (spec/model.md §10:
-// low nibbles in ql, high 2 bits in qh, 128-element halves).
-int Q6Centred(const BlockQ6K& b, int e) {
-  const int half = e >> 7, l = e & 127, quarter = l >> 5, l32 = l & 31;
-  const uint8_t lo = b.ql[64 * half + l32 + 32 * (quarter & 1)];
-  const uint8_t hi = b.qh[32 * half + l32];
-  const int q = ((quarter >= 2 ? lo >> 4 : lo) & 0xF) | (((hi >> (2 * quarter)) & 3) << 4);
-  return q - 32;
-}
-
 // Exact integer sum of one 16-element sub-block s of unit u times the int8 activations.
 int32_t SubBlockSum(const BlockQ6K& b, const int8_t* xq, int s) {
   int32_t sum = 0;
-  for (int k = 16 * s; k < 16 * s + 16; ++k) sum += Q6Centred(b, k) * static_cast<int32_t>(xq[k]);
+  for (int k = 16 * s; k < 16 * s + 16; ++k) sum += Q6KCentred(b, k) * static_cast<int32_t>(xq[k]);
   return sum;
 }
 
@@ -53,7 +43,7 @@ double MmqDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t n, 
                        SubBlockSum(b, xq + 256 * u, s);
       sum += t;
       for (int k = 16 * s; k < 16 * s + 16; ++k)
-        abs += std::fabs(static_cast<double>(xd[8 * u + s / 2]) * d * b.scales[s] * Q6Centred(b, k) *
+        abs += std::fabs(static_cast<double>(xd[8 * u + s / 2]) * d * b.scales[s] * Q6KCentred(b, k) *
                          xq[256 * u + k]);
     }
   }

@@ -60,6 +60,16 @@ struct BlockQ6K {
   uint16_t d;
 };
 
+// Centred quant (q - 32, in [-32, 31]) of element e (0..255) of a Q6_K block (spec/model.md §10:
+// low nibbles in ql, high 2 bits in qh, 128-element halves).
+inline int Q6KCentred(const BlockQ6K& b, int e) {
+  const int half = e >> 7, l = e & 127, quarter = l >> 5, l32 = l & 31;
+  const uint8_t lo = b.ql[64 * half + l32 + 32 * (quarter & 1)];
+  const uint8_t hi = b.qh[32 * half + l32];
+  const int q = ((quarter >= 2 ? lo >> 4 : lo) & 0xF) | (((hi >> (2 * quarter)) & 3) << 4);
+  return q - 32;
+}
+
 // x = d * K[nibble]; element j in low nibble of qs[j], element j+16 in the high nibble.
 struct BlockIq4Nl {
   uint16_t d;

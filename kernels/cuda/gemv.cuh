@@ -38,6 +38,8 @@ struct GemvArgs {
   const int8_t* xq = nullptr;  // [nc, K] int8 (quantized formats)
   const float* xd = nullptr;   // [nc, K/32]
   const int32_t* xsum = nullptr;  // optional [nc, K/16]: sums of 16 xq (tiled kernel, 1 column)
+  const uint16_t* xh = nullptr;   // [nc, K] f16 activations scaled per column (TiledF16Multi)
+  const float* xs = nullptr;      // [nc] the factors that undo xh's scaling
   float* y = nullptr;          // y[c * ldy + r]
   int64_t ldy = 0;             // defaults to M when 0
   GemvEpilogue epilogue = GemvEpilogue::kStore;

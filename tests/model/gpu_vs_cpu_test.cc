@@ -416,7 +416,8 @@ TEST(GpuDenseWeights, GemmStepsMatchDequantization) {
   auto run = [&](bool dense, std::vector<float>* pre, std::vector<float>* dec) {
     CudaBackendOptions co;
     co.dense_weights = dense;
-    co.int8_mmq = dense;  // off: the 40 decode rows take dequantization + cuBLAS too
+    co.int8_mmq = dense;  // off (both): the 40 decode rows take dequantization + cuBLAS too
+    co.f16_mma = dense;
     auto be = cuda::CreateCudaBackendApi(path, bo, co);
     ASSERT_TRUE(be.ok()) << be.status();
     StepOutput out;

@@ -33,6 +33,7 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/tiled_f16.cuh"
 #include "worker/cuda/cuda_options.h"
 #include "worker/model/weights.h"
 #include "worker/runner/device.h"
@@ -193,11 +194,20 @@ class CudaDevice final : public Device {
   absl::Status NormToA(const float* w, int R);
   absl::Status EnsureQuantized(const float* x, int R, int K);
   absl::Status EnsureHalf(const float* x, int R, int K);
+  // The f16 activations of TiledF16Multi (HalfActivations) in xf_ / xf_scale_, cached like xq_.
+  absl::Status EnsureHalfColumns(const float* x, int R, int K);
+  // True when a product of a tiled matrix with R columns takes the f16 tensor-core kernel.
+  bool F16Columns(const DMat& w, int R) const {
+    return w.tiled && xf_ != nullptr && copts_.f16_mma && R >= copts_.f16_mma_min_cols && R <= kTiledF16MaxCols;
+  }
+  // Tiled matrices: the f16 kernel, MMQ or the tiled column kernel for the launch's segments.
+  absl::Status TiledColumns(const GemvArgs* segs, int n, bool f16);
   // The int8 / 16-bit copies of an activation are reused by the matmuls that share it; call this
   // whenever a buffer that may be cached gets new contents.
   void InvalidateX() {
     xq_src_ = nullptr;
     xh_src_ = nullptr;
+    xf_src_ = nullptr;
   }
   // Records what xq_/xd_ now hold (every quantizer that writes them calls this): `rows` rows of
   // `src`, and whether xsum_ holds their 16-element sums.
@@ -217,6 +227,9 @@ class CudaDevice final : public Device {
     int row0 = 0;
     int n = 0;
     bool column = false;  // column kernels (n <= ColumnRows), else dequantization + cuBLAS
+    // Holds rows of a replay (a non-speculative decode_path run): kept under the f16 kernel's
+    // column count, so its rows get the int8 kernels' numbers, those of decoding one by one.
+    bool exact = false;
   };
   // Cuts the prepared step's rows into segments for weights of each flavour (see
   // CudaBackendOptions::batch_invariant): segs_[1] for tiled matrices, segs_[0] for the others.
@@ -382,6 +395,11 @@ class CudaDevice final : public Device {
   int32_t* xsum_ = nullptr;
   bool xsum_valid_ = false;
   uint16_t* xh_ = nullptr;  // [T, max_k]
+  // TiledF16Multi's activations: [QuantRows(), max_k] f16 scaled per row, the [QuantRows()]
+  // factors that undo it, and the scratch of its K-split launches.
+  uint16_t* xf_ = nullptr;
+  float* xf_scale_ = nullptr;
+  TiledF16Scratch f16_scratch_;
   uint16_t* wh_ = nullptr;  // [wh_elems] dequantized weight scratch
   uint64_t wh_elems_ = 0;
   uint16_t* kt_ = nullptr;  // [slot_ctx, n_kv*hd]
@@ -415,6 +433,8 @@ class CudaDevice final : public Device {
   int xq_rows_ = 0;
   const float* xh_src_ = nullptr;  // activation currently in xh_
   int xh_rows_ = 0;
+  const float* xf_src_ = nullptr;  // activation currently in xf_
+  int xf_rows_ = 0;
 
   // The prepared micro-step (host).
   int rows_ = 0, n_logit_rows_ = 0, n_dec_ = 0, n_splits_ = 1;

@@ -178,7 +178,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   uint64_t max_mat_elems = 0;
   tiled_ = copts_.tiled && !portable_ && TiledAvailable(device_);
   // With dense weights, steps past tiled_max_rows rows take the 16-bit GEMM, not MMQ.
-  tiled_max_rows_ = tiled_ ? std::clamp(copts_.int8_mmq && !copts_.dense_weights
+  tiled_max_rows_ = tiled_ ? std::clamp((copts_.int8_mmq || copts_.f16_mma) && !copts_.dense_weights
                                             ? std::max(copts_.tiled_max_rows, copts_.mmq_max_rows)
                                             : copts_.tiled_max_rows,
                                         0, kTiledMaxCols)
@@ -278,6 +278,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // gathered K/V per context token on the 27B); the flash kernel needs neither.
   const uint64_t score_ctx = attn_prefill_tensor_cores_ ? 0 : static_cast<uint64_t>(slot_ctx_);
   const uint64_t LR = static_cast<uint64_t>(logit_rows_max_);  // logit rows of one micro-step
+  // TiledF16Multi's activations and K-split scratch (~14 MiB on the 27B), when it can run.
+  const bool f16_cols = tiled_ && copts_.f16_mma && tiled_max_rows_ >= copts_.f16_mma_min_cols;
   std::vector<Buf> bufs = {
       {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
@@ -306,6 +308,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 4 + 4},
       {reinterpret_cast<void**>(&xsum_), static_cast<uint64_t>(max_k_) / 16 * 4},
       {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
+      {reinterpret_cast<void**>(&xf_), f16_cols ? static_cast<uint64_t>(QuantRows()) * max_k_ * 2 : 0},
+      {reinterpret_cast<void**>(&xf_scale_), f16_cols ? static_cast<uint64_t>(QuantRows()) * 4 : 0},
+      {reinterpret_cast<void**>(&f16_scratch_.partial),
+       f16_cols ? static_cast<uint64_t>(TiledF16PartialFloats(kTiledF16MaxCols)) * 4 : 0},
+      {reinterpret_cast<void**>(&f16_scratch_.tickets), f16_cols ? TiledF16Tickets() * 4ull : 0},
       {reinterpret_cast<void**>(&xh_scale_), 16},
       {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
       {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
@@ -562,6 +569,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
   argmax_scratch_.max_rows = logit_rows_max_;
   DS_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_scratch_.tickets, 0, LR * 4));
+  if (f16_cols) {
+    f16_scratch_.partial_floats = TiledF16PartialFloats(kTiledF16MaxCols);
+    f16_scratch_.n_tickets = TiledF16Tickets();
+    DS_CUDA_RETURN_IF_ERROR(cudaMemset(f16_scratch_.tickets, 0, TiledF16Tickets() * 4ull));
+  }
   // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
   // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions, then (at
   // a 16-byte boundary) its hidden rows in and its hidden state and logits out.

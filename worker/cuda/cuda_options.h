@@ -60,6 +60,15 @@ struct CudaBackendOptions {
   // `bench --mmq off`).
   bool int8_mmq = true;
   int mmq_max_rows = 64;
+  // Tiled matrices on f16 tensor cores (kernels/cuda/tiled_f16.cuh, issue #22): column steps of
+  // f16_mma_min_cols..64 rows take TiledF16Multi instead of the int8 kernels. The Q6_K sub-block
+  // scale goes into the f16 weight operand, so the float work per mma that bounds the int8
+  // kernels at 16-64 columns is gone. Its numbers are not the int8 kernels' (f16 activations
+  // scaled per row, not int8 per 32-block), so batch invariance then holds among the steps of
+  // fewer than f16_mma_min_cols decode rows and among the steps of f16_mma_min_cols..64, not
+  // across. false: the int8 kernels at every column count (A/B runs, `bench --f16-mma off`).
+  bool f16_mma = true;
+  int f16_mma_min_cols = 17;
   // Dense weights (issue #22): every layer matrix also kept as a 16-bit copy (bf16; f16 on the
   // portable path), dequantized once at load, which the cuBLAS path multiplies instead of
   // dequantizing the quantized matrix into a scratch at every step. Costs 2 bytes per weight on

@@ -15,6 +15,7 @@
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/tiled_f16.cuh"
 #include "worker/cuda/cuda_device.h"
 
 namespace ds::cuda {
@@ -49,19 +50,22 @@ MmqShape PickMmq(const GemvArgs& a) {
   return kTiledKernel;
 }
 
-// Tiled matrices: MMQ where the table says so (and the activations are 16-byte aligned, as the
+}  // namespace
+
+// Tiled matrices: the f16 tensor-core kernel when F16Columns chose it (the segments carry xh /
+// xs), else MMQ where the table says so (and the activations are 16-byte aligned, as the
 // backend's column segments always are), else the tiled column kernel.
-absl::Status TiledColumns(const CudaBackendOptions& o, const GemvArgs* segs, int n, cudaStream_t s) {
-  if (o.int8_mmq) {
+absl::Status CudaDevice::TiledColumns(const GemvArgs* segs, int n, bool f16) {
+  if (f16) return TiledF16Multi(segs, n, f16_scratch_, stream_);
+  if (copts_.int8_mmq) {
     const MmqShape sh = PickMmq(segs[0]);
     const bool aligned =
         (reinterpret_cast<uintptr_t>(segs[0].xq) | reinterpret_cast<uintptr_t>(segs[0].xd)) % 16 == 0;
-    if (sh.slots > 0 && aligned && segs[0].nc <= kMmqMaxCols) return MmqTiledMulti(segs, n, sh, s);
+    if (sh.slots > 0 && aligned && segs[0].nc <= kMmqMaxCols)
+      return MmqTiledMulti(segs, n, sh, stream_);
   }
-  return TiledGemvMulti(segs, n, s);
+  return TiledGemvMulti(segs, n, stream_);
 }
-
-}  // namespace
 
 absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
   if (xq_src_ == x && xq_rows_ == R) return absl::OkStatus();
@@ -70,6 +74,13 @@ absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
   const bool sums = R == 1;
   DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_, sums ? xsum_ : nullptr));
   NoteQuantized(x, R, sums);
+  return absl::OkStatus();
+}
+absl::Status CudaDevice::EnsureHalfColumns(const float* x, int R, int K) {
+  if (xf_src_ == x && xf_rows_ == R) return absl::OkStatus();
+  DS_RETURN_IF_ERROR(HalfActivations(x, R, K, xf_, xf_scale_, stream_));
+  xf_src_ = x;
+  xf_rows_ = R;
   return absl::OkStatus();
 }
 absl::Status CudaDevice::EnsureHalf(const float* x, int R, int K) {
@@ -87,7 +98,9 @@ absl::Status CudaDevice::EnsureHalf(const float* x, int R, int K) {
 // `w2` is the second matrix of a kSiluMul pair (same type and shape as w), else nullptr.
 absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float* x, int R,
                                       float* y, GemvEpilogue epilogue) {
-  const bool qx = w.tiled || GemvWantsQuantizedX(w.type, w.cols);
+  const bool f16 = F16Columns(w, R);
+  const bool qx = !f16 && (w.tiled || GemvWantsQuantizedX(w.type, w.cols));
+  if (f16) DS_RETURN_IF_ERROR(EnsureHalfColumns(x, R, w.cols));
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, w.cols));
   const int max_cols = w.tiled ? kTiledMaxCols : kGemvMaxCols;
   for (int c0 = 0; c0 < R; c0 += max_cols) {
@@ -104,9 +117,13 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
       a.xd = xd_ + static_cast<int64_t>(c0) * (w.cols / 32);
       if (xsum_valid_) a.xsum = xsum_;  // one row, so c0 == 0
     }
+    if (f16) {
+      a.xh = xf_ + static_cast<int64_t>(c0) * w.cols;
+      a.xs = xf_scale_ + c0;
+    }
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
-    DS_RETURN_IF_ERROR(w.tiled ? TiledColumns(copts_, &a, 1, stream_) : Gemv(a, stream_));
+    DS_RETURN_IF_ERROR(w.tiled ? TiledColumns(&a, 1, f16) : Gemv(a, stream_));
   }
   return absl::OkStatus();
 }
@@ -114,6 +131,8 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
 void CudaDevice::PlanRowSegments(const MicroStep& step) {
   int dec_runs = 0;
   for (const RowRun& r : step.runs) dec_runs += r.decode_like() ? 1 : 0;
+  const bool f16_on = xf_ != nullptr && copts_.f16_mma;
+  const int exact_cap = std::max(1, copts_.f16_mma_min_cols - 1);
   for (int f = 0; f < 2; ++f) {
     const int cap = f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
     // Prefill pieces keep the column kernels only up to the tiled kernel's own width (not the
@@ -144,15 +163,20 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
           continue;
         }
         shared_gemm = false;
+        // A replay's decode_path run must give the numbers of its tokens decoded one by one:
+        // with the f16 kernel on (F16Columns), its rows stay in segments of fewer columns.
+        const bool exact = f == 1 && f16_on && r.decode_path && r.spec_entry < 0 && r.n > 1;
         for (int i = 0; i < r.n;) {
           RowSegment* last = out.empty() ? nullptr : &out.back();
-          if (last && last->column && last->row0 + last->n == r.row0 + i && last->n < cap) {
-            const int take = std::min(cap - last->n, r.n - i);
+          const int lim = exact || (last && last->exact) ? std::min(cap, exact_cap) : cap;
+          if (last && last->column && last->row0 + last->n == r.row0 + i && last->n < lim) {
+            const int take = std::min(lim - last->n, r.n - i);
             last->n += take;
+            last->exact = last->exact || exact;
             i += take;
           } else {
-            const int take = std::min(cap, r.n - i);
-            out.push_back({r.row0 + i, take, true});
+            const int take = std::min(exact ? std::min(cap, exact_cap) : cap, r.n - i);
+            out.push_back({r.row0 + i, take, true, exact});
             i += take;
           }
         }
@@ -380,7 +404,9 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
                                       const float* x, int R) {
   // One launch per column chunk for all matrices (SameColumnMatrices: one type and width).
   const DMat& m0 = *mats.begin()->first;
-  const bool qx = m0.tiled || GemvWantsQuantizedX(m0.type, m0.cols);
+  const bool f16 = F16Columns(m0, R);
+  const bool qx = !f16 && (m0.tiled || GemvWantsQuantizedX(m0.type, m0.cols));
+  if (f16) DS_RETURN_IF_ERROR(EnsureHalfColumns(x, R, m0.cols));
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, m0.cols));
   const int max_cols = m0.tiled ? kTiledMaxCols : kGemvMaxCols;
   for (int c0 = 0; c0 < R; c0 += max_cols) {
@@ -399,11 +425,14 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
         a.xd = xd_ + static_cast<int64_t>(c0) * (m->cols / 32);
         if (xsum_valid_) a.xsum = xsum_;  // one row, so c0 == 0
       }
+      if (f16) {
+        a.xh = xf_ + static_cast<int64_t>(c0) * m->cols;
+        a.xs = xf_scale_ + c0;
+      }
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
     }
-    DS_RETURN_IF_ERROR(m0.tiled ? TiledColumns(copts_, segs_args, n, stream_)
-                                : GemvMulti(segs_args, n, stream_));
+    DS_RETURN_IF_ERROR(m0.tiled ? TiledColumns(segs_args, n, f16) : GemvMulti(segs_args, n, stream_));
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,19 @@
+// CPU reference of the f16 tensor-core matmul on tiled Q6_K (kernels/cuda/tiled_f16.cuh): the
+// activation conversion it takes and the dot product it computes, so that the kernel is tested
+// against what it is meant to compute (f16 operands), not only against the f32 product.
+#pragma once
+#include <cstdint>
+
+namespace ds::cpu {
+
+// One row as HalfActivations (kernels/cuda/tiled_f16.cu) converts it: e such that the row's
+// largest |x| lies in [2^13, 2^14) after scaling by 2^e (e = 0 for an all-zero or non-finite
+// row; e <= 114), xh[k] = f16(x[k] * 2^e) rounded to nearest even, *xs = 2^-e.
+void HalfActivationsRow(const float* x, int64_t n, uint16_t* xh, float* xs);
+
+// One Q6_K row (n / 256 raw GGUF blocks) times one f16 column as the kernel's operands hold
+// them, exactly (double): sum over units u of d_u * sum_k f16((q_k - 32) * sc_k) * xh_k.
+// `abs_sum` (optional) gets the sum of |terms|, the scale for tolerances.
+double TiledF16DotQ6K(const void* row, const uint16_t* xh, int64_t n, double* abs_sum = nullptr);
+
+}  // namespace ds::cpu

@@ -1,0 +1,356 @@
+// Tiled Q6_K times f16 activations on f16 tensor cores (see tiled_f16.cuh).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/mma_f16.cuh"
+#include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/tiled_f16.cuh"
+#include "kernels/cuda/tiled_q6k.cuh"
+
+namespace ds::cuda {
+namespace {
+
+using namespace tiled;  // NOLINT: the layout helpers (tiled_q6k.cuh)
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBlockRows = kWarps * kTiledRows;  // rows of a single matrix per block
+// K split: launches of few row blocks (the 5120-row matrices: 40) split K so that the grid has
+// about this many blocks (two per SM on 132 SMs), at most kMaxSplit ways and >= 2 units a split.
+constexpr int kTargetBlocks = 256;
+constexpr int kMaxSplit = 8;
+constexpr int kMaxTickets = 256;
+// One column's unit of f16 activations (512 bytes) padded by 32: the 8-byte B loads of lanes
+// g = 0..3 (one half-warp) then start 8 banks apart and never conflict.
+constexpr int kXCol = 2 * kUnitElems + 32;
+
+struct F16Launch {
+  GemvArgs seg[kGemvMaxSegs];
+  int blk_end[kGemvMaxSegs];       // inclusive prefix sums of row blocks x split
+  int64_t part_off[kGemvMaxSegs];  // the segment's [split][nc][M] partial sums in the scratch
+  int ticket_off[kGemvMaxSegs];    // its row blocks' tickets
+  int n_segs;
+  int split;
+  float* partial;
+  int* tickets;
+};
+
+// The f16 pair (sc, sc) of sub-block scale byte s of a row (sc16: its 16 int8 scales, with
+// 0x80 already xored into every byte, i.e. sc + 128 as unsigned): 0x64 above the byte gives
+// 1152 + sc exactly, minus 1152.
+__device__ __forceinline__ __half2 ScalePair(const uint4& sc16, int s) {
+  const uint32_t sel = (s & 3) | 0x40 | ((s & 3) << 8) | 0x4000;
+  const uint32_t h = __byte_perm(Word(sc16, s >> 2), 0x64646464u, sel);
+  return __hsub2(Half2(h), __float2half2_rn(1152.f));
+}
+
+// The f16 pair ((q0 - 32) * s, (q1 - 32) * s) of two unsigned 6-bit quants (bytes picked by
+// `sel` from `a`): 1024 + q exactly, minus 1056 exactly, times s rounded once.
+__device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2 s) {
+  const __half2 h = __hsub2(Half2(__byte_perm(a, 0x64646464u, sel)), __float2half2_rn(1056.f));
+  return Bits(__hmul2(h, s));
+}
+
+// Block = 8 warps, one 16-row tile each (the pair: 4 tiles of the gate and of the up matrix,
+// warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
+// activations of all columns are staged once per block (cp.async, double-buffered) and every
+// warp reads its B fragments from there.
+template <int NT, bool kPair>
+__global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
+  constexpr int NCB = NT * 8;
+  constexpr int TPB = kPair ? kWarps / 2 : kWarps;
+  constexpr int kStage = NCB * kXCol;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int last_block;
+  int si = 0;
+#pragma unroll
+  for (int i = 1; i < kGemvMaxSegs; ++i)
+    if (i < L.n_segs && static_cast<int>(blockIdx.x) >= L.blk_end[i - 1]) si = i;
+  const GemvArgs& a = L.seg[si];
+  const int local = blockIdx.x - (si > 0 ? L.blk_end[si - 1] : 0);
+  const int split = L.split, rb = local / split, ks = local % split;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const int mat = kPair ? (warp & 1) : 0;
+  const int n_tiles = (a.M + kTiledRows - 1) / kTiledRows;
+  const int tile = rb * TPB + (kPair ? warp >> 1 : warp);
+  const bool active = tile < n_tiles;
+  const int nu = a.K / kUnitElems, nc = a.nc;
+  const int u0 = ks * nu / split, u1 = (ks + 1) * nu / split;
+  const uint8_t* wt = static_cast<const uint8_t*>(kPair && mat ? a.w2 : a.w) +
+                      static_cast<int64_t>(active ? tile : 0) * nu * kTileUnitBytes;
+
+  // Unit u's activations of every column into buffer b (columns past nc copy column nc - 1;
+  // their results are never stored).
+  auto stage = [&](int u, int b) {
+    uint8_t* xs = smem + b * kStage;
+    for (int i = tid; i < NCB * 32; i += kThreads) {
+      const int c = i >> 5, k8 = i & 31;
+      CpAsync16(xs + c * kXCol + 16 * k8,
+                a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+  if (u0 < u1) stage(u0, 0);
+  CpAsyncCommit();
+  for (int u = u0; u < u1; ++u) {
+    const int b = (u - u0) & 1;
+    TileUnit tu;
+    if (active) LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+    if (u + 1 < u1) stage(u + 1, b ^ 1);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    if (active) {
+      tu.qh[0] = Xor4(tu.qh[0], 0xAAAAAAAAu);  // t ^ 32 = q, the unsigned quant
+      tu.qh[1] = Xor4(tu.qh[1], 0xAAAAAAAAu);
+      tu.sc0 = Xor4(tu.sc0, 0x80808080u);
+      tu.sc1 = Xor4(tu.sc1, 0x80808080u);
+      // Thread (g, q) reads column 8j + g at k = 16s + 4q .. +3: f16 positions 2q, 2q + 1 (b0)
+      // and 2q + 8, 2q + 9 (b1) of the mma hold k = 4q, 4q + 1 and 4q + 2, 4q + 3; the A
+      // fragment below uses the same order, so the product is the dot product over k.
+      const uint8_t* xs = smem + b * kStage + g * kXCol + 8 * q;
+      float cu[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cu[j][e] = 0.f;
+#pragma unroll
+      for (int s = 0; s < 16; ++s) {
+        uint32_t a0, a1;  // rows g and g + 8, k = 16s + 4q .. +3, unsigned
+        DecodeStepUnsigned(Word(tu.ql[s >> 2], s & 3), Word(tu.qh[s >> 3], (s & 7) >> 1), s & 1, a0,
+                           a1);
+        const __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
+        const uint32_t A[4] = {WeightPair(a0, 0x4140, s0), WeightPair(a1, 0x4140, s1),
+                               WeightPair(a0, 0x4342, s0), WeightPair(a1, 0x4342, s1)};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint2 bv = *reinterpret_cast<const uint2*>(xs + 8 * j * kXCol + 32 * s);
+          MmaF16(A, bv.x, bv.y, cu[j]);
+        }
+      }
+      const float dg = HalfBitsToF32(tu.d & 0xFFFF), dg8 = HalfBitsToF32(tu.d >> 16);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[j][0] = fmaf(dg, cu[j][0], acc[j][0]);
+        acc[j][1] = fmaf(dg, cu[j][1], acc[j][1]);
+        acc[j][2] = fmaf(dg8, cu[j][2], acc[j][2]);
+        acc[j][3] = fmaf(dg8, cu[j][3], acc[j][3]);
+      }
+    }
+    __syncthreads();  // buffer b is restaged by the next round's copy
+  }
+
+  const int64_t ldy = a.ldy ? a.ldy : a.M;
+  const int row_base = tile * kTiledRows + g;
+  if (split == 1) {
+    if constexpr (kPair) {
+      // The up warp hands its sums to the gate warp of the same tile (the loop ended on a barrier).
+      float* red = reinterpret_cast<float*>(smem) + (warp >> 1) * kTiledRows * NCB;
+      if (mat == 1) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            red[(g + 8 * (e >> 1)) * NCB + 8 * j + 2 * q + (e & 1)] = acc[j][e];
+      }
+      __syncthreads();
+      if (mat == 1 || !active) return;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
+          if (c >= nc || row >= a.M) continue;
+          const float xs = a.xs[c];
+          const float up = red[(g + 8 * (e >> 1)) * NCB + c] * xs;
+          a.y[c * ldy + row] = Silu(acc[j][e] * xs) * up;
+        }
+    } else {
+      if (!active) return;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
+          if (c >= nc || row >= a.M) continue;
+          const float v = acc[j][e] * a.xs[c];
+          float* dst = a.y + c * ldy + row;
+          *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v : v;
+        }
+    }
+    return;
+  }
+
+  // K split (single matrices only): partial sums to the scratch; the row block's last block to
+  // finish adds them in split order, so the result does not depend on which block came last.
+  float* part = L.partial + L.part_off[si];
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
+        if (c < nc && row < a.M) part[(static_cast<int64_t>(ks) * nc + c) * a.M + row] = acc[j][e];
+      }
+  }
+  __threadfence();
+  __syncthreads();
+  int* ticket = L.tickets + L.ticket_off[si] + rb;
+  if (tid == 0) last_block = atomicAdd(ticket, 1) == split - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  for (int o = tid; o < kBlockRows * nc; o += kThreads) {
+    const int row = rb * kBlockRows + o % kBlockRows, c = o / kBlockRows;
+    if (row >= a.M) continue;
+    float v = 0.f;
+    for (int k = 0; k < split; ++k)
+      v += __ldcg(part + (static_cast<int64_t>(k) * nc + c) * a.M + row);
+    v *= a.xs[c];
+    float* dst = a.y + c * ldy + row;
+    *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v : v;
+  }
+  if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)
+}
+
+template <int NT, bool kPair>
+absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
+  constexpr int kSmem = 2 * NT * 8 * kXCol;
+  static_assert(kSmem >= kWarps / 2 * kTiledRows * NT * 8 * 4,
+                "the pair's hand-over must fit the stages");
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      TiledF16Kernel<NT, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess)
+    return absl::InternalError(
+        absl::StrCat("TiledF16Multi: shared memory ", kSmem, ": ", cudaGetErrorString(attr)));
+  TiledF16Kernel<NT, kPair><<<blocks, kThreads, kSmem, stream>>>(L);
+  return LastLaunchStatus("TiledF16Kernel");
+}
+
+template <int NT>
+absl::Status LaunchNt(const F16Launch& L, int blocks, cudaStream_t stream) {
+  if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) return LaunchOne<NT, true>(L, blocks, stream);
+  return LaunchOne<NT, false>(L, blocks, stream);
+}
+
+__global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
+                                      float* __restrict__ xs) {
+  __shared__ float scratch[32];
+  const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * K);
+  uint2* hr = reinterpret_cast<uint2*>(xh + static_cast<int64_t>(blockIdx.x) * K);
+  float m = 0.f;
+  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+    const float4 v = xr[i];
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+  m = BlockMax(m, scratch);
+  // m < 2^ex, m >= 2^(ex - 1): times 2^(14 - ex) it lies in [2^13, 2^14).
+  int ex = 14;
+  if (m > 0.f && isfinite(m)) frexpf(m, &ex);
+  ex = max(ex, -100);  // 2^(14 - ex) stays a finite float
+  const float scale = ldexpf(1.f, 14 - ex);
+  if (threadIdx.x == 0) xs[blockIdx.x] = ldexpf(1.f, ex - 14);
+  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+    const float4 v = xr[i];
+    const __half2 lo = __floats2half2_rn(v.x * scale, v.y * scale);
+    const __half2 hi = __floats2half2_rn(v.z * scale, v.w * scale);
+    hr[i] = make_uint2(Bits(lo), Bits(hi));
+  }
+}
+
+}  // namespace
+
+int64_t TiledF16PartialFloats(int max_cols) {
+  // split x (row blocks) <= kTargetBlocks + rb / 2 with rb <= 2/3 kTargetBlocks whenever split > 1.
+  return static_cast<int64_t>(kTargetBlocks + kTargetBlocks / 3 + 1) * kBlockRows * max_cols;
+}
+int TiledF16Tickets() { return kMaxTickets; }
+
+absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
+                             cudaStream_t stream) {
+  if (R <= 0 || K <= 0 || K % 4 != 0)
+    return absl::InvalidArgumentError(absl::StrCat("HalfActivations: R=", R, " K=", K));
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
+    return absl::InvalidArgumentError("HalfActivations: x / xh misaligned");
+  HalfActivationsKernel<<<R, 256, 0, stream>>>(x, K, xh, xs);
+  return LastLaunchStatus("HalfActivationsKernel");
+}
+
+absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scratch& scratch,
+                           cudaStream_t stream) {
+  if (n_segs < 1 || n_segs > kGemvMaxSegs)
+    return absl::InvalidArgumentError(
+        absl::StrCat("TiledF16Multi: ", n_segs, " segments outside [1, ", kGemvMaxSegs, "]"));
+  const GemvArgs& b = segs[0];
+  const bool pair = b.epilogue == GemvEpilogue::kSiluMul;
+  for (int i = 0; i < n_segs; ++i) {
+    const GemvArgs& a = segs[i];
+    if (!TiledSupported(a.type))
+      return absl::UnimplementedError(
+          absl::StrCat("TiledF16Multi: no tiled layout for ", std::string(GgmlInfo(a.type).name)));
+    if (a.nc < 1 || a.nc > kTiledF16MaxCols || a.M <= 0 || a.K <= 0 || a.K % kUnitElems != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("TiledF16Multi: bad shape M=", a.M, " K=", a.K, " nc=", a.nc));
+    if (a.xh == nullptr || a.xs == nullptr || a.y == nullptr || a.w == nullptr)
+      return absl::InvalidArgumentError("TiledF16Multi: needs w, xh/xs and y");
+    if (a.epilogue == GemvEpilogue::kSiluMul && (a.w2 == nullptr || n_segs != 1))
+      return absl::InvalidArgumentError("TiledF16Multi: kSiluMul takes one segment with w2");
+    if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.xh != b.xh || a.xs != b.xs))
+      return absl::InvalidArgumentError(
+          "TiledF16Multi: segments must share type, K, nc and activations");
+  }
+  if (reinterpret_cast<uintptr_t>(b.xh) % 16 != 0)
+    return absl::InvalidArgumentError("TiledF16Multi: xh not 16-byte aligned");
+  F16Launch L{};
+  L.n_segs = n_segs;
+  const int tpb = pair ? kWarps / 2 : kWarps;
+  int rb_total = 0;
+  for (int i = 0; i < n_segs; ++i) {
+    L.seg[i] = segs[i];
+    rb_total += CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
+  }
+  // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
+  // at every column count.
+  const int nu = b.K / kUnitElems;
+  int split = 1;
+  if (!pair)
+    split = std::max(1, std::min({(kTargetBlocks + rb_total / 2) / rb_total, kMaxSplit, nu / 2}));
+  L.split = split;
+  int end = 0, tickets = 0;
+  int64_t floats = 0;
+  for (int i = 0; i < n_segs; ++i) {
+    const int rb = CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
+    end += rb * split;
+    L.blk_end[i] = end;
+    L.part_off[i] = floats;
+    L.ticket_off[i] = tickets;
+    if (split > 1) {
+      floats += static_cast<int64_t>(split) * b.nc * segs[i].M;
+      tickets += rb;
+    }
+  }
+  if (split > 1) {
+    if (scratch.partial == nullptr || scratch.tickets == nullptr ||
+        floats > scratch.partial_floats || tickets > scratch.n_tickets)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "TiledF16Multi: split ", split, " needs ", floats, " partial floats and ", tickets,
+          " tickets; the scratch has ", scratch.partial_floats, " and ", scratch.n_tickets));
+    L.partial = scratch.partial;
+    L.tickets = scratch.tickets;
+  }
+  if (b.nc <= 8) return LaunchNt<1>(L, end, stream);
+  if (b.nc <= 16) return LaunchNt<2>(L, end, stream);
+  if (b.nc <= 32) return LaunchNt<4>(L, end, stream);
+  return LaunchNt<8>(L, end, stream);
+}
+
+}  // namespace ds::cuda

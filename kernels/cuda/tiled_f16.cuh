@@ -1,0 +1,57 @@
+// Tiled Q6_K (gemv_tiled.cuh) times f16 activations on f16 tensor cores, for steps of 9..64
+// activation columns (batched decode). Lab notes: kernels/cuda/README.md ("Tiled Q6_K on f16
+// tensor cores").
+//
+// Why: the int8 kernels (TiledGemvMulti, MmqTiledMulti) must apply Q6_K's per-16 sub-block scale
+// and the per-32 activation scale to every accumulator after every int8 mma (~10 float
+// instructions per mma), which is what bounds them at 16-64 columns (MMQ ~92 TOPS at 32
+// columns). Here the sub-block scale goes into the A operand instead: each weight is decoded to
+// the f16 value (q - 32) * sc (an integer of at most 13 bits, exact up to 2048), once per warp
+// and step whatever the column count, so the work that grows with the columns is the mma alone;
+// the f16 mma accumulates a whole 256-element unit in f32, then one fma applies the unit's d.
+// The activations are f16, scaled per column by a power of two into f16's range
+// (HalfActivations), so nothing overflows or flushes and the scale is undone exactly.
+//
+// Numbers: a (row, column) result is the f32 tensor-core sum of exact f16 products; it depends
+// on the matrix shape and the launch's matrices (the K split), never on the column count or the
+// other columns, so decode rows stay batch-invariant among the steps this kernel serves. It is
+// not the int8 kernels' result (the activations are rounded differently: f16 keeps 11 bits of
+// every element, int8 7 bits of each 32-block's largest).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/util/status.h"
+#include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/gemv_tiled.cuh"
+
+namespace ds::cuda {
+
+constexpr int kTiledF16MaxCols = 64;
+
+// x: [R, K] f32 -> xh: [R, K] f16 bits of x * 2^e_r and xs: [R] = 2^-e_r, where e_r puts the
+// row's largest |x| in [2^13, 2^14) (e_r = 0 for an all-zero or non-finite row; e_r <= 114).
+// K % 4 == 0, x 16-byte and xh 8-byte aligned. CPU twin: cpu::HalfActivationsRow.
+absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
+                             cudaStream_t stream);
+
+// Device scratch of the launches that split K over blocks (the narrow matrices): partial sums
+// and one ticket per 128-row block (zero at allocation; each launch leaves them zero).
+struct TiledF16Scratch {
+  float* partial = nullptr;
+  int64_t partial_floats = 0;
+  int* tickets = nullptr;
+  int n_tickets = 0;
+};
+// Scratch that any launch of up to `max_cols` columns fits in.
+int64_t TiledF16PartialFloats(int max_cols);
+int TiledF16Tickets();
+
+// y = W x for tiled matrices on f16 activations: GemvArgs as for TiledGemvMulti, with xh / xs
+// (HalfActivations of the nc columns) instead of xq / xd; 1..kGemvMaxSegs segments sharing K, nc
+// and the activations, or one kSiluMul pair; nc <= kTiledF16MaxCols. xh 16-byte aligned.
+absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scratch& scratch,
+                           cudaStream_t stream);
+
+}  // namespace ds::cuda

@@ -1,0 +1,477 @@
+// The f16 tensor-core matmul on tiled Q6_K (kernels/cuda/tiled_f16.cuh) against its CPU
+// reference (kernels/cpu/tiled_f16_ref.h: the same f16 operands, summed exactly) and against the
+// f32 product of the dequantized weights (within f16 rounding); a column's result the same at
+// every column count (batch invariance); the K-split path, epilogues, several matrices in one
+// launch, argument checks. TiledF16Timing.Table27B is the benchmark that fills the dispatch table
+// (worker/cuda/matmul_dispatch.cc): it prints only. Needs a GPU (sm_80+).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/util/half.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/tiled_f16_ref.h"
+#include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/gemv_tiled.cuh"
+#include "kernels/cuda/mmq.cuh"
+#include "kernels/cuda/tiled_f16.cuh"
+#include "tests/kernels/cuda/cuda_test_util.h"
+
+namespace ds::cuda {
+namespace {
+
+std::mt19937& Rng() {
+  static std::mt19937 rng(4242);
+  return rng;
+}
+
+bool HaveTiled() {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  return TiledAvailable(dev);
+}
+
+// Random raw Q6_K rows: every quant and scale bit pattern (scales -128..127), sane f16 d.
+std::vector<uint8_t> RandomQ6K(int64_t rows, int K) {
+  std::vector<uint8_t> w(rows * GgmlRowBytes(GgmlType::Q6_K, K));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(2e-5f, 4e-4f);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(Rng()));
+  for (size_t off = 0; off < w.size(); off += 210) {
+    const uint16_t d = F32ToF16(sc(Rng()));
+    std::memcpy(&w[off + 208], &d, 2);
+  }
+  return w;
+}
+
+// Activations with outliers, one all-zero 256-block per column, and columns of very different
+// magnitude (the per-column scale must follow them).
+std::vector<float> RandomActs(int nc, int K) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::uniform_int_distribution<int> pick(0, K - 1);
+  std::vector<float> x(static_cast<size_t>(nc) * K);
+  for (auto& v : x) v = u(Rng());
+  for (int c = 0; c < nc; ++c) {
+    float* col = x.data() + static_cast<size_t>(c) * K;
+    const float mag = std::ldexp(1.f, (c * 7) % 41 - 20);  // 2^-20 .. 2^20
+    for (int k = 0; k < K; ++k) col[k] *= mag;
+    for (int i = 0; i < K / 64; ++i) col[pick(Rng())] *= 40.f;
+    std::fill_n(col + 256 * (c % (K / 256)), 256, 0.f);
+  }
+  return x;
+}
+
+Dev<uint8_t> Tile(const Dev<uint8_t>& raw, int M, int K) {
+  Dev<uint8_t> t(TiledBytes(GgmlType::Q6_K, M, K));
+  EXPECT_TRUE(TileRows(GgmlType::Q6_K, raw.p, 0, M, K, t.p, nullptr).ok());
+  return t;
+}
+
+// The device scratch of the K-split launches, as the backend allocates it.
+struct Scratch {
+  Dev<float> partial{static_cast<size_t>(TiledF16PartialFloats(kTiledF16MaxCols))};
+  Dev<int> tickets{static_cast<size_t>(TiledF16Tickets())};
+  Scratch() { CK(cudaMemset(tickets.p, 0, tickets.n * 4)); }
+  TiledF16Scratch get() const {
+    return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n)};
+  }
+};
+
+struct HalfActs {
+  Dev<uint16_t> xh;
+  Dev<float> xs;
+};
+HalfActs Convert(const std::vector<float>& x, int nc, int K) {
+  Dev<float> dx(x);
+  HalfActs h{Dev<uint16_t>(x.size()), Dev<float>(static_cast<size_t>(nc))};
+  EXPECT_TRUE(HalfActivations(dx.p, nc, K, h.xh.p, h.xs.p, nullptr).ok());
+  return h;
+}
+
+TEST(TiledF16, HalfActivationsMatchCpu) {
+  const int K = 1280;
+  auto x = RandomActs(9, K);
+  x[2 * K + 5] = 1e30f;                                   // a huge row: scaled down
+  std::fill_n(x.begin() + 3 * K, K, 0.f);                 // all zero: scale 1
+  std::fill_n(x.begin() + 4 * K, K, 1e-40f);              // subnormal floats: scaled up, capped
+  x[5 * K + 7] = std::numeric_limits<float>::infinity();  // non-finite: scale 1
+  const int nc = 9;
+  HalfActs h = Convert(x, nc, K);
+  std::vector<uint16_t> want(x.size());
+  std::vector<float> want_s(nc);
+  for (int c = 0; c < nc; ++c)
+    cpu::HalfActivationsRow(x.data() + static_cast<size_t>(c) * K, K,
+                            want.data() + static_cast<size_t>(c) * K, &want_s[c]);
+  EXPECT_EQ(h.xh.Down(), want);
+  EXPECT_EQ(h.xs.Down(), want_s);
+  // Every finite row's largest value lands in [2^13, 2^14) (the zero, capped and inf rows aside).
+  for (int c : {0, 1, 2, 6, 7, 8}) {
+    float m = 0.f;
+    for (int k = 0; k < K; ++k)
+      m = std::max(m, std::fabs(F16ToF32(want[static_cast<size_t>(c) * K + k])));
+    EXPECT_GE(m, 8192.f) << c;
+    EXPECT_LE(m, 16384.f) << c;
+  }
+  EXPECT_EQ(want_s[3], 1.f);
+  EXPECT_EQ(want_s[5], 1.f);
+}
+
+struct Case {
+  int M, K, nc;
+  GemvEpilogue ep;
+  int cpu_row_step = 1;  // rows checked against the CPU (every n-th): the 27B shapes are large
+};
+
+// GPU vs the CPU reference of the f16 operands (tight) and vs the f32 product (f16 rounding
+// bound); returns the outputs.
+std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
+  SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " nc=" << c.nc
+                                    << " ep=" << static_cast<int>(c.ep));
+  const bool pair = c.ep == GemvEpilogue::kSiluMul;
+  const auto w = RandomQ6K(c.M, c.K);
+  const auto w2 = pair ? RandomQ6K(c.M, c.K) : std::vector<uint8_t>(1);
+  const auto x = RandomActs(c.nc, c.K);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> y0(static_cast<size_t>(c.nc) * c.M);
+  for (auto& v : y0) v = u(Rng());
+  Dev<uint8_t> dw(w), dw2(w2);
+  Dev<uint8_t> tw = Tile(dw, c.M, c.K);
+  Dev<uint8_t> tw2 = pair ? Tile(dw2, c.M, c.K) : Dev<uint8_t>(1);
+  HalfActs h = Convert(x, c.nc, c.K);
+  GemvArgs a;
+  a.type = GgmlType::Q6_K;
+  a.w = tw.p;
+  a.w2 = pair ? tw2.p : nullptr;
+  a.M = c.M;
+  a.K = c.K;
+  a.nc = c.nc;
+  a.xh = h.xh.p;
+  a.xs = h.xs.p;
+  a.epilogue = c.ep;
+  Dev<float> y(y0);
+  a.y = y.p;
+  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+  const auto got = y.Down();
+  // Twice more into fresh outputs: the same bits (the K split's tickets were reset).
+  for (int rep = 0; rep < 2; ++rep) {
+    Dev<float> y2(y0);
+    a.y = y2.p;
+    EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+    const auto again = y2.Down();
+    EXPECT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4)) << "run " << rep + 2;
+  }
+
+  const auto xh = h.xh.Down();
+  const auto xs = h.xs.Down();
+  const uint64_t rb = GgmlRowBytes(GgmlType::Q6_K, c.K);
+  std::vector<float> wf(c.K), xf(c.K);
+  int bad = 0, bad_f32 = 0, checked = 0;
+  double worst = 0, worst_f32 = 0;
+  for (int col = 0; col < c.nc; ++col)
+    for (int r = 0; r < c.M; r += c.cpu_row_step) {
+      const uint16_t* hc = xh.data() + static_cast<size_t>(col) * c.K;
+      const float* xc = x.data() + static_cast<size_t>(col) * c.K;
+      // The same f16 operands, exactly; and the f32 product of the dequantized row.
+      auto dots = [&](const std::vector<uint8_t>& m, double* exact, double* abs, double* f32,
+                      double* f32_abs) {
+        *exact = xs[col] * cpu::TiledF16DotQ6K(m.data() + r * rb, hc, c.K, abs);
+        *abs *= xs[col];
+        cpu::DequantizeRow(GgmlType::Q6_K, m.data() + r * rb, wf.data(), c.K);
+        *f32 = 0;
+        *f32_abs = 0;
+        for (int k = 0; k < c.K; ++k) {
+          *f32 += static_cast<double>(wf[k]) * xc[k];
+          *f32_abs += std::fabs(static_cast<double>(wf[k]) * xc[k]);
+        }
+      };
+      double e1, a1, f1, fa1;
+      dots(w, &e1, &a1, &f1, &fa1);
+      const size_t o = static_cast<size_t>(col) * c.M + r;
+      // f32 tensor-core sums of 256 products, one fma per unit, the K split's adds.
+      double expect = e1, tol = 3e-5 * a1 + 1e-30;
+      // f16 rounds every weight above 2048 * |d| and every activation by <= 2^-11.
+      double expect32 = f1, tol32 = 1.05 * std::ldexp(1.0, -10) * fa1 + tol + 1e-30;
+      if (pair) {
+        double e2, a2, f2, fa2;
+        dots(w2, &e2, &a2, &f2, &fa2);
+        auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+        expect = silu(e1) * e2;
+        tol = (std::fabs(e2) * 1.1 * tol + std::fabs(silu(e1)) * 3e-5 * a2) * 1.5 +
+              1e-6 * std::fabs(expect) + 1e-30;
+        expect32 = silu(f1) * f2;
+        const double t1 = 1.05 * std::ldexp(1.0, -10) * fa1 + 3e-5 * a1,
+                     t2 = 1.05 * std::ldexp(1.0, -10) * fa2 + 3e-5 * a2;
+        tol32 = (std::fabs(f2) * 1.1 * t1 + (std::fabs(silu(f1)) + t1) * t2) * 1.5 +
+                1e-6 * std::fabs(expect32) + 1e-30;
+      } else if (c.ep == GemvEpilogue::kAccumulate) {
+        expect += y0[o];
+        expect32 += y0[o];
+        tol += 1e-7 * std::fabs(y0[o]);
+        tol32 += 1e-7 * std::fabs(y0[o]);
+      }
+      const double err = std::fabs(got[o] - expect), err32 = std::fabs(got[o] - expect32);
+      worst = std::max(worst, err / tol);
+      worst_f32 = std::max(worst_f32, err32 / tol32);
+      ++checked;
+      if (!(err <= tol) && bad++ < 5)
+        ADD_FAILURE() << "vs the f16 reference: row " << r << " col " << col << " got " << got[o]
+                      << " want " << expect << " tol " << tol;
+      if (!(err32 <= tol32) && bad_f32++ < 5)
+        ADD_FAILURE() << "vs the f32 product: row " << r << " col " << col << " got " << got[o]
+                      << " want " << expect32 << " tol " << tol32;
+    }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(bad_f32, 0);
+  std::printf("  f16 M=%6d K=%6d nc=%2d ep=%d: %d outputs, max err/tol %.3f (f16 ref) %.3f (f32)\n",
+              c.M, c.K, c.nc, static_cast<int>(c.ep), checked, worst, worst_f32);
+  return got;
+}
+
+TEST(TiledF16, EveryColumnCountOddShape) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  // M = 37: a partial last tile and a partial block; K = 768: 3 units (one K split of 1 unit).
+  for (int nc = 1; nc <= 64; ++nc) RunCase({37, 768, nc, GemvEpilogue::kStore}, s);
+}
+
+TEST(TiledF16, EpiloguesSplitAndLongK) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  for (int nc : {1, 9, 17, 33, 64}) RunCase({21, 512, nc, GemvEpilogue::kSiluMul}, s);
+  for (int nc : {5, 16, 40, 64}) RunCase({50, 1280, nc, GemvEpilogue::kAccumulate}, s);
+  RunCase({700, 4352, 24, GemvEpilogue::kStore, 3}, s);  // 6 row blocks x 8-way split of 17 units
+}
+
+TEST(TiledF16, ModelShapes27B) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  RunCase({17408, 5120, 64, GemvEpilogue::kSiluMul, 211}, s);
+  RunCase({5120, 17408, 48, GemvEpilogue::kAccumulate, 97}, s);
+  RunCase({10240, 5120, 16, GemvEpilogue::kStore, 101}, s);
+  RunCase({5120, 6144, 33, GemvEpilogue::kAccumulate, 89}, s);
+}
+
+// A column's result is the same bits whatever the column count (the decode rows of a batch do
+// not change each other), for single matrices (with and without a K split) and the pair.
+TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  struct Shape {
+    int M, K;
+    GemvEpilogue ep;
+  };
+  for (const Shape& sh :
+       {Shape{40, 1024, GemvEpilogue::kStore}, Shape{2000, 2048, GemvEpilogue::kStore},
+        Shape{100, 512, GemvEpilogue::kSiluMul}}) {
+    const bool pair = sh.ep == GemvEpilogue::kSiluMul;
+    Dev<uint8_t> raw(RandomQ6K(sh.M, sh.K)), raw2(RandomQ6K(sh.M, sh.K));
+    Dev<uint8_t> t = Tile(raw, sh.M, sh.K), t2 = Tile(raw2, sh.M, sh.K);
+    const auto x = RandomActs(64, sh.K);
+    HalfActs h = Convert(x, 64, sh.K);
+    std::vector<float> full;
+    for (int nc : {64, 1, 8, 9, 16, 17, 32, 33, 63}) {
+      Dev<float> y(static_cast<size_t>(nc) * sh.M);
+      GemvArgs a;
+      a.type = GgmlType::Q6_K;
+      a.w = t.p;
+      a.w2 = pair ? t2.p : nullptr;
+      a.M = sh.M;
+      a.K = sh.K;
+      a.nc = nc;
+      a.xh = h.xh.p;
+      a.xs = h.xs.p;
+      a.y = y.p;
+      a.epilogue = sh.ep;
+      ASSERT_OK(TiledF16Multi(&a, 1, s.get(), nullptr));
+      const auto got = y.Down();
+      if (nc == 64) {
+        full = got;
+        continue;
+      }
+      EXPECT_EQ(0, std::memcmp(got.data(), full.data(), got.size() * 4))
+          << "M=" << sh.M << " nc=" << nc;
+    }
+  }
+}
+
+// Several matrices in one launch: each within the reference (the K split is the launch's).
+TEST(TiledF16, MultiSegments) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  const int K = 1536, nc = 20;
+  const int Ms[3] = {640, 7, 900};
+  const auto x = RandomActs(nc, K);
+  HalfActs h = Convert(x, nc, K);
+  const auto xh = h.xh.Down();
+  const auto xs = h.xs.Down();
+  std::vector<std::vector<uint8_t>> raw;
+  std::vector<Dev<uint8_t>> tiled;
+  std::vector<Dev<float>> ys;
+  GemvArgs segs[3];
+  for (int i = 0; i < 3; ++i) {
+    raw.push_back(RandomQ6K(Ms[i], K));
+    Dev<uint8_t> d(raw.back());
+    tiled.push_back(Tile(d, Ms[i], K));
+    ys.emplace_back(static_cast<size_t>(nc) * Ms[i]);
+    GemvArgs& a = segs[i];
+    a.type = GgmlType::Q6_K;
+    a.w = tiled[i].p;
+    a.M = Ms[i];
+    a.K = K;
+    a.nc = nc;
+    a.xh = h.xh.p;
+    a.xs = h.xs.p;
+    a.y = ys[i].p;
+  }
+  ASSERT_OK(TiledF16Multi(segs, 3, s.get(), nullptr));
+  const uint64_t rb = GgmlRowBytes(GgmlType::Q6_K, K);
+  for (int i = 0; i < 3; ++i) {
+    const auto got = ys[i].Down();
+    int bad = 0;
+    for (int col = 0; col < nc; ++col)
+      for (int r = 0; r < Ms[i]; ++r) {
+        double abs = 0;
+        const double want =
+            xs[col] * cpu::TiledF16DotQ6K(raw[i].data() + r * rb,
+                                          xh.data() + static_cast<size_t>(col) * K, K, &abs);
+        const double tol = 3e-5 * xs[col] * abs + 1e-30;
+        if (!(std::fabs(got[static_cast<size_t>(col) * Ms[i] + r] - want) <= tol) && bad++ < 3)
+          ADD_FAILURE() << "segment " << i << " row " << r << " col " << col;
+      }
+    EXPECT_EQ(bad, 0) << "segment " << i;
+  }
+}
+
+TEST(TiledF16, RejectsBadArguments) {
+  Scratch s;
+  GemvArgs a;
+  a.type = GgmlType::Q8_0;
+  EXPECT_FALSE(TiledF16Multi(&a, 1, s.get(), nullptr).ok());
+  a.type = GgmlType::Q6_K;
+  a.M = 16;
+  a.K = 256;
+  a.nc = 65;
+  Dev<uint16_t> xh(256 * 65 + 8);
+  Dev<float> xs(65), y(16 * 65);
+  Dev<uint8_t> w(kTileUnitBytes);
+  a.w = w.p;
+  a.xh = xh.p;
+  a.xs = xs.p;
+  a.y = y.p;
+  EXPECT_FALSE(TiledF16Multi(&a, 1, s.get(), nullptr).ok());  // too many columns
+  a.nc = 4;
+  a.xh = xh.p + 4;
+  EXPECT_FALSE(TiledF16Multi(&a, 1, s.get(), nullptr).ok());  // unaligned activations
+  a.xh = xh.p;
+  a.xs = nullptr;
+  EXPECT_FALSE(TiledF16Multi(&a, 1, s.get(), nullptr).ok());  // no scales
+  a.xs = xs.p;
+  EXPECT_TRUE(TiledF16Multi(&a, 1, s.get(), nullptr).ok());
+  // A launch that splits K refuses to run without (enough) scratch.
+  Dev<uint8_t> wide(TiledBytes(GgmlType::Q6_K, 256, 4096));
+  a.w = wide.p;
+  a.M = 256;
+  a.K = 4096;
+  Dev<uint16_t> xh2(4096 * 4);
+  Dev<float> y2(256 * 4);
+  a.xh = xh2.p;
+  a.y = y2.p;
+  EXPECT_FALSE(TiledF16Multi(&a, 1, TiledF16Scratch{}, nullptr).ok());
+  EXPECT_FALSE(HalfActivations(nullptr, 1, 6, xh.p, xs.p, nullptr).ok());  // K % 4
+}
+
+// Benchmark (prints only): the 27B matrices at 8..64 columns, this kernel (and with the
+// activation conversion) against the tiled column kernel and the best MMQ shape; several weight
+// copies rotate so that L2 does not hold them.
+TEST(TiledF16Timing, Table27B) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch scratch;
+  struct Mat {
+    const char* name;
+    int M, K;
+    GemvEpilogue ep;
+  };
+  const Mat mats[] = {{"ffn_gate+up", 17408, 5120, GemvEpilogue::kSiluMul},
+                      {"ffn_down", 5120, 17408, GemvEpilogue::kAccumulate},
+                      {"gdn_qkv", 10240, 5120, GemvEpilogue::kStore},
+                      {"attn_q+gate", 12288, 5120, GemvEpilogue::kStore},
+                      {"ssm_out", 5120, 6144, GemvEpilogue::kAccumulate}};
+  const MmqShape mmq_shapes[] = {{2, 2, 0}, {4, 2, 0}, {2, 2, 32}};
+  std::printf("%-12s %3s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best", "f16",
+              "convert", "GB/s f16");
+  for (const Mat& m : mats) {
+    const bool pair = m.ep == GemvEpilogue::kSiluMul;
+    const uint64_t tb = TiledBytes(GgmlType::Q6_K, m.M, m.K);
+    const int copies =
+        std::max<int>(2, static_cast<int>((256ull << 20) / (tb * (pair ? 2 : 1))) + 1);
+    Dev<uint8_t> raw(RandomQ6K(m.M, m.K));
+    Dev<uint8_t> t0 = Tile(raw, m.M, m.K);
+    Dev<uint8_t> all(tb * copies * (pair ? 2 : 1));
+    for (int i = 0; i < copies * (pair ? 2 : 1); ++i)
+      CK(cudaMemcpy(all.p + i * tb, t0.p, tb, cudaMemcpyDeviceToDevice));
+    const auto x = RandomActs(64, m.K);
+    Dev<float> dx(x);
+    Dev<int8_t> dq(x.size());
+    Dev<float> dd(x.size() / 32);
+    ASSERT_OK(QuantizeActivations(dx.p, 64, m.K, dq.p, dd.p, nullptr));
+    HalfActs h = Convert(x, 64, m.K);
+    Dev<float> y(static_cast<size_t>(64) * m.M);
+    CK(cudaMemset(y.p, 0, y.n * 4));
+    for (int nc : {8, 16, 24, 32, 48, 64}) {
+      auto time = [&](auto&& launch) {
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        std::vector<float> ms;
+        for (int rep = 0; rep < 3 + 15; ++rep) {
+          const int i = rep % copies;
+          GemvArgs a;
+          a.type = GgmlType::Q6_K;
+          a.w = all.p + tb * i * (pair ? 2 : 1);
+          a.w2 = pair ? all.p + tb * (i * 2 + 1) : nullptr;
+          a.M = m.M;
+          a.K = m.K;
+          a.nc = nc;
+          a.xq = dq.p;
+          a.xd = dd.p;
+          a.xh = h.xh.p;
+          a.xs = h.xs.p;
+          a.y = y.p;
+          a.epilogue = m.ep;
+          CK(cudaEventRecord(e0));
+          EXPECT_TRUE(launch(a).ok());
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          float t = 0;
+          CK(cudaEventElapsedTime(&t, e0, e1));
+          if (rep >= 3) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        return 1000.0 * ms[ms.size() / 2];
+      };
+      const double tt = time([](const GemvArgs& a) { return TiledGemvMulti(&a, 1, nullptr); });
+      double mmq = 1e30;
+      for (const MmqShape& sh : mmq_shapes)
+        mmq = std::min(mmq,
+                       time([&](const GemvArgs& a) { return MmqTiledMulti(&a, 1, sh, nullptr); }));
+      const double tf =
+          time([&](const GemvArgs& a) { return TiledF16Multi(&a, 1, scratch.get(), nullptr); });
+      const double tc = time([&](const GemvArgs& a) {
+        return HalfActivations(dx.p, a.nc, a.K, h.xh.p, h.xs.p, nullptr);
+      });
+      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt, mmq, tf, tc,
+                  tb * (pair ? 2.0 : 1.0) / (tf * 1e-6) / 1e9);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ds::cuda
