@@ -58,11 +58,15 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
 // warp reads its B fragments from there.
-template <int NT, bool kPair>
-__global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
+// kStageW: the warps' tile-units come through shared memory with the activations (cp.async,
+// a unit ahead), instead of 16-byte register loads issued at the unit that uses them.
+template <int NT, bool kPair, bool kStageW>
+__global__ void __launch_bounds__(kThreads, kStageW&& NT == 8 ? 1 : 2)
+    TiledF16Kernel(const __grid_constant__ F16Launch L) {
   constexpr int NCB = NT * 8;
   constexpr int TPB = kPair ? kWarps / 2 : kWarps;
-  constexpr int kStage = NCB * kXCol;
+  constexpr int kActBytes = NCB * kXCol;
+  constexpr int kStage = kActBytes + (kStageW ? kWarps * kTileUnitBytes : 0);
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last_block;
   int si = 0;
@@ -91,6 +95,13 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       CpAsync16(xs + c * kXCol + 16 * k8,
                 a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
     }
+    if constexpr (kStageW) {
+      if (active) {
+        uint8_t* ws = xs + kActBytes + warp * kTileUnitBytes;
+        const uint8_t* src = wt + static_cast<int64_t>(u) * kTileUnitBytes;
+        for (int i = lane; i < kTileUnitBytes / 16; i += 32) CpAsync16(ws + 16 * i, src + 16 * i);
+      }
+    }
   };
 
   float acc[NT][4];
@@ -104,12 +115,14 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
     TileUnit tu;
-    if (active) LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+    if (!kStageW && active) LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
     if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncthreads();
     if (active) {
+      if constexpr (kStageW)
+        LoadTileUnitShared(tu, smem + b * kStage + kActBytes + warp * kTileUnitBytes, lane);
       tu.qh[0] = Xor4(tu.qh[0], 0xAAAAAAAAu);  // t ^ 32 = q, the unsigned quant
       tu.qh[1] = Xor4(tu.qh[1], 0xAAAAAAAAu);
       tu.sc0 = Xor4(tu.sc0, 0x80808080u);
@@ -222,24 +235,28 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)
 }
 
-template <int NT, bool kPair>
+template <int NT, bool kPair, bool kStageW>
 absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
-  constexpr int kSmem = 2 * NT * 8 * kXCol;
+  constexpr int kSmem = 2 * (NT * 8 * kXCol + (kStageW ? kWarps * kTileUnitBytes : 0));
   static_assert(kSmem >= kWarps / 2 * kTiledRows * NT * 8 * 4,
                 "the pair's hand-over must fit the stages");
   static const cudaError_t attr = cudaFuncSetAttribute(
-      TiledF16Kernel<NT, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      TiledF16Kernel<NT, kPair, kStageW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess)
     return absl::InternalError(
         absl::StrCat("TiledF16Multi: shared memory ", kSmem, ": ", cudaGetErrorString(attr)));
-  TiledF16Kernel<NT, kPair><<<blocks, kThreads, kSmem, stream>>>(L);
+  TiledF16Kernel<NT, kPair, kStageW><<<blocks, kThreads, kSmem, stream>>>(L);
   return LastLaunchStatus("TiledF16Kernel");
 }
 
 template <int NT>
-absl::Status LaunchNt(const F16Launch& L, int blocks, cudaStream_t stream) {
-  if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) return LaunchOne<NT, true>(L, blocks, stream);
-  return LaunchOne<NT, false>(L, blocks, stream);
+absl::Status LaunchNt(const F16Launch& L, int blocks, bool stage_w, cudaStream_t stream) {
+  const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
+  if (stage_w)
+    return pair ? LaunchOne<NT, true, true>(L, blocks, stream)
+                : LaunchOne<NT, false, true>(L, blocks, stream);
+  return pair ? LaunchOne<NT, true, false>(L, blocks, stream)
+              : LaunchOne<NT, false, false>(L, blocks, stream);
 }
 
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
@@ -286,7 +303,7 @@ absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* 
 }
 
 absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scratch& scratch,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool stage_weights) {
   if (n_segs < 1 || n_segs > kGemvMaxSegs)
     return absl::InvalidArgumentError(
         absl::StrCat("TiledF16Multi: ", n_segs, " segments outside [1, ", kGemvMaxSegs, "]"));
@@ -347,10 +364,10 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     L.partial = scratch.partial;
     L.tickets = scratch.tickets;
   }
-  if (b.nc <= 8) return LaunchNt<1>(L, end, stream);
-  if (b.nc <= 16) return LaunchNt<2>(L, end, stream);
-  if (b.nc <= 32) return LaunchNt<4>(L, end, stream);
-  return LaunchNt<8>(L, end, stream);
+  if (b.nc <= 8) return LaunchNt<1>(L, end, stage_weights, stream);
+  if (b.nc <= 16) return LaunchNt<2>(L, end, stage_weights, stream);
+  if (b.nc <= 32) return LaunchNt<4>(L, end, stage_weights, stream);
+  return LaunchNt<8>(L, end, stage_weights, stream);
 }
 
 }  // namespace ds::cuda

@@ -41,7 +41,9 @@ __device__ __forceinline__ void DecodeStepUnsigned(uint32_t ql, uint32_t qh, int
   a1 = ((ql >> 4) & 0x0F0F0F0Fu) | h1;
 }
 
-__device__ __forceinline__ uint4 Xor4(uint4 v, uint32_t m) { return {v.x ^ m, v.y ^ m, v.z ^ m, v.w ^ m}; }
+__device__ __forceinline__ uint4 Xor4(uint4 v, uint32_t m) {
+  return {v.x ^ m, v.y ^ m, v.z ^ m, v.w ^ m};
+}
 
 // Weights are streamed once per step: 16-byte loads that do not allocate in L1, which keeps
 // L1 for the activations every warp re-reads.
@@ -71,6 +73,19 @@ __device__ __forceinline__ void LoadTileUnit(TileUnit& t, const uint8_t* p, int 
   t.sc0 = __ldg(reinterpret_cast<const uint4*>(p + kOffSc + 16 * g));
   t.sc1 = __ldg(reinterpret_cast<const uint4*>(p + kOffSc + 16 * (g + 8)));
   t.d = __ldg(reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g));
+}
+
+// LoadTileUnit from a copy of the tile-unit in shared memory.
+__device__ __forceinline__ void LoadTileUnitShared(TileUnit& t, const uint8_t* p, int lane) {
+  const int g = lane >> 2;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) t.ql[i] = *reinterpret_cast<const uint4*>(p + 512 * i + 16 * lane);
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    t.qh[i] = *reinterpret_cast<const uint4*>(p + kOffQh + 512 * i + 16 * lane);
+  t.sc0 = *reinterpret_cast<const uint4*>(p + kOffSc + 16 * g);
+  t.sc1 = *reinterpret_cast<const uint4*>(p + kOffSc + 16 * (g + 8));
+  t.d = *reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g);
 }
 
 constexpr int kMmaBias = 0x4B400000;  // the bits of 1.5 * 2^23

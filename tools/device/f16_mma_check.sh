@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tiled Q6_K on f16 tensor cores (issue #22, kernels/cuda/tiled_f16.cuh): its kernel tests and
 # timing table, the whole-model / batch-invariance / MTP GPU tests with it on, then `deltaserve
-# bench` on the 27B Q6_K synth with --f16-mma on / off (decode x1 / x16 / x64) in one call.
+# bench` on the 27B Q6_K synth with --f16-mma on / off (decode x1 / x16 / x64) in one call
+# (MODES: the bench switch sets to run, e.g. MODES='"--f16-stage on" "--f16-stage off"').
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
 #     deltaserve tiled_f16_cuda_test batch_invariance_test gpu_vs_cpu_test mtp_gpu_test):
@@ -15,10 +16,12 @@ mkdir -p "$L"
 for t in tiled_f16_cuda_test batch_invariance_test gpu_vs_cpu_test mtp_gpu_test; do
   run_gtest $t
 done
-grep -A32 "^matrix" "$L/tiled_f16_cuda_test.log"
+grep -A37 "^matrix" "$L/tiled_f16_cuda_test.log"
 if [ "${NCU:-0}" = 1 ]; then
-  for k in TiledF16KernelILi8ELb1 TiledF16KernelILi8ELb0; do
-    timeout 120 /usr/local/cuda/bin/ncu --clock-control none --kernel-name regex:$k --launch-skip 3 \
+  # TiledF16Kernel launches of the timing test: 36 per (matrix, column count), the 18 plain
+  # then the 18 staged: gate+up at 64 columns plain / staged, ffn_down at 64 plain.
+  for k in 219 237 471; do
+    timeout 120 /usr/local/cuda/bin/ncu --clock-control none --kernel-name TiledF16Kernel --launch-skip $k \
       --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
       --section Occupancy --section LaunchStats "$BIN/tiled_f16_cuda_test" \
       --gtest_filter='TiledF16Timing.*' >"$L/ncu_$k.txt" 2>&1
@@ -28,9 +31,10 @@ if [ "${NCU:-0}" = 1 ]; then
 fi
 M=${MODEL:-/tmp/m.gguf}
 [ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
-for f in ${MODES:-on off}; do
-  echo "== --f16-mma $f"
+eval "modes=(${MODES:-\"--f16-mma on\" \"--f16-mma off\"})"
+for f in "${modes[@]}"; do
+  echo "== $f"
   timeout 250 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 32 --depth 0 --conc ${CONC:-16,24,64} \
-    --conc-gen 32 --no-profile --f16-mma $f 2>&1 | grep -A8 "bench summary" | tail -7
+    --conc-gen 32 --no-profile $f 2>&1 | grep -A8 "bench summary" | tail -7
 done
 exit $rc
