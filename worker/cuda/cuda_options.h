@@ -99,7 +99,8 @@ struct CudaBackendOptions {
   // not depend on what else shares the step. That is what lets a failover replay (prompt pieces
   // as first cut, generated tokens on the decode path) continue with the tokens of the
   // uninterrupted run. Costs a second weight pass in steps that mix decodes with a long prefill
-  // piece (docs/perf/failover.md). false: one matmul path for the whole step, chosen by its
+  // piece (docs/perf/failover.md). With f16_mma the invariance holds on either side of
+  // f16_mma_min_cols (worker/README.md). false: one matmul path for the whole step, chosen by its
   // row count (the behaviour before, for A/B runs).
   bool batch_invariant = true;
   // Tensor parallelism with the CUDA IPC all-reduce: each of the layer's all-reduces runs fused
