@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
@@ -18,11 +19,14 @@ using namespace tiled;  // NOLINT: the layout helpers (tiled_q6k.cuh)
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlockRows = kWarps * kTiledRows;  // rows of a single matrix per block
-// K split: launches of few row blocks (the 5120-row matrices: 40) split K so that the grid has
-// about this many blocks (two per SM on 132 SMs), at most kMaxSplit ways and >= 2 units a split.
-constexpr int kTargetBlocks = 256;
+// K split: a launch whose grid would leave much of its last wave idle (the 5120-row matrices:
+// 40 row blocks; the 27B ffn pair: 272 blocks, a wave and 8 blocks at 2 per SM) cuts K into up
+// to kMaxSplit ranges (>= 2 units each), chosen by a cost model of waves and partial-sum
+// traffic (SplitFor); split x row blocks stays <= kSplitBlocks, which bounds the scratch.
+constexpr int kMaxCols64 = kTiledF16MaxCols;
 constexpr int kMaxSplit = 8;
-constexpr int kMaxTickets = 256;
+constexpr int kSplitBlocks = 1024;
+constexpr int kMaxTickets = kSplitBlocks;
 // One column's unit of f16 activations (512 bytes) padded by 32: the 8-byte B loads of lanes
 // g = 0..3 (one half-warp) then start 8 banks apart and never conflict.
 constexpr int kXCol = 2 * kUnitElems + 32;
@@ -30,7 +34,7 @@ constexpr int kXCol = 2 * kUnitElems + 32;
 struct F16Launch {
   GemvArgs seg[kGemvMaxSegs];
   int blk_end[kGemvMaxSegs];       // inclusive prefix sums of row blocks x split
-  int64_t part_off[kGemvMaxSegs];  // the segment's [split][nc][M] partial sums in the scratch
+  int64_t part_off[kGemvMaxSegs];  // the segment's [split][mats][nc][M] partial sums
   int ticket_off[kGemvMaxSegs];    // its row blocks' tickets
   int n_segs;
   int split;
@@ -58,15 +62,11 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
 // warp reads its B fragments from there.
-// kStageW: the warps' tile-units come through shared memory with the activations (cp.async,
-// a unit ahead), instead of 16-byte register loads issued at the unit that uses them.
-template <int NT, bool kPair, bool kStageW>
-__global__ void __launch_bounds__(kThreads, kStageW&& NT == 8 ? 1 : 2)
-    TiledF16Kernel(const __grid_constant__ F16Launch L) {
+template <int NT, bool kPair>
+__global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
   constexpr int NCB = NT * 8;
   constexpr int TPB = kPair ? kWarps / 2 : kWarps;
-  constexpr int kActBytes = NCB * kXCol;
-  constexpr int kStage = kActBytes + (kStageW ? kWarps * kTileUnitBytes : 0);
+  constexpr int kStage = NCB * kXCol;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last_block;
   int si = 0;
@@ -95,13 +95,6 @@ __global__ void __launch_bounds__(kThreads, kStageW&& NT == 8 ? 1 : 2)
       CpAsync16(xs + c * kXCol + 16 * k8,
                 a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
     }
-    if constexpr (kStageW) {
-      if (active) {
-        uint8_t* ws = xs + kActBytes + warp * kTileUnitBytes;
-        const uint8_t* src = wt + static_cast<int64_t>(u) * kTileUnitBytes;
-        for (int i = lane; i < kTileUnitBytes / 16; i += 32) CpAsync16(ws + 16 * i, src + 16 * i);
-      }
-    }
   };
 
   float acc[NT][4];
@@ -115,14 +108,12 @@ __global__ void __launch_bounds__(kThreads, kStageW&& NT == 8 ? 1 : 2)
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
     TileUnit tu;
-    if (!kStageW && active) LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+    if (active) LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
     if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncthreads();
     if (active) {
-      if constexpr (kStageW)
-        LoadTileUnitShared(tu, smem + b * kStage + kActBytes + warp * kTileUnitBytes, lane);
       tu.qh[0] = Xor4(tu.qh[0], 0xAAAAAAAAu);  // t ^ 32 = q, the unsigned quant
       tu.qh[1] = Xor4(tu.qh[1], 0xAAAAAAAAu);
       tu.sc0 = Xor4(tu.sc0, 0x80808080u);
@@ -203,8 +194,10 @@ __global__ void __launch_bounds__(kThreads, kStageW&& NT == 8 ? 1 : 2)
     return;
   }
 
-  // K split (single matrices only): partial sums to the scratch; the row block's last block to
+  // K split: partial sums to the scratch ([split][mats][nc][M]); the row block's last block to
   // finish adds them in split order, so the result does not depend on which block came last.
+  constexpr int kMats = kPair ? 2 : 1;
+  constexpr int kRows = TPB * kTiledRows;  // rows of each matrix per block
   float* part = L.partial + L.part_off[si];
   if (active) {
 #pragma unroll
@@ -212,7 +205,8 @@ __global__ void __launch_bounds__(kThreads, kStageW&& NT == 8 ? 1 : 2)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
-        if (c < nc && row < a.M) part[(static_cast<int64_t>(ks) * nc + c) * a.M + row] = acc[j][e];
+        if (c < nc && row < a.M)
+          part[((static_cast<int64_t>(ks) * kMats + mat) * nc + c) * a.M + row] = acc[j][e];
       }
   }
   __threadfence();
@@ -222,41 +216,67 @@ __global__ void __launch_bounds__(kThreads, kStageW&& NT == 8 ? 1 : 2)
   __syncthreads();
   if (!last_block) return;
   __threadfence();
-  for (int o = tid; o < kBlockRows * nc; o += kThreads) {
-    const int row = rb * kBlockRows + o % kBlockRows, c = o / kBlockRows;
-    if (row >= a.M) continue;
-    float v = 0.f;
-    for (int k = 0; k < split; ++k)
-      v += __ldcg(part + (static_cast<int64_t>(k) * nc + c) * a.M + row);
-    v *= a.xs[c];
-    float* dst = a.y + c * ldy + row;
-    *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v : v;
+  // This runs on one block per row block after the others are done: the launch's tail. So every
+  // load of kOut outputs x the split is issued before the first add.
+  constexpr int kOut = kPair ? 2 : 4;
+  const int n_out = kRows * nc;
+  for (int o0 = tid; o0 < n_out; o0 += kThreads * kOut) {
+    float p[kOut][kMats][kMaxSplit];
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) {
+      const int o = o0 + i * kThreads, row = rb * kRows + o % kRows, c = o / kRows;
+      const bool ok = o < n_out && row < a.M;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m)
+#pragma unroll
+        for (int k = 0; k < kMaxSplit; ++k)
+          p[i][m][k] =
+              ok && k < split
+                  ? __ldcg(part + ((static_cast<int64_t>(k) * kMats + m) * nc + c) * a.M + row)
+                  : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) {
+      const int o = o0 + i * kThreads, row = rb * kRows + o % kRows, c = o / kRows;
+      if (o >= n_out || row >= a.M) continue;
+      float v[kMats];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        v[m] = 0.f;
+#pragma unroll
+        for (int k = 0; k < kMaxSplit; ++k)
+          if (k < split) v[m] += p[i][m][k];
+      }
+      const float xs = a.xs[c];
+      float* dst = a.y + c * ldy + row;
+      if constexpr (kPair) {
+        *dst = Silu(v[0] * xs) * (v[1] * xs);
+      } else {
+        *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v[0] * xs : v[0] * xs;
+      }
+    }
   }
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)
 }
 
-template <int NT, bool kPair, bool kStageW>
+template <int NT, bool kPair>
 absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
-  constexpr int kSmem = 2 * (NT * 8 * kXCol + (kStageW ? kWarps * kTileUnitBytes : 0));
+  constexpr int kSmem = 2 * NT * 8 * kXCol;
   static_assert(kSmem >= kWarps / 2 * kTiledRows * NT * 8 * 4,
                 "the pair's hand-over must fit the stages");
   static const cudaError_t attr = cudaFuncSetAttribute(
-      TiledF16Kernel<NT, kPair, kStageW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      TiledF16Kernel<NT, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess)
     return absl::InternalError(
         absl::StrCat("TiledF16Multi: shared memory ", kSmem, ": ", cudaGetErrorString(attr)));
-  TiledF16Kernel<NT, kPair, kStageW><<<blocks, kThreads, kSmem, stream>>>(L);
+  TiledF16Kernel<NT, kPair><<<blocks, kThreads, kSmem, stream>>>(L);
   return LastLaunchStatus("TiledF16Kernel");
 }
 
 template <int NT>
-absl::Status LaunchNt(const F16Launch& L, int blocks, bool stage_w, cudaStream_t stream) {
-  const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
-  if (stage_w)
-    return pair ? LaunchOne<NT, true, true>(L, blocks, stream)
-                : LaunchOne<NT, false, true>(L, blocks, stream);
-  return pair ? LaunchOne<NT, true, false>(L, blocks, stream)
-              : LaunchOne<NT, false, false>(L, blocks, stream);
+absl::Status LaunchNt(const F16Launch& L, int blocks, cudaStream_t stream) {
+  if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) return LaunchOne<NT, true>(L, blocks, stream);
+  return LaunchOne<NT, false>(L, blocks, stream);
 }
 
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
@@ -284,11 +304,44 @@ __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16
   }
 }
 
+// Blocks the device runs at once (two per SM: every form needs <= 128 registers x 256 threads).
+int Slots() {
+  static const int slots = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0)
+      sms = 132;
+    return 2 * sms;
+  }();
+  return slots;
+}
+
+// The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
+// (waves of rb * s blocks) / s, the time of the launch in full-K block times, plus the partial
+// sums' traffic, 2 x 4 bytes per output and split against ~0.82 bytes per weight (half of it:
+// the partials mostly stay in L2). Depends on the launch's matrices and the device only, never
+// on the column count.
+int SplitFor(int rb, int K) {
+  const int nu = K / kUnitElems;
+  const double per_split = 0.5 * 8.0 * kMaxCols64 / (0.82 * K);
+  int best = 1;
+  double best_t = std::ceil(static_cast<double>(rb) / Slots());
+  for (int s = 2; s <= std::min(kMaxSplit, nu / 2) && rb * s <= kSplitBlocks; ++s) {
+    const double t = std::ceil(static_cast<double>(rb) * s / Slots()) / s + s * per_split;
+    if (t < best_t - 1e-9) {
+      best = s;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 int64_t TiledF16PartialFloats(int max_cols) {
-  // split x (row blocks) <= kTargetBlocks + rb / 2 with rb <= 2/3 kTargetBlocks whenever split > 1.
-  return static_cast<int64_t>(kTargetBlocks + kTargetBlocks / 3 + 1) * kBlockRows * max_cols;
+  // split x row blocks <= kSplitBlocks; a block holds 128 rows of one matrix or 64 of two.
+  return static_cast<int64_t>(kSplitBlocks) * kBlockRows * max_cols;
 }
 int TiledF16Tickets() { return kMaxTickets; }
 
@@ -303,7 +356,7 @@ absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* 
 }
 
 absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scratch& scratch,
-                           cudaStream_t stream, bool stage_weights) {
+                           cudaStream_t stream) {
   if (n_segs < 1 || n_segs > kGemvMaxSegs)
     return absl::InvalidArgumentError(
         absl::StrCat("TiledF16Multi: ", n_segs, " segments outside [1, ", kGemvMaxSegs, "]"));
@@ -337,10 +390,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   }
   // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
   // at every column count.
-  const int nu = b.K / kUnitElems;
-  int split = 1;
-  if (!pair)
-    split = std::max(1, std::min({(kTargetBlocks + rb_total / 2) / rb_total, kMaxSplit, nu / 2}));
+  const int split = SplitFor(rb_total, b.K);
   L.split = split;
   int end = 0, tickets = 0;
   int64_t floats = 0;
@@ -351,7 +401,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     L.part_off[i] = floats;
     L.ticket_off[i] = tickets;
     if (split > 1) {
-      floats += static_cast<int64_t>(split) * b.nc * segs[i].M;
+      floats += static_cast<int64_t>(split) * (pair ? 2 : 1) * b.nc * segs[i].M;
       tickets += rb;
     }
   }
@@ -364,10 +414,10 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     L.partial = scratch.partial;
     L.tickets = scratch.tickets;
   }
-  if (b.nc <= 8) return LaunchNt<1>(L, end, stage_weights, stream);
-  if (b.nc <= 16) return LaunchNt<2>(L, end, stage_weights, stream);
-  if (b.nc <= 32) return LaunchNt<4>(L, end, stage_weights, stream);
-  return LaunchNt<8>(L, end, stage_weights, stream);
+  if (b.nc <= 8) return LaunchNt<1>(L, end, stream);
+  if (b.nc <= 16) return LaunchNt<2>(L, end, stream);
+  if (b.nc <= 32) return LaunchNt<4>(L, end, stream);
+  return LaunchNt<8>(L, end, stream);
 }
 
 }  // namespace ds::cuda

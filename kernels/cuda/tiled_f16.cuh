@@ -51,9 +51,7 @@ int TiledF16Tickets();
 // y = W x for tiled matrices on f16 activations: GemvArgs as for TiledGemvMulti, with xh / xs
 // (HalfActivations of the nc columns) instead of xq / xd; 1..kGemvMaxSegs segments sharing K, nc
 // and the activations, or one kSiluMul pair; nc <= kTiledF16MaxCols. xh 16-byte aligned.
-// stage_weights: the tile-units reach the warps through shared memory a unit ahead (cp.async)
-// rather than by register loads at the unit that uses them; the same numbers either way.
 absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scratch& scratch,
-                           cudaStream_t stream, bool stage_weights = false);
+                           cudaStream_t stream);
 
 }  // namespace ds::cuda

@@ -75,19 +75,6 @@ __device__ __forceinline__ void LoadTileUnit(TileUnit& t, const uint8_t* p, int 
   t.d = __ldg(reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g));
 }
 
-// LoadTileUnit from a copy of the tile-unit in shared memory.
-__device__ __forceinline__ void LoadTileUnitShared(TileUnit& t, const uint8_t* p, int lane) {
-  const int g = lane >> 2;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) t.ql[i] = *reinterpret_cast<const uint4*>(p + 512 * i + 16 * lane);
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    t.qh[i] = *reinterpret_cast<const uint4*>(p + kOffQh + 512 * i + 16 * lane);
-  t.sc0 = *reinterpret_cast<const uint4*>(p + kOffSc + 16 * g);
-  t.sc1 = *reinterpret_cast<const uint4*>(p + kOffSc + 16 * (g + 8));
-  t.d = *reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g);
-}
-
 constexpr int kMmaBias = 0x4B400000;  // the bits of 1.5 * 2^23
 
 // As Mma (below), with C initialised to c0 / c1 for the thread's columns 2q / 2q + 1 (both rows):

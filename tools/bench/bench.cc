@@ -314,7 +314,6 @@ int RunBench(const BenchOptions& o) {
     co.portable = o.portable;
     co.int8_mmq = o.mmq;
     co.f16_mma = o.f16_mma;
-    co.f16_stage_weights = o.f16_stage;
     co.dense_weights = o.dense;
     co.batch_invariant = o.batch_invariant;
     co.gdn_decode_runs = o.gdn_runs;
@@ -661,7 +660,7 @@ int BenchMain(int argc, char** argv) {
       }
       o.overlap = v == "on" ? 1 : 0;
     }
-    else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--f16-stage" || a == "--batch-invariant" ||
+    else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--dense-weights" ||
              a == "--attn-mma" || a == "--fuse-gdn") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
@@ -674,7 +673,6 @@ int BenchMain(int argc, char** argv) {
                     : a == "--tiled"             ? o.tiled
                     : a == "--mmq"             ? o.mmq
                     : a == "--f16-mma"         ? o.f16_mma
-                    : a == "--f16-stage"       ? o.f16_stage
                     : a == "--batch-invariant" ? o.batch_invariant
                     : a == "--gdn-runs"        ? o.gdn_runs
                     : a == "--fuse-gdn"        ? o.fuse_gdn
@@ -705,7 +703,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-stage on|off] [--dense-weights on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--dense-weights on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -23,7 +23,6 @@ struct BenchOptions {
   bool portable = false;                     // --portable on: the sm_70 (V100) kernels (issue #19)
   bool mmq = true;                           // --mmq off: no int8 MMQ kernel (A/B runs, issue #22)
   bool f16_mma = true;  // --f16-mma off: no f16 tensor-core kernel on tiled matrices (issue #22)
-  bool f16_stage = false;  // --f16-stage on: its weights staged through shared memory (A/B)
   bool dense = false;                        // --dense-weights on: CudaBackendOptions::dense_weights
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   bool gdn_runs = true;                      // --gdn-runs off: MTP verify GDN rows in waves (A/B)

@@ -69,9 +69,6 @@ struct CudaBackendOptions {
   // across. false: the int8 kernels at every column count (A/B runs, `bench --f16-mma off`).
   bool f16_mma = true;
   int f16_mma_min_cols = 17;
-  // Its weights staged through shared memory a unit ahead (TiledF16Multi's stage_weights; the
-  // same numbers): `bench --f16-stage on|off`.
-  bool f16_stage_weights = false;
   // Dense weights (issue #22): every layer matrix also kept as a 16-bit copy (bf16; f16 on the
   // portable path), dequantized once at load, which the cuBLAS path multiplies instead of
   // dequantizing the quantized matrix into a scratch at every step. Costs 2 bytes per weight on

@@ -56,7 +56,7 @@ MmqShape PickMmq(const GemvArgs& a) {
 // xs), else MMQ where the table says so (and the activations are 16-byte aligned, as the
 // backend's column segments always are), else the tiled column kernel.
 absl::Status CudaDevice::TiledColumns(const GemvArgs* segs, int n, bool f16) {
-  if (f16) return TiledF16Multi(segs, n, f16_scratch_, stream_, copts_.f16_stage_weights);
+  if (f16) return TiledF16Multi(segs, n, f16_scratch_, stream_);
   if (copts_.int8_mmq) {
     const MmqShape sh = PickMmq(segs[0]);
     const bool aligned =
