@@ -1,18 +1,18 @@
 // RMSNorm over rows (see norm.cuh): one block per row, float4 loads when n % 4 == 0.
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/norm.cuh"
-#include "kernels/cuda/norm_group.cuh"
-
 #include <algorithm>
 #include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/half_rows.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/norm_group.cuh"
 
 namespace ds::cuda {
 namespace {
 
-__global__ void __launch_bounds__(256) RmsNormKernel(const float* __restrict__ x, int64_t ldx,
-                                                     const int32_t* __restrict__ rows,
-                                                     const float* __restrict__ w,
-                                                     float* __restrict__ out, int n, float eps) {
+__global__ void __launch_bounds__(256)
+    RmsNormKernel(const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ rows,
+                  const float* __restrict__ w, float* __restrict__ out, int n, float eps) {
   __shared__ float scratch[32];
   const int t = blockIdx.x;
   const int src = rows ? rows[t] : t;
@@ -33,13 +33,10 @@ __global__ void __launch_bounds__(256) RmsNormKernel(const float* __restrict__ x
 // and pass (the first version, 256 threads with scalar loads, took ~19 us per call on the H200:
 // 18% of a decode step). A 32-element quantization block is 4 neighbouring lanes.
 template <bool kQuant>
-__global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restrict__ x, int64_t ldx,
-                                                          const int32_t* __restrict__ rows,
-                                                          const float* __restrict__ w,
-                                                          float* __restrict__ out,
-                                                          int8_t* __restrict__ xq,
-                                                          float* __restrict__ xd, int n,
-                                                          float eps) {
+__global__ void __launch_bounds__(1024)
+    RmsNormWideKernel(const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ rows,
+                      const float* __restrict__ w, float* __restrict__ out, int8_t* __restrict__ xq,
+                      float* __restrict__ xd, int n, float eps) {
   __shared__ float scratch[32];
   const int t = blockIdx.x, groups = n / 8;
   const int src = rows ? rows[t] : t;
@@ -48,7 +45,8 @@ __global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restric
   float ss = 0.f;
   for (int g = threadIdx.x; g < groups; g += blockDim.x) {
     const float4 a = xr[2 * g], b = xr[2 * g + 1];
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
+          b.w * b.w;
   }
   ss = BlockSum(ss, scratch);
   const float inv = rsqrtf(ss / n + eps);
@@ -65,6 +63,46 @@ __global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restric
   }
 }
 
+// RmsNormWideKernel's normed row, then its f16 copy for TiledF16Multi with HalfActivations' own
+// scaling (half_rows.cuh): the same bits as RmsNormRows followed by HalfActivations. Each thread
+// re-reads the groups it wrote, so no barrier is needed between the passes beyond the max's.
+__global__ void __launch_bounds__(1024)
+    RmsNormHalfKernel(const float* __restrict__ x, const float* __restrict__ w,
+                      float* __restrict__ out, uint16_t* __restrict__ xh, float* __restrict__ xs,
+                      int n, float eps) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x, groups = n / 8;
+  const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(t) * n);
+  const float4* wr = reinterpret_cast<const float4*>(w);
+  float ss = 0.f;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    const float4 a = xr[2 * g], b = xr[2 * g + 1];
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
+          b.w * b.w;
+  }
+  ss = BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / n + eps);
+  float4* yr = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * n);
+  float m = 0.f;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    float v[8];
+    NormGroup(xr[2 * g], xr[2 * g + 1], wr[2 * g], wr[2 * g + 1], inv, v);
+    yr[2 * g] = make_float4(v[0], v[1], v[2], v[3]);
+    yr[2 * g + 1] = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
+  }
+  m = BlockMax(m, scratch);
+  const int ex = HalfRowExponent(m);
+  const float scale = ldexpf(1.f, 14 - ex);
+  if (threadIdx.x == 0) xs[t] = ldexpf(1.f, ex - 14);
+  uint2* hr = reinterpret_cast<uint2*>(xh + static_cast<int64_t>(t) * n);
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    hr[2 * g] = HalfScaled4(yr[2 * g], scale);
+    hr[2 * g + 1] = HalfScaled4(yr[2 * g + 1], scale);
+  }
+}
+
 int WideThreads(int n) { return std::min(1024, (n / 8 + 31) / 32 * 32); }
 
 // float4 access needs 16-byte aligned rows.
@@ -78,19 +116,32 @@ bool WideOk(const void* x, int64_t ldx, const float* w, const float* out, int n)
 absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t* xq, float* xd,
                              int T, int n, float eps, cudaStream_t stream) {
   if (n % 32 != 0)
-    return absl::InvalidArgumentError(absl::StrCat("RmsNormQuantize: n=", n, " not a multiple of 32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RmsNormQuantize: n=", n, " not a multiple of 32"));
   if (T == 0) return absl::OkStatus();
   if (!WideOk(x, n, w, out, n) || reinterpret_cast<uintptr_t>(xq) % 8 != 0)
-    return absl::InvalidArgumentError("RmsNormQuantize: x, w, out need 16-byte and xq 8-byte alignment");
+    return absl::InvalidArgumentError(
+        "RmsNormQuantize: x, w, out need 16-byte and xq 8-byte alignment");
   RmsNormWideKernel<true><<<T, WideThreads(n), 0, stream>>>(x, n, nullptr, w, out, xq, xd, n, eps);
   return LastLaunchStatus("RmsNormQuantize");
+}
+
+absl::Status RmsNormHalf(const float* x, const float* w, float* out, uint16_t* xh, float* xs, int T,
+                         int n, float eps, cudaStream_t stream) {
+  if (T == 0) return absl::OkStatus();
+  if (!WideOk(x, n, w, out, n) || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
+    return absl::InvalidArgumentError(
+        "RmsNormHalf: x, w, out need 16-byte and xh 8-byte alignment, n % 8 == 0");
+  RmsNormHalfKernel<<<T, WideThreads(n), 0, stream>>>(x, w, out, xh, xs, n, eps);
+  return LastLaunchStatus("RmsNormHalf");
 }
 
 absl::Status RmsNormRows(const float* x, int64_t ldx, const int32_t* rows, const float* w,
                          float* out, int T, int n, float eps, cudaStream_t stream) {
   if (T == 0) return absl::OkStatus();
   if (WideOk(x, ldx, w, out, n))
-    RmsNormWideKernel<false><<<T, WideThreads(n), 0, stream>>>(x, ldx, rows, w, out, nullptr, nullptr, n, eps);
+    RmsNormWideKernel<false>
+        <<<T, WideThreads(n), 0, stream>>>(x, ldx, rows, w, out, nullptr, nullptr, n, eps);
   else
     RmsNormKernel<<<T, 256, 0, stream>>>(x, ldx, rows, w, out, n, eps);
   return LastLaunchStatus("RmsNormRows");

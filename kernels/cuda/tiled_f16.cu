@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/half_rows.cuh"
 #include "kernels/cuda/mma_f16.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
@@ -290,18 +291,10 @@ __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16
     m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
   m = BlockMax(m, scratch);
-  // m < 2^ex, m >= 2^(ex - 1): times 2^(14 - ex) it lies in [2^13, 2^14).
-  int ex = 14;
-  if (m > 0.f && isfinite(m)) frexpf(m, &ex);
-  ex = max(ex, -100);  // 2^(14 - ex) stays a finite float
+  const int ex = HalfRowExponent(m);
   const float scale = ldexpf(1.f, 14 - ex);
   if (threadIdx.x == 0) xs[blockIdx.x] = ldexpf(1.f, ex - 14);
-  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
-    const float4 v = xr[i];
-    const __half2 lo = __floats2half2_rn(v.x * scale, v.y * scale);
-    const __half2 hi = __floats2half2_rn(v.z * scale, v.w * scale);
-    hr[i] = make_uint2(Bits(lo), Bits(hi));
-  }
+  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) hr[i] = HalfScaled4(xr[i], scale);
 }
 
 // Blocks the device runs at once (two per SM: every form needs <= 128 registers x 256 threads).

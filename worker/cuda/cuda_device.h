@@ -16,6 +16,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -197,9 +198,11 @@ class CudaDevice final : public Device {
   // The f16 activations of TiledF16Multi (HalfActivations) in xf_ / xf_scale_, cached like xq_.
   absl::Status EnsureHalfColumns(const float* x, int R, int K);
   // True when a product of a tiled matrix with R columns takes the f16 tensor-core kernel.
-  bool F16Columns(const DMat& w, int R) const {
-    return w.tiled && xf_ != nullptr && copts_.f16_mma && R >= copts_.f16_mma_min_cols && R <= kTiledF16MaxCols;
+  bool F16ColumnRows(int R) const {
+    return xf_ != nullptr && copts_.f16_mma && R >= copts_.f16_mma_min_cols &&
+           R <= std::min(kTiledF16MaxCols, tiled_max_rows_);
   }
+  bool F16Columns(const DMat& w, int R) const { return w.tiled && F16ColumnRows(R); }
   // Tiled matrices: the f16 kernel, MMQ or the tiled column kernel for the launch's segments.
   absl::Status TiledColumns(const GemvArgs* segs, int n, bool f16);
   // The int8 / 16-bit copies of an activation are reused by the matmuls that share it; call this
@@ -400,6 +403,9 @@ class CudaDevice final : public Device {
   uint16_t* xf_ = nullptr;
   float* xf_scale_ = nullptr;
   TiledF16Scratch f16_scratch_;
+  // Every quantized layer matrix has the tiled layout (the 27B Q6_K files): the norms may then
+  // write the f16 activations instead of the int8 ones for f16-kernel steps (NormToA).
+  bool trunk_tiled_ = false;
   uint16_t* wh_ = nullptr;  // [wh_elems] dequantized weight scratch
   uint64_t wh_elems_ = 0;
   uint16_t* kt_ = nullptr;  // [slot_ctx, n_kv*hd]

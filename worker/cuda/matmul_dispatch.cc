@@ -440,6 +440,13 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
 absl::Status CudaDevice::NormToA(const float* w, int R) {
   const int H = cfg_.n_embd;
   InvalidateX();
+  // Steps whose trunk matmuls take the f16 kernel get its activations from the norm itself.
+  if (trunk_tiled_ && F16ColumnRows(R) && H % 8 == 0) {
+    DS_RETURN_IF_ERROR(RmsNormHalf(h_, w, a_, xf_, xf_scale_, R, H, cfg_.rms_eps, stream_));
+    xf_src_ = a_;
+    xf_rows_ = R;
+    return absl::OkStatus();
+  }
   if (R <= QuantRows() && H % 32 == 0) {
     DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_));
     NoteQuantized(a_, R, /*sums=*/false);

@@ -20,6 +20,7 @@
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/mmq.cuh"
+#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -120,6 +121,26 @@ TEST(TiledF16, HalfActivationsMatchCpu) {
   }
   EXPECT_EQ(want_s[3], 1.f);
   EXPECT_EQ(want_s[5], 1.f);
+}
+
+// The fused norm's f16 copy is HalfActivations' of the normed rows, bit for bit, and its f32
+// rows are RmsNormRows' (rows of 5120: one group per thread; 17408: several).
+TEST(TiledF16, RmsNormHalfMatchesNormThenConvert) {
+  for (int n : {5120, 17408, 256}) {
+    const int T = 19;
+    auto x = RandomActs(T, n);
+    std::vector<float> w(n);
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    for (auto& v : w) v = u(Rng());
+    Dev<float> dx(x), dw(w), out_a(x.size()), out_b(x.size()), xs_a(T), xs_b(T);
+    Dev<uint16_t> xh_a(x.size()), xh_b(x.size());
+    ASSERT_OK(RmsNormHalf(dx.p, dw.p, out_a.p, xh_a.p, xs_a.p, T, n, 1e-6f, nullptr));
+    ASSERT_OK(RmsNormRows(dx.p, n, nullptr, dw.p, out_b.p, T, n, 1e-6f, nullptr));
+    ASSERT_OK(HalfActivations(out_b.p, T, n, xh_b.p, xs_b.p, nullptr));
+    EXPECT_EQ(out_a.Down(), out_b.Down()) << n;
+    EXPECT_EQ(xh_a.Down(), xh_b.Down()) << n;
+    EXPECT_EQ(xs_a.Down(), xs_b.Down()) << n;
+  }
 }
 
 struct Case {
