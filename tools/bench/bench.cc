@@ -322,6 +322,7 @@ int RunBench(const BenchOptions& o) {
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
+    if (o.f16_min_cols > 0) co.f16_mma_min_cols = o.f16_min_cols;
     // The speculative room (what CreateBackend's SpeculativeRoom sets): entries for spec_tokens
     // x spec_seqs verified tokens and the MTP block.
     co.spec_tokens = spec_tokens;
@@ -630,6 +631,7 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--max-step-tokens") o.max_step_tokens = std::atoi(next());
     else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--overlap-chunks") o.overlap_chunks = std::atoi(next());
+    else if (a == "--f16-min-cols") o.f16_min_cols = std::atoi(next());
     else if (a == "--no-profile") o.profile = false;
     else if (a == "--mtp") o.mtp = ints(next());
     else if (a == "--mtp-conc") o.mtp_streams = ints(next());
@@ -703,7 +705,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--dense-weights on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 17] [--dense-weights on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"
