@@ -32,6 +32,19 @@ __global__ void __launch_bounds__(256)
 // threads, 8 contiguous elements per thread (two float4), so a 5120 row is one load per thread
 // and pass (the first version, 256 threads with scalar loads, took ~19 us per call on the H200:
 // 18% of a decode step). A 32-element quantization block is 4 neighbouring lanes.
+// 1 / rms of a row of `groups` 8-float groups (two float4 each) read by a whole block.
+__device__ __forceinline__ float RowInvRms(const float4* xr, int groups, int n, float eps,
+                                           float* scratch) {
+  float ss = 0.f;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    const float4 a = xr[2 * g], b = xr[2 * g + 1];
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
+          b.w * b.w;
+  }
+  ss = BlockSum(ss, scratch);
+  return rsqrtf(ss / n + eps);
+}
+
 template <bool kQuant>
 __global__ void __launch_bounds__(1024)
     RmsNormWideKernel(const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ rows,
@@ -42,14 +55,7 @@ __global__ void __launch_bounds__(1024)
   const int src = rows ? rows[t] : t;
   const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(src) * ldx);
   const float4* wr = reinterpret_cast<const float4*>(w);
-  float ss = 0.f;
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    const float4 a = xr[2 * g], b = xr[2 * g + 1];
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
-          b.w * b.w;
-  }
-  ss = BlockSum(ss, scratch);
-  const float inv = rsqrtf(ss / n + eps);
+  const float inv = RowInvRms(xr, groups, n, eps, scratch);
   float4* yr = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * n);
   int8_t* xq_row = kQuant ? xq + static_cast<int64_t>(t) * n : nullptr;
   float* xd_row = kQuant ? xd + static_cast<int64_t>(t) * (n / 32) : nullptr;
@@ -74,14 +80,7 @@ __global__ void __launch_bounds__(1024)
   const int t = blockIdx.x, groups = n / 8;
   const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(t) * n);
   const float4* wr = reinterpret_cast<const float4*>(w);
-  float ss = 0.f;
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    const float4 a = xr[2 * g], b = xr[2 * g + 1];
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
-          b.w * b.w;
-  }
-  ss = BlockSum(ss, scratch);
-  const float inv = rsqrtf(ss / n + eps);
+  const float inv = RowInvRms(xr, groups, n, eps, scratch);
   float4* yr = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * n);
   float m = 0.f;
   for (int g = threadIdx.x; g < groups; g += blockDim.x) {

@@ -156,42 +156,37 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
 
   const int64_t ldy = a.ldy ? a.ldy : a.M;
   const int row_base = tile * kTiledRows + g;
-  if (split == 1) {
-    if constexpr (kPair) {
-      // The up warp hands its sums to the gate warp of the same tile (the loop ended on a barrier).
-      float* red = reinterpret_cast<float*>(smem) + (warp >> 1) * kTiledRows * NCB;
-      if (mat == 1) {
+  // f(acc value, column, row) for the thread's accumulators that are real outputs (C fragment:
+  // rows g and g + 8, columns 2q and 2q + 1 of each 8-column tile).
+  auto for_outputs = [&](auto&& f) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            red[(g + 8 * (e >> 1)) * NCB + 8 * j + 2 * q + (e & 1)] = acc[j][e];
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
+        if (c < nc && row < a.M) f(acc[j][e], c, row);
       }
+  };
+  if (split == 1) {
+    // The pair: the up warp hands its sums to the gate warp of the same tile (the loop ended on
+    // a barrier), indexed by (tile row, column).
+    float* red = reinterpret_cast<float*>(smem) + (warp >> 1) * kTiledRows * NCB;
+    if constexpr (kPair) {
+      if (mat == 1)
+        for_outputs([&](float v, int c, int row) { red[(row - tile * kTiledRows) * NCB + c] = v; });
       __syncthreads();
-      if (mat == 1 || !active) return;
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
-          if (c >= nc || row >= a.M) continue;
-          const float xs = a.xs[c];
-          const float up = red[(g + 8 * (e >> 1)) * NCB + c] * xs;
-          a.y[c * ldy + row] = Silu(acc[j][e] * xs) * up;
-        }
-    } else {
-      if (!active) return;
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
-          if (c >= nc || row >= a.M) continue;
-          const float v = acc[j][e] * a.xs[c];
-          float* dst = a.y + c * ldy + row;
-          *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v : v;
-        }
+      if (mat == 1) return;
     }
+    if (!active) return;
+    for_outputs([&](float v, int c, int row) {
+      const float xs = a.xs[c];
+      float* dst = a.y + c * ldy + row;
+      if constexpr (kPair) {
+        *dst = Silu(v * xs) * (red[(row - tile * kTiledRows) * NCB + c] * xs);
+      } else {
+        *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v * xs : v * xs;
+      }
+    });
     return;
   }
 
@@ -200,16 +195,10 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   constexpr int kMats = kPair ? 2 : 1;
   constexpr int kRows = TPB * kTiledRows;  // rows of each matrix per block
   float* part = L.partial + L.part_off[si];
-  if (active) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = 8 * j + 2 * q + (e & 1), row = row_base + 8 * (e >> 1);
-        if (c < nc && row < a.M)
-          part[((static_cast<int64_t>(ks) * kMats + mat) * nc + c) * a.M + row] = acc[j][e];
-      }
-  }
+  if (active)
+    for_outputs([&](float v, int c, int row) {
+      part[((static_cast<int64_t>(ks) * kMats + mat) * nc + c) * a.M + row] = v;
+    });
   __threadfence();
   __syncthreads();
   int* ticket = L.tickets + L.ticket_off[si] + rb;

@@ -18,6 +18,7 @@
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/mmq.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/tiled_test_util.h"
 
 namespace ds::cuda {
 namespace {
@@ -27,23 +28,9 @@ std::mt19937& Rng() {
   return rng;
 }
 
-bool HaveTiled() {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  return TiledAvailable(dev);
-}
-
 // Random raw Q6_K rows: every quant bit pattern, sane f16 scales.
 std::vector<uint8_t> RandomQ6K(int64_t rows, int K) {
-  std::vector<uint8_t> w(rows * GgmlRowBytes(GgmlType::Q6_K, K));
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> sc(2e-4f, 4e-3f);
-  for (auto& b : w) b = static_cast<uint8_t>(byte(Rng()));
-  for (size_t off = 0; off < w.size(); off += 210) {
-    const uint16_t d = F32ToF16(sc(Rng()));
-    std::memcpy(&w[off + 208], &d, 2);
-  }
-  return w;
+  return RandomQ6KRows(Rng(), rows, K, 2e-4f, 4e-3f);
 }
 
 // Activations with outliers (block scales that differ a lot, as in a real model) and one
@@ -60,11 +47,7 @@ std::vector<float> RandomActs(int nc, int K) {
   return x;
 }
 
-Dev<uint8_t> Tile(const Dev<uint8_t>& raw, int M, int K) {
-  Dev<uint8_t> t(TiledBytes(GgmlType::Q6_K, M, K));
-  EXPECT_TRUE(TileRows(GgmlType::Q6_K, raw.p, 0, M, K, t.p, nullptr).ok());
-  return t;
-}
+Dev<uint8_t> Tile(const Dev<uint8_t>& raw, int M, int K) { return TileQ6K(raw, M, K); }
 
 const MmqShape kShapes[] = {{2, 2, 0}, {4, 2, 0}, {2, 1, 0}, {2, 2, 32}, {4, 2, 16}};
 
@@ -92,8 +75,8 @@ struct Case {
 // outputs also == the CPU kernel-order reference bit for bit, and every output within f32
 // rounding of the exact int8 product.
 void RunCase(const Case& c) {
-  SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " nc=" << c.nc << " ep="
-                                    << static_cast<int>(c.ep));
+  SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " nc=" << c.nc
+                                    << " ep=" << static_cast<int>(c.ep));
   const bool pair = c.ep == GemvEpilogue::kSiluMul;
   const auto w = RandomQ6K(c.M, c.K);
   const auto w2 = pair ? RandomQ6K(c.M, c.K) : std::vector<uint8_t>(1);
@@ -141,7 +124,8 @@ void RunCase(const Case& c) {
         const double e2 = cpu::MmqDotQ6K(w2.data() + r * rb, q, d, c.K, &abs2);
         const double sa = e1 / (1 + std::exp(-e1));
         expect = sa * e2;
-        tol = 1.1 * std::fabs(e2) * tol + std::fabs(sa) * (2e-6 * abs2) + 1e-6 * std::fabs(expect) + 1e-7;
+        tol = 1.1 * std::fabs(e2) * tol + std::fabs(sa) * (2e-6 * abs2) + 1e-6 * std::fabs(expect) +
+              1e-7;
       } else {
         const float ko = cpu::MmqDotQ6KKernelOrder(w.data() + r * rb, q, d, c.K);
         const float got = c.ep == GemvEpilogue::kAccumulate ? y0[o] + ko : ko;
@@ -155,8 +139,8 @@ void RunCase(const Case& c) {
       worst = std::max(worst, err / tol);
       ++checked;
       if (!(err <= tol) && bad_cpu++ < 5)
-        ADD_FAILURE() << "tiled kernel vs CPU: row " << r << " col " << col << " got " << ref_tiled[o]
-                      << " want " << expect << " tol " << tol;
+        ADD_FAILURE() << "tiled kernel vs CPU: row " << r << " col " << col << " got "
+                      << ref_tiled[o] << " want " << expect << " tol " << tol;
     }
   EXPECT_EQ(bad_cpu, 0);
   EXPECT_EQ(bitwise_cpu, 0) << "outputs that differ from the CPU kernel-order f32 reference";
@@ -175,8 +159,9 @@ void RunCase(const Case& c) {
                       << " vs " << ref_tiled[i];
     EXPECT_EQ(diff, 0);
   }
-  std::printf("  mmq M=%6d K=%6d nc=%2d ep=%d: %d outputs vs CPU, max err/tol %.3f, %d not bitwise\n",
-              c.M, c.K, c.nc, static_cast<int>(c.ep), checked, worst, bitwise_cpu);
+  std::printf(
+      "  mmq M=%6d K=%6d nc=%2d ep=%d: %d outputs vs CPU, max err/tol %.3f, %d not bitwise\n", c.M,
+      c.K, c.nc, static_cast<int>(c.ep), checked, worst, bitwise_cpu);
 }
 
 TEST(Mmq, EveryColumnCountOddShape) {
@@ -233,7 +218,8 @@ TEST(Mmq, MultiSegmentsMatchSingle) {
       a.y = ym[i].p;
     }
     ASSERT_OK(MmqTiledMulti(segs, 3, sh, nullptr));
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(ys[i].Down(), ym[i].Down()) << "segment " << i << " slots " << sh.slots;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(ys[i].Down(), ym[i].Down()) << "segment " << i << " slots " << sh.slots;
   }
 }
 
@@ -265,27 +251,12 @@ TEST(Mmq, RejectsBadArguments) {
 // every MMQ shape; several weight copies rotate so that L2 does not hold them.
 TEST(MmqTiming, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
-  struct Mat {
-    const char* name;
-    int M, K;
-    GemvEpilogue ep;
-  };
-  const Mat mats[] = {{"ffn_gate+up", 17408, 5120, GemvEpilogue::kSiluMul},
-                      {"ffn_down", 5120, 17408, GemvEpilogue::kAccumulate},
-                      {"gdn_qkv", 10240, 5120, GemvEpilogue::kStore},
-                      {"attn_q+gate", 12288, 5120, GemvEpilogue::kStore},
-                      {"ssm_out", 5120, 6144, GemvEpilogue::kAccumulate}};
   std::printf("%-12s %3s %10s", "matrix", "nc", "tiled us");
-  for (const MmqShape& sh : kShapes) std::printf("  mmq%d/%d/%-2d", sh.slots, sh.stages, sh.max_cols);
+  for (const MmqShape& sh : kShapes)
+    std::printf("  mmq%d/%d/%-2d", sh.slots, sh.stages, sh.max_cols);
   std::printf("   (us; GB/s of weights for the best)\n");
-  for (const Mat& m : mats) {
-    const bool pair = m.ep == GemvEpilogue::kSiluMul;
-    const uint64_t tb = TiledBytes(GgmlType::Q6_K, m.M, m.K);
-    const int copies = std::max<int>(2, static_cast<int>((256ull << 20) / (tb * (pair ? 2 : 1))) + 1);
-    Dev<uint8_t> raw(RandomQ6K(m.M, m.K));
-    Dev<uint8_t> t0 = Tile(raw, m.M, m.K);
-    Dev<uint8_t> all(tb * copies * (pair ? 2 : 1));
-    for (int i = 0; i < copies * (pair ? 2 : 1); ++i) CK(cudaMemcpy(all.p + i * tb, t0.p, tb, cudaMemcpyDeviceToDevice));
+  for (const Matrix27B& m : k27BMatrices) {
+    const RotatingTiled w(Rng(), m);
     const auto x = RandomActs(64, m.K);
     Dev<float> dx(x);
     Dev<int8_t> dq(x.size());
@@ -294,46 +265,27 @@ TEST(MmqTiming, Table27B) {
     Dev<float> y(static_cast<size_t>(64) * m.M);
     CK(cudaMemset(y.p, 0, y.n * 4));
     for (int nc : {8, 16, 24, 32, 48, 64}) {
-      auto time = [&](auto&& launch) {
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        std::vector<float> ms;
-        for (int rep = 0; rep < 3 + 15; ++rep) {
-          const int i = rep % copies;
-          GemvArgs a;
-          a.type = GgmlType::Q6_K;
-          a.w = all.p + tb * i * (pair ? 2 : 1);
-          a.w2 = pair ? all.p + tb * (i * 2 + 1) : nullptr;
-          a.M = m.M;
-          a.K = m.K;
-          a.nc = nc;
-          a.xq = dq.p;
-          a.xd = dd.p;
-          a.y = y.p;
-          a.epilogue = m.ep;
-          CK(cudaEventRecord(e0));
-          EXPECT_TRUE(launch(a).ok());
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          float t = 0;
-          CK(cudaEventElapsedTime(&t, e0, e1));
-          if (rep >= 3) ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-        return 1000.0 * ms[ms.size() / 2];
+      auto args = [&](int rep) {
+        GemvArgs a = w.Args(m, rep, nc, y.p);
+        a.xq = dq.p;
+        a.xd = dd.p;
+        return a;
       };
-      const double tt = time([](const GemvArgs& a) { return TiledGemvMulti(&a, 1, nullptr); });
+      const double tt = MedianLaunchUs([&](int rep) {
+        const GemvArgs a = args(rep);
+        return TiledGemvMulti(&a, 1, nullptr);
+      });
       std::printf("%-12s %3d %10.1f", m.name, nc, tt);
       double best = tt;
       for (const MmqShape& sh : kShapes) {
-        const double t = time([&](const GemvArgs& a) { return MmqTiledMulti(&a, 1, sh, nullptr); });
+        const double t = MedianLaunchUs([&](int rep) {
+          const GemvArgs a = args(rep);
+          return MmqTiledMulti(&a, 1, sh, nullptr);
+        });
         best = std::min(best, t);
         std::printf("  %10.1f", t);
       }
-      std::printf("   %.0f GB/s\n", tb * (pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
+      std::printf("   %.0f GB/s\n", w.tb * (w.pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
     }
   }
 }

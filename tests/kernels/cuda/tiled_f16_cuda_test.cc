@@ -23,6 +23,7 @@
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/tiled_test_util.h"
 
 namespace ds::cuda {
 namespace {
@@ -32,23 +33,9 @@ std::mt19937& Rng() {
   return rng;
 }
 
-bool HaveTiled() {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  return TiledAvailable(dev);
-}
-
-// Random raw Q6_K rows: every quant and scale bit pattern (scales -128..127), sane f16 d.
+// Random raw Q6_K rows (every quant and scale bit pattern), d in [2e-5, 4e-4).
 std::vector<uint8_t> RandomQ6K(int64_t rows, int K) {
-  std::vector<uint8_t> w(rows * GgmlRowBytes(GgmlType::Q6_K, K));
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> sc(2e-5f, 4e-4f);
-  for (auto& b : w) b = static_cast<uint8_t>(byte(Rng()));
-  for (size_t off = 0; off < w.size(); off += 210) {
-    const uint16_t d = F32ToF16(sc(Rng()));
-    std::memcpy(&w[off + 208], &d, 2);
-  }
-  return w;
+  return RandomQ6KRows(Rng(), rows, K, 2e-5f, 4e-4f);
 }
 
 // Activations with outliers, one all-zero 256-block per column, and columns of very different
@@ -68,11 +55,7 @@ std::vector<float> RandomActs(int nc, int K) {
   return x;
 }
 
-Dev<uint8_t> Tile(const Dev<uint8_t>& raw, int M, int K) {
-  Dev<uint8_t> t(TiledBytes(GgmlType::Q6_K, M, K));
-  EXPECT_TRUE(TileRows(GgmlType::Q6_K, raw.p, 0, M, K, t.p, nullptr).ok());
-  return t;
-}
+Dev<uint8_t> Tile(const Dev<uint8_t>& raw, int M, int K) { return TileQ6K(raw, M, K); }
 
 // The device scratch of the K-split launches, as the backend allocates it.
 struct Scratch {
@@ -416,29 +399,11 @@ TEST(TiledF16, RejectsBadArguments) {
 TEST(TiledF16Timing, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch scratch;
-  struct Mat {
-    const char* name;
-    int M, K;
-    GemvEpilogue ep;
-  };
-  const Mat mats[] = {{"ffn_gate+up", 17408, 5120, GemvEpilogue::kSiluMul},
-                      {"ffn_down", 5120, 17408, GemvEpilogue::kAccumulate},
-                      {"gdn_qkv", 10240, 5120, GemvEpilogue::kStore},
-                      {"attn_q+gate", 12288, 5120, GemvEpilogue::kStore},
-                      {"ssm_out", 5120, 6144, GemvEpilogue::kAccumulate}};
   const MmqShape mmq_shapes[] = {{2, 2, 0}, {4, 2, 0}, {2, 2, 32}};
   std::printf("%-12s %3s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best", "f16",
               "convert", "GB/s f16");
-  for (const Mat& m : mats) {
-    const bool pair = m.ep == GemvEpilogue::kSiluMul;
-    const uint64_t tb = TiledBytes(GgmlType::Q6_K, m.M, m.K);
-    const int copies =
-        std::max<int>(2, static_cast<int>((256ull << 20) / (tb * (pair ? 2 : 1))) + 1);
-    Dev<uint8_t> raw(RandomQ6K(m.M, m.K));
-    Dev<uint8_t> t0 = Tile(raw, m.M, m.K);
-    Dev<uint8_t> all(tb * copies * (pair ? 2 : 1));
-    for (int i = 0; i < copies * (pair ? 2 : 1); ++i)
-      CK(cudaMemcpy(all.p + i * tb, t0.p, tb, cudaMemcpyDeviceToDevice));
+  for (const Matrix27B& m : k27BMatrices) {
+    const RotatingTiled w(Rng(), m);
     const auto x = RandomActs(64, m.K);
     Dev<float> dx(x);
     Dev<int8_t> dq(x.size());
@@ -448,51 +413,32 @@ TEST(TiledF16Timing, Table27B) {
     Dev<float> y(static_cast<size_t>(64) * m.M);
     CK(cudaMemset(y.p, 0, y.n * 4));
     for (int nc : {8, 12, 16, 24, 32, 48, 64}) {
-      auto time = [&](auto&& launch) {
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        std::vector<float> ms;
-        for (int rep = 0; rep < 3 + 15; ++rep) {
-          const int i = rep % copies;
-          GemvArgs a;
-          a.type = GgmlType::Q6_K;
-          a.w = all.p + tb * i * (pair ? 2 : 1);
-          a.w2 = pair ? all.p + tb * (i * 2 + 1) : nullptr;
-          a.M = m.M;
-          a.K = m.K;
-          a.nc = nc;
-          a.xq = dq.p;
-          a.xd = dd.p;
-          a.xh = h.xh.p;
-          a.xs = h.xs.p;
-          a.y = y.p;
-          a.epilogue = m.ep;
-          CK(cudaEventRecord(e0));
-          EXPECT_TRUE(launch(a).ok());
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          float t = 0;
-          CK(cudaEventElapsedTime(&t, e0, e1));
-          if (rep >= 3) ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-        return 1000.0 * ms[ms.size() / 2];
+      auto args = [&](int rep) {
+        GemvArgs a = w.Args(m, rep, nc, y.p);
+        a.xq = dq.p;
+        a.xd = dd.p;
+        a.xh = h.xh.p;
+        a.xs = h.xs.p;
+        return a;
       };
-      const double tt = time([](const GemvArgs& a) { return TiledGemvMulti(&a, 1, nullptr); });
+      const double tt = MedianLaunchUs([&](int rep) {
+        const GemvArgs a = args(rep);
+        return TiledGemvMulti(&a, 1, nullptr);
+      });
       double mmq = 1e30;
       for (const MmqShape& sh : mmq_shapes)
-        mmq = std::min(mmq,
-                       time([&](const GemvArgs& a) { return MmqTiledMulti(&a, 1, sh, nullptr); }));
-      const double tf =
-          time([&](const GemvArgs& a) { return TiledF16Multi(&a, 1, scratch.get(), nullptr); });
-      const double tc = time([&](const GemvArgs& a) {
-        return HalfActivations(dx.p, a.nc, a.K, h.xh.p, h.xs.p, nullptr);
+        mmq = std::min(mmq, MedianLaunchUs([&](int rep) {
+                         const GemvArgs a = args(rep);
+                         return MmqTiledMulti(&a, 1, sh, nullptr);
+                       }));
+      const double tf = MedianLaunchUs([&](int rep) {
+        const GemvArgs a = args(rep);
+        return TiledF16Multi(&a, 1, scratch.get(), nullptr);
       });
+      const double tc = MedianLaunchUs(
+          [&](int) { return HalfActivations(dx.p, nc, m.K, h.xh.p, h.xs.p, nullptr); });
       std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt, mmq, tf, tc,
-                  tb * (pair ? 2.0 : 1.0) / (tf * 1e-6) / 1e9);
+                  w.tb * (w.pair ? 2.0 : 1.0) / (tf * 1e-6) / 1e9);
     }
   }
 }
