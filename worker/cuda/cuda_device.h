@@ -203,6 +203,8 @@ class CudaDevice final : public Device {
            R <= std::min(kTiledF16MaxCols, tiled_max_rows_);
   }
   bool F16Columns(const DMat& w, int R) const { return w.tiled && F16ColumnRows(R); }
+  // Rows of a replay's column segment (RowSegment::exact): under the f16 kernel's width.
+  int ExactCap() const { return std::max(1, copts_.f16_mma_min_cols - 1); }
   // Tiled matrices: the f16 kernel, MMQ or the tiled column kernel for the launch's segments.
   absl::Status TiledColumns(const GemvArgs* segs, int n, bool f16);
   // The int8 / 16-bit copies of an activation are reused by the matmuls that share it; call this
@@ -406,6 +408,9 @@ class CudaDevice final : public Device {
   // Every quantized layer matrix has the tiled layout (the 27B Q6_K files): the norms may then
   // write the f16 activations instead of the int8 ones for f16-kernel steps (NormToA).
   bool trunk_tiled_ = false;
+  // The prepared step holds exact (replay) segments: LinearRows keeps the head's rows on the
+  // int8 kernels too (PlanRowSegments sets it).
+  bool step_exact_ = false;
   uint16_t* wh_ = nullptr;  // [wh_elems] dequantized weight scratch
   uint64_t wh_elems_ = 0;
   uint16_t* kt_ = nullptr;  // [slot_ctx, n_kv*hd]

@@ -132,7 +132,8 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
   int dec_runs = 0;
   for (const RowRun& r : step.runs) dec_runs += r.decode_like() ? 1 : 0;
   const bool f16_on = xf_ != nullptr && copts_.f16_mma;
-  const int exact_cap = std::max(1, copts_.f16_mma_min_cols - 1);
+  const int exact_cap = ExactCap();
+  step_exact_ = false;
   for (int f = 0; f < 2; ++f) {
     const int cap = f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
     // Prefill pieces keep the column kernels only up to the tiled kernel's own width (not the
@@ -185,7 +186,10 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
     StepSegments& split = segs_[f];
     split.column.clear();
     split.gemm.clear();
-    for (const RowSegment& g : out) (g.column ? split.column : split.gemm).push_back(g);
+    for (const RowSegment& g : out) {
+      (g.column ? split.column : split.gemm).push_back(g);
+      if (f == 1 && g.exact) step_exact_ = true;
+    }
     // TP overlap: every cuBLAS segment is cut by its own length only (ceil(n / chunks) rounded
     // up to 64 rows), so a piece's products do not depend on what else shares the step.
     std::vector<RowSegment>& chunks = overlap_gemm_[f];
@@ -362,9 +366,20 @@ absl::Status CudaDevice::GemmSegments(const DMat& w, const float* x,
 
 absl::Status CudaDevice::LinearRows(const DMat& w, const float* x, int R, float* y,
                                     bool accumulate, bool prefill_rows) {
-  if (ColumnPath(w, R) && (!prefill_rows || !w.tiled || R <= PrefillColumnRows()))
-    return GemvColumns(w, nullptr, x, R, y,
-                       accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore);
+  const GemvEpilogue ep = accumulate ? GemvEpilogue::kAccumulate : GemvEpilogue::kStore;
+  if (ColumnPath(w, R) && (!prefill_rows || !w.tiled || R <= PrefillColumnRows())) {
+    if (step_exact_ && F16Columns(w, R)) {
+      // The step holds a replay: its logit rows must get the int8 kernels' numbers, those of
+      // decoding one by one, so the head runs in column chunks under the f16 kernel's width.
+      const int cap = ExactCap();
+      for (int c0 = 0; c0 < R; c0 += cap)
+        DS_RETURN_IF_ERROR(GemvColumns(w, nullptr, x + static_cast<int64_t>(c0) * w.cols,
+                                       std::min(cap, R - c0),
+                                       y + static_cast<int64_t>(c0) * w.rows, ep));
+      return absl::OkStatus();
+    }
+    return GemvColumns(w, nullptr, x, R, y, ep);
+  }
   const RowSegment all{0, R, false};
   return GemmSegments(w, x, std::span<const RowSegment>(&all, 1), y, accumulate);
 }
