@@ -1,6 +1,6 @@
-// Tiled Q6_K (gemv_tiled.cuh) times f16 activations on f16 tensor cores, for steps of 9..64
-// activation columns (batched decode). Lab notes: kernels/cuda/README.md ("Tiled Q6_K on f16
-// tensor cores").
+// Tiled Q6_K (gemv_tiled.cuh) times f16 activations on f16 tensor cores, for batched decode
+// steps (the dispatch: f16_mma_min_cols..64 columns). Lab notes: kernels/cuda/README.md
+// ("Tiled Q6_K on f16 tensor cores").
 //
 // Why: the int8 kernels (TiledGemvMulti, MmqTiledMulti) must apply Q6_K's per-16 sub-block scale
 // and the per-32 activation scale to every accumulator after every int8 mma (~10 float

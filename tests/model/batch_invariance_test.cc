@@ -48,6 +48,9 @@ struct Case {
   const char* name;
   GgmlType type;
   bool width_27b;  // 4 layers of the 27B width (tiled Q6_K), else the widened tiny shape
+  // CudaBackendOptions::f16_mma_min_cols (0: the default). At 9 the replay step's 12 rows would
+  // reach the f16 kernel: its run and its logit rows must stay on the int8 kernels.
+  int f16_min_cols = 0;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -56,6 +59,8 @@ constexpr Case kCases[] = {
     {"Q8_0", GgmlType::Q8_0, false}, {"Q6_K", GgmlType::Q6_K, false},
     {"Q4_K", GgmlType::Q4_K, false}, {"IQ4_XS", GgmlType::IQ4_XS, false},
     {"Q6_K_27b_width", GgmlType::Q6_K, true},
+    {"Q6_K_f16_from_9", GgmlType::Q6_K, false, 9},
+    {"Q6_K_27b_width_f16_from_9", GgmlType::Q6_K, true, 9},
 };
 
 bool HaveGpu() {
@@ -133,7 +138,9 @@ TEST_P(BatchInvariance, DecodeRowsAndDecodePathRunsEqualDecodingAlone) {
   bo.n_slots = kSlots;
   bo.slot_ctx = kSlotCtx;
   ds::testing::GpuTestOptions(bo);  // --portable: the sm_70 kernel path
-  auto made = cuda::CreateCudaBackendApi(path, bo, CudaBackendOptions{});
+  CudaBackendOptions co;
+  if (c.f16_min_cols > 0) co.f16_mma_min_cols = c.f16_min_cols;
+  auto made = cuda::CreateCudaBackendApi(path, bo, co);
   std::filesystem::remove(path);
   ASSERT_TRUE(made.ok()) << made.status();
   Backend& be = **made;
