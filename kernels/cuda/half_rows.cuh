@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/mma_f16.cuh"
+
 namespace ds::cuda {
 
 // ex of the row scale 2^(14 - ex); 14 (scale 1) for an all-zero or non-finite row, >= -100 so
@@ -21,8 +23,7 @@ __device__ __forceinline__ int HalfRowExponent(float m) {
 __device__ __forceinline__ uint2 HalfScaled4(float4 v, float scale) {
   const __half2 lo = __floats2half2_rn(v.x * scale, v.y * scale);
   const __half2 hi = __floats2half2_rn(v.z * scale, v.w * scale);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
-                    *reinterpret_cast<const uint32_t*>(&hi));
+  return make_uint2(Bits(lo), Bits(hi));
 }
 
 }  // namespace ds::cuda

@@ -1,18 +1,19 @@
 // RMSNorm over rows (see norm.cuh): one block per row, float4 loads when n % 4 == 0.
-#include <algorithm>
-#include <cstdint>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/half_rows.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/norm_group.cuh"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace ds::cuda {
 namespace {
 
-__global__ void __launch_bounds__(256)
-    RmsNormKernel(const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ rows,
-                  const float* __restrict__ w, float* __restrict__ out, int n, float eps) {
+__global__ void __launch_bounds__(256) RmsNormKernel(const float* __restrict__ x, int64_t ldx,
+                                                     const int32_t* __restrict__ rows,
+                                                     const float* __restrict__ w,
+                                                     float* __restrict__ out, int n, float eps) {
   __shared__ float scratch[32];
   const int t = blockIdx.x;
   const int src = rows ? rows[t] : t;
@@ -25,6 +26,18 @@ __global__ void __launch_bounds__(256)
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
+// 1 / rms of a row of `groups` 8-float groups (two float4 each) read by a whole block.
+__device__ __forceinline__ float RowInvRms(const float4* xr, int groups, int n, float eps,
+                                           float* scratch) {
+  float ss = 0.f;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    const float4 a = xr[2 * g], b = xr[2 * g + 1];
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+  }
+  ss = BlockSum(ss, scratch);
+  return rsqrtf(ss / n + eps);
+}
+
 // RMSNorm fused with the int8 activation quantization of the next GEMV (same rounding as
 // QuantizeActKernel): one block per row, the normed row goes to `out` (f32, for the float-format
 // and prefill consumers) and to xq/xd; one launch and one read of x instead of two.
@@ -32,24 +45,14 @@ __global__ void __launch_bounds__(256)
 // threads, 8 contiguous elements per thread (two float4), so a 5120 row is one load per thread
 // and pass (the first version, 256 threads with scalar loads, took ~19 us per call on the H200:
 // 18% of a decode step). A 32-element quantization block is 4 neighbouring lanes.
-// 1 / rms of a row of `groups` 8-float groups (two float4 each) read by a whole block.
-__device__ __forceinline__ float RowInvRms(const float4* xr, int groups, int n, float eps,
-                                           float* scratch) {
-  float ss = 0.f;
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    const float4 a = xr[2 * g], b = xr[2 * g + 1];
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
-          b.w * b.w;
-  }
-  ss = BlockSum(ss, scratch);
-  return rsqrtf(ss / n + eps);
-}
-
 template <bool kQuant>
-__global__ void __launch_bounds__(1024)
-    RmsNormWideKernel(const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ rows,
-                      const float* __restrict__ w, float* __restrict__ out, int8_t* __restrict__ xq,
-                      float* __restrict__ xd, int n, float eps) {
+__global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restrict__ x, int64_t ldx,
+                                                          const int32_t* __restrict__ rows,
+                                                          const float* __restrict__ w,
+                                                          float* __restrict__ out,
+                                                          int8_t* __restrict__ xq,
+                                                          float* __restrict__ xd, int n,
+                                                          float eps) {
   __shared__ float scratch[32];
   const int t = blockIdx.x, groups = n / 8;
   const int src = rows ? rows[t] : t;
@@ -115,12 +118,10 @@ bool WideOk(const void* x, int64_t ldx, const float* w, const float* out, int n)
 absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t* xq, float* xd,
                              int T, int n, float eps, cudaStream_t stream) {
   if (n % 32 != 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("RmsNormQuantize: n=", n, " not a multiple of 32"));
+    return absl::InvalidArgumentError(absl::StrCat("RmsNormQuantize: n=", n, " not a multiple of 32"));
   if (T == 0) return absl::OkStatus();
   if (!WideOk(x, n, w, out, n) || reinterpret_cast<uintptr_t>(xq) % 8 != 0)
-    return absl::InvalidArgumentError(
-        "RmsNormQuantize: x, w, out need 16-byte and xq 8-byte alignment");
+    return absl::InvalidArgumentError("RmsNormQuantize: x, w, out need 16-byte and xq 8-byte alignment");
   RmsNormWideKernel<true><<<T, WideThreads(n), 0, stream>>>(x, n, nullptr, w, out, xq, xd, n, eps);
   return LastLaunchStatus("RmsNormQuantize");
 }
@@ -139,8 +140,7 @@ absl::Status RmsNormRows(const float* x, int64_t ldx, const int32_t* rows, const
                          float* out, int T, int n, float eps, cudaStream_t stream) {
   if (T == 0) return absl::OkStatus();
   if (WideOk(x, ldx, w, out, n))
-    RmsNormWideKernel<false>
-        <<<T, WideThreads(n), 0, stream>>>(x, ldx, rows, w, out, nullptr, nullptr, n, eps);
+    RmsNormWideKernel<false><<<T, WideThreads(n), 0, stream>>>(x, ldx, rows, w, out, nullptr, nullptr, n, eps);
   else
     RmsNormKernel<<<T, 256, 0, stream>>>(x, ldx, rows, w, out, n, eps);
   return LastLaunchStatus("RmsNormRows");

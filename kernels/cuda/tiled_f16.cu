@@ -24,7 +24,6 @@ constexpr int kBlockRows = kWarps * kTiledRows;  // rows of a single matrix per 
 // 40 row blocks; the 27B ffn pair: 272 blocks, a wave and 8 blocks at 2 per SM) cuts K into up
 // to kMaxSplit ranges (>= 2 units each), chosen by a cost model of waves and partial-sum
 // traffic (SplitFor); split x row blocks stays <= kSplitBlocks, which bounds the scratch.
-constexpr int kMaxCols64 = kTiledF16MaxCols;
 constexpr int kMaxSplit = 8;
 constexpr int kSplitBlocks = 1024;
 constexpr int kMaxTickets = kSplitBlocks;
@@ -306,7 +305,7 @@ int Slots() {
 // on the column count.
 int SplitFor(int rb, int K) {
   const int nu = K / kUnitElems;
-  const double per_split = 0.5 * 8.0 * kMaxCols64 / (0.82 * K);
+  const double per_split = 0.5 * 8.0 * kTiledF16MaxCols / (0.82 * K);
   int best = 1;
   double best_t = std::ceil(static_cast<double>(rb) / Slots());
   for (int s = 2; s <= std::min(kMaxSplit, nu / 2) && rb * s <= kSplitBlocks; ++s) {

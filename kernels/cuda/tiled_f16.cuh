@@ -28,7 +28,7 @@
 
 namespace ds::cuda {
 
-constexpr int kTiledF16MaxCols = 64;
+constexpr int kTiledF16MaxCols = kTiledMaxCols;
 
 // x: [R, K] f32 -> xh: [R, K] f16 bits of x * 2^e_r and xs: [R] = 2^-e_r, where e_r puts the
 // row's largest |x| in [2^13, 2^14) (e_r = 0 for an all-zero or non-finite row; e_r <= 114).

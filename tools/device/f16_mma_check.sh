@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Tiled Q6_K on f16 tensor cores (issue #22, kernels/cuda/tiled_f16.cuh): its kernel tests and
 # timing table, the whole-model / batch-invariance / MTP GPU tests with it on, then `deltaserve
-# bench` on the 27B Q6_K synth with --f16-mma on / off (decode x1 / x16 / x64) in one call
-# (MODES: the bench switch sets to run, e.g. MODES='"--f16-stage on" "--f16-stage off"').
+# bench` on the 27B Q6_K synth with --f16-mma on / off (decode x1 / x16 / x24 / x64) in one call
+# (MODES: the bench switch sets to run, e.g. MODES='"--f16-min-cols 9" "--f16-min-cols 17"';
+# CONC: the --conc list).
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
-#     deltaserve tiled_f16_cuda_test batch_invariance_test gpu_vs_cpu_test mtp_gpu_test):
+#     deltaserve tiled_f16_cuda_test batch_invariance_test gpu_vs_cpu_test; mtp_gpu_test too
+#     when the carry has room: a binary not packed is skipped):
 #   DS_CARRY=.devcarry-lead bash tools/device/f16_mma_check.sh
-# NCU=1 also profiles one 48-column launch of each f16 kernel form (stall reasons).
+# NCU=1 also profiles two 64-column launches of the f16 kernel (stall reasons).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -18,9 +20,9 @@ for t in tiled_f16_cuda_test batch_invariance_test gpu_vs_cpu_test mtp_gpu_test;
 done
 grep -A37 "^matrix" "$L/tiled_f16_cuda_test.log"
 if [ "${NCU:-0}" = 1 ]; then
-  # TiledF16Kernel launches of the timing test: 36 per (matrix, column count), the 18 plain
-  # then the 18 staged: gate+up at 64 columns plain / staged, ffn_down at 64 plain.
-  for k in 219 237 471; do
+  # TiledF16Kernel launches of the timing test: 18 per (matrix, column count), 7 column counts
+  # per matrix: gate+up at 64 columns, ffn_down at 64 (the 4th timed launch of each).
+  for k in 111 237; do
     timeout 120 /usr/local/cuda/bin/ncu --clock-control none --kernel-name TiledF16Kernel --launch-skip $k \
       --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
       --section Occupancy --section LaunchStats "$BIN/tiled_f16_cuda_test" \

@@ -207,9 +207,10 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   const GdnShape& s = gdn_shape_;
   const int C = s.channels(), Vw = s.v_heads * s.v_dim;
   // When every row of the step is a decode row, the decode kernel writes the int8 copy of its
-  // output for ssm_out (QuantizeActivations' bits: no launch of its own).
-  const bool quant_in_kernel =
-      copts_.fuse_gdn_decode && prefill_.empty() && R <= QuantRows() && s.v_dim % 32 == 0;
+  // output for ssm_out (QuantizeActivations' bits: no launch of its own), unless ssm_out takes
+  // the f16 kernel at this width (F16Columns), which reads f16 activations instead.
+  const bool quant_in_kernel = copts_.fuse_gdn_decode && prefill_.empty() && R <= QuantRows() &&
+                               s.v_dim % 32 == 0 && !F16Columns(L.ssm_out, R);
   ProfBegin("gdn_proj");
   DS_RETURN_IF_ERROR(LinearMulti({{&L.qkv, mixed_}, {&L.gate, z_}}, a_, R));
   DS_RETURN_IF_ERROR(LinearMulti({{&L.beta, gb_}, {&L.alpha, ga_}}, a_, R));

@@ -78,6 +78,23 @@ HalfActs Convert(const std::vector<float>& x, int nc, int K) {
   return h;
 }
 
+// A launch's arguments on f16 activations (w2 only for the pair).
+GemvArgs F16Args(const void* w, const void* w2, int M, int K, int nc, const HalfActs& h, float* y,
+                 GemvEpilogue ep) {
+  GemvArgs a;
+  a.type = GgmlType::Q6_K;
+  a.w = w;
+  a.w2 = ep == GemvEpilogue::kSiluMul ? w2 : nullptr;
+  a.M = M;
+  a.K = K;
+  a.nc = nc;
+  a.xh = h.xh.p;
+  a.xs = h.xs.p;
+  a.y = y;
+  a.epilogue = ep;
+  return a;
+}
+
 TEST(TiledF16, HalfActivationsMatchCpu) {
   const int K = 1280;
   auto x = RandomActs(9, K);
@@ -148,16 +165,7 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
   Dev<uint8_t> tw = Tile(dw, c.M, c.K);
   Dev<uint8_t> tw2 = pair ? Tile(dw2, c.M, c.K) : Dev<uint8_t>(1);
   HalfActs h = Convert(x, c.nc, c.K);
-  GemvArgs a;
-  a.type = GgmlType::Q6_K;
-  a.w = tw.p;
-  a.w2 = pair ? tw2.p : nullptr;
-  a.M = c.M;
-  a.K = c.K;
-  a.nc = c.nc;
-  a.xh = h.xh.p;
-  a.xs = h.xs.p;
-  a.epilogue = c.ep;
+  GemvArgs a = F16Args(tw.p, tw2.p, c.M, c.K, c.nc, h, nullptr, c.ep);
   Dev<float> y(y0);
   a.y = y.p;
   EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
@@ -276,7 +284,6 @@ TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
   for (const Shape& sh :
        {Shape{40, 1024, GemvEpilogue::kStore}, Shape{2000, 2048, GemvEpilogue::kStore},
         Shape{100, 512, GemvEpilogue::kSiluMul}, Shape{300, 2048, GemvEpilogue::kSiluMul}}) {
-    const bool pair = sh.ep == GemvEpilogue::kSiluMul;
     Dev<uint8_t> raw(RandomQ6K(sh.M, sh.K)), raw2(RandomQ6K(sh.M, sh.K));
     Dev<uint8_t> t = Tile(raw, sh.M, sh.K), t2 = Tile(raw2, sh.M, sh.K);
     const auto x = RandomActs(64, sh.K);
@@ -284,17 +291,7 @@ TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
     std::vector<float> full;
     for (int nc : {64, 1, 8, 9, 16, 17, 32, 33, 63}) {
       Dev<float> y(static_cast<size_t>(nc) * sh.M);
-      GemvArgs a;
-      a.type = GgmlType::Q6_K;
-      a.w = t.p;
-      a.w2 = pair ? t2.p : nullptr;
-      a.M = sh.M;
-      a.K = sh.K;
-      a.nc = nc;
-      a.xh = h.xh.p;
-      a.xs = h.xs.p;
-      a.y = y.p;
-      a.epilogue = sh.ep;
+      const GemvArgs a = F16Args(t.p, t2.p, sh.M, sh.K, nc, h, y.p, sh.ep);
       ASSERT_OK(TiledF16Multi(&a, 1, s.get(), nullptr));
       const auto got = y.Down();
       if (nc == 64) {
@@ -326,15 +323,7 @@ TEST(TiledF16, MultiSegments) {
     Dev<uint8_t> d(raw.back());
     tiled.push_back(Tile(d, Ms[i], K));
     ys.emplace_back(static_cast<size_t>(nc) * Ms[i]);
-    GemvArgs& a = segs[i];
-    a.type = GgmlType::Q6_K;
-    a.w = tiled[i].p;
-    a.M = Ms[i];
-    a.K = K;
-    a.nc = nc;
-    a.xh = h.xh.p;
-    a.xs = h.xs.p;
-    a.y = ys[i].p;
+    segs[i] = F16Args(tiled[i].p, nullptr, Ms[i], K, nc, h, ys[i].p, GemvEpilogue::kStore);
   }
   ASSERT_OK(TiledF16Multi(segs, 3, s.get(), nullptr));
   const uint64_t rb = GgmlRowBytes(GgmlType::Q6_K, K);
