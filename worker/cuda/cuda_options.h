@@ -68,11 +68,10 @@ struct CudaBackendOptions {
   // fewer than f16_mma_min_cols decode rows and among the steps of f16_mma_min_cols..64, not
   // across. false: the int8 kernels at every column count (A/B runs, `bench --f16-mma off`).
   // From 9 columns it measured at least as fast as the int8 kernels for every 27B matrix but
-  // ssm_out (TiledF16Timing.Table27B; x16 decode 960 -> 1,025-1,030 tok/s at 9), but the
-  // default stays 17 until batch_invariance_test's "f16_from_9" cases (the replay fix at 9) have
-  // run on a GPU (docs/perf/h200.md).
+  // ssm_out (TiledF16Timing.Table27B; x16 decode 960 -> 1,022-1,030 tok/s at 9, and
+  // batch_invariance_test's replay cases at 9 pass on the H200: docs/perf/h200.md).
   bool f16_mma = true;
-  int f16_mma_min_cols = 17;
+  int f16_mma_min_cols = 9;
   // Dense weights (issue #22): every layer matrix also kept as a 16-bit copy (bf16; f16 on the
   // portable path), dequantized once at load, which the cuBLAS path multiplies instead of
   // dequantizing the quantized matrix into a scratch at every step. Costs 2 bytes per weight on
