@@ -103,12 +103,23 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
+  // Up to 16 columns (90 registers) the next unit's weights are loaded into registers a whole
+  // unit ahead, so their latency hides behind this unit's mma instead of after the barrier;
+  // wider forms have no registers to spare (128 at two blocks per SM).
+  constexpr bool kPrefetch = NT <= 2;
+  TileUnit next;
+  if (kPrefetch && active && u0 < u1) LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
   if (u0 < u1) stage(u0, 0);
   CpAsyncCommit();
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
     TileUnit tu;
-    if (active) LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+    if constexpr (kPrefetch) {
+      tu = next;
+      if (active && u + 1 < u1) LoadTileUnit(next, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
+    } else if (active) {
+      LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+    }
     if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
