@@ -103,10 +103,12 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
-  // Up to 16 columns (90 registers) the next unit's weights are loaded into registers a whole
-  // unit ahead, so their latency hides behind this unit's mma instead of after the barrier;
-  // wider forms have no registers to spare (128 at two blocks per SM).
-  constexpr bool kPrefetch = NT <= 2;
+  // Up to 32 columns the next unit's weights are loaded into registers a whole unit ahead, so
+  // their latency hides behind this unit's mma instead of after the barrier (H200, 27B: gate+up
+  // at 16 columns 76 -> 70 us, at 32 97.5 -> 93; x16 decode 1,022 -> 1,080 tok/s, x24 1,168 ->
+  // 1,200). At 64 columns the 33 registers more spill (104 bytes at the 128 of two blocks per
+  // SM): x64 1,765 -> 1,709, so that form loads at the top of its unit as before.
+  constexpr bool kPrefetch = NT <= 4;
   TileUnit next;
   if (kPrefetch && active && u0 < u1) LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
   if (u0 < u1) stage(u0, 0);
