@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // SM): x64 1,765 -> 1,709, so that form loads at the top of its unit as before.
   constexpr bool kPrefetch = NT <= 4;
   TileUnit next;
-  if (kPrefetch && active && u0 < u1) LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
+  if (kPrefetch && active && u0 < u1)
+    LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
   if (u0 < u1) stage(u0, 0);
   CpAsyncCommit();
   for (int u = u0; u < u1; ++u) {
@@ -118,7 +119,8 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     TileUnit tu;
     if constexpr (kPrefetch) {
       tu = next;
-      if (active && u + 1 < u1) LoadTileUnit(next, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
+      if (active && u + 1 < u1)
+        LoadTileUnit(next, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
     } else if (active) {
       LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
     }
