@@ -32,7 +32,8 @@ __device__ __forceinline__ float RowInvRms(const float4* xr, int groups, int n, 
   float ss = 0.f;
   for (int g = threadIdx.x; g < groups; g += blockDim.x) {
     const float4 a = xr[2 * g], b = xr[2 * g + 1];
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
+          b.w * b.w;
   }
   ss = BlockSum(ss, scratch);
   return rsqrtf(ss / n + eps);

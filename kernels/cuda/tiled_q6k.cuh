@@ -41,7 +41,9 @@ __device__ __forceinline__ void DecodeStepUnsigned(uint32_t ql, uint32_t qh, int
   a1 = ((ql >> 4) & 0x0F0F0F0Fu) | h1;
 }
 
-__device__ __forceinline__ uint4 Xor4(uint4 v, uint32_t m) { return {v.x ^ m, v.y ^ m, v.z ^ m, v.w ^ m}; }
+__device__ __forceinline__ uint4 Xor4(uint4 v, uint32_t m) {
+  return {v.x ^ m, v.y ^ m, v.z ^ m, v.w ^ m};
+}
 
 // Weights are streamed once per step: 16-byte loads that do not allocate in L1, which keeps
 // L1 for the activations every warp re-reads.

@@ -202,7 +202,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   uint64_t staging_bytes = 0;  // transient upload buffer of the repack (freed before state/work)
   trunk_tiled_ = tiled_;
   for (auto& [n, w] : mats) {
-    if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32) trunk_tiled_ = trunk_tiled_ && tile_it(w);
+    if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32)
+      trunk_tiled_ = trunk_tiled_ && tile_it(w);
     if (!GemvSupported(w->type))
       return absl::UnimplementedError(absl::StrCat("CUDA backend: tensor ", n, " has type ",
                                                    std::string(GgmlInfo(w->type).name),
