@@ -415,7 +415,7 @@ TEST(GpuDenseWeights, GemmStepsMatchDequantization) {
   for (int i = 0; i < 64; ++i) prefill.tokens.push_back((i * 37) % 500 + 1);
   auto run = [&](bool dense, std::vector<float>* pre, std::vector<float>* dec) {
     CudaBackendOptions co;
-    co.dense_weights = dense;
+    co.dense_weights = dense ? DenseWeights::kOn : DenseWeights::kOff;
     co.int8_mmq = dense;  // off (both): the 40 decode rows take dequantization + cuBLAS too
     co.f16_mma = dense;
     auto be = cuda::CreateCudaBackendApi(path, bo, co);
@@ -441,6 +441,58 @@ TEST(GpuDenseWeights, GemmStepsMatchDequantization) {
   std::fflush(stdout);
   EXPECT_LT(rp, 1e-6);
   EXPECT_LT(rd, 1e-6);
+}
+
+// Dense weights on `auto` (the default; worker/model/dense_weights.h): on a card with room the
+// copies are made (the plan says so), and they change no number: a prefill of 100 tokens (past
+// the column kernels' 64 rows: the GEMM path, copies against per-step dequantization) and a
+// decode step of 40 sequences (the f16 kernel either way) give the logits of `off` bit for bit.
+TEST(GpuDenseWeights, AutoMakesCopiesAndChangesNoLogits) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path is covered by the bf16 one";
+  const std::string path = Synth27BWidth("q6k_27b_width_4l_dense_auto.gguf", 4);
+  ASSERT_FALSE(path.empty());
+  BackendOptions bo;
+  bo.n_slots = 41;
+  bo.slot_ctx = 256;
+  std::vector<SeqStep> decode(40);
+  for (int i = 0; i < 40; ++i) {
+    decode[i].slot = i + 1;
+    decode[i].tokens = {(i * 53) % 900 + 2};
+  }
+  SeqStep prefill;
+  prefill.all_logits = true;
+  for (int i = 0; i < 100; ++i) prefill.tokens.push_back((i * 37) % 500 + 1);
+  auto run = [&](DenseWeights mode, std::vector<float>* pre, std::vector<float>* dec,
+                 CudaMemoryPlan* plan) {
+    CudaBackendOptions co;
+    co.dense_weights = mode;
+    auto be = cuda::CreateCudaBackendApi(path, bo, co);
+    ASSERT_TRUE(be.ok()) << be.status();
+    *plan = (*be)->memory_plan();
+    StepOutput out;
+    absl::Status st = (*be)->Forward({&prefill, 1}, StepOptions{}, &out);
+    ASSERT_TRUE(st.ok()) << st;
+    *pre = std::move(out.logits);
+    st = (*be)->Forward(decode, StepOptions{}, &out);
+    ASSERT_TRUE(st.ok()) << st;
+    *dec = std::move(out.logits);
+  };
+  std::vector<float> pre_auto, dec_auto, pre_off, dec_off;
+  CudaMemoryPlan plan_auto, plan_off;
+  run(DenseWeights::kAuto, &pre_auto, &dec_auto, &plan_auto);
+  run(DenseWeights::kOff, &pre_off, &dec_off, &plan_off);
+  std::filesystem::remove(path);
+  std::printf("gpu_dense_weights auto: %s\n", plan_auto.ToString().c_str());
+  std::fflush(stdout);
+  EXPECT_GT(plan_auto.dense_copies, 0u) << plan_auto.dense_choice;
+  EXPECT_EQ(plan_auto.weights, plan_off.weights + plan_auto.dense_copies);
+  EXPECT_EQ(plan_auto.plan.pool_pages, plan_off.plan.pool_pages);
+  EXPECT_EQ(plan_off.dense_copies, 0u);
+  ASSERT_FALSE(pre_auto.empty());
+  ASSERT_FALSE(dec_auto.empty());
+  EXPECT_EQ(RelDiff(pre_auto, pre_off), 0.0);
+  EXPECT_EQ(RelDiff(dec_auto, dec_off), 0.0);
 }
 
 }  // namespace

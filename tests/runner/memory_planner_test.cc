@@ -1,13 +1,15 @@
 // The memory planner (worker/runner/memory_planner.h): tables for the 27B shape on 16 / 32 / 80 /
 // 141 GB cards with f16, q8_0 and q4_0 KV (printed: docs/memory.md quotes them), and its rules:
 // a plan never exceeds the budget, operator numbers are honoured when they fit, a refusal names
-// a nearest setting that does fit, and two replicas sharing a card each plan their share.
+// a nearest setting that does fit, and two replicas sharing a card each plan their share; and
+// when the 16-bit weight copies are made (worker/runner/dense_weights_plan.h).
 #include "worker/runner/memory_planner.h"
 
 #include <cstdio>
 #include <regex>
 
 #include "gtest/gtest.h"
+#include "worker/runner/dense_weights_plan.h"
 #include "worker/model/kv_type.h"
 
 namespace ds {
@@ -292,6 +294,96 @@ TEST(MemoryPlanner, PrefixCacheBudgetComesOutOfThePool) {
   ExpectWithinBudget(*fits);
   EXPECT_GT(fits->cache, 0u);
   EXPECT_LT(fits->cache, 20 * kGiB);
+}
+
+// Dense weights (worker/runner/dense_weights_plan.h): the 27B's 16-bit copies are 45 GiB (every
+// layer matrix, 2 bytes per weight). auto keeps them only where the plan without them would not
+// give the KV pool or the prefix cache any of that memory; on charges them; off never does.
+constexpr uint64_t kDense27B = 45ull * kGiB;
+
+TEST(DenseWeightsPlan, AutoTakesOnlyMemoryTheSlotsCouldNeverUse) {
+  // 141 GB, 16 slots of 32k: every context fits with the copies, so auto makes them and the
+  // pool is exactly the pool without them (all 16 x 32k tokens).
+  MemoryPlanInput in = Qwen27B(GgmlType::F16, 141.0);
+  in.slots = 16;
+  in.slot_ctx = 32768;
+  auto plain = PlanMemory(in);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto a = PlanDenseWeights(in, kDense27B, DenseWeights::kAuto);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->dense) << a->reason;
+  EXPECT_EQ(a->plan.pool_pages, plain->pool_pages);
+  EXPECT_GE(a->plan.pool_tokens(), 16 * 32768);
+  EXPECT_EQ(a->plan.weights, in.weights + kDense27B);
+  ExpectWithinBudget(a->plan);
+  EXPECT_NE(a->reason.find("auto: on"), std::string::npos) << a->reason;
+
+  // 64 slots of 128k: without the copies the pool takes all it can get (less than every
+  // context), so the copies would come out of it: auto leaves them out and plans as `off`.
+  in.slots = 64;
+  in.slot_ctx = 131072;
+  plain = PlanMemory(in);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_LT(plain->pool_tokens(), int64_t{64} * 131072);
+  a = PlanDenseWeights(in, kDense27B, DenseWeights::kAuto);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->dense);
+  EXPECT_EQ(a->plan.pool_pages, plain->pool_pages);
+  EXPECT_EQ(a->plan.weights, in.weights);
+  EXPECT_NE(a->reason.find("shrink the KV pool"), std::string::npos) << a->reason;
+  // on: the operator's choice, at the pool's expense.
+  auto on = PlanDenseWeights(in, kDense27B, DenseWeights::kOn);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->dense);
+  EXPECT_LT(on->plan.pool_pages, plain->pool_pages);
+  EXPECT_EQ(on->plan.weights, in.weights + kDense27B);
+  ExpectWithinBudget(on->plan);
+  // off: never.
+  in.slots = 16;
+  in.slot_ctx = 32768;
+  auto off = PlanDenseWeights(in, kDense27B, DenseWeights::kOff);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->dense);
+  EXPECT_EQ(off->plan.weights, in.weights);
+  // Nothing to copy (an F32 model): no copies whatever the mode.
+  a = PlanDenseWeights(in, 0, DenseWeights::kAuto);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->dense);
+}
+
+TEST(DenseWeightsPlan, SmallCardsAndThePrefixCacheKeepTheirMemory) {
+  // 32 GB: the copies do not fit beside the 27B at all. auto says so and plans without them;
+  // on is refused with the planner's error.
+  MemoryPlanInput in = Qwen27B(GgmlType::F16, 32.0);
+  in.slots = 1;
+  in.slot_ctx = 4096;
+  auto a = PlanDenseWeights(in, kDense27B, DenseWeights::kAuto);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->dense);
+  EXPECT_NE(a->reason.find("do not fit"), std::string::npos) << a->reason;
+  auto on = PlanDenseWeights(in, kDense27B, DenseWeights::kOn);
+  EXPECT_EQ(on.status().code(), absl::StatusCode::kResourceExhausted) << on.status();
+
+  // 141 GB, 16 x 32k, and a device prefix cache of 40 GiB in the auto tier (it gets at most a
+  // quarter of what one slot's plan leaves): the copies would shrink that share, so auto
+  // leaves them out although the pool itself would keep every context.
+  in = Qwen27B(GgmlType::F16, 141.0);
+  in.slots = 16;
+  in.slot_ctx = 32768;
+  in.cache_bytes = 40 * kGiB;
+  auto plain = PlanMemory(in);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_LT(plain->cache, 40 * kGiB);
+  a = PlanDenseWeights(in, kDense27B, DenseWeights::kAuto);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->dense) << a->reason;
+  EXPECT_EQ(a->plan.cache, plain->cache);
+  // A small cache that fits either way does not stand in the way.
+  in.cache_bytes = 4 * kGiB;
+  a = PlanDenseWeights(in, kDense27B, DenseWeights::kAuto);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->dense) << a->reason;
+  EXPECT_EQ(a->plan.cache, 4 * kGiB);
 }
 
 }  // namespace

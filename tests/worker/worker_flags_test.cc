@@ -36,16 +36,19 @@ TEST(WorkerFlags, PortableOnOff) {
       << bad.status();
 }
 
-TEST(WorkerFlags, DenseWeightsOnOff) {
+TEST(WorkerFlags, DenseWeightsOnOffAuto) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_FALSE(def->dense_weights);
+  EXPECT_EQ(def->dense_weights, DenseWeights::kAuto);
   auto on = Parse({"--dense-weights", "on"});
   ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_TRUE(on->dense_weights);
+  EXPECT_EQ(on->dense_weights, DenseWeights::kOn);
+  auto off = Parse({"--dense-weights", "off"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->dense_weights, DenseWeights::kOff);
   auto bad = Parse({"--dense-weights", "1"});
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(std::string(bad.status().message()).find("--dense-weights expects on or off"),
+  EXPECT_NE(std::string(bad.status().message()).find("--dense-weights expects on, off or auto"),
             std::string::npos)
       << bad.status();
 }

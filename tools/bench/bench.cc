@@ -663,8 +663,7 @@ int BenchMain(int argc, char** argv) {
       o.overlap = v == "on" ? 1 : 0;
     }
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
-             a == "--fuse-norm" || a == "--gdn-runs" || a == "--dense-weights" ||
-             a == "--attn-mma" || a == "--fuse-gdn") {
+             a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--fuse-gdn") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -679,9 +678,17 @@ int BenchMain(int argc, char** argv) {
                     : a == "--gdn-runs"        ? o.gdn_runs
                     : a == "--fuse-gdn"        ? o.fuse_gdn
                     : a == "--attn-mma"        ? o.attn_mma
-                    : a == "--dense-weights"   ? o.dense
                                                : o.fuse_norm;
       field = v == "on";
+    }
+    else if (a == "--dense-weights") {
+      const std::string v = next();
+      const auto d = DenseWeightsFromName(v);
+      if (!d) {
+        std::fprintf(stderr, "bench: --dense-weights expects on, off or auto, got '%s'\n", v.c_str());
+        return 2;
+      }
+      o.dense = *d;
     }
     else if (a == "--sample") {
       const std::string v = next();
@@ -705,7 +712,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--dense-weights on|off] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/model/dense_weights.h"
+
 namespace ds {
 
 struct BenchOptions {
@@ -23,7 +25,7 @@ struct BenchOptions {
   bool portable = false;                     // --portable on: the sm_70 (V100) kernels (issue #19)
   bool mmq = true;                           // --mmq off: no int8 MMQ kernel (A/B runs, issue #22)
   bool f16_mma = true;  // --f16-mma off: no f16 tensor-core kernel on tiled matrices (issue #22)
-  bool dense = false;                        // --dense-weights on: CudaBackendOptions::dense_weights
+  DenseWeights dense = DenseWeights::kAuto;  // --dense-weights on|off|auto (dense_weights.h)
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   bool gdn_runs = true;                      // --gdn-runs off: MTP verify GDN rows in waves (A/B)
   bool fuse_gdn = true;                      // --fuse-gdn off: the GDN output's int8 copy by a launch of its own (A/B)

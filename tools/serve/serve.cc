@@ -26,6 +26,7 @@
 #include "gateway/gateway.h"
 #include "tools/serve/children.h"
 #include "worker/backend_factory.h"
+#include "worker/model/dense_weights.h"
 #include "worker/model/kv_type.h"
 #include "worker/spec/mtp_setting.h"
 #include "common/util/model_alias.h"
@@ -56,7 +57,7 @@ struct ServeOptions {
   std::string backend = "auto";
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
   bool portable = false;        // worker --portable on: the sm_70 (V100) kernels on any GPU
-  bool dense_weights = false;   // worker --dense-weights on: 16-bit copies of the layer matrices
+  DenseWeights dense_weights = DenseWeights::kAuto;  // worker --dense-weights (dense_weights.h)
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
@@ -92,9 +93,11 @@ void Usage(FILE* out) {
                "the model's MTP head (auto: fewer as the batch grows); same tokens as off\n"
                "  [--portable on|off]  the CUDA workers run the sm_70 (V100) kernels on any GPU "
                "(taken anyway below sm_80; docs/v100.md)\n"
-               "  [--dense-weights on|off]  the CUDA workers also keep a 16-bit copy of every layer "
-               "matrix (~2 bytes per weight): batched decode of 33+ streams and prefill without "
-               "per-step dequantization (H200, 27B Q6_K: x64 1.7x, pp512 1.4x; default off)\n"
+               "  [--dense-weights on|off|auto]  the CUDA workers also keep a 16-bit copy of every "
+               "layer matrix (~2 bytes per weight) for prefill without per-step dequantization; "
+               "auto (default): only where the KV pool loses nothing by it; on: also for batched "
+               "decode of 33+ streams, at the pool's expense (H200, 27B Q6_K: pp512 1.5x, x64 "
+               "1.2x)\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
@@ -218,10 +221,11 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
                                       "'");
   if (m.count("--kv-type")) o.kv_type = m["--kv-type"];
   if (m.count("--dense-weights")) {
-    if (m["--dense-weights"] != "on" && m["--dense-weights"] != "off")
-      return absl::InvalidArgumentError("--dense-weights expects on or off, got '" +
+    const auto d = DenseWeightsFromName(m["--dense-weights"]);
+    if (!d)
+      return absl::InvalidArgumentError("--dense-weights expects on, off or auto, got '" +
                                         m["--dense-weights"] + "'");
-    o.dense_weights = m["--dense-weights"] == "on";
+    o.dense_weights = *d;
   }
   if (m.count("--portable")) {
     if (m["--portable"] != "on" && m["--portable"] != "off")
@@ -477,7 +481,8 @@ int RunServe(int argc, char** argv) {
   }
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
   if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
-  if (o->dense_weights) wargs.insert(wargs.end(), {"--dense-weights", "on"});
+  if (o->dense_weights != DenseWeights::kAuto)
+    wargs.insert(wargs.end(), {"--dense-weights", DenseWeightsName(o->dense_weights)});
   if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});
   if (o->max_active > 0) wargs.insert(wargs.end(), {"--max-active", std::to_string(o->max_active)});
   if (!o->prefix_cache.empty()) wargs.insert(wargs.end(), {"--prefix-cache", o->prefix_cache});

@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.memory_fraction < 1.0) co.memory_fraction = opts.memory_fraction;
   if (opts.max_step_tokens > 0) co.max_step_tokens = opts.max_step_tokens;
   if (opts.portable) co.portable = true;
-  if (opts.dense_weights) co.dense_weights = true;
+  if (opts.dense_weights != DenseWeights::kAuto) co.dense_weights = opts.dense_weights;
   if (opts.prefix_cache_bytes > 0) {
     co.prefix_cache_bytes = opts.prefix_cache_bytes;
     co.prefix_cache_required = opts.prefix_cache_required;

@@ -13,15 +13,16 @@
 #include "kernels/cuda/mtp_attention.cuh"
 #include "worker/cuda/cuda_device.h"
 #include "worker/model/kv_type.h"
+#include "worker/runner/dense_weights_plan.h"
 
 namespace ds {
 
 std::string CudaMemoryPlan::ToString() const {
   auto gib = [](uint64_t b) { return static_cast<double>(b) / (1ull << 30); };
   return absl::StrFormat("weights %.2f GiB + KV pool %.2f GiB (%d tokens) + recurrent state "
-                         "%.2f GiB + workspace %.2f GiB = %.2f GiB",
+                         "%.2f GiB + workspace %.2f GiB = %.2f GiB; dense weights %s",
                          gib(weights), gib(kv_cache), plan.pool_tokens(), gib(recurrent),
-                         gib(workspace), gib(total()));
+                         gib(workspace), gib(total()), dense_choice);
 }
 
 namespace cuda {
@@ -177,16 +178,19 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   }
   uint64_t max_mat_elems = 0;
   tiled_ = copts_.tiled && !portable_ && TiledAvailable(device_);
-  // With dense weights, steps past tiled_max_rows rows take the 16-bit GEMM, not MMQ.
-  tiled_max_rows_ = tiled_ ? std::clamp((copts_.int8_mmq || copts_.f16_mma) && !copts_.dense_weights
+  // With dense weights on (not auto), steps past tiled_max_rows rows take the 16-bit GEMM, not
+  // MMQ or the f16 kernel.
+  const bool dense_on = copts_.dense_weights == DenseWeights::kOn;
+  tiled_max_rows_ = tiled_ ? std::clamp((copts_.int8_mmq || copts_.f16_mma) && !dense_on
                                             ? std::max(copts_.tiled_max_rows, copts_.mmq_max_rows)
                                             : copts_.tiled_max_rows,
                                         0, kTiledMaxCols)
                            : 0;
   // Dense weights: the trunk's quantized matrices (not the embedding, the lm_head or the MTP
-  // block, which only ever see a few rows).
+  // block, which only ever see a few rows); whether they are made is decided with the memory plan
+  // below (kAuto), and the set emptied when not.
   std::set<const cpu::WeightView*> dense_mats;
-  if (copts_.dense_weights)
+  if (copts_.dense_weights != DenseWeights::kOff)
     for (auto& [n, w] : mats)
       if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32) dense_mats.insert(w);
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
@@ -200,6 +204,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                       : GgmlRowBytes(w->type, w->cols) * w->rows;
   };
   uint64_t staging_bytes = 0;  // transient upload buffer of the repack (freed before state/work)
+  uint64_t dense_bytes = 0;    // the 16-bit copies of dense_mats, charged once they are chosen
   trunk_tiled_ = tiled_;
   for (auto& [n, w] : mats) {
     if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32)
@@ -209,7 +214,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                                                    std::string(GgmlInfo(w->type).name),
                                                    " which the CUDA kernels do not support"));
     plan_.weights += AlignUp(mat_bytes(w));
-    if (dense_mats.contains(w)) plan_.weights += AlignUp(static_cast<uint64_t>(w->rows) * w->cols * 2);
+    if (dense_mats.contains(w)) dense_bytes += AlignUp(static_cast<uint64_t>(w->rows) * w->cols * 2);
     if (tile_it(w))
       staging_bytes = std::max<uint64_t>(staging_bytes, std::min<uint64_t>(GgmlRowBytes(w->type, w->cols) * w->rows, 64ull << 20) + GgmlRowBytes(w->type, w->cols) * kTiledRows);
     max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));
@@ -380,11 +385,19 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // The MTP layer's K and V: one more f16 plane each in the pool's pages.
   const uint64_t mtp_token_bytes = has_mtp_ ? static_cast<uint64_t>(n_kv) * c.head_dim * 2 : 0;
   pin.kv_per_token += 2 * mtp_token_bytes;
-  auto mp = PlanMemory(pin);
-  if (!mp.ok())
-    return absl::ResourceExhaustedError(absl::StrCat("CUDA backend on device ", device_, " (kv_type ",
-                                                     KvTypeName(copts_.kv_type), "): ",
-                                                     mp.status().message()));
+  auto dp = PlanDenseWeights(pin, dense_bytes, copts_.dense_weights);
+  if (!dp.ok())
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "CUDA backend on device ", device_, " (kv_type ", KvTypeName(copts_.kv_type),
+        ", dense weights ", DenseWeightsName(copts_.dense_weights), "): ", dp.status().message()));
+  const MemoryPlan* mp = &dp->plan;
+  if (dp->dense) {
+    plan_.weights += dense_bytes;
+    plan_.dense_copies = dense_bytes;
+  } else {
+    dense_mats.clear();
+  }
+  plan_.dense_choice = dp->reason;
   plan_.plan = *mp;
   plan_.cache_reserved = mp->cache;
   n_pages_ = std::max<int64_t>(1, mp->pool_pages);

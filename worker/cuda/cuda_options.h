@@ -72,15 +72,17 @@ struct CudaBackendOptions {
   // batch_invariance_test's replay cases at 9 pass on the H200: docs/perf/h200.md).
   bool f16_mma = true;
   int f16_mma_min_cols = 9;
-  // Dense weights (issue #22): every layer matrix also kept as a 16-bit copy (bf16; f16 on the
-  // portable path), dequantized once at load, which the cuBLAS path multiplies instead of
-  // dequantizing the quantized matrix into a scratch at every step. Costs 2 bytes per weight on
-  // the device (the 27B: ~50 GiB beside its 20.6 GiB of Q6_K) and buys the 16-bit GEMM at its own
-  // speed: steps of more than tiled_max_rows rows (batched decode of 33+ sequences, prefill) take
-  // it instead of MMQ, whose int8 rate stays far below the card's (kernels/cuda/README.md). The
-  // numbers are those of the dequantize + cuBLAS path (the same 16-bit values, the same GEMM);
-  // decode steps of 33-64 sequences are then no longer batch-invariant. Off by default.
-  bool dense_weights = false;
+  // Dense weights (issue #22, worker/model/dense_weights.h): every layer matrix also kept as a
+  // 16-bit copy (bf16; f16 on the portable path), dequantized once at load, which the cuBLAS path
+  // multiplies instead of dequantizing the quantized matrix into a scratch at every step. Costs 2
+  // bytes per weight on the device (the 27B: ~45 GiB beside its 20.6 GiB of Q6_K); the numbers
+  // are those of the dequantize + cuBLAS path (the same 16-bit values, the same GEMM). kOn: steps
+  // of more than tiled_max_rows rows (batched decode of 33+ sequences, prefill) take it instead
+  // of MMQ / the f16 kernel, so decode steps of 33-64 sequences are no longer batch-invariant.
+  // kAuto (default): the copies only where the memory plan loses nothing by them
+  // (worker/runner/dense_weights_plan.h), used only past the column kernels' row range
+  // (max(tiled_max_rows, mmq_max_rows): prefill pieces), so no step's numbers change.
+  DenseWeights dense_weights = DenseWeights::kAuto;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;

@@ -16,6 +16,7 @@
 #include "common/sampling/sampling_params.h"
 #include "common/util/status.h"
 #include "worker/model/config.h"
+#include "worker/model/dense_weights.h"
 #include "worker/tp/plan.h"
 
 namespace ds {
@@ -110,6 +111,10 @@ struct MemoryFootprint {
   // Kept free for prefix-cache checkpoints in device memory (the CUDA planner's share; not
   // allocated up front, so not in total()).
   uint64_t cache_reserved = 0;
+  // Of weights: the 16-bit copies of the layer matrices (worker/model/dense_weights.h), and one
+  // line on why they were or were not made (empty on devices without them).
+  uint64_t dense_copies = 0;
+  std::string dense_choice;
   uint64_t total() const { return weights + kv_cache + recurrent + workspace; }
 };
 
@@ -240,10 +245,9 @@ struct BackendOptions {
   // CUDA: the portable (sm_70 / V100) kernel path on any GPU (CudaBackendOptions::portable,
   // --portable); the CPU backend has one path and ignores it.
   bool portable = false;
-  // CUDA: a 16-bit copy of every layer matrix for the GEMM path (CudaBackendOptions::
-  // dense_weights, --dense-weights): faster batched decode past 32 sequences and prefill for ~2
-  // bytes per weight of device memory; the CPU backend ignores it.
-  bool dense_weights = false;
+  // CUDA: 16-bit copies of the layer matrices for the GEMM path (worker/model/dense_weights.h,
+  // --dense-weights on|off|auto); the CPU backend ignores it.
+  DenseWeights dense_weights = DenseWeights::kAuto;
   // CPU: emulate a GDN recurrent state stored in bf16 between steps (cpu::DeltaRuleArgs::
   // state_bf16; `perplexity --gdn-state bf16`): issue #22 asks for its precision to be measured
   // before any device stores it so (docs/quality.md). The CUDA backend keeps f32 and rejects it.

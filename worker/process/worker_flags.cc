@@ -98,10 +98,11 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                         o.prefix_cache_tier + "'");
   }
   if (m.count("--dense-weights")) {
-    if (m["--dense-weights"] != "on" && m["--dense-weights"] != "off")
-      return absl::InvalidArgumentError("--dense-weights expects on or off, got '" +
+    const auto d = DenseWeightsFromName(m["--dense-weights"]);
+    if (!d)
+      return absl::InvalidArgumentError("--dense-weights expects on, off or auto, got '" +
                                         m["--dense-weights"] + "'");
-    o.dense_weights = m["--dense-weights"] == "on";
+    o.dense_weights = *d;
   }
   if (m.count("--portable")) {
     if (m["--portable"] != "on" && m["--portable"] != "off")

@@ -440,7 +440,8 @@ class Session {
                     {"recurrent_gib", mf.recurrent * gib}, {"workspace_gib", mf.workspace * gib},
                     {"total_gib", mf.total() * gib},
                     {"prefix_cache_reserved_gib", mf.cache_reserved * gib}, {"slots", n_usable},
-                    {"slot_ctx", cf.slot_ctx()}, {"memory_fraction", o_.memory_fraction}});
+                    {"slot_ctx", cf.slot_ctx()}, {"memory_fraction", o_.memory_fraction},
+                    {"dense_copies_gib", mf.dense_copies * gib}, {"dense_weights", mf.dense_choice}});
           }
           sd::NotifyStatus("warming up");
           break;
@@ -658,7 +659,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off] [--kv-pool-tokens N] [--kv-page N] "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--kv-pool-tokens N] [--kv-page N] "
                  "[--memory-fraction F] [--max-step-tokens N] "
                  "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
                  "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "

@@ -7,6 +7,7 @@
 
 #include "common/gguf/ggml_types.h"
 #include "common/util/status.h"
+#include "worker/model/dense_weights.h"
 #include "worker/spec/mtp_setting.h"
 
 namespace ds {
@@ -63,9 +64,9 @@ struct WorkerOptions {
   // --portable on (issue #19): the CUDA backend runs the sm_70 (V100) kernels on any GPU
   // (CudaBackendOptions::portable; below sm_80 that path is taken anyway).
   bool portable = false;
-  // --dense-weights on (issue #22): the CUDA backend keeps a 16-bit copy of every layer matrix
-  // (BackendOptions::dense_weights).
-  bool dense_weights = false;
+  // --dense-weights on|off|auto (issue #22, worker/model/dense_weights.h): 16-bit copies of the
+  // layer matrices in the CUDA backend (BackendOptions::dense_weights).
+  DenseWeights dense_weights = DenseWeights::kAuto;
   // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
   // every slot full), --kv-page N tokens per page (0 = the device's default), --memory-fraction F
   // of the device this worker plans for (two replicas on one GPU: 0.5 each).
