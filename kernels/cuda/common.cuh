@@ -8,10 +8,57 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "common/util/status.h"
 
 namespace ds::cuda {
+
+// Programmatic dependent launch (sm_90+; no-ops below). A kernel launched early
+// (LaunchMaybeEarly) may start while the kernel before it in the stream still runs, once every
+// block of that one has called AllowDependentLaunch (or exited). Until it calls
+// WaitForPrerequisiteGrids it may only touch what no earlier kernel writes (weights); the wait
+// returns when the earlier grids have completed and their writes are visible, and is a no-op in
+// a kernel launched the plain way. AllowDependentLaunch changes no result: it only lets such a
+// kernel be scheduled earlier (kernels/cuda/README.md, "Early launch of the decode kernels").
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrerequisiteGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...); `early`: with programmatic stream
+// serialization (the kernel must call WaitForPrerequisiteGrids before it reads or writes anything
+// another kernel touches). Errors surface through cudaGetLastError as for <<<>>>. (.cu files
+// only: the host compiler of the .cc files that include this header has no <<<>>>.)
+#if defined(__CUDACC__)
+template <typename... Params, typename... Args>
+void LaunchMaybeEarly(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, bool early, Args&&... args) {
+#if CUDART_VERSION >= 12000
+  if (early) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    return;
+  }
+#endif
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+}
+#endif
 
 // For tests/bench mains: print the failing statement, file and line, then exit(1).
 #define DS_CUDA_CHECK(expr)                                                                   \

@@ -31,6 +31,8 @@ template <int DK, int kMinBlocks>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
   const GdnShape& d = a.shape;
   const int dvr = blockDim.x / NG;  // dv rounded up to a warp
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
@@ -337,9 +339,9 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
     const dim3 grid(a.shape.v_heads, a.n_seqs);
     const int threads = NG * WarpRound(a.shape.v_dim);
     if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
-      GdnDecodeKernel<DK, 2><<<grid, threads, 0, stream>>>(a);
+      LaunchMaybeEarly(GdnDecodeKernel<DK, 2>, grid, threads, 0, stream, a.early, a);
     else
-      GdnDecodeKernel<DK, 1><<<grid, threads, 0, stream>>>(a);
+      LaunchMaybeEarly(GdnDecodeKernel<DK, 1>, grid, threads, 0, stream, a.early, a);
   });
   return LastLaunchStatus("GdnDecode");
 }

@@ -56,6 +56,7 @@ struct GdnDecodeArgs {
   // to one launch per token (a wave) in order.
   const int32_t* run_first = nullptr;
   const int32_t* run_len = nullptr;
+  bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a
   const float* b = nullptr;        // [T, Hv]    W_beta·a

@@ -15,6 +15,8 @@ constexpr int kWarps = 4;  // 128 threads per block
 __global__ void QuantizeActKernel(const float* __restrict__ x, int n_blocks,
                                   int8_t* __restrict__ xq, float* __restrict__ xd,
                                   int32_t* __restrict__ xsum) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();      // the column kernel after it may start loading its weights
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (b >= n_blocks) return;
@@ -70,6 +72,8 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
   constexpr int NR = kPair ? 2 : R;
   constexpr int UB = UnitBytes(T);
   __shared__ float red[kWarps][NR][NC];
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   int si = 0;
 #pragma unroll
   for (int i = 1; i < kGemvMaxSegs; ++i)
@@ -213,18 +217,19 @@ void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
     end += CeilDiv(L.seg[i].M, pair ? 1 : R);
     L.blk_end[i] = end;
   }
-  if (pair) GemvUnitKernel<T, NC, true, R><<<end, kWarps * 32, 0, s>>>(L);
-  else GemvUnitKernel<T, NC, false, R><<<end, kWarps * 32, 0, s>>>(L);
+  const bool early = L.seg[0].early_launch;
+  if (pair) LaunchMaybeEarly(GemvUnitKernel<T, NC, true, R>, end, kWarps * 32, 0, s, early, L);
+  else LaunchMaybeEarly(GemvUnitKernel<T, NC, false, R>, end, kWarps * 32, 0, s, early, L);
 }
 
 }  // namespace
 
 absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, float* xd,
-                                 cudaStream_t stream, int32_t* xsum) {
+                                 cudaStream_t stream, int32_t* xsum, bool early) {
   if (K % 32 != 0) return absl::InvalidArgumentError(absl::StrCat("QuantizeActivations: K=", K, " not a multiple of 32"));
   const int nb = nc * (K / 32);
   if (nb == 0) return absl::OkStatus();
-  QuantizeActKernel<<<CeilDiv(nb, 8), 256, 0, stream>>>(x, nb, xq, xd, xsum);
+  LaunchMaybeEarly(QuantizeActKernel, CeilDiv(nb, 8), 256, 0, stream, early, x, nb, xq, xd, xsum);
   return LastLaunchStatus("QuantizeActKernel");
 }
 

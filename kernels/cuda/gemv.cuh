@@ -19,8 +19,9 @@ constexpr int kGemvMaxSegs = 4;
 
 // x: [nc, K] f32 -> xq: [nc, K] int8, xd: [nc, K/32] f32 scales. K % 32 == 0. With `xsum`
 // ([nc, K/16], 16-byte aligned) also the sum of each 16 consecutive xq (GemvArgs::xsum).
+// `early`: launched early (common.cuh, LaunchMaybeEarly; the decode steps on sm_90+).
 absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, float* xd,
-                                 cudaStream_t stream, int32_t* xsum = nullptr);
+                                 cudaStream_t stream, int32_t* xsum = nullptr, bool early = false);
 
 enum class GemvEpilogue {
   kStore,       // y = W x
@@ -43,6 +44,10 @@ struct GemvArgs {
   float* y = nullptr;          // y[c * ldy + r]
   int64_t ldy = 0;             // defaults to M when 0
   GemvEpilogue epilogue = GemvEpilogue::kStore;
+  // Launched early, while the kernel before it still runs (common.cuh, LaunchMaybeEarly; sm_90+):
+  // the tiled column kernel at 1..8 columns (each warp loads its first unit of weights before it
+  // waits for that kernel) and the unit GEMV (it waits first thing). Same arithmetic.
+  bool early_launch = false;
 };
 
 // True when Gemv can run this format (any K that is a multiple of the block size).

@@ -126,6 +126,15 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
       xs[j][e] = a.xd + static_cast<int64_t>(min(8 * j + 2 * q + e, nc - 1)) * kb + warp * 8;
   }
 
+  // Before the wait for the kernel ahead (a no-op unless launched early): only the weights, which
+  // no kernel writes; for single matrices the warp's first unit into registers.
+  constexpr bool kHoist = NT == 1;
+  constexpr bool kPrefetch = NT == 1 && !kPair;
+  TileUnit next;  // kPrefetch: the warp's next unit, loading while this one is multiplied
+  if constexpr (kPrefetch)
+    if (warp < nu) LoadTileUnit(next, wp[0], lane);
+  WaitForPrerequisiteGrids();
+
   float acc[P][NT][4];
 #pragma unroll
   for (int p = 0; p < P; ++p)
@@ -139,11 +148,6 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
   // for a single matrix, the weights of the warp's next unit (one unit in flight while this one
   // is multiplied). tiled_gemv_bench, H200: 8.78 -> ~7.7 ms per 27B step of decode matmuls; the
   // next-unit prefetch costs the gate/up pair 9% (kernels/cuda/README.md, "Tiled Q6_K").
-  constexpr bool kHoist = NT == 1;
-  constexpr bool kPrefetch = NT == 1 && !kPair;
-  TileUnit next;  // kPrefetch: the warp's next unit, loading while this one is multiplied
-  if constexpr (kPrefetch)
-    if (warp < nu) LoadTileUnit(next, wp[0], lane);
   for (int u = warp; u < nu; u += kWarps) {
     TileUnit tu[P];
     if constexpr (kPrefetch) {
@@ -256,6 +260,8 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
     }
   }
 
+  AllowDependentLaunch();  // the next kernel may be scheduled during the reduction below
+
 #pragma unroll
   for (int p = 0; p < P; ++p)
 #pragma unroll
@@ -328,15 +334,15 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     // tiled_gemv_bench, H200, 64 layers of the 27B at 1 column: 7.56 -> 7.33 ms with kOneCol,
     // 7.11 with the sums of ssm_out and ffn_down (29.6 -> 26.5 us, 13.0 -> 12.5 us). From 2
     // columns the sums cost more than they save (4 columns: 7.64 -> 8.45-8.57 ms).
-    const bool one = L.seg[0].nc == 1;
+    const bool one = L.seg[0].nc == 1, early = L.seg[0].early_launch;
     if (pair) {
-      if (one) TiledKernel<1, true, true, false><<<end, kWarps * 32, 0, s>>>(L);
-      else TiledKernel<1, true, false, false><<<end, kWarps * 32, 0, s>>>(L);
+      if (one) LaunchMaybeEarly(TiledKernel<1, true, true, false>, end, kWarps * 32, 0, s, early, L);
+      else LaunchMaybeEarly(TiledKernel<1, true, false, false>, end, kWarps * 32, 0, s, early, L);
     } else if (one) {
-      if (L.seg[0].xsum != nullptr) TiledKernel<1, false, true, true><<<end, kWarps * 32, 0, s>>>(L);
-      else TiledKernel<1, false, true, false><<<end, kWarps * 32, 0, s>>>(L);
+      if (L.seg[0].xsum != nullptr) LaunchMaybeEarly(TiledKernel<1, false, true, true>, end, kWarps * 32, 0, s, early, L);
+      else LaunchMaybeEarly(TiledKernel<1, false, true, false>, end, kWarps * 32, 0, s, early, L);
     } else {
-      TiledKernel<1, false, false, false><<<end, kWarps * 32, 0, s>>>(L);
+      LaunchMaybeEarly(TiledKernel<1, false, false, false>, end, kWarps * 32, 0, s, early, L);
     }
     return;
   }
@@ -432,6 +438,9 @@ absl::Status TiledGemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t strea
   TiledLaunch L{};
   for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
   L.n_segs = n_segs;
+  // Early launch: the 1..8-column kernels only (the decode and MTP steps, where a launch is a few
+  // tens of microseconds and its start a visible share of it).
+  if (b.nc > 8) L.seg[0].early_launch = false;
   if (b.nc <= 8) LaunchTiled<1>(L, stream);
   else if (b.nc <= 16) LaunchTiled<2>(L, stream);
   else if (b.nc <= 32) LaunchTiled<4>(L, stream);

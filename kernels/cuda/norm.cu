@@ -54,6 +54,8 @@ __global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restric
                                                           int8_t* __restrict__ xq,
                                                           float* __restrict__ xd, int n,
                                                           float eps) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();      // the column kernel after it may start loading its weights
   __shared__ float scratch[32];
   const int t = blockIdx.x, groups = n / 8;
   const int src = rows ? rows[t] : t;
@@ -117,13 +119,14 @@ bool WideOk(const void* x, int64_t ldx, const float* w, const float* out, int n)
 }  // namespace
 
 absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t* xq, float* xd,
-                             int T, int n, float eps, cudaStream_t stream) {
+                             int T, int n, float eps, cudaStream_t stream, bool early) {
   if (n % 32 != 0)
     return absl::InvalidArgumentError(absl::StrCat("RmsNormQuantize: n=", n, " not a multiple of 32"));
   if (T == 0) return absl::OkStatus();
   if (!WideOk(x, n, w, out, n) || reinterpret_cast<uintptr_t>(xq) % 8 != 0)
     return absl::InvalidArgumentError("RmsNormQuantize: x, w, out need 16-byte and xq 8-byte alignment");
-  RmsNormWideKernel<true><<<T, WideThreads(n), 0, stream>>>(x, n, nullptr, w, out, xq, xd, n, eps);
+  LaunchMaybeEarly(RmsNormWideKernel<true>, T, WideThreads(n), 0, stream, early, x, int64_t{n},
+                   static_cast<const int32_t*>(nullptr), w, out, xq, xd, n, eps);
   return LastLaunchStatus("RmsNormQuantize");
 }
 

@@ -16,8 +16,9 @@ absl::Status RmsNormRows(const float* x, int64_t ldx, const int32_t* rows, const
 // RMSNorm of contiguous rows x: [T, n] into out: [T, n] and, in the same pass, the int8 GEMV
 // activations of `out` (xq: [T, n], xd: [T, n/32], as QuantizeActivations). n % 32 == 0; x, w
 // and out 16-byte aligned, xq 8-byte aligned.
+// `early`: launched early (common.cuh, LaunchMaybeEarly; the decode steps on sm_90+).
 absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t* xq, float* xd,
-                             int T, int n, float eps, cudaStream_t stream);
+                             int T, int n, float eps, cudaStream_t stream, bool early = false);
 
 // RMSNorm of contiguous rows into out: [T, n] and the f16 activations of `out` for
 // TiledF16Multi (xh: [T, n], xs: [T]), bit for bit what HalfActivations makes of `out`.

@@ -495,5 +495,59 @@ TEST(GpuDenseWeights, AutoMakesCopiesAndChangesNoLogits) {
   EXPECT_EQ(RelDiff(dec_auto, dec_off), 0.0);
 }
 
+// Early launch of the decode kernels (CudaBackendOptions::early_launch, sm_90+): the column
+// kernel, the norm + quantizer, the quantizer and the GDN decode kernel start while the kernel
+// before them runs and wait for it before touching activations. Decode steps (one sequence, then
+// four: the 1- and 4-column forms, eager and replayed from their graphs) give the logits of
+// plain launches bit for bit.
+TEST(GpuEarlyLaunch, DecodeLogitsEqualPlainLaunches) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path has no tiled kernel";
+  const std::string path = Synth27BWidth("q6k_27b_width_4l_early.gguf", 4);
+  ASSERT_FALSE(path.empty());
+  BackendOptions bo;
+  bo.n_slots = 5;
+  bo.slot_ctx = 128;
+  auto run = [&](bool early, std::vector<std::vector<float>>* steps) {
+    CudaBackendOptions co;
+    co.early_launch = early;
+    auto be = cuda::CreateCudaBackendApi(path, bo, co);
+    ASSERT_TRUE(be.ok()) << be.status();
+    int32_t len[5] = {};
+    for (int s = 0; s < 5; ++s) {
+      SeqStep p;
+      p.slot = s;
+      for (int i = 0; i < 12 + s; ++i) p.tokens.push_back((i * 37 + s * 11) % 500 + 1);
+      len[s] = static_cast<int32_t>(p.tokens.size());
+      StepOutput out;
+      absl::Status st = (*be)->Forward({&p, 1}, StepOptions{}, &out);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    for (int it = 0; it < 6; ++it) {
+      // Steps 0-2: one sequence; 3-5: four at once. Later repetitions replay captured graphs.
+      const int n = it < 3 ? 1 : 4;
+      std::vector<SeqStep> dec(n);
+      for (int i = 0; i < n; ++i) {
+        dec[i].slot = i;
+        dec[i].pos0 = len[i]++;
+        dec[i].tokens = {(it * 53 + i * 7) % 900 + 2};
+      }
+      StepOutput out;
+      absl::Status st = (*be)->Forward(dec, StepOptions{}, &out);
+      ASSERT_TRUE(st.ok()) << st;
+      steps->push_back(std::move(out.logits));
+    }
+  };
+  std::vector<std::vector<float>> early, plain;
+  run(true, &early);
+  run(false, &plain);
+  std::filesystem::remove(path);
+  ASSERT_EQ(early.size(), plain.size());
+  for (size_t i = 0; i < early.size(); ++i) {
+    ASSERT_FALSE(early[i].empty());
+    EXPECT_EQ(RelDiff(early[i], plain[i]), 0.0) << "decode step " << i;
+  }
+}
+
 }  // namespace
 }  // namespace ds

@@ -35,6 +35,7 @@ struct BenchOptions {
   // GEMMs (CudaBackendOptions::overlap_allreduce); -1 = that option's default.
   int overlap = -1;
   int f16_min_cols = 0;  // --f16-min-cols N: CudaBackendOptions::f16_mma_min_cols (0: its default)
+  bool early_launch = true;  // --early-launch off: CudaBackendOptions::early_launch (A/B)
   int overlap_chunks = 0;                    // --overlap-chunks N (0: the option's default)
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU

@@ -363,6 +363,7 @@ class CudaDevice final : public Device {
   // Workspace (device), sized for max_step_tokens rows.
   int T_max_ = 0, max_k_ = 0, logit_rows_max_ = 64;
   bool tiled_ = false;       // copts_.tiled on a GPU that has the tiled kernel
+  bool early_launch_ = false;  // copts_.early_launch on sm_90+ with the tiled kernels
   int tiled_max_rows_ = 0;
   int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
   // The prepared step's arrays in d_ints_ (kernel arguments): per token row, then per decode run.

@@ -72,6 +72,12 @@ struct CudaBackendOptions {
   // batch_invariance_test's replay cases at 9 pass on the H200: docs/perf/h200.md).
   bool f16_mma = true;
   int f16_mma_min_cols = 9;
+  // The decode kernels launched early on sm_90+ (programmatic dependent launch, kernels/cuda/
+  // README.md "Early launch of the decode kernels"): the tiled column kernel (1..8 columns) may
+  // start while the norm, quantizer or GDN kernel before it runs and load its first weights, and
+  // those kernels start while the one before them finishes; each waits for its predecessor
+  // before touching activations. The same arithmetic (bit for bit).
+  bool early_launch = true;
   // Dense weights (issue #22, worker/model/dense_weights.h): every layer matrix also kept as a
   // 16-bit copy (bf16; f16 on the portable path), dequantized once at load, which the cuBLAS path
   // multiplies instead of dequantizing the quantized matrix into a scratch at every step. Costs 2

@@ -228,6 +228,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.conv_ring = L.ring;
   d.state = L.state;
   d.out = mix_out_;
+  d.early = early_launch_;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

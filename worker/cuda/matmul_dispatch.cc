@@ -72,7 +72,8 @@ absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
   // The 16-element sums serve only one-column launches (the tiled kernel's kSums): a single-row
   // activation; wider steps skip writing them.
   const bool sums = R == 1;
-  DS_RETURN_IF_ERROR(QuantizeActivations(x, R, K, xq_, xd_, stream_, sums ? xsum_ : nullptr));
+  DS_RETURN_IF_ERROR(
+      QuantizeActivations(x, R, K, xq_, xd_, stream_, sums ? xsum_ : nullptr, early_launch_));
   NoteQuantized(x, R, sums);
   return absl::OkStatus();
 }
@@ -123,6 +124,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
     }
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
+    a.early_launch = early_launch_;
     DS_RETURN_IF_ERROR(w.tiled ? TiledColumns(&a, 1, f16) : Gemv(a, stream_));
   }
   return absl::OkStatus();
@@ -446,6 +448,7 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
       }
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
+      a.early_launch = early_launch_;
     }
     DS_RETURN_IF_ERROR(m0.tiled ? TiledColumns(segs_args, n, f16) : GemvMulti(segs_args, n, stream_));
   }
@@ -463,7 +466,7 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
     return absl::OkStatus();
   }
   if (R <= QuantRows() && H % 32 == 0) {
-    DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_));
+    DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_, early_launch_));
     NoteQuantized(a_, R, /*sums=*/false);
     return absl::OkStatus();
   }
