@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(kThreads, 4)  // 4 blocks per SM: no spill at 
     ArgmaxSplitKernel(const float* __restrict__ logits, int64_t ld, int n, int parts,
                       float* __restrict__ pv, int32_t* __restrict__ pi, uint32_t* tickets,
                       int32_t* __restrict__ out) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   const int row = blockIdx.y, part = blockIdx.x;
   const float* x = logits + static_cast<int64_t>(row) * ld;
   // Slices are multiples of 4 logits, so a slice of an aligned row starts 16-byte aligned.
@@ -90,12 +92,13 @@ __global__ void __launch_bounds__(kThreads, 4)  // 4 blocks per SM: no spill at 
 }  // namespace
 
 absl::Status ArgmaxSplitRows(const float* logits, int64_t ld, int rows, int n,
-                             const ArgmaxScratch& s, int32_t* out, cudaStream_t stream) {
+                             const ArgmaxScratch& s, int32_t* out, cudaStream_t stream,
+                             bool early) {
   if (rows == 0) return absl::OkStatus();
   if (rows < 0 || rows > s.max_rows || n < 0)
     return absl::InvalidArgumentError("ArgmaxSplitRows: rows outside the scratch, or n < 0");
-  ArgmaxSplitKernel<<<dim3(kArgmaxParts, rows), kThreads, 0, stream>>>(
-      logits, ld, n, kArgmaxParts, s.value, s.index, s.tickets, out);
+  LaunchMaybeEarly(ArgmaxSplitKernel, dim3(kArgmaxParts, rows), kThreads, 0, stream, early, logits,
+                   ld, n, int{kArgmaxParts}, s.value, s.index, s.tickets, out);
   return LastLaunchStatus("ArgmaxSplitRows");
 }
 

@@ -32,7 +32,9 @@ struct ArgmaxScratch {
 
 // out[r] = the greedy token of logits[r * ld + j], j < n (see the top of the file), r < rows <=
 // s.max_rows. Launches that share `s` must be ordered (one stream).
+// `early`: launched early (common.cuh, LaunchMaybeEarly; the decode steps on sm_90+).
 absl::Status ArgmaxSplitRows(const float* logits, int64_t ld, int rows, int n,
-                             const ArgmaxScratch& s, int32_t* out, cudaStream_t stream);
+                             const ArgmaxScratch& s, int32_t* out, cudaStream_t stream,
+                             bool early = false);
 
 }  // namespace ds::cuda

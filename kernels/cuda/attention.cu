@@ -134,6 +134,8 @@ __device__ __forceinline__ void LoadKvLane(const uint8_t* row, int lane, float (
 // of the 27B on the H200, ncu 2026-12-03; the per-head arithmetic is unchanged, bit for bit.)
 constexpr int kPrepWarps = 4;
 __global__ void __launch_bounds__(kPrepWarps * 32) QkvPrepKernel(const QkvPrepArgs a) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   extern __shared__ float smem[];  // [n_rot/2] cos, [n_rot/2] sin, [kPrepWarps][hd] head staging
   const AttnShape& s = a.shape;
   const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -377,6 +379,8 @@ void LaunchAttnDecodeHd(const AttnDecodeArgs& a, dim3 grid, cudaStream_t stream)
 
 // Grid (n_head, n_seqs), hd threads: merge the partials and apply the sigmoid output gate.
 __global__ void AttnCombineKernel(const AttnDecodeArgs a) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   const AttnShape& s = a.shape;
   const int h = blockIdx.x, i = blockIdx.y, j = threadIdx.x, hd = s.hd;
   const float* p = a.partials + (static_cast<int64_t>(i) * s.n_head + h) * a.n_splits * (hd + 2);
@@ -462,7 +466,8 @@ absl::Status QkvPrep(const QkvPrepArgs& a, cudaStream_t stream) {
   if (a.T == 0) return absl::OkStatus();
   const int heads = a.shape.n_head + 2 * a.shape.n_kv;
   const size_t smem = sizeof(float) * (a.shape.n_rot + kPrepWarps * a.shape.hd);
-  QkvPrepKernel<<<dim3(a.T, CeilDiv(heads, kPrepWarps)), kPrepWarps * 32, smem, stream>>>(a);
+  LaunchMaybeEarly(QkvPrepKernel, dim3(a.T, CeilDiv(heads, kPrepWarps)), kPrepWarps * 32, smem,
+                   stream, a.early, a);
   return LastLaunchStatus("QkvPrep");
 }
 
@@ -493,7 +498,8 @@ absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream) {
     }
   }
   DS_RETURN_IF_ERROR(LastLaunchStatus("AttnDecode"));
-  AttnCombineKernel<<<dim3(s.n_head, a.n_seqs), s.hd, 0, stream>>>(a);  // hd >= 32: whole warps
+  // hd >= 32: whole warps
+  LaunchMaybeEarly(AttnCombineKernel, dim3(s.n_head, a.n_seqs), s.hd, 0, stream, a.early, a);
   return LastLaunchStatus("AttnCombine");
 }
 

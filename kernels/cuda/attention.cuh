@@ -56,6 +56,7 @@ struct QkvPrepArgs {
   float* q_out = nullptr;             // [T, n_head*hd]
   uint16_t* q16 = nullptr;            // [T, n_head*hd] f16, may be null
   KvCacheView kv;
+  bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
 };
 absl::Status QkvPrep(const QkvPrepArgs& a, cudaStream_t stream);
 
@@ -78,6 +79,7 @@ struct AttnDecodeArgs {
   // the f32 SIMT one: P and K are rounded to f16 (~1e-4..1e-3 relative), ~10x fewer instructions
   // per token, which is what bounds decode at long contexts.
   bool tensor_cores = false;
+  bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
 };
 int64_t AttnDecodePartialFloats(const AttnShape& s, int n_seqs, int n_splits);
 absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream);

@@ -176,6 +176,8 @@ struct MmaSmem {
 // merges its warps and writes one partial per head and split, as the SIMT kernel does.
 template <int NB, GgmlType KT>  // NB = hd / 32 blocks of 32 dims
 __global__ void __launch_bounds__(kMmaWarps * 32, 3) AttnDecodeMmaKernel(const AttnDecodeArgs a) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   using Smem = MmaSmem<NB, KT>;
   extern __shared__ __align__(16) uint8_t smem[];
   const AttnShape& s = a.shape;
@@ -402,7 +404,7 @@ void Launch(const AttnDecodeArgs& a, dim3 grid, cudaStream_t stream) {
                                                    kBytes) == cudaSuccess;
     (void)opted;
   }
-  AttnDecodeMmaKernel<NB, KT><<<grid, kMmaWarps * 32, kBytes, stream>>>(a);
+  LaunchMaybeEarly(AttnDecodeMmaKernel<NB, KT>, grid, kMmaWarps * 32, kBytes, stream, a.early, a);
 }
 
 template <GgmlType KT>

@@ -218,8 +218,10 @@ void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
     L.blk_end[i] = end;
   }
   const bool early = L.seg[0].early_launch;
-  if (pair) LaunchMaybeEarly(GemvUnitKernel<T, NC, true, R>, end, kWarps * 32, 0, s, early, L);
-  else LaunchMaybeEarly(GemvUnitKernel<T, NC, false, R>, end, kWarps * 32, 0, s, early, L);
+  if (pair)
+    LaunchMaybeEarly(GemvUnitKernel<T, NC, true, R>, end, kWarps * 32, 0, s, early, L);
+  else
+    LaunchMaybeEarly(GemvUnitKernel<T, NC, false, R>, end, kWarps * 32, 0, s, early, L);
 }
 
 }  // namespace

@@ -336,11 +336,15 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     // columns the sums cost more than they save (4 columns: 7.64 -> 8.45-8.57 ms).
     const bool one = L.seg[0].nc == 1, early = L.seg[0].early_launch;
     if (pair) {
-      if (one) LaunchMaybeEarly(TiledKernel<1, true, true, false>, end, kWarps * 32, 0, s, early, L);
-      else LaunchMaybeEarly(TiledKernel<1, true, false, false>, end, kWarps * 32, 0, s, early, L);
+      if (one)
+        LaunchMaybeEarly(TiledKernel<1, true, true, false>, end, kWarps * 32, 0, s, early, L);
+      else
+        LaunchMaybeEarly(TiledKernel<1, true, false, false>, end, kWarps * 32, 0, s, early, L);
     } else if (one) {
-      if (L.seg[0].xsum != nullptr) LaunchMaybeEarly(TiledKernel<1, false, true, true>, end, kWarps * 32, 0, s, early, L);
-      else LaunchMaybeEarly(TiledKernel<1, false, true, false>, end, kWarps * 32, 0, s, early, L);
+      if (L.seg[0].xsum != nullptr)
+        LaunchMaybeEarly(TiledKernel<1, false, true, true>, end, kWarps * 32, 0, s, early, L);
+      else
+        LaunchMaybeEarly(TiledKernel<1, false, true, false>, end, kWarps * 32, 0, s, early, L);
     } else {
       LaunchMaybeEarly(TiledKernel<1, false, false, false>, end, kWarps * 32, 0, s, early, L);
     }

@@ -26,6 +26,8 @@ __device__ inline Query ResolveQuery(const MaskedAttnArgs& a) {
 
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32) MaskedAttnPartialKernel(const MaskedAttnArgs a) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   constexpr int E = HD / 32;  // elements per lane
   const int h = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const AttnShape& s = a.shape;
@@ -92,6 +94,8 @@ __global__ void __launch_bounds__(kWarps * 32) MaskedAttnPartialKernel(const Mas
 
 // One block per head, one thread per output dimension.
 __global__ void MaskedAttnCombineKernel(const MaskedAttnArgs a) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   const int h = blockIdx.x, d = threadIdx.x, hd = a.shape.hd;
   if (d >= hd) return;
   // Partials lie at the launched split pitch; the query's own split count is merged.
@@ -113,6 +117,8 @@ __global__ void MaskedAttnCombineKernel(const MaskedAttnArgs a) {
 }
 
 __global__ void MtpMaskUpdateKernel(uint8_t* valid, int64_t ld, const int32_t* args) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   const int slot = args[0], pos0 = args[1], n = args[2], old_len = args[3];
   uint8_t* row = valid + slot * ld;
   const int end = max(pos0 + n, old_len);
@@ -122,9 +128,10 @@ __global__ void MtpMaskUpdateKernel(uint8_t* valid, int64_t ld, const int32_t* a
 
 }  // namespace
 
-absl::Status MtpMaskUpdate(uint8_t* valid, int64_t ld, const int32_t* args, cudaStream_t stream) {
+absl::Status MtpMaskUpdate(uint8_t* valid, int64_t ld, const int32_t* args, cudaStream_t stream,
+                           bool early) {
   if (!valid || !args || ld < 1) return absl::InvalidArgumentError("MtpMaskUpdate: bad arguments");
-  MtpMaskUpdateKernel<<<1, 256, 0, stream>>>(valid, ld, args);
+  LaunchMaybeEarly(MtpMaskUpdateKernel, 1, 256, 0, stream, early, valid, ld, args);
   return LastLaunchStatus("MTP mask update");
 }
 
@@ -141,15 +148,23 @@ absl::Status MaskedAttnDecode(const MaskedAttnArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError("MaskedAttnDecode: bad shape or arguments");
   const dim3 grid(s.n_head, a.n_splits);
   switch (s.hd) {
-    case 32: MaskedAttnPartialKernel<32><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 64: MaskedAttnPartialKernel<64><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 128: MaskedAttnPartialKernel<128><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 256: MaskedAttnPartialKernel<256><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    case 32:
+      LaunchMaybeEarly(MaskedAttnPartialKernel<32>, grid, kWarps * 32, 0, stream, a.early, a);
+      break;
+    case 64:
+      LaunchMaybeEarly(MaskedAttnPartialKernel<64>, grid, kWarps * 32, 0, stream, a.early, a);
+      break;
+    case 128:
+      LaunchMaybeEarly(MaskedAttnPartialKernel<128>, grid, kWarps * 32, 0, stream, a.early, a);
+      break;
+    case 256:
+      LaunchMaybeEarly(MaskedAttnPartialKernel<256>, grid, kWarps * 32, 0, stream, a.early, a);
+      break;
     default:
       return absl::UnimplementedError("MaskedAttnDecode: head_dim not in {32, 64, 128, 256}");
   }
   DS_RETURN_IF_ERROR(LastLaunchStatus("masked attention partials"));
-  MaskedAttnCombineKernel<<<s.n_head, (s.hd + 31) / 32 * 32, 0, stream>>>(a);
+  LaunchMaybeEarly(MaskedAttnCombineKernel, s.n_head, (s.hd + 31) / 32 * 32, 0, stream, a.early, a);
   return LastLaunchStatus("masked attention combine");
 }
 

@@ -32,6 +32,7 @@ struct MaskedAttnArgs {
   int n_splits = 1;              // position ranges per head (MaskedAttnSplits)
   float* partials = nullptr;     // [n_head, n_splits, hd + 2] scratch
   float* out = nullptr;          // [n_head * hd]
+  bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
 };
 // Splits for a query at `pos` (at least 128 positions each, at most max_splits).
 __host__ __device__ inline int MaskedAttnSplits(int pos, int max_splits) {
@@ -47,6 +48,7 @@ absl::Status MaskedAttnDecode(const MaskedAttnArgs& a, cudaStream_t stream);
 // every row past it, i.e. rejected drafts): valid[slot * ld + j] = 1 for j in [pos0, pos0 + n),
 // 0 for j in [pos0 + n, old_len). args (device, 4 ints): slot, pos0, n, old_len — on the device
 // so that a captured draft chain replays with other slots and positions. One block.
-absl::Status MtpMaskUpdate(uint8_t* valid, int64_t ld, const int32_t* args, cudaStream_t stream);
+absl::Status MtpMaskUpdate(uint8_t* valid, int64_t ld, const int32_t* args, cudaStream_t stream,
+                           bool early = false);  // early: common.cuh, LaunchMaybeEarly
 
 }  // namespace ds::cuda

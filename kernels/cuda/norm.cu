@@ -14,6 +14,8 @@ __global__ void __launch_bounds__(256) RmsNormKernel(const float* __restrict__ x
                                                      const int32_t* __restrict__ rows,
                                                      const float* __restrict__ w,
                                                      float* __restrict__ out, int n, float eps) {
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   __shared__ float scratch[32];
   const int t = blockIdx.x;
   const int src = rows ? rows[t] : t;
@@ -141,12 +143,13 @@ absl::Status RmsNormHalf(const float* x, const float* w, float* out, uint16_t* x
 }
 
 absl::Status RmsNormRows(const float* x, int64_t ldx, const int32_t* rows, const float* w,
-                         float* out, int T, int n, float eps, cudaStream_t stream) {
+                         float* out, int T, int n, float eps, cudaStream_t stream, bool early) {
   if (T == 0) return absl::OkStatus();
   if (WideOk(x, ldx, w, out, n))
-    RmsNormWideKernel<false><<<T, WideThreads(n), 0, stream>>>(x, ldx, rows, w, out, nullptr, nullptr, n, eps);
+    LaunchMaybeEarly(RmsNormWideKernel<false>, T, WideThreads(n), 0, stream, early, x, ldx, rows, w,
+                     out, static_cast<int8_t*>(nullptr), static_cast<float*>(nullptr), n, eps);
   else
-    RmsNormKernel<<<T, 256, 0, stream>>>(x, ldx, rows, w, out, n, eps);
+    LaunchMaybeEarly(RmsNormKernel, T, 256, 0, stream, early, x, ldx, rows, w, out, n, eps);
   return LastLaunchStatus("RmsNormRows");
 }
 

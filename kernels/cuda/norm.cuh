@@ -10,8 +10,10 @@ namespace ds::cuda {
 
 // x: [T, n] rows at row stride ldx (elements); optional `rows` [T] (device) picks input row
 // rows[t] for output row t (used to norm only the rows that need logits). w: [n]; out: [T, n].
+// `early`: launched early (common.cuh, LaunchMaybeEarly; the decode steps on sm_90+).
 absl::Status RmsNormRows(const float* x, int64_t ldx, const int32_t* rows, const float* w,
-                         float* out, int T, int n, float eps, cudaStream_t stream);
+                         float* out, int T, int n, float eps, cudaStream_t stream,
+                         bool early = false);
 
 // RMSNorm of contiguous rows x: [T, n] into out: [T, n] and, in the same pass, the int8 GEMV
 // activations of `out` (xq: [T, n], xd: [T, n/32], as QuantizeActivations). n % 32 == 0; x, w

@@ -688,7 +688,8 @@ int BenchMain(int argc, char** argv) {
       const std::string v = next();
       const auto d = DenseWeightsFromName(v);
       if (!d) {
-        std::fprintf(stderr, "bench: --dense-weights expects on, off or auto, got '%s'\n", v.c_str());
+        std::fprintf(stderr, "bench: --dense-weights expects on, off or auto, got '%s'\n",
+                     v.c_str());
         return 2;
       }
       o.dense = *d;

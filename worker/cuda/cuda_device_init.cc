@@ -215,7 +215,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                                                    std::string(GgmlInfo(w->type).name),
                                                    " which the CUDA kernels do not support"));
     plan_.weights += AlignUp(mat_bytes(w));
-    if (dense_mats.contains(w)) dense_bytes += AlignUp(static_cast<uint64_t>(w->rows) * w->cols * 2);
+    if (dense_mats.contains(w))
+      dense_bytes += AlignUp(static_cast<uint64_t>(w->rows) * w->cols * 2);
     if (tile_it(w))
       staging_bytes = std::max<uint64_t>(staging_bytes, std::min<uint64_t>(GgmlRowBytes(w->type, w->cols) * w->rows, 64ull << 20) + GgmlRowBytes(w->type, w->cols) * kTiledRows);
     max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));

@@ -306,6 +306,7 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
   pa.q_out = q_;
   pa.q16 = prefill_.empty() ? nullptr : q16_;
   pa.kv = kv;
+  pa.early = early_launch_;
   DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
   if (n_dec_ > 0) {
     AttnDecodeArgs a;
@@ -321,6 +322,7 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
     a.partials = partials_;
     a.out = mix_out_;
     a.tensor_cores = attn_tensor_cores_;
+    a.early = early_launch_;
     DS_RETURN_IF_ERROR(AttnDecode(a, stream_));
   }
   const int64_t ow = static_cast<int64_t>(s.n_head) * s.hd, qgw = 2 * ow;
@@ -469,7 +471,7 @@ absl::Status CudaDevice::Head() {
   if (n_logit_rows_ == 0) return absl::OkStatus();
   ProfBegin("lm_head");
   DS_RETURN_IF_ERROR(RmsNormRows(h_, cfg_.n_embd, d_logit_rows_, output_norm_, hn_, n_logit_rows_,
-                                 cfg_.n_embd, cfg_.rms_eps, stream_));
+                                 cfg_.n_embd, cfg_.rms_eps, stream_, early_launch_));
   InvalidateX();
   // Under TP with the lm_head on rank 0 only, the other ranks hold no rows of it.
   if (n_vocab_local_ > 0)

@@ -466,11 +466,12 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
     return absl::OkStatus();
   }
   if (R <= QuantRows() && H % 32 == 0) {
-    DS_RETURN_IF_ERROR(RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_, early_launch_));
+    DS_RETURN_IF_ERROR(
+        RmsNormQuantize(h_, w, a_, xq_, xd_, R, H, cfg_.rms_eps, stream_, early_launch_));
     NoteQuantized(a_, R, /*sums=*/false);
     return absl::OkStatus();
   }
-  return RmsNormRows(h_, H, nullptr, w, a_, R, H, cfg_.rms_eps, stream_);
+  return RmsNormRows(h_, H, nullptr, w, a_, R, H, cfg_.rms_eps, stream_, early_launch_);
 }
 
 absl::Status CudaDevice::LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R,

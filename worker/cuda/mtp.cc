@@ -94,12 +94,16 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   if (coll_ && tp_world_ > 1)
     DS_RETURN_IF_ERROR(coll_->AllReduceSumOnStream(mtp_a_, static_cast<size_t>(r) * H, stream_));
   if (r == 1) {
-    DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_));
-    DS_RETURN_IF_ERROR(RmsNormRows(hid, H, hid_rows, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_));
+    DS_RETURN_IF_ERROR(
+        RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_cat_, 1, H, eps, stream_, early_launch_));
+    DS_RETURN_IF_ERROR(
+        RmsNormRows(hid, H, hid_rows, mtp_hnorm_, mtp_cat_ + H, 1, H, eps, stream_, early_launch_));
   } else {  // the norms write contiguous rows: each half goes into cat's rows by a 2-D copy
-    DS_RETURN_IF_ERROR(RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_b_, r, H, eps, stream_));
+    DS_RETURN_IF_ERROR(
+        RmsNormRows(mtp_a_, H, nullptr, mtp_enorm_, mtp_b_, r, H, eps, stream_, early_launch_));
     DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_, 2 * H, mtp_b_, H, H, r));
-    DS_RETURN_IF_ERROR(RmsNormRows(hid, H, hid_rows, mtp_hnorm_, mtp_b_, r, H, eps, stream_));
+    DS_RETURN_IF_ERROR(
+        RmsNormRows(hid, H, hid_rows, mtp_hnorm_, mtp_b_, r, H, eps, stream_, early_launch_));
     DS_RETURN_IF_ERROR(CopyColumns(mtp_cat_ + H, 2 * H, mtp_b_, H, H, r));
   }
   DS_RETURN_IF_ERROR(LinearRows(mtp_eh_, mtp_cat_, r, mtp_u_, false));
@@ -113,7 +117,8 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
     DS_RETURN_IF_ERROR(MtpReduceResidual(u, /*contributes=*/false));
     return MtpTail(u);
   }
-  DS_RETURN_IF_ERROR(RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, r, H, eps, stream_));
+  DS_RETURN_IF_ERROR(
+      RmsNormRows(mtp_u_, H, nullptr, L.attn_norm, mtp_a_, r, H, eps, stream_, early_launch_));
   InvalidateX();
   // A one-row pass with its query (every draft after the first): q, k and v in one launch, as
   // the trunk's attention layers do (ncu, 27B on the H200: 23 us instead of 22 + 9 + 8).
@@ -140,6 +145,7 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
     QkvPrepArgs ka = pa;
     ka.shape.n_head = 0;
     ka.T = kv_only;
+    ka.early = early_launch_;
     DS_RETURN_IF_ERROR(QkvPrep(ka, stream_));
   }
   if (!last) return absl::OkStatus();
@@ -153,6 +159,7 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   pa.v = mtp_v_ + i * kvw;
   pa.qg = mtp_qg_;
   pa.q_out = mtp_q_;
+  pa.early = early_launch_;
   DS_RETURN_IF_ERROR(QkvPrep(pa, stream_));
 
   // u += GatedAttention(attn_norm(u)) over the slot's valid MTP rows [0, pos].
@@ -168,6 +175,7 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   ma.n_splits = MtpAttnSplits();
   ma.partials = mtp_parts_;
   ma.out = mtp_o_;
+  ma.early = early_launch_;
   DS_RETURN_IF_ERROR(MaskedAttnDecode(ma, stream_));
   InvalidateX();
   // Row-parallel attn_output under TP: the ResidualOnThisRank rule of the trunk (rank 0 adds
@@ -192,7 +200,8 @@ absl::Status CudaDevice::MtpTail(float* u) {
   const DLayer& L = mtp_layer_;
   const int n_ff = L.ffn_gate.rows;
   if (n_ff > 0) {
-    DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_));
+    DS_RETURN_IF_ERROR(
+        RmsNormRows(u, H, nullptr, L.post_norm, mtp_a_, 1, H, eps, stream_, early_launch_));
     InvalidateX();
     const DMat& g = L.ffn_gate;
     const DMat& up = L.ffn_up;
@@ -209,7 +218,8 @@ absl::Status CudaDevice::MtpTail(float* u) {
   }
   DS_RETURN_IF_ERROR(MtpReduceResidual(u, /*contributes=*/n_ff > 0));
 
-  DS_RETURN_IF_ERROR(RmsNormRows(u, H, nullptr, mtp_norm_, mtp_hid_, 1, H, eps, stream_));
+  DS_RETURN_IF_ERROR(
+      RmsNormRows(u, H, nullptr, mtp_norm_, mtp_hid_, 1, H, eps, stream_, early_launch_));
   InvalidateX();
   DS_RETURN_IF_ERROR(
       LinearRows(mtp_head_, mtp_hid_, 1, VocabParallel() ? logits_part_ : mtp_logits_, false));
@@ -272,7 +282,8 @@ absl::Status CudaDevice::MtpRows(int slot, int32_t pos0, std::span<const int32_t
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_u_, h_in, static_cast<size_t>(r) * H * sizeof(float),
                                             cudaMemcpyHostToDevice, stream_));
     if (c0 == 0)
-      DS_RETURN_IF_ERROR(MtpMaskUpdate(mtp_valid_, slot_ctx_, mtp_ints_ + MtpMaskArgs(), stream_));
+      DS_RETURN_IF_ERROR(
+          MtpMaskUpdate(mtp_valid_, slot_ctx_, mtp_ints_ + MtpMaskArgs(), stream_, early_launch_));
     // (The pass reads the hidden rows from mtp_u_ before its eh_proj overwrites them.)
     DS_RETURN_IF_ERROR(MtpPass(mtp_ints_, mtp_ints_ + R, mtp_ints_ + 2 * R, r, c0 + r == n,
                                mtp_u_, nullptr));
@@ -319,20 +330,22 @@ absl::Status CudaDevice::MtpFill(const RowRun& run, int32_t next) {
   mtp_len_[run.slot] = run.pos0 + n;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h_blk, MtpBlockInts() * sizeof(int32_t),
                                           cudaMemcpyHostToDevice, stream_));
-  DS_RETURN_IF_ERROR(MtpMaskUpdate(mtp_valid_, slot_ctx_, mtp_ints_ + MtpMaskArgs(), stream_));
+  DS_RETURN_IF_ERROR(
+      MtpMaskUpdate(mtp_valid_, slot_ctx_, mtp_ints_ + MtpMaskArgs(), stream_, early_launch_));
   // Rows whose next token is the next row's id: ids, slots and positions where Prepare put them.
   const int in_run = std::min(n, run.n - 1);
   for (int c0 = 0, r = 0; c0 < in_run; c0 += r) {
     r = std::min(R, in_run - c0);
     const int row = run.row0 + c0;
     DS_RETURN_IF_ERROR(RmsNormRows(h_ + static_cast<int64_t>(row) * H, H, nullptr, output_norm_,
-                                   mtp_u_, r, H, cfg_.rms_eps, stream_));
+                                   mtp_u_, r, H, cfg_.rms_eps, stream_, early_launch_));
     DS_RETURN_IF_ERROR(MtpPass(d_ints_ + row + 1, TokenSlots() + row, TokenPositions() + row, r,
                                /*last=*/false, mtp_u_, nullptr));
   }
   if (next >= 0) {  // the run's last row, with the caller's token
     DS_RETURN_IF_ERROR(RmsNormRows(h_ + static_cast<int64_t>(run.row0 + run.n - 1) * H, H, nullptr,
-                                   output_norm_, mtp_u_, 1, H, cfg_.rms_eps, stream_));
+                                   output_norm_, mtp_u_, 1, H, cfg_.rms_eps, stream_,
+                                   early_launch_));
     DS_RETURN_IF_ERROR(
         MtpPass(mtp_ints_, mtp_ints_ + R, mtp_ints_ + 2 * R, 1, /*last=*/false, mtp_u_, nullptr));
   }
@@ -386,13 +399,14 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   auto chain = [&]() -> absl::Status {
     for (int j = 0; j < passes; ++j) {
       const int32_t* blk = mtp_ints_ + static_cast<size_t>(j) * B;
-      DS_RETURN_IF_ERROR(MtpMaskUpdate(mtp_valid_, slot_ctx_, blk + MtpMaskArgs(), stream_));
+      DS_RETURN_IF_ERROR(
+          MtpMaskUpdate(mtp_valid_, slot_ctx_, blk + MtpMaskArgs(), stream_, early_launch_));
       DS_RETURN_IF_ERROR(MtpPass(j == 0 ? blk : d_drafts + j - 1, blk + R, blk + 2 * R,
                                  j == 0 ? n : 1, n_drafts > 0, j == 0 ? hn_ : mtp_hid_,
                                  j == 0 ? d_rows : nullptr));
       if (n_drafts > 0)
         DS_RETURN_IF_ERROR(ArgmaxSplitRows(mtp_logits_, cfg_.n_vocab, 1, cfg_.n_vocab,
-                                           argmax_scratch_, d_drafts + j, stream_));
+                                           argmax_scratch_, d_drafts + j, stream_, early_launch_));
     }
     return absl::OkStatus();
   };

@@ -36,8 +36,8 @@ absl::Status CudaDevice::ReadHidden(int n, float* dst) {
 
 absl::Status CudaDevice::Argmax(int n, int32_t* tokens) {
   ProfBegin("sample");
-  DS_RETURN_IF_ERROR(
-      ArgmaxSplitRows(logits_, cfg_.n_vocab, n, cfg_.n_vocab, argmax_scratch_, d_argmax_, stream_));
+  DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, n, cfg_.n_vocab, argmax_scratch_,
+                                     d_argmax_, stream_, early_launch_));
   ProfEnd();
   DS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(tokens, d_argmax_, n * 4ull, cudaMemcpyDeviceToHost, stream_));
@@ -78,7 +78,7 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
   if (plain_greedy) {
     ProfBegin("sample");
     DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, argmax_scratch_,
-                                       sample_.tokens, stream_));
+                                       sample_.tokens, stream_, early_launch_));
     ProfEnd();
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, sample_.tokens, nl * sizeof(int32_t),
                                             cudaMemcpyDeviceToHost, stream_));

@@ -441,7 +441,8 @@ class Session {
                     {"total_gib", mf.total() * gib},
                     {"prefix_cache_reserved_gib", mf.cache_reserved * gib}, {"slots", n_usable},
                     {"slot_ctx", cf.slot_ctx()}, {"memory_fraction", o_.memory_fraction},
-                    {"dense_copies_gib", mf.dense_copies * gib}, {"dense_weights", mf.dense_choice}});
+                    {"dense_copies_gib", mf.dense_copies * gib},
+                    {"dense_weights", mf.dense_choice}});
           }
           sd::NotifyStatus("warming up");
           break;
