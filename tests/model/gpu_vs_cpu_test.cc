@@ -392,19 +392,18 @@ TEST(GpuTiledQ6K, PrefillTiledMatchesRawLayout) {
   EXPECT_LT(rel, 1e-5);
 }
 
-// Dense weights (CudaBackendOptions::dense_weights, issue #22): the GEMM path multiplies the
-// 16-bit copies made at load instead of dequantizing per step, the same bf16 values and the same
-// cuBLAS product. On the 27B-width model above: a prefill of 64 tokens and a step of 40 one-token
-// sequences (batched decode past 32 rows) against the same steps with dequantization (MMQ off,
-// so that those 40 decode rows take the GEMM as well): logits within 1e-6 (the same numbers).
-TEST(GpuDenseWeights, GemmStepsMatchDequantization) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path is covered by the bf16 one";
-  const std::string path = Synth27BWidth("q6k_27b_width_4l_dense.gguf", 4);
-  ASSERT_FALSE(path.empty());
+// The dense-weights cases below: on a 27B-width file of 4 layers, a prefill of `prefill_len`
+// tokens in slot 0 (all logits) and then one decode step of 40 one-token sequences in slots
+// 1..40, with the CUDA options given; their logits and the backend's memory plan.
+struct DenseCase {
+  std::vector<float> prefill, decode;
+  CudaMemoryPlan plan;
+};
+void RunDenseCase(const std::string& path, int prefill_len, const CudaBackendOptions& co,
+                  DenseCase* out) {
   BackendOptions bo;
   bo.n_slots = 41;
-  bo.slot_ctx = 128;
+  bo.slot_ctx = 256;
   std::vector<SeqStep> decode(40);
   for (int i = 0; i < 40; ++i) {
     decode[i].slot = i + 1;
@@ -412,29 +411,43 @@ TEST(GpuDenseWeights, GemmStepsMatchDequantization) {
   }
   SeqStep prefill;
   prefill.all_logits = true;
-  for (int i = 0; i < 64; ++i) prefill.tokens.push_back((i * 37) % 500 + 1);
-  auto run = [&](bool dense, std::vector<float>* pre, std::vector<float>* dec) {
-    CudaBackendOptions co;
-    co.dense_weights = dense ? DenseWeights::kOn : DenseWeights::kOff;
-    co.int8_mmq = dense;  // off (both): the 40 decode rows take dequantization + cuBLAS too
-    co.f16_mma = dense;
-    auto be = cuda::CreateCudaBackendApi(path, bo, co);
-    ASSERT_TRUE(be.ok()) << be.status();
-    StepOutput out;
-    absl::Status st = (*be)->Forward({&prefill, 1}, StepOptions{}, &out);
-    ASSERT_TRUE(st.ok()) << st;
-    *pre = std::move(out.logits);
-    st = (*be)->Forward(decode, StepOptions{}, &out);
-    ASSERT_TRUE(st.ok()) << st;
-    *dec = std::move(out.logits);
-  };
-  std::vector<float> pre_dense, dec_dense, pre_plain, dec_plain;
-  run(true, &pre_dense, &dec_dense);
-  run(false, &pre_plain, &dec_plain);
+  for (int i = 0; i < prefill_len; ++i) prefill.tokens.push_back((i * 37) % 500 + 1);
+  auto be = cuda::CreateCudaBackendApi(path, bo, co);
+  ASSERT_TRUE(be.ok()) << be.status();
+  out->plan = (*be)->memory_plan();
+  StepOutput step;
+  absl::Status st = (*be)->Forward({&prefill, 1}, StepOptions{}, &step);
+  ASSERT_TRUE(st.ok()) << st;
+  out->prefill = std::move(step.logits);
+  st = (*be)->Forward(decode, StepOptions{}, &step);
+  ASSERT_TRUE(st.ok()) << st;
+  out->decode = std::move(step.logits);
+  ASSERT_FALSE(out->prefill.empty());
+  ASSERT_FALSE(out->decode.empty());
+}
+
+// Dense weights (CudaBackendOptions::dense_weights, issue #22): the GEMM path multiplies the
+// 16-bit copies made at load instead of dequantizing per step, the same bf16 values and the same
+// cuBLAS product. On the 27B-width model above: a prefill of 64 tokens and a step of 40 one-token
+// sequences (batched decode past 32 rows) against the same steps with dequantization (MMQ and
+// the f16 kernel off, so that those 40 decode rows take the GEMM as well): logits within 1e-6
+// (the same numbers).
+TEST(GpuDenseWeights, GemmStepsMatchDequantization) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path is covered by the bf16 one";
+  const std::string path = Synth27BWidth("q6k_27b_width_4l_dense.gguf", 4);
+  ASSERT_FALSE(path.empty());
+  DenseCase dense, plain;
+  CudaBackendOptions co;
+  co.dense_weights = DenseWeights::kOn;
+  RunDenseCase(path, 64, co, &dense);
+  co.dense_weights = DenseWeights::kOff;
+  co.int8_mmq = false;  // the 40 decode rows take dequantization + cuBLAS too
+  co.f16_mma = false;
+  RunDenseCase(path, 64, co, &plain);
   std::filesystem::remove(path);
-  ASSERT_FALSE(pre_dense.empty());
-  ASSERT_FALSE(dec_dense.empty());
-  const double rp = RelDiff(pre_dense, pre_plain), rd = RelDiff(dec_dense, dec_plain);
+  ASSERT_FALSE(HasFatalFailure());
+  const double rp = RelDiff(dense.prefill, plain.prefill), rd = RelDiff(dense.decode, plain.decode);
   std::printf("gpu_dense_weights 27b-width x4 layers: prefill 64 rows max rel %.3e, decode 40 "
               "sequences %.3e (bound 1e-6)\n",
               rp, rd);
@@ -452,47 +465,22 @@ TEST(GpuDenseWeights, AutoMakesCopiesAndChangesNoLogits) {
   if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path is covered by the bf16 one";
   const std::string path = Synth27BWidth("q6k_27b_width_4l_dense_auto.gguf", 4);
   ASSERT_FALSE(path.empty());
-  BackendOptions bo;
-  bo.n_slots = 41;
-  bo.slot_ctx = 256;
-  std::vector<SeqStep> decode(40);
-  for (int i = 0; i < 40; ++i) {
-    decode[i].slot = i + 1;
-    decode[i].tokens = {(i * 53) % 900 + 2};
-  }
-  SeqStep prefill;
-  prefill.all_logits = true;
-  for (int i = 0; i < 100; ++i) prefill.tokens.push_back((i * 37) % 500 + 1);
-  auto run = [&](DenseWeights mode, std::vector<float>* pre, std::vector<float>* dec,
-                 CudaMemoryPlan* plan) {
-    CudaBackendOptions co;
-    co.dense_weights = mode;
-    auto be = cuda::CreateCudaBackendApi(path, bo, co);
-    ASSERT_TRUE(be.ok()) << be.status();
-    *plan = (*be)->memory_plan();
-    StepOutput out;
-    absl::Status st = (*be)->Forward({&prefill, 1}, StepOptions{}, &out);
-    ASSERT_TRUE(st.ok()) << st;
-    *pre = std::move(out.logits);
-    st = (*be)->Forward(decode, StepOptions{}, &out);
-    ASSERT_TRUE(st.ok()) << st;
-    *dec = std::move(out.logits);
-  };
-  std::vector<float> pre_auto, dec_auto, pre_off, dec_off;
-  CudaMemoryPlan plan_auto, plan_off;
-  run(DenseWeights::kAuto, &pre_auto, &dec_auto, &plan_auto);
-  run(DenseWeights::kOff, &pre_off, &dec_off, &plan_off);
+  DenseCase aut, off;
+  CudaBackendOptions co;
+  co.dense_weights = DenseWeights::kAuto;
+  RunDenseCase(path, 100, co, &aut);
+  co.dense_weights = DenseWeights::kOff;
+  RunDenseCase(path, 100, co, &off);
   std::filesystem::remove(path);
-  std::printf("gpu_dense_weights auto: %s\n", plan_auto.ToString().c_str());
+  ASSERT_FALSE(HasFatalFailure());
+  std::printf("gpu_dense_weights auto: %s\n", aut.plan.ToString().c_str());
   std::fflush(stdout);
-  EXPECT_GT(plan_auto.dense_copies, 0u) << plan_auto.dense_choice;
-  EXPECT_EQ(plan_auto.weights, plan_off.weights + plan_auto.dense_copies);
-  EXPECT_EQ(plan_auto.plan.pool_pages, plan_off.plan.pool_pages);
-  EXPECT_EQ(plan_off.dense_copies, 0u);
-  ASSERT_FALSE(pre_auto.empty());
-  ASSERT_FALSE(dec_auto.empty());
-  EXPECT_EQ(RelDiff(pre_auto, pre_off), 0.0);
-  EXPECT_EQ(RelDiff(dec_auto, dec_off), 0.0);
+  EXPECT_GT(aut.plan.dense_copies, 0u) << aut.plan.dense_choice;
+  EXPECT_EQ(aut.plan.weights, off.plan.weights + aut.plan.dense_copies);
+  EXPECT_EQ(aut.plan.plan.pool_pages, off.plan.plan.pool_pages);
+  EXPECT_EQ(off.plan.dense_copies, 0u);
+  EXPECT_EQ(RelDiff(aut.prefill, off.prefill), 0.0);
+  EXPECT_EQ(RelDiff(aut.decode, off.decode), 0.0);
 }
 
 // Early launch of the decode kernels (CudaBackendOptions::early_launch, sm_90+): the column
