@@ -1,5 +1,5 @@
 // Worker flags that select device paths (issue #19: --portable on|off; issue #22:
-// --dense-weights on|off): parsed into WorkerOptions,
+// --dense-weights on|off|auto, --early-launch on|off): parsed into WorkerOptions,
 // bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
@@ -49,6 +49,20 @@ TEST(WorkerFlags, DenseWeightsOnOffAuto) {
   auto bad = Parse({"--dense-weights", "1"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("--dense-weights expects on, off or auto"),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(WorkerFlags, EarlyLaunchOnOff) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_TRUE(def->early_launch);
+  auto off = Parse({"--early-launch", "off"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->early_launch);
+  auto bad = Parse({"--early-launch", "maybe"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("--early-launch expects on or off"),
             std::string::npos)
       << bad.status();
 }

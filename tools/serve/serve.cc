@@ -58,6 +58,7 @@ struct ServeOptions {
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
   bool portable = false;        // worker --portable on: the sm_70 (V100) kernels on any GPU
   DenseWeights dense_weights = DenseWeights::kAuto;  // worker --dense-weights (dense_weights.h)
+  bool early_launch = true;  // worker --early-launch off: plain kernel launches (escape hatch)
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
@@ -98,6 +99,8 @@ void Usage(FILE* out) {
                "auto (default): only where the KV pool loses nothing by it; on: also for batched "
                "decode of 33+ streams, at the pool's expense (H200, 27B Q6_K: pp512 1.5x, x64 "
                "1.2x)\n"
+               "  [--early-launch on|off]  the CUDA workers launch decode kernels while the one "
+               "before them finishes (sm_90+, default on; off: plain launches)\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
@@ -131,7 +134,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
-      "--tp-split", "--kv-type", "--portable", "--dense-weights", "--gpus", "--failover-wait", "--tp-collective",
+      "--tp-split", "--kv-type", "--portable", "--dense-weights", "--early-launch", "--gpus", "--failover-wait", "--tp-collective",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
       "--slot-cap", "--mtp", "--max-active", "--prefix-cache", "--prefix-cache-mb",
       "--prefix-cache-tier",
@@ -231,6 +234,12 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     if (m["--portable"] != "on" && m["--portable"] != "off")
       return absl::InvalidArgumentError("--portable expects on or off, got '" + m["--portable"] + "'");
     o.portable = m["--portable"] == "on";
+  }
+  if (m.count("--early-launch")) {
+    if (m["--early-launch"] != "on" && m["--early-launch"] != "off")
+      return absl::InvalidArgumentError("--early-launch expects on or off, got '" +
+                                        m["--early-launch"] + "'");
+    o.early_launch = m["--early-launch"] == "on";
   }
   DS_RETURN_IF_ERROR(integer("--max-active", &o.max_active, 0));
   if (m.count("--mtp")) {
@@ -481,6 +490,7 @@ int RunServe(int argc, char** argv) {
   }
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
   if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
+  if (!o->early_launch) wargs.insert(wargs.end(), {"--early-launch", "off"});
   if (o->dense_weights != DenseWeights::kAuto)
     wargs.insert(wargs.end(), {"--dense-weights", DenseWeightsName(o->dense_weights)});
   if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});

@@ -248,6 +248,9 @@ struct BackendOptions {
   // CUDA: 16-bit copies of the layer matrices for the GEMM path (worker/model/dense_weights.h,
   // --dense-weights on|off|auto); the CPU backend ignores it.
   DenseWeights dense_weights = DenseWeights::kAuto;
+  // CUDA: false launches the decode kernels the plain way (CudaBackendOptions::early_launch,
+  // --early-launch off); the CPU backend ignores it.
+  bool early_launch = true;
   // CPU: emulate a GDN recurrent state stored in bf16 between steps (cpu::DeltaRuleArgs::
   // state_bf16; `perplexity --gdn-state bf16`): issue #22 asks for its precision to be measured
   // before any device stores it so (docs/quality.md). The CUDA backend keeps f32 and rejects it.

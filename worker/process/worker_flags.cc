@@ -19,6 +19,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable", "--dense-weights",
+                                          "--early-launch",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
                                           "--max-active", "--prefix-cache", "--prefix-cache-mb",
@@ -108,6 +109,12 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
     if (m["--portable"] != "on" && m["--portable"] != "off")
       return absl::InvalidArgumentError("--portable expects on or off, got '" + m["--portable"] + "'");
     o.portable = m["--portable"] == "on";
+  }
+  if (m.count("--early-launch")) {
+    if (m["--early-launch"] != "on" && m["--early-launch"] != "off")
+      return absl::InvalidArgumentError("--early-launch expects on or off, got '" +
+                                        m["--early-launch"] + "'");
+    o.early_launch = m["--early-launch"] == "on";
   }
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));

@@ -67,6 +67,9 @@ struct WorkerOptions {
   // --dense-weights on|off|auto (issue #22, worker/model/dense_weights.h): 16-bit copies of the
   // layer matrices in the CUDA backend (BackendOptions::dense_weights).
   DenseWeights dense_weights = DenseWeights::kAuto;
+  // --early-launch off: the CUDA backend launches its decode kernels the plain way
+  // (BackendOptions::early_launch; an escape hatch, the default is on).
+  bool early_launch = true;
   // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
   // every slot full), --kv-page N tokens per page (0 = the device's default), --memory-fraction F
   // of the device this worker plans for (two replicas on one GPU: 0.5 each).
