@@ -134,7 +134,8 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   static const std::set<std::string> kFlags = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
-      "--tp-split", "--kv-type", "--portable", "--dense-weights", "--early-launch", "--gpus", "--failover-wait", "--tp-collective",
+      "--tp-split", "--kv-type", "--portable", "--dense-weights", "--gpus", "--failover-wait", "--tp-collective",
+      "--early-launch",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
       "--slot-cap", "--mtp", "--max-active", "--prefix-cache", "--prefix-cache-mb",
       "--prefix-cache-tier",
