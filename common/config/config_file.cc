@@ -134,6 +134,16 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlagPairs(
   return m;
 }
 
+absl::Status OnOffFlag(const std::map<std::string, std::string>& flags, const std::string& flag,
+                       bool* value) {
+  const auto it = flags.find(flag);
+  if (it == flags.end()) return absl::OkStatus();
+  if (it->second != "on" && it->second != "off")
+    return absl::InvalidArgumentError(flag + " expects on or off, got '" + it->second + "'");
+  *value = it->second == "on";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::optional<std::string>> Args::Take(const std::string& flag) {
   std::optional<std::string> value;
   std::vector<std::string> args;

@@ -46,6 +46,11 @@ std::string FlagForKey(std::string_view key);
 absl::StatusOr<std::map<std::string, std::string>> ParseFlagPairs(
     int argc, char** argv, const std::set<std::string>& known);
 
+// An on|off switch of ParseFlagPairs' result: sets *value when `flag` is present, leaves it as it
+// is when not; anything but on or off is "FLAG expects on or off, got 'V'".
+absl::Status OnOffFlag(const std::map<std::string, std::string>& flags, const std::string& flag,
+                       bool* value);
+
 // A command line with every `--config FILE` expanded, plus where each flag came from.
 class Args {
  public:

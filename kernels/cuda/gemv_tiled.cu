@@ -334,19 +334,20 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     // tiled_gemv_bench, H200, 64 layers of the 27B at 1 column: 7.56 -> 7.33 ms with kOneCol,
     // 7.11 with the sums of ssm_out and ffn_down (29.6 -> 26.5 us, 13.0 -> 12.5 us). From 2
     // columns the sums cost more than they save (4 columns: 7.64 -> 8.45-8.57 ms).
-    const bool one = L.seg[0].nc == 1, early = L.seg[0].early_launch;
+    // Only these 1..8-column forms (decode and MTP steps, where a launch is a few tens of
+    // microseconds and its start a visible share of it) are launched early (GemvArgs::early_launch).
+    const bool one = L.seg[0].nc == 1;
+    auto launch = [&](auto kernel) {
+      LaunchMaybeEarly(kernel, end, kWarps * 32, 0, s, L.seg[0].early_launch, L);
+    };
     if (pair) {
-      if (one)
-        LaunchMaybeEarly(TiledKernel<1, true, true, false>, end, kWarps * 32, 0, s, early, L);
-      else
-        LaunchMaybeEarly(TiledKernel<1, true, false, false>, end, kWarps * 32, 0, s, early, L);
+      if (one) launch(TiledKernel<1, true, true, false>);
+      else launch(TiledKernel<1, true, false, false>);
     } else if (one) {
-      if (L.seg[0].xsum != nullptr)
-        LaunchMaybeEarly(TiledKernel<1, false, true, true>, end, kWarps * 32, 0, s, early, L);
-      else
-        LaunchMaybeEarly(TiledKernel<1, false, true, false>, end, kWarps * 32, 0, s, early, L);
+      if (L.seg[0].xsum != nullptr) launch(TiledKernel<1, false, true, true>);
+      else launch(TiledKernel<1, false, true, false>);
     } else {
-      LaunchMaybeEarly(TiledKernel<1, false, false, false>, end, kWarps * 32, 0, s, early, L);
+      launch(TiledKernel<1, false, false, false>);
     }
     return;
   }
@@ -442,9 +443,6 @@ absl::Status TiledGemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t strea
   TiledLaunch L{};
   for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
   L.n_segs = n_segs;
-  // Early launch: the 1..8-column kernels only (the decode and MTP steps, where a launch is a few
-  // tens of microseconds and its start a visible share of it).
-  if (b.nc > 8) L.seg[0].early_launch = false;
   if (b.nc <= 8) LaunchTiled<1>(L, stream);
   else if (b.nc <= 16) LaunchTiled<2>(L, stream);
   else if (b.nc <= 32) LaunchTiled<4>(L, stream);

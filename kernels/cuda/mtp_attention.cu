@@ -147,19 +147,14 @@ absl::Status MaskedAttnDecode(const MaskedAttnArgs& a, cudaStream_t stream) {
       (a.dev_pos && (!a.dev_slot || a.valid_ld < 1)))
     return absl::InvalidArgumentError("MaskedAttnDecode: bad shape or arguments");
   const dim3 grid(s.n_head, a.n_splits);
+  auto partials = [&](auto kernel) {
+    LaunchMaybeEarly(kernel, grid, kWarps * 32, 0, stream, a.early, a);
+  };
   switch (s.hd) {
-    case 32:
-      LaunchMaybeEarly(MaskedAttnPartialKernel<32>, grid, kWarps * 32, 0, stream, a.early, a);
-      break;
-    case 64:
-      LaunchMaybeEarly(MaskedAttnPartialKernel<64>, grid, kWarps * 32, 0, stream, a.early, a);
-      break;
-    case 128:
-      LaunchMaybeEarly(MaskedAttnPartialKernel<128>, grid, kWarps * 32, 0, stream, a.early, a);
-      break;
-    case 256:
-      LaunchMaybeEarly(MaskedAttnPartialKernel<256>, grid, kWarps * 32, 0, stream, a.early, a);
-      break;
+    case 32: partials(MaskedAttnPartialKernel<32>); break;
+    case 64: partials(MaskedAttnPartialKernel<64>); break;
+    case 128: partials(MaskedAttnPartialKernel<128>); break;
+    case 256: partials(MaskedAttnPartialKernel<256>); break;
     default:
       return absl::UnimplementedError("MaskedAttnDecode: head_dim not in {32, 64, 128, 256}");
   }

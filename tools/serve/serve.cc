@@ -231,17 +231,8 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
                                         m["--dense-weights"] + "'");
     o.dense_weights = *d;
   }
-  if (m.count("--portable")) {
-    if (m["--portable"] != "on" && m["--portable"] != "off")
-      return absl::InvalidArgumentError("--portable expects on or off, got '" + m["--portable"] + "'");
-    o.portable = m["--portable"] == "on";
-  }
-  if (m.count("--early-launch")) {
-    if (m["--early-launch"] != "on" && m["--early-launch"] != "off")
-      return absl::InvalidArgumentError("--early-launch expects on or off, got '" +
-                                        m["--early-launch"] + "'");
-    o.early_launch = m["--early-launch"] == "on";
-  }
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
   DS_RETURN_IF_ERROR(integer("--max-active", &o.max_active, 0));
   if (m.count("--mtp")) {
     o.mtp = m["--mtp"];

@@ -105,17 +105,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                         m["--dense-weights"] + "'");
     o.dense_weights = *d;
   }
-  if (m.count("--portable")) {
-    if (m["--portable"] != "on" && m["--portable"] != "off")
-      return absl::InvalidArgumentError("--portable expects on or off, got '" + m["--portable"] + "'");
-    o.portable = m["--portable"] == "on";
-  }
-  if (m.count("--early-launch")) {
-    if (m["--early-launch"] != "on" && m["--early-launch"] != "off")
-      return absl::InvalidArgumentError("--early-launch expects on or off, got '" +
-                                        m["--early-launch"] + "'");
-    o.early_launch = m["--early-launch"] == "on";
-  }
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
     if (o.kv_type != GgmlType::F16 && o.backend == "cpu")
