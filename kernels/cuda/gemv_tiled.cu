@@ -335,7 +335,7 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     // 7.11 with the sums of ssm_out and ffn_down (29.6 -> 26.5 us, 13.0 -> 12.5 us). From 2
     // columns the sums cost more than they save (4 columns: 7.64 -> 8.45-8.57 ms).
     // Only these 1..8-column forms (decode and MTP steps, where a launch is a few tens of
-    // microseconds and its start a visible share of it) are launched early (GemvArgs::early_launch).
+    // microseconds and its start a visible share of it) launch early (GemvArgs::early_launch).
     const bool one = L.seg[0].nc == 1;
     auto launch = [&](auto kernel) {
       LaunchMaybeEarly(kernel, end, kWarps * 32, 0, s, L.seg[0].early_launch, L);
