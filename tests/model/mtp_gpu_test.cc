@@ -40,6 +40,7 @@
 #include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_options.h"
 #include "worker/model/backend.h"
 #include "worker/spec/mtp_speculator.h"
 
@@ -642,6 +643,61 @@ INSTANTIATE_TEST_SUITE_P(Models, Mtp, ::testing::ValuesIn(kModels),
                          [](const ::testing::TestParamInfo<Model>& i) {
                            return std::string(i.param.name);
                          });
+
+// The coarse draft head (CudaBackendOptions::coarse_draft_head, kernels/cuda/draft_head.cuh)
+// on a model whose head is tiled Q6_K (the 27B's width, 4 layers, 4,096 tokens): MtpStep's
+// hidden state is the full head's bit for bit (the head only makes the logits), and its logits
+// are the full head's within the coarse values' error (RMS under 8% of the logits' RMS, and not
+// zero: the copy is coarse). Greedy outputs do not depend on it (verification runs the trunk).
+TEST(MtpCoarseHead, DraftLogitsNearTheFullHeadsHiddenEqual) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path has no tiled layout";
+  SynthOptions o = SynthOptions::Qwen27B();
+  o.n_layer = 4;
+  o.n_vocab = 4096;
+  o.weight_type = GgmlType::Q6_K;
+  o.quant_mode = SynthQuantMode::kRandomBlocks;
+  o.seed = 9;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ds_mtp_coarse_" + std::to_string(getpid()) + ".gguf"))
+                               .string();
+  ASSERT_TRUE(SynthesizeGguf(o, path).ok());
+  auto opened = gguf::File::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::filesystem::remove(path);  // the mapping stays valid
+  std::shared_ptr<const gguf::File> file(std::move(*opened));
+  std::vector<float> logits[2], hidden[2];
+  for (int coarse = 0; coarse < 2; ++coarse) {
+    CudaBackendOptions c;
+    c.spec_tokens = 4;
+    c.spec_seqs = 1;
+    c.coarse_draft_head = coarse == 1;
+    auto b = CreateCudaBackend(file, Opts(), c);
+    ASSERT_TRUE(b.ok()) << b.status();
+    const int H = (*b)->config().n_embd, n_vocab = (*b)->config().n_vocab;
+    SeqStep p;
+    p.tokens = Prompt(12, n_vocab);
+    StepOptions so;
+    so.want_hidden = true;
+    StepOutput out;
+    ASSERT_TRUE((*b)->Forward({&p, 1}, so, &out).ok());
+    ASSERT_EQ(out.hidden.size(), static_cast<size_t>(12) * H);
+    const std::vector<float> h(out.hidden.end() - H, out.hidden.end());
+    ASSERT_TRUE((*b)->MtpStep(0, 7, 11, h, &logits[coarse], &hidden[coarse]).ok());
+    ASSERT_EQ(logits[coarse].size(), static_cast<size_t>(n_vocab));
+  }
+  ASSERT_EQ(hidden[0].size(), hidden[1].size());
+  EXPECT_EQ(std::memcmp(hidden[0].data(), hidden[1].data(), hidden[0].size() * sizeof(float)), 0);
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    diff += (static_cast<double>(logits[1][i]) - logits[0][i]) * (logits[1][i] - logits[0][i]);
+    ref += static_cast<double>(logits[0][i]) * logits[0][i];
+  }
+  const double rel = std::sqrt(diff / std::max(ref, 1e-30));
+  EXPECT_GT(rel, 0.0);
+  EXPECT_LT(rel, 0.08);
+  std::printf("coarse draft head: logits RMS difference %.4f of the full head's\n", rel);
+}
 
 // Without spec_tokens the device holds no speculative entries nor MTP block: speculative steps
 // and MtpStep are refused with clear errors, and nothing changes.

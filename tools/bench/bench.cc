@@ -324,6 +324,7 @@ int RunBench(const BenchOptions& o) {
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
     if (o.f16_min_cols > 0) co.f16_mma_min_cols = o.f16_min_cols;
     co.early_launch = o.early_launch;
+    co.coarse_draft_head = o.coarse_draft_head;
     // The speculative room (what CreateBackend's SpeculativeRoom sets): entries for spec_tokens
     // x spec_seqs verified tokens and the MTP block.
     co.spec_tokens = spec_tokens;
@@ -665,7 +666,7 @@ int BenchMain(int argc, char** argv) {
     }
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--fuse-gdn" ||
-             a == "--early-launch") {
+             a == "--early-launch" || a == "--coarse-draft-head") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -681,6 +682,7 @@ int BenchMain(int argc, char** argv) {
                     : a == "--fuse-gdn"        ? o.fuse_gdn
                     : a == "--attn-mma"        ? o.attn_mma
                     : a == "--early-launch"    ? o.early_launch
+                    : a == "--coarse-draft-head" ? o.coarse_draft_head
                                                : o.fuse_norm;
       field = v == "on";
     }
@@ -716,7 +718,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

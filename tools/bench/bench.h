@@ -36,6 +36,8 @@ struct BenchOptions {
   int overlap = -1;
   int f16_min_cols = 0;  // --f16-min-cols N: CudaBackendOptions::f16_mma_min_cols (0: its default)
   bool early_launch = true;  // --early-launch off: CudaBackendOptions::early_launch (A/B)
+  // --coarse-draft-head off: CudaBackendOptions::coarse_draft_head (A/B of the MTP rows)
+  bool coarse_draft_head = true;
   int overlap_chunks = 0;                    // --overlap-chunks N (0: the option's default)
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU

@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.portable) co.portable = true;
   if (opts.dense_weights != DenseWeights::kAuto) co.dense_weights = opts.dense_weights;
   if (!opts.early_launch) co.early_launch = false;
+  if (!opts.coarse_draft_head) co.coarse_draft_head = false;
   if (opts.prefix_cache_bytes > 0) {
     co.prefix_cache_bytes = opts.prefix_cache_bytes;
     co.prefix_cache_required = opts.prefix_cache_required;

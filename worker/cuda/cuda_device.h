@@ -536,6 +536,9 @@ class CudaDevice final : public Device {
   bool has_mtp_ = false;
   DLayer mtp_layer_;  // a full-attention layer; kc / vc are its f16 planes of the pool
   DMat mtp_eh_, mtp_embed_, mtp_head_;
+  // The coarse copy of mtp_head_ the drafts multiply (CudaBackendOptions::coarse_draft_head;
+  // kernels/cuda/draft_head.cuh), or null.
+  uint8_t* mtp_coarse_head_ = nullptr;
   const float* mtp_enorm_ = nullptr;
   const float* mtp_hnorm_ = nullptr;
   const float* mtp_norm_ = nullptr;

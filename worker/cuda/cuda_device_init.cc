@@ -9,6 +9,7 @@
 #include "kernels/cuda/attention_prefill_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/draft_head.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/mtp_attention.cuh"
 #include "worker/cuda/cuda_device.h"
@@ -225,6 +226,15 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   }
   // A tied lm_head is (a row range of) the uploaded embedding: no bytes of its own.
   if (mw.tied_output) plan_.weights -= AlignUp(GgmlRowBytes(mw.output.type, mw.output.cols) * mw.output.rows);
+  // The drafts' coarse head (CudaBackendOptions::coarse_draft_head): when the MTP head is a tiled
+  // Q6_K matrix of its own (not the embedding).
+  const cpu::WeightView* draft_head = mtp_own_head ? &mw.mtp.head : &mw.output;
+  const uint64_t coarse_bytes =
+      has_mtp_ && copts_.coarse_draft_head && (mtp_own_head || !mw.tied_output) &&
+              draft_head->type == GgmlType::Q6_K && tile_it(draft_head)
+          ? CoarseBytes(draft_head->rows, static_cast<int>(draft_head->cols))
+          : 0;
+  plan_.weights += AlignUp(coarse_bytes);
   plan_.weights += small_floats * 4 + 64 * kAlign * c.n_layer;
   for (auto& [n, w] : mats)
     if (w != &mw.token_embd && n.rfind("mtp.", 0) != 0) step_weight_bytes_ += GgmlRowBytes(w->type, w->cols) * w->rows;
@@ -541,6 +551,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       DS_RETURN_IF_ERROR(up_mat(mw.mtp.head, &mtp_head_));
     } else {
       mtp_head_ = output_;
+    }
+    if (coarse_bytes > 0 && mtp_head_.tiled) {
+      mtp_coarse_head_ = wa.Take<uint8_t>(coarse_bytes);
+      DS_RETURN_IF_ERROR(CoarsenTiled(mtp_head_.d, mtp_head_.rows, mtp_head_.cols, mtp_coarse_head_, stream_));
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     }
   }
   staging_owner.reset();  // before the state and workspace allocations (checked in the plan)

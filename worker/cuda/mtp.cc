@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/draft_head.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/mtp_attention.cuh"
@@ -221,8 +222,14 @@ absl::Status CudaDevice::MtpTail(float* u) {
   DS_RETURN_IF_ERROR(
       RmsNormRows(u, H, nullptr, mtp_norm_, mtp_hid_, 1, H, eps, stream_, early_launch_));
   InvalidateX();
-  DS_RETURN_IF_ERROR(
-      LinearRows(mtp_head_, mtp_hid_, 1, VocabParallel() ? logits_part_ : mtp_logits_, false));
+  float* logits = VocabParallel() ? logits_part_ : mtp_logits_;
+  if (mtp_coarse_head_ != nullptr) {  // drafts propose tokens: the coarse head (draft_head.cuh)
+    DS_RETURN_IF_ERROR(EnsureQuantized(mtp_hid_, 1, H));
+    DS_RETURN_IF_ERROR(CoarseGemv(mtp_coarse_head_, mtp_head_.rows, H, xq_, xd_, logits, stream_,
+                                  early_launch_));
+  } else {
+    DS_RETURN_IF_ERROR(LinearRows(mtp_head_, mtp_hid_, 1, logits, false));
+  }
   InvalidateX();
   return absl::OkStatus();
 }

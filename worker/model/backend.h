@@ -251,6 +251,9 @@ struct BackendOptions {
   // CUDA: false launches the decode kernels the plain way (CudaBackendOptions::early_launch,
   // --early-launch off); the CPU backend ignores it.
   bool early_launch = true;
+  // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
+  // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.
+  bool coarse_draft_head = true;
   // CPU: emulate a GDN recurrent state stored in bf16 between steps (cpu::DeltaRuleArgs::
   // state_bf16; `perplexity --gdn-state bf16`): issue #22 asks for its precision to be measured
   // before any device stores it so (docs/quality.md). The CUDA backend keeps f32 and rejects it.

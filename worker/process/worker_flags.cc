@@ -19,7 +19,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable", "--dense-weights",
-                                          "--early-launch",
+                                          "--early-launch", "--coarse-draft-head",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
                                           "--max-active", "--prefix-cache", "--prefix-cache-mb",
@@ -107,6 +107,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   }
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
     if (o.kv_type != GgmlType::F16 && o.backend == "cpu")

@@ -344,6 +344,7 @@ class Session {
           bo.portable = o_.portable;
           bo.dense_weights = o_.dense_weights;
           bo.early_launch = o_.early_launch;
+          bo.coarse_draft_head = o_.coarse_draft_head;
           bo.kv_pool_tokens = o_.kv_pool_tokens;
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
@@ -661,7 +662,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--kv-pool-tokens N] [--kv-page N] "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--coarse-draft-head on|off] [--kv-pool-tokens N] [--kv-page N] "
                  "[--memory-fraction F] [--max-step-tokens N] "
                  "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
                  "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "

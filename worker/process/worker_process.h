@@ -70,6 +70,9 @@ struct WorkerOptions {
   // --early-launch off: the CUDA backend launches its decode kernels the plain way
   // (BackendOptions::early_launch; an escape hatch, the default is on).
   bool early_launch = true;
+  // --coarse-draft-head off: MTP drafts through the full lm_head instead of its coarse copy
+  // (BackendOptions::coarse_draft_head; the outputs are the same either way).
+  bool coarse_draft_head = true;
   // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
   // every slot full), --kv-page N tokens per page (0 = the device's default), --memory-fraction F
   // of the device this worker plans for (two replicas on one GPU: 0.5 each).
