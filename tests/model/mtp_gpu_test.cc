@@ -681,7 +681,7 @@ TEST(MtpCoarseHead, DraftLogitsNearTheFullHeadsHiddenEqual) {
     so.want_hidden = true;
     StepOutput out;
     ASSERT_TRUE((*b)->Forward({&p, 1}, so, &out).ok());
-    ASSERT_EQ(out.hidden.size(), static_cast<size_t>(12) * H);
+    ASSERT_GE(out.hidden.size(), static_cast<size_t>(H));  // the last row's is last
     const std::vector<float> h(out.hidden.end() - H, out.hidden.end());
     ASSERT_TRUE((*b)->MtpStep(0, 7, 11, h, &logits[coarse], &hidden[coarse]).ok());
     ASSERT_EQ(logits[coarse].size(), static_cast<size_t>(n_vocab));

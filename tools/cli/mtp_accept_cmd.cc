@@ -10,7 +10,14 @@
 // position by position with (x_{t+1}, h_t) as the decoder does; later draft steps overwrite rows
 // that the next position's step discards. Reported: for each j, P(d_j accepted | d_1..d_{j-1}
 // accepted) and P(d_1..d_j accepted), and the mean tokens per verify step (1 + accepted drafts).
+//
+// `--draft-heads`: the same chains also drafted through two stand-ins for the MTP head's LM head,
+// applied to the same MTP hidden states: the head requantized to Q6_K, and the coarse copy of
+// that Q6_K head the CUDA drafts use (kernels/cuda/draft_head.cuh: the top 4 of each quant's 6
+// bits). Drafts only propose tokens, so the question is how often a cheaper head's drafts are
+// still accepted; reported per position for each head.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -19,7 +26,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/gguf/gguf.h"
+#include "kernels/cpu/draft_head_ref.h"
+#include "kernels/cpu/quant.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/model_alias.h"
 #include "tools/cli/args.h"
@@ -36,12 +46,50 @@ int Fail(const absl::Status& s) {
 
 int32_t Argmax(const float* row, int n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
 
+// The MTP head's matrix [V, H] as f32 after requantizing it to Q6_K: the Q6_K values, or
+// (`coarse`) those of its coarse draft copy (kernels/cpu/draft_head_ref.h).
+absl::StatusOr<std::vector<float>> DraftHead(const gguf::File& f, int n_layer, int64_t H,
+                                             int64_t V, bool coarse) {
+  const gguf::TensorInfo* t =
+      f.FindTensor(absl::StrCat("blk.", n_layer, ".nextn.shared_head_head.weight"));
+  if (t == nullptr) t = f.FindTensor("output.weight");
+  if (t == nullptr) t = f.FindTensor("token_embd.weight");  // tied
+  if (t == nullptr || t->ne[0] != H || t->n_rows() != V || H % 256 != 0)
+    return absl::InvalidArgumentError("--draft-heads: no [V, H] head with H % 256 == 0");
+  std::vector<float> w(static_cast<size_t>(V) * H), row(H);
+  std::vector<uint8_t> q6(GgmlRowBytes(GgmlType::Q6_K, H));
+  for (int64_t r = 0; r < V; ++r) {
+    cpu::DequantizeRow(t->type, t->data + r * t->row_bytes(), row.data(), H);
+    cpu::QuantizeRow(GgmlType::Q6_K, row.data(), q6.data(), H);
+    if (coarse)
+      cpu::CoarseQ6KRow(q6.data(), H, w.data() + r * H);
+    else
+      cpu::DequantizeRow(GgmlType::Q6_K, q6.data(), w.data() + r * H, H);
+  }
+  return w;
+}
+
+int32_t ArgmaxOf(const std::vector<float>& w, const std::vector<float>& h, int64_t V) {
+  const int64_t H = static_cast<int64_t>(h.size());
+  int32_t best = 0;
+  float best_v = -INFINITY;
+  for (int64_t r = 0; r < V; ++r) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < H; ++i) acc += w[r * H + i] * h[i];
+    if (acc > best_v) {
+      best_v = acc;
+      best = static_cast<int32_t>(r);
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 int CmdMtpAccept(int argc, char** argv) {
   auto args = Args::Parse(argc, argv, {"--model", "--text", "--draft", "--prompts", "--prompt-len",
                                        "--gen", "--backend", "--threads"},
-                          {"--json"});
+                          {"--json", "--draft-heads"});
   if (!args.ok()) return Fail(args.status());
   auto model_arg = args->Required("--model");
   auto text_path = args->Required("--text");
@@ -78,7 +126,19 @@ int CmdMtpAccept(int argc, char** argv) {
   Backend& be = **be_or;
   const int V = be.config().n_vocab, H = be.config().n_embd;
 
-  std::vector<int64_t> reached(*K + 1, 0);  // reached[j]: chains whose drafts 1..j were all accepted
+  // Drafting heads: 0 the model's, then with --draft-heads its Q6_K and coarse stand-ins.
+  std::vector<std::vector<float>> stand_ins;
+  if (args->Has("--draft-heads")) {
+    for (const bool coarse : {false, true}) {
+      auto w = DraftHead(**file, be.config().n_layer, H, V, coarse);
+      if (!w.ok()) return Fail(w.status());
+      stand_ins.push_back(std::move(*w));
+    }
+  }
+  const int n_heads = 1 + static_cast<int>(stand_ins.size());
+  // reached_by[head][j]: chains whose drafts 1..j were all accepted
+  std::vector<std::vector<int64_t>> reached_by(n_heads, std::vector<int64_t>(*K + 1, 0));
+  const std::vector<int64_t>& reached = reached_by[0];
   int64_t chains = 0;
   const int64_t stride = (static_cast<int64_t>(ids->size()) - *P) / *N;
   for (int64_t n = 0; n < *N; ++n) {
@@ -115,15 +175,24 @@ int CmdMtpAccept(int argc, char** argv) {
       if (auto s = be.MtpStep(0, seq[t + 1], static_cast<int32_t>(t), h, &lg, &ho); !s.ok()) return Fail(s);
       if (t < *P - 1 || t + 1 + *K >= L) continue;  // score drafts inside the generated part only
       ++chains;
-      ++reached[0];
-      int32_t d = Argmax(lg.data(), V);
+      // Every head's chain is fed the accepted (greedy) tokens, so while several are alive they
+      // see the same MTP hidden states; a chain ends at its first rejected draft.
+      std::vector<bool> alive(n_heads, true);
+      for (int hd = 0; hd < n_heads; ++hd) ++reached_by[hd][0];
       for (int64_t j = 1; j <= *K; ++j) {
-        if (d != seq[t + 1 + j]) break;
-        ++reached[j];
-        if (j == *K) break;
+        bool any = false;
+        for (int hd = 0; hd < n_heads; ++hd) {
+          if (!alive[hd]) continue;
+          const int32_t d = hd == 0 ? Argmax(lg.data(), V) : ArgmaxOf(stand_ins[hd - 1], ho, V);
+          alive[hd] = d == seq[t + 1 + j];
+          if (alive[hd]) ++reached_by[hd][j];
+          any = any || alive[hd];
+        }
+        if (!any || j == *K) break;
         std::vector<float> h2 = ho;
-        if (auto s = be.MtpStep(0, d, static_cast<int32_t>(t + j), h2, &lg, &ho); !s.ok()) return Fail(s);
-        d = Argmax(lg.data(), V);
+        if (auto s = be.MtpStep(0, seq[t + 1 + j], static_cast<int32_t>(t + j), h2, &lg, &ho);
+            !s.ok())
+          return Fail(s);
       }
     }
     std::fprintf(stderr, "  prompt %lld/%lld: %lld chains, first-draft acceptance so far %.3f\n",
@@ -145,6 +214,19 @@ int CmdMtpAccept(int argc, char** argv) {
                   static_cast<long long>(k), cond, all);
   }
   j["tokens_per_step"] = mean_tokens;
+  const char* kStandIn[2] = {"q6_k_head", "coarse_draft_head"};
+  for (int hd = 1; hd < n_heads; ++hd) {
+    const std::vector<int64_t>& r = reached_by[hd];
+    double tokens = 1;
+    for (int64_t k = 1; k <= *K; ++k) {
+      j[kStandIn[hd - 1]]["conditional"].push_back(static_cast<double>(r[k]) /
+                                                   std::max<int64_t>(1, r[k - 1]));
+      tokens += static_cast<double>(r[k]) / std::max<int64_t>(1, chains);
+    }
+    j[kStandIn[hd - 1]]["tokens_per_step"] = tokens;
+    if (!args->Has("--json"))
+      std::printf("drafts through the %s: %.4f tokens per verify step\n", kStandIn[hd - 1], tokens);
+  }
   if (args->Has("--json")) {
     std::printf("%s\n", j.dump().c_str());
   } else {
