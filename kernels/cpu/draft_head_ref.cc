@@ -4,29 +4,40 @@
 #include <cmath>
 
 #include "common/util/half.h"
+#include "kernels/cpu/draft_head_fit.h"
 #include "kernels/cpu/quant_blocks.h"
 
 namespace ds::cpu {
 namespace {
 
-// Twice the coarse bracket of element e: 2 (4h + 1.5 - 32) = 8h - 61, h = q >> 2.
-int Bracket2(const BlockQ6K& b, int e) { return 8 * ((Q6KCentred(b, e) + 32) >> 2) - 61; }
-
-int32_t SubBlockSum(const BlockQ6K& b, const int8_t* xq, int s) {
+int32_t SubBlockSum(const CoarseUnit& c, const int8_t* xq, int s) {
   int32_t sum = 0;
-  for (int k = 16 * s; k < 16 * s + 16; ++k) sum += Bracket2(b, k) * static_cast<int32_t>(xq[k]);
+  for (int k = 16 * s; k < 16 * s + 16; ++k) sum += c.code[k] * static_cast<int32_t>(xq[k]);
   return sum;
 }
 
 }  // namespace
 
+CoarseUnit CoarseFitQ6KBlock(const void* block) {
+  const auto& b = *static_cast<const BlockQ6K*>(block);
+  const float d6 = F16ToF32(b.d);
+  CoarseUnit c;
+  for (int s = 0; s < 16; ++s) {
+    const float dsc = d6 * static_cast<float>(b.scales[s]);
+    float w[16];
+    for (int i = 0; i < 16; ++i) w[i] = dsc * static_cast<float>(Q6KCentred(b, 16 * s + i));
+    c.scale[s] = draft_head::SubBlockScale(w);
+    for (int i = 0; i < 16; ++i) c.code[16 * s + i] = draft_head::Nibble(w[i], c.scale[s]) - 8;
+  }
+  return c;
+}
+
 void CoarseQ6KRow(const void* row, int64_t n, float* out) {
   const auto* blocks = static_cast<const BlockQ6K*>(row);
   for (int64_t u = 0; u < n / 256; ++u) {
-    const BlockQ6K& b = blocks[u];
-    const float d = F16ToF32(b.d);
+    const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
     for (int e = 0; e < 256; ++e)
-      out[256 * u + e] = d * static_cast<float>(b.scales[e / 16]) * 0.5f * static_cast<float>(Bracket2(b, e));
+      out[256 * u + e] = draft_head::Bf16Value(c.scale[e / 16]) * static_cast<float>(c.code[e]);
   }
 }
 
@@ -34,12 +45,11 @@ double CoarseDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t 
   const auto* blocks = static_cast<const BlockQ6K*>(row);
   double sum = 0, abs = 0;
   for (int64_t u = 0; u < n / 256; ++u) {
-    const BlockQ6K& b = blocks[u];
-    const double d = 0.5 * F16ToF32(b.d);
+    const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
     for (int s = 0; s < 16; ++s) {
-      const double scale = static_cast<double>(xd[8 * u + s / 2]) * d * b.scales[s];
-      sum += scale * SubBlockSum(b, xq + 256 * u, s);
-      for (int k = 16 * s; k < 16 * s + 16; ++k) abs += std::fabs(scale * Bracket2(b, k) * xq[256 * u + k]);
+      const double scale = static_cast<double>(xd[8 * u + s / 2]) * draft_head::Bf16Value(c.scale[s]);
+      sum += scale * SubBlockSum(c, xq + 256 * u, s);
+      for (int k = 16 * s; k < 16 * s + 16; ++k) abs += std::fabs(scale * c.code[k] * xq[256 * u + k]);
     }
   }
   if (abs_sum) *abs_sum = abs;
@@ -50,14 +60,13 @@ float CoarseDotQ6KKernelOrder(const void* row, const int8_t* xq, const float* xd
   const auto* blocks = static_cast<const BlockQ6K*>(row);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int64_t u = 0; u < n / 256; ++u) {
-    const BlockQ6K& b = blocks[u];
-    const float dg = F16ToF32(b.d) * 0.5f;
+    const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
     float& a = acc[u % 4];
     for (int m = 0; m < 8; ++m) {
-      const float s0 = dg * static_cast<float>(b.scales[2 * m]);
-      const float s1 = dg * static_cast<float>(b.scales[2 * m + 1]);
-      float part = s0 * static_cast<float>(SubBlockSum(b, xq + 256 * u, 2 * m));
-      part = std::fma(s1, static_cast<float>(SubBlockSum(b, xq + 256 * u, 2 * m + 1)), part);
+      const float s0 = draft_head::Bf16Value(c.scale[2 * m]);
+      const float s1 = draft_head::Bf16Value(c.scale[2 * m + 1]);
+      float part = s0 * static_cast<float>(SubBlockSum(c, xq + 256 * u, 2 * m));
+      part = std::fma(s1, static_cast<float>(SubBlockSum(c, xq + 256 * u, 2 * m + 1)), part);
       a = std::fma(xd[8 * u + m], part, a);
     }
   }

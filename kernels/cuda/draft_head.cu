@@ -5,6 +5,7 @@
 #include "kernels/cuda/draft_head.cuh"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/draft_head_fit.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/quant_decode.cuh"
@@ -16,54 +17,78 @@ namespace {
 using namespace tiled;  // NOLINT: the tiled layout's helpers (tiled_q6k.cuh)
 
 constexpr int kWarps = 4;
-constexpr int kCoarseOffSc = 2048, kCoarseOffD = 2304;
-static_assert(kCoarseOffD + 32 == kCoarseUnitBytes);
-static_assert(kOffD + 32 - kOffSc == kCoarseUnitBytes - kCoarseOffSc, "scales and d move as one run");
+constexpr int kCoarseOffSc = 2048;
+static_assert(kCoarseOffSc + 16 * 16 * 2 == kCoarseUnitBytes);
 
-// One warp per tile-unit: thread T turns its ql / qh words of each step into the nibbles of
-// the same positions; scales and d are copied.
-__global__ void CoarsenKernel(const uint8_t* __restrict__ tiled, int64_t n_units,
-                              uint8_t* __restrict__ coarse) {
-  const int64_t u = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (u >= n_units) return;
-  const int T = threadIdx.x & 31;
+// Block = one tile-unit, thread (r, s) = 16 r + s: row r's 16 values of step (sub-block) s. Each
+// thread decodes its values from the tiled layout (the same float operations as the CPU
+// reference: (d * sc) * (q - 32)) and fits their scale and codes; the nibbles go through shared
+// memory into the ql word order.
+__global__ void __launch_bounds__(256) CoarsenKernel(const uint8_t* __restrict__ tiled,
+                                                     uint8_t* __restrict__ coarse) {
+  __shared__ uint8_t nib[kTiledRows][256];
+  const int64_t u = blockIdx.x;
   const uint8_t* src = tiled + u * kTileUnitBytes;
   uint8_t* dst = coarse + u * kCoarseUnitBytes;
+  const int r = threadIdx.x >> 4, s = threadIdx.x & 15, g = r & 7, hi = r >> 3;
+  const float d6 = HalfBitsToF32(*reinterpret_cast<const uint16_t*>(src + kOffD + 4 * g + 2 * hi));
+  const float dsc = d6 * static_cast<float>(static_cast<int8_t>(src[kOffSc + 16 * r + s]));
+  float w[16];
 #pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int off = 512 * (s >> 2) + 16 * T + 4 * (s & 3);
-    const uint32_t ql = *reinterpret_cast<const uint32_t*>(src + off);
+  for (int q = 0; q < 4; ++q) {
+    const int T = 4 * g + q;
+    const uint32_t ql = *reinterpret_cast<const uint32_t*>(src + 512 * (s >> 2) + 16 * T + 4 * (s & 3));
     const uint32_t qh =
         *reinterpret_cast<const uint32_t*>(src + kOffQh + 512 * (s >> 3) + 16 * T + 4 * ((s & 7) >> 1));
-    uint32_t t0, t1;  // t = (q - 32) & 63 of rows g / g + 8; q = t ^ 32
-    DecodeStepUnsigned(ql, qh, s & 1, t0, t1);
-    const uint32_t h0 = ((t0 ^ 0x20202020u) >> 2) & 0x0F0F0F0Fu;
-    const uint32_t h1 = ((t1 ^ 0x20202020u) >> 2) & 0x0F0F0F0Fu;
-    *reinterpret_cast<uint32_t*>(dst + off) = h0 | (h1 << 4);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = (ql >> (8 * j + 4 * hi)) & 0xFu;
+      const uint32_t h2 = (qh >> (8 * j + 4 * (s & 1) + 2 * hi)) & 3u;
+      const int t6 = static_cast<int>(lo | (h2 << 4));  // (q - 32) & 63
+      w[4 * q + j] = dsc * static_cast<float>(t6 >= 32 ? t6 - 64 : t6);
+    }
   }
-  for (int i = T; i < (kCoarseUnitBytes - kCoarseOffSc) / 4; i += 32)
-    reinterpret_cast<uint32_t*>(dst + kCoarseOffSc)[i] =
-        reinterpret_cast<const uint32_t*>(src + kOffSc)[i];
+  const uint16_t scale = draft_head::SubBlockScale(w);
+  reinterpret_cast<uint16_t*>(dst + kCoarseOffSc)[16 * r + s] = scale;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) nib[r][16 * s + i] = static_cast<uint8_t>(draft_head::Nibble(w[i], scale));
+  __syncthreads();
+  for (int wi = threadIdx.x; wi < 512; wi += 256) {  // word wi = (i, T, w): 128 i + 4 T + w
+    const int i4 = wi >> 7, T = (wi >> 2) & 31, ww = wi & 3, st = 4 * i4 + ww;
+    const int gg = T >> 2, qq = T & 3;
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int k = 16 * st + 4 * qq + j;
+      word |= static_cast<uint32_t>(nib[gg][k] | (nib[gg + 8][k] << 4)) << (8 * j);
+    }
+    *reinterpret_cast<uint32_t*>(dst + 4 * wi) = word;
+  }
 }
 
 struct CoarseUnit {
-  uint4 nib[4], sc0, sc1;
-  uint32_t d;
+  uint4 nib[4];
+  uint4 sc[4];  // bf16 scales: row g steps 0-7, 8-15, row g + 8 steps 0-7, 8-15
 };
 
 __device__ __forceinline__ void LoadCoarseUnit(CoarseUnit& t, const uint8_t* p, int lane) {
   const int g = lane >> 2;
 #pragma unroll
   for (int i = 0; i < 4; ++i) t.nib[i] = LdStream(p + 512 * i + 16 * lane);
-  t.sc0 = __ldg(reinterpret_cast<const uint4*>(p + kCoarseOffSc + 16 * g));
-  t.sc1 = __ldg(reinterpret_cast<const uint4*>(p + kCoarseOffSc + 16 * (g + 8)));
-  t.d = __ldg(reinterpret_cast<const uint32_t*>(p + kCoarseOffD + 4 * g));
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    t.sc[i] = __ldg(reinterpret_cast<const uint4*>(p + kCoarseOffSc + 32 * (g + 8 * (i >> 1)) + 16 * (i & 1)));
 }
 
-// 4 nibbles h (one per byte) -> the int8 8h - 61 (8h + 67 <= 187 never carries; ^ 0x80 is -128).
-__device__ __forceinline__ uint32_t CoarseBytes4(uint32_t h) {
-  return (h * 8u + 0x43434343u) ^ 0x80808080u;
+// Step s's bf16 scale of row g (h = 0) or g + 8 (h = 1) as f32.
+__device__ __forceinline__ float StepScale(const CoarseUnit& t, int h, int s) {
+  const uint32_t word = Word(t.sc[2 * h + (s >> 3)], (s & 7) >> 1);
+  return __uint_as_float((s & 1) ? word & 0xFFFF0000u : word << 16);
 }
+
+// 4 nibbles (one per byte, code + 8) -> the int8 codes (n + 120 <= 135 never carries; ^ 0x80 is
+// -128).
+__device__ __forceinline__ uint32_t CodeBytes4(uint32_t n) { return (n + 0x78787878u) ^ 0x80808080u; }
 
 // Block = one 16-row tile; warp w takes units w, w + 4, ...; one activation column. Thread
 // (g, q) holds C rows g and g + 8 of column 2q; every q computes column 0 (only q == 0 stores).
@@ -94,16 +119,13 @@ __global__ void __launch_bounds__(kWarps * 32) CoarseGemvKernel(const uint8_t* _
     float4 xs_unit[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) xs_unit[h] = __ldg(reinterpret_cast<const float4*>(xs + 4 * h));
-    const float dg = HalfBitsToF32(cu.d & 0xFFFF) * 0.5f;  // the bracket is fed doubled
-    const float dg8 = HalfBitsToF32(cu.d >> 16) * 0.5f;
     float part0 = 0.f, part2 = 0.f;
 #pragma unroll
     for (int s = 0; s < 16; ++s) {
       const uint32_t word = Word(cu.nib[s >> 2], s & 3);
-      const uint32_t a0 = CoarseBytes4(word & 0x0F0F0F0Fu);
-      const uint32_t a1 = CoarseBytes4((word >> 4) & 0x0F0F0F0Fu);
-      const float s0 = dg * static_cast<float>(static_cast<int8_t>(Word(cu.sc0, s >> 2) >> (8 * (s & 3))));
-      const float s1 = dg8 * static_cast<float>(static_cast<int8_t>(Word(cu.sc1, s >> 2) >> (8 * (s & 3))));
+      const uint32_t a0 = CodeBytes4(word & 0x0F0F0F0Fu);
+      const uint32_t a1 = CodeBytes4((word >> 4) & 0x0F0F0F0Fu);
+      const float s0 = StepScale(cu, 0, s), s1 = StepScale(cu, 1, s);
       float f[4];
       Mma(a0, a1, b_unit[s], f);
       if ((s & 1) == 0) {
@@ -148,8 +170,8 @@ absl::Status CoarsenTiled(const void* tiled, int64_t M, int K, void* coarse, cud
   if (K % 256 != 0 || M <= 0 || tiled == nullptr || coarse == nullptr)
     return absl::InvalidArgumentError(absl::StrCat("CoarsenTiled: bad shape M=", M, " K=", K));
   const int64_t n_units = CeilDiv(M, kTiledRows) * (K / 256);
-  CoarsenKernel<<<static_cast<unsigned>(CeilDiv(n_units, 8)), 256, 0, stream>>>(
-      static_cast<const uint8_t*>(tiled), n_units, static_cast<uint8_t*>(coarse));
+  CoarsenKernel<<<static_cast<unsigned>(n_units), 256, 0, stream>>>(
+      static_cast<const uint8_t*>(tiled), static_cast<uint8_t*>(coarse));
   return LastLaunchStatus("CoarsenTiled");
 }
 

@@ -4,21 +4,22 @@
 // times, ~1.07 of a 12.4 ms cycle at one stream (docs/perf/h200.md). A draft only proposes a
 // token: greedy verification and the speculative sampling rule keep the output exact whatever
 // distribution proposes it, so a draft may use a cheaper head as long as its argmax mostly
-// agrees. This copy keeps the top 4 of each Q6_K quant's 6 bits (each value becomes the middle
-// of its 4-value bucket) and the scales as they are: 2,336 bytes per 16 x 256 tile-unit instead
-// of 3,360 (0.70x). On the trained demo model (`deltaserve mtp-accept --draft-heads`, heldout
-// text, 3,904 draft chains) drafts through it keep 2.109 tokens per verify step against 2.110
-// with the exact head (3 bits: 2.078, 2 bits: 1.987).
+// agrees. This copy codes every 16 values of the Q6_K matrix in 4 bits with a bf16 scale of
+// their own fitted to them (kernels/cpu/draft_head_fit.h: least squared error over 16 candidate
+// scales): 2,560 bytes per 16 x 256 tile-unit instead of 3,360 (0.76x). On the trained demo
+// model (`deltaserve mtp-accept --draft-heads --draft 4`, heldout text, 7,680 draft chains)
+// drafts through it keep as many tokens per verify step as the exact head's (docs/quality.md);
+// the top 4 of the 6 quant bits without a refit lost 0.9% of them, int8 sub-block scales under
+// one f32 scale per row 0.65%.
 //
 // Layout of a coarse tile-unit (kCoarseUnitBytes; tiles and units ordered as the tiled layout,
 // gemv_tiled.cuh):
 //   [0, 2048)    nibbles at the tiled layout's ql positions: byte j of word w at 512i + 16T is
-//                row g's h (low nibble) and row g+8's (high nibble) of k = 16s + 4q + j, s = 4i+w,
-//                h = q6 >> 2 for the unsigned quant q6 (0..63)
-//   [2048, 2304) int8 sub-block scales, [16 rows][16 steps] (as the tiled layout)
-//   [2304, 2336) f16 d, pairs (row g, row g+8) for g = 0..7 (as the tiled layout)
-// The value of an element is d * sc * (4h + 1.5 - 32); the kernel feeds 8h - 61 (= 2x that
-// bracket, an int8) to `mma.m16n8k16.s8` and halves d (exact).
+//                row g's nibble (low) and row g+8's (high) of k = 16s + 4q + j, s = 4i + w; the
+//                nibble is the code + 8 (codes -8..7)
+//   [2048, 2560) bf16 sub-block scales, [16 rows][16 steps]
+// The value of an element is its sub-block's scale times its code.
+
 #pragma once
 #include <cuda_runtime.h>
 
@@ -28,12 +29,13 @@
 
 namespace ds::cuda {
 
-constexpr int kCoarseUnitBytes = 2336;
+constexpr int kCoarseUnitBytes = 2560;
 
 // Bytes of the coarse copy of an [M, K] tiled Q6_K matrix. K % 256 == 0.
 uint64_t CoarseBytes(int64_t M, int K);
 
-// Writes the coarse copy of the whole tiled Q6_K matrix `tiled` [M, K] into `coarse`.
+// Writes the coarse copy of the whole tiled Q6_K matrix `tiled` [M, K] into `coarse` (one
+// block per tile-unit, a thread per row and 16 values).
 absl::Status CoarsenTiled(const void* tiled, int64_t M, int K, void* coarse, cudaStream_t stream);
 
 // y[M] = coarse W · x for one int8 activation column (xq [K], xd [K/32], as QuantizeActivations

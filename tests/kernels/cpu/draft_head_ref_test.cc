@@ -2,6 +2,7 @@
 // the Q6_K dequantization they approximate, and its two dot products against each other and
 // against the values.
 #include "kernels/cpu/draft_head_ref.h"
+#include "kernels/cpu/draft_head_fit.h"
 
 #include <gtest/gtest.h>
 
@@ -30,7 +31,10 @@ std::vector<uint8_t> RandomQ6KRow(std::mt19937& rng, int64_t n) {
   return row;
 }
 
-TEST(CoarseDraftHead, ValuesAreTheMiddleOfEachFourValueBucket) {
+// Codes in range, values scale * code, and each value within half a step of the Q6_K value it
+// codes unless that lies past the codes' range [-8.5, 7.5] steps (then the nearest end, same
+// sign).
+TEST(CoarseDraftHead, CodesFitTheQ6KValues) {
   std::mt19937 rng(7);
   const int64_t n = 1024;
   const auto row = RandomQ6KRow(rng, n);
@@ -38,13 +42,30 @@ TEST(CoarseDraftHead, ValuesAreTheMiddleOfEachFourValueBucket) {
   CoarseQ6KRow(row.data(), n, coarse.data());
   DequantizeRow(GgmlType::Q6_K, row.data(), exact.data(), n);
   const auto* blocks = reinterpret_cast<const BlockQ6K*>(row.data());
-  for (int64_t i = 0; i < n; ++i) {
-    const BlockQ6K& b = blocks[i / 256];
-    const float dsc = F16ToF32(b.d) * static_cast<float>(b.scales[(i % 256) / 16]);
-    const int q = Q6KCentred(b, static_cast<int>(i % 256)) + 32;
-    EXPECT_EQ(coarse[i], dsc * (static_cast<float>(q & 0x3C) + 1.5f - 32.f)) << i;
-    EXPECT_LE(std::fabs(coarse[i] - exact[i]), 1.5f * std::fabs(dsc) * (1 + 1e-6f)) << i;
+  int clipped = 0, zero_blocks = 0;
+  for (int64_t u = 0; u < n / 256; ++u) {
+    const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
+    for (int s = 0; s < 16; ++s) {
+      const float step = draft_head::Bf16Value(c.scale[s]);
+      EXPECT_GE(step, 0.f);
+      if (step == 0.f) ++zero_blocks;
+      for (int i = 16 * s; i < 16 * s + 16; ++i) {
+        const int64_t e = 256 * u + i;
+        EXPECT_GE(c.code[i], -8);
+        EXPECT_LE(c.code[i], 7);
+        EXPECT_EQ(coarse[e], step * static_cast<float>(c.code[i])) << e;
+        if (exact[e] <= 7.5f * step && exact[e] >= -8.5f * step) {
+          EXPECT_LE(std::fabs(coarse[e] - exact[e]), 0.5f * step * (1 + 1e-5f)) << e;
+        } else {
+          ++clipped;
+          EXPECT_TRUE(c.code[i] == 7 || c.code[i] == -8) << e;
+          EXPECT_GT(coarse[e] * exact[e], 0.f) << e;
+        }
+      }
+    }
   }
+  EXPECT_LT(clipped, n / 8);
+  EXPECT_LT(zero_blocks, 4);  // random scales: a zero sub-block scale is rare
 }
 
 TEST(CoarseDraftHead, DotProductsAgree) {
@@ -62,7 +83,7 @@ TEST(CoarseDraftHead, DotProductsAgree) {
     for (int64_t i = 0; i < n; ++i) want += static_cast<double>(coarse[i]) * xd[i / 32] * xq[i];
     double abs = 0;
     const double exact = CoarseDotQ6K(row.data(), xq.data(), xd.data(), n, &abs);
-    EXPECT_NEAR(exact, want, 1e-9 * abs) << n;
+    EXPECT_NEAR(exact, want, 1e-6 * abs) << n;  // want: the f32-rounded values
     EXPECT_NEAR(CoarseDotQ6KKernelOrder(row.data(), xq.data(), xd.data(), n), exact, 1e-5 * abs) << n;
     EXPECT_GT(abs, 0.0);
   }
