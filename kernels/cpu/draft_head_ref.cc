@@ -41,15 +41,18 @@ void CoarseQ6KRow(const void* row, int64_t n, float* out) {
   }
 }
 
-double CoarseDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t n, double* abs_sum) {
+double CoarseDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t n,
+                    double* abs_sum) {
   const auto* blocks = static_cast<const BlockQ6K*>(row);
   double sum = 0, abs = 0;
   for (int64_t u = 0; u < n / 256; ++u) {
     const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
     for (int s = 0; s < 16; ++s) {
-      const double scale = static_cast<double>(xd[8 * u + s / 2]) * draft_head::Bf16Value(c.scale[s]);
+      const double scale =
+          static_cast<double>(xd[8 * u + s / 2]) * draft_head::Bf16Value(c.scale[s]);
       sum += scale * SubBlockSum(c, xq + 256 * u, s);
-      for (int k = 16 * s; k < 16 * s + 16; ++k) abs += std::fabs(scale * c.code[k] * xq[256 * u + k]);
+      for (int k = 16 * s; k < 16 * s + 16; ++k)
+        abs += std::fabs(scale * c.code[k] * xq[256 * u + k]);
     }
   }
   if (abs_sum) *abs_sum = abs;

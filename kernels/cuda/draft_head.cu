@@ -24,8 +24,8 @@ static_assert(kCoarseOffSc + 16 * 16 * 2 == kCoarseUnitBytes);
 // thread decodes its values from the tiled layout (the same float operations as the CPU
 // reference: (d * sc) * (q - 32)) and fits their scale and codes; the nibbles go through shared
 // memory into the ql word order.
-__global__ void __launch_bounds__(256) CoarsenKernel(const uint8_t* __restrict__ tiled,
-                                                     uint8_t* __restrict__ coarse) {
+__global__ void __launch_bounds__(256)
+    CoarsenKernel(const uint8_t* __restrict__ tiled, uint8_t* __restrict__ coarse) {
   __shared__ uint8_t nib[kTiledRows][256];
   const int64_t u = blockIdx.x;
   const uint8_t* src = tiled + u * kTileUnitBytes;
@@ -37,9 +37,10 @@ __global__ void __launch_bounds__(256) CoarsenKernel(const uint8_t* __restrict__
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int T = 4 * g + q;
-    const uint32_t ql = *reinterpret_cast<const uint32_t*>(src + 512 * (s >> 2) + 16 * T + 4 * (s & 3));
-    const uint32_t qh =
-        *reinterpret_cast<const uint32_t*>(src + kOffQh + 512 * (s >> 3) + 16 * T + 4 * ((s & 7) >> 1));
+    const uint32_t ql =
+        *reinterpret_cast<const uint32_t*>(src + 512 * (s >> 2) + 16 * T + 4 * (s & 3));
+    const uint32_t qh = *reinterpret_cast<const uint32_t*>(src + kOffQh + 512 * (s >> 3) + 16 * T +
+                                                           4 * ((s & 7) >> 1));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t lo = (ql >> (8 * j + 4 * hi)) & 0xFu;
@@ -51,7 +52,8 @@ __global__ void __launch_bounds__(256) CoarsenKernel(const uint8_t* __restrict__
   const uint16_t scale = draft_head::SubBlockScale(w);
   reinterpret_cast<uint16_t*>(dst + kCoarseOffSc)[16 * r + s] = scale;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) nib[r][16 * s + i] = static_cast<uint8_t>(draft_head::Nibble(w[i], scale));
+  for (int i = 0; i < 16; ++i)
+    nib[r][16 * s + i] = static_cast<uint8_t>(draft_head::Nibble(w[i], scale));
   __syncthreads();
   for (int wi = threadIdx.x; wi < 512; wi += 256) {  // word wi = (i, T, w): 128 i + 4 T + w
     const int i4 = wi >> 7, T = (wi >> 2) & 31, ww = wi & 3, st = 4 * i4 + ww;
@@ -77,7 +79,8 @@ __device__ __forceinline__ void LoadCoarseUnit(CoarseUnit& t, const uint8_t* p, 
   for (int i = 0; i < 4; ++i) t.nib[i] = LdStream(p + 512 * i + 16 * lane);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    t.sc[i] = __ldg(reinterpret_cast<const uint4*>(p + kCoarseOffSc + 32 * (g + 8 * (i >> 1)) + 16 * (i & 1)));
+    t.sc[i] = __ldg(
+        reinterpret_cast<const uint4*>(p + kCoarseOffSc + 32 * (g + 8 * (i >> 1)) + 16 * (i & 1)));
 }
 
 // Step s's bf16 scale of row g (h = 0) or g + 8 (h = 1) as f32.
@@ -88,15 +91,15 @@ __device__ __forceinline__ float StepScale(const CoarseUnit& t, int h, int s) {
 
 // 4 nibbles (one per byte, code + 8) -> the int8 codes (n + 120 <= 135 never carries; ^ 0x80 is
 // -128).
-__device__ __forceinline__ uint32_t CodeBytes4(uint32_t n) { return (n + 0x78787878u) ^ 0x80808080u; }
+__device__ __forceinline__ uint32_t CodeBytes4(uint32_t n) {
+  return (n + 0x78787878u) ^ 0x80808080u;
+}
 
 // Block = one 16-row tile; warp w takes units w, w + 4, ...; one activation column. Thread
 // (g, q) holds C rows g and g + 8 of column 2q; every q computes column 0 (only q == 0 stores).
-__global__ void __launch_bounds__(kWarps * 32) CoarseGemvKernel(const uint8_t* __restrict__ w,
-                                                                int64_t M, int K,
-                                                                const int8_t* __restrict__ xq,
-                                                                const float* __restrict__ xd,
-                                                                float* __restrict__ y) {
+__global__ void __launch_bounds__(kWarps * 32)
+    CoarseGemvKernel(const uint8_t* __restrict__ w, int64_t M, int K, const int8_t* __restrict__ xq,
+                     const float* __restrict__ xd, float* __restrict__ y) {
   __shared__ float red[kWarps][kTiledRows];
   const int tile = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;

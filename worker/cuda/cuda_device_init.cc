@@ -554,7 +554,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     }
     if (coarse_bytes > 0 && mtp_head_.tiled) {
       mtp_coarse_head_ = wa.Take<uint8_t>(coarse_bytes);
-      DS_RETURN_IF_ERROR(CoarsenTiled(mtp_head_.d, mtp_head_.rows, mtp_head_.cols, mtp_coarse_head_, stream_));
+      DS_RETURN_IF_ERROR(
+          CoarsenTiled(mtp_head_.d, mtp_head_.rows, mtp_head_.cols, mtp_coarse_head_, stream_));
       DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     }
   }

@@ -225,8 +225,8 @@ absl::Status CudaDevice::MtpTail(float* u) {
   float* logits = VocabParallel() ? logits_part_ : mtp_logits_;
   if (mtp_coarse_head_ != nullptr) {  // drafts propose tokens: the coarse head (draft_head.cuh)
     DS_RETURN_IF_ERROR(EnsureQuantized(mtp_hid_, 1, H));
-    DS_RETURN_IF_ERROR(CoarseGemv(mtp_coarse_head_, mtp_head_.rows, H, xq_, xd_, logits, stream_,
-                                  early_launch_));
+    DS_RETURN_IF_ERROR(
+        CoarseGemv(mtp_coarse_head_, mtp_head_.rows, H, xq_, xd_, logits, stream_, early_launch_));
   } else {
     DS_RETURN_IF_ERROR(LinearRows(mtp_head_, mtp_hid_, 1, logits, false));
   }

@@ -2,7 +2,6 @@
 // the Q6_K dequantization they approximate, and its two dot products against each other and
 // against the values.
 #include "kernels/cpu/draft_head_ref.h"
-#include "kernels/cpu/draft_head_fit.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "common/util/half.h"
+#include "kernels/cpu/draft_head_fit.h"
 #include "kernels/cpu/mmq_ref.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -84,7 +84,8 @@ TEST(CoarseDraftHead, DotProductsAgree) {
     double abs = 0;
     const double exact = CoarseDotQ6K(row.data(), xq.data(), xd.data(), n, &abs);
     EXPECT_NEAR(exact, want, 1e-6 * abs) << n;  // want: the f32-rounded values
-    EXPECT_NEAR(CoarseDotQ6KKernelOrder(row.data(), xq.data(), xd.data(), n), exact, 1e-5 * abs) << n;
+    EXPECT_NEAR(CoarseDotQ6KKernelOrder(row.data(), xq.data(), xd.data(), n), exact, 1e-5 * abs)
+        << n;
     EXPECT_GT(abs, 0.0);
   }
 }

@@ -54,7 +54,8 @@ TEST(CoarseDraftHead, MatchesTheCpuReference) {
         const uint8_t* row = raw.data() + r * rb;
         const float want = cpu::CoarseDotQ6KKernelOrder(row, xq.data(), xd.data(), K);
         if (std::memcmp(&want, &got[r], sizeof(float)) != 0 && differ++ < 5)
-          ADD_FAILURE() << "row " << r << ": " << got[r] << " vs the kernel-order reference " << want;
+          ADD_FAILURE() << "row " << r << ": " << got[r] << " vs the kernel-order reference "
+                        << want;
         double abs = 0;
         const double exact = cpu::CoarseDotQ6K(row, xq.data(), xd.data(), K, &abs);
         EXPECT_NEAR(got[r], exact, 1e-5 * abs + 1e-30) << "row " << r;
