@@ -5,6 +5,7 @@
 
 #include "common/util/half.h"
 #include "kernels/cpu/draft_head_fit.h"
+#include "kernels/cpu/mmq_ref.h"
 #include "kernels/cpu/quant_blocks.h"
 
 namespace ds::cpu {
@@ -61,21 +62,15 @@ double CoarseDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t 
 
 float CoarseDotQ6KKernelOrder(const void* row, const int8_t* xq, const float* xd, int64_t n) {
   const auto* blocks = static_cast<const BlockQ6K*>(row);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int64_t u = 0; u < n / 256; ++u) {
-    const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
-    float& a = acc[u % 4];
-    for (int m = 0; m < 8; ++m) {
-      const float s0 = draft_head::Bf16Value(c.scale[2 * m]);
-      const float s1 = draft_head::Bf16Value(c.scale[2 * m + 1]);
-      float part = s0 * static_cast<float>(SubBlockSum(c, xq + 256 * u, 2 * m));
-      part = std::fma(s1, static_cast<float>(SubBlockSum(c, xq + 256 * u, 2 * m + 1)), part);
-      a = std::fma(xd[8 * u + m], part, a);
-    }
-  }
-  float v = 0.f;
-  for (int w = 0; w < 4; ++w) v = v + acc[w];
-  return v;
+  CoarseUnit c;
+  int64_t fitted = -1;  // the unit c holds
+  auto unit = [&](int64_t u) -> const CoarseUnit& {
+    if (u != fitted) c = CoarseFitQ6KBlock(blocks + (fitted = u));
+    return c;
+  };
+  return TiledKernelOrderDot(
+      n / 256, xd, [&](int64_t u, int s) { return draft_head::Bf16Value(unit(u).scale[s]); },
+      [&](int64_t u, int s) { return SubBlockSum(unit(u), xq + 256 * u, s); });
 }
 
 }  // namespace ds::cpu

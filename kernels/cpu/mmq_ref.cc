@@ -53,22 +53,10 @@ double MmqDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t n, 
 
 float MmqDotQ6KKernelOrder(const void* row, const int8_t* xq, const float* xd, int64_t n) {
   const auto* blocks = static_cast<const BlockQ6K*>(row);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int64_t u = 0; u < n / 256; ++u) {
-    const BlockQ6K& b = blocks[u];
-    const float dg = F16ToF32(b.d);
-    float& a = acc[u % 4];
-    for (int m = 0; m < 8; ++m) {
-      const float s0 = dg * static_cast<float>(b.scales[2 * m]);
-      const float s1 = dg * static_cast<float>(b.scales[2 * m + 1]);
-      float part = s0 * static_cast<float>(SubBlockSum(b, xq + 256 * u, 2 * m));
-      part = std::fma(s1, static_cast<float>(SubBlockSum(b, xq + 256 * u, 2 * m + 1)), part);
-      a = std::fma(xd[8 * u + m], part, a);
-    }
-  }
-  float v = 0.f;
-  for (int w = 0; w < 4; ++w) v = v + acc[w];
-  return v;
+  return TiledKernelOrderDot(
+      n / 256, xd,
+      [&](int64_t u, int s) { return F16ToF32(blocks[u].d) * static_cast<float>(blocks[u].scales[s]); },
+      [&](int64_t u, int s) { return SubBlockSum(blocks[u], xq + 256 * u, s); });
 }
 
 }  // namespace ds::cpu

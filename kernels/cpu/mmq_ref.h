@@ -3,6 +3,7 @@
 // compute, so that the GPU kernels are tested against what they are meant to compute (int8
 // activations), not only against the f32 product with the int8 noise bound.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 namespace ds::cpu {
@@ -25,5 +26,24 @@ double MmqDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t n, 
 // acc = fma(xd, part, acc); the result ((0 + acc0) + acc1) + acc2) + acc3. A correct kernel
 // matches it bit for bit.
 float MmqDotQ6KKernelOrder(const void* row, const int8_t* xq, const float* xd, int64_t n);
+
+// That f32 order for any 256-value unit format with 16-value sub-blocks (the tiled kernels and
+// the coarse draft head's, draft_head_ref.h): scale(u, s) is sub-block s's f32 scale in unit u,
+// sum(u, s) its exact integer sum of weights times xq.
+template <class Scale, class Sum>
+float TiledKernelOrderDot(int64_t n_units, const float* xd, Scale scale, Sum sum) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t u = 0; u < n_units; ++u) {
+    float& a = acc[u % 4];
+    for (int m = 0; m < 8; ++m) {
+      float part = scale(u, 2 * m) * static_cast<float>(sum(u, 2 * m));
+      part = std::fma(scale(u, 2 * m + 1), static_cast<float>(sum(u, 2 * m + 1)), part);
+      a = std::fma(xd[8 * u + m], part, a);
+    }
+  }
+  float v = 0.f;
+  for (int w = 0; w < 4; ++w) v = v + acc[w];
+  return v;
+}
 
 }  // namespace ds::cpu
