@@ -53,10 +53,11 @@ double MmqDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t n, 
 
 float MmqDotQ6KKernelOrder(const void* row, const int8_t* xq, const float* xd, int64_t n) {
   const auto* blocks = static_cast<const BlockQ6K*>(row);
-  return TiledKernelOrderDot(
-      n / 256, xd,
-      [&](int64_t u, int s) { return F16ToF32(blocks[u].d) * static_cast<float>(blocks[u].scales[s]); },
-      [&](int64_t u, int s) { return SubBlockSum(blocks[u], xq + 256 * u, s); });
+  auto scale = [&](int64_t u, int s) {
+    return F16ToF32(blocks[u].d) * static_cast<float>(blocks[u].scales[s]);
+  };
+  auto sum = [&](int64_t u, int s) { return SubBlockSum(blocks[u], xq + 256 * u, s); };
+  return TiledKernelOrderDot(n / 256, xd, scale, sum);
 }
 
 }  // namespace ds::cpu
