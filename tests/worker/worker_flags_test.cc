@@ -1,6 +1,6 @@
 // Worker flags that select device paths (issue #19: --portable on|off; issue #22:
-// --dense-weights on|off|auto, --early-launch on|off): parsed into WorkerOptions,
-// bad values refused with a message naming the flag.
+// --dense-weights on|off|auto, --early-launch on|off; issue #15: --coarse-draft-head on|off):
+// parsed into WorkerOptions, bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -63,6 +63,23 @@ TEST(WorkerFlags, EarlyLaunchOnOff) {
   auto bad = Parse({"--early-launch", "maybe"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("--early-launch expects on or off"),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(WorkerFlags, CoarseDraftHeadOnOff) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_TRUE(def->coarse_draft_head);
+  auto off = Parse({"--coarse-draft-head", "off"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->coarse_draft_head);
+  auto on = Parse({"--coarse-draft-head", "on"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->coarse_draft_head);
+  auto bad = Parse({"--coarse-draft-head", "4bit"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("--coarse-draft-head expects on or off"),
             std::string::npos)
       << bad.status();
 }
