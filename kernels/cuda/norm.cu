@@ -85,6 +85,8 @@ __global__ void __launch_bounds__(1024)
                       float* __restrict__ out, uint16_t* __restrict__ xh, float* __restrict__ xs,
                       int n, float eps) {
   __shared__ float scratch[32];
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();      // the f16 matmul after it may start loading its weights
   const int t = blockIdx.x, groups = n / 8;
   const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(t) * n);
   const float4* wr = reinterpret_cast<const float4*>(w);
@@ -133,12 +135,13 @@ absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t*
 }
 
 absl::Status RmsNormHalf(const float* x, const float* w, float* out, uint16_t* xh, float* xs, int T,
-                         int n, float eps, cudaStream_t stream) {
+                         int n, float eps, cudaStream_t stream, bool early) {
   if (T == 0) return absl::OkStatus();
   if (!WideOk(x, n, w, out, n) || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
     return absl::InvalidArgumentError(
         "RmsNormHalf: x, w, out need 16-byte and xh 8-byte alignment, n % 8 == 0");
-  RmsNormHalfKernel<<<T, WideThreads(n), 0, stream>>>(x, w, out, xh, xs, n, eps);
+  LaunchMaybeEarly(RmsNormHalfKernel, T, WideThreads(n), 0, stream, early, x, w, out, xh, xs, n,
+                   eps);
   return LastLaunchStatus("RmsNormHalf");
 }
 

@@ -112,6 +112,9 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   TileUnit next;
   if (kPrefetch && active && u0 < u1)
     LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
+  // Launched early (GemvArgs::early_launch): only the weights above before the kernel ahead is
+  // done; the activations, their scales and the outputs after.
+  WaitForPrerequisiteGrids();
   if (u0 < u1) stage(u0, 0);
   CpAsyncCommit();
   for (int u = u0; u < u1; ++u) {
@@ -167,6 +170,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     }
     __syncthreads();  // buffer b is restaged by the next round's copy
   }
+  AllowDependentLaunch();  // the next kernel may be scheduled during the epilogue
 
   const int64_t ldy = a.ldy ? a.ldy : a.M;
   const int row_base = tile * kTiledRows + g;
@@ -273,7 +277,8 @@ absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
   if (attr != cudaSuccess)
     return absl::InternalError(
         absl::StrCat("TiledF16Multi: shared memory ", kSmem, ": ", cudaGetErrorString(attr)));
-  TiledF16Kernel<NT, kPair><<<blocks, kThreads, kSmem, stream>>>(L);
+  LaunchMaybeEarly(TiledF16Kernel<NT, kPair>, blocks, kThreads, kSmem, stream,
+                   L.seg[0].early_launch, L);
   return LastLaunchStatus("TiledF16Kernel");
 }
 
@@ -286,6 +291,8 @@ absl::Status LaunchNt(const F16Launch& L, int blocks, cudaStream_t stream) {
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
                                       float* __restrict__ xs) {
   __shared__ float scratch[32];
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();
   const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * K);
   uint2* hr = reinterpret_cast<uint2*>(xh + static_cast<int64_t>(blockIdx.x) * K);
   float m = 0.f;
@@ -342,12 +349,12 @@ int64_t TiledF16PartialFloats(int max_cols) {
 int TiledF16Tickets() { return kMaxTickets; }
 
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool early) {
   if (R <= 0 || K <= 0 || K % 4 != 0)
     return absl::InvalidArgumentError(absl::StrCat("HalfActivations: R=", R, " K=", K));
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
     return absl::InvalidArgumentError("HalfActivations: x / xh misaligned");
-  HalfActivationsKernel<<<R, 256, 0, stream>>>(x, K, xh, xs);
+  LaunchMaybeEarly(HalfActivationsKernel, R, 256, 0, stream, early, x, K, xh, xs);
   return LastLaunchStatus("HalfActivationsKernel");
 }
 

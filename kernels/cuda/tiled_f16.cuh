@@ -33,8 +33,9 @@ constexpr int kTiledF16MaxCols = kTiledMaxCols;
 // x: [R, K] f32 -> xh: [R, K] f16 bits of x * 2^e_r and xs: [R] = 2^-e_r, where e_r puts the
 // row's largest |x| in [2^13, 2^14) (e_r = 0 for an all-zero or non-finite row; e_r <= 114).
 // K % 4 == 0, x 16-byte and xh 8-byte aligned. CPU twin: cpu::HalfActivationsRow.
+// `early`: launched early (common.cuh, LaunchMaybeEarly).
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
-                             cudaStream_t stream);
+                             cudaStream_t stream, bool early = false);
 
 // Device scratch of the launches that split K over blocks (the narrow matrices): partial sums
 // and one ticket per 128-row block (zero at allocation; each launch leaves them zero).

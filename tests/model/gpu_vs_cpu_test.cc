@@ -485,24 +485,24 @@ TEST(GpuDenseWeights, AutoMakesCopiesAndChangesNoLogits) {
 
 // Early launch of the decode kernels (CudaBackendOptions::early_launch, sm_90+): the column
 // kernel, the norm + quantizer, the quantizer and the GDN decode kernel start while the kernel
-// before them runs and wait for it before touching activations. Decode steps (one sequence, then
-// four: the 1- and 4-column forms, eager and replayed from their graphs) give the logits of
-// plain launches bit for bit.
+// before them runs and wait for it before touching activations. Decode steps (one sequence, four,
+// then twelve: the 1- and 4-column forms of the int8 kernels and the f16 kernel's 12 columns with
+// its norm, eager and replayed from their graphs) give the logits of plain launches bit for bit.
 TEST(GpuEarlyLaunch, DecodeLogitsEqualPlainLaunches) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path has no tiled kernel";
   const std::string path = Synth27BWidth("q6k_27b_width_4l_early.gguf", 4);
   ASSERT_FALSE(path.empty());
   BackendOptions bo;
-  bo.n_slots = 5;
+  bo.n_slots = 13;
   bo.slot_ctx = 128;
   auto run = [&](bool early, std::vector<std::vector<float>>* steps) {
     CudaBackendOptions co;
     co.early_launch = early;
     auto be = cuda::CreateCudaBackendApi(path, bo, co);
     ASSERT_TRUE(be.ok()) << be.status();
-    int32_t len[5] = {};
-    for (int s = 0; s < 5; ++s) {
+    int32_t len[13] = {};
+    for (int s = 0; s < 13; ++s) {
       SeqStep p;
       p.slot = s;
       for (int i = 0; i < 12 + s; ++i) p.tokens.push_back((i * 37 + s * 11) % 500 + 1);
@@ -511,9 +511,10 @@ TEST(GpuEarlyLaunch, DecodeLogitsEqualPlainLaunches) {
       absl::Status st = (*be)->Forward({&p, 1}, StepOptions{}, &out);
       ASSERT_TRUE(st.ok()) << st;
     }
-    for (int it = 0; it < 6; ++it) {
-      // Steps 0-2: one sequence; 3-5: four at once. Later repetitions replay captured graphs.
-      const int n = it < 3 ? 1 : 4;
+    for (int it = 0; it < 9; ++it) {
+      // Steps 0-2: one sequence; 3-5: four at once; 6-8: twelve (the f16 kernel from 9 rows).
+      // Later repetitions replay captured graphs.
+      const int n = it < 3 ? 1 : it < 6 ? 4 : 12;
       std::vector<SeqStep> dec(n);
       for (int i = 0; i < n; ++i) {
         dec[i].slot = i;
