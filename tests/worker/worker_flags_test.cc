@@ -19,21 +19,26 @@ absl::StatusOr<WorkerOptions> Parse(std::vector<std::string> extra) {
   return ParseWorkerFlags(static_cast<int>(argv.size()), argv.data());
 }
 
-TEST(WorkerFlags, PortableOnOff) {
+// An on|off flag: its default, both values, and a bad value refused naming the flag.
+void ExpectOnOffFlag(const std::string& flag, bool WorkerOptions::*field, bool by_default) {
+  SCOPED_TRACE(flag);
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_FALSE(def->portable);
-  auto on = Parse({"--portable", "on"});
-  ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_TRUE(on->portable);
-  auto off = Parse({"--portable", "off"});
-  ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE(off->portable);
-  auto bad = Parse({"--portable", "yes"});
+  EXPECT_EQ((*def).*field, by_default);
+  for (const bool v : {true, false}) {
+    auto set = Parse({flag, v ? "on" : "off"});
+    ASSERT_TRUE(set.ok()) << set.status();
+    EXPECT_EQ((*set).*field, v);
+  }
+  auto bad = Parse({flag, "maybe"});
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(std::string(bad.status().message()).find("--portable expects on or off"),
+  EXPECT_NE(std::string(bad.status().message()).find(flag + " expects on or off"),
             std::string::npos)
       << bad.status();
+}
+
+TEST(WorkerFlags, PortableOnOff) {
+  ExpectOnOffFlag("--portable", &WorkerOptions::portable, false);
 }
 
 TEST(WorkerFlags, DenseWeightsOnOffAuto) {
@@ -54,34 +59,11 @@ TEST(WorkerFlags, DenseWeightsOnOffAuto) {
 }
 
 TEST(WorkerFlags, EarlyLaunchOnOff) {
-  auto def = Parse({});
-  ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_TRUE(def->early_launch);
-  auto off = Parse({"--early-launch", "off"});
-  ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE(off->early_launch);
-  auto bad = Parse({"--early-launch", "maybe"});
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(std::string(bad.status().message()).find("--early-launch expects on or off"),
-            std::string::npos)
-      << bad.status();
+  ExpectOnOffFlag("--early-launch", &WorkerOptions::early_launch, true);
 }
 
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {
-  auto def = Parse({});
-  ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_TRUE(def->coarse_draft_head);
-  auto off = Parse({"--coarse-draft-head", "off"});
-  ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE(off->coarse_draft_head);
-  auto on = Parse({"--coarse-draft-head", "on"});
-  ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_TRUE(on->coarse_draft_head);
-  auto bad = Parse({"--coarse-draft-head", "4bit"});
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(std::string(bad.status().message()).find("--coarse-draft-head expects on or off"),
-            std::string::npos)
-      << bad.status();
+  ExpectOnOffFlag("--coarse-draft-head", &WorkerOptions::coarse_draft_head, true);
 }
 
 }  // namespace
