@@ -1,11 +1,19 @@
-// IEEE fp16 and bfloat16 <-> fp32 conversions (host side), exact and branch-light.
+// IEEE fp16 and bfloat16 <-> fp32 conversions (host side; the bf16 pair also in device code, for
+// fits that host and device must compute alike: kernels/cpu/draft_head_fit.h), exact and
+// branch-light.
 #pragma once
 #include <cstdint>
 #include <cstring>
 
+#if defined(__CUDACC__)
+#define DS_HALF_FN __host__ __device__ inline
+#else
+#define DS_HALF_FN inline
+#endif
+
 namespace ds {
 
-inline float Bf16ToF32(uint16_t h) {
+DS_HALF_FN float Bf16ToF32(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
   std::memcpy(&f, &bits, 4);
@@ -13,7 +21,7 @@ inline float Bf16ToF32(uint16_t h) {
 }
 
 // Round-to-nearest-even; NaN stays NaN.
-inline uint16_t F32ToBf16(float f) {
+DS_HALF_FN uint16_t F32ToBf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);

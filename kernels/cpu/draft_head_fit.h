@@ -5,7 +5,8 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+
+#include "common/util/half.h"
 
 #if defined(__CUDACC__)
 #define DS_FIT_FN __host__ __device__ inline
@@ -14,27 +15,6 @@
 #endif
 
 namespace ds::draft_head {
-
-// bf16 of a finite f32, rounded to nearest even, and back.
-DS_FIT_FN uint16_t Bf16Bits(float f) {
-  uint32_t x;
-#if defined(__CUDA_ARCH__)
-  x = __float_as_uint(f);
-#else
-  std::memcpy(&x, &f, 4);
-#endif
-  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
-DS_FIT_FN float Bf16Value(uint16_t b) {
-  const uint32_t x = static_cast<uint32_t>(b) << 16;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(x);
-#else
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-#endif
-}
 
 // Scale candidates per sub-block (24 or 32 measured the same acceptance on the demo model).
 constexpr int kScaleCandidates = 16;
@@ -52,8 +32,8 @@ DS_FIT_FN uint16_t SubBlockScale(const float* w) {
   float best_err = INFINITY;
   uint16_t best = 0;
   for (int c = 0; c < kScaleCandidates; ++c) {
-    const uint16_t b = Bf16Bits(amax / (6.5f + 0.125f * static_cast<float>(c)));  // exact divisor
-    const float s = Bf16Value(b);
+    const uint16_t b = F32ToBf16(amax / (6.5f + 0.125f * static_cast<float>(c)));  // exact divisor
+    const float s = Bf16ToF32(b);
     if (!(s > 0.f)) continue;
     float err = 0.f;
     for (int i = 0; i < 16; ++i) {
@@ -70,7 +50,7 @@ DS_FIT_FN uint16_t SubBlockScale(const float* w) {
 
 // The stored nibble (code + 8, 0..15) of value w under the sub-block's bf16 scale.
 DS_FIT_FN int Nibble(float w, uint16_t scale) {
-  const float s = Bf16Value(scale);
+  const float s = Bf16ToF32(scale);
   return s > 0.f ? static_cast<int>(Code(w, s)) + 8 : 8;
 }
 

@@ -38,7 +38,7 @@ void CoarseQ6KRow(const void* row, int64_t n, float* out) {
   for (int64_t u = 0; u < n / 256; ++u) {
     const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
     for (int e = 0; e < 256; ++e)
-      out[256 * u + e] = draft_head::Bf16Value(c.scale[e / 16]) * static_cast<float>(c.code[e]);
+      out[256 * u + e] = Bf16ToF32(c.scale[e / 16]) * static_cast<float>(c.code[e]);
   }
 }
 
@@ -50,7 +50,7 @@ double CoarseDotQ6K(const void* row, const int8_t* xq, const float* xd, int64_t 
     const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
     for (int s = 0; s < 16; ++s) {
       const double scale =
-          static_cast<double>(xd[8 * u + s / 2]) * draft_head::Bf16Value(c.scale[s]);
+          static_cast<double>(xd[8 * u + s / 2]) * Bf16ToF32(c.scale[s]);
       sum += scale * SubBlockSum(c, xq + 256 * u, s);
       for (int k = 16 * s; k < 16 * s + 16; ++k)
         abs += std::fabs(scale * c.code[k] * xq[256 * u + k]);
@@ -69,7 +69,7 @@ float CoarseDotQ6KKernelOrder(const void* row, const int8_t* xq, const float* xd
     return c;
   };
   return TiledKernelOrderDot(
-      n / 256, xd, [&](int64_t u, int s) { return draft_head::Bf16Value(unit(u).scale[s]); },
+      n / 256, xd, [&](int64_t u, int s) { return Bf16ToF32(unit(u).scale[s]); },
       [&](int64_t u, int s) { return SubBlockSum(unit(u), xq + 256 * u, s); });
 }
 

@@ -13,9 +13,9 @@
 //
 // `--draft-heads`: the same chains also drafted through two stand-ins for the MTP head's LM head,
 // applied to the same MTP hidden states: the head requantized to Q6_K, and the coarse copy of
-// that Q6_K head the CUDA drafts use (kernels/cuda/draft_head.cuh: the top 4 of each quant's 6
-// bits). Drafts only propose tokens, so the question is how often a cheaper head's drafts are
-// still accepted; reported per position for each head.
+// that Q6_K head the CUDA drafts use (kernels/cuda/draft_head.cuh: 4-bit codes with a bf16 scale
+// per 16 values). Drafts only propose tokens, so the question is how often a cheaper head's
+// drafts are still accepted; reported per position for each head.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -231,7 +231,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const cpu::WeightView* draft_head = mtp_own_head ? &mw.mtp.head : &mw.output;
   const uint64_t coarse_bytes =
       has_mtp_ && copts_.coarse_draft_head && (mtp_own_head || !mw.tied_output) &&
-              draft_head->type == GgmlType::Q6_K && tile_it(draft_head)
+              tile_it(draft_head)  // tiled: Q6_K
           ? CoarseBytes(draft_head->rows, static_cast<int>(draft_head->cols))
           : 0;
   plan_.weights += AlignUp(coarse_bytes);
@@ -552,7 +552,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     } else {
       mtp_head_ = output_;
     }
-    if (coarse_bytes > 0 && mtp_head_.tiled) {
+    if (coarse_bytes > 0) {  // mtp_head_ was uploaded tiled (tile_it above)
       mtp_coarse_head_ = wa.Take<uint8_t>(coarse_bytes);
       DS_RETURN_IF_ERROR(
           CoarsenTiled(mtp_head_.d, mtp_head_.rows, mtp_head_.cols, mtp_coarse_head_, stream_));

@@ -73,15 +73,16 @@ struct CudaBackendOptions {
   bool f16_mma = true;
   int f16_mma_min_cols = 9;
   // The decode kernels launched early on sm_90+ (programmatic dependent launch, kernels/cuda/
-  // README.md "Early launch of the decode kernels"): the tiled column kernel (1..8 columns) may
-  // start while the norm, quantizer or GDN kernel before it runs and load its first weights, and
-  // those kernels start while the one before them finishes; each waits for its predecessor
-  // before touching activations. The same arithmetic (bit for bit).
+  // README.md "Early launch of the decode kernels"): the tiled column kernel (1..8 columns) and
+  // the f16 kernel (9..64) may start while the norm, quantizer or GDN kernel before them runs and
+  // load their first weights, and those kernels start while the one before them finishes; each
+  // waits for its predecessor before touching activations. The same arithmetic (bit for bit).
   bool early_launch = true;
-  // MTP drafts through a coarse copy of a tiled Q6_K head (kernels/cuda/draft_head.cuh: the top 4
-  // of each quant's 6 bits, 0.70 of the head's bytes, made at load): drafts only propose tokens,
-  // so greedy and sampled outputs stay exactly those of the full head's verification; the copy
-  // costs memory (0.72 GB on the 27B) and saves ~0.08 ms of each draft's ~0.5 on the H200.
+  // MTP drafts through a coarse copy of a tiled Q6_K head (kernels/cuda/draft_head.cuh: 4-bit
+  // codes with a bf16 scale per 16 values, 0.76x the head's bytes, made at load): drafts only
+  // propose tokens, so greedy and sampled outputs stay exactly those of the full head's
+  // verification; the copy costs memory (0.74 GiB on the 27B) and saves ~0.08 ms of each draft's
+  // ~0.64 on the H200.
   bool coarse_draft_head = true;
   // Dense weights (issue #22, worker/model/dense_weights.h): every layer matrix also kept as a
   // 16-bit copy (bf16; f16 on the portable path), dequantized once at load, which the cuBLAS path

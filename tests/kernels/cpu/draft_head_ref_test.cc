@@ -46,7 +46,7 @@ TEST(CoarseDraftHead, CodesFitTheQ6KValues) {
   for (int64_t u = 0; u < n / 256; ++u) {
     const CoarseUnit c = CoarseFitQ6KBlock(blocks + u);
     for (int s = 0; s < 16; ++s) {
-      const float step = draft_head::Bf16Value(c.scale[s]);
+      const float step = Bf16ToF32(c.scale[s]);
       EXPECT_GE(step, 0.f);
       if (step == 0.f) ++zero_blocks;
       for (int i = 16 * s; i < 16 * s + 16; ++i) {
