@@ -6,6 +6,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_prefill_mma.cuh"
+#include "kernels/cuda/attention_prefill_wgmma.cuh"
 #include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -407,6 +408,7 @@ __global__ void AttnCombineKernel(const AttnDecodeArgs a) {
 
 // Copies cache rows [0, L) of one slot into contiguous f16 [L, n_kv*hd] buffers for cuBLAS
 // (quantized rows dequantized: d*q is exact in f32, then rounded to f16 like the f16 cache).
+// v == nullptr: K only (the wgmma path gathers V transposed).
 template <GgmlType KT>
 __global__ void GatherKvKernel(const KvCacheView kv, int slot, int L, uint16_t* __restrict__ k,
                                uint16_t* __restrict__ v) {
@@ -417,14 +419,43 @@ __global__ void GatherKvKernel(const KvCacheView kv, int slot, int L, uint16_t* 
   if constexpr (KT == GgmlType::F16) {
     const int64_t src = KvRow(kv, slot, pos) * kv.hd + e;
     k[i] = static_cast<const uint16_t*>(kv.k)[src];
-    v[i] = static_cast<const uint16_t*>(kv.v)[src];
+    if (v != nullptr) v[i] = static_cast<const uint16_t*>(kv.v)[src];
   } else {
     const int head = e / kv.hd, j = e % kv.hd;
     const int64_t off = (KvRow(kv, slot, pos) + head) * kv.row_bytes();
     const float kx = KvElem<KT>(static_cast<const uint8_t*>(kv.k) + off, j);
-    const float vx = KvElem<KT>(static_cast<const uint8_t*>(kv.v) + off, j);
     k[i] = __half_as_ushort(__float2half_rn(kx));
-    v[i] = __half_as_ushort(__float2half_rn(vx));
+    if (v != nullptr)
+      v[i] = __half_as_ushort(__float2half_rn(KvElem<KT>(static_cast<const uint8_t*>(kv.v) + off, j)));
+  }
+}
+
+// Cache rows [0, L) of one slot's V, transposed into f16 [n_kv*hd, Lpad] (zero past L) for the
+// wgmma prefill kernel, whose B operands are K-major: a 64-position x 64-element tile per block,
+// read along the rows and written along the positions through shared memory. hd % 64 == 0.
+template <GgmlType KT>
+__global__ void GatherVTransposedKernel(const KvCacheView kv, int slot, int L, int Lpad,
+                                        uint16_t* __restrict__ vt) {
+  __shared__ uint16_t tile[64][66];  // [element][position]; 2 halves of padding per row
+  const int p0 = blockIdx.x * 64, e0 = blockIdx.y * 64;
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int r = i / 64, c = i % 64, pos = p0 + r, e = e0 + c;
+    uint16_t x = 0;
+    if (pos < L) {
+      if constexpr (KT == GgmlType::F16) {
+        x = static_cast<const uint16_t*>(kv.v)[KvRow(kv, slot, pos) * kv.hd + e];
+      } else {
+        const int64_t off = (KvRow(kv, slot, pos) + e / kv.hd) * kv.row_bytes();
+        x = __half_as_ushort(
+            __float2half_rn(KvElem<KT>(static_cast<const uint8_t*>(kv.v) + off, e % kv.hd)));
+      }
+    }
+    tile[c][r] = x;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int c = i / 64, r = i % 64;
+    vt[static_cast<int64_t>(e0 + c) * Lpad + p0 + r] = tile[c][r];
   }
 }
 
@@ -503,6 +534,10 @@ absl::Status AttnDecode(const AttnDecodeArgs& a, cudaStream_t stream) {
   return LastLaunchStatus("AttnCombine");
 }
 
+int64_t AttnPrefillVtElems(const AttnShape& s, int L) {
+  return static_cast<int64_t>(s.n_kv) * s.hd * AttnPrefillVtRows(L);
+}
+
 absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_t stream) {
   const AttnShape& s = a.shape;
   if (a.T == 0) return absl::OkStatus();
@@ -510,7 +545,8 @@ absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_
   const int64_t width = static_cast<int64_t>(s.n_kv) * hd;
   DS_RETURN_IF_ERROR(KvTypeCheck(a.kv, "AttnPrefill"));
   const int gb = CeilDiv(L * width, 256);
-  uint16_t *kt = a.k_tmp, *vt = a.v_tmp;
+  // The wgmma kernel takes V transposed (GatherVTransposedKernel), the others row by row.
+  uint16_t *kt = a.k_tmp, *vt = a.wgmma ? nullptr : a.v_tmp;
   switch (a.kv.type) {
     case GgmlType::Q8_0:
       GatherKvKernel<GgmlType::Q8_0><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
@@ -523,6 +559,26 @@ absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_
       break;
   }
   DS_RETURN_IF_ERROR(LastLaunchStatus("GatherKv"));
+  if (a.wgmma) {
+    if (!AttnPrefillWgmmaSupports(s))
+      return absl::UnimplementedError(absl::StrCat("AttnPrefill on warpgroup tensor cores: head_dim ",
+                                                   hd, ", GQA group ", G));
+    const int Lpad = AttnPrefillVtRows(L);
+    const dim3 tb(Lpad / 64, static_cast<int>(width / 64));
+    switch (a.kv.type) {
+      case GgmlType::Q8_0:
+        GatherVTransposedKernel<GgmlType::Q8_0><<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
+        break;
+      case GgmlType::Q4_0:
+        GatherVTransposedKernel<GgmlType::Q4_0><<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
+        break;
+      default:
+        GatherVTransposedKernel<GgmlType::F16><<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
+        break;
+    }
+    DS_RETURN_IF_ERROR(LastLaunchStatus("GatherVTransposed"));
+    return LaunchAttnPrefillWgmma(a, stream);
+  }
   if (a.tensor_cores) {
     if (!AttnPrefillMmaSupports(s))
       return absl::UnimplementedError(absl::StrCat("AttnPrefill on tensor cores: head_dim ", hd,

@@ -94,7 +94,8 @@ struct AttnPrefillArgs {
   const float* qg = nullptr;      // [T, n_head*2*hd]
   KvCacheView kv;
   uint16_t* k_tmp = nullptr;      // [pos0+T, n_kv*hd] scratch
-  uint16_t* v_tmp = nullptr;      // [pos0+T, n_kv*hd] scratch
+  uint16_t* v_tmp = nullptr;      // [pos0+T, n_kv*hd] scratch; with wgmma [n_kv*hd, Lpad]:
+                                  // AttnPrefillVtElems(shape, pos0+T) elements
   float* scores = nullptr;        // [G, tq, pos0+T] scratch, G = n_head/n_kv
   uint16_t* probs = nullptr;      // [G, tq, pos0+T] scratch
   int tq = 256;
@@ -103,7 +104,13 @@ struct AttnPrefillArgs {
   // group <= 8) instead of the cuBLAS chunks: the same f16 operands, nothing of size queries x
   // keys in memory (scores / probs unused).
   bool tensor_cores = false;
+  // The flash kernel on warpgroup tensor cores instead (attention_prefill_wgmma.cu, sm_90a only:
+  // AttnPrefillWgmmaAvailable(); hd 64/128/256): the same operands, V gathered transposed.
+  bool wgmma = false;
 };
+// Elements of v_tmp the prefill of L = pos0 + T cached tokens needs on any path (the wgmma
+// kernel's transposed V is padded to whole 64-key tiles).
+int64_t AttnPrefillVtElems(const AttnShape& s, int L);
 absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_t stream);
 
 }  // namespace ds::cuda

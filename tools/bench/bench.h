@@ -30,6 +30,7 @@ struct BenchOptions {
   bool gdn_runs = true;                      // --gdn-runs off: MTP verify GDN rows in waves (A/B)
   bool fuse_gdn = true;                      // --fuse-gdn off: the GDN output's int8 copy by a launch of its own (A/B)
   bool attn_mma = true;                      // --attn-mma off: the f32 SIMT decode attention (A/B)
+  bool attn_wgmma = true;                    // --attn-wgmma off: the mma.sync prefill flash kernel
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection
   // GEMMs (CudaBackendOptions::overlap_allreduce); -1 = that option's default.

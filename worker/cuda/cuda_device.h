@@ -314,6 +314,9 @@ class CudaDevice final : public Device {
   // shapes the kernel runs (AttnDecodeMmaSupports).
   bool attn_tensor_cores_ = false;
   bool attn_prefill_tensor_cores_ = false;  // the same for prefill (AttnPrefillMmaSupports)
+  // Prefill attention on warpgroup tensor cores (copts_.attn_prefill_wgmma, sm_90a builds on
+  // compute capability 9.0: AttnPrefillWgmmaAvailable).
+  bool attn_prefill_wgmma_ = false;
   float* xh_scale_ = nullptr;  // [2] xh_'s f16 range scaling (dequant.cuh), portable path only
   const float* XhScale() const { return bf16_ ? nullptr : xh_scale_; }
   CudaMemoryPlan plan_;

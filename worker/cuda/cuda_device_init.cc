@@ -7,6 +7,7 @@
 #include "common/collective/collective.h"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_prefill_mma.cuh"
+#include "kernels/cuda/attention_prefill_wgmma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/draft_head.cuh"
@@ -122,6 +123,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   attn_tensor_cores_ = copts_.attn_tensor_cores && !portable_ && AttnDecodeMmaSupports(attn_shape_);
   attn_prefill_tensor_cores_ =
       copts_.attn_tensor_cores && !portable_ && AttnPrefillMmaSupports(attn_shape_);
+  attn_prefill_wgmma_ = copts_.attn_tensor_cores && copts_.attn_prefill_wgmma && !portable_ &&
+                        c.n_attention() > 0 && AttnPrefillWgmmaSupports(attn_shape_) &&
+                        AttnPrefillWgmmaAvailable();
   if (c.n_attention() > 0 && (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256))
     return absl::UnimplementedError(absl::StrCat("CUDA backend: head_dim ", c.head_dim, " not in {32,64,128,256}"));
   // Bytes of one token's K (or V) row over all KV heads: hd/32 blocks per head for q8_0 / q4_0.
@@ -296,7 +300,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   };
   // The cuBLAS prefill attention's scores / probabilities ([G, tq, slot_ctx], 2.25x the
   // gathered K/V per context token on the 27B); the flash kernel needs neither.
-  const uint64_t score_ctx = attn_prefill_tensor_cores_ ? 0 : static_cast<uint64_t>(slot_ctx_);
+  const uint64_t score_ctx =
+      attn_prefill_tensor_cores_ || attn_prefill_wgmma_ ? 0 : static_cast<uint64_t>(slot_ctx_);
   const uint64_t LR = static_cast<uint64_t>(logit_rows_max_);  // logit rows of one micro-step
   // TiledF16Multi's activations and K-split scratch (~14 MiB on the 27B), when it can run.
   const bool f16_cols = tiled_ && copts_.f16_mma && tiled_max_rows_ >= copts_.f16_mma_min_cols;
@@ -336,7 +341,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&xh_scale_), 16},
       {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
       {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
-      {reinterpret_cast<void**>(&vt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
+      // The wgmma prefill's transposed V: rows padded to whole 64-key tiles.
+      {reinterpret_cast<void**>(&vt_), static_cast<uint64_t>(AttnPrefillVtElems(attn_shape_, slot_ctx_)) * 2},
       {reinterpret_cast<void**>(&scores_), static_cast<uint64_t>(G) * attn_tq_ * score_ctx * 4},
       {reinterpret_cast<void**>(&probs_), static_cast<uint64_t>(G) * attn_tq_ * score_ctx * 2},
       {reinterpret_cast<void**>(&partials_), static_cast<uint64_t>(partial_floats_) * 4},

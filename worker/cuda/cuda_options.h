@@ -34,6 +34,11 @@ struct CudaBackendOptions {
   // cuBLAS chunks with their scores in memory, the same f16 operands. false: the SIMT decode
   // kernel and the cuBLAS prefill (A/B runs, `bench --attn-mma off`).
   bool attn_tensor_cores = true;
+  // With attn_tensor_cores: prefill attention on Hopper's warpgroup tensor cores (wgmma,
+  // kernels/cuda/attention_prefill_wgmma.cu) where the build has sm_90a code and the GPU is
+  // compute capability 9.0; elsewhere, or false, the mma.sync flash kernel (A/B runs, `bench
+  // --attn-wgmma off`). The same f16 operands and f32 accumulation.
+  bool attn_prefill_wgmma = true;
   // The portable path (issue #19, docs/v100.md): the kernels a V100 (sm_70) runs, on any GPU:
   // f16 cuBLAS operands for prefill (activations scaled into f16's range,
   // ConvertF32ToHalfScaled in kernels/cuda/dequant.cuh) instead of bf16, and the raw-layout

@@ -342,6 +342,7 @@ absl::Status CudaDevice::AttnMixer(const DLayer& L, int R) {
     a.tq = attn_tq_;
     a.out = mix_out_ + p.row0 * ow;
     a.tensor_cores = attn_prefill_tensor_cores_;
+    a.wgmma = attn_prefill_wgmma_;
     DS_RETURN_IF_ERROR(AttnPrefill(a, gemm_.get(), stream_));
   }
   ProfEnd();

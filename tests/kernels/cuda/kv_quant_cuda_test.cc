@@ -32,6 +32,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_prefill_mma.cuh"
+#include "kernels/cuda/attention_prefill_wgmma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
@@ -368,7 +369,7 @@ void RunAttnCase(const AttnCase& ac) {
     auto k = RandVec(static_cast<size_t>(T) * kvw, -2.f, 2.f);
     auto v = RandVec(static_cast<size_t>(T) * kvw, -2.f, 2.f);
     Prepped pr = RunPrep(s, c, slot, pos0, T, qg, k, v, dqn, dkn);
-    Dev<uint16_t> kt(static_cast<size_t>(L) * kvw), vt(static_cast<size_t>(L) * kvw);
+    Dev<uint16_t> kt(static_cast<size_t>(L) * kvw), vt(AttnPrefillVtElems(s, L));
     Dev<uint16_t> probs(static_cast<size_t>(G) * tq * L);
     Dev<float> scores(static_cast<size_t>(G) * tq * L), out(static_cast<size_t>(T) * ow);
     Dev<float> dqg(qg);
@@ -400,6 +401,27 @@ void RunAttnCase(const AttnCase& ac) {
       std::printf("  %-5s prefill T %4d @%4d, tensor cores: rel %.2e (bound 5e-3)\n",
                   Name(ac.type), T, pos0, rel_tc);
       EXPECT_LT(rel_tc, 5e-3);
+      a.tensor_cores = false;
+    }
+    if (AttnPrefillWgmmaSupports(s) && AttnPrefillWgmmaAvailable()) {
+      // The wgmma kernel (V gathered transposed into the same scratch): the same operands, bound.
+      Dev<float> out_wg(static_cast<size_t>(T) * ow);
+      a.out = out_wg.p;
+      a.wgmma = true;
+      ASSERT_OK(AttnPrefill(a, gemm.get(), nullptr));
+      const auto got_wg = out_wg.Down();
+      const double rel_wg = RelErr(got_wg, ref, "prefill (wgmma)");
+      std::printf("  %-5s prefill T %4d @%4d, wgmma: rel %.2e (bound 5e-3)\n", Name(ac.type), T,
+                  pos0, rel_wg);
+      EXPECT_LT(rel_wg, 5e-3);
+      // Every output row written (a row the kernel skipped would keep the NaN of the fill).
+      Dev<float> out_nan(std::vector<float>(static_cast<size_t>(T) * ow, NAN));
+      a.out = out_nan.p;
+      ASSERT_OK(AttnPrefill(a, gemm.get(), nullptr));
+      const auto got_again = out_nan.Down();
+      for (size_t i = 0; i < got_again.size(); ++i)
+        ASSERT_EQ(std::memcmp(&got_again[i], &got_wg[i], sizeof(float)), 0) << "element " << i;
+      a.wgmma = false;
     }
     pos = L;
   };
@@ -564,6 +586,55 @@ TEST(KvQuantTiming, DISABLED_Decode32k27B) {
                   "x16 layers %.2f ms/step, KV read %.1f MB -> %.2f TB/s\n",
                   ctx, n_seqs, Name(t), tc ? "mma " : "simt", n_splits, us, 16 * us * 1e-3, kv_bytes * 1e-6,
                   kv_bytes / (us * 1e-6) * 1e-12);
+      for (float x : out.Down()) ASSERT_TRUE(std::isfinite(x));
+    }
+  }
+}
+
+// Prefill attention kernels alone (the gathered f16 K/V already in place): a 4,096-token chunk
+// of the 27B shape after 0, 28,672 and 126,976 cached tokens, the mma.sync flash kernel against
+// the wgmma one (where the build and GPU have it). Printed: us per layer call and TFLOPS of the
+// causal products (4 x hd x n_head per visible (query, key) pair).
+TEST(KvQuantTiming, DISABLED_Prefill27B) {
+  const int n_head = 24, n_kv = 4, hd = 256, T = 4096;
+  AttnShape s{n_head, n_kv, hd, 64, 1e7f, 1e-6f};
+  if (!HaveTensorCores()) GTEST_SKIP() << "needs sm_80+";
+  for (int pos0 : {0, 28672, 126976}) {
+    const int L = pos0 + T;
+    const size_t kv_elems = static_cast<size_t>(L) * n_kv * hd;
+    Dev<uint16_t> kt(kv_elems), vt(AttnPrefillVtElems(s, L)), q16(static_cast<size_t>(T) * n_head * hd);
+    Dev<float> qg(static_cast<size_t>(T) * n_head * 2 * hd), out(static_cast<size_t>(T) * n_head * hd);
+    // Benign contents: 0x11 bytes are small finite halves (0x1111 = 5.3e-4); gates 0.
+    CK(cudaMemset(kt.p, 0x11, kt.n * 2));
+    CK(cudaMemset(vt.p, 0x11, vt.n * 2));
+    CK(cudaMemset(q16.p, 0x11, q16.n * 2));
+    CK(cudaMemset(qg.p, 0, qg.n * 4));
+    AttnPrefillArgs a;
+    a.shape = s; a.T = T; a.pos0 = pos0; a.q16 = q16.p; a.qg = qg.p; a.k_tmp = kt.p;
+    a.v_tmp = vt.p; a.out = out.p; a.tensor_cores = true;
+    const double flops = 4.0 * hd * n_head * (static_cast<double>(T) * pos0 + T * (T + 1.0) / 2);
+    for (int wg : {0, 1}) {
+      if (wg == 1 && !AttnPrefillWgmmaAvailable()) continue;
+      a.wgmma = wg == 1;
+      auto launch = [&] {
+        return wg == 1 ? LaunchAttnPrefillWgmma(a, nullptr) : LaunchAttnPrefillMma(a, nullptr);
+      };
+      for (int i = 0; i < 2; ++i) ASSERT_OK(launch());
+      cudaEvent_t e0, e1;
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
+      const int iters = pos0 > 100000 ? 3 : 10;
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < iters; ++i) ASSERT_OK(launch());
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      CK(cudaEventDestroy(e0));
+      CK(cudaEventDestroy(e1));
+      const double us = 1e3 * ms / iters;
+      std::printf("  prefill attention T %d @%6d, %-6s: %9.1f us/layer call, %.0f TFLOPS\n", T, pos0,
+                  wg == 1 ? "wgmma" : "mma", us, flops / (us * 1e-6) * 1e-12);
       for (float x : out.Down()) ASSERT_TRUE(std::isfinite(x));
     }
   }

@@ -1,0 +1,280 @@
+// Causal prefill attention on warpgroup tensor cores (sm_90a), flash style (see
+// attention_prefill_wgmma.cuh and kernels/cuda/README.md, "Prefill attention on warpgroup tensor
+// cores").
+//
+// Why: the mma.sync flash kernel (attention_prefill_mma.cu) gives each warp 16 rows, so every K
+// and V fragment is read from shared memory by each warp: at head_dim 256 it is bound by that
+// traffic and by one 6-warp block per SM (233 registers), ~190 TFLOPS over a 190k-token fill.
+// Here a warpgroup multiplies 64 rows at once with wgmma, which reads K and V from shared memory
+// itself: the shared-memory traffic per product drops 4x and the products run asynchronously.
+//
+// Block = 2 warpgroups x 64 rows = 128 (query head, position) rows of one KV head: the G query
+// heads of the GQA group x P = 128 / G positions (row R = head * P + position; rows past G * P
+// repeat the last and are not written), so each K/V tile staged in shared memory serves the whole
+// group. Per 64-key tile a warpgroup computes S = Q Kᵀ (64 x 64, Q and K from shared memory,
+// 16-element steps over head_dim), the online softmax of its rows in registers (base 2, keys past
+// a row's position masked on the diagonal tiles), and O += P V with P from registers as the A
+// operand and V from shared memory, stored transposed (head_dim rows x 64 keys) so that both B
+// operands are K-major. K/V tiles are double-buffered with cp.async into 128-byte swizzled tiles
+// (wgmma.cuh). Numerics as the other paths: f16 Q, K, V and P, f32 accumulation, output O / l
+// times the sigmoid gate.
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention_prefill_wgmma.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/mma_f16.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kWgRows = 64;                          // rows of a warpgroup (wgmma's M)
+constexpr int kWarpgroups = 2;                       // per block
+constexpr int kBlockRows = kWgRows * kWarpgroups;    // (head, position) rows per block
+constexpr int kThreads = 128 * kWarpgroups;
+
+// Shared memory of a block, every tile 1024-byte aligned: Q (HD / 64 tiles of 128 rows x 128
+// bytes), then two stages of K (HD / 64 tiles of 64 keys x 128 bytes) and Vᵀ (HD rows x 64 keys).
+template <int HD>
+struct WgmmaSmem {
+  static constexpr int kQBytes = kBlockRows * HD * 2;
+  static constexpr int kKBytes = kWgmmaKeys * HD * 2;
+  static constexpr int kVBytes = HD * kWgmmaKeys * 2;
+  static constexpr int kStage = kKBytes + kVBytes;
+  static constexpr int kBytes = kQBytes + 2 * kStage + 1024;  // + the alignment of the base
+};
+
+__global__ void WgmmaProbeKernel(int* out) { *out = DS_WGMMA; }
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const AttnPrefillArgs a) {
+#if DS_WGMMA
+  using Sm = WgmmaSmem<HD>;
+  constexpr int NO = HD / 2;  // O accumulators per thread: 64 rows x HD over 128 threads
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const qs = smem_raw + (base - raw);
+  uint8_t* const kvs = qs + Sm::kQBytes;
+
+  const AttnShape& s = a.shape;
+  const int G = s.n_head / s.n_kv, P = kBlockRows / G;
+  const int kvh = blockIdx.y;
+  // Causal blocks of later positions see more keys: schedule them first.
+  const int t0 = (gridDim.x - 1 - blockIdx.x) * P;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, quad = lane & 3;
+  const int L = a.pos0 + a.T, Lpad = AttnPrefillVtRows(L);
+  const int n_keys = a.pos0 + min(t0 + P, a.T);  // keys the block's last query sees
+  const int n_tiles = (n_keys + kWgmmaKeys - 1) / kWgmmaKeys;
+  const int64_t qw = static_cast<int64_t>(s.n_head) * HD, kvw = static_cast<int64_t>(s.n_kv) * HD;
+
+  for (int c = tid; c < kBlockRows * (HD / 8); c += kThreads) {
+    const int R = c / (HD / 8), ch = c % (HD / 8);
+    const int hh = min(R / P, G - 1), t = min(t0 + R % P, a.T - 1);
+    CpAsync16(qs + (ch >> 3) * (kBlockRows * 128) + SwizzledOffset(R, ch & 7),
+              a.q16 + t * qw + static_cast<int64_t>(kvh * G + hh) * HD + ch * 8);
+  }
+  auto stage = [&](int tile, int st) {
+    uint8_t* ks = kvs + st * Sm::kStage;
+    uint8_t* vs = ks + Sm::kKBytes;
+    const int key0 = tile * kWgmmaKeys;
+    for (int c = tid; c < kWgmmaKeys * (HD / 8); c += kThreads) {
+      const int r = c / (HD / 8), ch = c % (HD / 8);
+      const int key = min(key0 + r, L - 1);  // rows past L: masked, any finite values
+      CpAsync16(ks + (ch >> 3) * (kWgmmaKeys * 128) + SwizzledOffset(r, ch & 7),
+                a.k_tmp + key * kvw + static_cast<int64_t>(kvh) * HD + ch * 8);
+    }
+    for (int c = tid; c < HD * (kWgmmaKeys / 8); c += kThreads) {
+      const int d = c >> 3, ch = c & 7;  // Vᵀ is zero past L (the gather pads it)
+      CpAsync16(vs + SwizzledOffset(d, ch),
+                a.v_tmp + (static_cast<int64_t>(kvh) * HD + d) * Lpad + key0 + ch * 8);
+    }
+    CpAsyncCommit();
+  };
+  stage(0, 0);  // with the Q rows in its group
+
+  float o[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+  // Rows g and g + 8 of this lane's warp: running max (scaled scores, base 2) and partial sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  int pos_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) pos_row[r] = a.pos0 + t0 + (wg * kWgRows + warp * 16 + g + 8 * r) % P;
+  const float scale_log2 = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;
+  const uint32_t kv_addr = base + Sm::kQBytes;
+  const uint64_t q_desc = WgmmaDesc(base + wg * kWgRows * 128);
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) stage(tile + 1, (tile + 1) & 1);
+    else CpAsyncCommit();
+    CpAsyncWait<1>();
+    FenceProxyAsyncShared();  // this thread's cp.async rows, before wgmma reads them
+    __syncthreads();
+    const uint32_t k_addr = kv_addr + (tile & 1) * Sm::kStage;
+    const uint64_t k_desc = WgmmaDesc(k_addr), v_desc = WgmmaDesc(k_addr + Sm::kKBytes);
+
+    // S = Q Kᵀ: 64 rows x 64 keys, 16 dims per step (step k: tile k / 4, 32 bytes per step in it).
+    float sc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+    WgmmaFenceOperands(sc);
+    WgmmaFence();
+#pragma unroll
+    for (int k = 0; k < HD / 16; ++k)
+      WgmmaM64N64K16SS(sc, q_desc + (((k >> 2) * kBlockRows * 128 + (k & 3) * 32) >> 4),
+                       k_desc + (((k >> 2) * kWgmmaKeys * 128 + (k & 3) * 32) >> 4), k > 0);
+    WgmmaCommit();
+    WgmmaWait<0>();
+    WgmmaFenceOperands(sc);
+
+    // Online softmax of rows g (entries 0, 1 of each 8-key block) and g + 8 (entries 2, 3).
+    const int key0 = tile * kWgmmaKeys;
+    const bool diag = key0 + kWgmmaKeys - 1 > a.pos0 + t0;  // some key lies past some row
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, key = key0 + 8 * j + 2 * quad + (e & 1);
+        float v = sc[4 * j + e] * scale_log2;
+        if (diag && key > pos_row[r]) v = -INFINITY;
+        sc[4 * j + e] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+    float c[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is visible to every row
+      c[r] = exp2f(m[r] - mn);
+      m[r] = mn;
+      l[r] *= c[r];
+    }
+    uint32_t pa[4][4];  // P as the A operand of the four 16-key steps
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = exp2f(sc[4 * j + e] - m[e >> 1]);
+        l[e >> 1] += p[e];
+      }
+      // keys 8j..8j+7: a0 / a1 of step j / 2 for even j, a2 / a3 for odd j.
+      pa[j >> 1][(j & 1) * 2] = Bits(__floats2half2_rn(p[0], p[1]));
+      pa[j >> 1][(j & 1) * 2 + 1] = Bits(__floats2half2_rn(p[2], p[3]));
+    }
+    // Rescale only when some row's max moved (c is exactly 1 otherwise).
+    if (__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j) {
+        o[4 * j] *= c[0];
+        o[4 * j + 1] *= c[0];
+        o[4 * j + 2] *= c[1];
+        o[4 * j + 3] *= c[1];
+      }
+    }
+    // O += P V: 16 keys per step, Vᵀ's 32 bytes per step.
+    WgmmaFenceOperands(o);
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint64_t vd = v_desc + ((ks * 32) >> 4);
+      if constexpr (HD == 256) WgmmaM64N256K16RS(o, pa[ks], vd, 1);
+      else if constexpr (HD == 128) WgmmaM64N128K16RS(o, pa[ks], vd, 1);
+      else WgmmaM64N64K16RS(o, pa[ks], vd, 1);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    WgmmaFenceOperands(o);
+    __syncthreads();  // both warpgroups are done with this stage before it is refilled
+  }
+  CpAsyncWait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int R = wg * kWgRows + warp * 16 + g + 8 * r;
+    const int hh = R / P, t = t0 + R % P;
+    if (hh >= G || t >= a.T) continue;
+    const int h = kvh * G + hh;
+    const float inv = 1.f / l[r];
+    float* dst = a.out + t * qw + static_cast<int64_t>(h) * HD;
+    const float* gate = a.qg + t * 2 * qw + static_cast<int64_t>(h) * 2 * HD + HD;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) {
+      const int d = 8 * j + 2 * quad;
+      const float2 gt = *reinterpret_cast<const float2*>(gate + d);
+      float2 v;
+      v.x = o[4 * j + 2 * r] * inv * Sigmoid(gt.x);
+      v.y = o[4 * j + 2 * r + 1] * inv * Sigmoid(gt.y);
+      *reinterpret_cast<float2*>(dst + d) = v;
+    }
+  }
+#else
+  __trap();  // never launched: AttnPrefillWgmmaAvailable() is false without sm_90a code
+#endif
+}
+
+template <int HD>
+absl::Status Launch(const AttnPrefillArgs& a, cudaStream_t stream) {
+  const int bytes = WgmmaSmem<HD>::kBytes;
+  const cudaError_t e = cudaFuncSetAttribute(
+      AttnPrefillWgmmaKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess)
+    return absl::InternalError(absl::StrCat("AttnPrefillWgmma: ", bytes,
+                                            " bytes of shared memory: ", cudaGetErrorString(e)));
+  const int P = kBlockRows / (a.shape.n_head / a.shape.n_kv);
+  const dim3 grid(CeilDiv(a.T, P), a.shape.n_kv);
+  AttnPrefillWgmmaKernel<HD><<<grid, kThreads, bytes, stream>>>(a);
+  return LastLaunchStatus("AttnPrefillWgmma");
+}
+
+}  // namespace
+
+bool AttnPrefillWgmmaSupports(const AttnShape& s) {
+  return s.n_kv > 0 && s.n_head % s.n_kv == 0 && s.n_head / s.n_kv <= kBlockRows &&
+         (s.hd == 64 || s.hd == 128 || s.hd == 256);
+}
+
+bool AttnPrefillWgmmaAvailable() {
+  static const bool available = [] {
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+        prop.major != 9 || prop.minor != 0)
+      return false;
+    int* d = nullptr;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
+    int h = 0;
+    WgmmaProbeKernel<<<1, 1>>>(d);
+    const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+    cudaFree(d);
+    return ok && h == 1;
+  }();
+  return available;
+}
+
+absl::Status LaunchAttnPrefillWgmma(const AttnPrefillArgs& a, cudaStream_t stream) {
+  if (!AttnPrefillWgmmaSupports(a.shape))
+    return absl::UnimplementedError(absl::StrCat("AttnPrefillWgmma: head_dim ", a.shape.hd,
+                                                 ", GQA group ", a.shape.n_head / a.shape.n_kv));
+  switch (a.shape.hd) {
+    case 64: return Launch<64>(a, stream);
+    case 128: return Launch<128>(a, stream);
+    default: return Launch<256>(a, stream);
+  }
+}
+
+}  // namespace ds::cuda
