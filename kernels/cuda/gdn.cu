@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
   const int n_tok = a.run_first ? a.run_len[i] : 1;
   int in = a.in_slots ? a.in_slots[e0] : a.slots[e0];  // speculative: read `in`, write `slot`
   const int p0 = a.pos[e0];
-  const TS* S_in = static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
+  const TS* S_in =
+      static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
 
   // Issue the state loads first: they do not depend on the prologue.
   float st[KPT];

@@ -70,7 +70,7 @@ struct GdnDecodeArgs {
   const int32_t* run_first = nullptr;
   const int32_t* run_len = nullptr;
   bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
-  bool state_bf16 = false;  // the state's storage type (see the top of this file)
+  bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a
   const float* b = nullptr;        // [T, Hv]    W_beta·a

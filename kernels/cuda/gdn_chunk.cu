@@ -321,14 +321,15 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
 template <int DK, typename TS>
 bool LaunchDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   const int bytes = static_cast<int>(sizeof(ScanSmem<DK>));
-  if (cudaFuncSetAttribute(GdnChunkScanKernel<DK, TS>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
-      cudaSuccess) {
+  if (cudaFuncSetAttribute(GdnChunkScanKernel<DK, TS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           bytes) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
   const int n_chunks = (a.T + NC - 1) / NC;
   GdnChunkPrepKernel<DK><<<dim3(n_chunks, a.shape.v_heads), kThreads, 0, stream>>>(a);
-  GdnChunkScanKernel<DK, TS><<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(a);
+  GdnChunkScanKernel<DK, TS>
+      <<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(a);
   return true;
 }
 

@@ -15,7 +15,9 @@ namespace ds::cuda {
 __device__ __forceinline__ float LoadState(const float* p) { return *p; }
 __device__ __forceinline__ float LoadState(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void StoreState(float* p, float x) { *p = x; }
-__device__ __forceinline__ void StoreState(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void StoreState(__nv_bfloat16* p, float x) {
+  *p = __float2bfloat16_rn(x);
+}
 
 // x as a store and a reload of the state give it back: x itself for f32, bf16(x) for bf16. A
 // decode run keeps the state in registers between its tokens; this keeps the next token's input

@@ -399,10 +399,10 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
     }
     // For the record: the f32-state GPU run against the bf16 CPU emulation (how far the
     // rounding itself moves the logits).
-    std::printf("gpu_vs_cpu gdn-state bf16 %-9s max %.3e (f32-state GPU vs it: %.3e) recurrent "
-                "%.2f -> %.2f MiB  per step:%s\n",
-                name.c_str(), worst, worst_f32, rec_f32 / 1048576.0, rec_bf16 / 1048576.0,
-                line.c_str());
+    std::printf(
+        "gpu_vs_cpu gdn-state bf16 %-9s max %.3e (f32-state GPU vs it: %.3e) recurrent "
+        "%.2f -> %.2f MiB  per step:%s\n",
+        name.c_str(), worst, worst_f32, rec_f32 / 1048576.0, rec_bf16 / 1048576.0, line.c_str());
     std::fflush(stdout);
     if (c.shape != Shape::kReference) std::filesystem::remove(path);
   }

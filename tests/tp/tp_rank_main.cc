@@ -203,7 +203,7 @@ int Main(int argc, char** argv) {
   bo.tp_lm_head_rank0 = str("--lm-head", "vocab") == "rank0";
   bo.tp_align_heads = !a.count("--no-align");
   bo.collective = coll.get();
-  // The GDN state's storage (worker/model/gdn_state.h): CUDA stores it in bf16, the CPU emulates it.
+  // The GDN state's storage (worker/model/gdn_state.h): CUDA stores bf16, the CPU emulates it.
   auto gdn_state = ParseGdnState(str("--gdn-state", "f32"));
   if (!gdn_state.ok()) return Fail(gdn_state.status());
   bo.gdn_state_bf16 = *gdn_state;

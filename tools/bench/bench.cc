@@ -360,10 +360,11 @@ int RunBench(const BenchOptions& o) {
     }
     auto& be = **be_or;
     const double wbytes = static_cast<double>(be.StepWeightBytes());
-    std::printf("loaded in %.1f s; memory plan (KV %s, GDN state %s, slot_ctx %d): %s\nweight bytes "
-                "per forward step: %.2f GB\n",
-                Since(tl), o.kv_type.c_str(), GdnStateName(o.gdn_state_bf16), slot_ctx,
-                be.memory_plan().ToString().c_str(), wbytes * 1e-9);
+    std::printf(
+        "loaded in %.1f s; memory plan (KV %s, GDN state %s, slot_ctx %d): %s\nweight bytes "
+        "per forward step: %.2f GB\n",
+        Since(tl), o.kv_type.c_str(), GdnStateName(o.gdn_state_bf16), slot_ctx,
+        be.memory_plan().ToString().c_str(), wbytes * 1e-9);
     if (bw > 0) std::printf("speed of light (weights only): %.1f tok/s single stream\n", bw / wbytes);
     std::printf("kernel path: %s\n", be.portable() ? "portable (sm_70: f16 cuBLAS, dp4a GEMV)"
                                                    : "sm_80+ (bf16 cuBLAS, tiled int8 mma)");

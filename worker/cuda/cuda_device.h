@@ -62,7 +62,7 @@ struct DLayer {
   DMat qkv, gate, beta, alpha, ssm_out;
   GdnLayerParams gdn;
   float* ring = nullptr;   // [n_slots, 4, C]
-  void* state = nullptr;   // [n_slots, Hv, dk, dv] f32, or bf16 (CudaBackendOptions::gdn_state_bf16)
+  void* state = nullptr;   // [n_slots, Hv, dk, dv] f32, or bf16 (gdn_state_bf16)
   // attention
   DMat q, k, v, o;
   const float* q_norm = nullptr;

@@ -90,8 +90,9 @@ void CudaDevice::DropSpeculation(int slot) {
 
 std::string CudaDevice::state_layout() const {
   return absl::StrCat("cuda kv=", KvTypeName(copts_.kv_type), " page=", copts_.kv_page_size,
-                      " gdn=", gdn_shape_.k_heads, "x", gdn_shape_.v_heads, " kv_heads=",
-                      attn_shape_.n_kv, " layers=", layers_.size(), " mtp=", mtp_page_bytes_ > 0 ? 1 : 0,
+                      " gdn=", gdn_shape_.k_heads, "x", gdn_shape_.v_heads,
+                      " kv_heads=", attn_shape_.n_kv, " layers=", layers_.size(),
+                      " mtp=", mtp_page_bytes_ > 0 ? 1 : 0,
                       // Only when bf16: the f32 layout's name (and its saved snapshots) unchanged.
                       copts_.gdn_state_bf16 ? " gdn_state=bf16" : "");
 }

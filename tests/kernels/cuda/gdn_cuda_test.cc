@@ -39,10 +39,10 @@ struct GdnCase {
 // each comparison covers one call's rounding: outputs as tight as in f32 (they come from the f32
 // state of their token, computed from the same input), states by ExpectBf16StateMatches.
 void RunGdnCase(const GdnCase& gc, bool bf16 = false) {
-  SCOPED_TRACE(::testing::Message() << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk
-                                    << " T=" << gc.T_prefill << "+" << gc.T_second
-                                    << " decode=" << gc.n_decode << " chunk=" << gc.chunk
-                                    << (bf16 ? " state bf16" : ""));
+  SCOPED_TRACE(::testing::Message()
+               << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk << " T=" << gc.T_prefill
+               << "+" << gc.T_second << " decode=" << gc.n_decode << " chunk=" << gc.chunk
+               << (bf16 ? " state bf16" : ""));
   GdnShape s{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;

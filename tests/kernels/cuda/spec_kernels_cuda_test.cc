@@ -59,9 +59,9 @@ struct SpecCase {
 // token (exactly representable), so each token's state is checked for its own rounding
 // (ExpectBf16StateMatches) and its output as tightly as in f32.
 void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
-  SCOPED_TRACE(::testing::Message() << "Hk=" << sc.hk << " Hv=" << sc.hv << " dk=" << sc.dk
-                                    << " dv=" << sc.dv << " warm=" << sc.warm << " k=" << sc.k
-                                    << (bf16 ? " state bf16" : ""));
+  SCOPED_TRACE(::testing::Message()
+               << "Hk=" << sc.hk << " Hv=" << sc.hv << " dk=" << sc.dk << " dv=" << sc.dv
+               << " warm=" << sc.warm << " k=" << sc.k << (bf16 ? " state bf16" : ""));
   GdnShape s{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   cpu::GdnDims cd{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   const int C = s.channels(), Vw = sc.hv * sc.dv, K = 4;
@@ -79,7 +79,8 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
   GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
   const size_t eb = GdnStateElemBytes(bf16), stb = st1 * eb;  // state bytes of an index
-  Dev<float> ring(n_idx * ring1);  // entries stay poisoned until written
+  // Entries stay poisoned until written.
+  Dev<float> ring(n_idx * ring1);
   Dev<uint8_t> state(n_idx * stb);
   CK(cudaMemset(ring.p, 0, 2 * ring1 * sizeof(float)));
   CK(cudaMemset(state.p, 0, 2 * stb));
@@ -153,7 +154,8 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
       ExpectBf16StateMatches(e_st, cpu_state, "spec state");
     else
       EXPECT_LT(Rel(e_st, cpu_state), 2e-4) << "state after token " << i;
-    EXPECT_EQ(std::memcmp(all_st.data() + (2 + i) * stb, all_st.data() + stb, stb), 0) << "token " << i;
+    EXPECT_EQ(std::memcmp(all_st.data() + (2 + i) * stb, all_st.data() + stb, stb), 0)
+        << "token " << i;
     for (int r = 0; r < K - 1; ++r) {
       const int q = pos - (K - 2) + r;  // position of CPU conv row r
       const float* g = all_ring.data() + (2 + i) * ring1 + static_cast<size_t>(((q % K) + K) % K) * C;
@@ -194,8 +196,9 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   const auto all_st = state.Down();
   const auto all_ring = ring.Down();
   for (int i = 0; i < sc.k; ++i) {
-    EXPECT_EQ(std::memcmp(all_st.data() + (2 + sc.k + i) * stb, all_st.data() + (2 + i) * stb,
-                          stb), 0) << "run state after token " << i;
+    EXPECT_EQ(std::memcmp(all_st.data() + (2 + sc.k + i) * stb, all_st.data() + (2 + i) * stb, stb),
+              0)
+        << "run state after token " << i;
     EXPECT_EQ(std::memcmp(all_ring.data() + (2 + sc.k + i) * ring1,
                           all_ring.data() + (2 + i) * ring1, ring1 * 4), 0)
         << "run conv rows after token " << i;
