@@ -77,8 +77,9 @@ void DeltaRuleRecurrent(const DeltaRuleArgs& a) {
       for (int j = 0; j < dv; ++j) o[j] = 0.f;
       for (int i = 0; i < dk; ++i)
         for (int j = 0; j < dv; ++j) o[j] += S[i * dv + j] * q[i];
-      if (a.state_bf16) RoundToBf16(S, static_cast<int64_t>(dk) * dv);
+      if (a.state_bf16 && !a.round_at_end) RoundToBf16(S, static_cast<int64_t>(dk) * dv);
     }
+    if (a.state_bf16 && a.round_at_end) RoundToBf16(S, static_cast<int64_t>(dk) * dv);
   }
   };
   if (a.pool)
@@ -240,6 +241,7 @@ void GdnSequence(const GdnSeqArgs& a) {
   r.ldo = Vw;
   r.pool = a.pool;
   r.state_bf16 = a.state_bf16;
+  r.round_at_end = a.round_at_end;
   if (a.chunk > 0)
     DeltaRuleChunked(r, a.chunk);
   else

@@ -51,6 +51,10 @@ struct DeltaRuleArgs {
   // each token (a decode step reads and writes it once), the chunked form once at the end of the
   // call (a prefill kernel keeps it in f32 across its chunks). The output uses the f32 state.
   bool state_bf16 = false;
+  // With state_bf16: the recurrence too rounds only once, at the end of the call, as the CUDA
+  // prefill kernels do with a piece (kernels/cuda/gdn.cuh: both keep the state in f32 across the
+  // piece and round when they store it); the reference their tests compare with.
+  bool round_at_end = false;
 };
 
 // Per-token recurrence (§5.2 step 7).
@@ -77,6 +81,7 @@ struct GdnSeqArgs {
   int chunk = 0;                   // 0: recurrence; > 0: chunked form with this chunk size
   ThreadPool* pool = nullptr;      // for the per-head delta rule; nullptr = serial
   bool state_bf16 = false;         // DeltaRuleArgs::state_bf16
+  bool round_at_end = false;       // DeltaRuleArgs::round_at_end
 };
 void GdnSequence(const GdnSeqArgs& a);
 

@@ -4,6 +4,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gdn_chunk.cuh"
+#include "kernels/cuda/gdn_state.cuh"
 #include "kernels/cuda/quantize_block.cuh"
 
 namespace ds::cuda {
@@ -26,8 +27,8 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // share an SM: twice the state loads in flight when there are blocks enough to fill the card
 // (batched decode: x64 7.3 vs 9.1 ms per step on the 27B, H200), while one block per SM keeps
 // the unspilled form for small launches (one stream: 0.48 vs 0.52 ms per token). The same
-// arithmetic either way.
-template <int DK, int kMinBlocks>
+// arithmetic either way. TS: the state's storage type (gdn_state.cuh).
+template <int DK, int kMinBlocks, typename TS>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
@@ -45,13 +46,14 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
   const int n_tok = a.run_first ? a.run_len[i] : 1;
   int in = a.in_slots ? a.in_slots[e0] : a.slots[e0];  // speculative: read `in`, write `slot`
   const int p0 = a.pos[e0];
-  const float* S_in = a.state + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
+  const TS* S_in =
+      static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
 
   // Issue the state loads first: they do not depend on the prologue.
   float st[KPT];
   if (jv) {
 #pragma unroll
-    for (int k = 0; k < KPT; ++k) st[k] = S_in[(grp * KPT + k) * dv];
+    for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
   }
   // The conv history (pre-conv values of positions p-3..p-1) of the channels this thread
   // convolves, from the input ring; later tokens of a run shift their own values in.
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     const float* m = a.mixed + static_cast<int64_t>(row) * C;
     float* ring = a.conv_ring + static_cast<int64_t>(slot) * kConvK * C;
     const int cur_row = Mod(p, kConvK);
-    float* S = a.state + (static_cast<int64_t>(slot) * Hv + h) * DK * dv + j;
+    TS* S = static_cast<TS*>(a.state) + (static_cast<int64_t>(slot) * Hv + h) * DK * dv + j;
 
     // Causal conv over the history (rows p-3..p-1) plus the current pre-conv value; the owner
     // block stores the current value into ring row p % K (and, when the output is another state
@@ -142,7 +144,8 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
       for (int k = 0; k < KPT; ++k) {
         st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
         o = fmaf(st[k], qs[grp * KPT + k], o);
-        S[(grp * KPT + k) * dv] = st[k];
+        StoreState(S + (grp * KPT + k) * dv, st[k]);
+        st[k] = AsStored<TS>(st[k]);  // a run's next token reads the stored state
       }
     }
     __syncthreads();  // every thread has read red[][j] (u) before it is reused for o
@@ -226,17 +229,18 @@ __global__ void GdnPrepKernel(const GdnPrefillArgs a) {
   }
 }
 
-template <int DK>
+// TS: the state's storage type (gdn_state.cuh); the piece keeps it in f32 and stores it once.
+template <int DK, typename TS>
 __global__ void __launch_bounds__(128, 1) GdnScanKernel(const GdnPrefillArgs a) {
   __shared__ float qs[2][DK], ks[2][DK];
   const GdnShape& d = a.shape;
   const int h = blockIdx.x, j = threadIdx.x;
   const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
   const int kh = h % d.k_heads;
-  float* S = a.state + (static_cast<int64_t>(a.slot) * Hv + h) * DK * dv + j;
+  TS* S = static_cast<TS*>(a.state) + (static_cast<int64_t>(a.slot) * Hv + h) * DK * dv + j;
   float s[DK];
 #pragma unroll
-  for (int k = 0; k < DK; ++k) s[k] = S[k * dv];
+  for (int k = 0; k < DK; ++k) s[k] = LoadState(S + k * dv);
   if (j < DK) {
     qs[0][j] = a.y[kh * DK + j];
     ks[0][j] = a.y[Kw + kh * DK + j];
@@ -279,7 +283,7 @@ __global__ void __launch_bounds__(128, 1) GdnScanKernel(const GdnPrefillArgs a) 
     __syncthreads();
   }
 #pragma unroll
-  for (int k = 0; k < DK; ++k) S[k * dv] = s[k];
+  for (int k = 0; k < DK; ++k) StoreState(S + k * dv, s[k]);
 }
 
 // out[t, h*dv + j] = rmsnorm(o[t, h, :])[j] * w[j] * silu(z[t, h*dv + j]), in place.
@@ -338,10 +342,13 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
     constexpr int NG = DK / KPerThread<DK>();
     const dim3 grid(a.shape.v_heads, a.n_seqs);
     const int threads = NG * WarpRound(a.shape.v_dim);
-    if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
-      LaunchMaybeEarly(GdnDecodeKernel<DK, 2>, grid, threads, 0, stream, a.early, a);
-    else
-      LaunchMaybeEarly(GdnDecodeKernel<DK, 1>, grid, threads, 0, stream, a.early, a);
+    DispatchState(a.state_bf16, [&](auto st) {
+      using TS = decltype(st);
+      if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
+        LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
+      else
+        LaunchMaybeEarly(GdnDecodeKernel<DK, 1, TS>, grid, threads, 0, stream, a.early, a);
+    });
   });
   return LastLaunchStatus("GdnDecode");
 }
@@ -357,21 +364,22 @@ absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream) {
   DS_RETURN_IF_ERROR(LastLaunchStatus("GdnPrep"));
   if (a.chunk != 0 && a.chunk != kGdnChunk)
     return absl::InvalidArgumentError(absl::StrCat("GdnPrefill: chunk ", a.chunk, " not 0 or ", kGdnChunk));
-  if (a.chunk == 0) {
+  // The per-token recurrence, for k_dim DK and the state's storage type.
+  auto scan = [&] {
     DispatchDk(a.shape.k_dim, [&](auto tag) {
-    constexpr int DK = decltype(tag)::value;
-      GdnScanKernel<DK><<<a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a);
+      constexpr int DK = decltype(tag)::value;
+      DispatchState(a.state_bf16, [&](auto st) {
+        GdnScanKernel<DK, decltype(st)><<<a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a);
+      });
     });
+  };
+  if (a.chunk == 0) {
+    scan();
     DS_RETURN_IF_ERROR(LastLaunchStatus("GdnScan"));
   } else {
     if (a.wy == nullptr)
       return absl::InvalidArgumentError("GdnPrefill: the chunked form needs its scratch (wy)");
-    if (!gdn_chunk::Launch(a, stream)) {  // not enough shared memory (sm_75): the recurrence
-      DispatchDk(a.shape.k_dim, [&](auto tag) {
-        constexpr int DK = decltype(tag)::value;
-        GdnScanKernel<DK><<<a.shape.v_heads, a.shape.v_dim, 0, stream>>>(a);
-      });
-    }
+    if (!gdn_chunk::Launch(a, stream)) scan();  // not enough shared memory (sm_75): the recurrence
     DS_RETURN_IF_ERROR(LastLaunchStatus("GdnChunk"));
   }
   GatedNormKernel<<<a.T * a.shape.v_heads, WarpRound(a.shape.v_dim), 0, stream>>>(a.out, a.z, a.p.norm_w,

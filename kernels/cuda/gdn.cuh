@@ -6,16 +6,29 @@
 //                                   decode step reads rows p-K+1..p-1 and writes row p: no two
 //                                   blocks of one launch ever read a row another one writes.
 //                                   A fresh slot is all zeros (rows of negative positions).
-//   delta rule [n_slots, Hv, dk, dv] fp32 (dv contiguous: a block's threads j read S[k][j]
-//                                   coalesced and keep column j in registers).
+//   delta rule [n_slots, Hv, dk, dv] f32, or bf16 with `state_bf16` (dv contiguous: a block's
+//                                   threads j read S[k][j] coalesced and keep column j in
+//                                   registers).
+//
+// A bf16 state (CudaBackendOptions::gdn_state_bf16, issue #22: half the bytes a batched decode
+// moves per step) is only its storage: every kernel loads it into f32, computes in f32 exactly as
+// with the f32 state, and stores it rounded to nearest even. A decode step rounds after every
+// token (a run's later tokens continue from the rounded value, as a launch per token would); a
+// prefill piece keeps the state in f32 across its tokens and rounds once when it stores it
+// (kernels/cpu/gdn.h DeltaRuleArgs::state_bf16 / round_at_end is the reference). The conversions
+// need no bf16 arithmetic: the bf16 form runs on sm_70 too.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/util/status.h"
 
 namespace ds::cuda {
+
+// Bytes of one element of the delta-rule state (the worker sizes, copies and saves it by this).
+constexpr size_t GdnStateElemBytes(bool state_bf16) { return state_bf16 ? 2 : 4; }
 
 struct GdnShape {
   int k_heads = 0;      // Hk
@@ -57,12 +70,13 @@ struct GdnDecodeArgs {
   const int32_t* run_first = nullptr;
   const int32_t* run_len = nullptr;
   bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
+  bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a
   const float* b = nullptr;        // [T, Hv]    W_beta·a
   const float* alpha = nullptr;    // [T, Hv]    W_alpha·a
   float* conv_ring = nullptr;      // [n_states, K, C]   (n_states >= every index in slots / in_slots)
-  float* state = nullptr;          // [n_states, Hv, dk, dv]
+  void* state = nullptr;           // [n_states, Hv, dk, dv] f32, or bf16 with state_bf16
   float* out = nullptr;            // [T, Hv*dv]  rows as above
   // Optional (issue #22: it was a launch of its own per GDN layer and decode step): the int8
   // copy of the output for the next matmul (QuantizeActivations' layout and bits,
@@ -96,13 +110,15 @@ struct GdnPrefillArgs {
   const float* b = nullptr;      // [T, Hv]
   const float* alpha = nullptr;  // [T, Hv]
   float* conv_ring = nullptr;    // [n_slots, K, C]
-  float* state = nullptr;        // [n_slots, Hv, dk, dv]
+  void* state = nullptr;         // [n_slots, Hv, dk, dv] f32, or bf16 with state_bf16 (rounded
+                                 // once, when the piece stores it)
   float* y = nullptr;            // [T, C] scratch (conv output, q/k normalised in place; the
                                  // chunked form writes its U over v)
   float* g = nullptr;            // [T, Hv] scratch (the chunked form: γ within each chunk)
   float* beta = nullptr;         // [T, Hv] scratch
   float* out = nullptr;          // [T, Hv*dv]
   float* wy = nullptr;           // chunked form: scratch of GdnChunkScratchFloats(shape, T)
+  bool state_bf16 = false;       // the state's storage type (see the top of this file)
 };
 // Floats of the chunked form's scratch for T tokens (W and Q Kᵀ of every chunk and value head).
 int64_t GdnChunkScratchFloats(const GdnShape& s, int T);

@@ -1,6 +1,7 @@
 // The chunked Gated DeltaNet prefill (see gdn_chunk.cuh for the math and the split).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn_chunk.cuh"
+#include "kernels/cuda/gdn_state.cuh"
 
 namespace ds::cuda::gdn_chunk {
 namespace {
@@ -169,7 +170,8 @@ __global__ void __launch_bounds__(kThreads) GdnChunkPrepKernel(const GdnPrefillA
 // ---------------------------------------------------------------------------------------------
 // 2. Per (head, 32 state columns), chunks in order. Thread (warp w, lane j): state column c0 + j;
 // rows 8w..8w+7 of the chunk's V' and O; state rows [w DK/4, (w+1) DK/4) in registers for the
-// update (St keeps the whole block, transposed, for the products that read every row).
+// update (St keeps the whole block, transposed, for the products that read every row). TS: the
+// state's storage type (gdn_state.cuh): loaded at the start, stored (rounded) once at the end.
 template <int DK>
 struct ScanSmem {
   float St[kCols][DK + 4];  // S transposed: St[j][k]; +4 keeps 16-byte rows, lanes 8 banks apart
@@ -181,7 +183,7 @@ struct ScanSmem {
   float gam[2][NC];    // this chunk's γ and the next one's (loaded a chunk ahead)
 };
 
-template <int DK>
+template <int DK, typename TS>
 __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ScanSmem<DK>& sm = *reinterpret_cast<ScanSmem<DK>*>(smem_raw);
@@ -194,11 +196,11 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
   const int Hv = d.v_heads, dv = d.v_dim, C = d.channels(), Kw = d.k_heads * DK;
   const int kh = h % d.k_heads;
   const bool jv = c0 + j < dv;
-  float* Sg = a.state + (static_cast<int64_t>(a.slot) * Hv + h) * DK * dv + c0 + j;
+  TS* Sg = static_cast<TS*>(a.state) + (static_cast<int64_t>(a.slot) * Hv + h) * DK * dv + c0 + j;
   float s[KQ];
 #pragma unroll
   for (int i = 0; i < KQ; ++i) {
-    s[i] = jv ? Sg[static_cast<int64_t>(k0 + i) * dv] : 0.f;
+    s[i] = jv ? LoadState(Sg + static_cast<int64_t>(k0 + i) * dv) : 0.f;
     sm.St[j][k0 + i] = s[i];
   }
   // γ of chunk c's row i (padded rows repeat the last real row's).
@@ -313,33 +315,39 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
   }
   if (jv)
 #pragma unroll
-    for (int i = 0; i < KQ; ++i) Sg[static_cast<int64_t>(k0 + i) * dv] = s[i];
+    for (int i = 0; i < KQ; ++i) StoreState(Sg + static_cast<int64_t>(k0 + i) * dv, s[i]);
 }
 
-template <int DK>
+template <int DK, typename TS>
 bool LaunchDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   const int bytes = static_cast<int>(sizeof(ScanSmem<DK>));
-  if (cudaFuncSetAttribute(GdnChunkScanKernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
-      cudaSuccess) {
+  if (cudaFuncSetAttribute(GdnChunkScanKernel<DK, TS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           bytes) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
   const int n_chunks = (a.T + NC - 1) / NC;
   GdnChunkPrepKernel<DK><<<dim3(n_chunks, a.shape.v_heads), kThreads, 0, stream>>>(a);
-  GdnChunkScanKernel<DK><<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(a);
+  GdnChunkScanKernel<DK, TS>
+      <<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(a);
   return true;
+}
+
+template <typename TS>
+bool LaunchTyped(const GdnPrefillArgs& a, cudaStream_t stream) {
+  switch (a.shape.k_dim) {
+    case 16: return LaunchDk<16, TS>(a, stream);
+    case 32: return LaunchDk<32, TS>(a, stream);
+    case 64: return LaunchDk<64, TS>(a, stream);
+    case 128: return LaunchDk<128, TS>(a, stream);
+    default: return false;
+  }
 }
 
 }  // namespace
 
 bool Launch(const GdnPrefillArgs& a, cudaStream_t stream) {
-  switch (a.shape.k_dim) {
-    case 16: return LaunchDk<16>(a, stream);
-    case 32: return LaunchDk<32>(a, stream);
-    case 64: return LaunchDk<64>(a, stream);
-    case 128: return LaunchDk<128>(a, stream);
-    default: return false;
-  }
+  return a.state_bf16 ? LaunchTyped<__nv_bfloat16>(a, stream) : LaunchTyped<float>(a, stream);
 }
 
 }  // namespace ds::cuda::gdn_chunk

@@ -16,6 +16,10 @@
 // Measured values are printed (one line per model) and recorded as test properties
 // (step_NN_rel, max_rel, greedy_agree) so that the bounds can be set from a device run.
 //
+// Plus the GDN state in bf16 (GpuGdnStateBf16): the same schedule with BackendOptions::
+// gdn_state_bf16 on both sides (CUDA: bf16 storage; CPU: its emulation), within the type's
+// bounds.
+//
 // Plus the tiled Q6_K check: a 4-layer model of the 27B width (K % 256 == 0, so the repacked
 // 16-row tile layout is used) prefilled on the CUDA backend with the tiled and with the raw
 // layout: both dequantize to the same bf16 values for cuBLAS, so the logits agree to 1e-5.
@@ -332,6 +336,77 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuVsCpu, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.name);
                          });
+
+// The GDN recurrent state stored in bf16 (BackendOptions::gdn_state_bf16 -> CudaBackendOptions::
+// gdn_state_bf16, issue #22) against the CPU's emulation of it (the state rounded to bf16 after
+// every decode token and at the end of every prefill piece, as the kernels round), on the
+// reference model and the two F32 models, within their bounds above: both sides round f32 states
+// that agree to the f32 tests' precision, so they differ only where a value straddles a rounding
+// midpoint (one bf16 ulp of that element, tests/kernels/cuda/gdn_cuda_test.cc Gdn.Bf16State).
+// The option must take effect: the CUDA logits differ from the f32 state's, and the memory
+// plan's recurrent bytes shrink.
+TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (const Case& c : kCases) {
+    const std::string name = c.name;
+    if (name != "ref" && name != "tiny_F32" && name != "F32") continue;
+    SCOPED_TRACE(name);
+    std::string path;
+    if (c.shape == Shape::kReference) {
+      auto ref = ReferenceModel();
+      ASSERT_TRUE(ref.has_value()) << "tiny_ref.gguf not found: run from the repository root or "
+                                      "set DS_TINY_REF_GGUF";
+      path = *ref;
+    } else {
+      path = ScratchDir() + "/" + name + "_gdn_bf16.gguf";
+      absl::Status s = SynthesizeGguf(ModelOptions(c), path);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    BackendOptions bo = Options();
+    bo.gdn_state_bf16 = true;
+    Trace cpu, gpu, gpu_f32;
+    {
+      auto be = CreateCpuBackend(path, bo);
+      ASSERT_TRUE(be.ok()) << be.status();
+      cpu = RunSchedule(**be, nullptr);
+    }
+    ASSERT_EQ(cpu.logits.size(), static_cast<size_t>(kDecodeSteps + 1));
+    uint64_t rec_bf16 = 0, rec_f32 = 0;
+    {
+      auto be = cuda::CreateCudaBackendApi(path, bo, CudaBackendOptions{});
+      ASSERT_TRUE(be.ok()) << be.status();
+      rec_bf16 = (*be)->memory_plan().recurrent;
+      gpu = RunSchedule(**be, &cpu);
+    }
+    {
+      auto be = cuda::CreateCudaBackendApi(path, Options(), CudaBackendOptions{});
+      ASSERT_TRUE(be.ok()) << be.status();
+      rec_f32 = (*be)->memory_plan().recurrent;
+      gpu_f32 = RunSchedule(**be, &cpu);
+    }
+    EXPECT_LT(rec_bf16, rec_f32);
+    EXPECT_NE(FirstDifferentStep(gpu, gpu_f32), -1) << "the bf16 state changed no logit";
+    ASSERT_EQ(gpu.logits.size(), cpu.logits.size());
+    double worst = 0, worst_f32 = 0;
+    std::string line;
+    for (size_t s = 0; s < cpu.logits.size(); ++s) {
+      const double rel = RelDiff(gpu.logits[s], cpu.logits[s]);
+      worst = std::max(worst, rel);
+      worst_f32 = std::max(worst_f32, RelDiff(gpu_f32.logits[s], cpu.logits[s]));
+      line += " " + Sci(rel);
+      EXPECT_LE(rel, s == 0 ? c.prefill_bound : c.decode_bound)
+          << name << " step " << s << (s == 0 ? " (prefill)" : " (decode)");
+    }
+    // For the record: the f32-state GPU run against the bf16 CPU emulation (how far the
+    // rounding itself moves the logits).
+    std::printf(
+        "gpu_vs_cpu gdn-state bf16 %-9s max %.3e (f32-state GPU vs it: %.3e) recurrent "
+        "%.2f -> %.2f MiB  per step:%s\n",
+        name.c_str(), worst, worst_f32, rec_f32 / 1048576.0, rec_bf16 / 1048576.0, line.c_str());
+    std::fflush(stdout);
+    if (c.shape != Shape::kReference) std::filesystem::remove(path);
+  }
+}
 
 // The tiled Q6_K layout (matrices repacked into 16-row int8 mma tiles at upload) against the raw
 // GGUF layout, prefill only: > 32 rows go through dequantization to bf16 + cuBLAS on both, the

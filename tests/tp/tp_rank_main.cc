@@ -9,7 +9,7 @@
 //              [--comm-bench ITERS] [--no-align] [--backend cpu|cuda] [--device 0]
 //              [--follow REF.json] [--no-graphs] [--tiled on|off] [--fuse-norm on|off] [--collective staged|custom]
 //              [--overlap on|off] [--overlap-min-rows 256] [--overlap-chunks 4] [--ctx 256]
-//              [--portable on|off]
+//              [--portable on|off] [--gdn-state f32|bf16]
 //
 // --backend cuda (builds with CUDA): the rank's shard runs on the CUDA backend; the Gloo group is
 // wrapped in a HostStagedCollective (device buffers staged through the host), so several ranks
@@ -46,6 +46,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/synth/synth.h"
 #include "worker/model/cpu_backend.h"
+#include "worker/model/gdn_state.h"
 #include "worker/tp/plan.h"
 #ifdef DS_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
@@ -202,6 +203,10 @@ int Main(int argc, char** argv) {
   bo.tp_lm_head_rank0 = str("--lm-head", "vocab") == "rank0";
   bo.tp_align_heads = !a.count("--no-align");
   bo.collective = coll.get();
+  // The GDN state's storage (worker/model/gdn_state.h): CUDA stores bf16, the CPU emulates it.
+  auto gdn_state = ParseGdnState(str("--gdn-state", "f32"));
+  if (!gdn_state.ok()) return Fail(gdn_state.status());
+  bo.gdn_state_bf16 = *gdn_state;
   std::unique_ptr<Backend> owner;
   const tp::Plan* plan = nullptr;
   uint64_t dequantized_bytes = 0;

@@ -1,5 +1,6 @@
 // Worker flags that select device paths (issue #19: --portable on|off; issue #22:
-// --dense-weights on|off|auto, --early-launch on|off; issue #15: --coarse-draft-head on|off):
+// --dense-weights on|off|auto, --early-launch on|off, --gdn-state f32|bf16; issue #15:
+// --coarse-draft-head on|off):
 // parsed into WorkerOptions, bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
@@ -64,6 +65,23 @@ TEST(WorkerFlags, EarlyLaunchOnOff) {
 
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {
   ExpectOnOffFlag("--coarse-draft-head", &WorkerOptions::coarse_draft_head, true);
+}
+
+TEST(WorkerFlags, GdnStateF32Bf16) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_FALSE(def->gdn_state_bf16);
+  auto bf16 = Parse({"--gdn-state", "bf16"});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE(bf16->gdn_state_bf16);
+  auto f32 = Parse({"--gdn-state", "f32"});
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_FALSE(f32->gdn_state_bf16);
+  auto bad = Parse({"--gdn-state", "f16"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("--gdn-state expects f32 or bf16"),
+            std::string::npos)
+      << bad.status();
 }
 
 }  // namespace

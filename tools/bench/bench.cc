@@ -18,6 +18,7 @@
 
 #include "common/sampling/sampler.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "common/util/model_alias.h"
 
@@ -326,6 +327,7 @@ int RunBench(const BenchOptions& o) {
     if (o.f16_min_cols > 0) co.f16_mma_min_cols = o.f16_min_cols;
     co.early_launch = o.early_launch;
     co.coarse_draft_head = o.coarse_draft_head;
+    co.gdn_state_bf16 = o.gdn_state_bf16;
     // The speculative room (what CreateBackend's SpeculativeRoom sets): entries for spec_tokens
     // x spec_seqs verified tokens and the MTP block.
     co.spec_tokens = spec_tokens;
@@ -359,10 +361,11 @@ int RunBench(const BenchOptions& o) {
     }
     auto& be = **be_or;
     const double wbytes = static_cast<double>(be.StepWeightBytes());
-    std::printf("loaded in %.1f s; memory plan (KV %s, slot_ctx %d): %s\nweight bytes per forward "
-                "step: %.2f GB\n",
-                Since(tl), o.kv_type.c_str(), slot_ctx, be.memory_plan().ToString().c_str(),
-                wbytes * 1e-9);
+    std::printf(
+        "loaded in %.1f s; memory plan (KV %s, GDN state %s, slot_ctx %d): %s\nweight bytes "
+        "per forward step: %.2f GB\n",
+        Since(tl), o.kv_type.c_str(), GdnStateName(o.gdn_state_bf16), slot_ctx,
+        be.memory_plan().ToString().c_str(), wbytes * 1e-9);
     if (bw > 0) std::printf("speed of light (weights only): %.1f tok/s single stream\n", bw / wbytes);
     std::printf("kernel path: %s\n", be.portable() ? "portable (sm_70: f16 cuBLAS, dp4a GEMV)"
                                                    : "sm_80+ (bf16 cuBLAS, tiled int8 mma)");
@@ -688,6 +691,15 @@ int BenchMain(int argc, char** argv) {
                                                : o.fuse_norm;
       field = v == "on";
     }
+    else if (a == "--gdn-state") {
+      const std::string v = next();
+      const auto s = ParseGdnState(v);
+      if (!s.ok()) {
+        std::fprintf(stderr, "bench: %s\n", std::string(s.status().message()).c_str());
+        return 2;
+      }
+      o.gdn_state_bf16 = *s;
+    }
     else if (a == "--dense-weights") {
       const std::string v = next();
       const auto d = DenseWeightsFromName(v);
@@ -720,7 +732,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -39,6 +39,8 @@ struct BenchOptions {
   bool early_launch = true;  // --early-launch off: CudaBackendOptions::early_launch (A/B)
   // --coarse-draft-head off: CudaBackendOptions::coarse_draft_head (A/B of the MTP rows)
   bool coarse_draft_head = true;
+  // --gdn-state f32|bf16: CudaBackendOptions::gdn_state_bf16 (the GDN state stored in bf16)
+  bool gdn_state_bf16 = false;
   int overlap_chunks = 0;                    // --overlap-chunks N (0: the option's default)
   // Non-greedy decode rows (--sample T,TOP_K,TOP_P): the same decode loops through Forward with
   // sampling on the device (StepOptions::device_sample) and on the host (logits copied back, CPU

@@ -21,6 +21,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
+#include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "worker/spec/mtp_setting.h"
 #include "worker/spec/mtp_speculator.h"
@@ -120,7 +121,7 @@ int CmdGenerate(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
                            "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
-                           "--backend", "--threads", "--kv-type", "--mtp"},
+                           "--backend", "--threads", "--kv-type", "--mtp", "--gdn-state"},
                           {"--json", "--ignore-eos", "--chat", "--portable"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
@@ -199,6 +200,9 @@ int CmdGenerate(int argc, char** argv) {
   if (!kv_type.ok()) return Fail(kv_type.status());
   bo.kv_type = *kv_type;  // q8_0 / q4_0: CUDA only (the CPU backend refuses them)
   bo.portable = args->Has("--portable");  // CUDA: the sm_70 (V100) kernels on any GPU
+  auto gdn_state = ParseGdnState(args->Str("--gdn-state", "f32"));
+  if (!gdn_state.ok()) return Fail(gdn_state.status());
+  bo.gdn_state_bf16 = *gdn_state;  // the GDN state stored in bf16 (CPU: emulated)
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);

@@ -5,8 +5,9 @@
 // token after the first of its window is scored: ppl = exp(mean(-log p(x_{i+1} | x_{<=i}))).
 // Progress (windows done, tokens, running perplexity, tokens/s) goes to stderr. --decode-path
 // scores the same windows through the device's decode kernels instead of its prefill kernels.
-// --gdn-state bf16 (CPU backend): the GDN recurrent state rounded to bf16 between steps, the
-// precision question of issue #22 (with --chunk 1 every token is a step, as in decoding).
+// --gdn-state bf16: the GDN recurrent state stored in bf16 between steps (CUDA backend; the CPU
+// backend emulates it by rounding), the precision question of issue #22 (with --chunk 1 every
+// token is a step, as in decoding).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
+#include "worker/model/gdn_state.h"
 
 namespace ds::cli {
 namespace {
@@ -79,9 +81,9 @@ int CmdPerplexity(int argc, char** argv) {
   bo.slot_ctx = static_cast<int>(*ctx);
   bo.n_threads = static_cast<int>(*threads);
   const std::string gdn_state = args->Str("--gdn-state", "f32");
-  if (gdn_state != "f32" && gdn_state != "bf16")
-    return Fail(absl::InvalidArgumentError("--gdn-state takes f32 or bf16, not " + gdn_state));
-  bo.gdn_state_bf16 = gdn_state == "bf16";
+  auto gdn_bf16 = ParseGdnState(gdn_state);
+  if (!gdn_bf16.ok()) return Fail(gdn_bf16.status());
+  bo.gdn_state_bf16 = *gdn_bf16;
   auto be_or = CreateBackend(args->Str("--backend", "cpu"), model, bo);
   if (!be_or.ok()) return Fail(be_or.status());
   Backend& be = **be_or;

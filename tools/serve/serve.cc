@@ -27,6 +27,7 @@
 #include "tools/serve/children.h"
 #include "worker/backend_factory.h"
 #include "worker/model/dense_weights.h"
+#include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "worker/spec/mtp_setting.h"
 #include "common/util/model_alias.h"
@@ -60,6 +61,7 @@ struct ServeOptions {
   DenseWeights dense_weights = DenseWeights::kAuto;  // worker --dense-weights (dense_weights.h)
   bool early_launch = true;  // worker --early-launch off: plain kernel launches (escape hatch)
   bool coarse_draft_head = true;  // worker --coarse-draft-head off: drafts through the full head
+  bool gdn_state_bf16 = false;    // worker --gdn-state bf16 (worker/model/gdn_state.h)
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
@@ -104,6 +106,9 @@ void Usage(FILE* out) {
                "before them finishes (sm_90+, default on; off: plain launches)\n"
                "  [--coarse-draft-head on|off]  with --mtp, drafts through a 4-bit copy of a "
                "Q6_K lm_head (default on; the outputs are the verified ones either way)\n"
+               "  [--gdn-state f32|bf16]  the workers store the GDN recurrent state in bf16 "
+               "between steps (f32 arithmetic; half its memory and its traffic in batched decode; "
+               "default f32; docs/quality.md)\n"
                "  [--kv-type f16|q8_0|q4_0]  KV cache element type on the CUDA backend: q8_0 = "
                "8.5 bits, q4_0 = 4.5 bits per element (~1.9x / ~3.6x the --ctx at the same KV "
                "memory); the CPU backend keeps f32 KV and refuses q8_0/q4_0\n"
@@ -138,7 +143,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--portable", "--dense-weights", "--gpus", "--failover-wait", "--tp-collective",
-      "--early-launch", "--coarse-draft-head",
+      "--early-launch", "--coarse-draft-head", "--gdn-state",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
       "--slot-cap", "--mtp", "--max-active", "--prefix-cache", "--prefix-cache-mb",
       "--prefix-cache-tier",
@@ -237,6 +242,9 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
+  if (m.count("--gdn-state")) {
+    DS_ASSIGN_OR_RETURN(o.gdn_state_bf16, ParseGdnState(m["--gdn-state"]));
+  }
   DS_RETURN_IF_ERROR(integer("--max-active", &o.max_active, 0));
   if (m.count("--mtp")) {
     o.mtp = m["--mtp"];
@@ -488,6 +496,7 @@ int RunServe(int argc, char** argv) {
   if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
   if (!o->early_launch) wargs.insert(wargs.end(), {"--early-launch", "off"});
   if (!o->coarse_draft_head) wargs.insert(wargs.end(), {"--coarse-draft-head", "off"});
+  if (o->gdn_state_bf16) wargs.insert(wargs.end(), {"--gdn-state", "bf16"});
   if (o->dense_weights != DenseWeights::kAuto)
     wargs.insert(wargs.end(), {"--dense-weights", DenseWeightsName(o->dense_weights)});
   if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});

@@ -21,10 +21,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA backend: BackendOptions.kv_type ", KvTypeName(opts.kv_type),
         " disagrees with CudaBackendOptions.kv_type ", KvTypeName(copts.kv_type)));
-  if (opts.gdn_state_bf16)
-    return absl::InvalidArgumentError(
-        "--gdn-state bf16 is a CPU emulation (a precision measurement); the CUDA backend keeps "
-        "the GDN state in f32");
   DS_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::FromGguf(*file));
   DS_ASSIGN_OR_RETURN(TpPlacement tp, PlaceInGroup(*file, cfg, opts));
   // The pool figures of the generic options win where they are set.
@@ -37,6 +33,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.dense_weights != DenseWeights::kAuto) co.dense_weights = opts.dense_weights;
   if (!opts.early_launch) co.early_launch = false;
   if (!opts.coarse_draft_head) co.coarse_draft_head = false;
+  if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;
   if (opts.prefix_cache_bytes > 0) {
     co.prefix_cache_bytes = opts.prefix_cache_bytes;
     co.prefix_cache_required = opts.prefix_cache_required;

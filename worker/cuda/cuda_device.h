@@ -62,7 +62,7 @@ struct DLayer {
   DMat qkv, gate, beta, alpha, ssm_out;
   GdnLayerParams gdn;
   float* ring = nullptr;   // [n_slots, 4, C]
-  float* state = nullptr;  // [n_slots, Hv, dk, dv]
+  void* state = nullptr;   // [n_slots, Hv, dk, dv] f32, or bf16 (gdn_state_bf16)
   // attention
   DMat q, k, v, o;
   const float* q_norm = nullptr;
@@ -519,7 +519,8 @@ class CudaDevice final : public Device {
   // moves a state index over all layers (CommitSpeculative).
   int n_spec_entries_ = 0;
   float* rings_ = nullptr;   // [n_gdn] x ring_pitch_ bytes, each [n_slots + n_spec, K, C]
-  float* states_ = nullptr;  // [n_gdn] x state_pitch_ bytes, each [n_slots + n_spec, Hv, dk, dv]
+  // [n_gdn] x state_pitch_ bytes, each [n_slots + n_spec, Hv, dk, dv] f32 or bf16 (gdn_state_bf16)
+  uint8_t* states_ = nullptr;
   uint64_t ring_pitch_ = 0, state_pitch_ = 0;
   int n_gdn_ = 0;
   // The prepared step holds speculative runs: the GDN decode waves read GdnIn() and write

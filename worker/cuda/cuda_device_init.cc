@@ -259,7 +259,10 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   limits_.spec_entries = n_spec_entries_;
   limits_.max_spec_tokens = copts_.spec_tokens;
   const uint64_t n_idx = static_cast<uint64_t>(n_slots_) + n_spec_entries_;
-  const uint64_t ring1 = 4ull * C * 4, st1 = static_cast<uint64_t>(gdn_v) * c.gdn_k_dim * c.gdn_v_dim * 4;
+  // The delta-rule state in f32, or bf16 (CudaBackendOptions::gdn_state_bf16: half of it, which
+  // the planner below turns into more slots or KV).
+  const uint64_t ring1 = 4ull * C * 4, st1 = static_cast<uint64_t>(gdn_v) * c.gdn_k_dim *
+                                             c.gdn_v_dim * GdnStateElemBytes(copts_.gdn_state_bf16);
   ring_pitch_ = AlignUp(n_idx * ring1);
   state_pitch_ = AlignUp(n_idx * st1);
   n_gdn_ = c.n_recurrent();
@@ -580,12 +583,12 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                          max_pages_, n_kv, c.head_dim, copts_.kv_type};
   // Every GDN layer's rings, then every layer's states, each layer at a fixed pitch.
   rings_ = sa.Take<float>(n_gdn_ * ring_pitch_ / 4);
-  states_ = sa.Take<float>(n_gdn_ * state_pitch_ / 4);
+  states_ = sa.Take<uint8_t>(n_gdn_ * state_pitch_);
   int gi = 0;
   for (DLayer& D : layers_) {
     if (D.rec) {
       D.ring = rings_ + gi * ring_pitch_ / 4;
-      D.state = states_ + gi * state_pitch_ / 4;
+      D.state = states_ + gi * state_pitch_;
       ++gi;
     } else {
       D.kc = sa.Take<uint8_t>(kv_layer);

@@ -89,6 +89,16 @@ struct CudaBackendOptions {
   // verification; the copy costs memory (0.74 GiB on the 27B) and saves ~0.08 ms of each draft's
   // ~0.64 on the H200.
   bool coarse_draft_head = true;
+  // The GDN delta-rule state ([n_states, Hv, dk, dv] per layer: 151 MB per sequence on the 27B in
+  // f32) stored in bf16 between steps, rounded to nearest even; every kernel loads it into f32
+  // and does all its arithmetic in f32 (kernels/cuda/gdn.cuh: a decode step rounds after each
+  // token, a prefill piece once at its end). Halves the state a batched decode step reads and
+  // writes (gdn_core: ~8 of a ~35 ms step at 64 streams on the H200) and the recurrent bytes per
+  // slot, speculative entry and checkpoint, so the memory planner fits more slots. Opt-in: its
+  // precision is issue #22's question (docs/quality.md "GDN recurrent state in bf16"); off keeps
+  // the f32 state and its numbers bit for bit. A snapshot or checkpoint loads only into a device
+  // with the same setting (state_layout()).
+  bool gdn_state_bf16 = false;
   // Dense weights (issue #22, worker/model/dense_weights.h): every layer matrix also kept as a
   // 16-bit copy (bf16; f16 on the portable path), dequantized once at load, which the cuBLAS path
   // multiplies instead of dequantizing the quantized matrix into a scratch at every step. Costs 2

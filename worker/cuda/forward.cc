@@ -227,6 +227,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.alpha = ga_;
   d.conv_ring = L.ring;
   d.state = L.state;
+  d.state_bf16 = copts_.gdn_state_bf16;
   d.out = mix_out_;
   d.early = early_launch_;
   if (quant_in_kernel) {
@@ -267,6 +268,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.alpha = ga_ + static_cast<int64_t>(p.row0) * s.v_heads;
     a.conv_ring = L.ring;
     a.state = L.state;
+    a.state_bf16 = copts_.gdn_state_bf16;
     a.y = gy_;
     a.g = gg_;
     a.beta = gbeta_;

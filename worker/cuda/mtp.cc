@@ -18,6 +18,7 @@
 #include "kernels/cuda/mtp_attention.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "worker/cuda/cuda_device.h"
+#include "worker/cuda/slot_bytes.h"
 #include "worker/tp/vocab_gather.h"
 
 namespace ds::cuda {
@@ -33,9 +34,8 @@ absl::Status CudaDevice::CommitSpeculative(int slot, int entry) {
   // One strided copy per state kind: layer l's index `from` to its index `slot`, all layers.
   const size_t from = static_cast<size_t>(n_slots_) + entry;
   const size_t ring1 = 4ull * gdn_shape_.channels() * sizeof(float);
-  const size_t st1 = static_cast<size_t>(gdn_shape_.v_heads) * gdn_shape_.k_dim * gdn_shape_.v_dim *
-                     sizeof(float);
-  auto copy = [&](float* base, uint64_t pitch, size_t bytes) -> absl::Status {
+  const size_t st1 = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16).state;
+  auto copy = [&](void* base, uint64_t pitch, size_t bytes) -> absl::Status {
     if (bytes == 0) return absl::OkStatus();  // a TP rank without GDN heads
     auto* b = reinterpret_cast<uint8_t*>(base);
     if (pitch <= static_cast<uint64_t>(INT32_MAX)) {

@@ -12,13 +12,14 @@
 
 namespace ds::cuda {
 
-// Bytes of one slot's recurrent state per GDN layer: its conv ring and its delta-rule state.
+// Bytes of one slot's recurrent state per GDN layer: its conv ring (f32) and its delta-rule
+// state (f32, or bf16 with CudaBackendOptions::gdn_state_bf16).
 struct RecurrentBytes {
   size_t ring = 0, state = 0;
 };
-inline RecurrentBytes SlotRecurrentBytes(const GdnShape& s) {
+inline RecurrentBytes SlotRecurrentBytes(const GdnShape& s, bool state_bf16) {
   return {4ull * s.channels() * sizeof(float),
-          static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim * sizeof(float)};
+          static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim * GdnStateElemBytes(state_bf16)};
 }
 
 // Bytes of a slot's saved state: every GDN layer's ring + state, every attention layer's used

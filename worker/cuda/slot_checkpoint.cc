@@ -19,7 +19,7 @@ namespace ds::cuda {
 
 absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, int32_t n_past,
                                                                     uint64_t* bytes) const {
-  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = SlotPages(n_past);
   const size_t total = SavedStateBytes(n_past);
@@ -64,7 +64,7 @@ absl::StatusOr<std::shared_ptr<void>> CudaDevice::SaveStateOnDevice(int slot, in
 
 absl::Status CudaDevice::LoadStateFromDevice(int slot, int32_t n_past, const void* src,
                                              uint64_t bytes) {
-  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = SlotPages(n_past);
   const size_t total = SavedStateBytes(n_past);

@@ -69,7 +69,7 @@ absl::Status CudaDevice::MapPages(int slot, int first, std::span<const int32_t> 
 }
 
 void CudaDevice::ResetSlot(int slot) {
-  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16);
   for (DLayer& L : layers_) {
     if (!L.rec) continue;
     cudaMemsetAsync(reinterpret_cast<uint8_t*>(L.ring) + slot * rb.ring, 0, rb.ring, stream_);
@@ -90,13 +90,16 @@ void CudaDevice::DropSpeculation(int slot) {
 
 std::string CudaDevice::state_layout() const {
   return absl::StrCat("cuda kv=", KvTypeName(copts_.kv_type), " page=", copts_.kv_page_size,
-                      " gdn=", gdn_shape_.k_heads, "x", gdn_shape_.v_heads, " kv_heads=",
-                      attn_shape_.n_kv, " layers=", layers_.size(), " mtp=", mtp_page_bytes_ > 0 ? 1 : 0);
+                      " gdn=", gdn_shape_.k_heads, "x", gdn_shape_.v_heads,
+                      " kv_heads=", attn_shape_.n_kv, " layers=", layers_.size(),
+                      " mtp=", mtp_page_bytes_ > 0 ? 1 : 0,
+                      // Only when bf16: the f32 layout's name (and its saved snapshots) unchanged.
+                      copts_.gdn_state_bf16 ? " gdn_state=bf16" : "");
 }
 
 size_t CudaDevice::SavedStateBytes(int32_t n_past) const {
   const int pages = SlotPages(n_past);
-  return SlotStateBytes(layers_, SlotRecurrentBytes(gdn_shape_),
+  return SlotStateBytes(layers_, SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16),
                         2 * pages * kv_token_bytes_ * copts_.kv_page_size) +
          MtpStateBytes(pages, mtp_page_bytes_, n_past);
 }
@@ -146,7 +149,7 @@ absl::Status CudaDevice::CopyMtpPart(int slot, int32_t n_past, uint8_t* saved, b
 }
 
 absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_past) const {
-  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = SlotPages(n_past);
   std::vector<uint8_t> bytes(SavedStateBytes(n_past));
@@ -169,7 +172,7 @@ absl::StatusOr<std::vector<uint8_t>> CudaDevice::SaveState(int slot, int32_t n_p
 }
 
 absl::Status CudaDevice::LoadState(int slot, int32_t n_past, std::span<const uint8_t> bytes) {
-  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_);
+  const RecurrentBytes rb = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16);
   const size_t page_bytes = kv_token_bytes_ * copts_.kv_page_size;
   const int pages = SlotPages(n_past);
   const size_t total = SavedStateBytes(n_past);

@@ -254,9 +254,10 @@ struct BackendOptions {
   // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
   // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.
   bool coarse_draft_head = true;
-  // CPU: emulate a GDN recurrent state stored in bf16 between steps (cpu::DeltaRuleArgs::
-  // state_bf16; `perplexity --gdn-state bf16`): issue #22 asks for its precision to be measured
-  // before any device stores it so (docs/quality.md). The CUDA backend keeps f32 and rejects it.
+  // The GDN recurrent state stored in bf16 between steps (worker/model/gdn_state.h,
+  // `--gdn-state bf16`; issue #22, docs/quality.md). CUDA: CudaBackendOptions::gdn_state_bf16
+  // (bf16 storage). CPU: an emulation, the f32 state rounded to bf16 after every step
+  // (cpu::DeltaRuleArgs::state_bf16).
   bool gdn_state_bf16 = false;
   // Paged KV pool (issue #23): tokens of KV the pool holds for all slots together, and tokens per
   // page. kv_pool_tokens 0 = n_slots x slot_ctx (every slot can hold a full context: no sharing);

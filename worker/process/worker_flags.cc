@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config/config_file.h"
 #include "common/util/model_alias.h"
+#include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "worker/process/worker_process.h"
 
@@ -19,7 +20,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--tp-world", "--tp-group", "--split", "--tp-iface",
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable", "--dense-weights",
-                                          "--early-launch", "--coarse-draft-head",
+                                          "--early-launch", "--coarse-draft-head", "--gdn-state",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
                                           "--max-active", "--prefix-cache", "--prefix-cache-mb",
@@ -108,6 +109,9 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
+  if (m.count("--gdn-state")) {
+    DS_ASSIGN_OR_RETURN(o.gdn_state_bf16, ParseGdnState(m["--gdn-state"]));
+  }
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
     if (o.kv_type != GgmlType::F16 && o.backend == "cpu")

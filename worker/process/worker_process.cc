@@ -57,7 +57,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 
 // What the scheduler needs to plan memory: CPU backend figures (f32 state); for the CUDA backend
-// the KV bytes follow --kv-type (f16 / q8_0 / q4_0 rows), the rest is the same estimate.
+// the KV bytes follow --kv-type (f16 / q8_0 / q4_0 rows) and the delta-rule state --gdn-state
+// (f32 / bf16; the CPU backend keeps f32 storage either way), the rest is the same estimate.
 struct MemoryFigures {
   uint64_t weights = 0;
   uint64_t kv_per_token = 0;
@@ -65,15 +66,16 @@ struct MemoryFigures {
   uint64_t budget = 0;
 };
 
-MemoryFigures Figures(const ModelConfig& c, uint64_t file_bytes, bool cpu, GgmlType kv_type) {
+MemoryFigures Figures(const ModelConfig& c, uint64_t file_bytes, bool cpu, GgmlType kv_type,
+                      bool gdn_state_bf16) {
   MemoryFigures m;
   m.weights = file_bytes;
   m.kv_per_token = uint64_t{2} * c.n_attention() * c.n_head_kv *
                    (cpu ? uint64_t{4} * c.head_dim : KvRowBytes(kv_type, c.head_dim));
+  const uint64_t state_elem = !cpu && gdn_state_bf16 ? 2 : 4;
   m.recurrent_per_slot =
-      uint64_t{4} * c.n_recurrent() *
-      (uint64_t(c.conv_kernel - 1) * c.gdn_conv_channels() +
-       uint64_t(c.gdn_v_heads) * c.gdn_k_dim * c.gdn_v_dim);
+      c.n_recurrent() * (uint64_t{4} * (c.conv_kernel - 1) * c.gdn_conv_channels() +
+                         state_elem * c.gdn_v_heads * c.gdn_k_dim * c.gdn_v_dim);
   if (cpu) m.budget = uint64_t(sysconf(_SC_AVPHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
   return m;
 }
@@ -182,7 +184,7 @@ class Session {
     }
 
     const ModelConfig& c = cfg_;
-    mem_ = Figures(c, file_bytes, device_ == "cpu", o_.kv_type);
+    mem_ = Figures(c, file_bytes, device_ == "cpu", o_.kv_type, o_.gdn_state_bf16);
     pb::WorkerMessage reg;
     pb::Register* r = reg.mutable_register_();
     r->set_worker_id(o_.worker_id);
@@ -345,6 +347,7 @@ class Session {
           bo.dense_weights = o_.dense_weights;
           bo.early_launch = o_.early_launch;
           bo.coarse_draft_head = o_.coarse_draft_head;
+          bo.gdn_state_bf16 = o_.gdn_state_bf16;
           bo.kv_pool_tokens = o_.kv_pool_tokens;
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
@@ -662,7 +665,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--coarse-draft-head on|off] [--kv-pool-tokens N] [--kv-page N] "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--coarse-draft-head on|off] [--gdn-state f32|bf16] [--kv-pool-tokens N] [--kv-page N] "
                  "[--memory-fraction F] [--max-step-tokens N] "
                  "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
                  "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "

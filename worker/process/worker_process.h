@@ -73,6 +73,9 @@ struct WorkerOptions {
   // --coarse-draft-head off: MTP drafts through the full lm_head instead of its coarse copy
   // (BackendOptions::coarse_draft_head; the outputs are the same either way).
   bool coarse_draft_head = true;
+  // --gdn-state f32|bf16 (issue #22, worker/model/gdn_state.h): the GDN recurrent state stored
+  // in bf16 between steps (BackendOptions::gdn_state_bf16; the CPU backend emulates it).
+  bool gdn_state_bf16 = false;
   // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
   // every slot full), --kv-page N tokens per page (0 = the device's default), --memory-fraction F
   // of the device this worker plans for (two replicas on one GPU: 0.5 each).

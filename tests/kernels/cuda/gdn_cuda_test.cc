@@ -1,6 +1,7 @@
 // Gated DeltaNet kernels (kernels/cuda/gdn.cu, gdn_chunk.cu) against the CPU recurrence
 // (kernels/cpu/gdn.h): prefill in both forms (per-token scan, chunked), prefill pieces after
-// earlier ones, then decode steps of two sequences in one launch, and the final state. Needs a GPU.
+// earlier ones, then decode steps of two sequences in one launch, and the final state; the same
+// with the state stored in bf16 (state_bf16) against the CPU's bf16 emulation. Needs a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include "kernels/cpu/gdn.h"
 #include "kernels/cuda/gdn.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/gdn_state_test_util.h"
 
 namespace ds::cuda {
 namespace {
@@ -31,10 +33,16 @@ struct GdnCase {
   int T_second = 0;  // a second prefill piece right after the first (pos0 = T_prefill)
 };
 
-void RunGdnCase(const GdnCase& gc) {
-  SCOPED_TRACE(::testing::Message() << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk
-                                    << " T=" << gc.T_prefill << "+" << gc.T_second
-                                    << " decode=" << gc.n_decode << " chunk=" << gc.chunk);
+// bf16: the state stored in bf16 (GdnDecodeArgs / GdnPrefillArgs::state_bf16) against the CPU
+// emulation (cpu::GdnSeqArgs::state_bf16; round_at_end for a prefill piece, as the kernels
+// round). Before each GPU call the CPU state is set to the GPU's (exactly representable), so
+// each comparison covers one call's rounding: outputs as tight as in f32 (they come from the f32
+// state of their token, computed from the same input), states by ExpectBf16StateMatches.
+void RunGdnCase(const GdnCase& gc, bool bf16 = false) {
+  SCOPED_TRACE(::testing::Message()
+               << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk << " T=" << gc.T_prefill
+               << "+" << gc.T_second << " decode=" << gc.n_decode << " chunk=" << gc.chunk
+               << (bf16 ? " state bf16" : ""));
   GdnShape s{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
@@ -48,9 +56,11 @@ void RunGdnCase(const GdnCase& gc) {
   auto norm_w = RandVec(gc.dv, 0.5f, 1.5f);
   Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
   GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
-  Dev<float> ring(static_cast<size_t>(n_slots) * K * C), state(static_cast<size_t>(n_slots) * gc.hv * gc.dk * gc.dv);
+  const size_t per = static_cast<size_t>(gc.hv) * gc.dk * gc.dv;  // state elements of a slot
+  Dev<float> ring(static_cast<size_t>(n_slots) * K * C);
+  Dev<uint8_t> state(n_slots * per * GdnStateElemBytes(bf16));
   CK(cudaMemset(ring.p, 0, ring.n * sizeof(float)));
-  CK(cudaMemset(state.p, 0, state.n * sizeof(float)));
+  CK(cudaMemset(state.p, 0, state.n));
   std::vector<float> cpu_conv(static_cast<size_t>(K - 1) * C, 0.f), cpu_state(static_cast<size_t>(gc.hv) * gc.dk * gc.dv, 0.f);
 
   // Inputs: alpha chosen so g = ssm_a*softplus(alpha+dt) spans [-20, 0) ; beta logits in [-4, 4].
@@ -74,6 +84,14 @@ void RunGdnCase(const GdnCase& gc) {
     std::printf("  gdn %-8s rel %.2e max abs %.2e\n", what, rel, mx);
     EXPECT_LT(rel, 2e-4) << what;
   };
+  // bf16: the tracked slot's state -> the CPU's before a call, and checked after it.
+  auto gpu_state = [&] { return StateAsF32(state.Down(), slot * per, per, bf16); };
+  auto sync_cpu_state = [&] {
+    if (bf16) cpu_state = gpu_state();
+  };
+  auto check_state = [&](const char* what) {
+    if (bf16) ExpectBf16StateMatches(gpu_state(), cpu_state, what);
+  };
 
   int pos = 0;
   for (const int T : {gc.T_prefill, gc.T_second}) {
@@ -87,15 +105,18 @@ void RunGdnCase(const GdnCase& gc) {
     a.shape = s; a.p = p; a.T = T; a.slot = slot; a.pos0 = pos; a.chunk = gc.chunk;
     a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
     a.conv_ring = ring.p; a.state = state.p; a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p;
-    a.wy = wy.p;
+    a.wy = wy.p; a.state_bf16 = bf16;
+    sync_cpu_state();
     ASSERT_OK(GdnPrefill(a, nullptr));
     std::vector<float> ref(static_cast<size_t>(T) * Vw);
     cpu::GdnSeqArgs c;
     c.dims = cd; c.T = T; c.eps = 1e-6f; c.mixed = mixed.data(); c.z = z.data(); c.b = b.data();
     c.alpha = al.data(); c.conv_w = conv_w.data(); c.ssm_a = ssm_a.data(); c.dt_bias = dt.data();
     c.norm_w = norm_w.data(); c.conv_state = cpu_conv.data(); c.state = cpu_state.data(); c.out = ref.data();
+    c.state_bf16 = bf16; c.round_at_end = true;
     cpu::GdnSequence(c);
     compare(out.Down(), ref, "prefill");
+    check_state("prefill state");
     pos += T;
   }
   // Decode: batch of 2 sequences in one launch, sequence 0 is the tracked one (slot 1), sequence 1
@@ -109,20 +130,22 @@ void RunGdnCase(const GdnCase& gc) {
     GdnDecodeArgs a;
     a.shape = s; a.p = p; a.n_seqs = 2; a.rows = rows.p; a.slots = slots.p; a.pos = poss.p;
     a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.out = out.p;
+    a.state_bf16 = bf16;
+    sync_cpu_state();
     ASSERT_OK(GdnDecode(a, nullptr));
     std::vector<float> ref(Vw);
     cpu::GdnSeqArgs c;
     c.dims = cd; c.T = 1; c.eps = 1e-6f; c.mixed = mixed.data() + C; c.z = z.data() + Vw; c.b = b.data() + gc.hv;
     c.alpha = al.data() + gc.hv; c.conv_w = conv_w.data(); c.ssm_a = ssm_a.data(); c.dt_bias = dt.data();
     c.norm_w = norm_w.data(); c.conv_state = cpu_conv.data(); c.state = cpu_state.data(); c.out = ref.data();
+    c.state_bf16 = bf16;  // a decode step rounds after its token
     cpu::GdnSequence(c);
     const auto all = out.Down();
     compare(std::vector<float>(all.begin() + Vw, all.end()), ref, "decode");
+    check_state("decode state");
   }
-  // Final recurrent state of the tracked slot.
-  const auto st = state.Down();
-  const size_t per = static_cast<size_t>(gc.hv) * gc.dk * gc.dv;
-  compare(std::vector<float>(st.begin() + slot * per, st.begin() + (slot + 1) * per), cpu_state, "state");
+  // Final recurrent state of the tracked slot (bf16: checked after every call above).
+  if (!bf16) compare(gpu_state(), cpu_state, "state");
 }
 
 TEST(Gdn, SmallShapes) {
@@ -158,6 +181,19 @@ TEST(Gdn, PrefillAfterPrefill) {
     RunGdnCase({2, 6, 32, 32, 1, 1, chunk, 2});
     RunGdnCase({2, 4, 16, 48, 33, 2, chunk, 65});
   }
+}
+
+// The state stored in bf16: both prefill forms, pieces after pieces, decode steps, narrow and
+// 27B-shaped heads.
+TEST(Gdn, Bf16State) {
+  for (const int chunk : {0, kGdnChunk}) {
+    RunGdnCase({2, 6, 32, 32, 37, 3, chunk}, true);
+    RunGdnCase({2, 4, 16, 48, 5, 4, chunk, 33}, true);
+    RunGdnCase({1, 2, 32, 96, 31, 2, chunk}, true);
+    RunGdnCase({16, 48, 128, 128, 70, 3, chunk, 40}, true);
+  }
+  RunGdnCase({16, 48, 128, 128, 1024, 2, kGdnChunk}, true);
+  RunGdnCase({1, 3, 32, 32, 0, 6}, true);  // decode only, from a zero state
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // spilled), small ones the unspilled form that kernels_cuda_test checks against the CPU. The
 // arithmetic is the same: a batch of 8 sequences of the 27B's GDN shape (48 heads: 384 blocks) in
 // one launch gives outputs, states and conv rows bit-identical to the 8 sequences launched one
-// by one (48 blocks each), over several steps. And the kernel's fused int8 output
+// by one (48 blocks each), over several steps, with the state in f32 and in bf16
+// (GdnDecodeArgs::state_bf16). And the kernel's fused int8 output
 // (GdnDecodeArgs::xq): it leaves the outputs as they were, is QuantizeActivations' copy bit for
 // bit, and a run of tokens gives what the same tokens launched one by one give. Needs a GPU.
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/gdn_state_test_util.h"
 
 namespace ds::cuda {
 namespace {
@@ -49,9 +51,8 @@ struct LayerOnDevice {
   }
 };
 
-TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+// bf16: the state stored in bf16 (its start values rounded to it).
+void RunManyInOneLaunch(bool bf16) {
   std::mt19937 rng(77);
   auto rand = [&](size_t n, float lo, float hi) { return RandVec(rng, n, lo, hi); };
   const GdnShape s{16, 48, 128, 128, 4};
@@ -61,9 +62,10 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
   const GdnLayerParams p = layer.p;
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(Vw) * s.k_dim;
   // Two copies of every sequence's state: `one` launch for all, and one launch per sequence.
-  auto start_state = rand(kSeqs * st1, -0.5f, 0.5f), start_ring = rand(kSeqs * ring1, -1.f, 1.f);
-  Dev<float> ring_all(start_ring), state_all(start_state), ring_one(start_ring),
-      state_one(start_state);
+  const auto start_state = StateBytes(rand(kSeqs * st1, -0.5f, 0.5f), bf16);
+  auto start_ring = rand(kSeqs * ring1, -1.f, 1.f);
+  Dev<float> ring_all(start_ring), ring_one(start_ring);
+  Dev<uint8_t> state_all(start_state), state_one(start_state);
   for (int step = 0; step < kSteps; ++step) {
     auto mixed = rand(static_cast<size_t>(kSeqs) * C, -2.f, 2.f);
     auto z = rand(static_cast<size_t>(kSeqs) * Vw, -3.f, 3.f);
@@ -91,6 +93,7 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
     a.alpha = dal.p;
     a.conv_ring = ring_all.p;
     a.state = state_all.p;
+    a.state_bf16 = bf16;
     a.out = out_all.p;
     ASSERT_TRUE(GdnDecode(a, nullptr).ok());  // 48 x 8 = 384 blocks: the two-per-SM form
     for (int i = 0; i < kSeqs; ++i) {
@@ -106,9 +109,21 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
     }
     CK(cudaDeviceSynchronize());
     EXPECT_EQ(Differing(out_all.Down(), out_one.Down()), 0u) << "outputs, step " << step;
-    EXPECT_EQ(Differing(state_all.Down(), state_one.Down()), 0u) << "states, step " << step;
+    EXPECT_TRUE(state_all.Down() == state_one.Down()) << "states, step " << step;
     EXPECT_EQ(Differing(ring_all.Down(), ring_one.Down()), 0u) << "conv rows, step " << step;
   }
+}
+
+TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOne) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  RunManyInOneLaunch(false);
+}
+
+TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOneBf16State) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  RunManyInOneLaunch(true);
 }
 
 

@@ -4,7 +4,9 @@
 //    cpu::GdnSequence token by token (outputs, states and conv rows of every entry); the input
 //    slot stays untouched, and the outputs and final state are bit-identical to running the
 //    same tokens in place; the run form (GdnDecodeArgs::run_first: the chain in one launch)
-//    bit-identical to the chain of launches.
+//    bit-identical to the chain of launches. All of it also with the state stored in bf16
+//    (GdnDecodeArgs::state_bf16) against the CPU's bf16 emulation: the run form then rounds the
+//    state in registers after each token, so it stays bit-identical to the chain.
 //  * MaskedAttnDecode (the MTP layer's attention): one query over a paged f16 plane with rows
 //    masked out, against cpu::GatedAttention with the same mask; its device-resident form
 //    (slot / position read on the device, as a captured draft chain runs it) bit-identical.
@@ -25,6 +27,7 @@
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/mtp_attention.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/gdn_state_test_util.h"
 
 namespace ds::cuda {
 namespace {
@@ -52,9 +55,13 @@ struct SpecCase {
   int hk, hv, dk, dv, warm, k;  // warm: in-place decode tokens before the chain; k: chain tokens
 };
 
-void RunSpecChain(const SpecCase& sc) {
-  SCOPED_TRACE(::testing::Message() << "Hk=" << sc.hk << " Hv=" << sc.hv << " dk=" << sc.dk
-                                    << " dv=" << sc.dv << " warm=" << sc.warm << " k=" << sc.k);
+// bf16: the state stored in bf16; the CPU state is set to the GPU's input state before each
+// token (exactly representable), so each token's state is checked for its own rounding
+// (ExpectBf16StateMatches) and its output as tightly as in f32.
+void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
+  SCOPED_TRACE(::testing::Message()
+               << "Hk=" << sc.hk << " Hv=" << sc.hv << " dk=" << sc.dk << " dv=" << sc.dv
+               << " warm=" << sc.warm << " k=" << sc.k << (bf16 ? " state bf16" : ""));
   GdnShape s{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   cpu::GdnDims cd{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   const int C = s.channels(), Vw = sc.hv * sc.dv, K = 4;
@@ -71,9 +78,12 @@ void RunSpecChain(const SpecCase& sc) {
   auto norm_w = RandVec(sc.dv, 0.5f, 1.5f);
   Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
   GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
-  Dev<float> ring(n_idx * ring1), state(n_idx * st1);  // entries stay poisoned until written
+  const size_t eb = GdnStateElemBytes(bf16), stb = st1 * eb;  // state bytes of an index
+  // Entries stay poisoned until written.
+  Dev<float> ring(n_idx * ring1);
+  Dev<uint8_t> state(n_idx * stb);
   CK(cudaMemset(ring.p, 0, 2 * ring1 * sizeof(float)));
-  CK(cudaMemset(state.p, 0, 2 * st1 * sizeof(float)));
+  CK(cudaMemset(state.p, 0, 2 * stb));
   std::vector<float> cpu_conv(static_cast<size_t>(K - 1) * C, 0.f), cpu_state(st1, 0.f);
 
   struct Tok {
@@ -84,6 +94,10 @@ void RunSpecChain(const SpecCase& sc) {
                RandVec(sc.hv, -6.f, 3.f)};
   };
   // One token of one sequence on the GPU: reads index `in`, writes index `out`.
+  // bf16: the CPU continues from the GPU's input state of the next token (see above).
+  auto sync_cpu_state = [&](int in) {
+    if (bf16) cpu_state = StateAsF32(state.Down(), in * st1, st1, true);
+  };
   auto gpu_token = [&](const Tok& t, int in, int out, int pos) {
     Dev<float> dm(t.mixed), dz(t.z), db(t.b), dal(t.al), o(Vw);
     Dev<int32_t> rows(std::vector<int32_t>{0}), outs(std::vector<int32_t>{out}),
@@ -92,7 +106,7 @@ void RunSpecChain(const SpecCase& sc) {
     a.shape = s; a.p = p; a.n_seqs = 1; a.rows = rows.p; a.slots = outs.p;
     a.in_slots = in == out ? nullptr : ins.p; a.pos = poss.p;
     a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
-    a.conv_ring = ring.p; a.state = state.p; a.out = o.p;
+    a.conv_ring = ring.p; a.state = state.p; a.state_bf16 = bf16; a.out = o.p;
     EXPECT_TRUE(GdnDecode(a, nullptr).ok());
     return o.Down();
   };
@@ -102,6 +116,7 @@ void RunSpecChain(const SpecCase& sc) {
     c.dims = cd; c.T = 1; c.eps = 1e-6f; c.mixed = t.mixed.data(); c.z = t.z.data(); c.b = t.b.data();
     c.alpha = t.al.data(); c.conv_w = conv_w.data(); c.ssm_a = ssm_a.data(); c.dt_bias = dt.data();
     c.norm_w = norm_w.data(); c.conv_state = cpu_conv.data(); c.state = cpu_state.data(); c.out = ref.data();
+    c.state_bf16 = bf16;
     cpu::GdnSequence(c);
     return ref;
   };
@@ -109,12 +124,14 @@ void RunSpecChain(const SpecCase& sc) {
   int pos = 0;
   for (; pos < sc.warm; ++pos) {
     const Tok t = make();
+    sync_cpu_state(0);
     gpu_token(t, 0, 0, pos);
     cpu_token(t);
   }
   CK(cudaMemcpy(ring.p + ring1, ring.p, ring1 * sizeof(float), cudaMemcpyDeviceToDevice));
-  CK(cudaMemcpy(state.p + st1, state.p, st1 * sizeof(float), cudaMemcpyDeviceToDevice));
-  const auto ring0 = ring.Down(ring1), state0 = state.Down(st1);
+  CK(cudaMemcpy(state.p + stb, state.p, stb, cudaMemcpyDeviceToDevice));
+  const auto ring0 = ring.Down(ring1);
+  const auto state0 = state.Down(stb);
   const int pos0 = pos;
   std::vector<Tok> toks;
   std::vector<float> gots;
@@ -122,6 +139,7 @@ void RunSpecChain(const SpecCase& sc) {
   for (int i = 0; i < sc.k; ++i, ++pos) {
     const Tok t = make();
     toks.push_back(t);
+    sync_cpu_state(i == 0 ? 0 : 2 + i - 1);
     const auto got = gpu_token(t, i == 0 ? 0 : 2 + i - 1, 2 + i, pos);
     gots.insert(gots.end(), got.begin(), got.end());
     const auto inplace = gpu_token(t, 1, 1, pos);
@@ -129,10 +147,15 @@ void RunSpecChain(const SpecCase& sc) {
     EXPECT_LT(Rel(got, ref), 2e-4) << "token " << i;
     EXPECT_EQ(std::memcmp(got.data(), inplace.data(), got.size() * 4), 0) << "token " << i;
     // The entry holds the CPU's state and its last K-1 pre-conv rows (ring row q % K).
-    const auto all_st = state.Down(), all_ring = ring.Down();
-    const std::vector<float> e_st(all_st.begin() + (2 + i) * st1, all_st.begin() + (3 + i) * st1);
-    EXPECT_LT(Rel(e_st, cpu_state), 2e-4) << "state after token " << i;
-    EXPECT_EQ(std::memcmp(e_st.data(), all_st.data() + st1, st1 * 4), 0) << "token " << i;
+    const auto all_st = state.Down();
+    const auto all_ring = ring.Down();
+    const std::vector<float> e_st = StateAsF32(all_st, (2 + i) * st1, st1, bf16);
+    if (bf16)
+      ExpectBf16StateMatches(e_st, cpu_state, "spec state");
+    else
+      EXPECT_LT(Rel(e_st, cpu_state), 2e-4) << "state after token " << i;
+    EXPECT_EQ(std::memcmp(all_st.data() + (2 + i) * stb, all_st.data() + stb, stb), 0)
+        << "token " << i;
     for (int r = 0; r < K - 1; ++r) {
       const int q = pos - (K - 2) + r;  // position of CPU conv row r
       const float* g = all_ring.data() + (2 + i) * ring1 + static_cast<size_t>(((q % K) + K) % K) * C;
@@ -142,7 +165,7 @@ void RunSpecChain(const SpecCase& sc) {
   }
   // The chain's input slot is untouched.
   EXPECT_EQ(ring.Down(ring1), ring0);
-  EXPECT_EQ(state.Down(st1), state0);
+  EXPECT_EQ(state.Down(stb), state0);
 
   // The same tokens as one run (GdnDecodeArgs::run_first: one launch, one block per head walks
   // the k tokens with the state in registers) into entries 2 + k ..: outputs, states and conv
@@ -166,21 +189,22 @@ void RunSpecChain(const SpecCase& sc) {
   GdnDecodeArgs a;
   a.shape = s; a.p = p; a.n_seqs = 1; a.run_first = first.p; a.run_len = len.p; a.rows = drows.p;
   a.slots = douts.p; a.in_slots = dins.p; a.pos = dposs.p; a.mixed = dm.p; a.z = dz.p; a.b = db.p;
-  a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.out = o.p;
+  a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.state_bf16 = bf16; a.out = o.p;
   ASSERT_TRUE(GdnDecode(a, nullptr).ok());
   const auto run_out = o.Down();
   EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
-  const auto all_st = state.Down(), all_ring = ring.Down();
+  const auto all_st = state.Down();
+  const auto all_ring = ring.Down();
   for (int i = 0; i < sc.k; ++i) {
-    EXPECT_EQ(std::memcmp(all_st.data() + (2 + sc.k + i) * st1, all_st.data() + (2 + i) * st1,
-                          st1 * 4), 0) << "run state after token " << i;
+    EXPECT_EQ(std::memcmp(all_st.data() + (2 + sc.k + i) * stb, all_st.data() + (2 + i) * stb, stb),
+              0)
+        << "run state after token " << i;
     EXPECT_EQ(std::memcmp(all_ring.data() + (2 + sc.k + i) * ring1,
                           all_ring.data() + (2 + i) * ring1, ring1 * 4), 0)
         << "run conv rows after token " << i;
   }
   EXPECT_EQ(ring.Down(ring1), ring0);
-  EXPECT_EQ(state.Down(st1), state0);
-
+  EXPECT_EQ(state.Down(stb), state0);
 }
 
 TEST(GdnSpec, ChainMatchesCpuAndInPlace) {
@@ -188,6 +212,14 @@ TEST(GdnSpec, ChainMatchesCpuAndInPlace) {
   RunSpecChain({2, 4, 32, 64, 2, 3});  // fewer warm tokens than conv rows: zero rows carried
   RunSpecChain({2, 6, 64, 64, 0, 5});
   RunSpecChain({16, 48, 128, 128, 3, 4});  // the 27B shape
+}
+
+// The state stored in bf16: the chain against the CPU's emulation, in place and as one run
+// (bit-identical to the chain: the run rounds its registers after each token).
+TEST(GdnSpec, Bf16StateChain) {
+  RunSpecChain({2, 6, 16, 16, 5, 4}, true);
+  RunSpecChain({2, 4, 32, 64, 2, 3}, true);
+  RunSpecChain({16, 48, 128, 128, 3, 4}, true);
 }
 
 // ---------------------------------------------------------------------------------------------
