@@ -340,11 +340,16 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuVsCpu, ::testing::ValuesIn(kCases),
 // The GDN recurrent state stored in bf16 (BackendOptions::gdn_state_bf16 -> CudaBackendOptions::
 // gdn_state_bf16, issue #22) against the CPU's emulation of it (the state rounded to bf16 after
 // every decode token and at the end of every prefill piece, as the kernels round), on the
-// reference model and the two F32 models, within their bounds above: both sides round f32 states
-// that agree to the f32 tests' precision, so they differ only where a value straddles a rounding
-// midpoint (one bf16 ulp of that element, tests/kernels/cuda/gdn_cuda_test.cc Gdn.Bf16State).
-// The option must take effect: the CUDA logits differ from the f32 state's, and the memory
-// plan's recurrent bytes shrink.
+// reference model and the two F32 models. Both sides round f32 states that agree to the f32
+// tests' precision, so their states differ only where a value straddles a rounding midpoint (one
+// bf16 ulp of that element, tests/kernels/cuda/gdn_cuda_test.cc Gdn.Bf16State); those flips
+// are carried from step to step, so the F32 models' logits are held to kBf16StateBound, not to
+// the f32 state's 2e-3 (measured on the H200, 2026-12-03: 7.0e-3 and 1.12e-2 at most), and
+// must be closer to the CPU emulation than the f32-state GPU run is (2.5e-2 and 1.6e-2: a GPU
+// that did not round, or rounded elsewhere, fails that). The Q8_0 reference model keeps its
+// bounds (its quantization noise dominates both distances). The option must take effect: the
+// CUDA logits differ from the f32 state's, and the memory plan's recurrent bytes shrink.
+constexpr double kBf16StateBound = 2e-2;
 TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   for (const Case& c : kCases) {
@@ -394,9 +399,14 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
       worst = std::max(worst, rel);
       worst_f32 = std::max(worst_f32, RelDiff(gpu_f32.logits[s], cpu.logits[s]));
       line += " " + Sci(rel);
-      EXPECT_LE(rel, s == 0 ? c.prefill_bound : c.decode_bound)
-          << name << " step " << s << (s == 0 ? " (prefill)" : " (decode)");
+      const double bound = c.type == GgmlType::F32 ? kBf16StateBound
+                           : s == 0                 ? c.prefill_bound
+                                                    : c.decode_bound;
+      EXPECT_LE(rel, bound) << name << " step " << s << (s == 0 ? " (prefill)" : " (decode)");
     }
+    if (c.type == GgmlType::F32)
+      EXPECT_LT(worst, worst_f32) << name << ": the bf16-state GPU run is no closer to the CPU's "
+                                             "bf16 emulation than the f32-state run";
     // For the record: the f32-state GPU run against the bf16 CPU emulation (how far the
     // rounding itself moves the logits).
     std::printf(

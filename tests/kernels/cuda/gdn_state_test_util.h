@@ -54,17 +54,25 @@ inline std::vector<uint8_t> StateBytes(const std::vector<float>& v, bool bf16) {
 // elements (the CPU's chunked vs recurrent forms: none of 6,144, DeltaRule.Bf16StateRoundAtEnd).
 // A kernel that rounds differently (truncation, rounding per token where the reference rounds
 // once per piece, a run's later token reading the unrounded value) leaves about half of them
-// apart, and a wrong element or index is far more than one ulp off. Bounds: every element within
-// one ulp, at most 3% of them differing.
+// apart, and a wrong element or index is far more than one ulp off. Elements far below the
+// state's scale are an exception: the f32 sums that made them cancelled, so the two sides' f32
+// differences (absolute, ~1e-7 of the largest elements: the f32 tests' max abs) can exceed
+// their ulp (H200, 2026-12-03: 2.589e-7 vs 2.645e-7 in a state whose elements reach ~1e-1).
+// Bounds: every element within one ulp plus 1e-5 of the largest |element|, at most 3% of them
+// differing.
 inline void ExpectBf16StateMatches(const std::vector<float>& got, const std::vector<float>& ref,
                                    const char* what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
+  double scale = 0;
+  for (float v : ref) scale = std::fmax(scale, std::fabs(v));
+  const double floor = 1e-5 * scale;
   size_t differ = 0, far = 0, first_far = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     if (got[i] == ref[i]) continue;
     ++differ;
     const double d = std::fabs(double(got[i]) - ref[i]);
-    if (!(d <= std::ldexp(std::fmax(std::fabs(got[i]), std::fabs(ref[i])), -7)) && far++ == 0)
+    if (!(d <= std::ldexp(std::fmax(std::fabs(got[i]), std::fabs(ref[i])), -7) + floor) &&
+        far++ == 0)
       first_far = i;
   }
   std::printf("  gdn %-8s bf16 elements differing by one ulp: %zu of %zu\n", what, differ,
