@@ -7,8 +7,11 @@ namespace ds::cuda::gdn_chunk {
 namespace {
 
 constexpr int NC = kGdnChunk;  // tokens per chunk (32: one per lane)
-constexpr int kCols = 32;      // state columns per scan block (one per lane)
-constexpr int kRowsPerWarp = NC / 4;
+// State columns per scan block: 16 at dk >= 64 (the 27B: 384 blocks of 128 threads, ~3 per SM,
+// each thread half the products of a 32-column block's), 32 below (a thread's state rows must
+// stay a multiple of 4). A block's threads form kThreads / COLS groups of COLS, one column each.
+template <int DK>
+constexpr int ScanCols() { return DK >= 64 ? 16 : 32; }
 
 // The scratch of chunk c and value head h: W [NC][DK], then P [NC][NC].
 template <int DK>
@@ -168,11 +171,12 @@ __global__ void __launch_bounds__(kThreads) GdnChunkPrepKernel(const GdnPrefillA
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Per (head, 32 state columns), chunks in order. Thread (warp w, lane j): state column c0 + j;
-// rows 8w..8w+7 of the chunk's V' and O; state rows [w DK/4, (w+1) DK/4) in registers for the
-// update (St keeps the whole block, transposed, for the products that read every row). TS: the
+// 2. Per (head, ScanCols state columns), chunks in order. Thread (group w, column j): state column
+// c0 + j; rows [w R, (w+1) R) of the chunk's V' and O (R = NC / groups); state rows [w DK/groups,
+// (w+1) DK/groups) in registers for the update (St keeps the whole block, transposed, for the
+// products that read every row). TS: the
 // state's storage type (gdn_state.cuh): loaded at the start, stored (rounded) once at the end.
-template <int DK>
+template <int DK, int kCols = ScanCols<DK>()>
 struct ScanSmem {
   float St[kCols][DK + 4];  // S transposed: St[j][k]; +4 keeps 16-byte rows, lanes 8 banks apart
   float W[NC][DK + 4];
@@ -187,12 +191,14 @@ template <int DK, typename TS>
 __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ScanSmem<DK>& sm = *reinterpret_cast<ScanSmem<DK>*>(smem_raw);
-  constexpr int KQ = DK / 4;                      // state rows per thread in the update
+  constexpr int kCols = ScanCols<DK>(), kGroups = kThreads / kCols;
+  constexpr int kRowsPerGroup = NC / kGroups;       // chunk rows of V' / O per thread
+  constexpr int KQ = DK / kGroups;                 // state rows per thread in the update
   constexpr int kLoads = NC * DK / 4 / kThreads;  // float4 of W (of q, of k) per thread
   constexpr int kPLoads = NC * NC / 4 / kThreads;
   const GdnShape& d = a.shape;
   const int h = blockIdx.x, c0 = blockIdx.y * kCols, tid = threadIdx.x;
-  const int w = tid >> 5, j = tid & 31, r0 = w * kRowsPerWarp, k0 = w * KQ;
+  const int w = tid / kCols, j = tid % kCols, r0 = w * kRowsPerGroup, k0 = w * KQ;
   const int Hv = d.v_heads, dv = d.v_dim, C = d.channels(), Kw = d.k_heads * DK;
   const int kh = h % d.k_heads;
   const bool jv = c0 + j < dv;
@@ -219,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
     const float gnext = tid < NC && c + 1 < n_chunks ? gamma_of(c + 1, tid) : 0.f;
     {  // stage the chunk: every load issued before the first store
       float4 wv[kLoads], qv[kLoads], kv[kLoads], pv[kPLoads];
-      float uv[kRowsPerWarp];
+      float uv[kRowsPerGroup];
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         const int idx = tid + kThreads * i, r = idx / (DK / 4), k = 4 * (idx % (DK / 4));
@@ -234,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
 #pragma unroll
       for (int i = 0; i < kPLoads; ++i) pv[i] = *reinterpret_cast<const float4*>(Pg + 4 * (tid + kThreads * i));
 #pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
+      for (int i = 0; i < kRowsPerGroup; ++i) {
         const int r = r0 + i;
         uv[i] = r < n && jv ? a.y[static_cast<int64_t>(t0 + r) * C + 2 * Kw + h * dv + c0 + j] : 0.f;
       }
@@ -253,15 +259,15 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
         *reinterpret_cast<float4*>(&sm.P[r][k]) = pv[i];
       }
 #pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) sm.V[r0 + i][j] = uv[i];
+      for (int i = 0; i < kRowsPerGroup; ++i) sm.V[r0 + i][j] = uv[i];
     }
     __syncthreads();
     const float gl = sm.gam[buf][NC - 1];
 
     // V' = U - W S and O1 = Qg S for rows r0..r0+7, column j.
-    float vp[kRowsPerWarp], o[kRowsPerWarp];
+    float vp[kRowsPerGroup], o[kRowsPerGroup];
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
+    for (int i = 0; i < kRowsPerGroup; ++i) {
       vp[i] = 0.f;
       o[i] = 0.f;
     }
@@ -269,13 +275,13 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
     for (int k = 0; k < DK; k += 4) {
       const float4 sv = *reinterpret_cast<const float4*>(&sm.St[j][k]);
 #pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
+      for (int i = 0; i < kRowsPerGroup; ++i) {
         vp[i] = Dot4(*reinterpret_cast<const float4*>(&sm.W[r0 + i][k]), sv, vp[i]);
         o[i] = Dot4(*reinterpret_cast<const float4*>(&sm.Qg[r0 + i][k]), sv, o[i]);
       }
     }
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) sm.V[r0 + i][j] -= vp[i];  // only this thread's entries
+    for (int i = 0; i < kRowsPerGroup; ++i) sm.V[r0 + i][j] -= vp[i];  // only this thread's entries
     __syncthreads();  // V' complete; every thread done reading St
 
     // O = O1 + P V'
@@ -283,10 +289,10 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
     for (int s4 = 0; s4 < NC; s4 += 4) {
       const float4 v = make_float4(sm.V[s4][j], sm.V[s4 + 1][j], sm.V[s4 + 2][j], sm.V[s4 + 3][j]);
 #pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) o[i] = Dot4(*reinterpret_cast<const float4*>(&sm.P[r0 + i][s4]), v, o[i]);
+      for (int i = 0; i < kRowsPerGroup; ++i) o[i] = Dot4(*reinterpret_cast<const float4*>(&sm.P[r0 + i][s4]), v, o[i]);
     }
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
+    for (int i = 0; i < kRowsPerGroup; ++i) {
       const int r = r0 + i;
       if (r < n && jv) a.out[static_cast<int64_t>(t0 + r) * Hv * dv + h * dv + c0 + j] = o[i];
     }
@@ -329,7 +335,7 @@ bool LaunchDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   const int n_chunks = (a.T + NC - 1) / NC;
   GdnChunkPrepKernel<DK><<<dim3(n_chunks, a.shape.v_heads), kThreads, 0, stream>>>(a);
   GdnChunkScanKernel<DK, TS>
-      <<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(a);
+      <<<dim3(a.shape.v_heads, (a.shape.v_dim + ScanCols<DK>() - 1) / ScanCols<DK>()), kThreads, bytes, stream>>>(a);
   return true;
 }
 

@@ -39,4 +39,9 @@ for st in bf16 f32; do
     --conc ${CONC:-16,64} --conc-gen 32 --no-profile --gdn-state $st 2>&1 |
     grep -E "^aggregate|^decode|^prefill|memory plan" | head -5
 done
+if [ "${PREFILL_PROFILE:-1}" = 1 ]; then
+  echo "== prefill profile (per-op-class)"
+  timeout 150 "$BIN/deltaserve" bench --model "$M" --prefill 512,8192 --decode 4 --depth 0 \
+    --conc "" 2>&1 | grep -E "^prefill|prefill of|gdn_core|ffn|gdn_proj|attn_core" | head -16
+fi
 exit $rc
