@@ -21,6 +21,7 @@
 #include "kernels/cuda/attention_prefill_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/mma_f16.cuh"
 
 namespace ds::cuda {
@@ -116,54 +117,13 @@ __global__ void __launch_bounds__(256) AttnPrefillMmaKernel(const AttnPrefillArg
         MmaF16(qa, kb[2], kb[3], sc[2 * np + 1]);
       }
     }
-    // Online softmax of rows g (entries 0, 1) and g + 8 (entries 2, 3).
+    // Online softmax of rows g and g + 8 (flash_tile.cuh), then O rescaled where a max moved.
     const int key0 = tile * kKeys;
     const bool diag = key0 + kKeys - 1 > a.pos0 + t0;  // some key lies past some row's position
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, key = key0 + 8 * n + 2 * tig + (e & 1);
-        float v = sc[n][e] * scale_log2;
-        if (diag && key > pos_row[r]) v = -INFINITY;
-        sc[n][e] = v;
-        mx[r] = fmaxf(mx[r], v);
-      }
     float c[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is visible to every row
-      c[r] = exp2f(m[r] - mn);
-      m[r] = mn;
-      l[r] *= c[r];
-    }
     uint32_t pa[2][4];  // P as the A operand of the two 16-key steps
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      float p[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[e] = exp2f(sc[n][e] - m[e >> 1]);
-        l[e >> 1] += p[e];
-      }
-      // n-tile n holds keys 8n..8n+7: a0/a1 of step n / 2 for even n, a2/a3 for odd n.
-      pa[n >> 1][(n & 1) * 2] = Bits(__floats2half2_rn(p[0], p[1]));
-      pa[n >> 1][(n & 1) * 2 + 1] = Bits(__floats2half2_rn(p[2], p[3]));
-    }
-    // Rescale only when some row's max moved (c is then exactly 1 otherwise): past the first
-    // tiles that is rare, and the rescale is as many instructions as the tile's mma.
-    if (__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f)) {
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        o[n][0] *= c[0];
-        o[n][1] *= c[0];
-        o[n][2] *= c[1];
-        o[n][3] *= c[1];
-      }
-    }
+    FlashSoftmaxTile<4>(sc, key0, diag, pos_row, tig, scale_log2, m, l, c, pa);
+    FlashRescale<NT>(o, c);
     // O += P V: B = V (keys x dims) by ldmatrix.trans, two n-tiles of 8 dims per load.
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk)
@@ -188,18 +148,8 @@ __global__ void __launch_bounds__(256) AttnPrefillMmaKernel(const AttnPrefillArg
   for (int r = 0; r < 2; ++r) {
     const int t = t0 + g + 8 * r;
     if (t >= a.T) continue;
-    const float inv = 1.f / l[r];
-    float* dst = a.out + t * qw + static_cast<int64_t>(h) * HD;
-    const float* gate = a.qg + t * 2 * qw + static_cast<int64_t>(h) * 2 * HD + HD;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const int d = 8 * n + 2 * tig;
-      const float2 gt = *reinterpret_cast<const float2*>(gate + d);
-      float2 v;
-      v.x = o[n][2 * r] * inv * Sigmoid(gt.x);
-      v.y = o[n][2 * r + 1] * inv * Sigmoid(gt.y);
-      *reinterpret_cast<float2*>(dst + d) = v;
-    }
+    FlashStoreRow<NT>(o, r, l[r], tig, a.qg + t * 2 * qw + static_cast<int64_t>(h) * 2 * HD + HD,
+                      a.out + t * qw + static_cast<int64_t>(h) * HD);
   }
 }
 

@@ -27,6 +27,7 @@
 #include "kernels/cuda/attention_prefill_wgmma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/mma_f16.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -55,7 +56,7 @@ template <int HD>
 __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const AttnPrefillArgs a) {
 #if DS_WGMMA
   using Sm = WgmmaSmem<HD>;
-  constexpr int NO = HD / 2;  // O accumulators per thread: 64 rows x HD over 128 threads
+  constexpr int NO = HD / 8;  // 8-column blocks of O: 64 rows x HD over 128 threads, 4 each
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -99,9 +100,12 @@ __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const Attn
   };
   stage(0, 0);  // with the Q rows in its group
 
-  float o[NO];
+  float o[NO][4];  // wgmma's accumulator layout is mma.sync's C fragment per 8 columns
 #pragma unroll
-  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+  for (int n = 0; n < NO; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
   // Rows g and g + 8 of this lane's warp: running max (scaled scores, base 2) and partial sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   int pos_row[2];
@@ -121,79 +125,42 @@ __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const Attn
     const uint64_t k_desc = WgmmaDesc(k_addr), v_desc = WgmmaDesc(k_addr + Sm::kKBytes);
 
     // S = Q Kᵀ: 64 rows x 64 keys, 16 dims per step (step k: tile k / 4, 32 bytes per step in it).
-    float sc[32];
+    float sc[8][4];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-    WgmmaFenceOperands(sc);
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = 0.f;
+    float(&sc_flat)[32] = reinterpret_cast<float(&)[32]>(sc);
+    WgmmaFenceOperands(sc_flat);
     WgmmaFence();
 #pragma unroll
     for (int k = 0; k < HD / 16; ++k)
-      WgmmaM64N64K16SS(sc, q_desc + (((k >> 2) * kBlockRows * 128 + (k & 3) * 32) >> 4),
+      WgmmaM64N64K16SS(sc_flat, q_desc + (((k >> 2) * kBlockRows * 128 + (k & 3) * 32) >> 4),
                        k_desc + (((k >> 2) * kWgmmaKeys * 128 + (k & 3) * 32) >> 4), k > 0);
     WgmmaCommit();
     WgmmaWait<0>();
-    WgmmaFenceOperands(sc);
+    WgmmaFenceOperands(sc_flat);
 
-    // Online softmax of rows g (entries 0, 1 of each 8-key block) and g + 8 (entries 2, 3).
+    // Online softmax of rows g and g + 8 (flash_tile.cuh), then O rescaled where a max moved.
     const int key0 = tile * kWgmmaKeys;
     const bool diag = key0 + kWgmmaKeys - 1 > a.pos0 + t0;  // some key lies past some row
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, key = key0 + 8 * j + 2 * quad + (e & 1);
-        float v = sc[4 * j + e] * scale_log2;
-        if (diag && key > pos_row[r]) v = -INFINITY;
-        sc[4 * j + e] = v;
-        mx[r] = fmaxf(mx[r], v);
-      }
     float c[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is visible to every row
-      c[r] = exp2f(m[r] - mn);
-      m[r] = mn;
-      l[r] *= c[r];
-    }
     uint32_t pa[4][4];  // P as the A operand of the four 16-key steps
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float p[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[e] = exp2f(sc[4 * j + e] - m[e >> 1]);
-        l[e >> 1] += p[e];
-      }
-      // keys 8j..8j+7: a0 / a1 of step j / 2 for even j, a2 / a3 for odd j.
-      pa[j >> 1][(j & 1) * 2] = Bits(__floats2half2_rn(p[0], p[1]));
-      pa[j >> 1][(j & 1) * 2 + 1] = Bits(__floats2half2_rn(p[2], p[3]));
-    }
-    // Rescale only when some row's max moved (c is exactly 1 otherwise).
-    if (__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < HD / 8; ++j) {
-        o[4 * j] *= c[0];
-        o[4 * j + 1] *= c[0];
-        o[4 * j + 2] *= c[1];
-        o[4 * j + 3] *= c[1];
-      }
-    }
+    FlashSoftmaxTile<8>(sc, key0, diag, pos_row, quad, scale_log2, m, l, c, pa);
+    FlashRescale<NO>(o, c);
     // O += P V: 16 keys per step, Vᵀ's 32 bytes per step.
-    WgmmaFenceOperands(o);
+    WgmmaFenceOperands(o_flat);
     WgmmaFence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t vd = v_desc + ((ks * 32) >> 4);
-      if constexpr (HD == 256) WgmmaM64N256K16RS(o, pa[ks], vd, 1);
-      else if constexpr (HD == 128) WgmmaM64N128K16RS(o, pa[ks], vd, 1);
-      else WgmmaM64N64K16RS(o, pa[ks], vd, 1);
+      if constexpr (HD == 256) WgmmaM64N256K16RS(o_flat, pa[ks], vd, 1);
+      else if constexpr (HD == 128) WgmmaM64N128K16RS(o_flat, pa[ks], vd, 1);
+      else WgmmaM64N64K16RS(o_flat, pa[ks], vd, 1);
     }
     WgmmaCommit();
     WgmmaWait<0>();
-    WgmmaFenceOperands(o);
+    WgmmaFenceOperands(o_flat);
     __syncthreads();  // both warpgroups are done with this stage before it is refilled
   }
   CpAsyncWait<0>();
@@ -209,18 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const Attn
     const int hh = R / P, t = t0 + R % P;
     if (hh >= G || t >= a.T) continue;
     const int h = kvh * G + hh;
-    const float inv = 1.f / l[r];
-    float* dst = a.out + t * qw + static_cast<int64_t>(h) * HD;
-    const float* gate = a.qg + t * 2 * qw + static_cast<int64_t>(h) * 2 * HD + HD;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      const int d = 8 * j + 2 * quad;
-      const float2 gt = *reinterpret_cast<const float2*>(gate + d);
-      float2 v;
-      v.x = o[4 * j + 2 * r] * inv * Sigmoid(gt.x);
-      v.y = o[4 * j + 2 * r + 1] * inv * Sigmoid(gt.y);
-      *reinterpret_cast<float2*>(dst + d) = v;
-    }
+    FlashStoreRow<NO>(o, r, l[r], quad, a.qg + t * 2 * qw + static_cast<int64_t>(h) * 2 * HD + HD,
+                      a.out + t * qw + static_cast<int64_t>(h) * HD);
   }
 #else
   __trap();  // never launched: AttnPrefillWgmmaAvailable() is false without sm_90a code

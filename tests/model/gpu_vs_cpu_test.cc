@@ -256,22 +256,29 @@ std::string Sci(double v) {
   return buf;
 }
 
+// The case's model file: the reference model, or a synthetic one written to
+// ScratchDir()/<name><suffix>.gguf (the caller removes it).
+absl::StatusOr<std::string> CaseModel(const Case& c, const std::string& suffix) {
+  if (c.shape == Shape::kReference) {
+    auto ref = ReferenceModel();
+    if (!ref.has_value())
+      return absl::NotFoundError(
+          "tiny_ref.gguf not found: run from the repository root or set DS_TINY_REF_GGUF");
+    return *ref;
+  }
+  const std::string path = ScratchDir() + "/" + c.name + suffix + ".gguf";
+  DS_RETURN_IF_ERROR(SynthesizeGguf(ModelOptions(c), path));
+  return path;
+}
+
 class GpuVsCpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuVsCpu, LogitsWithinBoundAndDeterministic) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const Case& c = GetParam();
-  std::string path;
-  if (c.shape == Shape::kReference) {
-    auto ref = ReferenceModel();
-    ASSERT_TRUE(ref.has_value()) << "tiny_ref.gguf not found: run from the repository root or "
-                                    "set DS_TINY_REF_GGUF";
-    path = *ref;
-  } else {
-    path = ScratchDir() + "/" + c.name + ".gguf";
-    absl::Status s = SynthesizeGguf(ModelOptions(c), path);
-    ASSERT_TRUE(s.ok()) << s;
-  }
+  auto model = CaseModel(c, "");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string path = *model;
 
   // CPU reference, twice (each run on its own backend).
   Trace cpu, cpu2;
@@ -356,17 +363,9 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
     const std::string name = c.name;
     if (name != "ref" && name != "tiny_F32" && name != "F32") continue;
     SCOPED_TRACE(name);
-    std::string path;
-    if (c.shape == Shape::kReference) {
-      auto ref = ReferenceModel();
-      ASSERT_TRUE(ref.has_value()) << "tiny_ref.gguf not found: run from the repository root or "
-                                      "set DS_TINY_REF_GGUF";
-      path = *ref;
-    } else {
-      path = ScratchDir() + "/" + name + "_gdn_bf16.gguf";
-      absl::Status s = SynthesizeGguf(ModelOptions(c), path);
-      ASSERT_TRUE(s.ok()) << s;
-    }
+    auto model = CaseModel(c, "_gdn_bf16");
+    ASSERT_TRUE(model.ok()) << model.status();
+    const std::string path = *model;
     BackendOptions bo = Options();
     bo.gdn_state_bf16 = true;
     Trace cpu, gpu, gpu_f32;

@@ -530,6 +530,25 @@ TEST(KvQuantAttention, OddSmallShapes) {
 // test (DISABLED_: ctest skips it; docs/conventions.md "Benchmarks"); run it with
 //   kv_quant_cuda_test --gtest_also_run_disabled_tests --gtest_filter='KvQuantTiming.*'
 
+// Microseconds per call of `launch` (a Status-returning launch on the legacy stream) over `iters`
+// calls after `warm` unmeasured ones; fails the test on a launch error.
+template <typename F>
+double MeanLaunchUs(int warm, int iters, F&& launch) {
+  for (int i = 0; i < warm; ++i) EXPECT_TRUE(launch().ok());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; ++i) EXPECT_TRUE(launch().ok());
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return 1e3 * ms / iters;
+}
+
 TEST(KvQuantTiming, DISABLED_Decode32k27B) {
   const int n_head = 24, n_kv = 4, hd = 256, page = 64;
   AttnShape s{n_head, n_kv, hd, 64, 1e7f, 1e-6f};
@@ -567,20 +586,7 @@ TEST(KvQuantTiming, DISABLED_Decode32k27B) {
       a.shape = s; a.n_seqs = n_seqs; a.rows = drows.p; a.slots = dslots.p; a.pos = dpos.p;
       a.q = q.p; a.qg = qg.p; a.kv = KvCacheView{k.p, v.p, dt.p, page, max_pages, n_kv, hd, t};
       a.n_splits = n_splits; a.partials = parts.p; a.out = out.p; a.tensor_cores = tc;
-      for (int i = 0; i < 5; ++i) ASSERT_OK(AttnDecode(a, nullptr));
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      const int iters = 100;
-      CK(cudaEventRecord(e0));
-      for (int i = 0; i < iters; ++i) ASSERT_OK(AttnDecode(a, nullptr));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
-      const double us = 1e3 * ms / iters;
+      const double us = MeanLaunchUs(5, 100, [&] { return AttnDecode(a, nullptr); });
       const double kv_bytes = 2.0 * n_seqs * ctx * n_kv * rb;
       std::printf("  decode attention @%d x%d, %-5s %s (%2d splits): %7.1f us/layer call, "
                   "x16 layers %.2f ms/step, KV read %.1f MB -> %.2f TB/s\n",
@@ -619,20 +625,7 @@ TEST(KvQuantTiming, DISABLED_Prefill27B) {
       auto launch = [&] {
         return wg == 1 ? LaunchAttnPrefillWgmma(a, nullptr) : LaunchAttnPrefillMma(a, nullptr);
       };
-      for (int i = 0; i < 2; ++i) ASSERT_OK(launch());
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      const int iters = pos0 > 100000 ? 3 : 10;
-      CK(cudaEventRecord(e0));
-      for (int i = 0; i < iters; ++i) ASSERT_OK(launch());
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
-      const double us = 1e3 * ms / iters;
+      const double us = MeanLaunchUs(2, pos0 > 100000 ? 3 : 10, launch);
       std::printf("  prefill attention T %d @%6d, %-6s: %9.1f us/layer call, %.0f TFLOPS\n", T, pos0,
                   wg == 1 ? "wgmma" : "mma", us, flops / (us * 1e-6) * 1e-12);
       for (float x : out.Down()) ASSERT_TRUE(std::isfinite(x));
