@@ -138,12 +138,7 @@ __global__ void __launch_bounds__(256) AttnPrefillMmaKernel(const AttnPrefillArg
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   CpAsyncWait<0>();
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  FlashRowSums(l);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = t0 + g + 8 * r;

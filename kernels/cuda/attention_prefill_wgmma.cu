@@ -164,12 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const Attn
     __syncthreads();  // both warpgroups are done with this stage before it is refilled
   }
   CpAsyncWait<0>();
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  FlashRowSums(l);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int R = wg * kWgRows + warp * 16 + g + 8 * r;

@@ -73,6 +73,15 @@ __device__ __forceinline__ void FlashRescale(float (&o)[NO][4], const float (&c)
   }
 }
 
+// The running sums of the lane's rows over their four lanes (after the last tile).
+__device__ __forceinline__ void FlashRowSums(float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+}
+
 // Row r (0: g, 1: g + 8) of the lane's output: O / l times the sigmoid of the gate, f32.
 template <int NO>
 __device__ __forceinline__ void FlashStoreRow(const float (&o)[NO][4], int r, float l, int quad,
