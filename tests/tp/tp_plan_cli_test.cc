@@ -88,5 +88,41 @@ TEST(TpPlanCli, SixteenPlusThirtyTwoHoldsA200kQ40Context) {
   EXPECT_NE(std::string(bad.status().message()).find("--split"), std::string::npos);
 }
 
+// The recurrent state per sequence each rank reports, in MiB.
+std::vector<double> RecurrentMiB(const std::string& report) {
+  std::vector<double> out;
+  const std::string key = "recurrent state ";
+  for (size_t at = report.find(key); at != std::string::npos; at = report.find(key, at + 1)) {
+    size_t used = 0;
+    const double v = std::stod(report.substr(at + key.size()), &used);
+    if (report.compare(at + key.size() + used, 17, " MiB per sequence") == 0) out.push_back(v);
+  }
+  return out;
+}
+
+// --gdn-state bf16: each rank's delta-rule state takes half the bytes (its conv ring stays f32),
+// and the planner then fits at least as many slots.
+TEST(TpPlanCli, Bf16GdnStateHalvesTheDeltaRuleState) {
+  auto m = Describe27B("q4_k_m");
+  ASSERT_TRUE(m.ok()) << m.status();
+  TpPlanOptions o;
+  o.card_mib = {16160, 32510};
+  o.ctx = 32768;
+  o.slots = 0;
+  auto f32 = TpPlanReport(m->config, m->tensors, o);
+  o.gdn_state_bf16 = true;
+  auto bf16 = TpPlanReport(m->config, m->tensors, o);
+  ASSERT_TRUE(f32.ok() && bf16.ok());
+  const auto a = RecurrentMiB(*f32), b = RecurrentMiB(*bf16);
+  ASSERT_EQ(a.size(), 2u) << *f32;
+  ASSERT_EQ(b.size(), 2u) << *bf16;
+  // The 27B: 48 GDN layers x 48 x 128 x 128 state (151 MB in f32 on one card) and a 3-row conv
+  // ring; split over the ranks by their value heads.
+  const double state_f32 = 48.0 * 48 * 128 * 128 * 4 / 1048576.0;
+  EXPECT_NEAR((a[0] - b[0]) + (a[1] - b[1]), state_f32 / 2, 0.2) << *f32 << *bf16;
+  for (int r = 0; r < 2; ++r) EXPECT_LT(b[r], a[r]);
+  std::printf("%s%s", f32->c_str(), bf16->c_str());
+}
+
 }  // namespace
 }  // namespace ds::cli

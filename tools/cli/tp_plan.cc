@@ -10,6 +10,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "tools/synth/synth.h"
+#include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "worker/runner/memory_planner.h"
 #include "worker/tp/plan.h"
@@ -138,10 +139,11 @@ absl::StatusOr<std::string> TpPlanReport(const ModelConfig& c,
                                                (0.25 + 0.75 * share));
     const int group = c.n_head_kv > 0 ? c.n_head / c.n_head_kv : 0;
     in.workspace_per_ctx = kv > 0 ? 2ull * kv * c.head_dim * 2 + group * 256ull * 6 : 0;
-    // CUDA keeps conv_kernel ring rows (the CPU layout, tp::RankMemory, keeps one fewer).
-    in.recurrent_per_slot = 4ull * n_gdn *
-                            (static_cast<uint64_t>(c.conv_kernel) * (2ull * hk * c.gdn_k_dim + hv * c.gdn_v_dim) +
-                             static_cast<uint64_t>(hv) * c.gdn_k_dim * c.gdn_v_dim);
+    // CUDA keeps conv_kernel ring rows (the CPU layout, tp::RankMemory, keeps one fewer), f32,
+    // and the delta-rule state in f32 or bf16 (--gdn-state).
+    in.recurrent_per_slot =
+        n_gdn * (4ull * c.conv_kernel * (2ull * hk * c.gdn_k_dim + hv * c.gdn_v_dim) +
+                 (o.gdn_state_bf16 ? 2ull : 4ull) * hv * c.gdn_k_dim * c.gdn_v_dim);
     in.kv_per_token = static_cast<uint64_t>(n_attn) * 2 * kv * KvRowBytes(o.kv_type, c.head_dim);
     in.page_size = 64;
     in.slots = o.slots;
@@ -175,7 +177,7 @@ int CmdTpPlan(int argc, char** argv) {
   };
   auto args = Args::Parse(argc, argv,
                           {"--model", "--synth", "--mix", "--cards-mib", "--split", "--kv-type",
-                           "--ctx", "--slots", "--max-step-tokens"},
+                           "--ctx", "--slots", "--max-step-tokens", "--gdn-state"},
                           {});
   if (!args.ok()) return fail(args.status());
   TpPlanOptions o;
@@ -191,6 +193,9 @@ int CmdTpPlan(int argc, char** argv) {
   auto kv = ParseKvType(args->Str("--kv-type", "q4_0"));
   if (!kv.ok()) return fail(kv.status());
   o.kv_type = *kv;
+  auto gdn_state = ParseGdnState(args->Str("--gdn-state", "f32"));
+  if (!gdn_state.ok()) return fail(gdn_state.status());
+  o.gdn_state_bf16 = *gdn_state;
   auto ctx = args->Int("--ctx", o.ctx);
   auto slots = args->Int("--slots", o.slots);
   auto step = args->Int("--max-step-tokens", o.max_step_tokens);
@@ -226,8 +231,10 @@ int CmdTpPlan(int argc, char** argv) {
   }
   std::printf("cards (MiB):");
   for (double x : o.card_mib) std::printf(" %.0f", x);
-  std::printf("; KV %s, --ctx %lld, --slots %d (0: the planner picks), --max-step-tokens %d\n",
-              KvTypeName(o.kv_type), static_cast<long long>(o.ctx), o.slots, o.max_step_tokens);
+  std::printf("; KV %s, GDN state %s, --ctx %lld, --slots %d (0: the planner picks), "
+              "--max-step-tokens %d\n",
+              KvTypeName(o.kv_type), GdnStateName(o.gdn_state_bf16), static_cast<long long>(o.ctx),
+              o.slots, o.max_step_tokens);
   auto r = TpPlanReport(c, tensors, o);
   if (!r.ok()) return fail(r.status());
   std::fputs(r->c_str(), stdout);

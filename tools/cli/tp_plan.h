@@ -36,6 +36,7 @@ struct TpPlanOptions {
   int slots = 1;                 // 0 = the planner picks
   int max_step_tokens = 1024;    // CUDA micro-step rows (workspace scales with it)
   bool mtp = false;              // not under TP: refused by the worker; kept for one-card plans
+  bool gdn_state_bf16 = false;   // the workers' --gdn-state bf16: half the delta-rule state bytes
 };
 
 // The report: the split, each rank's heads / FFN columns / vocabulary rows, weight bytes, and
