@@ -426,7 +426,8 @@ __global__ void GatherKvKernel(const KvCacheView kv, int slot, int L, uint16_t* 
     const float kx = KvElem<KT>(static_cast<const uint8_t*>(kv.k) + off, j);
     k[i] = __half_as_ushort(__float2half_rn(kx));
     if (v != nullptr)
-      v[i] = __half_as_ushort(__float2half_rn(KvElem<KT>(static_cast<const uint8_t*>(kv.v) + off, j)));
+      v[i] =
+          __half_as_ushort(__float2half_rn(KvElem<KT>(static_cast<const uint8_t*>(kv.v) + off, j)));
   }
 }
 
@@ -561,19 +562,22 @@ absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_
   DS_RETURN_IF_ERROR(LastLaunchStatus("GatherKv"));
   if (a.wgmma) {
     if (!AttnPrefillWgmmaSupports(s))
-      return absl::UnimplementedError(absl::StrCat("AttnPrefill on warpgroup tensor cores: head_dim ",
-                                                   hd, ", GQA group ", G));
+      return absl::UnimplementedError(
+          absl::StrCat("AttnPrefill on warpgroup tensor cores: head_dim ", hd, ", GQA group ", G));
     const int Lpad = AttnPrefillVtRows(L);
     const dim3 tb(Lpad / 64, static_cast<int>(width / 64));
     switch (a.kv.type) {
       case GgmlType::Q8_0:
-        GatherVTransposedKernel<GgmlType::Q8_0><<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
+        GatherVTransposedKernel<GgmlType::Q8_0>
+            <<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
         break;
       case GgmlType::Q4_0:
-        GatherVTransposedKernel<GgmlType::Q4_0><<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
+        GatherVTransposedKernel<GgmlType::Q4_0>
+            <<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
         break;
       default:
-        GatherVTransposedKernel<GgmlType::F16><<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
+        GatherVTransposedKernel<GgmlType::F16>
+            <<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
         break;
     }
     DS_RETURN_IF_ERROR(LastLaunchStatus("GatherVTransposed"));

@@ -34,9 +34,9 @@
 namespace ds::cuda {
 namespace {
 
-constexpr int kWgRows = 64;                          // rows of a warpgroup (wgmma's M)
-constexpr int kWarpgroups = 2;                       // per block
-constexpr int kBlockRows = kWgRows * kWarpgroups;    // (head, position) rows per block
+constexpr int kWgRows = 64;                        // rows of a warpgroup (wgmma's M)
+constexpr int kWarpgroups = 2;                     // per block
+constexpr int kBlockRows = kWgRows * kWarpgroups;  // (head, position) rows per block
 constexpr int kThreads = 128 * kWarpgroups;
 
 // Shared memory of a block, every tile 1024-byte aligned: Q (HD / 64 tiles of 128 rows x 128
@@ -116,8 +116,10 @@ __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const Attn
   const uint64_t q_desc = WgmmaDesc(base + wg * kWgRows * 128);
 
   for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile + 1 < n_tiles) stage(tile + 1, (tile + 1) & 1);
-    else CpAsyncCommit();
+    if (tile + 1 < n_tiles)
+      stage(tile + 1, (tile + 1) & 1);
+    else
+      CpAsyncCommit();
     CpAsyncWait<1>();
     FenceProxyAsyncShared();  // this thread's cp.async rows, before wgmma reads them
     __syncthreads();
@@ -154,9 +156,12 @@ __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const Attn
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t vd = v_desc + ((ks * 32) >> 4);
-      if constexpr (HD == 256) WgmmaM64N256K16RS(o_flat, pa[ks], vd, 1);
-      else if constexpr (HD == 128) WgmmaM64N128K16RS(o_flat, pa[ks], vd, 1);
-      else WgmmaM64N64K16RS(o_flat, pa[ks], vd, 1);
+      if constexpr (HD == 256)
+        WgmmaM64N256K16RS(o_flat, pa[ks], vd, 1);
+      else if constexpr (HD == 128)
+        WgmmaM64N128K16RS(o_flat, pa[ks], vd, 1);
+      else
+        WgmmaM64N64K16RS(o_flat, pa[ks], vd, 1);
     }
     WgmmaCommit();
     WgmmaWait<0>();
@@ -182,8 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const Attn
 template <int HD>
 absl::Status Launch(const AttnPrefillArgs& a, cudaStream_t stream) {
   const int bytes = WgmmaSmem<HD>::kBytes;
-  const cudaError_t e = cudaFuncSetAttribute(
-      AttnPrefillWgmmaKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const cudaError_t e = cudaFuncSetAttribute(AttnPrefillWgmmaKernel<HD>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess)
     return absl::InternalError(absl::StrCat("AttnPrefillWgmma: ", bytes,
                                             " bytes of shared memory: ", cudaGetErrorString(e)));
@@ -223,9 +228,12 @@ absl::Status LaunchAttnPrefillWgmma(const AttnPrefillArgs& a, cudaStream_t strea
     return absl::UnimplementedError(absl::StrCat("AttnPrefillWgmma: head_dim ", a.shape.hd,
                                                  ", GQA group ", a.shape.n_head / a.shape.n_kv));
   switch (a.shape.hd) {
-    case 64: return Launch<64>(a, stream);
-    case 128: return Launch<128>(a, stream);
-    default: return Launch<256>(a, stream);
+    case 64:
+      return Launch<64>(a, stream);
+    case 128:
+      return Launch<128>(a, stream);
+    default:
+      return Launch<256>(a, stream);
   }
 }
 

@@ -14,7 +14,9 @@ namespace ds::cuda {
 
 // Keys per tile of the kernel; the transposed V rows are padded to a multiple of it.
 constexpr int kWgmmaKeys = 64;
-__host__ __device__ inline int AttnPrefillVtRows(int L) { return (L + kWgmmaKeys - 1) / kWgmmaKeys * kWgmmaKeys; }
+__host__ __device__ inline int AttnPrefillVtRows(int L) {
+  return (L + kWgmmaKeys - 1) / kWgmmaKeys * kWgmmaKeys;
+}
 
 // Shapes it runs: head_dim 64, 128 or 256, a GQA group of at most 64 query heads.
 bool AttnPrefillWgmmaSupports(const AttnShape& s);

@@ -11,7 +11,9 @@ constexpr int NC = kGdnChunk;  // tokens per chunk (32: one per lane)
 // each thread half the products of a 32-column block's), 32 below (a thread's state rows must
 // stay a multiple of 4). A block's threads form kThreads / COLS groups of COLS, one column each.
 template <int DK>
-constexpr int ScanCols() { return DK >= 64 ? 16 : 32; }
+constexpr int ScanCols() {
+  return DK >= 64 ? 16 : 32;
+}
 
 // The scratch of chunk c and value head h: W [NC][DK], then P [NC][NC].
 template <int DK>
@@ -192,8 +194,8 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ScanSmem<DK>& sm = *reinterpret_cast<ScanSmem<DK>*>(smem_raw);
   constexpr int kCols = ScanCols<DK>(), kGroups = kThreads / kCols;
-  constexpr int kRowsPerGroup = NC / kGroups;       // chunk rows of V' / O per thread
-  constexpr int KQ = DK / kGroups;                 // state rows per thread in the update
+  constexpr int kRowsPerGroup = NC / kGroups;     // chunk rows of V' / O per thread
+  constexpr int KQ = DK / kGroups;                // state rows per thread in the update
   constexpr int kLoads = NC * DK / 4 / kThreads;  // float4 of W (of q, of k) per thread
   constexpr int kPLoads = NC * NC / 4 / kThreads;
   const GdnShape& d = a.shape;
@@ -289,7 +291,8 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
     for (int s4 = 0; s4 < NC; s4 += 4) {
       const float4 v = make_float4(sm.V[s4][j], sm.V[s4 + 1][j], sm.V[s4 + 2][j], sm.V[s4 + 3][j]);
 #pragma unroll
-      for (int i = 0; i < kRowsPerGroup; ++i) o[i] = Dot4(*reinterpret_cast<const float4*>(&sm.P[r0 + i][s4]), v, o[i]);
+      for (int i = 0; i < kRowsPerGroup; ++i)
+        o[i] = Dot4(*reinterpret_cast<const float4*>(&sm.P[r0 + i][s4]), v, o[i]);
     }
 #pragma unroll
     for (int i = 0; i < kRowsPerGroup; ++i) {
@@ -335,7 +338,8 @@ bool LaunchDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   const int n_chunks = (a.T + NC - 1) / NC;
   GdnChunkPrepKernel<DK><<<dim3(n_chunks, a.shape.v_heads), kThreads, 0, stream>>>(a);
   GdnChunkScanKernel<DK, TS>
-      <<<dim3(a.shape.v_heads, (a.shape.v_dim + ScanCols<DK>() - 1) / ScanCols<DK>()), kThreads, bytes, stream>>>(a);
+      <<<dim3(a.shape.v_heads, (a.shape.v_dim + ScanCols<DK>() - 1) / ScanCols<DK>()), kThreads,
+         bytes, stream>>>(a);
   return true;
 }
 

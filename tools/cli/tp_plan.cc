@@ -231,10 +231,11 @@ int CmdTpPlan(int argc, char** argv) {
   }
   std::printf("cards (MiB):");
   for (double x : o.card_mib) std::printf(" %.0f", x);
-  std::printf("; KV %s, GDN state %s, --ctx %lld, --slots %d (0: the planner picks), "
-              "--max-step-tokens %d\n",
-              KvTypeName(o.kv_type), GdnStateName(o.gdn_state_bf16), static_cast<long long>(o.ctx),
-              o.slots, o.max_step_tokens);
+  std::printf(
+      "; KV %s, GDN state %s, --ctx %lld, --slots %d (0: the planner picks), "
+      "--max-step-tokens %d\n",
+      KvTypeName(o.kv_type), GdnStateName(o.gdn_state_bf16), static_cast<long long>(o.ctx), o.slots,
+      o.max_step_tokens);
   auto r = TpPlanReport(c, tensors, o);
   if (!r.ok()) return fail(r.status());
   std::fputs(r->c_str(), stdout);

@@ -608,16 +608,25 @@ TEST(KvQuantTiming, DISABLED_Prefill27B) {
   for (int pos0 : {0, 28672, 126976}) {
     const int L = pos0 + T;
     const size_t kv_elems = static_cast<size_t>(L) * n_kv * hd;
-    Dev<uint16_t> kt(kv_elems), vt(AttnPrefillVtElems(s, L)), q16(static_cast<size_t>(T) * n_head * hd);
-    Dev<float> qg(static_cast<size_t>(T) * n_head * 2 * hd), out(static_cast<size_t>(T) * n_head * hd);
+    Dev<uint16_t> kt(kv_elems), vt(AttnPrefillVtElems(s, L)),
+        q16(static_cast<size_t>(T) * n_head * hd);
+    Dev<float> qg(static_cast<size_t>(T) * n_head * 2 * hd),
+        out(static_cast<size_t>(T) * n_head * hd);
     // Benign contents: 0x11 bytes are small finite halves (0x1111 = 5.3e-4); gates 0.
     CK(cudaMemset(kt.p, 0x11, kt.n * 2));
     CK(cudaMemset(vt.p, 0x11, vt.n * 2));
     CK(cudaMemset(q16.p, 0x11, q16.n * 2));
     CK(cudaMemset(qg.p, 0, qg.n * 4));
     AttnPrefillArgs a;
-    a.shape = s; a.T = T; a.pos0 = pos0; a.q16 = q16.p; a.qg = qg.p; a.k_tmp = kt.p;
-    a.v_tmp = vt.p; a.out = out.p; a.tensor_cores = true;
+    a.shape = s;
+    a.T = T;
+    a.pos0 = pos0;
+    a.q16 = q16.p;
+    a.qg = qg.p;
+    a.k_tmp = kt.p;
+    a.v_tmp = vt.p;
+    a.out = out.p;
+    a.tensor_cores = true;
     const double flops = 4.0 * hd * n_head * (static_cast<double>(T) * pos0 + T * (T + 1.0) / 2);
     for (int wg : {0, 1}) {
       if (wg == 1 && !AttnPrefillWgmmaAvailable()) continue;
@@ -626,8 +635,8 @@ TEST(KvQuantTiming, DISABLED_Prefill27B) {
         return wg == 1 ? LaunchAttnPrefillWgmma(a, nullptr) : LaunchAttnPrefillMma(a, nullptr);
       };
       const double us = MeanLaunchUs(2, pos0 > 100000 ? 3 : 10, launch);
-      std::printf("  prefill attention T %d @%6d, %-6s: %9.1f us/layer call, %.0f TFLOPS\n", T, pos0,
-                  wg == 1 ? "wgmma" : "mma", us, flops / (us * 1e-6) * 1e-12);
+      std::printf("  prefill attention T %d @%6d, %-6s: %9.1f us/layer call, %.0f TFLOPS\n", T,
+                  pos0, wg == 1 ? "wgmma" : "mma", us, flops / (us * 1e-6) * 1e-12);
       for (float x : out.Down()) ASSERT_TRUE(std::isfinite(x));
     }
   }
