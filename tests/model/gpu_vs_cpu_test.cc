@@ -403,9 +403,10 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
                                                     : c.decode_bound;
       EXPECT_LE(rel, bound) << name << " step " << s << (s == 0 ? " (prefill)" : " (decode)");
     }
-    if (c.type == GgmlType::F32)
+    if (c.type == GgmlType::F32) {
       EXPECT_LT(worst, worst_f32) << name << ": the bf16-state GPU run is no closer to the CPU's "
                                              "bf16 emulation than the f32-state run";
+    }
     // For the record: the f32-state GPU run against the bf16 CPU emulation (how far the
     // rounding itself moves the logits).
     std::printf(
