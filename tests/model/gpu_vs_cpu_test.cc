@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/gguf/ggml_types.h"
 #include "tests/gpu_test_options.h"
 #include "tests/model/widened_tiny.h"
@@ -266,7 +267,7 @@ absl::StatusOr<std::string> CaseModel(const Case& c, const std::string& suffix) 
           "tiny_ref.gguf not found: run from the repository root or set DS_TINY_REF_GGUF");
     return *ref;
   }
-  const std::string path = ScratchDir() + "/" + c.name + suffix + ".gguf";
+  const std::string path = absl::StrCat(ScratchDir(), "/", c.name, suffix, ".gguf");
   DS_RETURN_IF_ERROR(SynthesizeGguf(ModelOptions(c), path));
   return path;
 }
