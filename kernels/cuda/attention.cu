@@ -539,6 +539,17 @@ int64_t AttnPrefillVtElems(const AttnShape& s, int L) {
   return static_cast<int64_t>(s.n_kv) * s.hd * AttnPrefillVtRows(L);
 }
 
+// f(std::integral_constant<GgmlType, KT>{}) for the KV cache types (KvTypeCheck has passed;
+// anything else is F16). C++17: no template lambdas in the sm_70 build.
+template <typename F>
+void DispatchKvType(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::Q8_0: f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}); break;
+    case GgmlType::Q4_0: f(std::integral_constant<GgmlType, GgmlType::Q4_0>{}); break;
+    default: f(std::integral_constant<GgmlType, GgmlType::F16>{}); break;
+  }
+}
+
 absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_t stream) {
   const AttnShape& s = a.shape;
   if (a.T == 0) return absl::OkStatus();
@@ -548,17 +559,9 @@ absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_
   const int gb = CeilDiv(L * width, 256);
   // The wgmma kernel takes V transposed (GatherVTransposedKernel), the others row by row.
   uint16_t *kt = a.k_tmp, *vt = a.wgmma ? nullptr : a.v_tmp;
-  switch (a.kv.type) {
-    case GgmlType::Q8_0:
-      GatherKvKernel<GgmlType::Q8_0><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
-      break;
-    case GgmlType::Q4_0:
-      GatherKvKernel<GgmlType::Q4_0><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
-      break;
-    default:
-      GatherKvKernel<GgmlType::F16><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
-      break;
-  }
+  DispatchKvType(a.kv.type, [&](auto tag) {
+    GatherKvKernel<decltype(tag)::value><<<gb, 256, 0, stream>>>(a.kv, a.slot, L, kt, vt);
+  });
   DS_RETURN_IF_ERROR(LastLaunchStatus("GatherKv"));
   if (a.wgmma) {
     if (!AttnPrefillWgmmaSupports(s))
@@ -566,20 +569,10 @@ absl::Status AttnPrefill(const AttnPrefillArgs& a, CublasGemm* gemm, cudaStream_
           absl::StrCat("AttnPrefill on warpgroup tensor cores: head_dim ", hd, ", GQA group ", G));
     const int Lpad = AttnPrefillVtRows(L);
     const dim3 tb(Lpad / 64, static_cast<int>(width / 64));
-    switch (a.kv.type) {
-      case GgmlType::Q8_0:
-        GatherVTransposedKernel<GgmlType::Q8_0>
-            <<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
-        break;
-      case GgmlType::Q4_0:
-        GatherVTransposedKernel<GgmlType::Q4_0>
-            <<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
-        break;
-      default:
-        GatherVTransposedKernel<GgmlType::F16>
-            <<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
-        break;
-    }
+    DispatchKvType(a.kv.type, [&](auto tag) {
+      GatherVTransposedKernel<decltype(tag)::value>
+          <<<tb, 256, 0, stream>>>(a.kv, a.slot, L, Lpad, a.v_tmp);
+    });
     DS_RETURN_IF_ERROR(LastLaunchStatus("GatherVTransposed"));
     return LaunchAttnPrefillWgmma(a, stream);
   }

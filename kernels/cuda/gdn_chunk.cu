@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kThreads) GdnChunkPrepKernel(const GdnPrefillA
 // 2. Per (head, ScanCols state columns), chunks in order. Thread (group w, column j): state column
 // c0 + j; rows [w R, (w+1) R) of the chunk's V' and O (R = NC / groups); state rows [w DK/groups,
 // (w+1) DK/groups) in registers for the update (St keeps the whole block, transposed, for the
-// products that read every row). TS: the
-// state's storage type (gdn_state.cuh): loaded at the start, stored (rounded) once at the end.
+// products that read every row). TS: the state's storage type (gdn_state.cuh): loaded at the
+// start, stored (rounded) once at the end.
 template <int DK, int kCols = ScanCols<DK>()>
 struct ScanSmem {
   float St[kCols][DK + 4];  // S transposed: St[j][k]; +4 keeps 16-byte rows, lanes 8 banks apart
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kThreads) GdnChunkScanKernel(const GdnPrefillA
     __syncthreads();
     const float gl = sm.gam[buf][NC - 1];
 
-    // V' = U - W S and O1 = Qg S for rows r0..r0+7, column j.
+    // V' = U - W S and O1 = Qg S for rows r0 .. r0 + kRowsPerGroup - 1, column j.
     float vp[kRowsPerGroup], o[kRowsPerGroup];
 #pragma unroll
     for (int i = 0; i < kRowsPerGroup; ++i) {

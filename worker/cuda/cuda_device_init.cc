@@ -14,6 +14,7 @@
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/mtp_attention.cuh"
 #include "worker/cuda/cuda_device.h"
+#include "worker/cuda/slot_bytes.h"
 #include "worker/model/kv_type.h"
 #include "worker/runner/dense_weights_plan.h"
 
@@ -261,8 +262,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const uint64_t n_idx = static_cast<uint64_t>(n_slots_) + n_spec_entries_;
   // The delta-rule state in f32, or bf16 (CudaBackendOptions::gdn_state_bf16: half of it, which
   // the planner below turns into more slots or KV).
-  const uint64_t ring1 = 4ull * C * 4, st1 = static_cast<uint64_t>(gdn_v) * c.gdn_k_dim *
-                                             c.gdn_v_dim * GdnStateElemBytes(copts_.gdn_state_bf16);
+  const uint64_t ring1 = 4ull * C * 4,
+                 st1 = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16).state;
   ring_pitch_ = AlignUp(n_idx * ring1);
   state_pitch_ = AlignUp(n_idx * st1);
   n_gdn_ = c.n_recurrent();
