@@ -119,6 +119,9 @@ struct GdnPrefillArgs {
   float* out = nullptr;          // [T, Hv*dv]
   float* wy = nullptr;           // chunked form: scratch of GdnChunkScratchFloats(shape, T)
   bool state_bf16 = false;       // the state's storage type (see the top of this file)
+  // The chunked form's scan on TF32 tensor cores (gdn_chunk_scan_mma.cuh; sm_80+ only: the
+  // caller checks the device), else in f32 on CUDA cores. Same math, f32-level accuracy either way.
+  bool scan_mma = false;
 };
 // Floats of the chunked form's scratch for T tokens (W and Q Kᵀ of every chunk and value head).
 int64_t GdnChunkScratchFloats(const GdnShape& s, int T);

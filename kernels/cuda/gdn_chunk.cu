@@ -1,6 +1,7 @@
 // The chunked Gated DeltaNet prefill (see gdn_chunk.cuh for the math and the split).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn_chunk.cuh"
+#include "kernels/cuda/gdn_chunk_scan_mma.cuh"
 #include "kernels/cuda/gdn_state.cuh"
 
 namespace ds::cuda::gdn_chunk {
@@ -337,6 +338,7 @@ bool LaunchDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   }
   const int n_chunks = (a.T + NC - 1) / NC;
   GdnChunkPrepKernel<DK><<<dim3(n_chunks, a.shape.v_heads), kThreads, 0, stream>>>(a);
+  if (a.scan_mma && LaunchScanMma(a, stream)) return true;
   GdnChunkScanKernel<DK, TS>
       <<<dim3(a.shape.v_heads, (a.shape.v_dim + ScanCols<DK>() - 1) / ScanCols<DK>()), kThreads,
          bytes, stream>>>(a);

@@ -113,6 +113,10 @@ struct CudaBackendOptions {
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;
+  // The chunked form's sequential scan on TF32 tensor cores in three passes (f32 accuracy;
+  // kernels/cuda/gdn_chunk_scan_mma.cuh) instead of f32 CUDA-core products; sm_80+ and not on the
+  // portable path (`bench --gdn-scan-mma off` for A/B).
+  bool gdn_scan_mma = true;
   // Speculative verify (MTP, issue #15; SeqStep::speculative): spec_tokens tokens per sequence
   // (k drafts + 1) for up to spec_seqs sequences of one Forward (0 = min(n_slots, 8)). Each
   // token's recurrent state (every GDN layer's conv ring + delta-rule state: ~150 MiB on the 27B)

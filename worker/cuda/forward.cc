@@ -275,6 +275,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.wy = gwy_;
     a.out = mix_out_ + static_cast<int64_t>(p.row0) * Vw;
     a.chunk = p.n >= copts_.gdn_chunk_min ? kGdnChunk : 0;
+    a.scan_mma = gdn_scan_mma_;
     DS_RETURN_IF_ERROR(GdnPrefill(a, stream_));
   }
   ProfEnd();

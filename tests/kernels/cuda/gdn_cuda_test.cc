@@ -31,7 +31,16 @@ struct GdnCase {
   int hk, hv, dk, dv, T_prefill, n_decode;
   int chunk = 0;     // prefill form: 0 recurrence, kGdnChunk chunked
   int T_second = 0;  // a second prefill piece right after the first (pos0 = T_prefill)
+  bool scan_mma = false;  // the chunked form's scan on TF32 tensor cores (GdnPrefillArgs::scan_mma)
 };
+
+// The tensor-core scan runs on sm_80+ only (its callers check the device).
+bool ScanMmaDevice() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major >= 8;
+}
 
 // bf16: the state stored in bf16 (GdnDecodeArgs / GdnPrefillArgs::state_bf16) against the CPU
 // emulation (cpu::GdnSeqArgs::state_bf16; round_at_end for a prefill piece, as the kernels
@@ -42,7 +51,7 @@ void RunGdnCase(const GdnCase& gc, bool bf16 = false) {
   SCOPED_TRACE(::testing::Message()
                << "Hk=" << gc.hk << " Hv=" << gc.hv << " dk=" << gc.dk << " T=" << gc.T_prefill
                << "+" << gc.T_second << " decode=" << gc.n_decode << " chunk=" << gc.chunk
-               << (bf16 ? " state bf16" : ""));
+               << (gc.scan_mma ? " scan_mma" : "") << (bf16 ? " state bf16" : ""));
   GdnShape s{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
@@ -105,7 +114,7 @@ void RunGdnCase(const GdnCase& gc, bool bf16 = false) {
     a.shape = s; a.p = p; a.T = T; a.slot = slot; a.pos0 = pos; a.chunk = gc.chunk;
     a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
     a.conv_ring = ring.p; a.state = state.p; a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p;
-    a.wy = wy.p; a.state_bf16 = bf16;
+    a.wy = wy.p; a.state_bf16 = bf16; a.scan_mma = gc.scan_mma;
     sync_cpu_state();
     ASSERT_OK(GdnPrefill(a, nullptr));
     std::vector<float> ref(static_cast<size_t>(T) * Vw);
@@ -172,6 +181,26 @@ TEST(Gdn, ChunkedPrefill) {
   RunGdnCase({2, 6, 32, 64, 64, 1, kGdnChunk});
 }
 
+// The same with the scan on TF32 tensor cores (3xTF32): the f32 form's bound, every head width,
+// dv under / over / not a multiple of the block's 64 columns, partial last chunks.
+TEST(Gdn, ChunkedPrefillScanMma) {
+  if (!ScanMmaDevice()) GTEST_SKIP() << "tensor-core scan: sm_80+";
+  for (GdnCase gc : std::vector<GdnCase>{{16, 48, 128, 128, 70, 3, kGdnChunk},
+                                         {16, 48, 128, 128, 300, 1, kGdnChunk},
+                                         {2, 4, 16, 16, 33, 2, kGdnChunk},
+                                         {1, 2, 32, 96, 31, 1, kGdnChunk},
+                                         {4, 8, 64, 64, 5, 2, kGdnChunk},
+                                         {16, 48, 128, 128, 1024, 2, kGdnChunk},
+                                         {2, 6, 32, 64, 64, 1, kGdnChunk},
+                                         {2, 4, 16, 48, 97, 1, kGdnChunk},
+                                         {16, 48, 128, 128, 40, 2, kGdnChunk, 70},
+                                         {2, 4, 16, 48, 33, 2, kGdnChunk, 65}}) {
+    gc.scan_mma = true;
+    RunGdnCase(gc);
+    RunGdnCase(gc, /*bf16=*/true);
+  }
+}
+
 // A prefill piece after another one (the conv rows of the earlier piece from the ring, the
 // state carried over), in both forms, including pieces shorter than the conv window.
 TEST(Gdn, PrefillAfterPrefill) {
@@ -194,6 +223,70 @@ TEST(Gdn, Bf16State) {
   }
   RunGdnCase({16, 48, 128, 128, 1024, 2, kGdnChunk}, true);
   RunGdnCase({1, 3, 32, 32, 0, 6}, true);  // decode only, from a zero state
+}
+
+// Benchmark, not a test (DISABLED_: ctest skips it; docs/conventions.md "Benchmarks"): one GDN
+// layer's prefill (conv, gates, chunked delta rule, gated norm) of the 27B shape for T tokens,
+// with the chunk scan in f32 on CUDA cores and on TF32 tensor cores, and how far apart their
+// outputs are. Run it with
+//   gdn_cuda_test --gtest_also_run_disabled_tests --gtest_filter='GdnTiming.*'
+TEST(GdnTiming, DISABLED_Prefill27B) {
+  if (!ScanMmaDevice()) GTEST_SKIP() << "tensor-core scan: sm_80+";
+  const GdnShape s{16, 48, 128, 128, 4};
+  const int C = s.channels(), Vw = s.v_heads * s.v_dim, K = 4;
+  auto conv_w = RandVec(static_cast<size_t>(C) * K, -0.5f, 0.5f);
+  std::vector<float> ssm_a(s.v_heads), dt(s.v_heads);
+  for (int h = 0; h < s.v_heads; ++h) {
+    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
+    dt[h] = RandVec(1, -2.f, 2.f)[0];
+  }
+  auto norm_w = RandVec(s.v_dim, 0.5f, 1.5f);
+  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
+  const size_t per = static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim;
+  for (const int T : {2048, 8192}) {
+    Dev<float> dm(RandVec(static_cast<size_t>(T) * C, -2.f, 2.f)), dz(RandVec(static_cast<size_t>(T) * Vw, -3.f, 3.f)),
+        db(RandVec(static_cast<size_t>(T) * s.v_heads, -4.f, 4.f)),
+        dal(RandVec(static_cast<size_t>(T) * s.v_heads, -6.f, 3.f)), y(static_cast<size_t>(T) * C),
+        g(static_cast<size_t>(T) * s.v_heads), beta(static_cast<size_t>(T) * s.v_heads),
+        out(static_cast<size_t>(T) * Vw), wy(static_cast<size_t>(GdnChunkScratchFloats(s, T))),
+        ring(static_cast<size_t>(K) * C), state(per);
+    std::vector<float> outs[2];
+    for (const bool mma : {false, true}) {
+      GdnPrefillArgs a;
+      a.shape = s; a.p = GdnLayerParams{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f}; a.T = T; a.chunk = kGdnChunk;
+      a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p;
+      a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p; a.wy = wy.p; a.scan_mma = mma;
+      auto run = [&] {
+        CK(cudaMemset(ring.p, 0, ring.n * sizeof(float)));
+        CK(cudaMemset(state.p, 0, state.n * sizeof(float)));
+        ASSERT_OK(GdnPrefill(a, nullptr));
+      };
+      run();  // warm-up, and the output compared below
+      CK(cudaDeviceSynchronize());
+      outs[mma] = out.Down();
+      constexpr int kReps = 10;
+      cudaEvent_t e0, e1;
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < kReps; ++i) run();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      CK(cudaEventDestroy(e0));
+      CK(cudaEventDestroy(e1));
+      std::printf("GDN prefill 27B shape, T=%d, scan %s: %.3f ms per layer (x48 layers: %.1f ms)\n", T,
+                  mma ? "3xTF32 mma" : "f32 CUDA cores", ms / kReps, 48 * ms / kReps);
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < outs[0].size(); ++i) {
+      const double d = outs[1][i] - outs[0][i];
+      num += d * d;
+      den += double(outs[0][i]) * outs[0][i];
+    }
+    std::printf("  outputs mma vs f32: rel L2 %.2e\n", std::sqrt(num / std::max(den, 1e-30)));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,18 @@
+// The chunked Gated DeltaNet prefill's sequential part (gdn_chunk.cuh, launch 2) on TF32 tensor
+// cores, sm_80+: GdnPrefillArgs::scan_mma. The f32 form there spends ~0.9 TFLOP of CUDA-core
+// multiply-adds on an 8,192-token 27B prefill in a loop whose every chunk also waits on its global
+// loads; this one runs the three products as 3xTF32 mma (mma_tf32.cuh: f32 accuracy) and copies
+// the next chunk's operands while the current one computes. The prep (launch 1) is shared.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/gdn.cuh"
+
+namespace ds::cuda::gdn_chunk {
+
+// Launches the scan after GdnChunkPrep. Returns false where it cannot run (the device lacks its
+// ~172 KB of shared memory at dk = 128, or dv % 4 != 0): the caller runs the f32 scan instead.
+// The caller checks the architecture (sm_80+).
+bool LaunchScanMma(const GdnPrefillArgs& a, cudaStream_t stream);
+
+}  // namespace ds::cuda::gdn_chunk
