@@ -1,15 +1,20 @@
 // The chunked Gated DeltaNet prefill's sequential scan on TF32 tensor cores (sm_80+; see
 // gdn_chunk.cuh for the math and gdn_chunk_scan_mma.cuh for the choice).
 //
-// One block of 8 warps per (value head, 64 state columns): the 27B's 48 heads x 128 columns make
-// 96 blocks, one per SM (the block holds ~172 KB of shared memory). Per chunk of 32 tokens:
+// One block of 16 warps per (value head, 64 state columns): the 27B's 48 heads x 128 columns
+// make 96 blocks, one per SM (the block holds ~217 KB of shared memory). Per chunk of 32 tokens:
 //
-//   A. X = [W; Qg] S            64 x 64 outputs, K = dk: warp w one 16-row tile x 32 columns;
-//      warps 0-3 (W rows) write V' = U - X to shared memory, warps 4-7 (Qg rows) keep O1;
-//   B. O = O1 + P V'            warps 4-7, K = 32; stored to `out`;
-//   C. S <- e^{γ_L} S + Ktᵀ V'  every warp dk / 16 tiles of 16 x 8 (one 16-row band), the state
-//      in the warps' accumulator registers all along, and copied to shared memory
-//      after the update for the next chunk's A (the B operand there).
+//   A. X = [W; Qg] S            64 x 64 outputs, K = dk: warp w one 16-row x 16-column tile;
+//      warps 0-7 (W rows) write V' = U - X to shared memory, warps 8-15 (Qg rows) keep O1;
+//   B. O = O1 + P V'            warps 8-15, K = 32; stored to `out`;
+//   C. S <- e^{γ_L} S + Ktᵀ V'  every warp dk / 32 tiles of 16 x 8 (in one 16-row band), the
+//      state in the warps' accumulator registers all along, and copied to shared memory after
+//      the update for the next chunk's A (the B operand there).
+//
+// The B operands (S, V') are kept in shared memory already split into their TF32 hi / lo parts
+// (split once when written instead of by every warp that reads them: the first form, 8 warps
+// splitting on read, ran 4.6k instructions per warp and chunk at 2 warps per scheduler).
+// 16 warps: ncu on the 8-warp form found half the issue slots idle (2 warps per scheduler).
 //
 // The next chunk's operands (W, P from the prep's scratch; q, k, U rows from y; its γ) are
 // copied with cp.async into the second of two stage buffers while this chunk computes, so the
@@ -27,7 +32,7 @@ namespace {
 
 constexpr int NC = kGdnChunk;  // tokens per chunk (32)
 constexpr int kCols = 64;      // state columns per block
-constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kWarps = 16, kThreads = kWarps * 32;  // dk >= 32: dk / 32 state tiles per warp
 
 // Row strides (floats) chosen so that every fragment read of a warp hits 32 distinct banks:
 // row-major A reads (rows g, columns t) want a stride = 4 mod 32, the transposed / B reads
@@ -42,9 +47,23 @@ struct ScanMmaSmem {
     float U[NC][kCols + 8];
     float gam[NC];
   } stage[2];
-  float S[DK][kCols + 8];  // the state block after the last update (step A's B operand)
-  float V[NC][kCols + 8];  // V'
+  // The state block after the last update (step A's B operand) and V', as TF32 hi / lo parts.
+  uint32_t S_hi[DK][kCols + 8], S_lo[DK][kCols + 8];
+  uint32_t V_hi[NC][kCols + 8], V_lo[NC][kCols + 8];
 };
+
+template <int R>
+__device__ __forceinline__ void PutSplit(uint32_t (&hi)[R][kCols + 8], uint32_t (&lo)[R][kCols + 8],
+                                         int r, int c, float x) {
+  const Tf32Pair p = SplitTf32(x);
+  hi[r][c] = p.hi;
+  lo[r][c] = p.lo;
+}
+template <int R>
+__device__ __forceinline__ Tf32Pair GetSplit(const uint32_t (&hi)[R][kCols + 8],
+                                             const uint32_t (&lo)[R][kCols + 8], int r, int c) {
+  return {hi[r][c], lo[r][c]};
+}
 
 // Copies chunk c's operands into `st` (one cp.async group per thread). Rows past the sequence
 // and columns past dv are zero-filled; γ of padded rows repeats the last real row's.
@@ -82,7 +101,7 @@ template <int DK, typename TS>
 __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPrefillArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ScanMmaSmem<DK>& sm = *reinterpret_cast<ScanMmaSmem<DK>*>(smem_raw);
-  constexpr int kStateTiles = DK / 16;  // 16 x 8 state tiles per warp: (DK / 16) x 8 over 8 warps
+  constexpr int kStateTiles = DK / 32;  // 16 x 8 state tiles per warp: (DK / 16) x 8 over 16 warps
   const GdnShape& d = a.shape;
   const int h = blockIdx.x, c0 = blockIdx.y * kCols, tid = threadIdx.x;
   const int w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -99,14 +118,14 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
     for (int e = 0; e < 4; ++e) {
       const int row = sr + g + (e >> 1) * 8, col = sc + 8 * i + 2 * t + (e & 1);
       s[i][e] = c0 + col < dv ? LoadState(Sg + static_cast<int64_t>(row) * dv + col) : 0.f;
-      sm.S[row][col] = s[i][e];
+      PutSplit<DK>(sm.S_hi, sm.S_lo, row, col, s[i][e]);
     }
 
   const int n_chunks = (a.T + NC - 1) / NC;
   StageChunk<DK>(a, 0, h, c0, sm.stage[0]);
-  // Step A's tile of this warp: rows ar .. +15 of W (warps 0-3) or Qg (4-7), columns ac .. +31.
-  const bool q_rows = w >= 4;
-  const int ar = (w & 2) * 8, ac = (w & 1) * 32;
+  // Step A's tile of this warp: rows ar .. +15 of W (warps 0-7) or Qg (8-15), columns ac .. +15.
+  const bool q_rows = w >= 8;
+  const int ar = ((w >> 2) & 1) * 16, ac = (w & 3) * 16;
   for (int c = 0; c < n_chunks; ++c) {
     const int t0 = c * NC, n = min(NC, a.T - t0);
     if (c + 1 < n_chunks)
@@ -118,36 +137,37 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
     typename ScanMmaSmem<DK>::Stage& st = sm.stage[c & 1];
     const float gl = st.gam[NC - 1];
 
-    // A. X = [W; Qg] S for this warp's 16 x 32 tile.
-    float x[4][4];
+    // A. X = [W; Qg] S for this warp's 16 x 16 tile.
+    float x[2][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[j][e] = 0.f;
     {
       const float(*M)[DK + 4] = q_rows ? st.Q : st.W;
       const float e0 = q_rows ? __expf(st.gam[ar + g]) : 1.f;
       const float e1 = q_rows ? __expf(st.gam[ar + g + 8]) : 1.f;
-#pragma unroll 2
+#pragma unroll 4
       for (int k0 = 0; k0 < DK; k0 += 8) {
         const Tf32Pair af[4] = {SplitTf32(M[ar + g][k0 + t] * e0), SplitTf32(M[ar + g + 8][k0 + t] * e1),
                                 SplitTf32(M[ar + g][k0 + t + 4] * e0),
                                 SplitTf32(M[ar + g + 8][k0 + t + 4] * e1)};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < 2; ++j) {
           const int col = ac + 8 * j + g;
-          Mma3xTf32(af, SplitTf32(sm.S[k0 + t][col]), SplitTf32(sm.S[k0 + t + 4][col]), x[j]);
+          Mma3xTf32(af, GetSplit<DK>(sm.S_hi, sm.S_lo, k0 + t, col),
+                    GetSplit<DK>(sm.S_hi, sm.S_lo, k0 + t + 4, col), x[j]);
         }
       }
     }
     if (!q_rows) {  // V' = U - W S
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int col = ac + 8 * j + 2 * t;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = ar + g + (e >> 1) * 8, cc = col + (e & 1);
-          sm.V[row][cc] = st.U[row][cc] - x[j][e];
+          PutSplit<NC>(sm.V_hi, sm.V_lo, row, cc, st.U[row][cc] - x[j][e]);
         }
       }
     }
@@ -159,13 +179,14 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
         const Tf32Pair af[4] = {SplitTf32(st.P[ar + g][k0 + t]), SplitTf32(st.P[ar + g + 8][k0 + t]),
                                 SplitTf32(st.P[ar + g][k0 + t + 4]), SplitTf32(st.P[ar + g + 8][k0 + t + 4])};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < 2; ++j) {
           const int col = ac + 8 * j + g;
-          Mma3xTf32(af, SplitTf32(sm.V[k0 + t][col]), SplitTf32(sm.V[k0 + t + 4][col]), x[j]);
+          Mma3xTf32(af, GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t, col),
+                    GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t + 4, col), x[j]);
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int col = c0 + ac + 8 * j + 2 * t;  // dv is even: both columns or neither
         if (col >= dv) continue;
 #pragma unroll
@@ -193,13 +214,15 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
 #pragma unroll
       for (int i = 0; i < kStateTiles; ++i) {
         const int col = sc + 8 * i + g;
-        Mma3xTf32(af, SplitTf32(sm.V[k0 + t][col]), SplitTf32(sm.V[k0 + t + 4][col]), s[i]);
+        Mma3xTf32(af, GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t, col),
+                  GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t + 4, col), s[i]);
       }
     }
 #pragma unroll
     for (int i = 0; i < kStateTiles; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sm.S[sr + g + (e >> 1) * 8][sc + 8 * i + 2 * t + (e & 1)] = s[i][e];
+      for (int e = 0; e < 4; ++e)
+        PutSplit<DK>(sm.S_hi, sm.S_lo, sr + g + (e >> 1) * 8, sc + 8 * i + 2 * t + (e & 1), s[i][e]);
     __syncthreads();  // before the next stage copy overwrites this chunk's buffer
   }
   CpAsyncWait<0>();
@@ -228,7 +251,6 @@ bool LaunchScanDk(const GdnPrefillArgs& a, cudaStream_t stream) {
 template <typename TS>
 bool LaunchScanTyped(const GdnPrefillArgs& a, cudaStream_t stream) {
   switch (a.shape.k_dim) {
-    case 16: return LaunchScanDk<16, TS>(a, stream);
     case 32: return LaunchScanDk<32, TS>(a, stream);
     case 64: return LaunchScanDk<64, TS>(a, stream);
     case 128: return LaunchScanDk<128, TS>(a, stream);
