@@ -169,27 +169,39 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
   }
 }
 
-// One thread per (token, channel): the K taps read the pre-conv rows t-K+1..t, those of
-// positions before pos0 from the ring. (v1 walked the T tokens in one thread per channel: one
-// dependent load per token, ~0.2 ms per layer of a 512-token prefill on the 27B.) The sum is
-// taken in the same order as the decode kernel's: tap K-1 first, then taps 0..K-2.
-// Block (token t, 256 channels): a 2-D grid, since the 64-bit division of a flat index by C
-// cost this memory-bound kernel ~3x its load time (H200, 27B shape: 158 us for 2,048 tokens).
+// One thread per (channel, kConvTokens consecutive tokens): the K taps read the pre-conv rows
+// t-K+1..t, those of positions before pos0 from the ring; the thread keeps the last K-1 rows in
+// registers, so each row is read ~once (one thread per (token, channel) read it K times), and
+// issues all its row loads before the first sum (v1 walked the T tokens in one thread per
+// channel: one dependent load per token, ~0.2 ms per layer of a 512-token prefill on the 27B).
+// A 2-D grid: the 64-bit division of a flat index by C cost the per-element form ~3x its load
+// time (H200, 27B shape: 158 us for 2,048 tokens). The sum is taken in the same order as the
+// decode kernel's: tap K-1 first, then taps 0..K-2.
+constexpr int kConvTokens = 8;
 __global__ void GdnConvPrefillKernel(const GdnPrefillArgs a) {
   const int C = a.shape.channels();
-  const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int t0 = blockIdx.x * kConvTokens, c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const int64_t i = static_cast<int64_t>(t) * C + c;
   const float* ring = a.conv_ring + static_cast<int64_t>(a.slot) * kConvK * C;
   const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
-  float acc = w[kConvK - 1] * a.mixed[i];
+  const int n = min(kConvTokens, a.T - t0);
+  float win[kConvK - 1 + kConvTokens];  // rows t0-K+1 .. t0+n-1
 #pragma unroll
   for (int tap = 0; tap < kConvK - 1; ++tap) {
-    const int tt = t - (kConvK - 1) + tap;
-    const float x = tt >= 0 ? a.mixed[static_cast<int64_t>(tt) * C + c] : ring[Mod(a.pos0 + tt, kConvK) * C + c];
-    acc += w[tap] * x;
+    const int tt = t0 - (kConvK - 1) + tap;
+    win[tap] = tt >= 0 ? a.mixed[static_cast<int64_t>(tt) * C + c] : ring[Mod(a.pos0 + tt, kConvK) * C + c];
   }
-  a.y[i] = Silu(acc);
+#pragma unroll
+  for (int i = 0; i < kConvTokens; ++i)
+    win[kConvK - 1 + i] = i < n ? a.mixed[static_cast<int64_t>(t0 + i) * C + c] : 0.f;
+#pragma unroll
+  for (int i = 0; i < kConvTokens; ++i) {
+    if (i >= n) break;
+    float acc = w[kConvK - 1] * win[kConvK - 1 + i];
+#pragma unroll
+    for (int tap = 0; tap < kConvK - 1; ++tap) acc += w[tap] * win[i + tap];
+    a.y[static_cast<int64_t>(t0 + i) * C + c] = Silu(acc);
+  }
 }
 
 // After GdnConvPrefillKernel (which read the old rows): the ring keeps the pre-conv rows of the
@@ -359,7 +371,7 @@ absl::Status GdnPrefill(const GdnPrefillArgs& a, cudaStream_t stream) {
   DS_RETURN_IF_ERROR(GdnShapeSupported(a.shape));
   if (a.T == 0) return absl::OkStatus();
   const int C = a.shape.channels();
-  GdnConvPrefillKernel<<<dim3(a.T, CeilDiv(C, 256)), 256, 0, stream>>>(a);
+  GdnConvPrefillKernel<<<dim3(CeilDiv(a.T, kConvTokens), CeilDiv(C, 256)), 256, 0, stream>>>(a);
   GdnConvRingKernel<<<CeilDiv(C, 128), 128, 0, stream>>>(a);
   DS_RETURN_IF_ERROR(LastLaunchStatus("GdnConvPrefill"));
   GdnPrepKernel<<<a.T, 512, 0, stream>>>(a);
