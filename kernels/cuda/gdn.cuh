@@ -122,9 +122,6 @@ struct GdnPrefillArgs {
   // The chunked form's scan on TF32 tensor cores (gdn_chunk_scan_mma.cuh; sm_80+ only: the
   // caller checks the device), else in f32 on CUDA cores. Same math, f32-level accuracy either way.
   bool scan_mma = false;
-  // EXPERIMENT: 3 = 3xTF32 everywhere, 2 = 3xTF32 for the state's products and one pass for
-  // the output's, 1 = one pass everywhere.
-  int scan_tf32_passes = 3;
 };
 // Floats of the chunked form's scratch for T tokens (W and Q Kᵀ of every chunk and value head).
 int64_t GdnChunkScratchFloats(const GdnShape& s, int T);

@@ -97,21 +97,7 @@ __device__ __forceinline__ void StageChunk(const GdnPrefillArgs& a, int c, int h
   CpAsyncCommit();
 }
 
-// c += a * b in P TF32 passes: 3 (f32 accuracy, mma_tf32.cuh) or 1 (hi parts only).
-template <int P>
-__device__ __forceinline__ void MmaPasses(const Tf32Pair (&a)[4], const Tf32Pair& b0, const Tf32Pair& b1,
-                                          float (&c)[4]) {
-  if constexpr (P == 3) {
-    Mma3xTf32(a, b0, b1, c);
-  } else {
-    const uint32_t ah[4] = {a[0].hi, a[1].hi, a[2].hi, a[3].hi};
-    MmaTf32(ah, b0.hi, b1.hi, c);
-  }
-}
-
-// kStatePasses: the products that feed the state (W S, Ktᵀ V'); kOutPasses: those that only make
-// the output (Qg S, P V').
-template <int DK, typename TS, int kStatePasses, int kOutPasses>
+template <int DK, typename TS>
 __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPrefillArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ScanMmaSmem<DK>& sm = *reinterpret_cast<ScanMmaSmem<DK>*>(smem_raw);
@@ -171,10 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
           const int col = ac + 8 * j + g;
           const Tf32Pair b0 = GetSplit<DK>(sm.S_hi, sm.S_lo, k0 + t, col);
           const Tf32Pair b1 = GetSplit<DK>(sm.S_hi, sm.S_lo, k0 + t + 4, col);
-          if (q_rows)
-            MmaPasses<kOutPasses>(af, b0, b1, x[j]);
-          else
-            MmaPasses<kStatePasses>(af, b0, b1, x[j]);
+          Mma3xTf32(af, b0, b1, x[j]);
         }
       }
     }
@@ -199,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int col = ac + 8 * j + g;
-          MmaPasses<kOutPasses>(af, GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t, col),
-                                GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t + 4, col), x[j]);
+          Mma3xTf32(af, GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t, col),
+                    GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t + 4, col), x[j]);
         }
       }
 #pragma unroll
@@ -232,8 +215,8 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
 #pragma unroll
       for (int i = 0; i < kStateTiles; ++i) {
         const int col = sc + 8 * i + g;
-        MmaPasses<kStatePasses>(af, GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t, col),
-                                GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t + 4, col), s[i]);
+        Mma3xTf32(af, GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t, col),
+                  GetSplit<NC>(sm.V_hi, sm.V_lo, k0 + t + 4, col), s[i]);
       }
     }
 #pragma unroll
@@ -253,9 +236,9 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
     }
 }
 
-template <int DK, typename TS, int kStatePasses, int kOutPasses>
-bool LaunchScanPasses(const GdnPrefillArgs& a, cudaStream_t stream) {
-  auto* kernel = GdnChunkScanMmaKernel<DK, TS, kStatePasses, kOutPasses>;
+template <int DK, typename TS>
+bool LaunchScanDk(const GdnPrefillArgs& a, cudaStream_t stream) {
+  auto* kernel = GdnChunkScanMmaKernel<DK, TS>;
   const int bytes = static_cast<int>(sizeof(ScanMmaSmem<DK>));
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
     cudaGetLastError();
@@ -263,15 +246,6 @@ bool LaunchScanPasses(const GdnPrefillArgs& a, cudaStream_t stream) {
   }
   kernel<<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(a);
   return true;
-}
-
-template <int DK, typename TS>
-bool LaunchScanDk(const GdnPrefillArgs& a, cudaStream_t stream) {
-  switch (a.scan_tf32_passes) {
-    case 1: return LaunchScanPasses<DK, TS, 1, 1>(a, stream);
-    case 2: return LaunchScanPasses<DK, TS, 3, 1>(a, stream);
-    default: return LaunchScanPasses<DK, TS, 3, 3>(a, stream);
-  }
 }
 
 template <typename TS>
