@@ -35,6 +35,6 @@ done
 if [ "${FILL:-0}" = 1 ]; then
   echo "== 190k q4_0 fill"
   timeout 240 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 16 --depth 190000 \
-    --kv-type q4_0 --conc "" --no-profile 2>&1 | grep -E "filled|depth|tok/s" | head -6
+    --kv-type q4_0 --conc "" --no-profile 2>&1 | grep -E "filled|decode|memory plan" | head -8
 fi
 exit $rc
