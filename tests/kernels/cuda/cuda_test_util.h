@@ -1,6 +1,7 @@
 // Shared helpers of the GPU kernel tests (kernels_cuda_test, kv_quant_cuda_test,
-// sampling_cuda_test): a CUDA-error check that aborts the test binary, ASSERT_OK for
-// absl::Status, and a device buffer with host round trips.
+// sampling_cuda_test, gdn_cuda_test): a CUDA-error check that aborts the test binary, ASSERT_OK
+// for absl::Status, a device buffer with host round trips, and the mean time of a launch (for
+// the DISABLED_ timing benchmarks).
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -59,6 +60,25 @@ inline std::vector<float> RandVec(std::mt19937& rng, size_t n, float lo, float h
   std::vector<float> v(n);
   for (auto& x : v) x = u(rng);
   return v;
+}
+
+// Microseconds per call of `launch` (a Status-returning launch on the legacy stream) over `iters`
+// calls after `warm` unmeasured ones; fails the test on a launch error.
+template <typename F>
+double MeanLaunchUs(int warm, int iters, F&& launch) {
+  for (int i = 0; i < warm; ++i) EXPECT_TRUE(launch().ok());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; ++i) EXPECT_TRUE(launch().ok());
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return 1e3 * ms / iters;
 }
 
 }  // namespace ds::cuda

@@ -34,6 +34,24 @@ struct GdnCase {
   bool scan_mma = false;  // the chunked form's scan on TF32 tensor cores (GdnPrefillArgs::scan_mma)
 };
 
+// One GDN layer's random parameters (conv taps, A = -exp(.), dt bias, norm weights), on the host
+// for the CPU reference and on the device.
+struct RandomGdnLayer {
+  std::vector<float> conv_w, ssm_a, dt, norm_w;
+  Dev<float> d_conv, d_a, d_dt, d_norm;
+  GdnLayerParams params() const { return {d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f}; }
+};
+RandomGdnLayer MakeGdnLayer(const GdnShape& s) {
+  auto conv_w = RandVec(static_cast<size_t>(s.channels()) * s.conv_kernel, -0.5f, 0.5f);
+  std::vector<float> ssm_a(s.v_heads), dt(s.v_heads);
+  for (int h = 0; h < s.v_heads; ++h) {
+    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
+    dt[h] = RandVec(1, -2.f, 2.f)[0];
+  }
+  auto norm_w = RandVec(s.v_dim, 0.5f, 1.5f);
+  return {conv_w, ssm_a, dt, norm_w, Dev<float>(conv_w), Dev<float>(ssm_a), Dev<float>(dt), Dev<float>(norm_w)};
+}
+
 // The tensor-core scan runs on sm_80+ only (its callers check the device).
 bool ScanMmaDevice() {
   int dev = 0, major = 0;
@@ -56,15 +74,9 @@ void RunGdnCase(const GdnCase& gc, bool bf16 = false) {
   cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
   const int n_slots = 2, slot = 1;  // use slot 1 so slot indexing is exercised
-  auto conv_w = RandVec(static_cast<size_t>(C) * K, -0.5f, 0.5f);
-  std::vector<float> ssm_a(gc.hv), dt(gc.hv);
-  for (int h = 0; h < gc.hv; ++h) {
-    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
-    dt[h] = RandVec(1, -2.f, 2.f)[0];
-  }
-  auto norm_w = RandVec(gc.dv, 0.5f, 1.5f);
-  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
-  GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
+  const RandomGdnLayer layer = MakeGdnLayer(s);
+  const std::vector<float>&conv_w = layer.conv_w, &ssm_a = layer.ssm_a, &dt = layer.dt, &norm_w = layer.norm_w;
+  const GdnLayerParams p = layer.params();
   const size_t per = static_cast<size_t>(gc.hv) * gc.dk * gc.dv;  // state elements of a slot
   Dev<float> ring(static_cast<size_t>(n_slots) * K * C);
   Dev<uint8_t> state(n_slots * per * GdnStateElemBytes(bf16));
@@ -233,15 +245,8 @@ TEST(Gdn, Bf16State) {
 TEST(GdnTiming, DISABLED_Prefill27B) {
   if (!ScanMmaDevice()) GTEST_SKIP() << "tensor-core scan: sm_80+";
   const GdnShape s{16, 48, 128, 128, 4};
-  const int C = s.channels(), Vw = s.v_heads * s.v_dim, K = 4;
-  auto conv_w = RandVec(static_cast<size_t>(C) * K, -0.5f, 0.5f);
-  std::vector<float> ssm_a(s.v_heads), dt(s.v_heads);
-  for (int h = 0; h < s.v_heads; ++h) {
-    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
-    dt[h] = RandVec(1, -2.f, 2.f)[0];
-  }
-  auto norm_w = RandVec(s.v_dim, 0.5f, 1.5f);
-  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
+  const int C = s.channels(), Vw = s.v_heads * s.v_dim, K = s.conv_kernel;
+  const RandomGdnLayer layer = MakeGdnLayer(s);
   const size_t per = static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim;
   for (const int T : {2048, 8192}) {
     Dev<float> dm(RandVec(static_cast<size_t>(T) * C, -2.f, 2.f)), dz(RandVec(static_cast<size_t>(T) * Vw, -3.f, 3.f)),
@@ -253,31 +258,19 @@ TEST(GdnTiming, DISABLED_Prefill27B) {
     std::vector<float> outs[2];
     for (const bool mma : {false, true}) {
       GdnPrefillArgs a;
-      a.shape = s; a.p = GdnLayerParams{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f}; a.T = T; a.chunk = kGdnChunk;
+      a.shape = s; a.p = layer.params(); a.T = T; a.chunk = kGdnChunk;
       a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p;
       a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p; a.wy = wy.p; a.scan_mma = mma;
-      auto run = [&] {
+      auto run = [&] {  // from a zero state each time
         CK(cudaMemset(ring.p, 0, ring.n * sizeof(float)));
         CK(cudaMemset(state.p, 0, state.n * sizeof(float)));
-        ASSERT_OK(GdnPrefill(a, nullptr));
+        return GdnPrefill(a, nullptr);
       };
-      run();  // warm-up, and the output compared below
-      CK(cudaDeviceSynchronize());
+      ASSERT_OK(run());  // warm-up, and the output compared below
       outs[mma] = out.Down();
-      constexpr int kReps = 10;
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      CK(cudaEventRecord(e0));
-      for (int i = 0; i < kReps; ++i) run();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
+      const double ms = 1e-3 * MeanLaunchUs(0, 10, run);
       std::printf("GDN prefill 27B shape, T=%d, scan %s: %.3f ms per layer (x48 layers: %.1f ms)\n", T,
-                  mma ? "3xTF32 mma" : "f32 CUDA cores", ms / kReps, 48 * ms / kReps);
+                  mma ? "3xTF32 mma" : "f32 CUDA cores", ms, 48 * ms);
     }
     double num = 0, den = 0;
     for (size_t i = 0; i < outs[0].size(); ++i) {

@@ -530,24 +530,6 @@ TEST(KvQuantAttention, OddSmallShapes) {
 // test (DISABLED_: ctest skips it; docs/conventions.md "Benchmarks"); run it with
 //   kv_quant_cuda_test --gtest_also_run_disabled_tests --gtest_filter='KvQuantTiming.*'
 
-// Microseconds per call of `launch` (a Status-returning launch on the legacy stream) over `iters`
-// calls after `warm` unmeasured ones; fails the test on a launch error.
-template <typename F>
-double MeanLaunchUs(int warm, int iters, F&& launch) {
-  for (int i = 0; i < warm; ++i) EXPECT_TRUE(launch().ok());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < iters; ++i) EXPECT_TRUE(launch().ok());
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return 1e3 * ms / iters;
-}
 
 TEST(KvQuantTiming, DISABLED_Decode32k27B) {
   const int n_head = 24, n_kv = 4, hd = 256, page = 64;
