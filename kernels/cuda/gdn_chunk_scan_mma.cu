@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
   TS* Sg = static_cast<TS*>(a.state) + (static_cast<int64_t>(a.slot) * Hv + h) * DK * dv + c0;
 
   // The state tiles this warp updates (step C): one 16-row band, rows sr .. sr + 15, and in it
-  // kStateTiles tiles of 8 columns from sc (the (DK / 16) x 8 tiles of the block, DK / 16 per warp).
+  // kStateTiles tiles of 8 columns from sc (the block's (DK / 16) x 8 tiles, DK / 32 per warp).
   const int sr = (w * kStateTiles / 8) * 16, sc = (w * kStateTiles % 8) * 8;
   float s[kStateTiles][4];
 #pragma unroll
