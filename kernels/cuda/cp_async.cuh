@@ -20,7 +20,8 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
 __device__ __forceinline__ void CpAsync16Zfill(void* dst, const void* src, bool valid) {
 #if __CUDA_ARCH__ >= 800
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src),
+               "r"(valid ? 16 : 0));
 #else
   __trap();
 #endif

@@ -189,7 +189,8 @@ __global__ void GdnConvPrefillKernel(const GdnPrefillArgs a) {
 #pragma unroll
   for (int tap = 0; tap < kConvK - 1; ++tap) {
     const int tt = t0 - (kConvK - 1) + tap;
-    win[tap] = tt >= 0 ? a.mixed[static_cast<int64_t>(tt) * C + c] : ring[Mod(a.pos0 + tt, kConvK) * C + c];
+    win[tap] = tt >= 0 ? a.mixed[static_cast<int64_t>(tt) * C + c]
+                       : ring[Mod(a.pos0 + tt, kConvK) * C + c];
   }
 #pragma unroll
   for (int i = 0; i < kConvTokens; ++i)

@@ -30,8 +30,8 @@
 namespace ds::cuda::gdn_chunk {
 namespace {
 
-constexpr int NC = kGdnChunk;  // tokens per chunk (32)
-constexpr int kCols = 64;      // state columns per block
+constexpr int NC = kGdnChunk;                       // tokens per chunk (32)
+constexpr int kCols = 64;                           // state columns per block
 constexpr int kWarps = 16, kThreads = kWarps * 32;  // dk >= 32: dk / 32 state tiles per warp
 
 // Row strides (floats) chosen so that every fragment read of a warp hits 32 distinct banks:
@@ -149,9 +149,9 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
       const float e1 = q_rows ? __expf(st.gam[ar + g + 8]) : 1.f;
 #pragma unroll 4
       for (int k0 = 0; k0 < DK; k0 += 8) {
-        const Tf32Pair af[4] = {SplitTf32(M[ar + g][k0 + t] * e0), SplitTf32(M[ar + g + 8][k0 + t] * e1),
-                                SplitTf32(M[ar + g][k0 + t + 4] * e0),
-                                SplitTf32(M[ar + g + 8][k0 + t + 4] * e1)};
+        const Tf32Pair af[4] = {
+            SplitTf32(M[ar + g][k0 + t] * e0), SplitTf32(M[ar + g + 8][k0 + t] * e1),
+            SplitTf32(M[ar + g][k0 + t + 4] * e0), SplitTf32(M[ar + g + 8][k0 + t + 4] * e1)};
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int col = ac + 8 * j + g;
@@ -177,8 +177,9 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
     if (q_rows) {  // B. O = O1 + P V' (rows ar .. +15 of the chunk), stored
 #pragma unroll
       for (int k0 = 0; k0 < NC; k0 += 8) {
-        const Tf32Pair af[4] = {SplitTf32(st.P[ar + g][k0 + t]), SplitTf32(st.P[ar + g + 8][k0 + t]),
-                                SplitTf32(st.P[ar + g][k0 + t + 4]), SplitTf32(st.P[ar + g + 8][k0 + t + 4])};
+        const Tf32Pair af[4] = {
+            SplitTf32(st.P[ar + g][k0 + t]), SplitTf32(st.P[ar + g + 8][k0 + t]),
+            SplitTf32(st.P[ar + g][k0 + t + 4]), SplitTf32(st.P[ar + g + 8][k0 + t + 4])};
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int col = ac + 8 * j + g;
@@ -194,8 +195,8 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
         for (int half = 0; half < 2; ++half) {
           const int r = ar + g + 8 * half;
           if (r < n)
-            *reinterpret_cast<float2*>(a.out + static_cast<int64_t>(t0 + r) * Hv * dv + h * dv + col) =
-                make_float2(x[j][2 * half], x[j][2 * half + 1]);
+            *reinterpret_cast<float2*>(a.out + static_cast<int64_t>(t0 + r) * Hv * dv + h * dv +
+                                       col) = make_float2(x[j][2 * half], x[j][2 * half + 1]);
         }
       }
     }
@@ -211,7 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
       const float ea = __expf(gl - st.gam[k0 + t]), eb = __expf(gl - st.gam[k0 + t + 4]);
       const int m = sr + g;
       const Tf32Pair af[4] = {SplitTf32(st.K[k0 + t][m] * ea), SplitTf32(st.K[k0 + t][m + 8] * ea),
-                              SplitTf32(st.K[k0 + t + 4][m] * eb), SplitTf32(st.K[k0 + t + 4][m + 8] * eb)};
+                              SplitTf32(st.K[k0 + t + 4][m] * eb),
+                              SplitTf32(st.K[k0 + t + 4][m + 8] * eb)};
 #pragma unroll
       for (int i = 0; i < kStateTiles; ++i) {
         const int col = sc + 8 * i + g;
@@ -223,7 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
     for (int i = 0; i < kStateTiles; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        PutSplit<DK>(sm.S_hi, sm.S_lo, sr + g + (e >> 1) * 8, sc + 8 * i + 2 * t + (e & 1), s[i][e]);
+        PutSplit<DK>(sm.S_hi, sm.S_lo, sr + g + (e >> 1) * 8, sc + 8 * i + 2 * t + (e & 1),
+                     s[i][e]);
     __syncthreads();  // before the next stage copy overwrites this chunk's buffer
   }
   CpAsyncWait<0>();
@@ -240,21 +243,27 @@ template <int DK, typename TS>
 bool LaunchScanDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   auto* kernel = GdnChunkScanMmaKernel<DK, TS>;
   const int bytes = static_cast<int>(sizeof(ScanMmaSmem<DK>));
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+      cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  kernel<<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(a);
+  kernel<<<dim3(a.shape.v_heads, (a.shape.v_dim + kCols - 1) / kCols), kThreads, bytes, stream>>>(
+      a);
   return true;
 }
 
 template <typename TS>
 bool LaunchScanTyped(const GdnPrefillArgs& a, cudaStream_t stream) {
   switch (a.shape.k_dim) {
-    case 32: return LaunchScanDk<32, TS>(a, stream);
-    case 64: return LaunchScanDk<64, TS>(a, stream);
-    case 128: return LaunchScanDk<128, TS>(a, stream);
-    default: return false;
+    case 32:
+      return LaunchScanDk<32, TS>(a, stream);
+    case 64:
+      return LaunchScanDk<64, TS>(a, stream);
+    case 128:
+      return LaunchScanDk<128, TS>(a, stream);
+    default:
+      return false;
   }
 }
 
@@ -262,7 +271,8 @@ bool LaunchScanTyped(const GdnPrefillArgs& a, cudaStream_t stream) {
 
 bool LaunchScanMma(const GdnPrefillArgs& a, cudaStream_t stream) {
   if (a.shape.v_dim % 4 != 0) return false;  // 16-byte copies of U rows
-  return a.state_bf16 ? LaunchScanTyped<__nv_bfloat16>(a, stream) : LaunchScanTyped<float>(a, stream);
+  return a.state_bf16 ? LaunchScanTyped<__nv_bfloat16>(a, stream)
+                      : LaunchScanTyped<float>(a, stream);
 }
 
 }  // namespace ds::cuda::gdn_chunk

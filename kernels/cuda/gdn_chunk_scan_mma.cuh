@@ -11,8 +11,8 @@
 namespace ds::cuda::gdn_chunk {
 
 // Launches the scan after GdnChunkPrep. Returns false where it cannot run (the device lacks its
-// ~217 KB of shared memory at dk = 128, dk < 32, or dv % 4 != 0): the caller runs the f32 scan instead.
-// The caller checks the architecture (sm_80+).
+// ~217 KB of shared memory at dk = 128, dk < 32, or dv % 4 != 0): the caller runs the f32 scan
+// instead. The caller checks the architecture (sm_80+).
 bool LaunchScanMma(const GdnPrefillArgs& a, cudaStream_t stream);
 
 }  // namespace ds::cuda::gdn_chunk

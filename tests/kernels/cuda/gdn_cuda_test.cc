@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/gdn.h"
@@ -49,7 +50,8 @@ RandomGdnLayer MakeGdnLayer(const GdnShape& s) {
     dt[h] = RandVec(1, -2.f, 2.f)[0];
   }
   auto norm_w = RandVec(s.v_dim, 0.5f, 1.5f);
-  return {conv_w, ssm_a, dt, norm_w, Dev<float>(conv_w), Dev<float>(ssm_a), Dev<float>(dt), Dev<float>(norm_w)};
+  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
+  return {conv_w, ssm_a, dt, norm_w, std::move(d_conv), std::move(d_a), std::move(d_dt), std::move(d_norm)};
 }
 
 // The tensor-core scan runs on sm_80+ only (its callers check the device).
@@ -75,7 +77,8 @@ void RunGdnCase(const GdnCase& gc, bool bf16 = false) {
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
   const int n_slots = 2, slot = 1;  // use slot 1 so slot indexing is exercised
   const RandomGdnLayer layer = MakeGdnLayer(s);
-  const std::vector<float>&conv_w = layer.conv_w, &ssm_a = layer.ssm_a, &dt = layer.dt, &norm_w = layer.norm_w;
+  const std::vector<float>&conv_w = layer.conv_w, &ssm_a = layer.ssm_a, &dt = layer.dt,
+        &norm_w = layer.norm_w;
   const GdnLayerParams p = layer.params();
   const size_t per = static_cast<size_t>(gc.hv) * gc.dk * gc.dv;  // state elements of a slot
   Dev<float> ring(static_cast<size_t>(n_slots) * K * C);
@@ -249,7 +252,8 @@ TEST(GdnTiming, DISABLED_Prefill27B) {
   const RandomGdnLayer layer = MakeGdnLayer(s);
   const size_t per = static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim;
   for (const int T : {2048, 8192}) {
-    Dev<float> dm(RandVec(static_cast<size_t>(T) * C, -2.f, 2.f)), dz(RandVec(static_cast<size_t>(T) * Vw, -3.f, 3.f)),
+    Dev<float> dm(RandVec(static_cast<size_t>(T) * C, -2.f, 2.f)),
+        dz(RandVec(static_cast<size_t>(T) * Vw, -3.f, 3.f)),
         db(RandVec(static_cast<size_t>(T) * s.v_heads, -4.f, 4.f)),
         dal(RandVec(static_cast<size_t>(T) * s.v_heads, -6.f, 3.f)), y(static_cast<size_t>(T) * C),
         g(static_cast<size_t>(T) * s.v_heads), beta(static_cast<size_t>(T) * s.v_heads),
@@ -258,9 +262,22 @@ TEST(GdnTiming, DISABLED_Prefill27B) {
     std::vector<float> outs[2];
     for (const bool mma : {false, true}) {
       GdnPrefillArgs a;
-      a.shape = s; a.p = layer.params(); a.T = T; a.chunk = kGdnChunk;
-      a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p;
-      a.y = y.p; a.g = g.p; a.beta = beta.p; a.out = out.p; a.wy = wy.p; a.scan_mma = mma;
+      a.shape = s;
+      a.p = layer.params();
+      a.T = T;
+      a.chunk = kGdnChunk;
+      a.mixed = dm.p;
+      a.z = dz.p;
+      a.b = db.p;
+      a.alpha = dal.p;
+      a.conv_ring = ring.p;
+      a.state = state.p;
+      a.y = y.p;
+      a.g = g.p;
+      a.beta = beta.p;
+      a.out = out.p;
+      a.wy = wy.p;
+      a.scan_mma = mma;
       auto run = [&] {  // from a zero state each time
         CK(cudaMemset(ring.p, 0, ring.n * sizeof(float)));
         CK(cudaMemset(state.p, 0, state.n * sizeof(float)));
@@ -269,8 +286,8 @@ TEST(GdnTiming, DISABLED_Prefill27B) {
       ASSERT_OK(run());  // warm-up, and the output compared below
       outs[mma] = out.Down();
       const double ms = 1e-3 * MeanLaunchUs(0, 10, run);
-      std::printf("GDN prefill 27B shape, T=%d, scan %s: %.3f ms per layer (x48 layers: %.1f ms)\n", T,
-                  mma ? "3xTF32 mma" : "f32 CUDA cores", ms, 48 * ms);
+      std::printf("GDN prefill 27B shape, T=%d, scan %s: %.3f ms per layer (x48 layers: %.1f ms)\n",
+                  T, mma ? "3xTF32 mma" : "f32 CUDA cores", ms, 48 * ms);
     }
     double num = 0, den = 0;
     for (size_t i = 0; i < outs[0].size(); ++i) {

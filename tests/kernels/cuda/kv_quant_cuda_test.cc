@@ -530,7 +530,6 @@ TEST(KvQuantAttention, OddSmallShapes) {
 // test (DISABLED_: ctest skips it; docs/conventions.md "Benchmarks"); run it with
 //   kv_quant_cuda_test --gtest_also_run_disabled_tests --gtest_filter='KvQuantTiming.*'
 
-
 TEST(KvQuantTiming, DISABLED_Decode32k27B) {
   const int n_head = 24, n_kv = 4, hd = 256, page = 64;
   AttnShape s{n_head, n_kv, hd, 64, 1e7f, 1e-6f};
