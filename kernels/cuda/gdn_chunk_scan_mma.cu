@@ -12,9 +12,11 @@
 //      the update for the next chunk's A (the B operand there).
 //
 // The B operands (S, V') are kept in shared memory already split into their TF32 hi / lo parts
-// (split once when written instead of by every warp that reads them: the first form, 8 warps
-// splitting on read, ran 4.6k instructions per warp and chunk at 2 warps per scheduler).
-// 16 warps: ncu on the 8-warp form found half the issue slots idle (2 warps per scheduler).
+// (split once when written instead of by every warp that reads them). The first form, 8 warps
+// splitting on read, ran 4.6k instructions per warp and chunk at 2 warps per scheduler with half
+// the issue slots idle; this one is only a little faster (H200, one 27B layer at 8,192 tokens:
+// 2.0-2.1 -> 1.96 ms; the f32 scan 2.33): ~8 us per chunk, bound by the chunk's chain of
+// dependent steps (ncu: the fixed-latency "wait" stall first), not by tensor throughput.
 //
 // The next chunk's operands (W, P from the prep's scratch; q, k, U rows from y; its γ) are
 // copied with cp.async into the second of two stage buffers while this chunk computes, so the
