@@ -338,7 +338,9 @@ bool LaunchDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   }
   const int n_chunks = (a.T + NC - 1) / NC;
   GdnChunkPrepKernel<DK><<<dim3(n_chunks, a.shape.v_heads), kThreads, 0, stream>>>(a);
-  if (a.scan_mma && LaunchScanMma(a, stream)) return true;
+  if constexpr (DK >= 32) {  // the mma scan's warps hold dk / 32 state tiles each
+    if (a.scan_mma && LaunchScanMma<DK, TS>(a, stream)) return true;
+  }
   GdnChunkScanKernel<DK, TS>
       <<<dim3(a.shape.v_heads, (a.shape.v_dim + ScanCols<DK>() - 1) / ScanCols<DK>()), kThreads,
          bytes, stream>>>(a);

@@ -241,8 +241,11 @@ __global__ void __launch_bounds__(kThreads, 1) GdnChunkScanMmaKernel(const GdnPr
     }
 }
 
+}  // namespace
+
 template <int DK, typename TS>
-bool LaunchScanDk(const GdnPrefillArgs& a, cudaStream_t stream) {
+bool LaunchScanMma(const GdnPrefillArgs& a, cudaStream_t stream) {
+  if (a.shape.v_dim % 4 != 0) return false;  // 16-byte copies of U rows
   auto* kernel = GdnChunkScanMmaKernel<DK, TS>;
   const int bytes = static_cast<int>(sizeof(ScanMmaSmem<DK>));
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
@@ -255,26 +258,11 @@ bool LaunchScanDk(const GdnPrefillArgs& a, cudaStream_t stream) {
   return true;
 }
 
-template <typename TS>
-bool LaunchScanTyped(const GdnPrefillArgs& a, cudaStream_t stream) {
-  switch (a.shape.k_dim) {
-    case 32:
-      return LaunchScanDk<32, TS>(a, stream);
-    case 64:
-      return LaunchScanDk<64, TS>(a, stream);
-    case 128:
-      return LaunchScanDk<128, TS>(a, stream);
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
-bool LaunchScanMma(const GdnPrefillArgs& a, cudaStream_t stream) {
-  if (a.shape.v_dim % 4 != 0) return false;  // 16-byte copies of U rows
-  return a.state_bf16 ? LaunchScanTyped<__nv_bfloat16>(a, stream)
-                      : LaunchScanTyped<float>(a, stream);
-}
+template bool LaunchScanMma<32, float>(const GdnPrefillArgs&, cudaStream_t);
+template bool LaunchScanMma<64, float>(const GdnPrefillArgs&, cudaStream_t);
+template bool LaunchScanMma<128, float>(const GdnPrefillArgs&, cudaStream_t);
+template bool LaunchScanMma<32, __nv_bfloat16>(const GdnPrefillArgs&, cudaStream_t);
+template bool LaunchScanMma<64, __nv_bfloat16>(const GdnPrefillArgs&, cudaStream_t);
+template bool LaunchScanMma<128, __nv_bfloat16>(const GdnPrefillArgs&, cudaStream_t);
 
 }  // namespace ds::cuda::gdn_chunk

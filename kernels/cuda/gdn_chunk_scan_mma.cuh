@@ -10,9 +10,11 @@
 
 namespace ds::cuda::gdn_chunk {
 
-// Launches the scan after GdnChunkPrep. Returns false where it cannot run (the device lacks its
-// ~217 KB of shared memory at dk = 128, dk < 32, or dv % 4 != 0): the caller runs the f32 scan
-// instead. The caller checks the architecture (sm_80+).
+// Launches the scan after GdnChunkPrep for k_dim DK (32, 64 or 128) and the state's storage
+// type TS (float or __nv_bfloat16; gdn_chunk.cu has dispatched both). Returns false where it
+// cannot run (the device lacks its ~217 KB of shared memory at dk = 128, or dv % 4 != 0): the
+// caller runs the f32 scan instead. The caller checks the architecture (sm_80+).
+template <int DK, typename TS>
 bool LaunchScanMma(const GdnPrefillArgs& a, cudaStream_t stream);
 
 }  // namespace ds::cuda::gdn_chunk

@@ -62,6 +62,13 @@ inline std::vector<float> RandVec(std::mt19937& rng, size_t n, float lo, float h
   return v;
 }
 
+// Whether device 0 runs the sm_80+ tensor-core kernels (attention_mma.cu, the GDN scan's mma
+// form); their callers never launch them below.
+inline bool HaveTensorCores() {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major >= 8;
+}
+
 // Microseconds per call of `launch` (a Status-returning launch on the legacy stream) over `iters`
 // calls after `warm` unmeasured ones; fails the test on a launch error.
 template <typename F>

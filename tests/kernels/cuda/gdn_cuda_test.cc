@@ -15,14 +15,18 @@
 #include "kernels/cpu/gdn.h"
 #include "kernels/cuda/gdn.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/gdn_layer_test_util.h"
 #include "tests/kernels/cuda/gdn_state_test_util.h"
 
 namespace ds::cuda {
 namespace {
 
-std::vector<float> RandVec(size_t n, float lo, float hi) {
+std::mt19937& Rng() {
   static std::mt19937 rng(1234);
-  return ds::cuda::RandVec(rng, n, lo, hi);
+  return rng;
+}
+std::vector<float> RandVec(size_t n, float lo, float hi) {
+  return ds::cuda::RandVec(Rng(), n, lo, hi);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -34,33 +38,6 @@ struct GdnCase {
   int T_second = 0;  // a second prefill piece right after the first (pos0 = T_prefill)
   bool scan_mma = false;  // the chunked form's scan on TF32 tensor cores (GdnPrefillArgs::scan_mma)
 };
-
-// One GDN layer's random parameters (conv taps, A = -exp(.), dt bias, norm weights), on the host
-// for the CPU reference and on the device.
-struct RandomGdnLayer {
-  std::vector<float> conv_w, ssm_a, dt, norm_w;
-  Dev<float> d_conv, d_a, d_dt, d_norm;
-  GdnLayerParams params() const { return {d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f}; }
-};
-RandomGdnLayer MakeGdnLayer(const GdnShape& s) {
-  auto conv_w = RandVec(static_cast<size_t>(s.channels()) * s.conv_kernel, -0.5f, 0.5f);
-  std::vector<float> ssm_a(s.v_heads), dt(s.v_heads);
-  for (int h = 0; h < s.v_heads; ++h) {
-    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
-    dt[h] = RandVec(1, -2.f, 2.f)[0];
-  }
-  auto norm_w = RandVec(s.v_dim, 0.5f, 1.5f);
-  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
-  return {conv_w, ssm_a, dt, norm_w, std::move(d_conv), std::move(d_a), std::move(d_dt), std::move(d_norm)};
-}
-
-// The tensor-core scan runs on sm_80+ only (its callers check the device).
-bool ScanMmaDevice() {
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major >= 8;
-}
 
 // bf16: the state stored in bf16 (GdnDecodeArgs / GdnPrefillArgs::state_bf16) against the CPU
 // emulation (cpu::GdnSeqArgs::state_bf16; round_at_end for a prefill piece, as the kernels
@@ -76,10 +53,10 @@ void RunGdnCase(const GdnCase& gc, bool bf16 = false) {
   cpu::GdnDims cd{gc.hk, gc.hv, gc.dk, gc.dv, 4};
   const int C = s.channels(), Vw = gc.hv * gc.dv, K = 4;
   const int n_slots = 2, slot = 1;  // use slot 1 so slot indexing is exercised
-  const RandomGdnLayer layer = MakeGdnLayer(s);
+  const RandomGdnLayer layer(Rng(), s);
   const std::vector<float>&conv_w = layer.conv_w, &ssm_a = layer.ssm_a, &dt = layer.dt,
         &norm_w = layer.norm_w;
-  const GdnLayerParams p = layer.params();
+  const GdnLayerParams p = layer.p;
   const size_t per = static_cast<size_t>(gc.hv) * gc.dk * gc.dv;  // state elements of a slot
   Dev<float> ring(static_cast<size_t>(n_slots) * K * C);
   Dev<uint8_t> state(n_slots * per * GdnStateElemBytes(bf16));
@@ -199,7 +176,7 @@ TEST(Gdn, ChunkedPrefill) {
 // The same with the scan on TF32 tensor cores (3xTF32): the f32 form's bound, every head width,
 // dv under / over / not a multiple of the block's 64 columns, partial last chunks.
 TEST(Gdn, ChunkedPrefillScanMma) {
-  if (!ScanMmaDevice()) GTEST_SKIP() << "tensor-core scan: sm_80+";
+  if (!HaveTensorCores()) GTEST_SKIP() << "tensor-core scan: sm_80+";
   for (GdnCase gc : std::vector<GdnCase>{{16, 48, 128, 128, 70, 3, kGdnChunk},
                                          {16, 48, 128, 128, 300, 1, kGdnChunk},
                                          {2, 4, 16, 16, 33, 2, kGdnChunk},
@@ -246,10 +223,10 @@ TEST(Gdn, Bf16State) {
 // outputs are. Run it with
 //   gdn_cuda_test --gtest_also_run_disabled_tests --gtest_filter='GdnTiming.*'
 TEST(GdnTiming, DISABLED_Prefill27B) {
-  if (!ScanMmaDevice()) GTEST_SKIP() << "tensor-core scan: sm_80+";
+  if (!HaveTensorCores()) GTEST_SKIP() << "tensor-core scan: sm_80+";
   const GdnShape s{16, 48, 128, 128, 4};
   const int C = s.channels(), Vw = s.v_heads * s.v_dim, K = s.conv_kernel;
-  const RandomGdnLayer layer = MakeGdnLayer(s);
+  const RandomGdnLayer layer(Rng(), s);
   const size_t per = static_cast<size_t>(s.v_heads) * s.k_dim * s.v_dim;
   for (const int T : {2048, 8192}) {
     Dev<float> dm(RandVec(static_cast<size_t>(T) * C, -2.f, 2.f)),
@@ -263,7 +240,7 @@ TEST(GdnTiming, DISABLED_Prefill27B) {
     for (const bool mma : {false, true}) {
       GdnPrefillArgs a;
       a.shape = s;
-      a.p = layer.params();
+      a.p = layer.p;
       a.T = T;
       a.chunk = kGdnChunk;
       a.mixed = dm.p;

@@ -19,6 +19,7 @@
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/gdn_layer_test_util.h"
 #include "tests/kernels/cuda/gdn_state_test_util.h"
 
 namespace ds::cuda {
@@ -32,25 +33,6 @@ size_t Differing(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
-// A GDN layer's parameters (conv taps, gates' A and dt bias, norm weights) drawn from `rng`
-// and uploaded.
-struct LayerOnDevice {
-  Dev<float> conv, a, dt, norm;
-  GdnLayerParams p;
-  LayerOnDevice(std::mt19937& rng, const GdnShape& s)
-      : conv(RandVec(rng, static_cast<size_t>(s.channels()) * s.conv_kernel, -0.5f, 0.5f)),
-        a(s.v_heads), dt(s.v_heads), norm(RandVec(rng, s.v_dim, 0.5f, 1.5f)) {
-    std::vector<float> ssm_a(s.v_heads), dts(s.v_heads);
-    for (int h = 0; h < s.v_heads; ++h) {
-      ssm_a[h] = -std::exp(RandVec(rng, 1, -3.f, 2.5f)[0]);
-      dts[h] = RandVec(rng, 1, -2.f, 2.f)[0];
-    }
-    a.Up(ssm_a);
-    dt.Up(dts);
-    p = GdnLayerParams{conv.p, a.p, dt.p, norm.p, 1e-6f};
-  }
-};
-
 // bf16: the state stored in bf16 (its start values rounded to it).
 void RunManyInOneLaunch(bool bf16) {
   std::mt19937 rng(77);
@@ -58,7 +40,7 @@ void RunManyInOneLaunch(bool bf16) {
   const GdnShape s{16, 48, 128, 128, 4};
   constexpr int kSeqs = 8, kSteps = 3, K = 4;
   const int C = s.channels(), Vw = s.v_heads * s.v_dim;
-  const LayerOnDevice layer(rng, s);
+  const RandomGdnLayer layer(rng, s);
   const GdnLayerParams p = layer.p;
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(Vw) * s.k_dim;
   // Two copies of every sequence's state: `one` launch for all, and one launch per sequence.
@@ -135,7 +117,7 @@ TEST(GdnLaunch, FusedInt8OutputMatchesTheSeparateQuantization) {
   const GdnShape s{16, 48, 128, 128, 4};
   constexpr int kSeqs = 3, K = 4;
   const int C = s.channels(), Vw = s.v_heads * s.v_dim, Hv = s.v_heads;
-  const LayerOnDevice layer(rng, s);
+  const RandomGdnLayer layer(rng, s);
   const GdnLayerParams p = layer.p;
   const auto b = rand(static_cast<size_t>(kSeqs) * Hv, -4.f, 4.f);
   const auto al = rand(static_cast<size_t>(kSeqs) * Hv, -6.f, 3.f);

@@ -306,11 +306,6 @@ std::vector<double> RefAttend(const AttnShape& s, const float* qg_row, const std
   return out;
 }
 
-// The tensor-core decode kernel (attention_mma.cu) needs sm_80+.
-bool HaveTensorCores() {
-  cudaDeviceProp prop;
-  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major >= 8;
-}
 constexpr double kTensorCoreBound = 2e-3;
 
 struct AttnCase {

@@ -27,6 +27,7 @@
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/mtp_attention.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/gdn_layer_test_util.h"
 #include "tests/kernels/cuda/gdn_state_test_util.h"
 
 namespace ds::cuda {
@@ -69,15 +70,10 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   // the entries of the same chain as one run.
   const int n_idx = 2 + 2 * sc.k;
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(sc.hv) * sc.dk * sc.dv;
-  auto conv_w = RandVec(static_cast<size_t>(C) * K, -0.5f, 0.5f);
-  std::vector<float> ssm_a(sc.hv), dt(sc.hv);
-  for (int h = 0; h < sc.hv; ++h) {
-    ssm_a[h] = -std::exp(RandVec(1, -3.f, 2.5f)[0]);
-    dt[h] = RandVec(1, -2.f, 2.f)[0];
-  }
-  auto norm_w = RandVec(sc.dv, 0.5f, 1.5f);
-  Dev<float> d_conv(conv_w), d_a(ssm_a), d_dt(dt), d_norm(norm_w);
-  GdnLayerParams p{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
+  const RandomGdnLayer layer(Rng(), s);
+  const std::vector<float>&conv_w = layer.conv_w, &ssm_a = layer.ssm_a, &dt = layer.dt,
+        &norm_w = layer.norm_w;
+  const GdnLayerParams p = layer.p;
   const size_t eb = GdnStateElemBytes(bf16), stb = st1 * eb;  // state bytes of an index
   // Entries stay poisoned until written.
   Dev<float> ring(n_idx * ring1);
