@@ -62,7 +62,7 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
 // warp reads its B fragments from there.
-template <int NT, bool kPair>
+template <int NT, bool kPair, int kAhead, bool kFold>
 __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
   constexpr int NCB = NT * 8;
   constexpr int TPB = kPair ? kWarps / 2 : kWarps;
@@ -103,15 +103,11 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
-  // Up to 32 columns the next unit's weights are loaded into registers a whole unit ahead, so
-  // their latency hides behind this unit's mma instead of after the barrier (H200, 27B: gate+up
-  // at 16 columns 76 -> 70 us, at 32 97.5 -> 93; x16 decode 1,022 -> 1,080 tok/s, x24 1,168 ->
-  // 1,200). At 64 columns the 33 registers more spill (104 bytes at the 128 of two blocks per
-  // SM): x64 1,765 -> 1,709, so that form loads at the top of its unit as before.
-  constexpr bool kPrefetch = NT <= 4;
-  TileUnit next;
-  if (kPrefetch && active && u0 < u1)
-    LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
+  TileUnit n1, n2;
+  if (kAhead >= 1 && active && u0 < u1)
+    LoadTileUnit(n1, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
+  if (kAhead >= 2 && active && u0 + 1 < u1)
+    LoadTileUnit(n2, wt + static_cast<int64_t>(u0 + 1) * kTileUnitBytes, lane);
   // Launched early (GemvArgs::early_launch): only the weights above before the kernel ahead is
   // done; the activations, their scales and the outputs after.
   WaitForPrerequisiteGrids();
@@ -120,10 +116,15 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
     TileUnit tu;
-    if constexpr (kPrefetch) {
-      tu = next;
+    if constexpr (kAhead == 2) {
+      tu = n1;
+      n1 = n2;
+      if (active && u + 2 < u1)
+        LoadTileUnit(n2, wt + static_cast<int64_t>(u + 2) * kTileUnitBytes, lane);
+    } else if constexpr (kAhead == 1) {
+      tu = n1;
       if (active && u + 1 < u1)
-        LoadTileUnit(next, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
+        LoadTileUnit(n1, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
     } else if (active) {
       LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
     }
@@ -140,6 +141,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       // and 2q + 8, 2q + 9 (b1) of the mma hold k = 4q, 4q + 1 and 4q + 2, 4q + 3; the A
       // fragment below uses the same order, so the product is the dot product over k.
       const uint8_t* xs = smem + b * kStage + g * kXCol + 8 * q;
+      const __half2 dh = Half2(__byte_perm(tu.d, 0, 0x1010)), dh8 = Half2(__byte_perm(tu.d, 0, 0x3232));
       float cu[NT][4];
 #pragma unroll
       for (int j = 0; j < NT; ++j)
@@ -150,15 +152,24 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         uint32_t a0, a1;  // rows g and g + 8, k = 16s + 4q .. +3, unsigned
         DecodeStepUnsigned(Word(tu.ql[s >> 2], s & 3), Word(tu.qh[s >> 3], (s & 7) >> 1), s & 1, a0,
                            a1);
-        const __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
+        __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
+        if constexpr (kFold) {
+          s0 = __hmul2(s0, dh);
+          s1 = __hmul2(s1, dh8);
+        }
         const uint32_t A[4] = {WeightPair(a0, 0x4140, s0), WeightPair(a1, 0x4140, s1),
                                WeightPair(a0, 0x4342, s0), WeightPair(a1, 0x4342, s1)};
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const uint2 bv = *reinterpret_cast<const uint2*>(xs + 8 * j * kXCol + 32 * s);
-          MmaF16(A, bv.x, bv.y, cu[j]);
+          if constexpr (kFold) {
+            MmaF16(A, bv.x, bv.y, acc[j]);
+          } else {
+            MmaF16(A, bv.x, bv.y, cu[j]);
+          }
         }
       }
+      if constexpr (!kFold) {
       const float dg = HalfBitsToF32(tu.d & 0xFFFF), dg8 = HalfBitsToF32(tu.d >> 16);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
@@ -166,6 +177,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         acc[j][1] = fmaf(dg, cu[j][1], acc[j][1]);
         acc[j][2] = fmaf(dg8, cu[j][2], acc[j][2]);
         acc[j][3] = fmaf(dg8, cu[j][3], acc[j][3]);
+      }
       }
     }
     __syncthreads();  // buffer b is restaged by the next round's copy
@@ -267,25 +279,40 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)
 }
 
-template <int NT, bool kPair>
+template <int NT, bool kPair, int kAhead, bool kFold>
 absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
   constexpr int kSmem = 2 * NT * 8 * kXCol;
   static_assert(kSmem >= kWarps / 2 * kTiledRows * NT * 8 * 4,
                 "the pair's hand-over must fit the stages");
   static const cudaError_t attr = cudaFuncSetAttribute(
-      TiledF16Kernel<NT, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      TiledF16Kernel<NT, kPair, kAhead, kFold>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess)
     return absl::InternalError(
         absl::StrCat("TiledF16Multi: shared memory ", kSmem, ": ", cudaGetErrorString(attr)));
-  LaunchMaybeEarly(TiledF16Kernel<NT, kPair>, blocks, kThreads, kSmem, stream,
+  LaunchMaybeEarly(TiledF16Kernel<NT, kPair, kAhead, kFold>, blocks, kThreads, kSmem, stream,
                    L.seg[0].early_launch, L);
   return LastLaunchStatus("TiledF16Kernel");
 }
 
+template <int NT, int kAhead, bool kFold>
+absl::Status LaunchV(const F16Launch& L, int blocks, cudaStream_t stream) {
+  if (L.seg[0].epilogue == GemvEpilogue::kSiluMul)
+    return LaunchOne<NT, true, kAhead, kFold>(L, blocks, stream);
+  return LaunchOne<NT, false, kAhead, kFold>(L, blocks, stream);
+}
+
+int g_variant = 0;
+
 template <int NT>
 absl::Status LaunchNt(const F16Launch& L, int blocks, cudaStream_t stream) {
-  if (L.seg[0].epilogue == GemvEpilogue::kSiluMul) return LaunchOne<NT, true>(L, blocks, stream);
-  return LaunchOne<NT, false>(L, blocks, stream);
+  constexpr int kDefaultAhead = NT <= 4 ? 1 : 0;
+  switch (g_variant) {
+    case 1: return LaunchV<NT, 1, true>(L, blocks, stream);
+    case 2: return LaunchV<NT, 2, true>(L, blocks, stream);
+    case 3: return LaunchV<NT, 2, false>(L, blocks, stream);
+    case 4: return LaunchV<NT, 0, true>(L, blocks, stream);
+    default: return LaunchV<NT, kDefaultAhead, false>(L, blocks, stream);
+  }
 }
 
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
@@ -347,6 +374,7 @@ int64_t TiledF16PartialFloats(int max_cols) {
   return static_cast<int64_t>(kSplitBlocks) * kBlockRows * max_cols;
 }
 int TiledF16Tickets() { return kMaxTickets; }
+void SetTiledF16Variant(int v) { g_variant = v; }
 
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
                              cudaStream_t stream, bool early) {

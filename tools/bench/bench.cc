@@ -21,6 +21,7 @@
 #include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "common/util/model_alias.h"
+#include "kernels/cuda/tiled_f16.cuh"
 
 namespace ds {
 namespace {
@@ -639,6 +640,7 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--overlap-chunks") o.overlap_chunks = std::atoi(next());
     else if (a == "--f16-min-cols") o.f16_min_cols = std::atoi(next());
+    else if (a == "--f16-variant") ds::cuda::SetTiledF16Variant(std::atoi(next()));  // wip
     else if (a == "--no-profile") o.profile = false;
     else if (a == "--mtp") o.mtp = ints(next());
     else if (a == "--mtp-conc") o.mtp_streams = ints(next());

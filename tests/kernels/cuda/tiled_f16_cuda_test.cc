@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -27,6 +28,18 @@
 
 namespace ds::cuda {
 namespace {
+
+// wip: the kernel variant under test (DS_F16_VARIANT) and whether it folds d into the weights.
+int Variant() {
+  static const int v = [] {
+    const char* e = std::getenv("DS_F16_VARIANT");
+    const int v = e ? std::atoi(e) : 0;
+    SetTiledF16Variant(v);
+    return v;
+  }();
+  return v;
+}
+bool Fold() { return Variant() == 1 || Variant() == 2 || Variant() == 4; }
 
 std::mt19937& Rng() {
   static std::mt19937 rng(4242);
@@ -192,7 +205,7 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
       // The same f16 operands, exactly; and the f32 product of the dequantized row.
       auto dots = [&](const std::vector<uint8_t>& m, double* exact, double* abs, double* f32,
                       double* f32_abs) {
-        *exact = xs[col] * cpu::TiledF16DotQ6K(m.data() + r * rb, hc, c.K, abs);
+        *exact = xs[col] * cpu::TiledF16DotQ6K(m.data() + r * rb, hc, c.K, abs, Fold());
         *abs *= xs[col];
         cpu::DequantizeRow(GgmlType::Q6_K, m.data() + r * rb, wf.data(), c.K);
         *f32 = 0;
@@ -247,6 +260,7 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
 
 TEST(TiledF16, EveryColumnCountOddShape) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  std::printf("variant %d fold %d\n", Variant(), Fold());
   Scratch s;
   // M = 37: a partial last tile and a partial block; K = 768: 3 units (one K split of 1 unit).
   for (int nc = 1; nc <= 64; ++nc) RunCase({37, 768, nc, GemvEpilogue::kStore}, s);
@@ -335,7 +349,8 @@ TEST(TiledF16, MultiSegments) {
         double abs = 0;
         const double want =
             xs[col] * cpu::TiledF16DotQ6K(raw[i].data() + r * rb,
-                                          xh.data() + static_cast<size_t>(col) * K, K, &abs);
+                                          xh.data() + static_cast<size_t>(col) * K, K, &abs,
+                                          Fold());
         const double tol = 3e-5 * xs[col] * abs + 1e-30;
         if (!(std::fabs(got[static_cast<size_t>(col) * Ms[i] + r] - want) <= tol) && bad++ < 3)
           ADD_FAILURE() << "segment " << i << " row " << r << " col " << col;
@@ -430,6 +445,36 @@ TEST(TiledF16Timing, Table27B) {
                   w.tb * (w.pair ? 2.0 : 1.0) / (tf * 1e-6) / 1e9);
     }
   }
+}
+
+// wip: the kernel variants at 16 / 32 / 64 columns on the 27B matrices (prints only).
+TEST(TiledF16Timing, Variants27B) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch scratch;
+  std::printf("%-12s %3s %8s %8s %8s %8s %8s\n", "matrix", "nc", "v0", "v1 f+1", "v2 f+2",
+              "v3 2", "v4 f+0");
+  for (const Matrix27B& m : k27BMatrices) {
+    const RotatingTiled w(Rng(), m);
+    const auto x = RandomActs(64, m.K);
+    HalfActs h = Convert(x, 64, m.K);
+    Dev<float> y(static_cast<size_t>(64) * m.M);
+    CK(cudaMemset(y.p, 0, y.n * 4));
+    for (int nc : {16, 24, 32, 48, 64}) {
+      double t[5];
+      for (int v = 0; v < 5; ++v) {
+        SetTiledF16Variant(v);
+        t[v] = MedianLaunchUs([&](int rep) {
+          GemvArgs a = w.Args(m, rep, nc, y.p);
+          a.xh = h.xh.p;
+          a.xs = h.xs.p;
+          return TiledF16Multi(&a, 1, scratch.get(), nullptr);
+        });
+      }
+      std::printf("%-12s %3d %8.1f %8.1f %8.1f %8.1f %8.1f\n", m.name, nc, t[0], t[1], t[2], t[3],
+                  t[4]);
+    }
+  }
+  SetTiledF16Variant(Variant());
 }
 
 }  // namespace
