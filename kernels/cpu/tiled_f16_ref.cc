@@ -20,8 +20,7 @@ void HalfActivationsRow(const float* x, int64_t n, uint16_t* xh, float* xs) {
   *xs = std::ldexp(1.f, ex - 14);
 }
 
-double TiledF16DotQ6K(const void* row, const uint16_t* xh, int64_t n, double* abs_sum,
-                      bool fold_d) {
+double TiledF16DotQ6K(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {
   const auto* blocks = static_cast<const BlockQ6K*>(row);
   double sum = 0, abs = 0;
   for (int64_t u = 0; u < n / 256; ++u) {
@@ -30,19 +29,13 @@ double TiledF16DotQ6K(const void* row, const uint16_t* xh, int64_t n, double* ab
     double unit = 0, unit_abs = 0;
     for (int k = 0; k < 256; ++k) {
       // (q - 32) * sc is an integer of at most 13 bits; the kernel rounds it to f16 once.
-      float a;
-      if (fold_d) {
-        const float ds = F16ToF32(F32ToF16(static_cast<float>(d) * b.scales[k / 16]));
-        a = F16ToF32(F32ToF16(ds * static_cast<float>(Q6KCentred(b, k))));
-      } else {
-        a = F16ToF32(F32ToF16(static_cast<float>(Q6KCentred(b, k) * b.scales[k / 16])));
-      }
+      const float a = F16ToF32(F32ToF16(static_cast<float>(Q6KCentred(b, k) * b.scales[k / 16])));
       const double t = static_cast<double>(a) * F16ToF32(xh[256 * u + k]);
       unit += t;
       unit_abs += std::fabs(t);
     }
-    sum += fold_d ? unit : d * unit;
-    abs += fold_d ? unit_abs : std::fabs(d) * unit_abs;
+    sum += d * unit;
+    abs += std::fabs(d) * unit_abs;
   }
   if (abs_sum) *abs_sum = abs;
   return sum;

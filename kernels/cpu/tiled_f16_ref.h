@@ -14,7 +14,6 @@ void HalfActivationsRow(const float* x, int64_t n, uint16_t* xh, float* xs);
 // One Q6_K row (n / 256 raw GGUF blocks) times one f16 column as the kernel's operands hold
 // them, exactly (double): sum over units u of d_u * sum_k f16((q_k - 32) * sc_k) * xh_k.
 // `abs_sum` (optional) gets the sum of |terms|, the scale for tolerances.
-double TiledF16DotQ6K(const void* row, const uint16_t* xh, int64_t n, double* abs_sum = nullptr,
-                      bool fold_d = false);
+double TiledF16DotQ6K(const void* row, const uint16_t* xh, int64_t n, double* abs_sum = nullptr);
 
 }  // namespace ds::cpu

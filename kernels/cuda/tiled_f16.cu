@@ -1,4 +1,5 @@
 // Tiled Q6_K times f16 activations on f16 tensor cores (see tiled_f16.cuh).
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -62,7 +63,7 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
 // warp reads its B fragments from there.
-template <int NT, bool kPair, int kAhead, bool kFold>
+template <int NT, bool kPair, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
   constexpr int NCB = NT * 8;
   constexpr int TPB = kPair ? kWarps / 2 : kWarps;
@@ -103,11 +104,15 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
-  TileUnit n1, n2;
-  if (kAhead >= 1 && active && u0 < u1)
-    LoadTileUnit(n1, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
-  if (kAhead >= 2 && active && u0 + 1 < u1)
-    LoadTileUnit(n2, wt + static_cast<int64_t>(u0 + 1) * kTileUnitBytes, lane);
+  // Up to 32 columns the next unit's weights are loaded into registers a whole unit ahead, so
+  // their latency hides behind this unit's mma instead of after the barrier (H200, 27B: gate+up
+  // at 16 columns 76 -> 70 us, at 32 97.5 -> 93; x16 decode 1,022 -> 1,080 tok/s, x24 1,168 ->
+  // 1,200). At 64 columns the 33 registers more spill (104 bytes at the 128 of two blocks per
+  // SM): x64 1,765 -> 1,709, so that form loads at the top of its unit as before.
+  constexpr bool kPrefetch = NT <= 4;
+  TileUnit next;
+  if (kPrefetch && active && u0 < u1)
+    LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
   // Launched early (GemvArgs::early_launch): only the weights above before the kernel ahead is
   // done; the activations, their scales and the outputs after.
   WaitForPrerequisiteGrids();
@@ -116,15 +121,10 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
     TileUnit tu;
-    if constexpr (kAhead == 2) {
-      tu = n1;
-      n1 = n2;
-      if (active && u + 2 < u1)
-        LoadTileUnit(n2, wt + static_cast<int64_t>(u + 2) * kTileUnitBytes, lane);
-    } else if constexpr (kAhead == 1) {
-      tu = n1;
+    if constexpr (kPrefetch) {
+      tu = next;
       if (active && u + 1 < u1)
-        LoadTileUnit(n1, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
+        LoadTileUnit(next, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
     } else if (active) {
       LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
     }
@@ -141,7 +141,6 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       // and 2q + 8, 2q + 9 (b1) of the mma hold k = 4q, 4q + 1 and 4q + 2, 4q + 3; the A
       // fragment below uses the same order, so the product is the dot product over k.
       const uint8_t* xs = smem + b * kStage + g * kXCol + 8 * q;
-      const __half2 dh = Half2(__byte_perm(tu.d, 0, 0x1010)), dh8 = Half2(__byte_perm(tu.d, 0, 0x3232));
       float cu[NT][4];
 #pragma unroll
       for (int j = 0; j < NT; ++j)
@@ -152,24 +151,15 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         uint32_t a0, a1;  // rows g and g + 8, k = 16s + 4q .. +3, unsigned
         DecodeStepUnsigned(Word(tu.ql[s >> 2], s & 3), Word(tu.qh[s >> 3], (s & 7) >> 1), s & 1, a0,
                            a1);
-        __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
-        if constexpr (kFold) {
-          s0 = __hmul2(s0, dh);
-          s1 = __hmul2(s1, dh8);
-        }
+        const __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
         const uint32_t A[4] = {WeightPair(a0, 0x4140, s0), WeightPair(a1, 0x4140, s1),
                                WeightPair(a0, 0x4342, s0), WeightPair(a1, 0x4342, s1)};
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const uint2 bv = *reinterpret_cast<const uint2*>(xs + 8 * j * kXCol + 32 * s);
-          if constexpr (kFold) {
-            MmaF16(A, bv.x, bv.y, acc[j]);
-          } else {
-            MmaF16(A, bv.x, bv.y, cu[j]);
-          }
+          MmaF16(A, bv.x, bv.y, cu[j]);
         }
       }
-      if constexpr (!kFold) {
       const float dg = HalfBitsToF32(tu.d & 0xFFFF), dg8 = HalfBitsToF32(tu.d >> 16);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
@@ -177,7 +167,6 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         acc[j][1] = fmaf(dg, cu[j][1], acc[j][1]);
         acc[j][2] = fmaf(dg8, cu[j][2], acc[j][2]);
         acc[j][3] = fmaf(dg8, cu[j][3], acc[j][3]);
-      }
       }
     }
     __syncthreads();  // buffer b is restaged by the next round's copy
@@ -220,10 +209,60 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     return;
   }
 
-  // K split: partial sums to the scratch ([split][mats][nc][M]); the row block's last block to
-  // finish adds them in split order, so the result does not depend on which block came last.
   constexpr int kMats = kPair ? 2 : 1;
   constexpr int kRows = TPB * kTiledRows;  // rows of each matrix per block
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kCluster) {
+    // K split on sm_90: the row block's `split` blocks are one thread-block cluster. Each leaves
+    // its sums in its own shared memory ([mats][column][row]; the loop ended on a barrier, so the
+    // stage buffers are free), and after the cluster barrier every block reduces a slice of the
+    // outputs, reading the others' shared memory in split order: the sums of the ticket path
+    // below, in the same order, with no global scratch, fence, ticket or tail block.
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    float* red = reinterpret_cast<float*>(smem);
+    if (active)
+      for_outputs([&](float v, int c, int row) {
+        red[(mat * NCB + c) * kRows + row - rb * kRows] = v;
+      });
+    cluster.sync();
+    const float* part[kMaxSplit];
+#pragma unroll
+    for (int k = 0; k < kMaxSplit; ++k) part[k] = cluster.map_shared_rank(red, k < split ? k : 0);
+    const int n_out = kRows * nc;
+    for (int o = ks * kThreads + tid; o < n_out; o += split * kThreads) {
+      const int r = o % kRows, c = o / kRows, row = rb * kRows + r;
+      if (row >= a.M) continue;
+      float p[kMats][kMaxSplit];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m)
+#pragma unroll
+        for (int k = 0; k < kMaxSplit; ++k)
+          p[m][k] = k < split ? part[k][(m * NCB + c) * kRows + r] : 0.f;
+      float v[kMats];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        v[m] = 0.f;
+#pragma unroll
+        for (int k = 0; k < kMaxSplit; ++k)
+          if (k < split) v[m] += p[m][k];
+      }
+      const float xs = a.xs[c];
+      float* dst = a.y + c * ldy + row;
+      if constexpr (kPair) {
+        *dst = Silu(v[0] * xs) * (v[1] * xs);
+      } else {
+        *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v[0] * xs : v[0] * xs;
+      }
+    }
+    cluster.sync();  // no block leaves while another may still read its shared memory
+    return;
+  }
+#endif
+
+  // K split below sm_90: partial sums to the scratch ([split][mats][nc][M]); the row block's last
+  // block to finish adds them in split order, so the result does not depend on which block came
+  // last.
   float* part = L.partial + L.part_off[si];
   if (active)
     for_outputs([&](float v, int c, int row) {
@@ -279,40 +318,60 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)
 }
 
-template <int NT, bool kPair, int kAhead, bool kFold>
+// Whether this device runs thread-block clusters (sm_90+), queried once.
+bool ClustersAvailable() {
+  static const bool yes = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major >= 9;
+  }();
+  return yes;
+}
+
+template <int NT, bool kPair, bool kCluster>
 absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
   constexpr int kSmem = 2 * NT * 8 * kXCol;
   static_assert(kSmem >= kWarps / 2 * kTiledRows * NT * 8 * 4,
                 "the pair's hand-over must fit the stages");
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      TiledF16Kernel<NT, kPair, kAhead, kFold>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  static_assert(kSmem >= kBlockRows * NT * 8 * 4, "the cluster's sums must fit the stages");
+  auto* kernel = TiledF16Kernel<NT, kPair, kCluster>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess)
     return absl::InternalError(
         absl::StrCat("TiledF16Multi: shared memory ", kSmem, ": ", cudaGetErrorString(attr)));
-  LaunchMaybeEarly(TiledF16Kernel<NT, kPair, kAhead, kFold>, blocks, kThreads, kSmem, stream,
-                   L.seg[0].early_launch, L);
+  if constexpr (kCluster) {
+    // One cluster per row block: its `split` blocks are consecutive in the grid.
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = L.split;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = L.seg[0].early_launch ? 2 : 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, L);
+  } else {
+    LaunchMaybeEarly(kernel, blocks, kThreads, kSmem, stream, L.seg[0].early_launch, L);
+  }
   return LastLaunchStatus("TiledF16Kernel");
 }
 
-template <int NT, int kAhead, bool kFold>
-absl::Status LaunchV(const F16Launch& L, int blocks, cudaStream_t stream) {
-  if (L.seg[0].epilogue == GemvEpilogue::kSiluMul)
-    return LaunchOne<NT, true, kAhead, kFold>(L, blocks, stream);
-  return LaunchOne<NT, false, kAhead, kFold>(L, blocks, stream);
-}
-
-int g_variant = 0;
-
 template <int NT>
-absl::Status LaunchNt(const F16Launch& L, int blocks, cudaStream_t stream) {
-  constexpr int kDefaultAhead = NT <= 4 ? 1 : 0;
-  switch (g_variant) {
-    case 1: return LaunchV<NT, 1, true>(L, blocks, stream);
-    case 2: return LaunchV<NT, 2, true>(L, blocks, stream);
-    case 3: return LaunchV<NT, 2, false>(L, blocks, stream);
-    case 4: return LaunchV<NT, 0, true>(L, blocks, stream);
-    default: return LaunchV<NT, kDefaultAhead, false>(L, blocks, stream);
-  }
+absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t stream) {
+  const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
+  if (cluster)
+    return pair ? LaunchOne<NT, true, true>(L, blocks, stream)
+                : LaunchOne<NT, false, true>(L, blocks, stream);
+  return pair ? LaunchOne<NT, true, false>(L, blocks, stream)
+              : LaunchOne<NT, false, false>(L, blocks, stream);
 }
 
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
@@ -374,7 +433,6 @@ int64_t TiledF16PartialFloats(int max_cols) {
   return static_cast<int64_t>(kSplitBlocks) * kBlockRows * max_cols;
 }
 int TiledF16Tickets() { return kMaxTickets; }
-void SetTiledF16Variant(int v) { g_variant = v; }
 
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
                              cudaStream_t stream, bool early) {
@@ -445,10 +503,11 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     L.partial = scratch.partial;
     L.tickets = scratch.tickets;
   }
-  if (b.nc <= 8) return LaunchNt<1>(L, end, stream);
-  if (b.nc <= 16) return LaunchNt<2>(L, end, stream);
-  if (b.nc <= 32) return LaunchNt<4>(L, end, stream);
-  return LaunchNt<8>(L, end, stream);
+  const bool cluster = split > 1 && scratch.cluster_split && ClustersAvailable();
+  if (b.nc <= 8) return LaunchNt<1>(L, end, cluster, stream);
+  if (b.nc <= 16) return LaunchNt<2>(L, end, cluster, stream);
+  if (b.nc <= 32) return LaunchNt<4>(L, end, cluster, stream);
+  return LaunchNt<8>(L, end, cluster, stream);
 }
 
 }  // namespace ds::cuda

@@ -44,12 +44,14 @@ struct TiledF16Scratch {
   int64_t partial_floats = 0;
   int* tickets = nullptr;
   int n_tickets = 0;
+  // On sm_90+ a K-split launch adds its partial sums through thread-block clusters (distributed
+  // shared memory) instead of this scratch; false keeps the scratch path there too (tests and
+  // A/B: both give the same bits).
+  bool cluster_split = true;
 };
 // Scratch that any launch of up to `max_cols` columns fits in.
 int64_t TiledF16PartialFloats(int max_cols);
 int TiledF16Tickets();
-// Experiment (wip): 0 shipped, 1 fold d + 1 ahead, 2 fold + 2 ahead, 3 no fold + 2 ahead, 4 fold + 0.
-void SetTiledF16Variant(int v);
 
 // y = W x for tiled matrices on f16 activations: GemvArgs as for TiledGemvMulti, with xh / xs
 // (HalfActivations of the nc columns) instead of xq / xd; 1..kGemvMaxSegs segments sharing K, nc

@@ -21,7 +21,6 @@
 #include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "common/util/model_alias.h"
-#include "kernels/cuda/tiled_f16.cuh"
 
 namespace ds {
 namespace {
@@ -323,6 +322,7 @@ int RunBench(const BenchOptions& o) {
     co.attn_tensor_cores = o.attn_mma;
     co.attn_prefill_wgmma = o.attn_wgmma;
     co.gdn_scan_mma = o.gdn_scan_mma;
+    co.f16_cluster_split = o.f16_cluster;
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
@@ -640,7 +640,6 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--kv-type") o.kv_type = next();
     else if (a == "--overlap-chunks") o.overlap_chunks = std::atoi(next());
     else if (a == "--f16-min-cols") o.f16_min_cols = std::atoi(next());
-    else if (a == "--f16-variant") ds::cuda::SetTiledF16Variant(std::atoi(next()));  // wip
     else if (a == "--no-profile") o.profile = false;
     else if (a == "--mtp") o.mtp = ints(next());
     else if (a == "--mtp-conc") o.mtp_streams = ints(next());
@@ -673,7 +672,7 @@ int BenchMain(int argc, char** argv) {
     }
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
-             a == "--gdn-scan-mma" ||
+             a == "--gdn-scan-mma" || a == "--f16-cluster" ||
              a == "--early-launch" || a == "--coarse-draft-head") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
@@ -691,6 +690,7 @@ int BenchMain(int argc, char** argv) {
                     : a == "--attn-mma"        ? o.attn_mma
                     : a == "--attn-wgmma"      ? o.attn_wgmma
                     : a == "--gdn-scan-mma"    ? o.gdn_scan_mma
+                    : a == "--f16-cluster"     ? o.f16_cluster
                     : a == "--early-launch"    ? o.early_launch
                     : a == "--coarse-draft-head" ? o.coarse_draft_head
                                                : o.fuse_norm;
@@ -737,7 +737,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -117,6 +117,10 @@ struct CudaBackendOptions {
   // kernels/cuda/gdn_chunk_scan_mma.cuh) instead of f32 CUDA-core products; sm_80+ and not on the
   // portable path (`bench --gdn-scan-mma off` for A/B).
   bool gdn_scan_mma = true;
+  // K-split launches of the f16 tensor-core matmul (9..64-row steps) add their partial sums
+  // through thread-block clusters on sm_90+ instead of a global scratch with tickets; the same
+  // bits either way (`bench --f16-cluster off` for A/B; kernels/cuda/tiled_f16.cuh).
+  bool f16_cluster_split = true;
   // Speculative verify (MTP, issue #15; SeqStep::speculative): spec_tokens tokens per sequence
   // (k drafts + 1) for up to spec_seqs sequences of one Forward (0 = min(n_slots, 8)). Each
   // token's recurrent state (every GDN layer's conv ring + delta-rule state: ~150 MiB on the 27B)

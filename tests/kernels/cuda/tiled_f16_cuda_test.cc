@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -28,18 +27,6 @@
 
 namespace ds::cuda {
 namespace {
-
-// wip: the kernel variant under test (DS_F16_VARIANT) and whether it folds d into the weights.
-int Variant() {
-  static const int v = [] {
-    const char* e = std::getenv("DS_F16_VARIANT");
-    const int v = e ? std::atoi(e) : 0;
-    SetTiledF16Variant(v);
-    return v;
-  }();
-  return v;
-}
-bool Fold() { return Variant() == 1 || Variant() == 2 || Variant() == 4; }
 
 std::mt19937& Rng() {
   static std::mt19937 rng(4242);
@@ -71,14 +58,23 @@ std::vector<float> RandomActs(int nc, int K) {
 Dev<uint8_t> Tile(const Dev<uint8_t>& raw, int M, int K) { return TileQ6K(raw, M, K); }
 
 // The device scratch of the K-split launches, as the backend allocates it.
+// (cluster_split: the sm_90 K-split reduction through clusters, or the scratch's ticket path.)
 struct Scratch {
   Dev<float> partial{static_cast<size_t>(TiledF16PartialFloats(kTiledF16MaxCols))};
   Dev<int> tickets{static_cast<size_t>(TiledF16Tickets())};
   Scratch() { CK(cudaMemset(tickets.p, 0, tickets.n * 4)); }
-  TiledF16Scratch get() const {
-    return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n)};
+  TiledF16Scratch get(bool cluster_split = true) const {
+    return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
+            cluster_split};
   }
 };
+
+bool HaveClusters() {
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         major >= 9;
+}
 
 struct HalfActs {
   Dev<uint16_t> xh;
@@ -205,7 +201,7 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
       // The same f16 operands, exactly; and the f32 product of the dequantized row.
       auto dots = [&](const std::vector<uint8_t>& m, double* exact, double* abs, double* f32,
                       double* f32_abs) {
-        *exact = xs[col] * cpu::TiledF16DotQ6K(m.data() + r * rb, hc, c.K, abs, Fold());
+        *exact = xs[col] * cpu::TiledF16DotQ6K(m.data() + r * rb, hc, c.K, abs);
         *abs *= xs[col];
         cpu::DequantizeRow(GgmlType::Q6_K, m.data() + r * rb, wf.data(), c.K);
         *f32 = 0;
@@ -260,7 +256,6 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
 
 TEST(TiledF16, EveryColumnCountOddShape) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
-  std::printf("variant %d fold %d\n", Variant(), Fold());
   Scratch s;
   // M = 37: a partial last tile and a partial block; K = 768: 3 units (one K split of 1 unit).
   for (int nc = 1; nc <= 64; ++nc) RunCase({37, 768, nc, GemvEpilogue::kStore}, s);
@@ -318,6 +313,65 @@ TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
   }
 }
 
+// On sm_90 the K split's partial sums meet in distributed shared memory (clusters); below, in
+// the global scratch. Both add them in split order: the same bits, for single matrices, the
+// pair, several segments, every column-count form, after a launch of the other path.
+TEST(TiledF16, ClusterSplitEqualsScratchSplit) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  if (!HaveClusters()) GTEST_SKIP() << "needs sm_90 (clusters)";
+  Scratch s;
+  struct Shape {
+    int M, K;
+    GemvEpilogue ep;
+  };
+  // Splits (132-SM H200): 4, 2, 6 (the 27B ffn_down), 3 (the 27B ffn pair), 4 (ssm_out).
+  for (const Shape& sh :
+       {Shape{700, 4352, GemvEpilogue::kStore}, Shape{300, 2048, GemvEpilogue::kSiluMul},
+        Shape{5120, 17408, GemvEpilogue::kAccumulate}, Shape{17408, 5120, GemvEpilogue::kSiluMul},
+        Shape{5120, 6144, GemvEpilogue::kAccumulate}}) {
+    Dev<uint8_t> raw(RandomQ6K(sh.M, sh.K)), raw2(RandomQ6K(sh.M, sh.K));
+    Dev<uint8_t> t = Tile(raw, sh.M, sh.K), t2 = Tile(raw2, sh.M, sh.K);
+    const auto x = RandomActs(64, sh.K);
+    HalfActs h = Convert(x, 64, sh.K);
+    for (int nc : {1, 9, 24, 64}) {
+      std::vector<float> y0(static_cast<size_t>(nc) * sh.M);
+      for (size_t i = 0; i < y0.size(); ++i) y0[i] = 0.001f * static_cast<float>(i % 977);
+      std::vector<float> got[2];
+      for (int cl : {1, 0}) {
+        Dev<float> y(y0);
+        const GemvArgs a = F16Args(t.p, t2.p, sh.M, sh.K, nc, h, y.p, sh.ep);
+        ASSERT_OK(TiledF16Multi(&a, 1, s.get(cl == 1), nullptr));
+        got[cl] = y.Down();
+      }
+      EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4))
+          << "M=" << sh.M << " K=" << sh.K << " nc=" << nc;
+    }
+  }
+  // Three segments in one launch (segments' row blocks meet in one grid).
+  const int K = 4096, nc = 20, Ms[3] = {640, 7, 900};
+  const auto x = RandomActs(nc, K);
+  HalfActs h = Convert(x, nc, K);
+  std::vector<Dev<uint8_t>> tiled;
+  for (int i = 0; i < 3; ++i) {
+    Dev<uint8_t> d(RandomQ6K(Ms[i], K));
+    tiled.push_back(Tile(d, Ms[i], K));
+  }
+  std::vector<float> got[2][3];
+  for (int cl : {0, 1}) {
+    std::vector<Dev<float>> ys;
+    GemvArgs segs[3];
+    for (int i = 0; i < 3; ++i) {
+      ys.emplace_back(static_cast<size_t>(nc) * Ms[i]);
+      segs[i] = F16Args(tiled[i].p, nullptr, Ms[i], K, nc, h, ys[i].p, GemvEpilogue::kStore);
+    }
+    ASSERT_OK(TiledF16Multi(segs, 3, s.get(cl == 1), nullptr));
+    for (int i = 0; i < 3; ++i) got[cl][i] = ys[i].Down();
+  }
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(0, std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4))
+        << "segment " << i;
+}
+
 // Several matrices in one launch: each within the reference (the K split is the launch's).
 TEST(TiledF16, MultiSegments) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
@@ -349,8 +403,7 @@ TEST(TiledF16, MultiSegments) {
         double abs = 0;
         const double want =
             xs[col] * cpu::TiledF16DotQ6K(raw[i].data() + r * rb,
-                                          xh.data() + static_cast<size_t>(col) * K, K, &abs,
-                                          Fold());
+                                          xh.data() + static_cast<size_t>(col) * K, K, &abs);
         const double tol = 3e-5 * xs[col] * abs + 1e-30;
         if (!(std::fabs(got[static_cast<size_t>(col) * Ms[i] + r] - want) <= tol) && bad++ < 3)
           ADD_FAILURE() << "segment " << i << " row " << r << " col " << col;
@@ -404,8 +457,8 @@ TEST(TiledF16Timing, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch scratch;
   const MmqShape mmq_shapes[] = {{2, 2, 0}, {4, 2, 0}, {2, 2, 32}};
-  std::printf("%-12s %3s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best", "f16",
-              "convert", "GB/s f16");
+  std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best", "f16",
+              "f16 scr.", "convert", "GB/s f16");
   for (const Matrix27B& m : k27BMatrices) {
     const RotatingTiled w(Rng(), m);
     const auto x = RandomActs(64, m.K);
@@ -439,42 +492,16 @@ TEST(TiledF16Timing, Table27B) {
         const GemvArgs a = args(rep);
         return TiledF16Multi(&a, 1, scratch.get(), nullptr);
       });
+      const double tscr = MedianLaunchUs([&](int rep) {
+        const GemvArgs a = args(rep);
+        return TiledF16Multi(&a, 1, scratch.get(false), nullptr);
+      });
       const double tc = MedianLaunchUs(
           [&](int) { return HalfActivations(dx.p, nc, m.K, h.xh.p, h.xs.p, nullptr); });
-      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt, mmq, tf, tc,
-                  w.tb * (w.pair ? 2.0 : 1.0) / (tf * 1e-6) / 1e9);
+      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt, mmq, tf, tscr,
+                  tc, w.tb * (w.pair ? 2.0 : 1.0) / (tf * 1e-6) / 1e9);
     }
   }
-}
-
-// wip: the kernel variants at 16 / 32 / 64 columns on the 27B matrices (prints only).
-TEST(TiledF16Timing, Variants27B) {
-  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
-  Scratch scratch;
-  std::printf("%-12s %3s %8s %8s %8s %8s %8s\n", "matrix", "nc", "v0", "v1 f+1", "v2 f+2",
-              "v3 2", "v4 f+0");
-  for (const Matrix27B& m : k27BMatrices) {
-    const RotatingTiled w(Rng(), m);
-    const auto x = RandomActs(64, m.K);
-    HalfActs h = Convert(x, 64, m.K);
-    Dev<float> y(static_cast<size_t>(64) * m.M);
-    CK(cudaMemset(y.p, 0, y.n * 4));
-    for (int nc : {16, 24, 32, 48, 64}) {
-      double t[5];
-      for (int v = 0; v < 5; ++v) {
-        SetTiledF16Variant(v);
-        t[v] = MedianLaunchUs([&](int rep) {
-          GemvArgs a = w.Args(m, rep, nc, y.p);
-          a.xh = h.xh.p;
-          a.xs = h.xs.p;
-          return TiledF16Multi(&a, 1, scratch.get(), nullptr);
-        });
-      }
-      std::printf("%-12s %3d %8.1f %8.1f %8.1f %8.1f %8.1f\n", m.name, nc, t[0], t[1], t[2], t[3],
-                  t[4]);
-    }
-  }
-  SetTiledF16Variant(Variant());
 }
 
 }  // namespace

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The f16 tensor-core matmul's K split through thread-block clusters (issue #22,
+# kernels/cuda/tiled_f16.cu): its kernel tests (cluster == scratch path bit for bit), the timing
+# table (cluster and scratch columns), the whole-model / batch-invariance tests, then `deltaserve
+# bench` x16 / x64 on the 27B Q6_K synth with --f16-cluster on / off, alternated, two rounds.
+# Usage (device, repo root, after
+#   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
+#     deltaserve tiled_f16_cuda_test batch_invariance_test gpu_vs_cpu_test):
+#   DS_CARRY=.devcarry-lead bash tools/device/f16_cluster_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/device/env.sh
+L=${OUT:-/tmp/out}/logs
+mkdir -p "$L"
+M=${MODEL:-/tmp/m.gguf}
+( [ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1 ) &
+synth=$!
+run_gtest tiled_f16_cuda_test
+grep -E "^\[ +(OK|FAILED|SKIPPED) " "$L/tiled_f16_cuda_test.log" | head -20
+timeout 200 "$BIN/tiled_f16_cuda_test" --gtest_also_run_disabled_tests --gtest_filter='TiledF16Timing.Table27B' \
+  --gtest_color=no >"$L/table.log" 2>&1
+grep -A36 "^matrix" "$L/table.log"
+for t in batch_invariance_test gpu_vs_cpu_test; do run_gtest $t; done
+wait $synth
+for round in 1 2; do
+  for f in on off; do
+    echo "== round $round --f16-cluster $f"
+    timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 16 --depth 0 --conc ${CONC:-16,64} \
+      --conc-gen 32 --no-profile --f16-cluster $f 2>&1 | grep -E "aggregate decode|decode tg"
+  done
+done
+exit $rc
