@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -318,6 +319,19 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)
 }
 
+// Blocks the device runs at once (two per SM: every form needs <= 128 registers x 256 threads).
+int Slots() {
+  static const int slots = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0)
+      sms = 132;
+    return 2 * sms;
+  }();
+  return slots;
+}
+
 // Whether this device runs thread-block clusters (sm_90+), queried once.
 bool ClustersAvailable() {
   static const bool yes = [] {
@@ -364,9 +378,47 @@ absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
   return LastLaunchStatus("TiledF16Kernel");
 }
 
+// Clusters of `split` blocks of this kernel the device holds at once (0: none fit), once per
+// (form, split).
+template <int NT, bool kPair>
+int ActiveClusters(int split) {
+  static std::atomic<int> cache[kMaxSplit + 1] = {};  // the count + 1; 0: not queried yet
+  if (cache[split].load(std::memory_order_relaxed) == 0) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(split);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = 2 * NT * 8 * kXCol;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = split;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    auto* kernel = TiledF16Kernel<NT, kPair, true>;
+    int n = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             cfg.dynamicSmemBytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    cache[split].store(n + 1, std::memory_order_relaxed);
+  }
+  return cache[split].load(std::memory_order_relaxed) - 1;
+}
+
+// The K split's reduction: through clusters where they fit in as few waves as the blocks do
+// alone (H200: a grid of about one wave in clusters of 3 or 6, e.g. the 27B's ffn_down or gdn
+// qkv, would take two and measured 5-20% slower; q+gate, ssm_out and the ffn pair 5-35% faster
+// through clusters); otherwise through the scratch. Either gives the same bits.
 template <int NT>
 absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t stream) {
   const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
+  if (cluster) {
+    const int fit = pair ? ActiveClusters<NT, true>(L.split) : ActiveClusters<NT, false>(L.split);
+    cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= CeilDiv(blocks, Slots());
+  }
   if (cluster)
     return pair ? LaunchOne<NT, true, true>(L, blocks, stream)
                 : LaunchOne<NT, false, true>(L, blocks, stream);
@@ -393,18 +445,6 @@ __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16
   for (int i = threadIdx.x; i < K / 4; i += blockDim.x) hr[i] = HalfScaled4(xr[i], scale);
 }
 
-// Blocks the device runs at once (two per SM: every form needs <= 128 registers x 256 threads).
-int Slots() {
-  static const int slots = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms <= 0)
-      sms = 132;
-    return 2 * sms;
-  }();
-  return slots;
-}
 
 // The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
 // (waves of rb * s blocks) / s, the time of the launch in full-K block times, plus the partial
