@@ -1,5 +1,4 @@
 // Tiled Q6_K times f16 activations on f16 tensor cores (see tiled_f16.cuh).
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -32,6 +31,29 @@ constexpr int kMaxTickets = kSplitBlocks;
 // One column's unit of f16 activations (512 bytes) padded by 32: the 8-byte B loads of lanes
 // g = 0..3 (one half-warp) then start 8 banks apart and never conflict.
 constexpr int kXCol = 2 * kUnitElems + 32;
+
+// Thread-block cluster primitives (sm_90; PTX, so that no cooperative_groups header is needed:
+// the CUDA 11.8 toolchain of the Volta build lacks the libcu++ headers it includes).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Barrier of every thread of the cluster; shared-memory writes before it are visible after it.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+// The distributed-shared-memory address of `p` (this block's shared memory) in block `rank`.
+__device__ __forceinline__ uint32_t MapSharedRank(const void* p, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(r)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float LoadCluster(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+#endif
 
 struct F16Launch {
   GemvArgs seg[kGemvMaxSegs];
@@ -219,17 +241,15 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     // stage buffers are free), and after the cluster barrier every block reduces a slice of the
     // outputs, reading the others' shared memory in split order: the sums of the ticket path
     // below, in the same order, with no global scratch, fence, ticket or tail block.
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
     float* red = reinterpret_cast<float*>(smem);
     if (active)
       for_outputs([&](float v, int c, int row) {
         red[(mat * NCB + c) * kRows + row - rb * kRows] = v;
       });
-    cluster.sync();
-    const float* part[kMaxSplit];
+    ClusterSync();
+    uint32_t part[kMaxSplit];  // block k's sums (block k of the cluster: range k of K)
 #pragma unroll
-    for (int k = 0; k < kMaxSplit; ++k) part[k] = cluster.map_shared_rank(red, k < split ? k : 0);
+    for (int k = 0; k < kMaxSplit; ++k) part[k] = MapSharedRank(red, k < split ? k : 0);
     const int n_out = kRows * nc;
     for (int o = ks * kThreads + tid; o < n_out; o += split * kThreads) {
       const int r = o % kRows, c = o / kRows, row = rb * kRows + r;
@@ -239,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       for (int m = 0; m < kMats; ++m)
 #pragma unroll
         for (int k = 0; k < kMaxSplit; ++k)
-          p[m][k] = k < split ? part[k][(m * NCB + c) * kRows + r] : 0.f;
+          p[m][k] = k < split ? LoadCluster(part[k] + 4 * ((m * NCB + c) * kRows + r)) : 0.f;
       float v[kMats];
 #pragma unroll
       for (int m = 0; m < kMats; ++m) {
@@ -256,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v[0] * xs : v[0] * xs;
       }
     }
-    cluster.sync();  // no block leaves while another may still read its shared memory
+    ClusterSync();  // no block leaves while another may still read its shared memory
     return;
   }
 #endif
