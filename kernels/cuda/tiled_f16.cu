@@ -284,11 +284,13 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // K split below sm_90: partial sums to the scratch ([split][mats][nc][M]); the row block's last
   // block to finish adds them in split order, so the result does not depend on which block came
   // last.
+  // Offsets in 32 bits: the scratch holds at most kSplitBlocks x kBlockRows x 64 floats.
   float* part = L.partial + L.part_off[si];
-  if (active)
-    for_outputs([&](float v, int c, int row) {
-      part[((static_cast<int64_t>(ks) * kMats + mat) * nc + c) * a.M + row] = v;
-    });
+  const int m_stride = nc * a.M, k_stride = kMats * m_stride;
+  if (active) {
+    float* mine = part + ks * k_stride + mat * m_stride;
+    for_outputs([&](float v, int c, int row) { mine[c * a.M + row] = v; });
+  }
   __threadfence();
   __syncthreads();
   int* ticket = L.tickets + L.ticket_off[si] + rb;
@@ -300,25 +302,28 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // load of kOut outputs x the split is issued before the first add.
   constexpr int kOut = kPair ? 2 : 4;
   const int n_out = kRows * nc;
+  const float* range[kMaxSplit];  // range k's partial sums
+#pragma unroll
+  for (int k = 0; k < kMaxSplit; ++k) range[k] = part + (k < split ? k : 0) * k_stride;
   for (int o0 = tid; o0 < n_out; o0 += kThreads * kOut) {
     float p[kOut][kMats][kMaxSplit];
+    int off[kOut];
+    bool ok[kOut];
 #pragma unroll
     for (int i = 0; i < kOut; ++i) {
       const int o = o0 + i * kThreads, row = rb * kRows + o % kRows, c = o / kRows;
-      const bool ok = o < n_out && row < a.M;
+      ok[i] = o < n_out && row < a.M;
+      off[i] = c * a.M + row;
 #pragma unroll
       for (int m = 0; m < kMats; ++m)
 #pragma unroll
         for (int k = 0; k < kMaxSplit; ++k)
-          p[i][m][k] =
-              ok && k < split
-                  ? __ldcg(part + ((static_cast<int64_t>(k) * kMats + m) * nc + c) * a.M + row)
-                  : 0.f;
+          p[i][m][k] = ok[i] && k < split ? __ldcg(range[k] + m * m_stride + off[i]) : 0.f;
     }
 #pragma unroll
     for (int i = 0; i < kOut; ++i) {
+      if (!ok[i]) continue;
       const int o = o0 + i * kThreads, row = rb * kRows + o % kRows, c = o / kRows;
-      if (o >= n_out || row >= a.M) continue;
       float v[kMats];
 #pragma unroll
       for (int m = 0; m < kMats; ++m) {

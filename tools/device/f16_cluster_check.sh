@@ -22,14 +22,14 @@ timeout 200 "$BIN/tiled_f16_cuda_test" --gtest_also_run_disabled_tests --gtest_f
 grep -A36 "^matrix" "$L/table.log"
 for t in batch_invariance_test gpu_vs_cpu_test; do run_gtest $t; done
 wait $synth
-for round in 1 2; do
+for round in $(seq 1 ${ROUNDS:-2}); do
   for f in on off; do
     echo "== round $round --f16-cluster $f"
     timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 16 --depth 0 --conc ${CONC:-16,64} \
       --conc-gen 32 --no-profile --f16-cluster $f 2>&1 | grep -E "aggregate decode|decode tg" | sort -u
   done
 done
-echo "== --gdn-state bf16, --f16-cluster on"
+[ "${BF16:-1}" = 1 ] && { echo "== --gdn-state bf16, --f16-cluster on"
 timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 16 --depth 0 --conc ${CONC:-16,64} \
-  --conc-gen 32 --no-profile --gdn-state bf16 2>&1 | grep -E "aggregate decode|decode tg"
+  --conc-gen 32 --no-profile --gdn-state bf16 2>&1 | grep -E "aggregate decode|decode tg" | sort -u; }
 exit $rc
