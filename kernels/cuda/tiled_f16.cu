@@ -434,15 +434,21 @@ int ActiveClusters(int split) {
 }
 
 // The K split's reduction: through clusters where they fit in as few waves as the blocks do
-// alone (H200: a grid of about one wave in clusters of 3 or 6, e.g. the 27B's ffn_down or gdn
-// qkv, would take two and measured 5-20% slower; q+gate, ssm_out and the ffn pair 5-35% faster
-// through clusters); otherwise through the scratch. Either gives the same bits.
+// alone, and for grids of several waves only from 17 columns; otherwise through the scratch.
+// Either gives the same bits. Measured on the H200 (27B shapes, `TiledF16Timing.Table27B`, us
+// per launch, clusters / scratch): a grid of about one wave in clusters of 3 or 6 (gdn qkv,
+// ffn_down) would take two: 5-20% slower; q+gate and ssm_out (one wave either way) 31.5 / 34.5
+// and 21.9 / 27.1 at 16 columns, 56.8 / 71.7 and 37.4 / 57.3 at 64; the ffn pair (816 blocks,
+// four waves) 88.6 / 90.5 at 24-32 columns and 136.0 / 142.1 at 64, but 72.3 / 69.2 at 16 and
+// 61.3 / 57.6 at 8: with several waves a cluster's blocks leave together, so the slots of the
+// next ones free in groups, which only the larger reductions outweigh.
 template <int NT>
 absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t stream) {
   const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
   if (cluster) {
     const int fit = pair ? ActiveClusters<NT, true>(L.split) : ActiveClusters<NT, false>(L.split);
-    cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= CeilDiv(blocks, Slots());
+    const int waves = CeilDiv(blocks, Slots());
+    cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4);
   }
   if (cluster)
     return pair ? LaunchOne<NT, true, true>(L, blocks, stream)
