@@ -243,9 +243,8 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     // below, in the same order, with no global scratch, fence, ticket or tail block.
     float* red = reinterpret_cast<float*>(smem);
     if (active)
-      for_outputs([&](float v, int c, int row) {
-        red[(mat * NCB + c) * kRows + row - rb * kRows] = v;
-      });
+      for_outputs(
+          [&](float v, int c, int row) { red[(mat * NCB + c) * kRows + row - rb * kRows] = v; });
     ClusterSync();
     uint32_t part[kMaxSplit];  // block k's sums (block k of the cluster: range k of K)
 #pragma unroll
@@ -475,7 +474,6 @@ __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16
   if (threadIdx.x == 0) xs[blockIdx.x] = ldexpf(1.f, ex - 14);
   for (int i = threadIdx.x; i < K / 4; i += blockDim.x) hr[i] = HalfScaled4(xr[i], scale);
 }
-
 
 // The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
 // (waves of rb * s blocks) / s, the time of the launch in full-K block times, plus the partial

@@ -14,7 +14,9 @@
 //
 // Numbers: a (row, column) result is the f32 tensor-core sum of exact f16 products; it depends
 // on the matrix shape and the launch's matrices (the K split), never on the column count or the
-// other columns, so decode rows stay batch-invariant among the steps this kernel serves. It is
+// other columns, so decode rows stay batch-invariant among the steps this kernel serves.
+// A K split's partial sums meet through thread-block clusters on sm_90 where that is faster, else
+// through the scratch below; both add them in the same order (the same bits). It is
 // not the int8 kernels' result (the activations are rounded differently: f16 keeps 11 bits of
 // every element, int8 7 bits of each 32-block's largest).
 #pragma once
