@@ -234,6 +234,25 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
 
   constexpr int kMats = kPair ? 2 : 1;
   constexpr int kRows = TPB * kTiledRows;  // rows of each matrix per block
+  // The K split's last step: output (row, column c) from its partial sums, added in split order
+  // (whichever path brought them), then the epilogue.
+  auto add_and_store = [&](const float (&p)[kMats][kMaxSplit], int c, int row) {
+    float v[kMats];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      v[m] = 0.f;
+#pragma unroll
+      for (int k = 0; k < kMaxSplit; ++k)
+        if (k < split) v[m] += p[m][k];
+    }
+    const float xs = a.xs[c];
+    float* dst = a.y + c * ldy + row;
+    if constexpr (kPair) {
+      *dst = Silu(v[0] * xs) * (v[1] * xs);
+    } else {
+      *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v[0] * xs : v[0] * xs;
+    }
+  };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kCluster) {
     // K split on sm_90: the row block's `split` blocks are one thread-block cluster. Each leaves
@@ -259,31 +278,17 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
 #pragma unroll
         for (int k = 0; k < kMaxSplit; ++k)
           p[m][k] = k < split ? LoadCluster(part[k] + 4 * ((m * NCB + c) * kRows + r)) : 0.f;
-      float v[kMats];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        v[m] = 0.f;
-#pragma unroll
-        for (int k = 0; k < kMaxSplit; ++k)
-          if (k < split) v[m] += p[m][k];
-      }
-      const float xs = a.xs[c];
-      float* dst = a.y + c * ldy + row;
-      if constexpr (kPair) {
-        *dst = Silu(v[0] * xs) * (v[1] * xs);
-      } else {
-        *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v[0] * xs : v[0] * xs;
-      }
+      add_and_store(p, c, row);
     }
     ClusterSync();  // no block leaves while another may still read its shared memory
     return;
   }
 #endif
 
-  // K split below sm_90: partial sums to the scratch ([split][mats][nc][M]); the row block's last
-  // block to finish adds them in split order, so the result does not depend on which block came
-  // last.
-  // Offsets in 32 bits: the scratch holds at most kSplitBlocks x kBlockRows x 64 floats.
+  // K split through the scratch (below sm_90, and where clusters do not pay): partial sums to
+  // [split][mats][nc][M]; the row block's last block to finish adds them in split order, so the
+  // result does not depend on which block came last. Offsets in 32 bits: the scratch holds at
+  // most kSplitBlocks x kBlockRows x 64 floats.
   float* part = L.partial + L.part_off[si];
   const int m_stride = nc * a.M, k_stride = kMats * m_stride;
   if (active) {
@@ -323,21 +328,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     for (int i = 0; i < kOut; ++i) {
       if (!ok[i]) continue;
       const int o = o0 + i * kThreads, row = rb * kRows + o % kRows, c = o / kRows;
-      float v[kMats];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        v[m] = 0.f;
-#pragma unroll
-        for (int k = 0; k < kMaxSplit; ++k)
-          if (k < split) v[m] += p[i][m][k];
-      }
-      const float xs = a.xs[c];
-      float* dst = a.y + c * ldy + row;
-      if constexpr (kPair) {
-        *dst = Silu(v[0] * xs) * (v[1] * xs);
-      } else {
-        *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v[0] * xs : v[0] * xs;
-      }
+      add_and_store(p[i], c, row);
     }
   }
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)

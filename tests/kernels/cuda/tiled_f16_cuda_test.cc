@@ -283,13 +283,14 @@ TEST(TiledF16, ModelShapes27B) {
 
 // A column's result is the same bits whatever the column count (the decode rows of a batch do
 // not change each other), for single matrices (with and without a K split) and the pair.
+struct Shape {
+  int M, K;
+  GemvEpilogue ep;
+};
+
 TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch s;
-  struct Shape {
-    int M, K;
-    GemvEpilogue ep;
-  };
   for (const Shape& sh :
        {Shape{40, 1024, GemvEpilogue::kStore}, Shape{2000, 2048, GemvEpilogue::kStore},
         Shape{100, 512, GemvEpilogue::kSiluMul}, Shape{300, 2048, GemvEpilogue::kSiluMul}}) {
@@ -320,10 +321,6 @@ TEST(TiledF16, ClusterSplitEqualsScratchSplit) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   if (!HaveClusters()) GTEST_SKIP() << "needs sm_90 (clusters)";
   Scratch s;
-  struct Shape {
-    int M, K;
-    GemvEpilogue ep;
-  };
   // Splits (132-SM H200): 4, 2, 6 (the 27B ffn_down), 3 (the 27B ffn pair), 4 (ssm_out).
   for (const Shape& sh :
        {Shape{700, 4352, GemvEpilogue::kStore}, Shape{300, 2048, GemvEpilogue::kSiluMul},
