@@ -14,11 +14,11 @@
 //
 // Numbers: a (row, column) result is the f32 tensor-core sum of exact f16 products; it depends
 // on the matrix shape and the launch's matrices (the K split), never on the column count or the
-// other columns, so decode rows stay batch-invariant among the steps this kernel serves.
-// A K split's partial sums meet through thread-block clusters on sm_90 where that is faster, else
-// through the scratch below; both add them in the same order (the same bits). It is
+// other columns, so decode rows stay batch-invariant among the steps this kernel serves. It is
 // not the int8 kernels' result (the activations are rounded differently: f16 keeps 11 bits of
-// every element, int8 7 bits of each 32-block's largest).
+// every element, int8 7 bits of each 32-block's largest). A K split's partial sums meet through
+// thread-block clusters on sm_90 where that measured faster, else through the scratch below;
+// both add them in the same order (the same bits).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -47,8 +47,8 @@ struct TiledF16Scratch {
   int* tickets = nullptr;
   int n_tickets = 0;
   // On sm_90+ a K-split launch adds its partial sums through thread-block clusters (distributed
-  // shared memory) instead of this scratch; false keeps the scratch path there too (tests and
-  // A/B: both give the same bits).
+  // shared memory) instead of this scratch where the clusters fit (TiledF16Multi decides); false
+  // keeps the scratch path everywhere (tests and A/B: both give the same bits).
   bool cluster_split = true;
 };
 // Scratch that any launch of up to `max_cols` columns fits in.
