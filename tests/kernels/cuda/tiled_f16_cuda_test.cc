@@ -316,7 +316,9 @@ TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
 
 // On sm_90 the K split's partial sums meet in distributed shared memory (clusters); below, in
 // the global scratch. Both add them in split order: the same bits, for single matrices, the
-// pair, several segments, every column-count form, after a launch of the other path.
+// pair, several segments, every column-count form. (TiledF16Multi still takes the scratch where
+// clusters would not pay: for the 27B ffn_down shape, and the 27B pair at 1 and 9 columns,
+// both runs below take it; every other case here runs clusters against the scratch.)
 TEST(TiledF16, ClusterSplitEqualsScratchSplit) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   if (!HaveClusters()) GTEST_SKIP() << "needs sm_90 (clusters)";
