@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/half_rows.cuh"
@@ -32,28 +33,6 @@ constexpr int kMaxTickets = kSplitBlocks;
 // g = 0..3 (one half-warp) then start 8 banks apart and never conflict.
 constexpr int kXCol = 2 * kUnitElems + 32;
 
-// Thread-block cluster primitives (sm_90; PTX, so that no cooperative_groups header is needed:
-// the CUDA 11.8 toolchain of the Volta build lacks the libcu++ headers it includes).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Barrier of every thread of the cluster; shared-memory writes before it are visible after it.
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
-}
-// The distributed-shared-memory address of `p` (this block's shared memory) in block `rank`.
-__device__ __forceinline__ uint32_t MapSharedRank(const void* p, int rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(r)
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ float LoadCluster(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-#endif
 
 struct F16Launch {
   GemvArgs seg[kGemvMaxSegs];

@@ -1,0 +1,35 @@
+// Thread-block cluster primitives (sm_90+, PTX): a cluster-wide barrier and reads of another
+// block's shared memory (distributed shared memory), as the f16 matmul's K split uses them
+// (tiled_f16.cu). PTX rather than cooperative_groups: the CUDA 11.8 toolchain of the Volta build
+// lacks the libcu++ headers that header includes. Defined for sm_90+ device code only.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ds::cuda {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Barrier of every thread of the cluster; shared-memory writes before it are visible after it.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+// The distributed-shared-memory address of `p` (this block's shared memory) in block `rank` of
+// the cluster.
+__device__ __forceinline__ uint32_t MapSharedRank(const void* p, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(r)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
+  return r;
+}
+// One float at a distributed-shared-memory address (MapSharedRank's).
+__device__ __forceinline__ float LoadCluster(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+#endif
+
+}  // namespace ds::cuda
