@@ -33,7 +33,6 @@ constexpr int kMaxTickets = kSplitBlocks;
 // g = 0..3 (one half-warp) then start 8 banks apart and never conflict.
 constexpr int kXCol = 2 * kUnitElems + 32;
 
-
 struct F16Launch {
   GemvArgs seg[kGemvMaxSegs];
   int blk_end[kGemvMaxSegs];       // inclusive prefix sums of row blocks x split
@@ -337,37 +336,61 @@ bool ClustersAvailable() {
   return yes;
 }
 
+// Dynamic shared memory of the NT form: two stages of every column's unit of activations (also
+// the pair's hand-over and the cluster's sums after the loop).
+template <int NT>
+constexpr int StageBytes() {
+  constexpr int bytes = 2 * NT * 8 * kXCol;
+  static_assert(bytes >= kWarps / 2 * kTiledRows * NT * 8 * 4,
+                "the pair's hand-over must fit the stages");
+  static_assert(bytes >= kBlockRows * NT * 8 * 4, "the cluster's sums must fit the stages");
+  return bytes;
+}
+
+// Raises the form's dynamic shared-memory limit, once; the result of that call.
+template <int NT, bool kPair, bool kCluster>
+cudaError_t RaiseSmemLimit() {
+  static const cudaError_t e = cudaFuncSetAttribute(TiledF16Kernel<NT, kPair, kCluster>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    StageBytes<NT>());
+  return e;
+}
+
+// A launch in clusters of `split` consecutive blocks (one row block each); `at` holds the
+// attributes cfg points at.
+template <int NT>
+cudaLaunchConfig_t ClusterLaunch(int blocks, int split, bool early, cudaStream_t stream,
+                                 cudaLaunchAttribute (&at)[2]) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = StageBytes<NT>();
+  cfg.stream = stream;
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = split;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = early ? 2 : 1;
+  return cfg;
+}
+
 template <int NT, bool kPair, bool kCluster>
 absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
-  constexpr int kSmem = 2 * NT * 8 * kXCol;
-  static_assert(kSmem >= kWarps / 2 * kTiledRows * NT * 8 * 4,
-                "the pair's hand-over must fit the stages");
-  static_assert(kSmem >= kBlockRows * NT * 8 * 4, "the cluster's sums must fit the stages");
   auto* kernel = TiledF16Kernel<NT, kPair, kCluster>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  const cudaError_t attr = RaiseSmemLimit<NT, kPair, kCluster>();
   if (attr != cudaSuccess)
-    return absl::InternalError(
-        absl::StrCat("TiledF16Multi: shared memory ", kSmem, ": ", cudaGetErrorString(attr)));
+    return absl::InternalError(absl::StrCat("TiledF16Multi: shared memory ", StageBytes<NT>(),
+                                            ": ", cudaGetErrorString(attr)));
   if constexpr (kCluster) {
-    // One cluster per row block: its `split` blocks are consecutive in the grid.
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSmem;
-    cfg.stream = stream;
     cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = L.split;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = L.seg[0].early_launch ? 2 : 1;
+    const cudaLaunchConfig_t cfg =
+        ClusterLaunch<NT>(blocks, L.split, L.seg[0].early_launch, stream, at);
     (void)cudaLaunchKernelEx(&cfg, kernel, L);
   } else {
-    LaunchMaybeEarly(kernel, blocks, kThreads, kSmem, stream, L.seg[0].early_launch, L);
+    LaunchMaybeEarly(kernel, blocks, kThreads, StageBytes<NT>(), stream, L.seg[0].early_launch, L);
   }
   return LastLaunchStatus("TiledF16Kernel");
 }
@@ -378,22 +401,11 @@ template <int NT, bool kPair>
 int ActiveClusters(int split) {
   static std::atomic<int> cache[kMaxSplit + 1] = {};  // the count + 1; 0: not queried yet
   if (cache[split].load(std::memory_order_relaxed) == 0) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(split);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = 2 * NT * 8 * kXCol;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = split;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    auto* kernel = TiledF16Kernel<NT, kPair, true>;
+    cudaLaunchAttribute at[2];
+    const cudaLaunchConfig_t cfg = ClusterLaunch<NT>(split, split, false, nullptr, at);
     int n = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             cfg.dynamicSmemBytes) != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    if (RaiseSmemLimit<NT, kPair, true>() != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&n, TiledF16Kernel<NT, kPair, true>, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
       n = 0;
     }

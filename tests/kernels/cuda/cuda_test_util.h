@@ -62,12 +62,18 @@ inline std::vector<float> RandVec(std::mt19937& rng, size_t n, float lo, float h
   return v;
 }
 
+// Device 0's compute capability major (0 without a device).
+inline int ComputeMajor() {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.major : 0;
+}
+
 // Whether device 0 runs the sm_80+ tensor-core kernels (attention_mma.cu, the GDN scan's mma
 // form); their callers never launch them below.
-inline bool HaveTensorCores() {
-  cudaDeviceProp prop;
-  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major >= 8;
-}
+inline bool HaveTensorCores() { return ComputeMajor() >= 8; }
+
+// Whether device 0 runs thread-block clusters (sm_90+: the f16 matmul's cluster K split).
+inline bool HaveClusters() { return ComputeMajor() >= 9; }
 
 // Microseconds per call of `launch` (a Status-returning launch on the legacy stream) over `iters`
 // calls after `warm` unmeasured ones; fails the test on a launch error.

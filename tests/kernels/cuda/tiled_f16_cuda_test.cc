@@ -69,13 +69,6 @@ struct Scratch {
   }
 };
 
-bool HaveClusters() {
-  int dev = 0, major = 0;
-  return cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-         major >= 9;
-}
-
 struct HalfActs {
   Dev<uint16_t> xh;
   Dev<float> xs;
