@@ -3,8 +3,8 @@
 # the timing table (TiledF16Timing.Table27B): per mangled-name regex in $KERNELS (default: the
 # pair at 9-16 columns without clusters, TiledF16Kernel<2, true, false>; $SKIP launches of it
 # skipped first), the speed-of-light / warp-state / scheduler / instruction sections and the
-# per-SASS-instruction executed counts and stall samples (sass_N.csv, for offline counting by
-# opcode: docs/perf/h200.md, 2026-12-04 ~04:35).
+# per-SASS-instruction executed counts and stall samples (sass_N.csv), summarised by opcode and
+# stall reason (tools/device/sass_summary.py; docs/perf/h200.md, 2026-12-04 ~04:35).
 # Usage (device, repo root, after pack.sh ... tiled_f16_cuda_test):
 #   DS_CARRY=.devcarry-lead [KERNELS="regex ..."] bash tools/device/f16_profile.sh
 set -uo pipefail
@@ -24,6 +24,7 @@ for k in ${KERNELS:-TiledF16KernelILi2ELb1ELb0EE}; do
   $NCU -i "$L/prof_$i.ncu-rep" --page source --csv --print-source sass >"$L/sass_$i.csv" 2>&1
   echo "== $k"
   grep -E "Duration|Memory Throughput|DRAM Throughput|Issued Warp|Eligible Warps|Warp Cycles Per Issued|Registers Per|Executed Ipc A|No Eligible" "$L/ncu_$i.txt" | head -14
+  python3 tools/device/sass_summary.py "$L/sass_$i.csv" 16
   rm -f "$L/prof_$i.ncu-rep"
 done
 exit 0
