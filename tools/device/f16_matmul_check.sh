@@ -13,18 +13,19 @@ source tools/device/env.sh
 L=${OUT:-/tmp/out}/logs
 mkdir -p "$L"
 M=${MODEL:-/tmp/m.gguf}
+AB=${AB:---f16-cluster}
 ( [ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1 ) &
 synth=$!
 run_gtest tiled_f16_cuda_test
 grep -E "^\[ +(OK|FAILED|SKIPPED) " "$L/tiled_f16_cuda_test.log" | head -20
 timeout 200 "$BIN/tiled_f16_cuda_test" --gtest_also_run_disabled_tests --gtest_filter='TiledF16Timing.Table27B' \
   --gtest_color=no >"$L/table.log" 2>&1
-grep -A${TABLE_LINES:-36} "^matrix" "$L/table.log"
+grep -A36 "^matrix" "$L/table.log"
 for t in batch_invariance_test gpu_vs_cpu_test; do run_gtest $t; done
 wait $synth
 for round in $(seq 1 ${ROUNDS:-2}); do
   for f in on off; do
-    echo "== round $round ${AB:=--f16-cluster} $f"
+    echo "== round $round $AB $f"
     timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 16 --depth 0 --conc ${CONC:-16,64} \
       --conc-gen 32 --no-profile $AB $f 2>&1 | grep -E "aggregate decode|decode tg" | sort -u
   done
