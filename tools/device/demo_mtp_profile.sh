@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue #15's demo-model row on the device: where a decode step, a verify step and a draft chain
+# of the trained demo model (launch-bound: 8 layers of width 256) spend their time.
+#   1. `deltaserve generate --model demo --backend cuda --mtp off|K` end to end (tok/s,
+#      acceptance), alternated, two runs each;
+#   2. `deltaserve bench --model demo --mtp ...` (decode / verify / chain cycle per step);
+#   3. ncu: every kernel of a short greedy run with and without MTP, its duration alone
+#      (gpu__time_duration), written to $OUT/ncu_{off,mtp}.csv for tools/device/kernel_phases.py.
+# Usage (device, repo root, after
+#   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve):
+#   DS_CARRY=.devcarry-lead bash tools/device/demo_mtp_profile.sh
+# Knobs: MTP_K (default "3 4"), NCU=0 skips step 3, GEN_ARGS (extra generate flags).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/device/env.sh
+O=${OUT:-/tmp/out}
+L=$O/logs
+mkdir -p "$L"
+MTP_K=${MTP_K:-3 4}
+PROMPT="The jury said that"
+tok_s() {
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d.get("mtp") or {}; print("gen tok/s %.1f tokens %d tokens/verify %s acceptance %s" % (d["generation_tokens_per_second"], d["generated_tokens"], m.get("mean_accepted_length"), m.get("acceptance")))' "$1" 2>&1 | tail -1
+}
+for rep in 1 2; do
+  for k in off $MTP_K; do
+    timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
+      --prompt "$PROMPT" --json --mtp $k ${GEN_ARGS:-} >"$L/gen_${k}_$rep.json" 2>"$L/gen_${k}_$rep.err"
+    r=$?
+    echo "generate --mtp $k (run $rep): rc=$r $(tok_s "$L/gen_${k}_$rep.json")"
+    [ $r = 0 ] && pass "generate mtp $k" || { fail "generate mtp $k"; tail -3 "$L/gen_${k}_$rep.err"; }
+  done
+done
+timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${MTP_K// /,} --mtp-conc 1 \
+  --mtp-depth 64 --no-profile 2>&1 | tee "$L/bench.log" | grep -E "decode|^ k streams|^ [0-9] +[0-9]+ " | head -20
+if [ "${NCU:-1}" = 1 ]; then
+  NCU_BIN=/usr/local/cuda/bin/ncu
+  for k in off 3; do
+    timeout 240 $NCU_BIN --metrics gpu__time_duration.sum --csv --print-units base \
+      "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 20 --prompt "$PROMPT" \
+      --mtp $k >"$O/ncu_${k/3/mtp}.csv" 2>"$L/ncu_$k.err"
+    echo "ncu --mtp $k: rc=$? $(grep -c gpu__time_duration "$O/ncu_${k/3/mtp}.csv") kernels"
+  done
+fi
+exit $rc
