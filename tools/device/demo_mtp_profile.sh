@@ -5,7 +5,7 @@
 #      acceptance), alternated, two runs each;
 #   2. `deltaserve bench --model demo --mtp ...` (decode / verify / chain cycle per step);
 #   3. ncu: every kernel of a short greedy run with and without MTP, its duration alone
-#      (gpu__time_duration), written to $OUT/ncu_{off,mtp}.csv for tools/device/kernel_phases.py.
+#      (gpu__time_duration), written to $OUT/ncu_{off,mtp}.csv (tools/device/ncu_kernels.py lists them).
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve):
 #   DS_CARRY=.devcarry-lead bash tools/device/demo_mtp_profile.sh
