@@ -7,7 +7,10 @@
 // by this bench first (kernels/cuda/README.md "Negative results" lists what it turned down).
 // --sums 0,1: without / with the activations' 16-element sums (GemvArgs::xsum: the column
 // kernel's unsigned decode) for ssm_out and ffn_down, as the worker gives them; one row each.
-// Usage: tiled_gemv_bench [--layers N] [--cols 1,4] [--reps R] [--sums 0,1]
+// --row-scan 1: then ffn_down's shape (K = 17,408) with its first M rows only, M from one tile per
+// SM of an H200 (132 tiles) to all 320: whether the time follows the tiles per SM of the busiest
+// SM (a block per tile, all resident at once) rather than the bytes.
+// Usage: tiled_gemv_bench [--layers N] [--cols 1,4] [--reps R] [--sums 0,1] [--row-scan 0|1]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +58,7 @@ std::vector<uint8_t> RandomQ6K(int64_t rows, int K, uint64_t seed) {
 int Main(int argc, char** argv) {
   int layers = 64, reps = 7;
   std::vector<int> cols = {1, 4}, sums_modes = {1};
+  bool row_scan = false;
   auto int_list = [](const char* p) {
     std::vector<int> v;
     while (*p) {
@@ -69,6 +73,7 @@ int Main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--cols")) cols = int_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--sums")) sums_modes = int_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--row-scan")) row_scan = std::atoi(argv[i + 1]) != 0;
   }
   int dev = 0;
   DS_CUDA_CHECK(cudaGetDevice(&dev));
@@ -197,6 +202,33 @@ int Main(int argc, char** argv) {
         std::printf(" %6.1f/%7.0f", us, tb[m] * per[m] / (us * 1e3));
       }
       std::printf("\n");
+    }
+  }
+  if (row_scan) {
+    const Mat& dn = kMats[3];
+    std::printf("ffn_down rows (K = %d), %d columns: tiles, us per launch (with its quantizer), GB/s\n",
+                dn.K, cols[0]);
+    for (int tiles : {132, 165, 198, 231, 264, 297, 320}) {
+      const int rows = std::min(tiles * kTiledRows, dn.M);
+      const float t = time_graph([&] {
+        for (int l = 0; l < layers; ++l) {
+          (void)QuantizeActivations(h, cols[0], dn.K, xq, xd, s, use_sums ? xsum : nullptr);
+          GemvArgs a;
+          a.type = GgmlType::Q6_K;
+          a.w = w[3] + tb[3] * l;
+          a.M = rows;
+          a.K = dn.K;
+          a.nc = cols[0];
+          a.xq = xq;
+          a.xd = xd;
+          if (use_sums) a.xsum = xsum;
+          a.y = y;
+          a.epilogue = dn.ep;
+          if (!TiledGemvMulti(&a, 1, s).ok()) std::exit(1);
+        }
+      });
+      const double us = t * 1e3 / layers;
+      std::printf("%5d %8.1f %8.0f\n", tiles, us, TiledBytes(GgmlType::Q6_K, rows, dn.K) / (us * 1e3));
     }
   }
   return 0;
