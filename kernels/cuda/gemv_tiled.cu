@@ -98,6 +98,14 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
   constexpr int P = kPair ? 2 : 1;
   constexpr int NCB = NT * 8;
   __shared__ float red[kWarps][P][kTiledRows][NCB];
+  // One column (kOneCol): the block's activations (xq [K], xd [K/32], kSums: xsum [K/16]) are
+  // copied into shared memory once, after the wait for the kernel ahead; every unit then reads
+  // its operands there instead of from L2. ncu, ffn_down at one column (H200): the warps issued
+  // once per ~6 cycles, ~60% of it waiting on L1TEX loads, and the launch took ~25 us with 132
+  // tiles as with 320: the time was each warp's chain of 17 units, each starting with activation
+  // loads that missed L1 (docs/perf/h200.md, 2026-12-04). LaunchTiled gives the dynamic bytes.
+  constexpr bool kStageX = kOneCol;
+  extern __shared__ __align__(16) uint8_t xstage[];
   int si = 0;
 #pragma unroll
   for (int i = 1; i < kGemvMaxSegs; ++i)
@@ -134,6 +142,20 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
   if constexpr (kPrefetch)
     if (warp < nu) LoadTileUnit(next, wp[0], lane);
   WaitForPrerequisiteGrids();
+  const uint8_t* sxq = xstage;
+  const float* sxd = reinterpret_cast<const float*>(xstage + a.K);
+  const int32_t* ssum = reinterpret_cast<const int32_t*>(xstage + a.K + a.K / 8);
+  if constexpr (kStageX) {
+    // K % 256 == 0; xq, xd and xsum are 16-byte aligned (TiledGemvMulti checks xd and xsum).
+    for (int i = threadIdx.x; i < a.K / 16; i += kWarps * 32)
+      reinterpret_cast<uint4*>(xstage)[i] = __ldg(reinterpret_cast<const uint4*>(a.xq) + i);
+    for (int i = threadIdx.x; i < a.K / 128; i += kWarps * 32)
+      reinterpret_cast<float4*>(xstage + a.K)[i] = __ldg(reinterpret_cast<const float4*>(a.xd) + i);
+    if constexpr (kSums)
+      for (int i = threadIdx.x; i < a.K / 64; i += kWarps * 32)
+        reinterpret_cast<uint4*>(xstage + a.K + a.K / 8)[i] = __ldg(reinterpret_cast<const uint4*>(a.xsum) + i);
+    __syncthreads();
+  }
 
   float acc[P][NT][4];
 #pragma unroll
@@ -159,7 +181,13 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
     }
     uint32_t b_unit[16];
     float4 xs_unit[2][2];  // [column 2q / 2q+1][blocks 0-3 / 4-7]
-    if constexpr (kHoist) {
+    if constexpr (kStageX) {  // column 0's operands of unit u, from shared memory
+#pragma unroll
+      for (int s = 0; s < 16; ++s)
+        b_unit[s] = *reinterpret_cast<const uint32_t*>(sxq + u * kUnitElems + 4 * q + 16 * s);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) xs_unit[0][h] = xs_unit[1][h] = *reinterpret_cast<const float4*>(sxd + u * 8 + 4 * h);
+    } else if constexpr (kHoist) {
 #pragma unroll
       for (int s = 0; s < 16; ++s) b_unit[s] = __ldg(reinterpret_cast<const uint32_t*>(xb[0] + 16 * s));
 #pragma unroll
@@ -170,7 +198,9 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
     uint4 sum_unit[4];  // kSums: the 16 steps' activation sums
     if constexpr (kSums) {
 #pragma unroll
-      for (int h = 0; h < 4; ++h) sum_unit[h] = __ldg(reinterpret_cast<const uint4*>(xsum + 4 * h));
+      for (int h = 0; h < 4; ++h)
+        sum_unit[h] = kStageX ? *reinterpret_cast<const uint4*>(ssum + u * 16 + 4 * h)
+                              : __ldg(reinterpret_cast<const uint4*>(xsum + 4 * h));
 #pragma unroll
       for (int p = 0; p < P; ++p) {  // t ^ 32 = q: flip bit 5 of every 6-bit value (bit 1 of its qh pair)
         tu[p].qh[0] = Xor4(tu[p].qh[0], 0xAAAAAAAAu);
@@ -337,8 +367,16 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     // Only these 1..8-column forms (decode and MTP steps, where a launch is a few tens of
     // microseconds and its start a visible share of it) launch early (GemvArgs::early_launch).
     const bool one = L.seg[0].nc == 1;
+    // The one-column forms stage the activations (kStageX): xq, xd and, with sums, xsum.
+    const int K = L.seg[0].K;
+    const size_t stage_bytes = one ? K + K / 8 + (L.seg[0].xsum != nullptr ? K / 4 : 0) : 0;
     auto launch = [&](auto kernel) {
-      LaunchMaybeEarly(kernel, end, kWarps * 32, 0, s, L.seg[0].early_launch, L);
+      // Past the default 48 KB (K > ~35k with sums), the kernel must be allowed the bytes; a
+      // failure surfaces as the launch's error.
+      if (stage_bytes > 48 * 1024)
+        (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(stage_bytes));
+      LaunchMaybeEarly(kernel, end, kWarps * 32, stage_bytes, s, L.seg[0].early_launch, L);
     };
     if (pair) {
       if (one) launch(TiledKernel<1, true, true, false>);
@@ -426,6 +464,9 @@ absl::Status TiledGemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t strea
     return absl::InvalidArgumentError("TiledGemvMulti: xd not 16-byte aligned");
   if (b.nc == 1 && reinterpret_cast<uintptr_t>(b.xsum) % 16 != 0)
     return absl::InvalidArgumentError("TiledGemvMulti: xsum not 16-byte aligned");
+  // One column stages xq into shared memory with 16-byte loads.
+  if (b.nc == 1 && reinterpret_cast<uintptr_t>(b.xq) % 16 != 0)
+    return absl::InvalidArgumentError("TiledGemvMulti: xq not 16-byte aligned");
   if (b.epilogue == GemvEpilogue::kSiluMul && b.nc > 32) {
     // The 64-column pair kernel needs more than 255 registers: two 32-column passes instead.
     for (int c0 = 0; c0 < b.nc; c0 += 32) {
