@@ -48,6 +48,10 @@ struct GemvArgs {
   // the tiled column kernel at 1..8 columns (each warp loads its first unit of weights before it
   // waits for that kernel) and the unit GEMV (it waits first thing). Same arithmetic.
   bool early_launch = false;
+  // The tiled column kernel at one column copies the activations into shared memory once per
+  // block instead of reading them from L2 per unit; the same arithmetic. false: the unstaged
+  // form (A/B runs, tiled_gemv_bench --stage 0,1).
+  bool stage_activations = true;
 };
 
 // True when Gemv can run this format (any K that is a multiple of the block size).

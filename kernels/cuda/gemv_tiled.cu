@@ -91,20 +91,20 @@ struct TiledLaunch {
 // activations), so D is the same exact integer as with the centred weights. Held to 4 blocks per
 // SM (128 registers; unbounded it takes 140 and qkv+z-sized grids lose 10%). The pair has no
 // registers left for the 16 sums at 5 blocks per SM (it spills and loses 14%; kernels/cuda/README.md).
-template <int NT, bool kPair, bool kOneCol, bool kSums>
+template <int NT, bool kPair, bool kOneCol, bool kSums, bool kStageX>
 __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 : 0) TiledKernel(const __grid_constant__ TiledLaunch L) {
   static_assert(!kOneCol || NT == 1, "kOneCol is the 1-column case of the 8-column tile");
   static_assert(!kSums || (kOneCol && !kPair), "kSums is for one column of a single matrix");
+  static_assert(!kStageX || kOneCol, "staged activations: the one-column forms");
   constexpr int P = kPair ? 2 : 1;
   constexpr int NCB = NT * 8;
   __shared__ float red[kWarps][P][kTiledRows][NCB];
-  // One column (kOneCol): the block's activations (xq [K], xd [K/32], kSums: xsum [K/16]) are
-  // copied into shared memory once, after the wait for the kernel ahead; every unit then reads
-  // its operands there instead of from L2. ncu, ffn_down at one column (H200): the warps issued
+  // kStageX (one column; GemvArgs::stage_activations): the block's activations (xq [K], xd
+  // [K/32], kSums: xsum [K/16]) are copied into shared memory once, after the wait for the
+  // kernel ahead; every unit then reads its operands there instead of from L2. ncu, ffn_down at one column (H200): the warps issued
   // once per ~6 cycles, ~60% of it waiting on L1TEX loads, and the launch took ~25 us with 132
   // tiles as with 320: the time was each warp's chain of 17 units, each starting with activation
   // loads that missed L1 (docs/perf/h200.md, 2026-12-04). LaunchTiled gives the dynamic bytes.
-  constexpr bool kStageX = kOneCol;
   extern __shared__ __align__(16) uint8_t xstage[];
   int si = 0;
 #pragma unroll
@@ -367,35 +367,47 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     // Only these 1..8-column forms (decode and MTP steps, where a launch is a few tens of
     // microseconds and its start a visible share of it) launch early (GemvArgs::early_launch).
     const bool one = L.seg[0].nc == 1;
-    // The one-column forms stage the activations (kStageX): xq, xd and, with sums, xsum.
+    // One column stages its activations (kStageX; GemvArgs::stage_activations): K + K/8 (+ K/4
+    // with sums) bytes, 23.4 KiB at the 27B's largest K. tiled_gemv_bench, H200, 64 layers of
+    // the 27B at 1 column: 7.24 -> 6.79 ms (ffn_down 29.2 -> 26.9 us, gate+up 46.2 -> 44.0).
+    // From 2 columns staging measured no better or worse (5 columns: 7.82 -> 8.06 ms; MTP k=4
+    // cycle 12.06 -> 12.35 ms), so those forms read the activations from L2 as before
+    // (docs/perf/h200.md, 2026-12-04).
     const int K = L.seg[0].K;
-    const size_t stage_bytes = one ? K + K / 8 + (L.seg[0].xsum != nullptr ? K / 4 : 0) : 0;
-    auto launch = [&](auto kernel) {
-      // Past the default 48 KB (K > ~35k with sums), the kernel must be allowed the bytes; a
-      // failure surfaces as the launch's error.
-      if (stage_bytes > 48 * 1024)
-        (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(stage_bytes));
-      LaunchMaybeEarly(kernel, end, kWarps * 32, stage_bytes, s, L.seg[0].early_launch, L);
+    const size_t bytes = K + K / 8 + (L.seg[0].xsum != nullptr ? K / 4 : 0);
+    const bool stage = one && L.seg[0].stage_activations;
+    auto launch = [&](auto staged, auto plain) {
+      if (!stage) {
+        LaunchMaybeEarly(plain, end, kWarps * 32, 0, s, L.seg[0].early_launch, L);
+        return;
+      }
+      // Past the default 48 KiB of shared memory (K > ~34k with sums) the kernel must be allowed
+      // the bytes; a failure surfaces as the launch's error.
+      if (bytes + 4096 > 48 * 1024)
+        (void)cudaFuncSetAttribute(staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(bytes));
+      LaunchMaybeEarly(staged, end, kWarps * 32, bytes, s, L.seg[0].early_launch, L);
     };
     if (pair) {
-      if (one) launch(TiledKernel<1, true, true, false>);
-      else launch(TiledKernel<1, true, false, false>);
+      if (one) launch(TiledKernel<1, true, true, false, true>, TiledKernel<1, true, true, false, false>);
+      else launch(TiledKernel<1, true, false, false, false>, TiledKernel<1, true, false, false, false>);
     } else if (one) {
-      if (L.seg[0].xsum != nullptr) launch(TiledKernel<1, false, true, true>);
-      else launch(TiledKernel<1, false, true, false>);
+      if (L.seg[0].xsum != nullptr)
+        launch(TiledKernel<1, false, true, true, true>, TiledKernel<1, false, true, true, false>);
+      else
+        launch(TiledKernel<1, false, true, false, true>, TiledKernel<1, false, true, false, false>);
     } else {
-      launch(TiledKernel<1, false, false, false>);
+      launch(TiledKernel<1, false, false, false, false>, TiledKernel<1, false, false, false, false>);
     }
     return;
   }
   if constexpr (NT <= 4) {  // 64-column pairs are split in two by TiledGemvMulti
     if (pair) {
-      TiledKernel<NT, true, false, false><<<end, kWarps * 32, 0, s>>>(L);
+      TiledKernel<NT, true, false, false, false><<<end, kWarps * 32, 0, s>>>(L);
       return;
     }
   }
-  TiledKernel<NT, false, false, false><<<end, kWarps * 32, 0, s>>>(L);
+  TiledKernel<NT, false, false, false, false><<<end, kWarps * 32, 0, s>>>(L);
 }
 
 }  // namespace

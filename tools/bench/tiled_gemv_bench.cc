@@ -10,7 +10,9 @@
 // --row-scan 1: then ffn_down's shape (K = 17,408) with its first M rows only, M from one tile per
 // SM of an H200 (132 tiles) to all 320: whether the time follows the tiles per SM of the busiest
 // SM (a block per tile, all resident at once) rather than the bytes.
-// Usage: tiled_gemv_bench [--layers N] [--cols 1,4] [--reps R] [--sums 0,1] [--row-scan 0|1]
+// --stage 0,1: the activations read from L2 per unit / staged in shared memory per block
+// (GemvArgs::stage_activations, the default); a column of its own.
+// Usage: tiled_gemv_bench [--layers N] [--cols 1,4] [--reps R] [--sums 0,1] [--stage 0,1] [--row-scan 0|1]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -57,7 +59,7 @@ std::vector<uint8_t> RandomQ6K(int64_t rows, int K, uint64_t seed) {
 
 int Main(int argc, char** argv) {
   int layers = 64, reps = 7;
-  std::vector<int> cols = {1, 4}, sums_modes = {1};
+  std::vector<int> cols = {1, 4}, sums_modes = {1}, stage_modes = {1};
   bool row_scan = false;
   auto int_list = [](const char* p) {
     std::vector<int> v;
@@ -73,6 +75,7 @@ int Main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--cols")) cols = int_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--sums")) sums_modes = int_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stage")) stage_modes = int_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--row-scan")) row_scan = std::atoi(argv[i + 1]) != 0;
   }
   int dev = 0;
@@ -116,7 +119,7 @@ int Main(int argc, char** argv) {
   DS_CUDA_CHECK(cudaMalloc(&xd, sizeof(float) * maxc * kmax / 32));
   int32_t* xsum = nullptr;
   DS_CUDA_CHECK(cudaMalloc(&xsum, sizeof(int32_t) * maxc * kmax / 16));
-  bool use_sums = false;
+  bool use_sums = false, use_stage = true;
   {
     std::vector<float> hx(static_cast<size_t>(maxc) * kmax);
     for (size_t i = 0; i < hx.size(); ++i) hx[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.f - 1.f;
@@ -147,6 +150,7 @@ int Main(int argc, char** argv) {
     if (sums_here) a.xsum = xsum;
     a.y = out;
     a.epilogue = mt.ep;
+    a.stage_activations = use_stage;
     const auto st = TiledGemvMulti(&a, 1, s);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());
@@ -179,29 +183,32 @@ int Main(int argc, char** argv) {
 
   std::printf("tiled_gemv_bench: %d layers, %.2f GB of tiled Q6_K weights per step\n", layers,
               bytes_step / 1e9);
-  std::printf("%4s %3s %9s %8s", "sums", "nc", "step ms", "GB/s");
+  std::printf("%4s %5s %3s %9s %8s", "sums", "stage", "nc", "step ms", "GB/s");
   for (const Mat& mt : kMats) std::printf(" %14s", mt.name);
   std::printf("   (each matrix alone: us per launch / GB/s)\n");
   for (int nc : cols) {
     for (int sums : sums_modes) {
-      use_sums = sums != 0;
-      const float step = time_graph([&] {
-        for (int l = 0; l < layers; ++l) {
-          gemv(0, l, nc, x, h);
-          gemv(1, l, nc, h, y);
-          gemv(2, l, nc, y, h);
-          gemv(3, l, nc, h, y);
-        }
-      });
-      std::printf("%4d %3d %9.3f %8.0f", sums, nc, step, bytes_step / (step * 1e6));
-      for (int m = 0; m < kNumMats; ++m) {
-        const float t = time_graph([&] {
-          for (int l = 0; l < layers; ++l) gemv(m, l, nc, m == 3 ? h : x, m == 0 ? h : y);
+      for (int stage : stage_modes) {
+        use_stage = stage != 0;
+        use_sums = sums != 0;
+        const float step = time_graph([&] {
+          for (int l = 0; l < layers; ++l) {
+            gemv(0, l, nc, x, h);
+            gemv(1, l, nc, h, y);
+            gemv(2, l, nc, y, h);
+            gemv(3, l, nc, h, y);
+          }
         });
-        const double us = t * 1e3 / layers;
-        std::printf(" %6.1f/%7.0f", us, tb[m] * per[m] / (us * 1e3));
+        std::printf("%4d %5d %3d %9.3f %8.0f", sums, stage, nc, step, bytes_step / (step * 1e6));
+        for (int m = 0; m < kNumMats; ++m) {
+          const float t = time_graph([&] {
+            for (int l = 0; l < layers; ++l) gemv(m, l, nc, m == 3 ? h : x, m == 0 ? h : y);
+          });
+          const double us = t * 1e3 / layers;
+          std::printf(" %6.1f/%7.0f", us, tb[m] * per[m] / (us * 1e3));
+        }
+        std::printf("\n");
       }
-      std::printf("\n");
     }
   }
   if (row_scan) {
@@ -224,6 +231,7 @@ int Main(int argc, char** argv) {
           if (use_sums) a.xsum = xsum;
           a.y = y;
           a.epilogue = dn.ep;
+          a.stage_activations = use_stage;
           if (!TiledGemvMulti(&a, 1, s).ok()) std::exit(1);
         }
       });

@@ -214,6 +214,59 @@ TEST(Tiled, ActivationSumsGiveTheSameBits) {
   }
 }
 
+// Activations staged in shared memory (GemvArgs::stage_activations, the default; one column)
+// give exactly the unstaged kernel's outputs, with and without sums, every epilogue, several
+// segments in one launch, M with a partial tile, fewer units than warps (K = 256) and the 27B's
+// longest K; at 2..8 columns the flag changes nothing (those forms never stage).
+TEST(Tiled, StagedActivationsGiveTheSameBits) {
+  if (!HaveTiled()) GTEST_SKIP() << "tiled Q6_K needs sm_80+";
+  const GgmlType t = GgmlType::Q6_K;
+  for (const int K : {256, 5120, 17408}) {
+    const int M = K == 17408 ? 120 : 200;  // partial last tiles
+    Dev<uint8_t> dw(RandomWeights(t, M, K)), dw2(RandomWeights(t, M, K)), dw3(RandomWeights(t, 40, K));
+    Dev<uint8_t> tw = TileOnDevice(t, dw, M, K), tw2 = TileOnDevice(t, dw2, M, K), tw3 = TileOnDevice(t, dw3, 40, K);
+    for (const int nc : {1, 2, 3, 5, 8}) {
+      auto x = RandVec(static_cast<size_t>(nc) * K, -1.f, 1.f);
+      for (size_t i = 0; i < x.size(); i += 89) x[i] *= 30.f;
+      Dev<float> dx(x);
+      Dev<int8_t> dxq(static_cast<size_t>(nc) * K);
+      Dev<float> dxd(static_cast<size_t>(nc) * K / 32);
+      Dev<int32_t> dsum(static_cast<size_t>(nc) * K / 16);
+      ASSERT_OK(QuantizeActivations(dx.p, nc, K, dxq.p, dxd.p, nullptr, dsum.p));
+      for (int form = 0; form < 5; ++form) {  // store, accumulate, pair, sums, two segments
+        SCOPED_TRACE(::testing::Message() << "K=" << K << " nc=" << nc << " form=" << form);
+        const auto y0 = RandVec(static_cast<size_t>(nc) * (M + 40), -1.f, 1.f);
+        Dev<float> ya(y0), yb(y0);
+        auto run = [&](bool stage, float* y) {
+          GemvArgs a[2];
+          a[0].type = t; a[0].M = M; a[0].K = K; a[0].nc = nc; a[0].xq = dxq.p; a[0].xd = dxd.p;
+          a[0].w = tw.p; a[0].y = y; a[0].stage_activations = stage;
+          if (form == 1) a[0].epilogue = GemvEpilogue::kAccumulate;
+          if (form == 2) { a[0].epilogue = GemvEpilogue::kSiluMul; a[0].w2 = tw2.p; }
+          if (form == 3 && nc == 1) a[0].xsum = dsum.p;
+          int n = 1;
+          if (form == 4) {
+            a[1] = a[0];
+            a[1].M = 40;
+            a[1].w = tw3.p;
+            a[1].y = y + static_cast<int64_t>(nc) * M;
+            n = 2;
+          }
+          return TiledGemvMulti(a, n, nullptr);
+        };
+        ASSERT_OK(run(false, ya.p));
+        ASSERT_OK(run(true, yb.p));
+        const auto ga = ya.Down(), gb = yb.Down();
+        int differ = 0;
+        for (size_t i = 0; i < ga.size(); ++i)
+          if (std::memcmp(&ga[i], &gb[i], sizeof(float)) != 0 && differ++ < 5)
+            ADD_FAILURE() << "output " << i << ": " << gb[i] << " staged vs " << ga[i];
+        EXPECT_EQ(differ, 0);
+      }
+    }
+  }
+}
+
 TEST(Tiled, RejectsBadArguments) {
   GemvArgs a;
   a.type = GgmlType::Q8_0;
