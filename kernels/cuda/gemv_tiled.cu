@@ -101,10 +101,11 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
   __shared__ float red[kWarps][P][kTiledRows][NCB];
   // kStageX (one column; GemvArgs::stage_activations): the block's activations (xq [K], xd
   // [K/32], kSums: xsum [K/16]) are copied into shared memory once, after the wait for the
-  // kernel ahead; every unit then reads its operands there instead of from L2. ncu, ffn_down at one column (H200): the warps issued
-  // once per ~6 cycles, ~60% of it waiting on L1TEX loads, and the launch took ~25 us with 132
-  // tiles as with 320: the time was each warp's chain of 17 units, each starting with activation
-  // loads that missed L1 (docs/perf/h200.md, 2026-12-04). LaunchTiled gives the dynamic bytes.
+  // kernel ahead; every unit then reads its operands there instead of from L2. Why: ncu on
+  // ffn_down at one column (H200) showed a warp issuing once per ~6 cycles, ~60% of it waiting on
+  // L1TEX loads, and the launch took ~25 us with 132 tiles as with 320: the time was each warp's
+  // chain of 17 units, each starting with activation loads that missed L1 (docs/perf/h200.md,
+  // 2026-12-04). LaunchTiled gives the dynamic bytes.
   extern __shared__ __align__(16) uint8_t xstage[];
   int si = 0;
 #pragma unroll
@@ -369,10 +370,10 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     const bool one = L.seg[0].nc == 1;
     // One column stages its activations (kStageX; GemvArgs::stage_activations): K + K/8 (+ K/4
     // with sums) bytes, 23.4 KiB at the 27B's largest K. tiled_gemv_bench, H200, 64 layers of
-    // the 27B at 1 column: 7.24 -> 6.79 ms (ffn_down 29.2 -> 26.9 us, gate+up 46.2 -> 44.0).
-    // From 2 columns staging measured no better or worse (5 columns: 7.82 -> 8.06 ms; MTP k=4
-    // cycle 12.06 -> 12.35 ms), so those forms read the activations from L2 as before
-    // (docs/perf/h200.md, 2026-12-04).
+    // the 27B at 1 column: 7.28 -> 6.78 ms (ffn_down 29.2 -> 27.1 us, gate+up 47.0 -> 44.0).
+    // From 2 columns staging measured no better (5 columns: 7.82 -> 7.89 ms with bank-spread
+    // columns, 8.06 without; the MTP k=4 cycle 12.08 -> 12.16 ms), so those forms read the
+    // activations from L2 as before and pass their one kernel as both (kernels/cuda/README.md).
     const int K = L.seg[0].K;
     const size_t bytes = K + K / 8 + (L.seg[0].xsum != nullptr ? K / 4 : 0);
     const bool stage = one && L.seg[0].stage_activations;
