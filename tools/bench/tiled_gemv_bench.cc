@@ -132,7 +132,8 @@ int Main(int argc, char** argv) {
   DS_CUDA_CHECK(cudaEventCreate(&e0));
   DS_CUDA_CHECK(cudaEventCreate(&e1));
 
-  auto gemv = [&](int m, int layer, int nc, const float* in, float* out) {
+  // rows: the matrix's first rows only (0: all of them; the row scan below).
+  auto gemv = [&](int m, int layer, int nc, const float* in, float* out, int rows = 0) {
     const Mat& mt = kMats[m];
     // As in the worker: only the activations EnsureQuantized makes (ssm_out's, ffn_down's) come
     // with their sums; qkv+z and the pair read the fused norm's.
@@ -142,7 +143,7 @@ int Main(int argc, char** argv) {
     a.type = GgmlType::Q6_K;
     a.w = w[m] + tb[m] * per[m] * layer;
     a.w2 = per[m] == 2 ? w[m] + tb[m] * (per[m] * layer + 1) : nullptr;
-    a.M = mt.M;
+    a.M = rows > 0 ? rows : mt.M;
     a.K = mt.K;
     a.nc = nc;
     a.xq = xq;
@@ -218,22 +219,7 @@ int Main(int argc, char** argv) {
     for (int tiles : {132, 165, 198, 231, 264, 297, 320}) {
       const int rows = std::min(tiles * kTiledRows, dn.M);
       const float t = time_graph([&] {
-        for (int l = 0; l < layers; ++l) {
-          (void)QuantizeActivations(h, cols[0], dn.K, xq, xd, s, use_sums ? xsum : nullptr);
-          GemvArgs a;
-          a.type = GgmlType::Q6_K;
-          a.w = w[3] + tb[3] * l;
-          a.M = rows;
-          a.K = dn.K;
-          a.nc = cols[0];
-          a.xq = xq;
-          a.xd = xd;
-          if (use_sums) a.xsum = xsum;
-          a.y = y;
-          a.epilogue = dn.ep;
-          a.stage_activations = use_stage;
-          if (!TiledGemvMulti(&a, 1, s).ok()) std::exit(1);
-        }
+        for (int l = 0; l < layers; ++l) gemv(3, l, cols[0], h, y, rows);
       });
       const double us = t * 1e3 / layers;
       std::printf("%5d %8.1f %8.0f\n", tiles, us, TiledBytes(GgmlType::Q6_K, rows, dn.K) / (us * 1e3));
