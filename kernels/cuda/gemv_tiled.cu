@@ -13,6 +13,11 @@ namespace {
 using namespace tiled;  // NOLINT: the layout helpers (tiled_q6k.cuh)
 
 constexpr int kQ6Bytes = 210;  // GGUF block_q6_K: ql[128] qh[64] scales[16] d
+// One column's activations staged in shared memory (TiledKernel's kStageX): xq [K] bytes, then
+// xd [K/32] floats, then (with sums) xsum [K/16] int32. The kernel and LaunchTiled both use these.
+__host__ __device__ constexpr int StagedXdOffset(int K) { return K; }
+__host__ __device__ constexpr int StagedSumOffset(int K) { return K + K / 8; }
+constexpr size_t StagedBytes(int K, bool sums) { return StagedSumOffset(K) + (sums ? K / 4 : 0); }
 // A block = 4 warps splitting the K units of one 16-row tile (8 measured worse on the H200,
 // 2026-11-29: no gain at 1 column, 81.0 vs 81.1 tok/s; x16 743 vs 796 tok/s).
 constexpr int kWarps = 4;
@@ -144,17 +149,17 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
     if (warp < nu) LoadTileUnit(next, wp[0], lane);
   WaitForPrerequisiteGrids();
   const uint8_t* sxq = xstage;
-  const float* sxd = reinterpret_cast<const float*>(xstage + a.K);
-  const int32_t* ssum = reinterpret_cast<const int32_t*>(xstage + a.K + a.K / 8);
+  const float* sxd = reinterpret_cast<const float*>(xstage + StagedXdOffset(a.K));
+  const int32_t* ssum = reinterpret_cast<const int32_t*>(xstage + StagedSumOffset(a.K));
   if constexpr (kStageX) {
     // K % 256 == 0; xq, xd and xsum are 16-byte aligned (TiledGemvMulti checks xd and xsum).
     for (int i = threadIdx.x; i < a.K / 16; i += kWarps * 32)
       reinterpret_cast<uint4*>(xstage)[i] = __ldg(reinterpret_cast<const uint4*>(a.xq) + i);
     for (int i = threadIdx.x; i < a.K / 128; i += kWarps * 32)
-      reinterpret_cast<float4*>(xstage + a.K)[i] = __ldg(reinterpret_cast<const float4*>(a.xd) + i);
+      reinterpret_cast<float4*>(xstage + StagedXdOffset(a.K))[i] = __ldg(reinterpret_cast<const float4*>(a.xd) + i);
     if constexpr (kSums)
       for (int i = threadIdx.x; i < a.K / 64; i += kWarps * 32)
-        reinterpret_cast<uint4*>(xstage + a.K + a.K / 8)[i] = __ldg(reinterpret_cast<const uint4*>(a.xsum) + i);
+        reinterpret_cast<uint4*>(xstage + StagedSumOffset(a.K))[i] = __ldg(reinterpret_cast<const uint4*>(a.xsum) + i);
     __syncthreads();
   }
 
@@ -374,8 +379,7 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
     // From 2 columns staging measured no better (5 columns: 7.82 -> 7.89 ms with bank-spread
     // columns, 8.06 without; the MTP k=4 cycle 12.08 -> 12.16 ms), so those forms read the
     // activations from L2 as before and pass their one kernel as both (kernels/cuda/README.md).
-    const int K = L.seg[0].K;
-    const size_t bytes = K + K / 8 + (L.seg[0].xsum != nullptr ? K / 4 : 0);
+    const size_t bytes = StagedBytes(L.seg[0].K, L.seg[0].xsum != nullptr);
     const bool stage = one && L.seg[0].stage_activations;
     auto launch = [&](auto staged, auto plain) {
       if (!stage) {
@@ -384,7 +388,7 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
       }
       // Past the default 48 KiB of shared memory (K > ~34k with sums) the kernel must be allowed
       // the bytes; a failure surfaces as the launch's error.
-      if (bytes + 4096 > 48 * 1024)
+      if (bytes + sizeof(float) * kWarps * 2 * kTiledRows * 8 > 48 * 1024)  // + the pair's `red`
         (void)cudaFuncSetAttribute(staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(bytes));
       LaunchMaybeEarly(staged, end, kWarps * 32, bytes, s, L.seg[0].early_launch, L);
