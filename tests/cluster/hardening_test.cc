@@ -504,7 +504,10 @@ TEST(InternalPort, SchedulerClampsPriorityToThePublicRange) {
     return false;
   };
   ASSERT_TRUE(waiting(0));
-  auto a = std::async(std::launch::async, [&] { return submit(10, 4, &a_ctx); });
+  // The order is read on the client, one thread per stream, so the first request generates long
+  // enough (hundreds of steps) that its admission event is read well before the second one's is
+  // sent; with 4 tokens the two were a millisecond apart and a busy CI machine read them swapped.
+  auto a = std::async(std::launch::async, [&] { return submit(10, 256, &a_ctx); });
   ASSERT_TRUE(waiting(1));
   auto b = std::async(std::launch::async, [&] { return submit(1000000, 4, &b_ctx); });
   ASSERT_TRUE(waiting(2));
