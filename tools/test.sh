@@ -6,7 +6,9 @@
 #   3. ctest over all CPU tests (GPU tests are labelled `gpu` and run on the device machine)
 #   4. ASan+UBSan build of the core tests
 #   5. TSan build of the threaded tests that do not use gRPC
-#   6. a bounded libFuzzer run over the GGUF parser (corpus committed in tests/fuzz/corpus)
+#   6. bounded libFuzzer runs over the GGUF parser and the text a client or a model sends (the
+#      tokenizer, the chat output parser, OpenAI request bodies through the chat templates;
+#      corpora committed in tests/fuzz/corpus)
 # Env: DS_JOBS (default: nproc), DS_FUZZ_SECONDS (default 60), DS_SKIP_SANITIZE=1, DS_SKIP_TSAN=1,
 # DS_SKIP_CUDA=1, DS_SKIP_SM70=1.
 set -euo pipefail
@@ -128,7 +130,7 @@ if [ "${DS_SKIP_TSAN:-0}" != 1 ]; then
 fi
 
 if [ -f tests/fuzz/run_fuzz.sh ]; then
-  echo "== fuzzing the GGUF parser for ${DS_FUZZ_SECONDS:-60} s =="
+  echo "== fuzzing (GGUF parser ${DS_FUZZ_SECONDS:-60} s, each text target half that) =="
   if bash tests/fuzz/run_fuzz.sh "${DS_FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 fi
 

@@ -1,0 +1,110 @@
+// libFuzzer target for the OpenAI HTTP edge without the network: a request body (any bytes) is
+// parsed as /v1/chat/completions and as /v1/completions (gateway/http/openai_request.h); an
+// accepted chat is rendered by each chat template (common/tokenizer/chat_template.h) and encoded
+// as the gateway encodes it (PromptEncoder, the tiny models' BPE with its control tokens).
+// Checks, beyond "no crash, no sanitizer report":
+//  - a refusal is InvalidArgument with a message (the gateway's 400 names the field);
+//  - an accepted request's sampling values are finite and its numbers within their ranges;
+//  - a rendered prompt's trusted ranges are ordered, disjoint and inside the text;
+//  - the encoded ids decode to the rendered text exactly, and every control token among them
+//    stands for text the template wrote (a trusted range), never for text a client sent.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/prompt_encoder.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer_data.h"
+#include "gateway/http/openai_request.h"
+#include "tests/fuzz/fuzz_check.h"
+
+namespace {
+
+void Check(bool cond, const char* what) { ds::fuzz::Check(cond, "openai_request_fuzz", what); }
+
+const ds::Tokenizer& Tok() {
+  static const ds::Tokenizer* tok = [] {
+    absl::StatusOr<ds::Tokenizer> t = ds::Tokenizer::FromData(ds::MakeTinyBpe(200));
+    Check(t.ok(), "the tiny BPE loads");
+    return new ds::Tokenizer(std::move(*t));
+  }();
+  return *tok;
+}
+
+void CheckRefusal(const absl::Status& s) {
+  Check(s.code() == absl::StatusCode::kInvalidArgument, "a refused body is InvalidArgument");
+  Check(!s.message().empty(), "a refusal says why");
+}
+
+void CheckAccepted(const ds::gw::http::OpenAIRequest& r) {
+  const ds::gw::SamplingInput& p = r.input.sampling;
+  Check(std::isfinite(p.temperature) && std::isfinite(p.top_p) && std::isfinite(p.min_p) &&
+            std::isfinite(p.repetition_penalty) && std::isfinite(p.presence_penalty) &&
+            std::isfinite(p.frequency_penalty),
+        "sampling values are finite");
+  Check(r.top_logprobs >= 0, "top_logprobs >= 0");
+}
+
+void RenderAndEncode(const ds::gw::http::OpenAIRequest& r) {
+  const ds::Tokenizer& tok = Tok();
+  static const ds::PromptEncoder encoder(&tok);
+  for (const ds::ChatTemplate& t :
+       {ds::ChatTemplate::Of(ds::ChatTemplateKind::kChatML),
+        ds::ChatTemplate::Of(ds::ChatTemplateKind::kQwen35),
+        ds::ChatTemplate::Of(ds::ChatTemplateKind::kQwen35, /*preserve_thinking_branch=*/true)}) {
+    absl::StatusOr<ds::RenderedPrompt> rendered = t.Render(r.messages, r.render);
+    if (!rendered.ok()) {
+      CheckRefusal(rendered.status());
+      continue;
+    }
+    const std::string& text = rendered->text;
+    size_t prev_end = 0;
+    for (const auto& [b, e] : rendered->trusted) {
+      Check(b >= prev_end && b <= e && e <= text.size(), "trusted ranges ordered and inside");
+      prev_end = e;
+    }
+    absl::StatusOr<std::vector<int32_t>> ids = encoder.Encode(*rendered);
+    Check(ids.ok(), "a rendered prompt encodes");
+    size_t at = 0;
+    for (int32_t id : *ids) {
+      absl::StatusOr<std::string_view> piece = tok.TokenToPiece(id);
+      Check(piece.ok(), "encoded ids are in range");
+      Check(text.compare(at, piece->size(), *piece) == 0, "ids decode to the rendered text");
+      if (tok.token_type(id) == ds::TokenType::kControl) {
+        bool inside = false;
+        for (const auto& [b, e] : rendered->trusted)
+          inside |= b <= at && at + piece->size() <= e;
+        Check(inside, "a control token only where the template wrote it");
+      }
+      at += piece->size();
+    }
+    Check(at == text.size(), "ids cover the rendered text");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  absl::StatusOr<ds::gw::http::OpenAIRequest> chat = ds::gw::http::ParseChatRequest(body);
+  if (chat.ok()) {
+    Check(chat->chat, "a chat request says so");
+    CheckAccepted(*chat);
+    RenderAndEncode(*chat);
+  } else {
+    CheckRefusal(chat.status());
+  }
+  absl::StatusOr<ds::gw::http::OpenAIRequest> completion =
+      ds::gw::http::ParseCompletionRequest(body);
+  if (completion.ok()) {
+    Check(!completion->chat, "a completion request is not a chat");
+    CheckAccepted(*completion);
+  } else {
+    CheckRefusal(completion.status());
+  }
+  return 0;
+}
