@@ -86,24 +86,34 @@ run_ctest() {  # dir, extra args...
 echo "== tests (release) =="
 run_ctest build -LE gpu
 
-# The sanitizer pass covers the code that parses untrusted input and does the arithmetic (GGUF,
+# Builds the gtest targets $3.. in build dir $1 (configured with the CMake flags in $2) and runs
+# each with the environment assignments in SAN_ENV; counts their tests; label = the dir's suffix.
+run_sanitized() {
+  local dir=$1 flags=$2 label=${1#build-} t exe n
+  shift 2
+  cmake -S . -B "$dir" -G Ninja -DDS_CUDA=OFF $flags $LAUNCHER >/dev/null
+  cmake --build "$dir" -j"$JOBS" --target "$@"
+  for t in "$@"; do
+    exe=$(find "$dir/tests" -type f -name "$t" -perm -u+x | head -1)
+    if env $SAN_ENV "$exe" --gtest_brief=1 >"$dir/$t.log" 2>&1; then
+      n=$(grep -oE "\[  PASSED  \] [0-9]+" "$dir/$t.log" | grep -oE "[0-9]+$" || echo 1)
+      passed=$((passed + n)); echo "$label $t: $n passed"
+    else
+      failed=$((failed + 1)); echo "$label $t: FAILED"; tail -60 "$dir/$t.log"
+    fi
+  done
+}
+
+# The ASan + UBSan pass covers the code that parses untrusted input and does the arithmetic (GGUF,
 # quant formats, tokenizer, sampling, model, the step runner, the step executor, scheduler) and
 # the TP ranks' MTP path (threads over Gloo); the process-level cluster tests run in the release
 # pass only (they spawn the release binary).
-ASAN_TARGETS="util_test gguf_test kernels_cpu_test tokenizer_test sampling_test model_test runner_test worker_step_test scheduler_test worker_mtp_tp_test"
 if [ "${DS_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== tests under ASan + UBSan =="
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDS_SANITIZE=ON -DDS_CUDA=OFF $LAUNCHER >/dev/null
-  cmake --build build-asan -j"$JOBS" --target $ASAN_TARGETS
-  for t in $ASAN_TARGETS; do
-    exe=$(find build-asan/tests -type f -name "$t" -perm -u+x | head -1)
-    if ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "$exe" --gtest_brief=1 >"build-asan/$t.log" 2>&1; then
-      n=$(grep -oE "\[  PASSED  \] [0-9]+" "build-asan/$t.log" | grep -oE "[0-9]+$" || echo 1)
-      passed=$((passed + n)); echo "asan $t: $n passed"
-    else
-      failed=$((failed + 1)); echo "asan $t: FAILED"; tail -40 "build-asan/$t.log"
-    fi
-  done
+  SAN_ENV="ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1" \
+    run_sanitized build-asan "-DCMAKE_BUILD_TYPE=Debug -DDS_SANITIZE=ON" util_test gguf_test \
+    kernels_cpu_test tokenizer_test sampling_test model_test runner_test worker_step_test \
+    scheduler_test worker_mtp_tp_test
 fi
 
 # ThreadSanitizer over the threaded code that does not go through gRPC: the thread pool and the
@@ -112,21 +122,12 @@ fi
 # The cluster processes are left out: Debian's gRPC, protobuf and abseil are not built with TSan,
 # so their internal locking is invisible to it and a run of the cluster tests reports thousands of
 # races, every one with gRPC / protobuf / abseil frames (2026-12-04: 2,000 of 2,000).
-TSAN_TARGETS="util_test kernels_cpu_test model_test runner_test worker_step_test scheduler_test prefix_cache_test tp_test worker_mtp_tp_test"
 if [ "${DS_SKIP_TSAN:-0}" != 1 ]; then
   echo "== tests under ThreadSanitizer =="
-  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_TSAN=ON -DDS_CUDA=OFF $LAUNCHER >/dev/null
-  cmake --build build-tsan -j"$JOBS" --target $TSAN_TARGETS
-  for t in $TSAN_TARGETS; do
-    exe=$(find build-tsan/tests -type f -name "$t" -perm -u+x | head -1)
-    if TSAN_OPTIONS="suppressions=$ROOT/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
-        "$exe" --gtest_brief=1 >"build-tsan/$t.log" 2>&1; then
-      n=$(grep -oE "\[  PASSED  \] [0-9]+" "build-tsan/$t.log" | grep -oE "[0-9]+$" || echo 1)
-      passed=$((passed + n)); echo "tsan $t: $n passed"
-    else
-      failed=$((failed + 1)); echo "tsan $t: FAILED"; tail -60 "build-tsan/$t.log"
-    fi
-  done
+  SAN_ENV="TSAN_OPTIONS=suppressions=$ROOT/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
+    run_sanitized build-tsan "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_TSAN=ON" util_test \
+    kernels_cpu_test model_test runner_test worker_step_test scheduler_test prefix_cache_test \
+    tp_test worker_mtp_tp_test
 fi
 
 if [ -f tests/fuzz/run_fuzz.sh ]; then
