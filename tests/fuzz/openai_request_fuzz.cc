@@ -1,14 +1,14 @@
 // libFuzzer target for the OpenAI HTTP edge without the network: a request body (any bytes) is
 // parsed as /v1/chat/completions and as /v1/completions (gateway/http/openai_request.h); an
 // accepted chat is rendered by each chat template (common/tokenizer/chat_template.h) and encoded
-// as the gateway encodes it (PromptEncoder, the tiny models' BPE with its control tokens); then
+// as the gateway encodes it (PromptEncoder over tests/fuzz/fuzz_vocab.h's vocabulary); then
 // the request goes through the gateway's full validation (gateway/prepare.h `Prepare`), as
 // gateway/http/http_server.cc does before anything reaches the scheduler.
 // Checks, beyond "no crash, no sanitizer report":
 //  - a refusal is InvalidArgument with a message (the gateway's 400 names the field);
 //  - an accepted request's sampling values are finite and its numbers within their ranges;
 //  - a rendered prompt's trusted ranges are ordered, disjoint and inside the text;
-//  - the encoded ids decode to the rendered text exactly, and every control token among them
+//  - the encoded ids decode to the rendered text exactly, and every special token among them
 //    stands for text the template wrote (a trusted range), never for text a client sent;
 //  - what Prepare accepts is within every limit the scheduler relies on: prompt and stop ids in
 //    the vocabulary, a non-empty prompt, logprobs and priority in range, sampling parameters that
@@ -24,23 +24,16 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/prompt_encoder.h"
 #include "common/tokenizer/tokenizer.h"
-#include "common/tokenizer/tokenizer_data.h"
 #include "gateway/http/openai_request.h"
 #include "gateway/prepare.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_vocab.h"
 
 namespace {
 
 void Check(bool cond, const char* what) { ds::fuzz::Check(cond, "openai_request_fuzz", what); }
 
-const ds::Tokenizer& Tok() {
-  static const ds::Tokenizer* tok = [] {
-    absl::StatusOr<ds::Tokenizer> t = ds::Tokenizer::FromData(ds::MakeTinyBpe(200));
-    Check(t.ok(), "the tiny BPE loads");
-    return new ds::Tokenizer(std::move(*t));
-  }();
-  return *tok;
-}
+const ds::Tokenizer& Tok() { return ds::fuzz::FuzzTokenizer(); }
 
 void CheckRefusal(const absl::Status& s) {
   Check(s.code() == absl::StatusCode::kInvalidArgument, "a refused body is InvalidArgument");
@@ -89,11 +82,11 @@ std::optional<std::vector<int32_t>> RenderAndEncode(const ds::gw::http::OpenAIRe
       absl::StatusOr<std::string_view> piece = tok.TokenToPiece(id);
       Check(piece.ok(), "encoded ids are in range");
       Check(text.compare(at, piece->size(), *piece) == 0, "ids decode to the rendered text");
-      if (tok.token_type(id) == ds::TokenType::kControl) {
+      if (ds::fuzz::IsSpecial(tok, id)) {
         bool inside = false;
         for (const auto& [b, e] : rendered->trusted)
           inside |= b <= at && at + piece->size() <= e;
-        Check(inside, "a control token only where the template wrote it");
+        Check(inside, "a special token only where the template wrote it");
       }
       at += piece->size();
     }

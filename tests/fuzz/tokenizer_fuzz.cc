@@ -1,12 +1,12 @@
 // libFuzzer target for the tokenizer on untrusted text (prompts, chat contents) and on whatever
 // ids a model generates. Checks the contracts the gateway relies on:
-//  - Encode(bytes, parse_special = false) accepts any bytes, yields no control token, and
+//  - Encode(bytes, parse_special = false) accepts any bytes, yields no control or user-defined
+//    token, and
 //    Decode gives the bytes back exactly (tokenizer.h);
 //  - the streaming decoder (IncrementalDecoder: one token at a time) emits well-formed UTF-8,
 //    the same text as sanitizing the whole output at once, and the input itself when it was
 //    valid UTF-8 (what reaches a client must not depend on where tokens split characters).
-// The vocabulary is the tiny models' built-in BPE (common/tokenizer/tiny_bpe.cc) with its control
-// tokens, so the fuzzer needs no file.
+// The vocabulary: tests/fuzz/fuzz_vocab.h.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,21 +16,14 @@
 #include "common/tokenizer/byte_level.h"
 #include "common/tokenizer/incremental_decoder.h"
 #include "common/tokenizer/tokenizer.h"
-#include "common/tokenizer/tokenizer_data.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_vocab.h"
 
 namespace {
 
 void Check(bool cond, const char* what) { ds::fuzz::Check(cond, "tokenizer_fuzz", what); }
 
-const ds::Tokenizer& Tok() {
-  static const ds::Tokenizer* tok = [] {
-    absl::StatusOr<ds::Tokenizer> t = ds::Tokenizer::FromData(ds::MakeTinyBpe(ds::kMaxTinyMerges));
-    Check(t.ok(), "the tiny BPE loads");
-    return new ds::Tokenizer(std::move(*t));
-  }();
-  return *tok;
-}
+const ds::Tokenizer& Tok() { return ds::fuzz::FuzzTokenizer(); }
 
 using ds::fuzz::ValidUtf8;
 
@@ -45,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(ids.ok(), "Encode accepts any bytes");
   for (int32_t id : *ids) {
     Check(id >= 0 && id < tok.n_vocab(), "ids in range");
-    Check(tok.token_type(id) != ds::TokenType::kControl, "no control token from plain text");
+    Check(!ds::fuzz::IsSpecial(tok, id), "no control or user-defined token from plain text");
   }
   absl::StatusOr<std::string> back = tok.Decode(*ids);
   Check(back.ok() && *back == text, "Decode(Encode(bytes)) == bytes");
