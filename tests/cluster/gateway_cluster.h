@@ -83,6 +83,19 @@ inline std::vector<std::string> ClusterBackendArgs() {
   if (b && *b && std::string(b) != "cpu") return {"--backend", b};
   return {"--backend", "cpu", "--threads", "1"};
 }
+// DS_CLUSTER_GPUS="0,1" (unset: nothing, every worker on its backend's default device): the n-th
+// worker a Cluster starts gets `--device` of entry n modulo the list, so replicas land on distinct
+// GPUs (tools/device/two_gpu_run.sh: one replica per card).
+inline std::vector<std::string> ClusterDeviceArgs(int n) {
+  const char* g = std::getenv("DS_CLUSTER_GPUS");
+  if (!g || !*g) return {};
+  std::vector<std::string> gpus;
+  std::stringstream ss(g);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) gpus.push_back(x);
+  if (gpus.empty()) return {};
+  return {"--device", gpus[static_cast<size_t>(n) % gpus.size()]};
+}
 
 struct ClusterOptions {
   int slots = 4;
@@ -151,6 +164,7 @@ class Cluster {
   pid_t StartWorker() {
     std::vector<std::string> wargs = {"--scheduler", sched_addr_, "--model", model()};
     for (const std::string& a : ClusterBackendArgs()) wargs.push_back(a);
+    for (const std::string& a : ClusterDeviceArgs(n_workers_)) wargs.push_back(a);
     wargs.insert(wargs.end(), o_.worker_args.begin(), o_.worker_args.end());
     const int n = n_workers_++;
     procs_.push_back(

@@ -409,25 +409,34 @@ void KillMidStream(ServeRun& s, const std::string& worker_id, const std::vector<
   ASSERT_GT(victim, 0) << worker_id;
   std::promise<void> streaming;
   std::atomic<bool> fired{false};
+  // The longest gap between two messages of each stream (the restart and reload included);
+  // declared before the futures, whose destructors wait for the streams that write it.
+  std::vector<double> max_gap(4, 0.0);
   std::vector<std::future<GenResult>> f;
   for (int i = 0; i < 4; ++i)
     f.push_back(std::async(std::launch::async, [&, i] {
-      return Cluster::Generate(s.addr(), Greedy(kTokens), 120s, [&, i](const GenResult& g) {
+      auto last = Clock::now();
+      auto on_message = [&, i, last](const GenResult& g) mutable {
+        const auto now = Clock::now();
+        max_gap[i] = std::max(max_gap[i], std::chrono::duration<double>(now - last).count());
+        last = now;
         if (i == 0 && g.ids.size() >= 20 && !fired.exchange(true)) streaming.set_value();
         return false;
-      });
+      };
+      return Cluster::Generate(s.addr(), Greedy(kTokens), 120s, on_message);
     }));
   ASSERT_EQ(streaming.get_future().wait_for(30s), std::future_status::ready);
   ASSERT_EQ(kill(victim, sig), 0);
   *killed_at = Clock::now();
   if (after_fault) after_fault();
-  for (auto& x : f) {
-    GenResult g = x.get();
+  for (size_t i = 0; i < f.size(); ++i) {
+    GenResult g = f[i].get();
     ASSERT_TRUE(g.status.ok()) << g.status.error_message() << s.Output();
     EXPECT_EQ(g.ids, want);
     EXPECT_EQ(g.ids.size(), want.size());
     std::printf("serve: %zu tokens, %zu equal to the uninterrupted run before the first "
-                "difference\n", g.ids.size(), Agreement(g.ids, want));
+                "difference, max gap between messages %.3f s\n", g.ids.size(),
+                Agreement(g.ids, want), max_gap[i]);
   }
 }
 
@@ -463,9 +472,17 @@ TEST(ServeReplicas, RestartsAKilledWorkerAndLosesNothing) {
 // both ranks, the group re-forms, and the held requests continue with nothing lost.
 // `serve --tp 2` (one group of two ranks, Gloo; CUDA ranks on one GPU on the device machine:
 // Gloo behind the host-staged collective), ready, with its uninterrupted greedy answer in `want`.
+// DS_CLUSTER_TP_GPUS / DS_CLUSTER_TP_COLLECTIVE (e.g. "0,1" / "nccl": a group over two cards,
+// tools/device/two_gpu_run.sh) replace the GPU default ("0,0" / "gloo") and, set on the CPU,
+// add --gpus / --tp-collective there too.
 std::vector<std::string> TpServeFlags() {
   std::vector<std::string> flags = {"--tp", "2", "--split", "1,1", "--slots", "4"};
-  if (OnGpu()) flags.insert(flags.end(), {"--tp-collective", "gloo", "--gpus", "0,0"});
+  const char* gpus = std::getenv("DS_CLUSTER_TP_GPUS");
+  const char* coll = std::getenv("DS_CLUSTER_TP_COLLECTIVE");
+  if (coll && *coll) flags.insert(flags.end(), {"--tp-collective", coll});
+  else if (OnGpu()) flags.insert(flags.end(), {"--tp-collective", "gloo"});
+  if (gpus && *gpus) flags.insert(flags.end(), {"--gpus", gpus});
+  else if (OnGpu()) flags.insert(flags.end(), {"--gpus", "0,0"});
   return flags;
 }
 void StartTpServe(ServeRun& s, GenResult* want) {
