@@ -12,9 +12,9 @@
 // Input: byte 0 picks the options, byte 1 seeds the chunk sizes, the rest is the text, made
 // well-formed UTF-8 first as the server's streaming decoder does (IncrementalDecoder), and cut
 // into chunks at character boundaries, as that decoder emits them.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>

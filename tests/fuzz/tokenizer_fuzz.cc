@@ -1,8 +1,7 @@
 // libFuzzer target for the tokenizer on untrusted text (prompts, chat contents) and on whatever
 // ids a model generates. Checks the contracts the gateway relies on:
 //  - Encode(bytes, parse_special = false) accepts any bytes, yields no control or user-defined
-//    token, and
-//    Decode gives the bytes back exactly (tokenizer.h);
+//    token, and Decode gives the bytes back exactly (tokenizer.h);
 //  - the streaming decoder (IncrementalDecoder: one token at a time) emits well-formed UTF-8,
 //    the same text as sanitizing the whole output at once, and the input itself when it was
 //    valid UTF-8 (what reaches a client must not depend on where tokens split characters).
@@ -33,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ds::Tokenizer& tok = Tok();
   const std::string_view text(reinterpret_cast<const char*>(data), size);
 
-  // Untrusted text -> ids -> the same bytes, never a control token.
+  // Untrusted text -> ids -> the same bytes, never a special token.
   absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(text, /*parse_special=*/false);
   Check(ids.ok(), "Encode accepts any bytes");
   for (int32_t id : *ids) {
@@ -43,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<std::string> back = tok.Decode(*ids);
   Check(back.ok() && *back == text, "Decode(Encode(bytes)) == bytes");
 
-  // With specials parsed, the ids still decode to the text (control tokens render as their text).
+  // With specials parsed, the ids still decode to the text (special tokens render as their text).
   absl::StatusOr<std::vector<int32_t>> special_ids = tok.Encode(text, /*parse_special=*/true);
   Check(special_ids.ok(), "Encode with specials accepts any bytes");
   absl::StatusOr<std::string> special_back = tok.Decode(*special_ids);
