@@ -118,7 +118,8 @@ fi
 
 # ThreadSanitizer over the threaded code that does not go through gRPC: the thread pool and the
 # CPU kernels split over it, the model and step runner, the worker's step executor, the prefix
-# cache, and the tensor-parallel ranks as threads over Gloo (tests/tsan.supp: Gloo's socket ends).
+# cache, the tensor-parallel ranks as threads over Gloo (tests/tsan.supp: Gloo's socket ends), the
+# gateway's admission under concurrent callers and the HTTP edge's disconnect watch.
 # The cluster processes are left out: Debian's gRPC, protobuf and abseil are not built with TSan,
 # so their internal locking is invisible to it and a run of the cluster tests reports thousands of
 # races, every one with gRPC / protobuf / abseil frames (2026-12-04: 2,000 of 2,000).
@@ -127,7 +128,7 @@ if [ "${DS_SKIP_TSAN:-0}" != 1 ]; then
   SAN_ENV="TSAN_OPTIONS=suppressions=$ROOT/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
     run_sanitized build-tsan "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_TSAN=ON" util_test \
     kernels_cpu_test model_test runner_test worker_step_test scheduler_test prefix_cache_test \
-    tp_test worker_mtp_tp_test
+    tp_test worker_mtp_tp_test gateway_unit_test openai_http_unit_test
 fi
 
 if [ -f tests/fuzz/run_fuzz.sh ]; then
