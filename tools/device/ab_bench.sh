@@ -17,7 +17,7 @@ for t in ${TESTS:-}; do run_gtest "$t"; done
 A=/tmp/ab_a/deltaserve
 mkdir -p /tmp/ab_a && xz -dc "${A_XZ:?}" > "$A" && chmod +x "$A"
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 # BENCH, then BENCH2 when given, each alternated A, B for ROUNDS rounds.
 for args in "${BENCH:?}" ${BENCH2:+"$BENCH2"}; do
   for r in $(seq 1 "${ROUNDS:-2}"); do

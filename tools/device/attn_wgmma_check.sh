@@ -22,7 +22,7 @@ timeout 120 "$BIN/kv_quant_cuda_test" --gtest_also_run_disabled_tests \
 [ "$rc" = 0 ] || exit $rc
 [ "${BENCH:-1}" = 0 ] && exit $rc
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 for f in off on; do
   echo "== --attn-wgmma $f"
   timeout 150 "$BIN/deltaserve" bench --model "$M" --prefill ${PREFILL:-8192,32768} --decode 8 \

@@ -12,7 +12,7 @@ source tools/device/env.sh
 M=${MODEL:-/tmp/m.gguf}
 O=${OUT:-/tmp/out}
 mkdir -p "$O"
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 NCU=/usr/local/cuda/bin/ncu
 for mode in "plain off" "mtp3 3"; do
   set -- $mode

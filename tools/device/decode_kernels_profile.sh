@@ -14,7 +14,7 @@ O=${OUT:-/tmp/out}
 L=$O/logs
 mkdir -p "$L"
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 64 --depth 0 --conc "" \
   --no-profile 2>&1 | grep -E "decode tg" | sort -u
 timeout 400 /usr/local/cuda/bin/ncu --clock-control none --cache-control none \

@@ -15,7 +15,7 @@ run_gtest draft_head_cuda_test
 run_gtest mtp_gpu_test
 grep "coarse draft head:" "$L/mtp_gpu_test.log"
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 for r in 1 2; do
   for f in off on; do
     echo "== --coarse-draft-head $f (round $r)"

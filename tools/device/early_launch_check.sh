@@ -18,7 +18,7 @@ run_gtest gpu_vs_cpu_test
 run_gtest batch_invariance_test
 run_gtest mtp_gpu_test
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 eval "modes=(${MODES:-\"--early-launch off\" \"--early-launch on\" \"--early-launch off\" \"--early-launch on\"})"
 for f in "${modes[@]}"; do
   echo "== $f"

@@ -25,6 +25,11 @@ wait_serving() {
   done
   return 1
 }
+# The 27B-shape Q6_K synth file (~40 s) at path $1 unless it is there already (it is never
+# carried); scripts run it beside their tests as `synth_27b "$M" &` and `wait` before the bench.
+synth_27b() {
+  [ -s "$1" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$1" >/dev/null 2>&1
+}
 # Runs the packed gtest binary $1 (its arguments after it) under a 240 s limit, its log in
 # $L/$1.log (L: the calling script's log folder); prints the summary and the failures, then a
 # PASS/FAIL line. A binary that was not packed is skipped.

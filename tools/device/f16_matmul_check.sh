@@ -14,7 +14,7 @@ L=${OUT:-/tmp/out}/logs
 mkdir -p "$L"
 M=${MODEL:-/tmp/m.gguf}
 AB=${AB:---f16-cluster}
-( [ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1 ) &
+synth_27b "$M" &
 synth=$!
 run_gtest tiled_f16_cuda_test
 grep -E "^\[ +(OK|FAILED|SKIPPED) " "$L/tiled_f16_cuda_test.log" | head -20

@@ -32,7 +32,7 @@ if [ "${NCU:-0}" = 1 ]; then
   done
 fi
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 eval "modes=(${MODES:-\"--f16-mma on\" \"--f16-mma off\"})"
 for f in "${modes[@]}"; do
   echo "== $f"

@@ -16,7 +16,7 @@ for t in gdn_launch_cuda_test kv_quant_cuda_test mtp_gpu_test gpu_vs_cpu_test ke
   run_gtest $t
 done
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 for f in on off on; do
   echo "== --fuse-gdn $f"
   timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 32 --depth 0 --conc 16,64 --conc-gen 32 \

@@ -32,7 +32,7 @@ if [ -s "$TEXT" ]; then
   done
 fi
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 for st in bf16 f32; do
   echo "== --gdn-state $st"
   timeout 150 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 16 --depth 0 \

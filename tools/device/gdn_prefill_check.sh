@@ -20,7 +20,7 @@ if [ -x /usr/local/cuda/bin/ncu ]; then
   /usr/local/cuda/bin/ncu -k 'regex:GdnChunkScan|GdnChunkPrep' --launch-skip 10 -c 2 --metrics gpu__time_duration.sum \
     "$BIN/gdn_cuda_test" --gtest_filter=Gdn.ChunkedPrefill 2>&1 | grep -E "GdnChunk.*Kernel|duration" | paste - -
 fi
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 timeout 300 "$BIN/deltaserve" bench --model "$M" --prefill 512,8192 --decode 8 --depth 0 --dense-weights on 2>&1 |
   grep -E -A10 "prefill of (512|8192) tokens"
 for dense in on off; do

@@ -26,7 +26,7 @@ done
 run_gtest gpu_vs_cpu_test
 run_gtest batch_invariance_test
 M=${MODEL:-/tmp/m.gguf}
-[ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1
+synth_27b "$M"
 for f in off on off on; do
   echo "== --gdn-scan-mma $f"
   timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill ${PREFILL:-512,8192,32768} --decode 8 \

@@ -14,7 +14,7 @@ source tools/device/env.sh
 L=${OUT:-/tmp/out}/logs
 mkdir -p "$L"
 M=${MODEL:-/tmp/m.gguf}
-( [ -s "$M" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$M" >/dev/null 2>&1 ) &
+synth_27b "$M" &
 synth=$!
 for t in tiled_cuda_test kernels_cuda_test batch_invariance_test gpu_vs_cpu_test mtp_gpu_test; do run_gtest $t; done
 [ -x "$BIN/tiled_gemv_bench" ] && timeout 300 "$BIN/tiled_gemv_bench" --cols ${COLS:-1,4} --sums 1 --stage 0,1 \

@@ -438,16 +438,26 @@ PY
 
 # ---- P3 / P4: the failover tests of replica_test against the two cards ----
 gtest_result() { grep -E '^\[  (PASSED|FAILED) ' "$1" | tr '\n' ' '; }
+# replica_gtest NAME LIMIT FILTER PATTERN [VAR=VALUE...]: replica_test's FILTER as step NAME (run's
+# rules) with the cluster's binary and model and the given environment, on the CUDA backend unless
+# DRY=cpu; prints the log lines matching PATTERN and any failure. Sets the caller's s (status) and
+# f (log).
+replica_gtest() {
+  local name=$1 max=$2 filter=$3 pattern=$4
+  shift 4
+  local env=(DS_DELTASERVE_BIN=$B DS_CLUSTER_MODEL=$MODEL "$@")
+  [ "$DRY" != cpu ] && env+=(DS_CLUSTER_BACKEND=cuda)
+  run "$name" "$max" env "${env[@]}" "$RT" --gtest_color=no --gtest_filter="$filter"
+  s=$?
+  f=$LOG/$name.log
+  grep -E "$pattern|Failure|Expected|Which is" "$f" | head -12 | sed 's/^/  /'
+}
 point3() {
   echo "== P3: serve --tp 2 --gpus 0,1 --tp-collective $P3COLL, kill -9 of rank 1 under 4 streams"
   if ! need_model; then summary "P3 FAIL no model ($LOG/synth.log)"; return; fi
-  local env=(DS_DELTASERVE_BIN=$B DS_CLUSTER_MODEL=$MODEL DS_CLUSTER_TP_GPUS=0,1 DS_CLUSTER_TP_COLLECTIVE=$P3COLL)
-  [ "$DRY" != cpu ] && env+=(DS_CLUSTER_BACKEND=cuda)
-  run p3_tp_kill 300 env "${env[@]}" "$RT" --gtest_color=no \
-    --gtest_filter=ServeReplicas.TpGroupLosingARankReformsAndLosesNothing
-  local s=$? f=$LOG/p3_tp_kill.log
-  grep -E "^serve: |^tp group|Failure|Expected|Which is" $f | head -12 | sed 's/^/  /'
-  local out
+  local s f out
+  replica_gtest p3_tp_kill 300 ServeReplicas.TpGroupLosingARankReformsAndLosesNothing \
+    "^serve: |^tp group" DS_CLUSTER_TP_GPUS=0,1 DS_CLUSTER_TP_COLLECTIVE=$P3COLL
   out=$(python3 - "$f" "$s" "$TABLES" "$P3COLL" <<'PY'
 import re, sys
 t = open(sys.argv[1], errors='replace').read(); st = int(sys.argv[2]); coll = sys.argv[4]
@@ -474,13 +484,9 @@ PY
 point4() {
   echo "== P4: two replicas (GPU 0, GPU 1), kill -9 of replica 0 under 4 streams"
   if ! need_model; then summary "P4 FAIL no model ($LOG/synth.log)"; return; fi
-  local env=(DS_DELTASERVE_BIN=$B DS_CLUSTER_MODEL=$MODEL DS_CLUSTER_GPUS=0,1)
-  [ "$DRY" != cpu ] && env+=(DS_CLUSTER_BACKEND=cuda)
-  run p4_replica_kill 240 env "${env[@]}" "$RT" --gtest_color=no \
-    --gtest_filter=Replicas.KillOneMidStreamAndEveryRequestCompletesIdentically
-  local s=$? f=$LOG/p4_replica_kill.log
-  grep -E "^kill -9: |Failure|Expected|Which is" $f | head -12 | sed 's/^/  /'
-  local out
+  local s f out
+  replica_gtest p4_replica_kill 240 Replicas.KillOneMidStreamAndEveryRequestCompletesIdentically \
+    "^kill -9: " DS_CLUSTER_GPUS=0,1
   out=$(python3 - "$f" "$s" "$TABLES" <<'PY'
 import re, sys
 t = open(sys.argv[1], errors='replace').read(); st = int(sys.argv[2])
