@@ -36,6 +36,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/sampling/sampler.h"
+#include "common/util/model_alias.h"
 #include "common/util/status.h"
 #include "tests/gpu_test_options.h"
 #include "tools/synth/synth.h"
@@ -574,6 +575,100 @@ TEST_P(Mtp, DraftChainMatchesHostDrafts) {
     }
     EXPECT_EQ(chain, host);
     toks.insert(toks.end(), catchup.begin(), catchup.end());
+  }
+}
+
+// The fused draft chain (kernels/cuda/mtp_chain.cuh: every pass in one cooperative kernel, on
+// by default where the MTP block takes it) against the per-kernel chain of a second backend
+// over the same file (CudaBackendOptions::fused_draft_chain off): the same drafts, round after
+// round (each round's chain writes the MTP K/V rows and mask the next rounds attend to), for
+// 1..5 catch-up rows and 1..4 drafts, on F32, F16 and BF16 matrices and the trained demo model
+// (whose drafts are not random: near-ties are rarer). The fused kernel sums in another order, so
+// the test also checks that it ran (FusedDraftChains) rather than falling back.
+TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    const char* name;
+    GgmlType type;
+    bool demo;
+  };
+  const Case cases[] = {{"F32", GgmlType::F32, false},
+                        {"F16", GgmlType::F16, false},
+                        {"BF16", GgmlType::BF16, false},
+                        {"demo", GgmlType::F16, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::shared_ptr<const gguf::File> file;
+    if (c.demo) {
+      auto f = gguf::File::Open(ResolveModelAlias("demo"));
+      ASSERT_TRUE(f.ok()) << f.status();
+      file = std::shared_ptr<const gguf::File>(std::move(*f));
+    } else {
+      file = Synth(Model{c.name, c.type, 0});
+    }
+    ASSERT_TRUE(file);
+    std::unique_ptr<Backend> be[2];
+    for (int i = 0; i < 2; ++i) {
+      CudaBackendOptions co;
+      co.spec_tokens = 6;
+      co.spec_seqs = 1;
+      co.fused_draft_chain = i == 0;
+      auto b = CreateCudaBackend(file, Opts(), co);
+      ASSERT_TRUE(b.ok()) << b.status();
+      be[i] = std::move(*b);
+    }
+    const int V = be[0]->config().n_vocab;
+    std::vector<int32_t> toks = Prompt(kPrompt, V);
+    for (auto& b : be) {
+      b->ResetSlot(0);
+      SeqStep s;
+      s.slot = 0;
+      s.tokens = toks;
+      s.all_logits = true;
+      StepOptions o;
+      o.want_hidden = true;
+      StepOutput out;
+      ASSERT_TRUE(b->Forward({&s, 1}, o, &out).ok());
+      std::vector<float> l, h;
+      std::vector<int32_t> next(toks.begin() + 1, toks.end());
+      next.push_back(3);
+      ASSERT_TRUE(b->MtpRows(0, 0, next, out.hidden, &l, &h).ok());
+    }
+    toks.push_back(3);
+    int64_t compared = 0;
+    for (int round = 0; round < 12; ++round) {
+      SCOPED_TRACE(::testing::Message() << "round " << round);
+      const int n_rows = 1 + round % 5;
+      const int n_drafts = 1 + round % 4;
+      const int32_t pos0 = static_cast<int32_t>(toks.size()) - 1;
+      std::vector<int32_t> rows(toks.end() - 1, toks.end());
+      for (int i = 1; i < n_rows; ++i) rows.push_back((round * 31 + i * 7) % V);
+      std::vector<int32_t> catchup(rows.begin() + 1, rows.end());
+      catchup.push_back((round * 13 + 1) % V);
+      std::vector<int32_t> drafts[2];
+      for (int i = 0; i < 2; ++i) {
+        SeqStep s;
+        s.slot = 0;
+        s.pos0 = pos0;
+        s.tokens = rows;
+        s.all_logits = true;
+        s.decode_path = true;
+        StepOutput out;
+        absl::Status st = be[i]->Forward({&s, 1}, StepOptions{}, &out);
+        ASSERT_TRUE(st.ok()) << st;
+        st = be[i]->MtpDraftGreedy(0, pos0, catchup, 0, n_drafts, &drafts[i]);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      EXPECT_EQ(drafts[0], drafts[1]);
+      compared += static_cast<int64_t>(drafts[0].size());
+      toks.insert(toks.end(), catchup.begin(), catchup.end());
+    }
+    EXPECT_EQ(compared, 30);
+    auto* fused = dynamic_cast<cuda::CudaBackend*>(be[0].get());
+    auto* plain = dynamic_cast<cuda::CudaBackend*>(be[1].get());
+    ASSERT_TRUE(fused && plain);
+    EXPECT_EQ(fused->FusedDraftChains(), 12);
+    EXPECT_EQ(plain->FusedDraftChains(), 0);
   }
 }
 

@@ -41,6 +41,10 @@ struct BenchOptions {
   bool early_launch = true;  // --early-launch off: CudaBackendOptions::early_launch (A/B)
   // --coarse-draft-head off: CudaBackendOptions::coarse_draft_head (A/B of the MTP rows)
   bool coarse_draft_head = true;
+  // --fused-draft off: CudaBackendOptions::fused_draft_chain (A/B of the draft chain);
+  // --fused-draft-blocks N: its grid (0: one block per SM)
+  bool fused_draft = true;
+  int fused_draft_blocks = 0;
   // --gdn-state f32|bf16: CudaBackendOptions::gdn_state_bf16 (the GDN state stored in bf16)
   bool gdn_state_bf16 = false;
   int overlap_chunks = 0;                    // --overlap-chunks N (0: the option's default)

@@ -121,7 +121,8 @@ int CmdGenerate(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
                            "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
-                           "--backend", "--threads", "--kv-type", "--mtp", "--gdn-state"},
+                           "--backend", "--threads", "--kv-type", "--mtp", "--gdn-state",
+                           "--fused-draft"},
                           {"--json", "--ignore-eos", "--chat", "--portable"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
@@ -203,6 +204,11 @@ int CmdGenerate(int argc, char** argv) {
   auto gdn_state = ParseGdnState(args->Str("--gdn-state", "f32"));
   if (!gdn_state.ok()) return Fail(gdn_state.status());
   bo.gdn_state_bf16 = *gdn_state;  // the GDN state stored in bf16 (CPU: emulated)
+  // CUDA: the draft chain in one kernel where the MTP block takes it (off: one kernel per op).
+  const std::string fused_draft = args->Str("--fused-draft", "on");
+  if (fused_draft != "on" && fused_draft != "off")
+    return Fail(absl::InvalidArgumentError("--fused-draft expects on or off, got '" + fused_draft + "'"));
+  bo.fused_draft_chain = fused_draft == "on";
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);

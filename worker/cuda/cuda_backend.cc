@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.dense_weights != DenseWeights::kAuto) co.dense_weights = opts.dense_weights;
   if (!opts.early_launch) co.early_launch = false;
   if (!opts.coarse_draft_head) co.coarse_draft_head = false;
+  if (!opts.fused_draft_chain) co.fused_draft_chain = false;
   if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;
   if (opts.prefix_cache_bytes > 0) {
     co.prefix_cache_bytes = opts.prefix_cache_bytes;
@@ -51,6 +52,7 @@ uint64_t CudaBackend::StepWeightBytes() const { return cuda_->StepWeightBytes();
 void CudaBackend::SetProfiling(bool on) { cuda_->SetProfiling(on); }
 void CudaBackend::ResetProfile() { cuda_->ResetProfile(); }
 int64_t CudaBackend::OverlappedAllReduces() const { return cuda_->overlapped_allreduces(); }
+int64_t CudaBackend::FusedDraftChains() const { return cuda_->fused_draft_chains(); }
 std::vector<std::pair<std::string, double>> CudaBackend::ProfileTotals() const {
   return cuda_->ProfileTotals();
 }

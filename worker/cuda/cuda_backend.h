@@ -44,6 +44,8 @@ class CudaBackend final : public StepRunner {
   // TP all-reduces that ran overlapped with the projection GEMMs (CudaBackendOptions::
   // overlap_allreduce), since start: lets tests see that the path ran.
   int64_t OverlappedAllReduces() const;
+  // Greedy draft chains run by the fused kernel (CudaBackendOptions::fused_draft_chain).
+  int64_t FusedDraftChains() const;
 
  private:
   CudaBackend(std::unique_ptr<CudaDevice> device, std::shared_ptr<const gguf::File> file,

@@ -33,6 +33,7 @@
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/mtp_chain.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
 #include "worker/cuda/cuda_options.h"
@@ -144,6 +145,8 @@ class CudaDevice final : public Device {
   bool portable() const { return portable_; }  // the sm_70 kernel path (cuda_options.h)
   // All-reduces that ran overlapped with the projection GEMMs (overlap_allreduce), since start.
   int64_t overlapped_allreduces() const { return overlap_pieces_; }
+  // Draft chains run by the fused kernel (kernels/cuda/mtp_chain.cuh) since start.
+  int64_t fused_draft_chains() const { return fused_chains_; }
   // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
   uint64_t StepWeightBytes() const { return step_weight_bytes_; }
   // Profiling pass: when on, graphs are off and every op class is bracketed by CUDA events;
@@ -570,6 +573,13 @@ class CudaDevice final : public Device {
   int32_t* mtp_ints_ = nullptr;
   int32_t* h_mtp_ints_ = nullptr;  // pinned [MtpIntsTotal()]
   float* h_mtp_f_ = nullptr;  // pinned [mtp_rows_max_ * H + H + n_vocab]: hidden in, hidden / logits out
+  // The fused draft chain (kernels/cuda/mtp_chain.cuh; CudaBackendOptions::fused_draft_chain):
+  // its arguments but the per-call ones, set at load when the MTP block's shapes and types take
+  // it (mtp_chain_.blocks > 0), and its barrier / argmax ints (zeroed once).
+  MtpChainArgs mtp_chain_;
+  int32_t* mtp_chain_sync_ = nullptr;
+  int64_t fused_chains_ = 0;
+  absl::Status SetUpFusedDraftChain();
   int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)
   absl::Status CheckMtp(int slot, int32_t pos0, int n) const;
   // One MTP pass over r rows (mtp.cc): every per-call value on the device.

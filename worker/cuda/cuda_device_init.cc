@@ -371,6 +371,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&mtp_parts_),
        has_mtp_ ? MaskedAttnPartialFloats(attn_shape_, MtpAttnSplits()) * 4ull : 0},
       {reinterpret_cast<void**>(&mtp_ints_), has_mtp_ ? MtpIntsTotal() * 4ull : 0},
+      {reinterpret_cast<void**>(&mtp_chain_sync_), has_mtp_ ? MtpChainSyncInts() * 4ull : 0},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
@@ -629,7 +630,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       cudaMallocHost(&h_ints_, (int_bytes + 15) / 16 * 16 + mtp_f_floats * 4 + 16));
   h_mtp_ints_ = h_ints_ + 11 * T;
   h_mtp_f_ = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(h_ints_) + (int_bytes + 15) / 16 * 16);
-  return absl::OkStatus();
+  return has_mtp_ ? SetUpFusedDraftChain() : absl::OkStatus();
 }
 
 }  // namespace cuda

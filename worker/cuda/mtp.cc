@@ -53,6 +53,73 @@ absl::Status CudaDevice::CommitSpeculative(int slot, int entry) {
   return copy(states_, state_pitch_, st1);
 }
 
+// The fused chain's fixed arguments, when this device's MTP block takes it (mtp_chain.cuh:
+// one rank, the full head, F32 / F16 / BF16 rows of one type); otherwise the chain keeps one
+// kernel per op. Per call MtpDraftGreedy sets the rows, passes and pointers into mtp_ints_.
+absl::Status CudaDevice::SetUpFusedDraftChain() {
+  mtp_chain_ = MtpChainArgs{};
+  if (!copts_.fused_draft_chain || tp_world_ > 1 || mtp_coarse_head_ != nullptr)
+    return absl::OkStatus();
+  const DLayer& L = mtp_layer_;
+  MtpChainArgs a;
+  a.type = mtp_eh_.type;
+  bool one_type = true;
+  auto mat = [&](const DMat& m) {
+    one_type = one_type && m.type == a.type && !m.tiled;
+    return MtpChainMatrix{m.d, m.rows, m.cols};
+  };
+  a.H = cfg_.n_embd;
+  a.n_ff = L.ffn_gate.rows;
+  a.n_vocab = cfg_.n_vocab;
+  a.eps = cfg_.rms_eps;
+  a.shape = attn_shape_;
+  a.embed = mat(mtp_embed_);
+  a.eh = mat(mtp_eh_);
+  a.wq = mat(L.q);
+  a.wk = mat(L.k);
+  a.wv = mat(L.v);
+  a.wo = mat(L.o);
+  a.gate = mat(L.ffn_gate);
+  a.up = mat(L.ffn_up);
+  a.down = mat(L.ffn_down);
+  a.head = mat(mtp_head_);
+  if (!one_type) return absl::OkStatus();
+  a.enorm = mtp_enorm_;
+  a.hnorm = mtp_hnorm_;
+  a.attn_norm = L.attn_norm;
+  a.q_norm = L.q_norm;
+  a.k_norm = L.k_norm;
+  a.post_norm = L.post_norm;
+  a.head_norm = mtp_norm_;
+  a.kv = kv_base_;
+  a.kv.k = L.kc;
+  a.kv.v = L.vc;
+  a.kv.type = GgmlType::F16;
+  a.valid = mtp_valid_;
+  a.valid_ld = slot_ctx_;
+  a.R = mtp_rows_max_;
+  a.block_ints = MtpBlockInts();
+  a.mask_at = MtpMaskArgs();
+  a.hid0 = hn_;
+  a.hid_out = mtp_hid_;
+  a.logits = mtp_logits_;
+  a.u = mtp_u_;
+  a.qg = mtp_qg_;
+  a.k = mtp_k_;
+  a.v = mtp_v_;
+  a.q = mtp_q_;
+  a.ff = mtp_ff_;
+  a.parts = mtp_parts_;
+  a.max_parts = MtpAttnSplits();
+  a.sync = mtp_chain_sync_;
+  a.n = 1;
+  a.passes = 1;
+  if (!MtpChainSupported(a).ok() || !MtpChainConfigure(&a, device_, copts_.fused_draft_blocks).ok())
+    return absl::OkStatus();  // the per-kernel chain
+  mtp_chain_ = a;
+  return absl::OkStatus();
+}
+
 int CudaDevice::MtpAttnSplits() const {
   // About four blocks per SM for a full context; at least 128 positions per split.
   const int by_sm = std::max(1, 4 * sm_count_ / std::max(1, attn_shape_.n_head));
@@ -403,7 +470,17 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   int32_t* d_drafts = d_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h, MtpIntsTotal() * sizeof(int32_t),
                                           cudaMemcpyHostToDevice, stream_));
+  const bool fused = mtp_chain_.blocks > 0 && n_drafts > 0 && n <= kMtpChainMaxRows;
   auto chain = [&]() -> absl::Status {
+    if (fused) {  // every pass in one launch (kernels/cuda/mtp_chain.cuh)
+      MtpChainArgs a = mtp_chain_;
+      a.ints = mtp_ints_;
+      a.n = n;
+      a.passes = passes;
+      a.hid_rows = d_rows;
+      a.drafts = d_drafts;
+      return MtpChain(a, stream_);
+    }
     for (int j = 0; j < passes; ++j) {
       const int32_t* blk = mtp_ints_ + static_cast<size_t>(j) * B;
       DS_RETURN_IF_ERROR(
@@ -419,6 +496,7 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   };
   chain_key_.assign({n, n_drafts});  // a member: no allocation per draft chain
   DS_RETURN_IF_ERROR(chain_graphs_.Run(chain_key_, chain));
+  if (fused) ++fused_chains_;
   if (n_drafts == 0) return absl::OkStatus();
   int32_t* h_drafts = h_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_drafts, d_drafts, n_drafts * sizeof(int32_t),

@@ -254,6 +254,9 @@ struct BackendOptions {
   // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
   // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.
   bool coarse_draft_head = true;
+  // CUDA: the greedy draft chain in one kernel where the MTP block takes it
+  // (CudaBackendOptions::fused_draft_chain, --fused-draft off for A/B); the CPU backend ignores it.
+  bool fused_draft_chain = true;
   // The GDN recurrent state stored in bf16 between steps (worker/model/gdn_state.h,
   // `--gdn-state bf16`; issue #22, docs/quality.md). CUDA: CudaBackendOptions::gdn_state_bf16
   // (bf16 storage). CPU: an emulation, the f32 state rounded to bf16 after every step

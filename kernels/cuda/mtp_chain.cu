@@ -1,0 +1,615 @@
+// The fused MTP draft chain (see mtp_chain.cuh). Layout of the work: a grid of B blocks of 8
+// warps; every matrix product gives one output row (all the pass's rows' columns of it) to one
+// warp of the grid in turn, its lanes striding over K 8 weights at a time; vectors that every
+// block needs whole (a normed row, the attention output, h') are rebuilt by each block in shared
+// memory from what the stage before wrote, instead of another barrier.
+//
+// Coherence: a value written by another block during this launch is read with ld.global.cg
+// (L2, never a stale L1 line: Coh); the cluster barrier orders the writes before it.
+// Weights, norms and the hidden rows from earlier kernels take the normal path.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/argmax_reduce.cuh"
+#include "kernels/cuda/attention_rows.cuh"
+#include "kernels/cuda/cluster.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mtp_chain.cuh"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kWarps = kMtpChainThreads / 32;
+
+template <typename T>
+__device__ __forceinline__ T Coh(const T* p) {
+  return __ldcg(p);
+}
+
+// The stage barrier: the cluster's hardware barrier (the grid is one thread-block cluster, sm_90+:
+// released at cluster scope, which orders the global writes before it for every block after it).
+__device__ __forceinline__ void StageSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  ClusterSync();
+#else
+  __trap();  // MtpChainConfigure never picks this kernel below sm_90
+#endif
+}
+
+// 8 consecutive weights of a row (element 8 * i8 on) as floats.
+template <GgmlType WT>
+__device__ __forceinline__ void Load8(const void* row, int i8, float (&w)[8]) {
+  if constexpr (WT == GgmlType::F32) {
+    const float4* p = static_cast<const float4*>(row) + 2 * i8;
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  } else {
+    const uint4 r = __ldg(static_cast<const uint4*>(row) + i8);
+    const uint32_t x[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (WT == GgmlType::F16) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x[i]));
+        w[2 * i] = f.x;
+        w[2 * i + 1] = f.y;
+      } else {  // BF16: the high half of an f32
+        w[2 * i] = __uint_as_float(x[i] << 16);
+        w[2 * i + 1] = __uint_as_float(x[i] & 0xffff0000u);
+      }
+    }
+  }
+}
+
+template <GgmlType WT>
+__device__ __forceinline__ float LoadOne(const void* row, int e) {
+  if constexpr (WT == GgmlType::F32) return static_cast<const float*>(row)[e];
+  else if constexpr (WT == GgmlType::F16) return __half2float(static_cast<const __half*>(row)[e]);
+  else return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(row)[e]) << 16);
+}
+
+template <GgmlType WT>
+__device__ __forceinline__ const void* Row(const MtpChainMatrix& m, int row) {
+  constexpr int kBytes = WT == GgmlType::F32 ? 4 : 2;
+  return static_cast<const uint8_t*>(m.d) + static_cast<int64_t>(row) * m.cols * kBytes;
+}
+
+// acc[c] = row · x[c * ldx ..] for c < r (x in shared memory), every lane gets the sums.
+template <GgmlType WT, int MAXR>
+__device__ __forceinline__ void WarpDots(const void* row, int K, const float* x, int ldx, int r,
+                                         float (&acc)[MAXR]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < MAXR; ++c) acc[c] = 0.f;
+  for (int i8 = lane; i8 < K / 8; i8 += 32) {
+    float w[8];
+    Load8<WT>(row, i8, w);
+#pragma unroll
+    for (int c = 0; c < MAXR; ++c) {
+      if (c >= r) break;
+      const float4* xp = reinterpret_cast<const float4*>(x + c * ldx + 8 * i8);
+      const float4 a = xp[0], b = xp[1];
+      float s = acc[c];
+      s = fmaf(w[0], a.x, s);
+      s = fmaf(w[1], a.y, s);
+      s = fmaf(w[2], a.z, s);
+      s = fmaf(w[3], a.w, s);
+      s = fmaf(w[4], b.x, s);
+      s = fmaf(w[5], b.y, s);
+      s = fmaf(w[6], b.z, s);
+      s = fmaf(w[7], b.w, s);
+      acc[c] = s;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < MAXR; ++c)
+    if (c < r) acc[c] = WarpSum(acc[c]);
+}
+
+// Rows gw, gw + GW, ... of m times x (K values in shared memory): f(row, value) on every lane
+// (values are whole-warp sums). Eight rows at a time, their loads issued together: a warp's
+// rows are a dependent chain of L2 round trips otherwise (the head: 16 rows per warp).
+template <GgmlType WT, typename F>
+__device__ __forceinline__ void RowsTimesVector(const MtpChainMatrix& m, int n_rows, int K,
+                                                const float* x, int gw, int GW, F&& f) {
+  constexpr int U = 8;
+  const int lane = threadIdx.x & 31;
+  for (int row0 = gw; row0 < n_rows; row0 += U * GW) {
+    float acc[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc[u] = 0.f;
+    for (int i8 = lane; i8 < K / 8; i8 += 32) {
+      float w[U][8];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int row = row0 + u * GW;
+        if (row < n_rows) {
+          Load8<WT>(Row<WT>(m, row), i8, w[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) w[u][e] = 0.f;
+        }
+      }
+      const float4* xp = reinterpret_cast<const float4*>(x + 8 * i8);
+      const float4 a = xp[0], b = xp[1];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float t = acc[u];
+        t = fmaf(w[u][0], a.x, t);
+        t = fmaf(w[u][1], a.y, t);
+        t = fmaf(w[u][2], a.z, t);
+        t = fmaf(w[u][3], a.w, t);
+        t = fmaf(w[u][4], b.x, t);
+        t = fmaf(w[u][5], b.y, t);
+        t = fmaf(w[u][6], b.z, t);
+        t = fmaf(w[u][7], b.w, t);
+        acc[u] = t;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const float v = WarpSum(acc[u]);
+      const int row = row0 + u * GW;
+      if (row < n_rows) f(row, v);
+    }
+  }
+}
+
+// dst[e] = src[e] * rsqrt(mean(src²) + eps) * w[e] over n values, by one warp (src may alias dst).
+__device__ __forceinline__ void WarpRmsNorm(float* dst, const float* src, const float* w, int n,
+                                            float eps) {
+  const int lane = threadIdx.x & 31;
+  float ss = 0.f;
+  for (int e = lane; e < n; e += 32) ss += src[e] * src[e];
+  ss = WarpSum(ss);
+  const float inv = rsqrtf(ss / n + eps);
+  for (int e = lane; e < n; e += 32) dst[e] = src[e] * inv * w[e];
+}
+
+// Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | scratch [32] | best.
+struct Smem {
+  float* xs;
+  float* hs;
+  float* stage;
+  float* scratch;
+  float* best_v;
+  int* best_i;
+  int* tok;
+};
+__host__ __device__ inline int XsFloats(const MtpChainArgs& a) {
+  int x = kMtpChainMaxRows * 2 * a.H;
+  x = x > a.n_ff ? x : a.n_ff;
+  const int o = a.shape.n_head * a.shape.hd;
+  return x > o ? x : o;
+}
+__host__ __device__ inline size_t SmemBytes(const MtpChainArgs& a) {
+  return sizeof(float) * (XsFloats(a) + a.H + kWarps * a.shape.hd + 32 + 2 * kWarps + 4);
+}
+
+template <GgmlType WT>
+__global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChainArgs a) {
+  extern __shared__ float smem_raw[];
+  Smem sm;
+  sm.xs = smem_raw;
+  sm.hs = sm.xs + XsFloats(a);
+  sm.stage = sm.hs + a.H;
+  sm.scratch = sm.stage + kWarps * a.shape.hd;
+  sm.best_v = sm.scratch + 32;
+  sm.best_i = reinterpret_cast<int*>(sm.best_v + kWarps);
+  sm.tok = sm.best_i + kWarps;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gw = blockIdx.x * kWarps + warp, GW = gridDim.x * kWarps;
+  const int H = a.H;
+  const AttnShape& s = a.shape;
+  const int hd = s.hd, qrows = s.n_head * 2 * hd, kvw = s.n_kv * hd;
+  float* best_v = reinterpret_cast<float*>(a.sync);
+  int32_t* best_i = a.sync + kMtpChainMaxCluster;
+
+  for (int j = 0; j < a.passes; ++j) {
+    const int32_t* blk = a.ints + static_cast<int64_t>(j) * a.block_ints;
+    const int r = j == 0 ? a.n : 1;
+    // ---- S0: the mask, cat = [enorm(embed[token]) | hnorm(h)] per row, u = eh_proj · cat ----
+    {
+      const int mslot = blk[a.mask_at], pos0 = blk[a.mask_at + 1], cnt = blk[a.mask_at + 2];
+      const int end = max(pos0 + cnt, blk[a.mask_at + 3]);
+      uint8_t* vrow = a.valid + mslot * a.valid_ld;
+      for (int p = pos0 + blockIdx.x * blockDim.x + threadIdx.x; p < end;
+           p += gridDim.x * blockDim.x)
+        vrow[p] = p < pos0 + cnt ? 1 : 0;
+    }
+    for (int item = warp; item < 2 * r; item += kWarps) {
+      const int i = item >> 1;
+      float* dst = sm.xs + i * 2 * H + (item & 1) * H;
+      if ((item & 1) == 0) {
+        const int tok = j == 0 ? blk[i] : *sm.tok;
+        const void* er = Row<WT>(a.embed, tok);
+        for (int e = lane; e < H; e += 32) dst[e] = LoadOne<WT>(er, e);
+        __syncwarp();
+        WarpRmsNorm(dst, dst, a.enorm, H, a.eps);
+      } else {
+        const float* hsrc = j == 0 ? a.hid0 + static_cast<int64_t>(a.hid_rows[i]) * H : sm.hs;
+        for (int e = lane; e < H; e += 32) dst[e] = hsrc[e];
+        __syncwarp();
+        WarpRmsNorm(dst, dst, a.hnorm, H, a.eps);
+      }
+    }
+    __syncthreads();
+    for (int row = gw; row < H; row += GW) {
+      float acc[kMtpChainMaxRows];
+      WarpDots<WT, kMtpChainMaxRows>(Row<WT>(a.eh, row), 2 * H, sm.xs, 2 * H, r, acc);
+      if (lane == 0)
+        for (int c = 0; c < r; ++c) a.u[c * H + row] = acc[c];
+    }
+    StageSync();
+
+    // ---- S1: attn_norm(u) per row; k, v of every row, q (with its gate) of the last ----
+    for (int i = warp; i < r; i += kWarps) {
+      float* dst = sm.xs + i * H;
+      for (int e = lane; e < H; e += 32) dst[e] = Coh(a.u + i * H + e);
+      __syncwarp();
+      WarpRmsNorm(dst, dst, a.attn_norm, H, a.eps);
+    }
+    __syncthreads();
+    RowsTimesVector<WT>(a.wq, qrows, H, sm.xs + (r - 1) * H, gw, GW, [&](int row, float d) {
+      if (lane == 0) a.qg[row] = d;
+    });
+    if (r == 1) {  // every pass but the first: k and v of one row, eight rows per warp at once
+      const int gk = (gw + GW - qrows % GW) % GW;  // the warps the q rows left idle first
+      RowsTimesVector<WT>(a.wk, kvw, H, sm.xs, gk, GW, [&](int row, float d) {
+        if (lane == 0) a.k[row] = d;
+      });
+      RowsTimesVector<WT>(a.wv, kvw, H, sm.xs, (gk + kvw) % GW, GW, [&](int row, float d) {
+        if (lane == 0) a.v[row] = d;
+      });
+    } else {
+      for (int idx = gw; idx < 2 * kvw; idx += GW) {
+        const bool is_k = idx < kvw;
+        const int rr = idx - (is_k ? 0 : kvw);
+        float acc[kMtpChainMaxRows];
+        WarpDots<WT, kMtpChainMaxRows>(Row<WT>(is_k ? a.wk : a.wv, rr), H, sm.xs, H, r, acc);
+        float* out = is_k ? a.k : a.v;
+        if (lane == 0)
+          for (int c = 0; c < r; ++c) out[c * kvw + rr] = acc[c];
+      }
+    }
+    StageSync();
+
+    // ---- S2: q / k norms and RoPE (QkvPrep's arithmetic), K/V rows into the plane ----
+    {
+      const int n_items = r * 2 * s.n_kv + s.n_head;
+      float* stage = sm.stage + warp * hd;
+      const int half = s.n_rot / 2;
+      for (int item = gw; item < n_items; item += GW) {
+        int c, head;  // head: < n_head query, then n_kv keys, then n_kv values
+        if (item < r * 2 * s.n_kv) {
+          c = item / (2 * s.n_kv);
+          head = s.n_head + item % (2 * s.n_kv);
+        } else {
+          c = r - 1;
+          head = item - r * 2 * s.n_kv;
+        }
+        const int pos = blk[2 * a.R + c], slot = blk[a.R + c];
+        const float* src;
+        const float* nw = nullptr;
+        if (head < s.n_head) {
+          src = a.qg + head * 2 * hd;
+          nw = a.q_norm;
+        } else if (head < s.n_head + s.n_kv) {
+          src = a.k + c * kvw + (head - s.n_head) * hd;
+          nw = a.k_norm;
+        } else {
+          src = a.v + c * kvw + (head - s.n_head - s.n_kv) * hd;
+        }
+        float ss = 0.f;
+        for (int e = lane; e < hd; e += 32) {
+          const float x = Coh(src + e);
+          stage[e] = x;
+          ss += x * x;
+        }
+        ss = WarpSum(ss);
+        const float inv = nw ? rsqrtf(ss / hd + s.eps) : 1.f;
+        __syncwarp();
+        for (int e = lane; e < hd; e += 32) stage[e] = nw ? stage[e] * inv * nw[e] : stage[e];
+        __syncwarp();
+        const int64_t kvrow = head >= s.n_head ? KvRow(a.kv, slot, pos) : 0;
+        for (int e = lane; e < hd; e += 32) {
+          float val = stage[e];
+          if (nw && e < s.n_rot) {
+            const int i = e < half ? e : e - half;
+            const double inv_freq = pow(static_cast<double>(s.rope_base), -2.0 * i / s.n_rot);
+            double sd, cd;
+            sincos(static_cast<double>(pos) * inv_freq, &sd, &cd);
+            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+            if (e < half) val = stage[e] * cs - stage[e + half] * sn;
+            else val = stage[e - half] * sn + stage[e] * cs;
+          }
+          if (head < s.n_head) {
+            a.q[head * hd + e] = val;
+          } else {
+            const bool is_k = head < s.n_head + s.n_kv;
+            const int64_t hrow = kvrow + head - s.n_head - (is_k ? 0 : s.n_kv);
+            static_cast<uint16_t*>(is_k ? a.kv.k : a.kv.v)[hrow * hd + e] =
+                __half_as_ushort(__float2half_rn(val));
+          }
+        }
+        __syncwarp();
+      }
+    }
+    StageSync();
+
+    // ---- S3: the last row's masked attention over [0, pos], one warp per (head, split) ----
+    const int qslot = blk[a.R + r - 1], qpos = blk[2 * a.R + r - 1];
+    const int n_pos = qpos + 1;
+    const int chunks = (n_pos + 31) / 32;
+    int splits = min(a.max_parts, max(1, GW / s.n_head));
+    splits = min(splits, chunks);
+    const int per = (chunks + splits - 1) / splits * 32;  // positions per split
+    splits = (n_pos + per - 1) / per;
+    {
+      for (int e = threadIdx.x; e < s.n_head * hd; e += blockDim.x) sm.xs[e] = Coh(a.q + e);
+      __syncthreads();
+      const uint8_t* vmask = a.valid + qslot * a.valid_ld;
+      const int group = s.n_head / s.n_kv;
+      const float scale = rsqrtf(static_cast<float>(hd));
+      const int64_t rb = a.kv.row_bytes();
+      for (int item = gw; item < s.n_head * splits; item += GW) {
+        const int h = item / splits, sp = item % splits, kvh = h / group;
+        const float* qh = sm.xs + h * hd;
+        const int j0 = sp * per, j1 = min(n_pos, j0 + per);
+        float m = -INFINITY, l = 0.f, acc[8];  // hd / 32 <= 8 values per lane
+#pragma unroll
+        for (int t = 0; t < 8; ++t) acc[t] = 0.f;
+        for (int base = j0; base < j1; base += 32) {
+          const int jj = base + lane;
+          float sc = -INFINITY;
+          int64_t row = 0;
+          if (jj < j1 && Coh(vmask + jj)) {
+            row = KvRow(a.kv, qslot, jj) + kvh;
+            const uint16_t* kr = reinterpret_cast<const uint16_t*>(
+                static_cast<const uint8_t*>(a.kv.k) + row * rb);
+            float d = 0.f;
+            for (int e = 0; e < hd; e += 8) {
+              const uint4 w = Coh(reinterpret_cast<const uint4*>(kr + e));
+              const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x[i]));
+                d = fmaf(qh[e + 2 * i], f.x, d);
+                d = fmaf(qh[e + 2 * i + 1], f.y, d);
+              }
+            }
+            sc = d * scale;
+          }
+          const float cm = WarpMax(sc);
+          if (cm == -INFINITY) continue;  // no valid row in this chunk
+          const float mn = fmaxf(m, cm);
+          const float corr = __expf(m - mn);  // 0 while m is -inf
+          const float p = sc == -INFINITY ? 0.f : __expf(sc - mn);
+          l = l * corr + WarpSum(p);
+#pragma unroll
+          for (int t = 0; t < 8; ++t) acc[t] *= corr;
+          // The 32 positions' V rows, eight at a time with their loads in flight together.
+          for (int src0 = 0; src0 < 32; src0 += 8) {
+            float pu[8], vv[8][8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+              pu[u] = __shfl_sync(0xffffffffu, p, src0 + u);
+              const int64_t rl = __shfl_sync(0xffffffffu, row, src0 + u);
+              const uint16_t* vr = reinterpret_cast<const uint16_t*>(
+                  static_cast<const uint8_t*>(a.kv.v) + rl * rb);
+#pragma unroll
+              for (int t = 0; t < 8; ++t)
+                vv[u][t] = pu[u] != 0.f && lane + 32 * t < hd
+                               ? __half2float(__ushort_as_half(Coh(vr + lane + 32 * t)))
+                               : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+#pragma unroll
+              for (int t = 0; t < 8; ++t) acc[t] = fmaf(pu[u], vv[u][t], acc[t]);
+          }
+          m = mn;
+        }
+        float* part = a.parts + (static_cast<int64_t>(h) * a.max_parts + sp) * (hd + 2);
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+          if (lane + 32 * t < hd) part[lane + 32 * t] = acc[t];
+        if (lane == 0) {
+          part[hd] = m;
+          part[hd + 1] = l;
+        }
+      }
+    }
+    StageSync();
+
+    // ---- S4: merge the splits (every block, all heads), gate, u += o_proj · o ----
+    float* u_last = a.u + (r - 1) * H;
+    for (int e = threadIdx.x; e < s.n_head * hd; e += blockDim.x) {
+      const int h = e / hd, d = e % hd;
+      const float* part = a.parts + static_cast<int64_t>(h) * a.max_parts * (hd + 2);
+      float M = -INFINITY;
+      for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, Coh(part + sp * (hd + 2) + hd));
+      float vsum = 0.f, L = 0.f;
+      for (int sp = 0; sp < splits; ++sp) {
+        const float pm = Coh(part + sp * (hd + 2) + hd);
+        if (!(pm > -INFINITY)) continue;
+        const float w = __expf(pm - M);
+        vsum += Coh(part + sp * (hd + 2) + d) * w;
+        L += Coh(part + sp * (hd + 2) + hd + 1) * w;
+      }
+      const float o = L > 0.f ? vsum / L : 0.f;
+      sm.xs[e] = o * Sigmoid(Coh(a.qg + h * 2 * hd + hd + d));
+    }
+    __syncthreads();
+    RowsTimesVector<WT>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, [&](int row, float d) {
+      if (lane == 0) u_last[row] = Coh(u_last + row) + d;
+    });
+    StageSync();
+
+    // ---- S5: ff = silu(gate · post_norm(u)) * (up · post_norm(u)) ----
+    if (warp == 0) {
+      for (int e = lane; e < H; e += 32) sm.xs[e] = Coh(u_last + e);
+      __syncwarp();
+      WarpRmsNorm(sm.xs, sm.xs, a.post_norm, H, a.eps);
+    }
+    __syncthreads();
+    // gate rows into ff[0, n_ff), up rows into ff[n_ff, 2 n_ff); S6 multiplies them.
+    RowsTimesVector<WT>(a.gate, a.n_ff, H, sm.xs, gw, GW, [&](int row, float d) {
+      if (lane == 0) a.ff[row] = d;
+    });
+    RowsTimesVector<WT>(a.up, a.n_ff, H, sm.xs, gw, GW, [&](int row, float d) {
+      if (lane == 0) a.ff[a.n_ff + row] = d;
+    });
+    StageSync();
+
+    // ---- S6: u += down · ff ----
+    for (int e = threadIdx.x; e < a.n_ff; e += blockDim.x)
+      sm.xs[e] = Silu(Coh(a.ff + e)) * Coh(a.ff + a.n_ff + e);
+    __syncthreads();
+    RowsTimesVector<WT>(a.down, H, a.n_ff, sm.xs, gw, GW, [&](int row, float d) {
+      if (lane == 0) u_last[row] = Coh(u_last + row) + d;
+    });
+    StageSync();
+
+    // ---- S7: h' = shared_head_norm(u); logits = head · h'; each block's best ----
+    if (warp == 0) {
+      for (int e = lane; e < H; e += 32) sm.hs[e] = Coh(u_last + e);
+      __syncwarp();
+      WarpRmsNorm(sm.hs, sm.hs, a.head_norm, H, a.eps);
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && j == a.passes - 1)
+      for (int e = threadIdx.x; e < H; e += blockDim.x) a.hid_out[e] = sm.hs[e];
+    {
+      float bv = -INFINITY;
+      int bi = INT32_MAX;
+      RowsTimesVector<WT>(a.head, a.n_vocab, H, sm.hs, gw, GW, [&](int row, float d) {
+        if (lane == 0) a.logits[row] = d;
+        Better(bv, bi, d, row);
+      });
+      if (lane == 0) {
+        sm.best_v[warp] = bv;
+        sm.best_i[warp] = bi;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < kWarps; ++w) Better(bv, bi, sm.best_v[w], sm.best_i[w]);
+        best_v[blockIdx.x] = bv;
+        best_i[blockIdx.x] = bi;
+      }
+    }
+    StageSync();
+
+    // ---- S8: every block takes the argmax of the blocks' bests: the next pass's token ----
+    if (warp == 0) {
+      float bv = -INFINITY;
+      int bi = INT32_MAX;
+      for (int b = lane; b < gridDim.x; b += 32) Better(bv, bi, Coh(best_v + b), Coh(best_i + b));
+      WarpBest(bv, bi);
+      if (lane == 0) {
+        *sm.tok = bi;
+        if (blockIdx.x == 0) a.drafts[j] = bi;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+void (*Kernel(GgmlType t))(const MtpChainArgs) {
+  switch (t) {
+    case GgmlType::F32: return MtpChainKernel<GgmlType::F32>;
+    case GgmlType::BF16: return MtpChainKernel<GgmlType::BF16>;
+    default: return MtpChainKernel<GgmlType::F16>;
+  }
+}
+
+}  // namespace
+
+absl::Status MtpChainSupported(const MtpChainArgs& a) {
+  if (a.type != GgmlType::F32 && a.type != GgmlType::F16 && a.type != GgmlType::BF16)
+    return absl::UnimplementedError(absl::StrCat("fused MTP chain: weight type ",
+                                                 std::string(GgmlInfo(a.type).name),
+                                                 " (F32, F16, BF16 only)"));
+  const AttnShape& s = a.shape;
+  if (a.H <= 0 || a.H % 8 != 0 || a.n_ff <= 0 || a.n_ff % 8 != 0 || a.n_vocab <= 0)
+    return absl::UnimplementedError("fused MTP chain: widths must be multiples of 8");
+  if (s.n_kv <= 0 || s.n_head % s.n_kv != 0 || s.hd % 32 != 0 || s.hd > 256 || s.n_rot > s.hd ||
+      (s.n_head * s.hd) % 8 != 0)
+    return absl::UnimplementedError("fused MTP chain: attention shape");
+  if (a.kv.type != GgmlType::F16) return absl::UnimplementedError("fused MTP chain: K/V not f16");
+  const struct {
+    const MtpChainMatrix& m;
+    int rows, cols;
+  } mats[] = {{a.embed, a.n_vocab, a.H}, {a.eh, a.H, 2 * a.H},
+              {a.wq, s.n_head * 2 * s.hd, a.H}, {a.wk, s.n_kv * s.hd, a.H},
+              {a.wv, s.n_kv * s.hd, a.H}, {a.wo, a.H, s.n_head * s.hd},
+              {a.gate, a.n_ff, a.H}, {a.up, a.n_ff, a.H},
+              {a.down, a.H, a.n_ff}, {a.head, a.n_vocab, a.H}};
+  for (const auto& m : mats)
+    if (!m.m.d || m.m.rows != m.rows || m.m.cols != m.cols ||
+        reinterpret_cast<uintptr_t>(m.m.d) % 16 != 0)
+      return absl::UnimplementedError("fused MTP chain: a matrix of another shape");
+  if (a.n < 1 || a.n > kMtpChainMaxRows || a.passes < 1)
+    return absl::UnimplementedError(absl::StrCat("fused MTP chain: ", a.n, " rows, ", a.passes,
+                                                 " passes"));
+  if (SmemBytes(a) > 48 * 1024)
+    return absl::UnimplementedError("fused MTP chain: too wide for its shared memory");
+  return absl::OkStatus();
+}
+
+namespace {
+cudaLaunchConfig_t LaunchConfig(const MtpChainArgs& a, cudaStream_t stream,
+                                cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(a.blocks);
+  cfg.blockDim = dim3(kMtpChainThreads);
+  cfg.dynamicSmemBytes = SmemBytes(a);
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = a.blocks;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+}  // namespace
+
+absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+    return absl::InternalError("fused MTP chain: no device attributes");
+  if (major < 9) return absl::UnimplementedError("fused MTP chain: thread-block clusters need sm_90");
+  // The largest cluster up to `want` (default kMtpChainMaxCluster) the device can place (16 needs
+  // the non-portable opt-in).
+  auto kernel = Kernel(a->type);
+  (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  for (int b = want > 0 ? std::min(want, kMtpChainMaxCluster) : kMtpChainMaxCluster; b >= 1; b /= 2) {
+    MtpChainArgs t = *a;
+    t.blocks = b;
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = LaunchConfig(t, nullptr, attr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) {
+      a->blocks = b;
+      return absl::OkStatus();
+    }
+    (void)cudaGetLastError();
+  }
+  return absl::UnimplementedError("fused MTP chain: no cluster fits");
+}
+
+absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
+  if (a.blocks < 1 || a.blocks > kMtpChainMaxCluster || !a.sync || !a.drafts)
+    return absl::InvalidArgumentError("fused MTP chain: bad launch arguments");
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel(a.type), a);
+  if (e != cudaSuccess)
+    return absl::InternalError(absl::StrCat("fused MTP chain launch: ", cudaGetErrorString(e)));
+  return LastLaunchStatus("fused MTP chain");
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,87 @@
+// The whole greedy MTP draft chain of one slot in one launch (issue #15): for models whose MTP
+// block is small enough that a draft pass is counted in launches, not bytes (the trained demo
+// model: hidden 256, a pass of ~20 kernels cost ~47 us in a CUDA graph on the H200 for ~1 us of
+// weight reads). One persistent cooperative grid runs every pass of CudaDevice::MtpDraftGreedy's
+// chain — the mask update, [enorm(embed) | hnorm(h)] -> eh_proj, attn_norm -> q / k / v,
+// q / k norms and RoPE with the K/V rows stored into the MTP plane, the masked attention, o_proj,
+// the SwiGLU MLP, shared_head_norm, the LM head and its argmax — with a grid-wide barrier between
+// the stages that need the whole of the one before (8 per pass), and feeds each pass's argmax and
+// h' to the next inside the kernel.
+//
+// The same arithmetic as the kernels it replaces (spec §8.2; worker/cuda/mtp.cc MtpPass), summed
+// in another order: every dot product is one warp's (lanes over K, then a butterfly), the norms
+// one warp's or one block's. So outputs agree with the unfused chain to f32 rounding (tests:
+// mtp_gpu_test `FusedChain*`), not bit for bit; greedy outputs are unaffected either way (drafts
+// only propose tokens; verification runs the trunk).
+//
+// What it takes (MtpChainSupported): one rank (no TP), every MTP matrix and the embedding in one
+// of F32 / F16 / BF16 rows (not the tiled Q6_K layout), widths multiple of 8, head_dim a multiple
+// of 32 up to 256, up to kMtpChainMaxRows catch-up rows. Bigger or quantized models keep the
+// per-kernel chain, where the weight reads dominate anyway.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/gguf/ggml_types.h"
+#include "common/util/status.h"
+#include "kernels/cuda/attention.cuh"
+
+namespace ds::cuda {
+
+constexpr int kMtpChainMaxRows = 8;     // catch-up rows of the first pass
+constexpr int kMtpChainThreads = 512;   // 16 warps per block
+constexpr int kMtpChainMaxCluster = 16;  // blocks: one thread-block cluster
+
+struct MtpChainMatrix {
+  const void* d = nullptr;  // [rows, cols] row-major, every row 16-byte aligned
+  int rows = 0, cols = 0;
+};
+
+struct MtpChainArgs {
+  GgmlType type = GgmlType::F16;  // of every matrix below and of the embedding
+  int H = 0, n_ff = 0, n_vocab = 0;
+  float eps = 1e-6f;              // the block's RMSNorm eps
+  AttnShape shape;                // the MTP layer's attention (q/k norms use shape.eps)
+  MtpChainMatrix embed, eh, wq, wk, wv, wo, gate, up, down, head;
+  const float *enorm = nullptr, *hnorm = nullptr, *attn_norm = nullptr, *q_norm = nullptr,
+              *k_norm = nullptr, *post_norm = nullptr, *head_norm = nullptr;
+  KvCacheView kv;                 // the MTP plane, F16
+  uint8_t* valid = nullptr;       // [n_slots, valid_ld] row mask (mtp_attention.cuh)
+  int64_t valid_ld = 0;
+  // The chain's ints on the device, as MtpDraftGreedy lays them out: pass j's block at
+  // ints + j * block_ints holds tokens [R], slots [R], positions [R], then the mask arguments
+  // (slot, pos0, n, old length) at mask_at.
+  const int32_t* ints = nullptr;
+  int block_ints = 0, R = 0, mask_at = 0;
+  int n = 0;                      // rows of pass 0 (1..kMtpChainMaxRows)
+  int passes = 0;                 // drafts: one per pass
+  const float* hid0 = nullptr;    // pass 0's hidden rows: hid0 + hid_rows[i] * H
+  const int32_t* hid_rows = nullptr;
+  int32_t* drafts = nullptr;      // [passes] out
+  float* hid_out = nullptr;       // [H] out: the last pass's h'
+  float* logits = nullptr;        // [n_vocab] out: the last pass's logits
+  // Scratch (device): u [n, H], qg [n_head * 2 * hd], k / v [n, n_kv * hd], q [n_head * hd],
+  // ff [2 n_ff], parts [n_head, max_parts, hd + 2], and MtpChainSyncInts() ints.
+  float *u = nullptr, *qg = nullptr, *k = nullptr, *v = nullptr, *q = nullptr, *ff = nullptr,
+        *parts = nullptr;
+  int max_parts = 1;
+  int32_t* sync = nullptr;
+  int blocks = 0;                 // the grid, one cluster (MtpChainConfigure)
+};
+
+// Ints of MtpChainArgs::sync: the blocks' argmax partials (value, index).
+constexpr int MtpChainSyncInts() { return 2 * kMtpChainMaxCluster; }
+
+// OK when the launch can take these shapes; otherwise why not.
+absl::Status MtpChainSupported(const MtpChainArgs& a);
+// Sets a->blocks: one thread-block cluster of up to kMtpChainMaxCluster blocks (`want` if set,
+// rounded down to a power of two the device places), whose hardware barrier separates the stages.
+// Unimplemented below sm_90. (A cooperative grid of one block per SM with a barrier of atomics in
+// global memory was measured first: ~2-3 us a stage on the H200, no faster than the per-kernel
+// chain's launches in a graph; kernels/cuda/README.md.)
+absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want);
+// The chain (a cluster launch, capturable in a CUDA graph).
+absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream);
+
+}  // namespace ds::cuda
