@@ -168,6 +168,89 @@ __device__ __forceinline__ void WarpRmsNorm(float* dst, const float* src, const 
   for (int e = lane; e < n; e += 32) dst[e] = src[e] * inv * w[e];
 }
 
+// One (head, split) of the last row's masked attention, by one warp: lane i scores position
+// j0 + 32c + i of each 32-position chunk c (its K row, T = hd / 32 uint4 pairs), then every lane
+// adds its T output dims over the chunk's positions, Q of them with their V loads in flight at
+// once (the loads, not the arithmetic, are the chain). Writes the split's (acc, max, sum).
+struct AttnItem {
+  const float* q;  // [hd] shared memory, normed and roped
+  const uint8_t* valid;
+  int slot, kvh, j0, j1;
+  float scale;
+  float* part;     // [hd + 2]
+};
+template <int T>
+__device__ __forceinline__ void AttendSplit(const KvCacheView& kv, const AttnItem& it) {
+  constexpr int HD = 32 * T;
+  constexpr int Q = T <= 2 ? 16 : 32 / T;  // positions whose V loads go together (32 values)
+  const int lane = threadIdx.x & 31;
+  const int64_t rb = kv.row_bytes();
+  float m = -INFINITY, l = 0.f, acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  for (int base = it.j0; base < it.j1; base += 32) {
+    const int jj = base + lane;
+    float sc = -INFINITY;
+    int64_t row = 0;
+    if (jj < it.j1 && Coh(it.valid + jj)) {
+      row = KvRow(kv, it.slot, jj) + it.kvh;
+      const uint4* kr = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(kv.k) + row * rb);
+      constexpr int G = HD / 8 < 8 ? HD / 8 : 8;  // uint4 loads in flight (<= 32 registers)
+      float d = 0.f;
+#pragma unroll
+      for (int i0 = 0; i0 < HD / 8; i0 += G) {
+        uint4 w[G];
+#pragma unroll
+        for (int i = 0; i < G; ++i) w[i] = Coh(kr + i0 + i);
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+          const uint32_t x[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x[c]));
+            d = fmaf(it.q[8 * (i0 + i) + 2 * c], f.x, d);
+            d = fmaf(it.q[8 * (i0 + i) + 2 * c + 1], f.y, d);
+          }
+        }
+      }
+      sc = d * it.scale;
+    }
+    const float cm = WarpMax(sc);
+    if (cm == -INFINITY) continue;  // no valid row in this chunk (warp-uniform)
+    const float mn = fmaxf(m, cm);
+    const float corr = __expf(m - mn);  // 0 while m is -inf
+    const float p = sc == -INFINITY ? 0.f : __expf(sc - mn);
+    l = l * corr + WarpSum(p);
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[t] *= corr;
+#pragma unroll
+    for (int src0 = 0; src0 < 32; src0 += Q) {
+      float pu[Q], vv[Q][T];
+#pragma unroll
+      for (int u = 0; u < Q; ++u) {
+        pu[u] = __shfl_sync(0xffffffffu, p, src0 + u);
+        const int64_t rl = __shfl_sync(0xffffffffu, row, src0 + u);
+        const uint16_t* vr =
+            reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv.v) + rl * rb);
+#pragma unroll
+        for (int t = 0; t < T; ++t)
+          vv[u][t] = pu[u] != 0.f ? __half2float(__ushort_as_half(Coh(vr + lane + 32 * t))) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < Q; ++u)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[t] = fmaf(pu[u], vv[u][t], acc[t]);
+    }
+    m = mn;
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) it.part[lane + 32 * t] = acc[t];
+  if (lane == 0) {
+    it.part[HD] = m;
+    it.part[HD + 1] = l;
+  }
+}
+
 // Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | scratch [32] | best.
 struct Smem {
   float* xs;
@@ -200,7 +283,9 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   sm.best_i = reinterpret_cast<int*>(sm.best_v + kWarps);
   sm.tok = sm.best_i + kWarps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gw = blockIdx.x * kWarps + warp, GW = gridDim.x * kWarps;
+  // Grid warp numbers go across the blocks first, so that a stage with few items (the q/k norms,
+  // the attention's splits) spreads them over the cluster's SMs instead of filling one.
+  const int gw = warp * gridDim.x + blockIdx.x, GW = gridDim.x * kWarps;
   const int H = a.H;
   const AttnShape& s = a.shape;
   const int hd = s.hd, qrows = s.n_head * 2 * hd, kvw = s.n_kv * hd;
@@ -353,72 +438,16 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       const uint8_t* vmask = a.valid + qslot * a.valid_ld;
       const int group = s.n_head / s.n_kv;
       const float scale = rsqrtf(static_cast<float>(hd));
-      const int64_t rb = a.kv.row_bytes();
       for (int item = gw; item < s.n_head * splits; item += GW) {
-        const int h = item / splits, sp = item % splits, kvh = h / group;
-        const float* qh = sm.xs + h * hd;
+        const int h = item / splits, sp = item % splits;
         const int j0 = sp * per, j1 = min(n_pos, j0 + per);
-        float m = -INFINITY, l = 0.f, acc[8];  // hd / 32 <= 8 values per lane
-#pragma unroll
-        for (int t = 0; t < 8; ++t) acc[t] = 0.f;
-        for (int base = j0; base < j1; base += 32) {
-          const int jj = base + lane;
-          float sc = -INFINITY;
-          int64_t row = 0;
-          if (jj < j1 && Coh(vmask + jj)) {
-            row = KvRow(a.kv, qslot, jj) + kvh;
-            const uint16_t* kr = reinterpret_cast<const uint16_t*>(
-                static_cast<const uint8_t*>(a.kv.k) + row * rb);
-            float d = 0.f;
-            for (int e = 0; e < hd; e += 8) {
-              const uint4 w = Coh(reinterpret_cast<const uint4*>(kr + e));
-              const uint32_t x[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x[i]));
-                d = fmaf(qh[e + 2 * i], f.x, d);
-                d = fmaf(qh[e + 2 * i + 1], f.y, d);
-              }
-            }
-            sc = d * scale;
-          }
-          const float cm = WarpMax(sc);
-          if (cm == -INFINITY) continue;  // no valid row in this chunk
-          const float mn = fmaxf(m, cm);
-          const float corr = __expf(m - mn);  // 0 while m is -inf
-          const float p = sc == -INFINITY ? 0.f : __expf(sc - mn);
-          l = l * corr + WarpSum(p);
-#pragma unroll
-          for (int t = 0; t < 8; ++t) acc[t] *= corr;
-          // The 32 positions' V rows, eight at a time with their loads in flight together.
-          for (int src0 = 0; src0 < 32; src0 += 8) {
-            float pu[8], vv[8][8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-              pu[u] = __shfl_sync(0xffffffffu, p, src0 + u);
-              const int64_t rl = __shfl_sync(0xffffffffu, row, src0 + u);
-              const uint16_t* vr = reinterpret_cast<const uint16_t*>(
-                  static_cast<const uint8_t*>(a.kv.v) + rl * rb);
-#pragma unroll
-              for (int t = 0; t < 8; ++t)
-                vv[u][t] = pu[u] != 0.f && lane + 32 * t < hd
-                               ? __half2float(__ushort_as_half(Coh(vr + lane + 32 * t)))
-                               : 0.f;
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u)
-#pragma unroll
-              for (int t = 0; t < 8; ++t) acc[t] = fmaf(pu[u], vv[u][t], acc[t]);
-          }
-          m = mn;
-        }
         float* part = a.parts + (static_cast<int64_t>(h) * a.max_parts + sp) * (hd + 2);
-#pragma unroll
-        for (int t = 0; t < 8; ++t)
-          if (lane + 32 * t < hd) part[lane + 32 * t] = acc[t];
-        if (lane == 0) {
-          part[hd] = m;
-          part[hd + 1] = l;
+        const AttnItem it{sm.xs + h * hd, vmask, qslot, h / group, j0, j1, scale, part};
+        switch (hd) {  // MtpChainSupported: 32, 64, 128 or 256
+          case 32: AttendSplit<1>(a.kv, it); break;
+          case 64: AttendSplit<2>(a.kv, it); break;
+          case 128: AttendSplit<4>(a.kv, it); break;
+          default: AttendSplit<8>(a.kv, it); break;
         }
       }
     }
@@ -535,7 +564,8 @@ absl::Status MtpChainSupported(const MtpChainArgs& a) {
   const AttnShape& s = a.shape;
   if (a.H <= 0 || a.H % 8 != 0 || a.n_ff <= 0 || a.n_ff % 8 != 0 || a.n_vocab <= 0)
     return absl::UnimplementedError("fused MTP chain: widths must be multiples of 8");
-  if (s.n_kv <= 0 || s.n_head % s.n_kv != 0 || s.hd % 32 != 0 || s.hd > 256 || s.n_rot > s.hd ||
+  if (s.n_kv <= 0 || s.n_head % s.n_kv != 0 ||
+      (s.hd != 32 && s.hd != 64 && s.hd != 128 && s.hd != 256) || s.n_rot > s.hd ||
       (s.n_head * s.hd) % 8 != 0)
     return absl::UnimplementedError("fused MTP chain: attention shape");
   if (a.kv.type != GgmlType::F16) return absl::UnimplementedError("fused MTP chain: K/V not f16");
