@@ -71,39 +71,9 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     }
   }
 
-  // A token's inputs (its row, slot, position, the pre-conv values of this thread's channels,
-  // beta / alpha before their activations, z). They do not depend on the state, so a run loads
-  // token t + 1's while token t computes (one-block-per-SM form): the loads of one token are a chain of L2 round trips
-  // (row, then the values) that would otherwise sit on the run's serial path.
-  struct TokenIn {
-    int row, slot, p;
-    float mq, mk, mv, b, alpha, z;
-  };
-  constexpr bool kAhead = kMinBlocks == 1;
-  auto load_token = [&](int e) {
-    TokenIn x{};
-    x.row = a.rows[e];
-    x.slot = a.slots[e];
-    x.p = a.pos[e];
-    if (!kAhead) return x;  // the values where they are used, as before
-    const float* m = a.mixed + static_cast<int64_t>(x.row) * C;
-    x.mq = qk_thread ? m[cq] : 0.f;
-    x.mk = qk_thread ? m[ck] : 0.f;
-    x.mv = v_thread ? m[cv] : 0.f;
-    x.b = a.b[static_cast<int64_t>(x.row) * Hv + h];
-    x.alpha = a.alpha[static_cast<int64_t>(x.row) * Hv + h];
-    x.z = grp == 0 && jv ? a.z[static_cast<int64_t>(x.row) * Hv * dv + h * dv + j] : 0.f;
-    return x;
-  };
-  // (The two-blocks-per-SM form, at 64 registers, would spill holding two tokens: it runs waves
-  // of one token per sequence, and loads each value where it uses it.)
-  TokenIn next{};
-  if (kAhead) next = load_token(e0);
   for (int t = 0; t < n_tok; ++t) {
     const int e = e0 + t;
-    const TokenIn cur = kAhead ? next : load_token(e);
-    if (kAhead && t + 1 < n_tok) next = load_token(e + 1);
-    const int row = cur.row, slot = cur.slot, p = cur.p;
+    const int row = a.rows[e], slot = a.slots[e], p = a.pos[e];
     if (t > 0) {
       in = a.slots[e - 1];  // the previous token's state (in registers already)
       __syncthreads();      // qs / ks / vs / red of the previous token are read by now
@@ -117,7 +87,8 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     // block stores the current value into ring row p % K (and, when the output is another state
     // index, the K-1 rows it read, so that the output ring is complete). Group 0 does the
     // prologue.
-    auto conv = [&](int c, float cur, float* hist, bool owner) {
+    auto conv = [&](int c, float* hist, bool owner) {
+      const float cur = m[c];
       const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
       float acc = w[kConvK - 1] * cur;
 #pragma unroll
@@ -136,10 +107,10 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     float qv = 0.f, kv = 0.f;
     if (qk_thread) {
       const bool owner = h < d.k_heads;  // exactly one block per key head writes its q/k channels
-      qv = conv(cq, kAhead ? cur.mq : m[cq], hq, owner);
-      kv = conv(ck, kAhead ? cur.mk : m[ck], hk, owner);
+      qv = conv(cq, hq, owner);
+      kv = conv(ck, hk, owner);
     }
-    if (v_thread) vs[j] = conv(cv, kAhead ? cur.mv : m[cv], hv, true);
+    if (v_thread) vs[j] = conv(cv, hv, true);
     float sums[2] = {qv * qv, kv * kv};
     BlockSums<2>(sums, scratch2);
     const float qss = sums[0], kss = sums[1];
@@ -147,9 +118,9 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
       qs[j] = qv * rsqrtf(qss + a.p.eps) * rsqrtf(static_cast<float>(DK));
       ks[j] = kv * rsqrtf(kss + a.p.eps);
     }
-    const int64_t bi = static_cast<int64_t>(row) * Hv + h;
-    const float beta = Sigmoid(kAhead ? cur.b : a.b[bi]);
-    const float g = a.p.ssm_a[h] * Softplus((kAhead ? cur.alpha : a.alpha[bi]) + a.p.dt_bias[h]);
+    const float beta = Sigmoid(a.b[static_cast<int64_t>(row) * Hv + h]);
+    const float g =
+        a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
     const float decay = __expf(g);
     __syncthreads();
 
@@ -188,7 +159,7 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     const float oss = BlockSum(o * o, scratch);
     const int64_t oi = static_cast<int64_t>(row) * Hv * dv + h * dv + j;
     if (grp == 0 && jv) {
-      const float y = o * rsqrtf(oss / dv + a.p.eps) * a.p.norm_w[j] * Silu(kAhead ? cur.z : a.z[oi]);
+      const float y = o * rsqrtf(oss / dv + a.p.eps) * a.p.norm_w[j] * Silu(a.z[oi]);
       a.out[oi] = y;
       if (a.xq) {  // dv % 32 == 0: warp j / 32 of group 0 holds one whole 32-element block
         const int blk = (row * Hv + h) * (dv >> 5) + (j >> 5);
