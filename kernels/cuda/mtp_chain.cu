@@ -612,9 +612,16 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want) {
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
     return absl::InternalError("fused MTP chain: no device attributes");
   if (major < 9) return absl::UnimplementedError("fused MTP chain: thread-block clusters need sm_90");
+  auto kernel = Kernel(a->type);
+  // The kernel's barrier exists in code compiled for sm_90+ only (a build for older targets run
+  // on an H100 through PTX carries the trap in its place).
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || fa.ptxVersion < 90) {
+    (void)cudaGetLastError();
+    return absl::UnimplementedError("fused MTP chain: this build has no sm_90 code for it");
+  }
   // The largest cluster up to `want` (default kMtpChainMaxCluster) the device can place (16 needs
   // the non-portable opt-in).
-  auto kernel = Kernel(a->type);
   (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   for (int b = want > 0 ? std::min(want, kMtpChainMaxCluster) : kMtpChainMaxCluster; b >= 1; b /= 2) {
     MtpChainArgs t = *a;

@@ -701,7 +701,8 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     auto* fused = dynamic_cast<cuda::CudaBackend*>(be[0].get());
     auto* plain = dynamic_cast<cuda::CudaBackend*>(be[1].get());
     ASSERT_TRUE(fused && plain);
-    EXPECT_EQ(fused->FusedDraftChains(), 12);
+    // The portable path (the sm_70 kernels forced on this GPU) has no clusters: no fused chain.
+    EXPECT_EQ(fused->FusedDraftChains(), ds::testing::ForcePortable() ? 0 : 12);
     EXPECT_EQ(plain->FusedDraftChains(), 0);
   }
 }

@@ -58,7 +58,8 @@ absl::Status CudaDevice::CommitSpeculative(int slot, int entry) {
 // kernel per op. Per call MtpDraftGreedy sets the rows, passes and pointers into mtp_ints_.
 absl::Status CudaDevice::SetUpFusedDraftChain() {
   mtp_chain_ = MtpChainArgs{};
-  if (!copts_.fused_draft_chain || tp_world_ > 1 || mtp_coarse_head_ != nullptr)
+  // Not on the portable path either: it stands for the sm_70 kernels, which have no clusters.
+  if (!copts_.fused_draft_chain || portable_ || tp_world_ > 1 || mtp_coarse_head_ != nullptr)
     return absl::OkStatus();
   const DLayer& L = mtp_layer_;
   MtpChainArgs a;
