@@ -251,6 +251,16 @@ __device__ __forceinline__ void AttendSplit(const KvCacheView& kv, const AttnIte
   }
 }
 
+// dst = w ⊙ rmsnorm(u) for the H values of u, which other blocks wrote (warp 0 of the block;
+// the caller syncs the block after it).
+__device__ __forceinline__ void NormToShared(float* dst, const float* u, const float* w, int H,
+                                             float eps) {
+  if ((threadIdx.x >> 5) != 0) return;
+  for (int e = threadIdx.x; e < H; e += 32) dst[e] = Coh(u + e);
+  __syncwarp();
+  WarpRmsNorm(dst, dst, w, H, eps);
+}
+
 // Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | scratch [32] | best.
 struct Smem {
   float* xs;
@@ -472,17 +482,14 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       sm.xs[e] = o * Sigmoid(Coh(a.qg + h * 2 * hd + hd + d));
     }
     __syncthreads();
-    RowsTimesVector<WT>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, [&](int row, float d) {
+    auto add_to_u = [&](int row, float d) {  // the residual: u += W x, row by row
       if (lane == 0) u_last[row] = Coh(u_last + row) + d;
-    });
+    };
+    RowsTimesVector<WT>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, add_to_u);
     StageSync();
 
     // ---- S5: ff = silu(gate · post_norm(u)) * (up · post_norm(u)) ----
-    if (warp == 0) {
-      for (int e = lane; e < H; e += 32) sm.xs[e] = Coh(u_last + e);
-      __syncwarp();
-      WarpRmsNorm(sm.xs, sm.xs, a.post_norm, H, a.eps);
-    }
+    NormToShared(sm.xs, u_last, a.post_norm, H, a.eps);
     __syncthreads();
     // gate rows into ff[0, n_ff), up rows into ff[n_ff, 2 n_ff); S6 multiplies them.
     RowsTimesVector<WT>(a.gate, a.n_ff, H, sm.xs, gw, GW, [&](int row, float d) {
@@ -497,17 +504,11 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     for (int e = threadIdx.x; e < a.n_ff; e += blockDim.x)
       sm.xs[e] = Silu(Coh(a.ff + e)) * Coh(a.ff + a.n_ff + e);
     __syncthreads();
-    RowsTimesVector<WT>(a.down, H, a.n_ff, sm.xs, gw, GW, [&](int row, float d) {
-      if (lane == 0) u_last[row] = Coh(u_last + row) + d;
-    });
+    RowsTimesVector<WT>(a.down, H, a.n_ff, sm.xs, gw, GW, add_to_u);
     StageSync();
 
     // ---- S7: h' = shared_head_norm(u); logits = head · h'; each block's best ----
-    if (warp == 0) {
-      for (int e = lane; e < H; e += 32) sm.hs[e] = Coh(u_last + e);
-      __syncwarp();
-      WarpRmsNorm(sm.hs, sm.hs, a.head_norm, H, a.eps);
-    }
+    NormToShared(sm.hs, u_last, a.head_norm, H, a.eps);
     __syncthreads();
     if (blockIdx.x == 0 && j == a.passes - 1)
       for (int e = threadIdx.x; e < H; e += blockDim.x) a.hid_out[e] = sm.hs[e];

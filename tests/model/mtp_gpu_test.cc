@@ -118,6 +118,24 @@ double RelDiff(const std::vector<float>& x, const std::vector<float>& ref) {
 
 int32_t Argmax(const float* l, int V) { return static_cast<int32_t>(std::max_element(l, l + V) - l); }
 
+// Prefills `toks` into `slot` and writes its MTP rows (the token after the last is 3), as the
+// draft-chain tests start from.
+absl::Status PrefillWithMtpRows(Backend& b, int slot, const std::vector<int32_t>& toks) {
+  b.ResetSlot(slot);
+  SeqStep s;
+  s.slot = slot;
+  s.tokens = toks;
+  s.all_logits = true;
+  StepOptions o;
+  o.want_hidden = true;
+  StepOutput out;
+  DS_RETURN_IF_ERROR(b.Forward({&s, 1}, o, &out));
+  std::vector<float> l, h;
+  std::vector<int32_t> next(toks.begin() + 1, toks.end());
+  next.push_back(3);
+  return b.MtpRows(slot, 0, next, out.hidden, &l, &h);
+}
+
 class Mtp : public ::testing::TestWithParam<Model> {};
 
 TEST_P(Mtp, MtpStepsMatchCpu) {
@@ -519,19 +537,8 @@ TEST_P(Mtp, DraftChainMatchesHostDrafts) {
   const int V = gpu->config().n_vocab, H = gpu->config().n_embd;
   std::vector<int32_t> toks = Prompt(kPrompt, V);
   for (int slot : {0, 1}) {
-    gpu->ResetSlot(slot);
-    SeqStep s;
-    s.slot = slot;
-    s.tokens = toks;
-    s.all_logits = true;
-    StepOptions o;
-    o.want_hidden = true;
-    StepOutput out;
-    ASSERT_TRUE(gpu->Forward({&s, 1}, o, &out).ok());
-    std::vector<float> l, h;
-    std::vector<int32_t> next(toks.begin() + 1, toks.end());
-    next.push_back(3);
-    ASSERT_TRUE(gpu->MtpRows(slot, 0, next, out.hidden, &l, &h).ok());
+    const absl::Status st = PrefillWithMtpRows(*gpu, slot, toks);
+    ASSERT_TRUE(st.ok()) << st;
   }
   toks.push_back(3);
   for (int round = 0; round < 5; ++round) {
@@ -628,19 +635,8 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     const int V = be[0]->config().n_vocab;
     std::vector<int32_t> toks = Prompt(kPrompt, V);
     for (auto& b : be) {
-      b->ResetSlot(0);
-      SeqStep s;
-      s.slot = 0;
-      s.tokens = toks;
-      s.all_logits = true;
-      StepOptions o;
-      o.want_hidden = true;
-      StepOutput out;
-      ASSERT_TRUE(b->Forward({&s, 1}, o, &out).ok());
-      std::vector<float> l, h;
-      std::vector<int32_t> next(toks.begin() + 1, toks.end());
-      next.push_back(3);
-      ASSERT_TRUE(b->MtpRows(0, 0, next, out.hidden, &l, &h).ok());
+      const absl::Status st = PrefillWithMtpRows(*b, 0, toks);
+      ASSERT_TRUE(st.ok()) << st;
     }
     toks.push_back(3);
     int64_t compared = 0, cpu_compared = 0;

@@ -18,15 +18,12 @@ L=$O/logs
 mkdir -p "$L"
 MTP_K=${MTP_K:-3 4}
 PROMPT="The jury said that"
-tok_s() {
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d.get("mtp") or {}; print("gen tok/s %.1f tokens %d tokens/verify %s acceptance %s" % (d["generation_tokens_per_second"], d["generated_tokens"], m.get("mean_accepted_length"), m.get("acceptance")))' "$1" 2>&1 | tail -1
-}
 for rep in 1 2; do
   for k in off $MTP_K; do
     timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
       --prompt "$PROMPT" --json --mtp $k ${GEN_ARGS:-} >"$L/gen_${k}_$rep.json" 2>"$L/gen_${k}_$rep.err"
     r=$?
-    echo "generate --mtp $k (run $rep): rc=$r $(tok_s "$L/gen_${k}_$rep.json")"
+    echo "generate --mtp $k (run $rep): rc=$r $(gen_summary "$L/gen_${k}_$rep.json")"
     [ $r = 0 ] && pass "generate mtp $k" || { fail "generate mtp $k"; tail -3 "$L/gen_${k}_$rep.err"; }
   done
 done

@@ -30,6 +30,11 @@ wait_serving() {
 synth_27b() {
   [ -s "$1" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$1" >/dev/null 2>&1
 }
+# One line from a `deltaserve generate --json` output file $1: tok/s, tokens, and with MTP the
+# tokens per verify and the acceptance by position.
+gen_summary() {
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d.get("mtp") or {}; print("gen tok/s %.1f tokens %d tokens/verify %s acceptance %s" % (d["generation_tokens_per_second"], d["generated_tokens"], m.get("mean_accepted_length"), m.get("acceptance")))' "$1" 2>&1 | tail -1
+}
 # Runs the packed gtest binary $1 (its arguments after it) under a 240 s limit, its log in
 # $L/$1.log (L: the calling script's log folder); prints the summary and the failures, then a
 # PASS/FAIL line. A binary that was not packed is skipped.

@@ -18,16 +18,13 @@ L=$O/logs
 mkdir -p "$L"
 PROMPT="The jury said that"
 [ "${TESTS:-1}" = 1 ] && run_gtest mtp_gpu_test
-tok_s() {
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d.get("mtp") or {}; print("gen tok/s %.1f tokens %d tokens/verify %s acceptance %s" % (d["generation_tokens_per_second"], d["generated_tokens"], m.get("mean_accepted_length"), m.get("acceptance")))' "$1" 2>&1 | tail -1
-}
 for rep in 1 2; do
   for run in "off" "3 --fused-draft off" "3" "4 --fused-draft off" "4"; do
     tag=${run// /_}
     timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
       --prompt "$PROMPT" --json --mtp $run >"$L/gen_${tag}_$rep.json" 2>"$L/gen_${tag}_$rep.err"
     r=$?
-    echo "generate --mtp $run (run $rep): rc=$r $(tok_s "$L/gen_${tag}_$rep.json")"
+    echo "generate --mtp $run (run $rep): rc=$r $(gen_summary "$L/gen_${tag}_$rep.json")"
     [ $r = 0 ] && pass "generate mtp $run" || { fail "generate mtp $run"; tail -3 "$L/gen_${tag}_$rep.err"; }
   done
 done

@@ -581,6 +581,7 @@ class CudaDevice final : public Device {
   int64_t fused_chains_ = 0;
   absl::Status SetUpFusedDraftChain();
   int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)
+  KvCacheView MtpKvView() const;  // the MTP layer's f16 K/V plane of the paged pool
   absl::Status CheckMtp(int slot, int32_t pos0, int n) const;
   // One MTP pass over r rows (mtp.cc): every per-call value on the device.
   absl::Status MtpPass(const int32_t* d_tok, const int32_t* d_slot, const int32_t* d_pos, int r,

@@ -92,10 +92,7 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
   a.k_norm = L.k_norm;
   a.post_norm = L.post_norm;
   a.head_norm = mtp_norm_;
-  a.kv = kv_base_;
-  a.kv.k = L.kc;
-  a.kv.v = L.vc;
-  a.kv.type = GgmlType::F16;
+  a.kv = MtpKvView();
   a.valid = mtp_valid_;
   a.valid_ld = slot_ctx_;
   a.R = mtp_rows_max_;
@@ -119,6 +116,14 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
     return absl::OkStatus();  // the per-kernel chain
   mtp_chain_ = a;
   return absl::OkStatus();
+}
+
+KvCacheView CudaDevice::MtpKvView() const {
+  KvCacheView kv = kv_base_;
+  kv.k = mtp_layer_.kc;
+  kv.v = mtp_layer_.vc;
+  kv.type = GgmlType::F16;
+  return kv;
 }
 
 int CudaDevice::MtpAttnSplits() const {
@@ -149,10 +154,7 @@ absl::Status CudaDevice::MtpPass(const int32_t* d_tok, const int32_t* d_slot, co
   const float eps = cfg_.rms_eps;
   const DLayer& L = mtp_layer_;
   const int64_t kvw = static_cast<int64_t>(attn_shape_.n_kv) * attn_shape_.hd;
-  KvCacheView kv = kv_base_;
-  kv.k = L.kc;
-  kv.v = L.vc;
-  kv.type = GgmlType::F16;
+  const KvCacheView kv = MtpKvView();
 
   // cat = [enorm(embed[token]) | hnorm(h)] per row; u = eh_proj · cat. Under TP the embedding
   // is vocab-parallel as in Embed (zero rows for other ranks' tokens + the all-reduce) and
