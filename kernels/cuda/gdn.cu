@@ -28,6 +28,7 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // (batched decode: x64 7.3 vs 9.1 ms per step on the 27B, H200), while one block per SM keeps
 // the unspilled form for small launches (one stream: 0.48 vs 0.52 ms per token). The same
 // arithmetic either way. TS: the state's storage type (gdn_state.cuh).
+
 template <int DK, int kMinBlocks, typename TS>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
@@ -164,6 +165,193 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
       if (a.xq) {  // dv % 32 == 0: warp j / 32 of group 0 holds one whole 32-element block
         const int blk = (row * Hv + h) * (dv >> 5) + (j >> 5);
         QuantizeBlock32(y, j & 31, a.xq + 32 * blk, a.xd + blk, a.xsum ? a.xsum + 2 * blk : nullptr);
+      }
+    }
+  }
+}
+
+// GdnDecodeKernel's one-per-SM form, reorganized for runs (a speculative verify, a replay; one
+// stream's decode takes it too): a block's tokens go in chunks of CH — a prologue for the chunk's
+// tokens together (conv, the q/k l2norm sums in one BlockSums, the gates: nothing there depends
+// on the state), then the state update token by token with one barrier each (the u partials
+// double-buffered by token), then an epilogue for the chunk together (the o sums, the gated
+// norm's sums in one BlockSums, the output). Every value takes the same operations in the same
+// order as in GdnDecodeKernel (BlockSums reduces each of its values as BlockSum does; the conv
+// and the output are written as there), so the two kernels give the same bits and a decode row
+// does not depend on which form its step took (batch_invariance_test, mtp_gpu_test's verify =
+// decode checks, on the H200). Why: a run's token cost ~790 instructions per warp and 7 barriers
+// when each token ran the whole body alone (ncu, the demo model's 4-token verify run, H200,
+// 2026-12-04); the verify's gdn_core went 0.089-0.097 -> 0.080 ms per step. The two-per-SM form
+// keeps GdnDecodeKernel: this one with CH = 1 under its 64 registers spilled more (156 vs 84
+// bytes) and cost x16 / x64 3-4%. (The conv and output code is the same as GdnDecodeKernel's,
+// not shared through helpers: that refactor changed ptxas's register allocation of the other
+// kernel and could not be measured on the device in this session.)
+template <int DK, typename TS, int CH>
+__global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs a) {
+  constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
+  __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][128], scratch2[2 * CH][32], red[2][NG][128],
+      red_o[CH][NG][128];
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
+  const GdnShape& d = a.shape;
+  const int dvr = blockDim.x / NG;  // dv rounded up to a warp
+  const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
+  const int grp = tid / dvr, j = tid % dvr;
+  const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
+  const int kh = h % d.k_heads;
+  const bool jv = j < dv;
+  // The block's tokens: one (a wave), or a run's, in order.
+  const int e0 = a.run_first ? a.run_first[i] : i;
+  const int n_tok = a.run_first ? a.run_len[i] : 1;
+  int in = a.in_slots ? a.in_slots[e0] : a.slots[e0];  // speculative: read `in`, write `slot`
+  const int p0 = a.pos[e0];
+  const TS* S_in =
+      static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
+
+  // Issue the state loads first: they do not depend on the prologue.
+  float st[KPT];
+  if (jv) {
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
+  }
+  // The conv history (pre-conv values of positions p-3..p-1) of the channels this thread
+  // convolves, from the input ring; later tokens of a run shift their own values in.
+  const int cq = kh * DK + j, ck = Kw + kh * DK + j, cv = 2 * Kw + h * dv + j;
+  const bool qk_thread = grp == 0 && j < DK, v_thread = grp == 0 && jv;
+  float hq[kConvK - 1], hk[kConvK - 1], hv[kConvK - 1];
+  {
+    const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
+#pragma unroll
+    for (int tap = 0; tap < kConvK - 1; ++tap) {
+      const int r = Mod(p0 - (kConvK - 1) + tap, kConvK);
+      hq[tap] = qk_thread ? ring_in[r * C + cq] : 0.f;
+      hk[tap] = qk_thread ? ring_in[r * C + ck] : 0.f;
+      hv[tap] = v_thread ? ring_in[r * C + cv] : 0.f;
+    }
+  }
+
+  for (int t0 = 0; t0 < n_tok; t0 += CH) {
+    const int nc = min(CH, n_tok - t0);
+    // ---- prologue: the chunk's tokens' conv, q/k sums and gates ----
+    float sums[2 * CH], qv[CH], kv[CH], beta[CH], decay[CH];
+    int rows[CH], slots[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      qv[c] = kv[c] = beta[c] = decay[c] = 0.f;
+      rows[c] = slots[c] = 0;
+      if (c < nc) {
+        const int e = e0 + t0 + c;
+        const int row = a.rows[e], slot = a.slots[e], p = a.pos[e];
+        if (t0 + c > 0) in = a.slots[e - 1];  // the previous token's state (in registers)
+        rows[c] = row;
+        slots[c] = slot;
+        const float* m = a.mixed + static_cast<int64_t>(row) * C;
+        float* ring = a.conv_ring + static_cast<int64_t>(slot) * kConvK * C;
+        const int cur_row = Mod(p, kConvK);
+        // Causal conv over the history (rows p-3..p-1) plus the current pre-conv value; the
+        // owner block stores the current value into ring row p % K (and, when the output is
+        // another state index, the K-1 rows it read, so that the output ring is complete).
+        // Group 0 does the prologue.
+        auto conv = [&](int ch, float* hist, bool owner) {
+          const float cur = m[ch];
+          const float* w = a.p.conv_w + static_cast<int64_t>(ch) * kConvK;
+          float acc = w[kConvK - 1] * cur;
+#pragma unroll
+          for (int tap = 0; tap < kConvK - 1; ++tap) {
+            const float prev = hist[tap];
+            acc += w[tap] * prev;
+            if (owner && in != slot) ring[Mod(p - (kConvK - 1) + tap, kConvK) * C + ch] = prev;
+          }
+          if (owner) ring[cur_row * C + ch] = cur;
+#pragma unroll
+          for (int tap = 0; tap < kConvK - 2; ++tap) hist[tap] = hist[tap + 1];
+          hist[kConvK - 2] = cur;
+          return Silu(acc);
+        };
+        if (qk_thread) {
+          const bool owner = h < d.k_heads;  // one block per key head writes its q/k channels
+          qv[c] = conv(cq, hq, owner);
+          kv[c] = conv(ck, hk, owner);
+        }
+        if (v_thread) vs[c][j] = conv(cv, hv, true);
+        beta[c] = Sigmoid(a.b[static_cast<int64_t>(row) * Hv + h]);
+        const float g =
+            a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
+        decay[c] = __expf(g);
+      }
+      sums[2 * c] = qv[c] * qv[c];
+      sums[2 * c + 1] = kv[c] * kv[c];
+    }
+    BlockSums<2 * CH>(sums, scratch2);
+    if (qk_thread) {
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        if (c >= nc) break;
+        qs[c][j] = qv[c] * rsqrtf(sums[2 * c] + a.p.eps) * rsqrtf(static_cast<float>(DK));
+        ks[c][j] = kv[c] * rsqrtf(sums[2 * c + 1] + a.p.eps);
+      }
+    }
+    __syncthreads();
+
+    // ---- the state update, token by token ----
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (c >= nc) break;
+      TS* S = static_cast<TS*>(a.state) + (static_cast<int64_t>(slots[c]) * Hv + h) * DK * dv + j;
+      // red[c & 1]: the next token writes the other half, so one barrier per token suffices
+      // (the one after it orders this token's reads before the token after next writes here).
+      float u = 0.f;
+      if (jv) {
+#pragma unroll
+        for (int k = 0; k < KPT; ++k) {
+          st[k] *= decay[c];
+          u = fmaf(st[k], ks[c][grp * KPT + k], u);
+        }
+        red[c & 1][grp][j] = u;
+      }
+      __syncthreads();
+      if (jv) {
+        u = 0.f;
+#pragma unroll
+        for (int g2 = 0; g2 < NG; ++g2) u += red[c & 1][g2][j];
+        const float delta = beta[c] * (vs[c][j] - u);
+        float o = 0.f;
+#pragma unroll
+        for (int k = 0; k < KPT; ++k) {
+          st[k] = fmaf(ks[c][grp * KPT + k], delta, st[k]);
+          o = fmaf(st[k], qs[c][grp * KPT + k], o);
+          StoreState(S + (grp * KPT + k) * dv, st[k]);
+          st[k] = AsStored<TS>(st[k]);  // a run's next token reads the stored state
+        }
+        red_o[c][grp][j] = o;
+      }
+    }
+    __syncthreads();
+
+    // ---- epilogue: the chunk's outputs ----
+    float o[CH], oss[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      o[c] = 0.f;
+      if (c < nc && grp == 0 && jv) {
+#pragma unroll
+        for (int g2 = 0; g2 < NG; ++g2) o[c] += red_o[c][g2][j];
+      }
+      oss[c] = o[c] * o[c];
+    }
+    BlockSums<CH>(oss, scratch2);
+    if (grp == 0 && jv) {
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        if (c >= nc) break;
+        const int64_t oi = static_cast<int64_t>(rows[c]) * Hv * dv + h * dv + j;
+        const float y = o[c] * rsqrtf(oss[c] / dv + a.p.eps) * a.p.norm_w[j] * Silu(a.z[oi]);
+        a.out[oi] = y;
+        if (a.xq) {  // dv % 32 == 0: warp j / 32 of group 0 holds one whole 32-element block
+          const int blk = (rows[c] * Hv + h) * (dv >> 5) + (j >> 5);
+          QuantizeBlock32(y, j & 31, a.xq + 32 * blk, a.xd + blk,
+                          a.xsum ? a.xsum + 2 * blk : nullptr);
+        }
       }
     }
   }
@@ -362,7 +550,7 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
       if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
         LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
       else
-        LaunchMaybeEarly(GdnDecodeKernel<DK, 1, TS>, grid, threads, 0, stream, a.early, a);
+        LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4>, grid, threads, 0, stream, a.early, a);
     });
   });
   return LastLaunchStatus("GdnDecode");
