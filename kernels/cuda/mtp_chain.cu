@@ -261,12 +261,11 @@ __device__ __forceinline__ void NormToShared(float* dst, const float* u, const f
   WarpRmsNorm(dst, dst, w, H, eps);
 }
 
-// Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | scratch [32] | best.
+// Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | best | tok.
 struct Smem {
   float* xs;
   float* hs;
   float* stage;
-  float* scratch;
   float* best_v;
   int* best_i;
   int* tok;
@@ -278,7 +277,7 @@ __host__ __device__ inline int XsFloats(const MtpChainArgs& a) {
   return x > o ? x : o;
 }
 __host__ __device__ inline size_t SmemBytes(const MtpChainArgs& a) {
-  return sizeof(float) * (XsFloats(a) + a.H + kWarps * a.shape.hd + 32 + 2 * kWarps + 4);
+  return sizeof(float) * (XsFloats(a) + a.H + kWarps * a.shape.hd + 2 * kWarps + 4);
 }
 
 template <GgmlType WT>
@@ -288,8 +287,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   sm.xs = smem_raw;
   sm.hs = sm.xs + XsFloats(a);
   sm.stage = sm.hs + a.H;
-  sm.scratch = sm.stage + kWarps * a.shape.hd;
-  sm.best_v = sm.scratch + 32;
+  sm.best_v = sm.stage + kWarps * a.shape.hd;
   sm.best_i = reinterpret_cast<int*>(sm.best_v + kWarps);
   sm.tok = sm.best_i + kWarps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -299,8 +297,8 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   const int H = a.H;
   const AttnShape& s = a.shape;
   const int hd = s.hd, qrows = s.n_head * 2 * hd, kvw = s.n_kv * hd;
-  float* best_v = reinterpret_cast<float*>(a.sync);
-  int32_t* best_i = a.sync + kMtpChainMaxCluster;
+  float* best_v = reinterpret_cast<float*>(a.best);
+  int32_t* best_i = a.best + kMtpChainMaxCluster;
 
   for (int j = 0; j < a.passes; ++j) {
     const int32_t* blk = a.ints + static_cast<int64_t>(j) * a.block_ints;
@@ -640,7 +638,7 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want) {
 }
 
 absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
-  if (a.blocks < 1 || a.blocks > kMtpChainMaxCluster || !a.sync || !a.drafts)
+  if (a.blocks < 1 || a.blocks > kMtpChainMaxCluster || !a.best || !a.drafts)
     return absl::InvalidArgumentError("fused MTP chain: bad launch arguments");
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);

@@ -1,10 +1,10 @@
 // The whole greedy MTP draft chain of one slot in one launch (issue #15): for models whose MTP
 // block is small enough that a draft pass is counted in launches, not bytes (the trained demo
 // model: hidden 256, a pass of ~20 kernels cost ~47 us in a CUDA graph on the H200 for ~1 us of
-// weight reads). One persistent cooperative grid runs every pass of CudaDevice::MtpDraftGreedy's
+// weight reads). One thread-block cluster runs every pass of CudaDevice::MtpDraftGreedy's
 // chain — the mask update, [enorm(embed) | hnorm(h)] -> eh_proj, attn_norm -> q / k / v,
 // q / k norms and RoPE with the K/V rows stored into the MTP plane, the masked attention, o_proj,
-// the SwiGLU MLP, shared_head_norm, the LM head and its argmax — with a grid-wide barrier between
+// the SwiGLU MLP, shared_head_norm, the LM head and its argmax — with the cluster's barrier between
 // the stages that need the whole of the one before (8 per pass), and feeds each pass's argmax and
 // h' to the next inside the kernel.
 //
@@ -62,16 +62,16 @@ struct MtpChainArgs {
   float* hid_out = nullptr;       // [H] out: the last pass's h'
   float* logits = nullptr;        // [n_vocab] out: the last pass's logits
   // Scratch (device): u [n, H], qg [n_head * 2 * hd], k / v [n, n_kv * hd], q [n_head * hd],
-  // ff [2 n_ff], parts [n_head, max_parts, hd + 2], and MtpChainSyncInts() ints.
+  // ff [2 n_ff], parts [n_head, max_parts, hd + 2], and MtpChainBestInts() ints.
   float *u = nullptr, *qg = nullptr, *k = nullptr, *v = nullptr, *q = nullptr, *ff = nullptr,
         *parts = nullptr;
   int max_parts = 1;
-  int32_t* sync = nullptr;
+  int32_t* best = nullptr;
   int blocks = 0;                 // the grid, one cluster (MtpChainConfigure)
 };
 
-// Ints of MtpChainArgs::sync: the blocks' argmax partials (value, index).
-constexpr int MtpChainSyncInts() { return 2 * kMtpChainMaxCluster; }
+// Ints of MtpChainArgs::best: the blocks' argmax partials (values as float bits, then indices).
+constexpr int MtpChainBestInts() { return 2 * kMtpChainMaxCluster; }
 
 // OK when the launch can take these shapes; otherwise why not.
 absl::Status MtpChainSupported(const MtpChainArgs& a);

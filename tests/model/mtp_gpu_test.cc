@@ -36,9 +36,9 @@
 
 #include "common/gguf/gguf.h"
 #include "common/sampling/sampler.h"
-#include "common/util/model_alias.h"
 #include "common/util/status.h"
 #include "tests/gpu_test_options.h"
+#include "tests/model/mtp_gpu_fixtures.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_options.h"
@@ -48,93 +48,9 @@
 namespace ds {
 namespace {
 
-bool HaveGpu() {
-  static const bool have = [] {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  }();
-  return have;
-}
+using namespace mtp_test;  // the shared fixtures of the MTP GPU tests (mtp_gpu_fixtures.h)
 
-struct Model {
-  const char* name;
-  GgmlType type;
-  double bound;  // max |gpu - cpu| / max |cpu| for MtpStep outputs
-};
 constexpr Model kModels[] = {{"F32", GgmlType::F32, 2e-3}, {"Q8_0", GgmlType::Q8_0, 0.3}};
-void PrintTo(const Model& m, std::ostream* os) { *os << m.name; }
-
-constexpr int kSlotCtx = 256;
-constexpr int kPrompt = 40;
-
-std::shared_ptr<const gguf::File> Synth(const Model& m) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("ds_mtp_gpu_" + std::to_string(getpid()) + "_" + m.name + ".gguf"))
-                               .string();
-  SynthOptions o = SynthOptions::Tiny();
-  o.weight_type = m.type;
-  o.seed = 5;
-  absl::Status s = SynthesizeGguf(o, path);
-  EXPECT_TRUE(s.ok()) << s;
-  auto f = gguf::File::Open(path);
-  EXPECT_TRUE(f.ok()) << f.status();
-  std::filesystem::remove(path);  // the mapping stays valid
-  return f.ok() ? std::shared_ptr<const gguf::File>(std::move(*f)) : nullptr;
-}
-
-BackendOptions Opts() {
-  BackendOptions o;
-  o.n_slots = 2;
-  o.slot_ctx = kSlotCtx;
-  return ds::testing::GpuTestOptions(o);  // --portable: the sm_70 kernel path
-}
-
-std::unique_ptr<Backend> Cuda(std::shared_ptr<const gguf::File> f, int max_step_tokens = 0) {
-  CudaBackendOptions c;
-  c.spec_tokens = 4;
-  c.spec_seqs = 2;
-  if (max_step_tokens > 0) c.max_step_tokens = max_step_tokens;
-  auto b = CreateCudaBackend(std::move(f), Opts(), c);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? std::move(*b) : nullptr;
-}
-
-std::vector<int32_t> Prompt(int n, int V) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(((i * 37) % 500 + 3) % V);
-  return t;
-}
-
-double RelDiff(const std::vector<float>& x, const std::vector<float>& ref) {
-  if (x.size() != ref.size() || ref.empty()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x[i])) return INFINITY;
-    num = std::max(num, std::abs(static_cast<double>(x[i]) - ref[i]));
-    den = std::max(den, std::abs(static_cast<double>(ref[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
-
-int32_t Argmax(const float* l, int V) { return static_cast<int32_t>(std::max_element(l, l + V) - l); }
-
-// Prefills `toks` into `slot` and writes its MTP rows (the token after the last is 3), as the
-// draft-chain tests start from.
-absl::Status PrefillWithMtpRows(Backend& b, int slot, const std::vector<int32_t>& toks) {
-  b.ResetSlot(slot);
-  SeqStep s;
-  s.slot = slot;
-  s.tokens = toks;
-  s.all_logits = true;
-  StepOptions o;
-  o.want_hidden = true;
-  StepOutput out;
-  DS_RETURN_IF_ERROR(b.Forward({&s, 1}, o, &out));
-  std::vector<float> l, h;
-  std::vector<int32_t> next(toks.begin() + 1, toks.end());
-  next.push_back(3);
-  return b.MtpRows(slot, 0, next, out.hidden, &l, &h);
-}
 
 class Mtp : public ::testing::TestWithParam<Model> {};
 
@@ -582,124 +498,6 @@ TEST_P(Mtp, DraftChainMatchesHostDrafts) {
     }
     EXPECT_EQ(chain, host);
     toks.insert(toks.end(), catchup.begin(), catchup.end());
-  }
-}
-
-// The fused draft chain (kernels/cuda/mtp_chain.cuh: every pass in one thread-block-cluster
-// kernel, on by default where the MTP block takes it) against the per-kernel chain of a second
-// backend over the same file (CudaBackendOptions::fused_draft_chain off) and against the CPU
-// reference (the host path: CPU Forward, MtpRows, MtpStep, argmax on the host): the same drafts,
-// round after round (each round's chain writes the MTP K/V rows and mask the next rounds attend
-// to), for 1..5 catch-up rows and 1..4 drafts, on F32, F16 and BF16 matrices and the trained demo
-// model. Against the per-kernel chain every draft must match; against the CPU (other kernels,
-// other rounding) a draft is compared where the CPU's top two logits are at least 1e-3 of the
-// largest |logit| apart, and a round stops at its first near-tie (both sides then continue from
-// different drafts). The test also checks that the fused kernel ran (FusedDraftChains).
-TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  struct Case {
-    const char* name;
-    GgmlType type;
-    bool demo;
-  };
-  const Case cases[] = {{"F32", GgmlType::F32, false},
-                        {"F16", GgmlType::F16, false},
-                        {"BF16", GgmlType::BF16, false},
-                        {"demo", GgmlType::F16, true}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    std::shared_ptr<const gguf::File> file;
-    if (c.demo) {
-      auto f = gguf::File::Open(ResolveModelAlias("demo"));
-      ASSERT_TRUE(f.ok()) << f.status();
-      file = std::shared_ptr<const gguf::File>(std::move(*f));
-    } else {
-      file = Synth(Model{c.name, c.type, 0});
-    }
-    ASSERT_TRUE(file);
-    std::unique_ptr<Backend> be[3];  // fused, per kernel, CPU
-    for (int i = 0; i < 2; ++i) {
-      CudaBackendOptions co;
-      co.spec_tokens = 6;
-      co.spec_seqs = 1;
-      co.fused_draft_chain = i == 0;
-      auto b = CreateCudaBackend(file, Opts(), co);
-      ASSERT_TRUE(b.ok()) << b.status();
-      be[i] = std::move(*b);
-    }
-    {
-      auto b = CreateCpuBackend(file, Opts());
-      ASSERT_TRUE(b.ok()) << b.status();
-      be[2] = std::move(*b);
-    }
-    const int V = be[0]->config().n_vocab;
-    std::vector<int32_t> toks = Prompt(kPrompt, V);
-    for (auto& b : be) {
-      const absl::Status st = PrefillWithMtpRows(*b, 0, toks);
-      ASSERT_TRUE(st.ok()) << st;
-    }
-    toks.push_back(3);
-    int64_t compared = 0, cpu_compared = 0;
-    for (int round = 0; round < 12; ++round) {
-      SCOPED_TRACE(::testing::Message() << "round " << round);
-      const int n_rows = 1 + round % 5;
-      const int n_drafts = 1 + round % 4;
-      const int32_t pos0 = static_cast<int32_t>(toks.size()) - 1;
-      std::vector<int32_t> rows(toks.end() - 1, toks.end());
-      for (int i = 1; i < n_rows; ++i) rows.push_back((round * 31 + i * 7) % V);
-      std::vector<int32_t> catchup(rows.begin() + 1, rows.end());
-      catchup.push_back((round * 13 + 1) % V);
-      std::vector<int32_t> drafts[2];
-      for (int i = 0; i < 3; ++i) {
-        SeqStep s;
-        s.slot = 0;
-        s.pos0 = pos0;
-        s.tokens = rows;
-        s.all_logits = true;
-        s.decode_path = i < 2;
-        StepOptions o;
-        o.want_hidden = i == 2;
-        StepOutput out;
-        absl::Status st = be[i]->Forward({&s, 1}, o, &out);
-        ASSERT_TRUE(st.ok()) << st;
-        if (i < 2) {
-          st = be[i]->MtpDraftGreedy(0, pos0, catchup, 0, n_drafts, &drafts[i]);
-          ASSERT_TRUE(st.ok()) << st;
-          continue;
-        }
-        // The CPU reference, draft by draft, while no near-tie has made the paths part.
-        std::vector<float> l, h, ch;
-        st = be[2]->MtpRows(0, pos0, catchup, out.hidden, &l, &h);
-        ASSERT_TRUE(st.ok()) << st;
-        for (int j = 0; j < n_drafts; ++j) {
-          if (j > 0) {
-            ch = h;
-            st = be[2]->MtpStep(0, drafts[0][j - 1], pos0 + n_rows - 1 + j, ch, &l, &h);
-            ASSERT_TRUE(st.ok()) << st;
-          }
-          std::vector<float> top(l);
-          std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
-          float scale = 0;
-          for (float x : l) scale = std::max(scale, std::abs(x));
-          if (top[0] - top[1] < 1e-3f * scale) break;  // a near-tie: the rest is not comparable
-          EXPECT_EQ(drafts[0][j], Argmax(l.data(), V)) << "draft " << j;
-          ++cpu_compared;
-        }
-      }
-      EXPECT_EQ(drafts[0], drafts[1]);
-      compared += static_cast<int64_t>(drafts[0].size());
-      toks.insert(toks.end(), catchup.begin(), catchup.end());
-    }
-    EXPECT_EQ(compared, 30);
-    EXPECT_GE(cpu_compared, 20);  // near-ties are rare: most drafts are checked against the CPU
-    std::printf("%s: %lld of 30 drafts compared with the CPU\n", c.name,
-                static_cast<long long>(cpu_compared));
-    auto* fused = dynamic_cast<cuda::CudaBackend*>(be[0].get());
-    auto* plain = dynamic_cast<cuda::CudaBackend*>(be[1].get());
-    ASSERT_TRUE(fused && plain);
-    // The portable path (the sm_70 kernels forced on this GPU) has no clusters: no fused chain.
-    EXPECT_EQ(fused->FusedDraftChains(), ds::testing::ForcePortable() ? 0 : 12);
-    EXPECT_EQ(plain->FusedDraftChains(), 0);
   }
 }
 

@@ -42,7 +42,7 @@ struct BenchOptions {
   // --coarse-draft-head off: CudaBackendOptions::coarse_draft_head (A/B of the MTP rows)
   bool coarse_draft_head = true;
   // --fused-draft off: CudaBackendOptions::fused_draft_chain (A/B of the draft chain);
-  // --fused-draft-blocks N: its grid (0: one block per SM)
+  // --fused-draft-blocks N: its cluster's blocks (0: 16, see CudaBackendOptions)
   bool fused_draft = true;
   int fused_draft_blocks = 0;
   // --gdn-state f32|bf16: CudaBackendOptions::gdn_state_bf16 (the GDN state stored in bf16)

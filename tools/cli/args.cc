@@ -68,6 +68,14 @@ absl::StatusOr<uint64_t> Args::UInt(const std::string& flag, uint64_t dflt) cons
   return static_cast<uint64_t>(v);
 }
 
+absl::StatusOr<bool> Args::OnOff(const std::string& flag, bool dflt) const {
+  auto it = values_.find(flag);
+  if (it == values_.end()) return dflt;
+  if (it->second != "on" && it->second != "off")
+    return absl::InvalidArgumentError(flag + " expects on or off, got '" + it->second + "'");
+  return it->second == "on";
+}
+
 absl::StatusOr<double> Args::Float(const std::string& flag, double dflt) const {
   auto it = values_.find(flag);
   if (it == values_.end()) return dflt;

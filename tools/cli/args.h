@@ -23,6 +23,8 @@ class Args {
   absl::StatusOr<int64_t> Int(const std::string& flag, int64_t dflt) const;
   absl::StatusOr<double> Float(const std::string& flag, double dflt) const;
   absl::StatusOr<uint64_t> UInt(const std::string& flag, uint64_t dflt) const;
+  // An on|off switch with a value (config::OnOffFlag's wording for anything else).
+  absl::StatusOr<bool> OnOff(const std::string& flag, bool dflt) const;
 
  private:
   std::map<std::string, std::string> values_;

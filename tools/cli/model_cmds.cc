@@ -205,10 +205,9 @@ int CmdGenerate(int argc, char** argv) {
   if (!gdn_state.ok()) return Fail(gdn_state.status());
   bo.gdn_state_bf16 = *gdn_state;  // the GDN state stored in bf16 (CPU: emulated)
   // CUDA: the draft chain in one kernel where the MTP block takes it (off: one kernel per op).
-  const std::string fused_draft = args->Str("--fused-draft", "on");
-  if (fused_draft != "on" && fused_draft != "off")
-    return Fail(absl::InvalidArgumentError("--fused-draft expects on or off, got '" + fused_draft + "'"));
-  bo.fused_draft_chain = fused_draft == "on";
+  auto fused_draft = args->OnOff("--fused-draft", true);
+  if (!fused_draft.ok()) return Fail(fused_draft.status());
+  bo.fused_draft_chain = *fused_draft;
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);

@@ -575,9 +575,9 @@ class CudaDevice final : public Device {
   float* h_mtp_f_ = nullptr;  // pinned [mtp_rows_max_ * H + H + n_vocab]: hidden in, hidden / logits out
   // The fused draft chain (kernels/cuda/mtp_chain.cuh; CudaBackendOptions::fused_draft_chain):
   // its arguments but the per-call ones, set at load when the MTP block's shapes and types take
-  // it (mtp_chain_.blocks > 0), and its barrier / argmax ints (zeroed once).
+  // it (mtp_chain_.blocks > 0), and its blocks' argmax partials.
   MtpChainArgs mtp_chain_;
-  int32_t* mtp_chain_sync_ = nullptr;
+  int32_t* mtp_chain_best_ = nullptr;
   int64_t fused_chains_ = 0;
   absl::Status SetUpFusedDraftChain();
   int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)

@@ -371,7 +371,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&mtp_parts_),
        has_mtp_ ? MaskedAttnPartialFloats(attn_shape_, MtpAttnSplits()) * 4ull : 0},
       {reinterpret_cast<void**>(&mtp_ints_), has_mtp_ ? MtpIntsTotal() * 4ull : 0},
-      {reinterpret_cast<void**>(&mtp_chain_sync_), has_mtp_ ? MtpChainSyncInts() * 4ull : 0},
+      {reinterpret_cast<void**>(&mtp_chain_best_), has_mtp_ ? MtpChainBestInts() * 4ull : 0},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack

@@ -89,10 +89,11 @@ struct CudaBackendOptions {
   // verification; the copy costs memory (0.74 GiB on the 27B) and saves ~0.08 ms of each draft's
   // ~0.64 on the H200.
   bool coarse_draft_head = true;
-  // The greedy draft chain in one cooperative kernel (kernels/cuda/mtp_chain.cuh) where the MTP
-  // block takes it (one rank, F32 / F16 / BF16 matrices: small models such as the demo, whose
-  // draft pass of ~20 launches is counted in launches, not bytes); off keeps one kernel per op
-  // (`--fused-draft off` for A/B). fused_draft_blocks: its grid, 0 = one block per SM.
+  // The greedy draft chain in one thread-block-cluster kernel (kernels/cuda/mtp_chain.cuh, sm_90)
+  // where the MTP block takes it (one rank, F32 / F16 / BF16 matrices: small models such as the
+  // demo, whose draft pass of ~20 launches is counted in launches, not bytes); off keeps one
+  // kernel per op (`--fused-draft off` for A/B). fused_draft_blocks: the cluster's blocks, 0 = 16
+  // (the most the device places; a power of two).
   bool fused_draft_chain = true;
   int fused_draft_blocks = 0;
   // The GDN delta-rule state ([n_states, Hv, dk, dv] per layer: 151 MB per sequence on the 27B in

@@ -109,7 +109,7 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
   a.ff = mtp_ff_;
   a.parts = mtp_parts_;
   a.max_parts = MtpAttnSplits();
-  a.sync = mtp_chain_sync_;
+  a.best = mtp_chain_best_;
   a.n = 1;
   a.passes = 1;
   if (!MtpChainSupported(a).ok() || !MtpChainConfigure(&a, device_, copts_.fused_draft_blocks).ok())

@@ -1,0 +1,144 @@
+// The fused draft chain on the CUDA device (issue #15; kernels/cuda/mtp_chain.cuh; label `gpu`,
+// built into mtp_gpu_test, not run in CI; on a device: tools/device/fused_draft_check.sh).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/gguf/gguf.h"
+#include "common/util/model_alias.h"
+#include "tests/gpu_test_options.h"
+#include "tests/model/mtp_gpu_fixtures.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_options.h"
+#include "worker/model/backend.h"
+
+namespace ds {
+namespace {
+
+using namespace mtp_test;  // the shared fixtures of the MTP GPU tests (mtp_gpu_fixtures.h)
+
+// The fused draft chain (kernels/cuda/mtp_chain.cuh: every pass in one thread-block-cluster
+// kernel, on by default where the MTP block takes it) against the per-kernel chain of a second
+// backend over the same file (CudaBackendOptions::fused_draft_chain off) and against the CPU
+// reference (the host path: CPU Forward, MtpRows, MtpStep, argmax on the host): the same drafts,
+// round after round (each round's chain writes the MTP K/V rows and mask the next rounds attend
+// to), for 1..5 catch-up rows and 1..4 drafts, on F32, F16 and BF16 matrices and the trained demo
+// model. Against the per-kernel chain every draft must match; against the CPU (other kernels,
+// other rounding) a draft is compared where the CPU's top two logits are at least 1e-3 of the
+// largest |logit| apart, and a round stops at its first near-tie (both sides then continue from
+// different drafts). The test also checks that the fused kernel ran (FusedDraftChains).
+TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    const char* name;
+    GgmlType type;
+    bool demo;
+  };
+  const Case cases[] = {{"F32", GgmlType::F32, false},
+                        {"F16", GgmlType::F16, false},
+                        {"BF16", GgmlType::BF16, false},
+                        {"demo", GgmlType::F16, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::shared_ptr<const gguf::File> file;
+    if (c.demo) {
+      auto f = gguf::File::Open(ResolveModelAlias("demo"));
+      ASSERT_TRUE(f.ok()) << f.status();
+      file = std::shared_ptr<const gguf::File>(std::move(*f));
+    } else {
+      file = Synth(Model{c.name, c.type, 0});
+    }
+    ASSERT_TRUE(file);
+    std::unique_ptr<Backend> be[3];  // fused, per kernel, CPU
+    for (int i = 0; i < 2; ++i) {
+      CudaBackendOptions co;
+      co.spec_tokens = 6;
+      co.spec_seqs = 1;
+      co.fused_draft_chain = i == 0;
+      auto b = CreateCudaBackend(file, Opts(), co);
+      ASSERT_TRUE(b.ok()) << b.status();
+      be[i] = std::move(*b);
+    }
+    {
+      auto b = CreateCpuBackend(file, Opts());
+      ASSERT_TRUE(b.ok()) << b.status();
+      be[2] = std::move(*b);
+    }
+    const int V = be[0]->config().n_vocab;
+    std::vector<int32_t> toks = Prompt(kPrompt, V);
+    for (auto& b : be) {
+      const absl::Status st = PrefillWithMtpRows(*b, 0, toks);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    toks.push_back(3);
+    int64_t compared = 0, cpu_compared = 0;
+    for (int round = 0; round < 12; ++round) {
+      SCOPED_TRACE(::testing::Message() << "round " << round);
+      const int n_rows = 1 + round % 5;
+      const int n_drafts = 1 + round % 4;
+      const int32_t pos0 = static_cast<int32_t>(toks.size()) - 1;
+      std::vector<int32_t> rows(toks.end() - 1, toks.end());
+      for (int i = 1; i < n_rows; ++i) rows.push_back((round * 31 + i * 7) % V);
+      std::vector<int32_t> catchup(rows.begin() + 1, rows.end());
+      catchup.push_back((round * 13 + 1) % V);
+      std::vector<int32_t> drafts[2];
+      for (int i = 0; i < 3; ++i) {
+        SeqStep s;
+        s.slot = 0;
+        s.pos0 = pos0;
+        s.tokens = rows;
+        s.all_logits = true;
+        s.decode_path = i < 2;
+        StepOptions o;
+        o.want_hidden = i == 2;
+        StepOutput out;
+        absl::Status st = be[i]->Forward({&s, 1}, o, &out);
+        ASSERT_TRUE(st.ok()) << st;
+        if (i < 2) {
+          st = be[i]->MtpDraftGreedy(0, pos0, catchup, 0, n_drafts, &drafts[i]);
+          ASSERT_TRUE(st.ok()) << st;
+          continue;
+        }
+        // The CPU reference, draft by draft, while no near-tie has made the paths part.
+        std::vector<float> l, h, ch;
+        st = be[2]->MtpRows(0, pos0, catchup, out.hidden, &l, &h);
+        ASSERT_TRUE(st.ok()) << st;
+        for (int j = 0; j < n_drafts; ++j) {
+          if (j > 0) {
+            ch = h;
+            st = be[2]->MtpStep(0, drafts[0][j - 1], pos0 + n_rows - 1 + j, ch, &l, &h);
+            ASSERT_TRUE(st.ok()) << st;
+          }
+          std::vector<float> top(l);
+          std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+          float scale = 0;
+          for (float x : l) scale = std::max(scale, std::abs(x));
+          if (top[0] - top[1] < 1e-3f * scale) break;  // a near-tie: the rest is not comparable
+          EXPECT_EQ(drafts[0][j], Argmax(l.data(), V)) << "draft " << j;
+          ++cpu_compared;
+        }
+      }
+      EXPECT_EQ(drafts[0], drafts[1]);
+      compared += static_cast<int64_t>(drafts[0].size());
+      toks.insert(toks.end(), catchup.begin(), catchup.end());
+    }
+    EXPECT_EQ(compared, 30);
+    EXPECT_GE(cpu_compared, 20);  // near-ties are rare: most drafts are checked against the CPU
+    std::printf("%s: %lld of 30 drafts compared with the CPU\n", c.name,
+                static_cast<long long>(cpu_compared));
+    auto* fused = dynamic_cast<cuda::CudaBackend*>(be[0].get());
+    auto* plain = dynamic_cast<cuda::CudaBackend*>(be[1].get());
+    ASSERT_TRUE(fused && plain);
+    // The portable path (the sm_70 kernels forced on this GPU) has no clusters: no fused chain.
+    EXPECT_EQ(fused->FusedDraftChains(), ds::testing::ForcePortable() ? 0 : 12);
+    EXPECT_EQ(plain->FusedDraftChains(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace ds
