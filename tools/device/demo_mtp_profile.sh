@@ -9,7 +9,9 @@
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve):
 #   DS_CARRY=.devcarry-lead bash tools/device/demo_mtp_profile.sh
-# Knobs: MTP_K (default "3 4"), NCU=0 skips step 3, GEN_ARGS (extra generate flags).
+# Knobs: MTP_K (default "3 4"; generate also takes auto), BENCH_K (default MTP_K), NCU=0 skips
+# step 3, PROFILE=1 lets the bench print its per-op-class times (decode vs verify), GEN_ARGS
+# (extra generate flags), TESTS="bin ..." runs those packed gtest binaries first.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -17,7 +19,9 @@ O=${OUT:-/tmp/out}
 L=$O/logs
 mkdir -p "$L"
 MTP_K=${MTP_K:-3 4}
+BENCH_K=${BENCH_K:-$MTP_K}
 PROMPT="The jury said that"
+for t in ${TESTS:-}; do run_gtest "$t"; done
 for rep in 1 2; do
   for k in off $MTP_K; do
     timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
@@ -27,8 +31,10 @@ for rep in 1 2; do
     [ $r = 0 ] && pass "generate mtp $k" || { fail "generate mtp $k"; tail -3 "$L/gen_${k}_$rep.err"; }
   done
 done
-timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${MTP_K// /,} --mtp-conc 1 \
-  --mtp-depth 64 --no-profile 2>&1 | tee "$L/bench.log" | grep -E "decode|^ k streams|^ [0-9] +[0-9]+ " | head -20
+NOPROF=--no-profile
+[ "${PROFILE:-0}" = 1 ] && NOPROF=
+timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${BENCH_K// /,} --mtp-conc 1 \
+  --mtp-depth 64 $NOPROF 2>&1 | tee "$L/bench.log" | grep -E "decode|verify|^ k streams|^ [0-9] +[0-9]+ |ms" | head -60
 if [ "${NCU:-1}" = 1 ]; then
   NCU_BIN=/usr/local/cuda/bin/ncu
   for k in off 3; do

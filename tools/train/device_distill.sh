@@ -7,8 +7,10 @@
 # measurement log in $OUT/distill.
 # Usage (device, repo root), after here
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve
-#   (and the token ids in DATA, default .devcarry-distill: tools/train/README.md "MTP distillation"):
-#   DS_CARRY=.devcarry-lead OUT=... bash tools/train/device_distill.sh
+#   and `bash tools/train/make_demo.sh distill-data` (the token ids in DATA, default
+#   .devcarry-distill; carry both folders):
+#   DS_CARRY=.devcarry-lead [MINUTES=2.5] [DISTILL_ARGS="--chain 4"] bash tools/train/device_distill.sh
+# The committed file came from MINUTES=2.5 DISTILL_ARGS="--chain 4" (models/demo/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
