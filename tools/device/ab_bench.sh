@@ -11,11 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
-L=${OUT:-/tmp/out}/logs
-mkdir -p "$L"
-for t in ${TESTS:-}; do run_gtest "$t"; done
-A=/tmp/ab_a/deltaserve
-mkdir -p /tmp/ab_a && xz -dc "${A_XZ:?}" > "$A" && chmod +x "$A"
+ab_setup
 M=${MODEL:-/tmp/m.gguf}
 synth_27b "$M"
 # BENCH, then BENCH2 when given, each alternated A, B for ROUNDS rounds.

@@ -10,11 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
-L=${OUT:-/tmp/out}/logs
-mkdir -p "$L"
-for t in ${TESTS:-}; do run_gtest "$t"; done
-A=/tmp/ab_a/deltaserve
-mkdir -p /tmp/ab_a && xz -dc "${A_XZ:?}" > "$A" && chmod +x "$A"
+ab_setup
 PROMPTS=("The jury said that" "In the spring of that year")
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for p in "${!PROMPTS[@]}"; do

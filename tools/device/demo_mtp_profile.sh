@@ -31,6 +31,12 @@ for rep in 1 2; do
     [ $r = 0 ] && pass "generate mtp $k" || { fail "generate mtp $k"; tail -3 "$L/gen_${k}_$rep.err"; }
   done
 done
+# The same text with and without MTP (greedy, or sampled with one --seed in GEN_ARGS).
+python3 - "$L" <<'PY'
+import json, sys, glob
+texts = {f: json.load(open(f)).get("text") for f in sorted(glob.glob(sys.argv[1] + "/gen_*.json"))}
+print("texts identical across runs:", len(set(texts.values())) == 1, "(%d runs)" % len(texts))
+PY
 NOPROF=--no-profile
 [ "${PROFILE:-0}" = 1 ] && NOPROF=
 timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${BENCH_K// /,} --mtp-conc 1 \

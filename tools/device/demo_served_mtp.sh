@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Issue #15's demo-model row through the served path: the whole cluster on loopback (scheduler +
 # one CUDA worker + gateway, the flags of cluster_run.sh) serving the committed demo model, once
-# with the worker's --mtp off and once with --mtp $K, alternated for $ROUNDS rounds. Per
-# cluster: `deltactl generate --prompt P --max-tokens 256` for each prompt (after one warm-up
-# request), printing the server's Finished timings (TTFT, mean inter-token, total) and the
-# decode rate (generated - 1) / (total - TTFT); then `deltactl load --concurrency 1` with random
-# prompts (client tok/s).
+# per worker --mtp setting in $MTPS (default "off $K"), alternated for $ROUNDS rounds. Per
+# cluster: `deltactl generate --prompt P --max-tokens 256 $GEN_ARGS` for each prompt (after a
+# 512-token warm-up request, long enough for `--mtp auto` to time its steps: draft_cost.h),
+# printing the server's Finished timings (TTFT, mean inter-token, total) and the decode rate
+# (generated - 1) / (total - TTFT); then `deltactl load --concurrency 1` with random prompts
+# (client tok/s; LOAD=0 skips it).
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve deltactl):
-#   DS_CARRY=.devcarry-lead [K=4] [ROUNDS=2] bash tools/device/demo_served_mtp.sh
+#   DS_CARRY=.devcarry-lead [K=4 | MTPS="off 4 auto"] [ROUNDS=2] \
+#     [GEN_ARGS="--temperature 0.8 --top-p 0.95 --seed 1"] bash tools/device/demo_served_mtp.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -28,9 +30,11 @@ serve_once() {  # $1: --mtp setting, $2: round
     --model "$MODEL" >"$LOG/$tag.gateway.log" 2>&1 &
   local G=$!
   if wait_serving 127.0.0.1:50061 "$G" 60; then
-    "$C" generate --addr 127.0.0.1:50061 --prompt "warm up" --max-tokens 32 >/dev/null 2>&1
+    "$C" generate --addr 127.0.0.1:50061 --prompt "The warm up" --max-tokens 512 --ignore-eos \
+      ${GEN_ARGS:-} >/dev/null 2>&1
     for p in "${PROMPTS[@]}"; do
-      "$C" generate --addr 127.0.0.1:50061 --prompt "$p" --max-tokens 256 >"$LOG/$tag.out" 2>"$LOG/$tag.err"
+      "$C" generate --addr 127.0.0.1:50061 --prompt "$p" --max-tokens 256 ${GEN_ARGS:-} \
+        >"$LOG/$tag.out" 2>"$LOG/$tag.err"
       python3 - "$1" "$2" "$p" "$LOG/$tag.err" <<'PY'
 import re, sys
 mtp, rnd, prompt, f = sys.argv[1:]
@@ -43,8 +47,9 @@ print(f"mtp {mtp} round {rnd} | {prompt} | {n} tokens, TTFT {ttft:.2f} ms, mean 
       f"total {tot:.2f} ms | decode {(n - 1) / (tot - ttft) * 1e3:.1f} tok/s")
 PY
     done
-    "$C" load --addr 127.0.0.1:50061 --concurrency 1 --requests 4 --prompt-len 64 --max-tokens 256 \
-      --vocab 4000 2>&1 | grep -iE "tok/s|accept" | head -4 | sed "s/^/mtp $1 round $2 load: /"
+    [ "${LOAD:-1}" = 1 ] && "$C" load --addr 127.0.0.1:50061 --concurrency 1 --requests 4 \
+      --prompt-len 64 --max-tokens 256 --vocab 4000 2>&1 | grep -iE "tok/s|accept" | head -4 |
+      sed "s/^/mtp $1 round $2 load: /"
     pass "served demo mtp $1"
   else
     fail "served demo mtp $1: no SERVING"; tail -5 "$LOG/$tag.worker.log"
@@ -52,7 +57,6 @@ PY
   kill $G $W $S 2>/dev/null; wait $G $W $S 2>/dev/null
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  serve_once off "$r"
-  serve_once "${K:-4}" "$r"
+  for m in ${MTPS:-off ${K:-4}}; do serve_once "$m" "$r"; done
 done
 exit $rc

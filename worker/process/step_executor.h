@@ -21,6 +21,7 @@
 #include "worker/model/backend.h"
 #include "worker/runner/checkpoint_store.h"
 #include "worker/process/step_types.h"
+#include "worker/spec/draft_cost.h"
 #include "worker/spec/draft_policy.h"
 #include "worker/spec/mtp_setting.h"
 #include "worker/spec/mtp_speculator.h"
@@ -145,6 +146,12 @@ class StepExecutor {
   spec::MtpSetting mtp_;
   std::optional<spec::MtpDrafter> drafter_;
   spec::SpecStats mtp_stats_;
+  // `--mtp auto` on an ungrouped worker: what a draft costs here, from the steps of one sequence
+  // (draft_cost.h); single_step_ marks such a step, single_offered_ the drafts it verified (-1: a
+  // prefill piece or no sample, not a sample).
+  spec::DraftCostEstimator draft_cost_;
+  bool single_step_ = false;
+  int single_offered_ = -1;
   spec::SpecStats step_stats_;  // the last Run's
   std::vector<int> out_row_;      // [work + 1] first output row of each work item
   std::vector<int> verify_tokens_;  // [verify steps of the last Run] tokens kept

@@ -15,7 +15,7 @@ void DraftPolicy::Record(int offered, int accepted) {
   }
 }
 
-int DraftPolicy::Next(int cap) {
+int DraftPolicy::Next(int cap, double draft_cost) {
   cap = std::clamp(cap, 0, kMaxDrafts);
   int best = 0;
   double best_value = 1.0;  // no draft: one token for one step
@@ -23,7 +23,7 @@ int DraftPolicy::Next(int cap) {
   for (int k = 1; k <= cap; ++k) {
     reach *= rate_[k - 1];
     expected += reach;
-    const double value = expected / (1.0 + kDraftCost * k);
+    const double value = expected / (1.0 + draft_cost * k);
     if (value > best_value) {
       best_value = value;
       best = k;

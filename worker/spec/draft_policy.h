@@ -20,7 +20,7 @@ class DraftPolicy {
   // the 27B at one stream (docs/perf/h200.md): a cycle of 3 drafts 14.0 ms vs a decode 10.7 ms
   // (~0.10 of a step per draft); with the v5 decode kernel 12.44 vs 9.01 ms, 0.13: the decode
   // step got faster, the drafts (bound by the LM head's read) did not. A draft pays when it is
-  // accepted more often than that.
+  // accepted more often than that. The default: a worker measures its own (draft_cost.h).
   static constexpr double kDraftCost = 0.13;
   // With no draft chosen, every kProbeEvery-th step still offers one, so the estimate can rise
   // again when the text turns predictable.
@@ -31,8 +31,9 @@ class DraftPolicy {
   // A verify offered `offered` drafts and kept the first `accepted` of them.
   void Record(int offered, int accepted);
   // Drafts for the next verify within `cap` (0..kMaxDrafts): the k that maximizes the expected
-  // tokens per verify over its cost, 1 + sum_{i<=k} prod_{j<=i} rate_j over 1 + kDraftCost * k.
-  int Next(int cap);
+  // tokens per verify over its cost, 1 + sum_{i<=k} prod_{j<=i} rate_j over 1 + draft_cost * k
+  // (draft_cost: this worker's measured figure, DraftCostEstimator, where it has one).
+  int Next(int cap, double draft_cost = kDraftCost);
 
   // The estimated probability that draft position i (0-based) is accepted once reached.
   double rate(int i) const { return rate_[i]; }
