@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_read import as_torch, read_gguf  # noqa: E402
 from train import (Cfg, Model, dump, dump_meta, gguf_tensors, greedy, load_u16, perplexity,  # noqa: E402
-                   rms, rope, round_f16_like_file, start_run)
+                   rms, rope, round_f16_like_file, run_args, start_run)
 
 
 def mtp_prefix(cfg):
@@ -152,15 +152,9 @@ def distill_loss(model, x, steps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True, help="folder with train.u16, heldout.u16, prompts.json, vocab.json")
+    run_args(ap, minutes=2.0, batch=64, seq=256, lr=1e-3)
     ap.add_argument("--model", required=True, help="the demo GGUF (F16)")
     ap.add_argument("--ref", required=True, help="the current tests/model/data/demo_pytorch_ref.json")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=2.0, help="training time budget")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--gen-seqs", type=int, default=1536, help="self-written sequences (half greedy)")
     ap.add_argument("--gen-prompt", type=int, default=16)
     ap.add_argument("--held-seqs", type=int, default=128, help="held-out corpus windows and greedy texts")

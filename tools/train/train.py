@@ -428,15 +428,20 @@ def start_run(out_dir, seed, log_name):
     return dev, say
 
 
+def run_args(ap, minutes, batch, seq, lr):
+    """The options every trainer here takes, with its own defaults."""
+    ap.add_argument("--data", required=True, help="folder with train.u16, heldout.u16, prompts.json, vocab.json")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--minutes", type=float, default=minutes, help="training time budget")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--seq", type=int, default=seq)
+    ap.add_argument("--lr", type=float, default=lr)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True, help="folder with train.u16, heldout.u16, prompts.json")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=4.0, help="training time budget")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    run_args(ap, minutes=4.0, batch=32, seq=512, lr=2e-3)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--eval-every", type=int, default=100)
