@@ -1,7 +1,5 @@
 #include "worker/spec/draft_cost.h"
 
-#include <algorithm>
-
 #include "worker/spec/draft_policy.h"
 
 namespace ds::spec {
