@@ -68,8 +68,9 @@ std::vector<int32_t> PlainDecode(Backend& be, int slot, const std::vector<int32_
 std::vector<std::vector<int32_t>> SpecDecode(Backend& be, int k,
                                              const std::vector<std::vector<int32_t>>& prompts,
                                              int n_new, std::vector<sampling::Sampler>& samplers,
-                                             SpecStats* stats = nullptr, bool draft_chain = true) {
-  auto sp = MtpSpeculator::Create(&be, k, draft_chain);
+                                             SpecStats* stats = nullptr, bool draft_chain = true,
+                                             bool automatic = false) {
+  auto sp = MtpSpeculator::Create(&be, k, draft_chain, automatic);
   EXPECT_TRUE(sp.ok()) << sp.status();
   std::vector<SpecSequence> seqs(prompts.size());
   std::vector<SpecSequence*> ptrs;
@@ -131,6 +132,35 @@ TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheTinyModel) {
 
 TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheDemoModelAndAccepts) {
   ExpectGreedyEqual(ResolveModelAlias("demo"), 3, 48, true);
+}
+
+// `--mtp auto` (generate's path): the drafts per step follow each sequence's acceptance and, for a
+// lone sequence, the cost the speculator times from its own steps, down to steps without drafts
+// (at least the plain steps it asks for to keep that cost measured); the tokens stay plain
+// greedy's, alone and three at a time.
+TEST(MtpSpeculator, AutoKeepsGreedyTokensWhateverItDrafts) {
+  auto be = Make(ResolveModelAlias("demo"), 3, 1024);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab;
+  for (int n_seqs : {1, 3}) {
+    // Alone: past the first plain steps asked for even at ~4 tokens a step.
+    const int n_new = n_seqs == 1 ? 4 * DraftCostEstimator::kPlainEvery + 64 : 64;
+    std::vector<std::vector<int32_t>> prompts, want;
+    std::vector<sampling::Sampler> samplers;
+    for (int i = 0; i < n_seqs; ++i) {
+      prompts.push_back(Tokens(6 + 5 * i, V, 70 + i));
+      sampling::Sampler greedy(Params(0, 0, 1));
+      want.push_back(PlainDecode(*be, i, prompts[i], n_new, greedy));
+      samplers.emplace_back(Params(0, 0, 1));
+    }
+    SpecStats stats;
+    const auto got = SpecDecode(*be, 3, prompts, n_new, samplers, &stats, /*draft_chain=*/true,
+                                /*automatic=*/true);
+    for (int i = 0; i < n_seqs; ++i) EXPECT_EQ(got[i], want[i]) << n_seqs << " sequences, " << i;
+    ASSERT_FALSE(stats.offered.empty());
+    EXPECT_GT(stats.offered[0], 0) << "a new sequence drafts the cap until it has been seen";
+    if (n_seqs == 1) EXPECT_GT(stats.steps, stats.offered[0]) << "no step without drafts";
+  }
 }
 
 // Sampling with MTP gives, per seed, exactly the tokens of plain sampling (speculative_rule.h: each

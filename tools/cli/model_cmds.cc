@@ -237,7 +237,8 @@ int CmdGenerate(int argc, char** argv) {
   spec::SpecSequence seq;
   std::vector<int32_t> ready;  // speculated tokens not yet printed, in order
   if (*mtp > 0) {
-    auto sp = spec::MtpSpeculator::Create(&be, *mtp);
+    auto sp =
+        spec::MtpSpeculator::Create(&be, *mtp, /*draft_chain=*/true, mtp_setting->automatic);
     if (!sp.ok()) return Fail(sp.status());
     speculator.emplace(std::move(*sp));
     seq.tokens = prompt;

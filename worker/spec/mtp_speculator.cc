@@ -1,6 +1,7 @@
 #include "worker/spec/mtp_speculator.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/draft_positions.h"
@@ -73,7 +74,8 @@ int MtpDrafter::AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
   return kept;
 }
 
-absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k, bool draft_chain) {
+absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k, bool draft_chain,
+                                                    bool automatic) {
   if (!backend) return absl::InvalidArgumentError("MtpSpeculator: null backend");
   if (backend->config().n_nextn < 1)
     return absl::FailedPreconditionError(
@@ -86,23 +88,39 @@ absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k, boo
     return absl::InvalidArgumentError(absl::StrCat("MTP: ", k, " drafts per step; backend ",
                                                    backend->name(), " verifies 1..",
                                                    max_tokens - 1));
-  return MtpSpeculator(backend, k, draft_chain);
+  return MtpSpeculator(backend, k, draft_chain, automatic);
 }
 
-MtpSpeculator::MtpSpeculator(Backend* backend, int k, bool draft_chain)
+MtpSpeculator::MtpSpeculator(Backend* backend, int k, bool draft_chain, bool automatic)
     : be_(backend),
       k_(k),
       draft_chain_(draft_chain),
+      automatic_(automatic),
       n_vocab_(backend->config().n_vocab),
       n_embd_(backend->config().n_embd),
       drafter_(backend->config()) {
   stats_.Resize(k);
 }
 
+int MtpSpeculator::DraftsFor(SpecSequence& s) {
+  int k = k_;
+  if (automatic_) {
+    if (alone_ && cost_.WantPlainStep())
+      k = 0;
+    else
+      k = s.policy.Next(k_, alone_ ? cost_.Cost() : DraftPolicy::kDraftCost);
+  }
+  return DraftBudget(k, s.n_generated(), s.max_new, static_cast<int32_t>(s.tokens.size()),
+                     be_->slot_ctx());
+}
+
+void MtpSpeculator::Judged(SpecSequence& s, int offered, int kept) {
+  if (automatic_) s.policy.Record(offered, kept);
+}
+
 absl::Status MtpSpeculator::Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden,
                                   int n_rows) {
-  const int n = DraftBudget(k_, s.n_generated(), s.max_new, static_cast<int32_t>(s.tokens.size()),
-                            be_->slot_ctx());
+  const int n = DraftsFor(s);
   return drafter_.Draft(*be_, s.slot, s.tokens, p0, hidden, n_rows, n, *s.sampler, &s.drafts);
 }
 
@@ -187,9 +205,9 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
                                                      rows * n_vocab_),
                               s.drafts, &s.tokens, &stats_);
     if (batch_[i].speculative) DS_RETURN_IF_ERROR(be_->CommitSpeculative(s.slot, kept + 1));
+    Judged(s, static_cast<int>(rows) - 1, kept);
     const int32_t p0 = batch_[i].pos0;
-    const int n = DraftBudget(k_, s.n_generated(), s.max_new,
-                              static_cast<int32_t>(s.tokens.size()), be_->slot_ctx());
+    const int n = DraftsFor(s);
     s.drafts.clear();
     DS_RETURN_IF_ERROR(be_->MtpDraftGreedy(
         s.slot, p0, std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1),
@@ -200,6 +218,18 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
 }
 
 absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
+  // `auto` with one sequence: the step's time against its drafts verified and made (draft_cost.h).
+  alone_ = automatic_ && seqs.size() == 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int offered = alone_ ? static_cast<int>(seqs[0]->drafts.tokens.size()) : 0;
+  DS_RETURN_IF_ERROR(StepBatch(seqs));
+  if (alone_)
+    cost_.Record(offered, static_cast<int>(seqs[0]->drafts.tokens.size()),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return absl::OkStatus();
+}
+
+absl::Status MtpSpeculator::StepBatch(std::span<SpecSequence* const> seqs) {
   batch_.assign(seqs.size(), SeqStep{});
   for (size_t i = 0; i < seqs.size(); ++i) {
     SpecSequence& s = *seqs[i];
@@ -225,6 +255,7 @@ absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
         std::span<const float>(out_.logits.data() + row * n_vocab_, rows * n_vocab_), s.drafts,
         &s.tokens, &stats_);
     if (batch_[i].speculative) DS_RETURN_IF_ERROR(be_->CommitSpeculative(s.slot, kept + 1));
+    Judged(s, static_cast<int>(rows) - 1, kept);
     DS_RETURN_IF_ERROR(Draft(s, batch_[i].pos0,
                              std::span<const float>(out_.hidden.data() + row * n_embd_,
                                                     static_cast<size_t>(kept + 1) * n_embd_),

@@ -32,6 +32,8 @@
 #include "common/sampling/sampler.h"
 #include "common/util/status.h"
 #include "worker/model/backend.h"
+#include "worker/spec/draft_cost.h"
+#include "worker/spec/draft_policy.h"
 #include "worker/spec/speculative_rule.h"
 
 namespace ds::spec {
@@ -107,6 +109,7 @@ struct SpecSequence {
   // Filled by the speculator.
   int n_prompt = 0;
   Drafts drafts;  // for the next step
+  DraftPolicy policy;  // `auto`: this sequence's drafts from its acceptance
   int n_generated() const { return static_cast<int>(tokens.size()) - n_prompt; }
 };
 
@@ -124,7 +127,11 @@ class MtpSpeculator {
   // k: drafts per step, 1..backend.max_speculative_tokens() - 1. The backend must implement
   // MtpStep and speculative steps.
   // draft_chain false keeps every sequence on the host path (A/B, tests).
-  static absl::StatusOr<MtpSpeculator> Create(Backend* backend, int k, bool draft_chain = true);
+  // automatic (`--mtp auto`): k is the cap; each sequence drafts what its DraftPolicy picks, a
+  // lone sequence at the cost this speculator times from its own steps (draft_cost.h), as the
+  // worker's step executor does.
+  static absl::StatusOr<MtpSpeculator> Create(Backend* backend, int k, bool draft_chain = true,
+                                              bool automatic = false);
 
   // Prefills each sequence's prompt (its tokens; the slot must be empty), samples its first
   // token and drafts. Appends one token to every sequence.
@@ -136,17 +143,26 @@ class MtpSpeculator {
   int k() const { return k_; }
 
  private:
-  MtpSpeculator(Backend* backend, int k, bool draft_chain);
+  MtpSpeculator(Backend* backend, int k, bool draft_chain, bool automatic);
   absl::Status Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden, int n_rows);
+  // Drafts for s's next step: k, or under `auto` its policy's choice (alone: at the measured
+  // cost, with a plain step now and then to keep it measured).
+  int DraftsFor(SpecSequence& s);
+  // `auto`: a verify of s kept `kept` of the `offered` drafts.
+  void Judged(SpecSequence& s, int offered, int kept);
   // The fast path for sequences without penalties on a backend with draft chains: the verify rows'
   // tokens are picked where the logits are (no logits or hidden states to the host) and the
   // drafts are chained there too; only token ids cross. Same tokens as the host path.
   bool UseDraftChain(std::span<SpecSequence* const> seqs) const;
   absl::Status StepOnDevice(std::span<SpecSequence* const> seqs);
+  absl::Status StepBatch(std::span<SpecSequence* const> seqs);  // Step without the timing
 
   Backend* be_;
   int k_ = 0;
   bool draft_chain_ = true;
+  bool automatic_ = false;
+  bool alone_ = false;  // the current step has one sequence
+  DraftCostEstimator cost_;
   int n_vocab_ = 0, n_embd_ = 0;
   SpecStats stats_;
   MtpDrafter drafter_;
