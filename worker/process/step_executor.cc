@@ -59,15 +59,10 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
   SlotState& slot = slots_[slot_index];
   int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
   if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
-  if (mtp_.automatic) {
-    // One sequence alone on an ungrouped worker: this worker's own cost figure, and now and then
-    // a plain step to keep it measured; a TP group keeps the default, so that every rank drafts
-    // the same.
-    if (single_step_ && draft_cost_.WantPlainStep())
-      k = 0;
-    else
-      k = slot.policy.Next(k, single_step_ ? draft_cost_.Cost() : spec::DraftPolicy::kDraftCost);
-  }
+  // One sequence alone on an ungrouped worker: this worker's own cost figure, and now and then a
+  // plain step to keep it measured; a TP group keeps the default, so that every rank drafts the
+  // same.
+  if (mtp_.automatic) k = spec::AutoDrafts(slot.policy, draft_cost_, k, single_step_);
   const int n = spec::DraftBudget(k,
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),

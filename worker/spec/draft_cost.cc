@@ -1,7 +1,5 @@
 #include "worker/spec/draft_cost.h"
 
-#include "worker/spec/draft_policy.h"
-
 namespace ds::spec {
 
 bool DraftCostEstimator::WantPlainStep() {
@@ -24,6 +22,11 @@ void DraftCostEstimator::Record(int offered, int made, double seconds) {
 
 double DraftCostEstimator::Cost() const {
   return measured() ? cost_ : DraftPolicy::kDraftCost;
+}
+
+int AutoDrafts(DraftPolicy& policy, DraftCostEstimator& cost, int cap, bool alone) {
+  if (alone && cost.WantPlainStep()) return 0;
+  return policy.Next(cap, alone ? cost.Cost() : DraftPolicy::kDraftCost);
 }
 
 }  // namespace ds::spec

@@ -13,6 +13,8 @@
 // has both, Cost() is DraftPolicy::kDraftCost.
 #pragma once
 
+#include "worker/spec/draft_policy.h"
+
 namespace ds::spec {
 
 class DraftCostEstimator {
@@ -41,5 +43,10 @@ class DraftCostEstimator {
   double plain_seconds_ = 0.0;  // moving average of clean plain steps; 0: none yet
   double cost_ = 0.0;           // moving average of per-draft cost samples; 0: none yet
 };
+
+// `--mtp auto`'s drafts for a sequence's next step within `cap`: its policy's choice, at `cost`'s
+// measured figure when the sequence is alone in the step (else the default), and none when a
+// lone sequence's step is one of the plain steps the estimator asks for.
+int AutoDrafts(DraftPolicy& policy, DraftCostEstimator& cost, int cap, bool alone);
 
 }  // namespace ds::spec

@@ -103,13 +103,7 @@ MtpSpeculator::MtpSpeculator(Backend* backend, int k, bool draft_chain, bool aut
 }
 
 int MtpSpeculator::DraftsFor(SpecSequence& s) {
-  int k = k_;
-  if (automatic_) {
-    if (alone_ && cost_.WantPlainStep())
-      k = 0;
-    else
-      k = s.policy.Next(k_, alone_ ? cost_.Cost() : DraftPolicy::kDraftCost);
-  }
+  const int k = automatic_ ? AutoDrafts(s.policy, cost_, k_, alone_) : k_;
   return DraftBudget(k, s.n_generated(), s.max_new, static_cast<int32_t>(s.tokens.size()),
                      be_->slot_ctx());
 }
