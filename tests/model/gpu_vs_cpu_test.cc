@@ -42,6 +42,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/gguf/ggml_types.h"
 #include "tests/gpu_test_options.h"
+#include "tests/model/test_util.h"
 #include "tests/model/widened_tiny.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
@@ -220,17 +221,7 @@ Trace RunSchedule(Backend& be, const Trace* follow) {
   return t;
 }
 
-// max |x - ref| / max |ref|; infinity when x has a non-finite value or the sizes differ.
-double RelDiff(const std::vector<float>& x, const std::vector<float>& ref) {
-  if (x.size() != ref.size() || ref.empty()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x[i])) return INFINITY;
-    num = std::max(num, std::abs(static_cast<double>(x[i]) - ref[i]));
-    den = std::max(den, std::abs(static_cast<double>(ref[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
+using ds::testing::RelDiff;  // tests/model/test_util.h
 
 // The first step at which two traces differ in any bit, or -1.
 int FirstDifferentStep(const Trace& x, const Trace& y) {

@@ -17,6 +17,7 @@
 #include "common/gguf/gguf.h"
 #include "common/util/status.h"
 #include "tests/gpu_test_options.h"
+#include "tests/model/test_util.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_options.h"
@@ -80,16 +81,7 @@ inline std::vector<int32_t> Prompt(int n, int V) {
   return t;
 }
 
-inline double RelDiff(const std::vector<float>& x, const std::vector<float>& ref) {
-  if (x.size() != ref.size() || ref.empty()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x[i])) return INFINITY;
-    num = std::max(num, std::abs(static_cast<double>(x[i]) - ref[i]));
-    den = std::max(den, std::abs(static_cast<double>(ref[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
+using ds::testing::RelDiff;  // tests/model/test_util.h
 
 inline int32_t Argmax(const float* l, int V) { return static_cast<int32_t>(std::max_element(l, l + V) - l); }
 

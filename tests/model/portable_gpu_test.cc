@@ -34,6 +34,7 @@
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "tests/gpu_test_options.h"
+#include "tests/model/test_util.h"
 #include "tools/synth/synth.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/model/backend.h"
@@ -218,17 +219,7 @@ std::vector<std::vector<float>> Run(Backend& be, const std::vector<int32_t>* fol
   return all;
 }
 
-// max |x - ref| / max |ref| over one step; infinity for a non-finite x.
-double Rel(const std::vector<float>& x, const std::vector<float>& ref) {
-  if (x.size() != ref.size() || ref.empty()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x[i])) return INFINITY;
-    num = std::max(num, std::abs(static_cast<double>(x[i]) - ref[i]));
-    den = std::max(den, std::abs(static_cast<double>(ref[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
+using ds::testing::RelDiff;  // tests/model/test_util.h: max |x - ref| / max |ref| over one step
 
 struct Errors {
   double prefill = 0, decode = 0;
@@ -251,8 +242,8 @@ Errors PortableVsCpu(const std::string& path) {
   const auto got = Run(**gpu, &toks, nullptr);
   Errors e;
   if (got.size() != ref.size() || ref.empty()) return {INFINITY, INFINITY};
-  e.prefill = Rel(got[0], ref[0]);
-  for (size_t i = 1; i < ref.size(); ++i) e.decode = std::max(e.decode, Rel(got[i], ref[i]));
+  e.prefill = RelDiff(got[0], ref[0]);
+  for (size_t i = 1; i < ref.size(); ++i) e.decode = std::max(e.decode, RelDiff(got[i], ref[i]));
   return e;
 }
 

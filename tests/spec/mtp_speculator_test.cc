@@ -159,7 +159,9 @@ TEST(MtpSpeculator, AutoKeepsGreedyTokensWhateverItDrafts) {
     for (int i = 0; i < n_seqs; ++i) EXPECT_EQ(got[i], want[i]) << n_seqs << " sequences, " << i;
     ASSERT_FALSE(stats.offered.empty());
     EXPECT_GT(stats.offered[0], 0) << "a new sequence drafts the cap until it has been seen";
-    if (n_seqs == 1) EXPECT_GT(stats.steps, stats.offered[0]) << "no step without drafts";
+    if (n_seqs == 1) {
+      EXPECT_GT(stats.steps, stats.offered[0]) << "no step without drafts";
+    }
   }
 }
 

@@ -434,7 +434,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   }
   StepOutput& out = out_;
   single_step_ = n_work == 1 && drafter_ && mtp_.automatic && group_ == nullptr;
-  single_offered_ = -1;
+  int single_offered = -1;  // drafts the step's one sequence verified; -1: a prefill piece
   const double t0 = SteadySeconds();
   absl::Status fs = backend_->Forward(batch_, opts, &out);
   const double t1 = SteadySeconds();
@@ -535,7 +535,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
         result.drafts_offered.push_back(static_cast<uint32_t>(offered));
       }
       slot.policy.Record(offered, kept);
-      single_offered_ = offered;
+      single_offered = offered;
       DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
                  kept + 1, n_mtp_slots);
       continue;
@@ -555,7 +555,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
       if (slot.json) (void)slot.json->Accept(r.token);  // allowed: it was sampled under the mask
     }
     slot.known.push_back(r.token);
-    if (batch_[i].tokens.size() == 1) single_offered_ = 0;  // a plain decode, not a prefill piece
+    if (batch_[i].tokens.size() == 1) single_offered = 0;  // a plain decode, not a prefill piece
     if (slot.mtp)
       DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1), row0,
                  hidden_rows(row0, 1), 1, n_mtp_slots);
@@ -605,8 +605,8 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   }
   if (step_stats_.steps > 0) mtp_stats_.Add(step_stats_);
   result.sample_seconds = SteadySeconds() - t1;
-  if (single_step_ && single_offered_ >= 0 && slots_[step.work[0].slot].mtp)
-    draft_cost_.Record(single_offered_,
+  if (single_step_ && single_offered >= 0 && slots_[step.work[0].slot].mtp)
+    draft_cost_.Record(single_offered,
                        static_cast<int>(slots_[step.work[0].slot].drafts.tokens.size()),
                        result.forward_seconds + result.sample_seconds);
   // Prefix cache: checkpoints after the work (a prompt's end, a shared prefix, a chunk boundary).

@@ -147,11 +147,9 @@ class StepExecutor {
   std::optional<spec::MtpDrafter> drafter_;
   spec::SpecStats mtp_stats_;
   // `--mtp auto` on an ungrouped worker: what a draft costs here, from the steps of one sequence
-  // (draft_cost.h); single_step_ marks such a step, single_offered_ the drafts it verified (-1: a
-  // prefill piece or no sample, not a sample).
+  // (draft_cost.h); single_step_ marks such a step for DraftAfter.
   spec::DraftCostEstimator draft_cost_;
   bool single_step_ = false;
-  int single_offered_ = -1;
   spec::SpecStats step_stats_;  // the last Run's
   std::vector<int> out_row_;      // [work + 1] first output row of each work item
   std::vector<int> verify_tokens_;  // [verify steps of the last Run] tokens kept

@@ -35,7 +35,7 @@ class DraftCostEstimator {
   void Record(int offered, int made, double seconds);
   // The cost of one draft relative to a plain step (DraftPolicy::Next's draft_cost).
   double Cost() const;
-  bool measured() const { return plain_seconds_ > 0.0 && cost_ > 0.0; }
+  bool measured() const { return cost_ > 0.0; }  // set only once a plain step is timed too
   double plain_seconds() const { return plain_seconds_; }
 
  private:

@@ -119,6 +119,7 @@ absl::Status MtpSpeculator::Draft(SpecSequence& s, int32_t p0, std::span<const f
 }
 
 absl::Status MtpSpeculator::Start(std::span<SpecSequence* const> seqs) {
+  alone_ = false;  // a prefill is not timed: its first drafts take the default cost
   batch_.assign(seqs.size(), SeqStep{});
   for (size_t i = 0; i < seqs.size(); ++i) {
     SpecSequence& s = *seqs[i];
