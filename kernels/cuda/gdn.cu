@@ -1,6 +1,7 @@
 // Gated DeltaNet kernels (see gdn.cuh). Thread j of a block owns value column j of one head's
 // state S[h] (dk x dv), so the delta rule needs no cross-thread reduction: only q/k l2norm and the
 // gated RMSNorm reduce over the block.
+#include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gdn_chunk.cuh"
@@ -396,6 +397,233 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
   }
 }
 
+// GdnDecodeRunKernel split over the value columns (sm_90+; GdnColumnSplit). The delta rule
+// keeps the columns of a head's state apart, so a block here owns 32 of them (one warp of
+// group 0, as in the whole-head kernels) and a head is a thread-block cluster of dv / 32 blocks:
+// 128 threads for the 27B's 128 x 128 head instead of 512. What the columns share is computed
+// by every block of the cluster (the q/k conv, l2norm and gates: a few hundred values) or
+// exchanged through distributed shared memory (the gated RMSNorm's sum over the head's columns:
+// each block's warp sum, then the same final WarpSum over the warps' sums that BlockSums takes
+// in the whole-head kernels). Every value takes the operations of GdnDecodeRunKernel in the same
+// order, so the outputs, states and conv rows are the same bits (gdn_launch_cuda_test). Why:
+// a batched decode moves each sequence's state once in and once out per step, and a 512-thread
+// block holds its loads, then computes with none in flight; blocks a quarter the size keep
+// several per SM at different points of that cycle (issue #22: gdn_core at 64 sequences was
+// ~2.4 TB/s of f32 state on the H200).
+template <int DK, typename TS, int CH, int kMinBlocks>
+__global__ void __launch_bounds__(DK / KPerThread<DK>() * 32, kMinBlocks)
+    GdnDecodeSplitKernel(const GdnDecodeArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int KPT = KPerThread<DK>(), NG = DK / KPT, kCols = 32;
+  __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][kCols], scratch2[2 * CH][32],
+      red[2][NG][kCols], red_o[CH][NG][kCols], part[2][CH];
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
+  const GdnShape& d = a.shape;
+  const int nb = d.v_dim / kCols;  // blocks per head: the cluster
+  const int h = blockIdx.x / nb, cb = blockIdx.x % nb, i = blockIdx.y, tid = threadIdx.x;
+  const int grp = tid / kCols, jl = tid % kCols, j = cb * kCols + jl;
+  const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
+  const int kh = h % d.k_heads;
+  const int e0 = a.run_first ? a.run_first[i] : i;
+  const int n_tok = a.run_first ? a.run_len[i] : 1;
+  int in = a.in_slots ? a.in_slots[e0] : a.slots[e0];  // speculative: read `in`, write `slot`
+  const int p0 = a.pos[e0];
+  const TS* S_in =
+      static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
+
+  // Issue the state loads first: they do not depend on the prologue.
+  float st[KPT];
+#pragma unroll
+  for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
+  // Thread t < DK convolves q/k channel t of the key head (every block of the cluster: each
+  // needs the whole normed q and k); group 0 convolves this block's value columns.
+  const int cq = kh * DK + tid, ck = Kw + kh * DK + tid, cv = 2 * Kw + h * dv + j;
+  const bool qk_thread = tid < DK, v_thread = grp == 0;
+  float hq[kConvK - 1], hk[kConvK - 1], hv[kConvK - 1];
+  {
+    const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
+#pragma unroll
+    for (int tap = 0; tap < kConvK - 1; ++tap) {
+      const int r = Mod(p0 - (kConvK - 1) + tap, kConvK);
+      hq[tap] = qk_thread ? ring_in[r * C + cq] : 0.f;
+      hk[tap] = qk_thread ? ring_in[r * C + ck] : 0.f;
+      hv[tap] = v_thread ? ring_in[r * C + cv] : 0.f;
+    }
+  }
+  // The conv weights: in registers for the chunked form (loaded once for the run's tokens);
+  // the one-token form reads them where it uses them (64 registers hold little more than the
+  // state column).
+  float wq[kConvK], wk[kConvK], wv[kConvK];
+  if constexpr (CH > 1) {
+#pragma unroll
+    for (int tap = 0; tap < kConvK; ++tap) {
+      wq[tap] = qk_thread ? a.p.conv_w[static_cast<int64_t>(cq) * kConvK + tap] : 0.f;
+      wk[tap] = qk_thread ? a.p.conv_w[static_cast<int64_t>(ck) * kConvK + tap] : 0.f;
+      wv[tap] = v_thread ? a.p.conv_w[static_cast<int64_t>(cv) * kConvK + tap] : 0.f;
+    }
+  }
+  auto weights = [&](const float (&reg)[kConvK], int ch) -> const float* {
+    if constexpr (CH > 1) return reg;
+    else return a.p.conv_w + static_cast<int64_t>(ch) * kConvK;
+  };
+  const float ssm_a = a.p.ssm_a[h], dt_bias = a.p.dt_bias[h];
+  const float norm_w = grp == 0 ? a.p.norm_w[j] : 0.f;
+  // One block per key head writes its q/k channels to the ring: the first block of the first
+  // value head that reads it.
+  const bool qk_owner = h < d.k_heads && cb == 0;
+  int last_slot = 0;
+
+  for (int t0 = 0, chunk = 0; t0 < n_tok; t0 += CH, ++chunk) {
+    const int nc = min(CH, n_tok - t0);
+    float sums[2 * CH], qv[CH], kv[CH], beta[CH], decay[CH], mq[CH], mk[CH], mv[CH], br[CH],
+        ar[CH], zs[CH];
+    int rows[CH], slots[CH], poss[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      rows[c] = slots[c] = poss[c] = 0;
+      if (c < nc) {
+        const int e = e0 + t0 + c;
+        rows[c] = a.rows[e];
+        slots[c] = a.slots[e];
+        poss[c] = a.pos[e];
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      mq[c] = mk[c] = mv[c] = br[c] = ar[c] = zs[c] = 0.f;
+      if (c < nc) {
+        const float* m = a.mixed + static_cast<int64_t>(rows[c]) * C;
+        if (grp == 0) zs[c] = a.z[static_cast<int64_t>(rows[c]) * Hv * dv + h * dv + j];
+        if (qk_thread) {
+          mq[c] = m[cq];
+          mk[c] = m[ck];
+        }
+        if (v_thread) mv[c] = m[cv];
+        br[c] = a.b[static_cast<int64_t>(rows[c]) * Hv + h];
+        ar[c] = a.alpha[static_cast<int64_t>(rows[c]) * Hv + h];
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      qv[c] = kv[c] = beta[c] = decay[c] = 0.f;
+      if (c < nc) {
+        const int slot = slots[c], p = poss[c];
+        if (t0 + c > 0) in = c > 0 ? slots[c - 1] : last_slot;
+        if (c == nc - 1) last_slot = slot;
+        float* ring = a.conv_ring + static_cast<int64_t>(slot) * kConvK * C;
+        const int cur_row = Mod(p, kConvK);
+        auto conv = [&](int ch, float cur, const float* w, float* hist, bool owner) {
+          float acc = w[kConvK - 1] * cur;
+#pragma unroll
+          for (int tap = 0; tap < kConvK - 1; ++tap) {
+            const float prev = hist[tap];
+            acc += w[tap] * prev;
+            if (owner && in != slot) ring[Mod(p - (kConvK - 1) + tap, kConvK) * C + ch] = prev;
+          }
+          if (owner) ring[cur_row * C + ch] = cur;
+#pragma unroll
+          for (int tap = 0; tap < kConvK - 2; ++tap) hist[tap] = hist[tap + 1];
+          hist[kConvK - 2] = cur;
+          return Silu(acc);
+        };
+        if (qk_thread) {
+          qv[c] = conv(cq, mq[c], weights(wq, cq), hq, qk_owner);
+          kv[c] = conv(ck, mk[c], weights(wk, ck), hk, qk_owner);
+        }
+        if (v_thread) vs[c][jl] = conv(cv, mv[c], weights(wv, cv), hv, true);
+        beta[c] = Sigmoid(br[c]);
+        const float g = ssm_a * Softplus(ar[c] + dt_bias);
+        decay[c] = __expf(g);
+      }
+      sums[2 * c] = qv[c] * qv[c];
+      sums[2 * c + 1] = kv[c] * kv[c];
+    }
+    // Channel t sits in warp t / 32 here as in group 0 of the whole-head block: the same
+    // partials in the same lanes, zeros elsewhere, so the same sums.
+    BlockSums<2 * CH>(sums, scratch2);
+    if (qk_thread) {
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        if (c >= nc) break;
+        qs[c][tid] = qv[c] * rsqrtf(sums[2 * c] + a.p.eps) * rsqrtf(static_cast<float>(DK));
+        ks[c][tid] = kv[c] * rsqrtf(sums[2 * c + 1] + a.p.eps);
+      }
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (c >= nc) break;
+      TS* S = static_cast<TS*>(a.state) + (static_cast<int64_t>(slots[c]) * Hv + h) * DK * dv + j;
+      float u = 0.f;
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) {
+        st[k] *= decay[c];
+        u = fmaf(st[k], ks[c][grp * KPT + k], u);
+      }
+      red[c & 1][grp][jl] = u;
+      __syncthreads();
+      u = 0.f;
+#pragma unroll
+      for (int g2 = 0; g2 < NG; ++g2) u += red[c & 1][g2][jl];
+      const float delta = beta[c] * (vs[c][jl] - u);
+      float o = 0.f;
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) {
+        st[k] = fmaf(ks[c][grp * KPT + k], delta, st[k]);
+        o = fmaf(st[k], qs[c][grp * KPT + k], o);
+        StoreState(S + (grp * KPT + k) * dv, st[k]);
+        st[k] = AsStored<TS>(st[k]);
+      }
+      red_o[c][grp][jl] = o;
+    }
+    __syncthreads();
+
+    // The chunk's outputs: warp 0 (group 0) sums o over the groups, its warp sum of o^2 goes to
+    // the cluster, and the head's sum is the WarpSum of the blocks' sums in block order (lanes
+    // past the last block zero, as the whole-head block's warps outside group 0 give). part is
+    // double-buffered by chunk: a block writes a buffer again only after the next barrier,
+    // which every block passes after its reads of this one.
+    float o[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      o[c] = 0.f;
+      if (grp == 0 && c < nc) {
+#pragma unroll
+        for (int g2 = 0; g2 < NG; ++g2) o[c] += red_o[c][g2][jl];
+      }
+    }
+    if (grp == 0) {
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const float w = WarpSum(o[c] * o[c]);
+        if (jl == 0) part[chunk & 1][c] = w;
+      }
+    }
+    ClusterSync();
+    if (grp == 0) {
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        if (c >= nc) break;
+        const float oss =
+            WarpSum(jl < nb ? LoadCluster(MapSharedRank(&part[chunk & 1][c], jl)) : 0.f);
+        const int64_t oi = static_cast<int64_t>(rows[c]) * Hv * dv + h * dv + j;
+        const float y = o[c] * rsqrtf(oss / dv + a.p.eps) * norm_w * Silu(zs[c]);
+        a.out[oi] = y;
+        if (a.xq) {  // warp 0 holds this block's 32 columns: one whole 32-element block
+          const int blk = (rows[c] * Hv + h) * (dv >> 5) + cb;
+          QuantizeBlock32(y, jl, a.xq + 32 * blk, a.xd + blk, a.xsum ? a.xsum + 2 * blk : nullptr);
+        }
+      }
+    }
+  }
+  ClusterSync();  // no block leaves while another may still read its shared memory
+#elif defined(__CUDA_ARCH__)
+  __trap();  // GdnDecode launches this form on sm_90+ only
+#endif
+}
+
 // One thread per (channel, kConvTokens consecutive tokens): the K taps read the pre-conv rows
 // t-K+1..t, those of positions before pos0 from the ring; the thread keeps the last K-1 rows in
 // registers, so each row is read ~once (one thread per (token, channel) read it K times), and
@@ -584,9 +812,21 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
     constexpr int NG = DK / KPerThread<DK>();
     const dim3 grid(a.shape.v_heads, a.n_seqs);
     const int threads = NG * WarpRound(a.shape.v_dim);
+    const bool many = grid.x * grid.y >= kGdnTwoPerSmBlocks;
+    const int nb = a.shape.v_dim / 32;  // column blocks per head in the split form
+    const bool split = a.column_split != GdnColumnSplit::kOff && a.shape.v_dim % 32 == 0 &&
+                       nb >= 2 && (a.column_split == GdnColumnSplit::kAll || many) &&
+                       ClustersAvailable();
     DispatchState(a.state_bf16, [&](auto st) {
       using TS = decltype(st);
-      if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
+      if (split) {
+        // Waves: a token per block, 96 registers (five blocks per SM: none spilled); runs: chunks of 4.
+        const dim3 sgrid(a.shape.v_heads * nb, a.n_seqs);
+        if (a.run_first)
+          LaunchClusters(GdnDecodeSplitKernel<DK, TS, 4, 4>, sgrid, NG * 32, nb, stream, a.early, a);
+        else
+          LaunchClusters(GdnDecodeSplitKernel<DK, TS, 1, 5>, sgrid, NG * 32, nb, stream, a.early, a);
+      } else if (many)
         LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
       else
         LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4>, grid, threads, 0, stream, a.early, a);
