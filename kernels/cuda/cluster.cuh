@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <utility>
 
 namespace ds::cuda {
 
@@ -30,41 +29,6 @@ __device__ __forceinline__ float LoadCluster(uint32_t addr) {
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
   return v;
-}
-#endif
-
-// Whether this device runs thread-block clusters (sm_90+), queried once (the first caller's
-// current device: the worker drives one GPU per process).
-inline bool ClustersAvailable() {
-  static const bool yes = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-           major >= 9;
-  }();
-  return yes;
-}
-
-#if defined(__CUDACC__)
-// kernel<<<grid, block, 0, stream>>>(args...) in clusters of cluster_x consecutive blocks along
-// x; `early` as LaunchMaybeEarly (common.cuh). Errors surface through cudaGetLastError.
-template <typename... Params, typename... Args>
-void LaunchClusters(void (*kernel)(Params...), dim3 grid, dim3 block, int cluster_x,
-                    cudaStream_t stream, bool early, Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = stream;
-  cudaLaunchAttribute at[2];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = cluster_x;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = early ? 2 : 1;
-  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 #endif
 

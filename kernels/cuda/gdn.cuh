@@ -24,7 +24,6 @@
 #include <cstdint>
 
 #include "common/util/status.h"
-#include "kernels/cuda/gdn_column_split.h"
 
 namespace ds::cuda {
 
@@ -71,7 +70,6 @@ struct GdnDecodeArgs {
   const int32_t* run_first = nullptr;
   const int32_t* run_len = nullptr;
   bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
-  GdnColumnSplit column_split = GdnColumnSplit::kOff;  // gdn_column_split.h
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a

@@ -325,6 +325,17 @@ int Slots() {
   return slots;
 }
 
+// Whether this device runs thread-block clusters (sm_90+), queried once.
+bool ClustersAvailable() {
+  static const bool yes = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major >= 9;
+  }();
+  return yes;
+}
+
 // Dynamic shared memory of the NT form: two stages of every column's unit of activations (also
 // the pair's hand-over and the cluster's sums after the loop).
 template <int NT>

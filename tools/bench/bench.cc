@@ -323,7 +323,6 @@ int RunBench(const BenchOptions& o) {
     co.attn_prefill_wgmma = o.attn_wgmma;
     co.gdn_scan_mma = o.gdn_scan_mma;
     co.f16_cluster_split = o.f16_cluster;
-    co.gdn_column_split = o.gdn_split;
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
@@ -666,15 +665,6 @@ int BenchMain(int argc, char** argv) {
         }
       }
     }
-    else if (a == "--gdn-split") {
-      const std::string v = next();
-      const auto split = cuda::ParseGdnColumnSplit(v);
-      if (!split) {
-        std::fprintf(stderr, "bench: --gdn-split expects off, batched or all, got '%s'\n", v.c_str());
-        return 2;
-      }
-      o.gdn_split = *split;
-    }
     else if (a == "--overlap") {
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -751,7 +741,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--gdn-split off|batched|all] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

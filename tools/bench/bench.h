@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/gdn_column_split.h"
 #include "worker/model/dense_weights.h"
 
 namespace ds {
@@ -34,8 +33,6 @@ struct BenchOptions {
   bool attn_wgmma = true;                    // --attn-wgmma off: the mma.sync prefill flash kernel
   bool gdn_scan_mma = true;                  // --gdn-scan-mma off: the f32 CUDA-core chunk scan
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
-  // --gdn-split off|batched|all: CudaBackendOptions::gdn_column_split (A/B)
-  cuda::GdnColumnSplit gdn_split = cuda::GdnColumnSplit::kOff;
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection
   // GEMMs (CudaBackendOptions::overlap_allreduce); -1 = that option's default.

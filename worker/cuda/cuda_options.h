@@ -5,7 +5,6 @@
 #include <string>
 
 #include "common/gguf/ggml_types.h"
-#include "kernels/cuda/gdn_column_split.h"
 #include "worker/model/backend.h"
 #include "worker/runner/memory_planner.h"
 
@@ -28,9 +27,6 @@ struct CudaBackendOptions {
   // The GDN decode kernel writes the int8 copy of its output for ssm_out (GdnDecodeArgs::xq):
   // one launch per GDN layer fewer in decode-only steps (A/B: `bench --fuse-gdn off`).
   bool fuse_gdn_decode = true;
-  // GDN decode launches with a head's value columns split over a thread-block cluster (sm_90+;
-  // kernels/cuda/gdn_column_split.h): the same bits, smaller blocks (`bench --gdn-split` A/B).
-  cuda::GdnColumnSplit gdn_column_split = cuda::GdnColumnSplit::kOff;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

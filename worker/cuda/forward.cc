@@ -230,7 +230,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.state_bf16 = copts_.gdn_state_bf16;
   d.out = mix_out_;
   d.early = early_launch_;
-  d.column_split = copts_.gdn_column_split;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

@@ -6,9 +6,7 @@
 // by one (48 blocks each), over several steps, with the state in f32 and in bf16
 // (GdnDecodeArgs::state_bf16). And the kernel's fused int8 output
 // (GdnDecodeArgs::xq): it leaves the outputs as they were, is QuantizeActivations' copy bit for
-// bit, and a run of tokens gives what the same tokens launched one by one give. And the column
-// split (GdnColumnSplit, sm_90+: a head's value columns over a thread-block cluster) gives the
-// whole-head kernels' bits for waves and runs. Needs a GPU.
+// bit, and a run of tokens gives what the same tokens launched one by one give. Needs a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -112,113 +110,11 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOneBf16State) {
 }
 
 
-// The column-split form (GdnDecodeArgs::column_split = kAll) against the whole-head kernels
-// (kOff), bit for bit: outputs, states, conv rows and the fused int8 copy, over several steps of
-// a wave of sequences and of speculative runs of 5, 2 and 4 tokens (chunks of 4: a full chunk,
-// a partial one, and a run shorter than a chunk), on the 27B's head shape and the demo model's
-// (dk = dv = 64: clusters of two blocks), with the state in f32 and in bf16.
-void RunSplitEqualsWhole(const GdnShape& s, bool bf16, bool runs) {
-  std::mt19937 rng(91 + s.k_dim + (bf16 ? 1 : 0) + (runs ? 2 : 0));
-  auto rand = [&](size_t n, float lo, float hi) { return RandVec(rng, n, lo, hi); };
-  const int K = 4, C = s.channels(), Vw = s.v_heads * s.v_dim, Hv = s.v_heads;
-  const RandomGdnLayer layer(rng, s);
-  const std::vector<int> lens = runs ? std::vector<int>{5, 2, 4} : std::vector<int>(8, 1);
-  const int n_seqs = static_cast<int>(lens.size());
-  int n_tok = 0;
-  for (int l : lens) n_tok += l;
-  // States: the sequences' slots 0..n_seqs-1, then one speculative entry per run token.
-  const int n_states = n_seqs + (runs ? n_tok : 0);
-  const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(Vw) * s.k_dim;
-  const auto start_state = StateBytes(rand(n_states * st1, -0.5f, 0.5f), bf16);
-  const auto start_ring = rand(n_states * ring1, -1.f, 1.f);
-  Dev<float> ring_w(start_ring), ring_s(start_ring);
-  Dev<uint8_t> state_w(start_state), state_s(start_state);
-  for (int step = 0; step < 3; ++step) {
-    std::vector<int32_t> rows(n_tok), slots(n_tok), in_slots(n_tok), pos(n_tok), first, len;
-    for (int r = 0, e = 0; r < n_seqs; ++r) {
-      first.push_back(e);
-      len.push_back(lens[r]);
-      for (int t = 0; t < lens[r]; ++t, ++e) {
-        rows[e] = e;
-        slots[e] = runs ? n_seqs + e : r;
-        in_slots[e] = runs && t > 0 ? n_seqs + e - 1 : r;
-        pos[e] = 6 + 3 * step + 2 * r + t;
-      }
-    }
-    Dev<int32_t> d_rows(rows), d_slots(slots), d_in(in_slots), d_pos(pos), d_first(first),
-        d_len(len);
-    Dev<float> dm(rand(static_cast<size_t>(n_tok) * C, -2.f, 2.f)),
-        dz(rand(static_cast<size_t>(n_tok) * Vw, -3.f, 3.f)),
-        db(rand(static_cast<size_t>(n_tok) * Hv, -4.f, 4.f)),
-        dal(rand(static_cast<size_t>(n_tok) * Hv, -6.f, 3.f));
-    Dev<float> out_w(static_cast<size_t>(n_tok) * Vw), out_s(static_cast<size_t>(n_tok) * Vw),
-        xd_w(static_cast<size_t>(n_tok) * Vw / 32), xd_s(static_cast<size_t>(n_tok) * Vw / 32);
-    Dev<int8_t> xq_w(static_cast<size_t>(n_tok) * Vw), xq_s(static_cast<size_t>(n_tok) * Vw);
-    auto launch = [&](GdnColumnSplit split, Dev<float>& ring, Dev<uint8_t>& state,
-                      Dev<float>& out, Dev<int8_t>& xq, Dev<float>& xd) {
-      GdnDecodeArgs a;
-      a.shape = s;
-      a.p = layer.p;
-      a.n_seqs = n_seqs;
-      a.rows = d_rows.p;
-      a.slots = d_slots.p;
-      a.in_slots = runs ? d_in.p : nullptr;
-      a.pos = d_pos.p;
-      if (runs) {
-        a.run_first = d_first.p;
-        a.run_len = d_len.p;
-      }
-      a.column_split = split;
-      a.state_bf16 = bf16;
-      a.mixed = dm.p;
-      a.z = dz.p;
-      a.b = db.p;
-      a.alpha = dal.p;
-      a.conv_ring = ring.p;
-      a.state = state.p;
-      a.out = out.p;
-      a.xq = xq.p;
-      a.xd = xd.p;
-      return GdnDecode(a, nullptr);
-    };
-    ASSERT_OK(launch(GdnColumnSplit::kOff, ring_w, state_w, out_w, xq_w, xd_w));
-    ASSERT_OK(launch(GdnColumnSplit::kAll, ring_s, state_s, out_s, xq_s, xd_s));
-    CK(cudaDeviceSynchronize());
-    const auto o_w = out_w.Down();
-    double mag = 0;
-    for (float v : o_w) mag = std::max(mag, static_cast<double>(std::fabs(v)));
-    ASSERT_GT(mag, 1e-3) << "outputs all ~zero: the comparison would prove nothing";
-    EXPECT_EQ(Differing(out_s.Down(), o_w), 0u) << "outputs, step " << step;
-    EXPECT_TRUE(state_s.Down() == state_w.Down()) << "states, step " << step;
-    EXPECT_EQ(Differing(ring_s.Down(), ring_w.Down()), 0u) << "conv rows, step " << step;
-    EXPECT_EQ(xq_s.Down(), xq_w.Down()) << "int8 copy, step " << step;
-    EXPECT_EQ(Differing(xd_s.Down(), xd_w.Down()), 0u) << "int8 scales, step " << step;
-  }
-}
-
-bool HaveClusters() {
-  int dev = 0, major = 0;
-  return cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-         major >= 9;
-}
-
-TEST(GdnLaunch, ColumnSplitEqualsWholeHeads) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
-  if (!HaveClusters()) GTEST_SKIP() << "thread-block clusters: sm_90+";
-  for (const GdnShape& s : {GdnShape{16, 48, 128, 128, 4}, GdnShape{2, 4, 64, 64, 4}})
-    for (bool bf16 : {false, true})
-      for (bool runs : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "dk " << s.k_dim << (bf16 ? " bf16" : " f32")
-                                          << (runs ? " runs" : " waves"));
-        RunSplitEqualsWhole(s, bf16, runs);
-      }
-}
-
-// Not a test: per-launch time of the 27B's GDN decode layer at 16 and 64 sequences in each
-// launch form, and the state bandwidth that follows (one read and one write of every sequence's
-// state). For ncu / A/B runs: --gtest_also_run_disabled_tests --gtest_filter='GdnLaunchTiming.*'.
+// Not a test: per-launch time of the 27B's GDN decode layer (the two-per-SM form) at 16 and 64
+// sequences, and the state bandwidth that follows (one read and one write of every sequence's
+// state; a copy on the H200 reaches ~4.3 TB/s). For ncu and A/B runs
+// (tools/device/gdn_decode_profile.sh): --gtest_also_run_disabled_tests
+// --gtest_filter='GdnLaunchTiming.*'.
 TEST(GdnLaunchTiming, DISABLED_Batched27B) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
@@ -229,46 +125,45 @@ TEST(GdnLaunchTiming, DISABLED_Batched27B) {
   const RandomGdnLayer layer(rng, s);
   for (int n : {16, 64}) {
     const size_t st1 = static_cast<size_t>(Vw) * s.k_dim;
-    Dev<float> state(rand(n * st1, -0.5f, 0.5f)), ring(rand(static_cast<size_t>(n) * K * C, -1.f, 1.f));
-    Dev<float> dm(rand(static_cast<size_t>(n) * C, -2.f, 2.f)), dz(rand(static_cast<size_t>(n) * Vw, -3.f, 3.f)),
-        db(rand(static_cast<size_t>(n) * Hv, -4.f, 4.f)), dal(rand(static_cast<size_t>(n) * Hv, -6.f, 3.f)),
-        out(static_cast<size_t>(n) * Vw);
+    Dev<float> state(rand(n * st1, -0.5f, 0.5f)),
+        ring(rand(static_cast<size_t>(n) * K * C, -1.f, 1.f)),
+        dm(rand(static_cast<size_t>(n) * C, -2.f, 2.f)),
+        dz(rand(static_cast<size_t>(n) * Vw, -3.f, 3.f)),
+        db(rand(static_cast<size_t>(n) * Hv, -4.f, 4.f)),
+        dal(rand(static_cast<size_t>(n) * Hv, -6.f, 3.f)), out(static_cast<size_t>(n) * Vw);
     std::vector<int32_t> idx(n), pos(n, 9);
     for (int i = 0; i < n; ++i) idx[i] = i;
     Dev<int32_t> d_idx(idx), d_pos(pos);
-    for (GdnColumnSplit split : {GdnColumnSplit::kOff, GdnColumnSplit::kBatched}) {
-      GdnDecodeArgs a;
-      a.shape = s;
-      a.p = layer.p;
-      a.n_seqs = n;
-      a.rows = d_idx.p;
-      a.slots = d_idx.p;
-      a.pos = d_pos.p;
-      a.column_split = split;
-      a.mixed = dm.p;
-      a.z = dz.p;
-      a.b = db.p;
-      a.alpha = dal.p;
-      a.conv_ring = ring.p;
-      a.state = state.p;
-      a.out = out.p;
-      constexpr int kIters = 20;
-      for (int w = 0; w < 3; ++w) ASSERT_OK(GdnDecode(a, nullptr));
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      CK(cudaEventRecord(e0));
-      for (int it = 0; it < kIters; ++it) ASSERT_OK(GdnDecode(a, nullptr));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      const double us = 1e3 * ms / kIters, bytes = 2.0 * n * st1 * 4;
-      std::printf("GDN decode 27B layer, %2d sequences, split %s: %7.1f us, %6.0f GB/s of state\n", n,
-                  split == GdnColumnSplit::kOff ? "off    " : "batched", us, bytes / us * 1e-3);
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
-    }
+    GdnDecodeArgs a;
+    a.shape = s;
+    a.p = layer.p;
+    a.n_seqs = n;
+    a.rows = d_idx.p;
+    a.slots = d_idx.p;
+    a.pos = d_pos.p;
+    a.mixed = dm.p;
+    a.z = dz.p;
+    a.b = db.p;
+    a.alpha = dal.p;
+    a.conv_ring = ring.p;
+    a.state = state.p;
+    a.out = out.p;
+    constexpr int kIters = 20;
+    for (int w = 0; w < 3; ++w) ASSERT_OK(GdnDecode(a, nullptr));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0));
+    for (int it = 0; it < kIters; ++it) ASSERT_OK(GdnDecode(a, nullptr));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double us = 1e3 * ms / kIters, bytes = 2.0 * n * st1 * 4;
+    std::printf("GDN decode, 27B layer, %2d sequences: %7.1f us, %6.0f GB/s of state\n", n, us,
+                bytes / us * 1e-3);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
   }
 }
 
