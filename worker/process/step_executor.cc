@@ -55,14 +55,15 @@ absl::Status StepExecutor::SetMtp(const spec::MtpSetting& setting) {
 }
 
 void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
-                              std::span<const float> hidden, int n_rows, int n_mtp_slots) {
+                              std::span<const float> hidden, int n_rows, int n_mtp_slots,
+                              bool alone) {
   SlotState& slot = slots_[slot_index];
   int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
   if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
   // One sequence alone on an ungrouped worker: this worker's own cost figure, and now and then a
   // plain step to keep it measured; a TP group keeps the default, so that every rank drafts the
   // same.
-  if (mtp_.automatic) k = spec::AutoDrafts(slot.policy, draft_cost_, k, single_step_);
+  if (mtp_.automatic) k = spec::AutoDrafts(slot.policy, draft_cost_, k, alone);
   const int n = spec::DraftBudget(k,
                                   static_cast<int>(slot.known.size()) - slot.n_prompt,
                                   slot.max_new, static_cast<int32_t>(slot.known.size()),
@@ -433,7 +434,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
     opts.device_sample = dev_rows_;
   }
   StepOutput& out = out_;
-  single_step_ = n_work == 1 && drafter_ && mtp_.automatic && group_ == nullptr;
+  const bool alone = n_work == 1 && drafter_ && mtp_.automatic && group_ == nullptr;
   int single_offered = -1;  // drafts the step's one sequence verified; -1: a prefill piece
   const double t0 = SteadySeconds();
   absl::Status fs = backend_->Forward(batch_, opts, &out);
@@ -537,7 +538,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
       slot.policy.Record(offered, kept);
       single_offered = offered;
       DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
-                 kept + 1, n_mtp_slots);
+                 kept + 1, n_mtp_slots, alone);
       continue;
     }
     sampling::SampleResult r;
@@ -558,7 +559,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
     if (batch_[i].tokens.size() == 1) single_offered = 0;  // a plain decode, not a prefill piece
     if (slot.mtp)
       DraftAfter(static_cast<int>(w.slot), static_cast<int32_t>(w.pos0 + w.n_tokens - 1), row0,
-                 hidden_rows(row0, 1), 1, n_mtp_slots);
+                 hidden_rows(row0, 1), 1, n_mtp_slots, alone);
     share(blk, std::span<const int32_t>(&r.token, 1));
     if (!samples) continue;
     if (drafter_) result.drafts_offered.push_back(0);  // no verify: no draft offered
@@ -605,7 +606,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   }
   if (step_stats_.steps > 0) mtp_stats_.Add(step_stats_);
   result.sample_seconds = SteadySeconds() - t1;
-  if (single_step_ && single_offered >= 0 && slots_[step.work[0].slot].mtp)
+  if (alone && single_offered >= 0 && slots_[step.work[0].slot].mtp)
     draft_cost_.Record(single_offered,
                        static_cast<int>(slots_[step.work[0].slot].drafts.tokens.size()),
                        result.forward_seconds + result.sample_seconds);

@@ -107,9 +107,10 @@ class StepExecutor {
   // Drafts from the hidden rows [p0, p0 + n_rows) the last Forward gave for `slot`; when drafting
   // fails the request goes on without drafts.
   // out_row0: the first of those rows in the Forward's output (a draft chain reads them where
-  // they are, Backend::MtpDraftGreedy, for plain greedy sequences).
+  // they are, Backend::MtpDraftGreedy, for plain greedy sequences). alone: the step's one
+  // sequence on an ungrouped `auto` worker (drafts at this worker's measured cost, draft_cost.h).
   void DraftAfter(int slot, int32_t p0, int out_row0, std::span<const float> hidden, int n_rows,
-                  int n_mtp_slots);
+                  int n_mtp_slots, bool alone);
 
   absl::Status Validate(const Step& step) const;
   // TP prefix cache: the checkpoints `ids` this rank tried to save in this step (failures in
@@ -147,9 +148,8 @@ class StepExecutor {
   std::optional<spec::MtpDrafter> drafter_;
   spec::SpecStats mtp_stats_;
   // `--mtp auto` on an ungrouped worker: what a draft costs here, from the steps of one sequence
-  // (draft_cost.h); single_step_ marks such a step for DraftAfter.
+  // (draft_cost.h).
   spec::DraftCostEstimator draft_cost_;
-  bool single_step_ = false;
   spec::SpecStats step_stats_;  // the last Run's
   std::vector<int> out_row_;      // [work + 1] first output row of each work item
   std::vector<int> verify_tokens_;  // [verify steps of the last Run] tokens kept

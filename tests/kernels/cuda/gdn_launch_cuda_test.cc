@@ -148,22 +148,10 @@ TEST(GdnLaunchTiming, DISABLED_Batched27B) {
     a.conv_ring = ring.p;
     a.state = state.p;
     a.out = out.p;
-    constexpr int kIters = 20;
-    for (int w = 0; w < 3; ++w) ASSERT_OK(GdnDecode(a, nullptr));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0));
-    for (int it = 0; it < kIters; ++it) ASSERT_OK(GdnDecode(a, nullptr));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double us = 1e3 * ms / kIters, bytes = 2.0 * n * st1 * 4;
+    const double us = MeanLaunchUs(3, 20, [&] { return GdnDecode(a, nullptr); });
+    const double bytes = 2.0 * n * st1 * 4;
     std::printf("GDN decode, 27B layer, %2d sequences: %7.1f us, %6.0f GB/s of state\n", n, us,
                 bytes / us * 1e-3);
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
   }
 }
 
