@@ -36,6 +36,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/sampling/sampler.h"
+#include "common/util/model_alias.h"
 #include "common/util/status.h"
 #include "tests/gpu_test_options.h"
 #include "tests/model/mtp_gpu_fixtures.h"
@@ -548,7 +549,9 @@ TEST_P(Mtp, SampledWithDraftsEqualsPlainSamplingPerSeed) {
     seq.tokens = prompt;
     seq.sampler = &spec_sampler;
     seq.max_new = kNew;
-    auto sp = spec::MtpSpeculator::Create(gpu.get(), 3);
+    spec::MtpSpeculatorOptions so;
+    so.k = 3;
+    auto sp = spec::MtpSpeculator::Create(gpu.get(), so);
     ASSERT_TRUE(sp.ok()) << sp.status();
     spec::SpecSequence* seqs[] = {&seq};
     ASSERT_TRUE(sp->Start(seqs).ok());
@@ -621,6 +624,120 @@ TEST(MtpCoarseHead, DraftLogitsNearTheFullHeadsHiddenEqual) {
   EXPECT_GT(rel, 0.0);
   EXPECT_LT(rel, 0.08);
   std::printf("coarse draft head: logits RMS difference %.4f of the full head's\n", rel);
+}
+
+// Deferred drafts on the device (MtpSpeculatorOptions::deferred_drafts): the chain leaves its
+// drafts in the slot's row of the device's draft buffer, the verify's ids are copied from there
+// (CudaDevice::Prepare) and the host reads them only after the verify. On the trained demo model
+// (which keeps drafts), two sequences at once, greedy and sampled, k = 3 and 4, with the fused
+// chain and without: the same tokens and the same acceptance at every position as drafts waited
+// for. Then the runner's side directly: StepOutput::chain_drafts equals MtpDraftGreedy's drafts
+// from the same state, and the verify's logits equal those of the drafts spelled out.
+TEST(MtpDeferred, SameTokensAndAcceptanceAsWaitedForDrafts) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto opened = gguf::File::Open(ResolveModelAlias("demo"));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::shared_ptr<const gguf::File> file(std::move(*opened));
+  int64_t kept = 0;
+  for (const bool fused : {true, false}) {
+    CudaBackendOptions c;
+    c.spec_tokens = 5;
+    c.spec_seqs = 2;
+    c.fused_draft_chain = fused;
+    auto b = CreateCudaBackend(file, Opts(), c);
+    ASSERT_TRUE(b.ok()) << b.status();
+    Backend& gpu = **b;
+    const int V = gpu.config().n_vocab;
+    const std::vector<std::vector<int32_t>> prompts = {Prompt(24, V), Prompt(31, V)};
+    for (const float temperature : {0.0f, 0.8f}) {
+      for (const int k : {3, 4}) {
+        SCOPED_TRACE(::testing::Message() << "fused " << fused << " temperature " << temperature
+                                          << " k " << k);
+        std::vector<int32_t> tokens[2][2];
+        spec::SpecStats stats[2];
+        for (int deferred = 0; deferred < 2; ++deferred) {
+          spec::MtpSpeculatorOptions so;
+          so.k = k;
+          so.deferred_drafts = deferred == 1;
+          auto sp = spec::MtpSpeculator::Create(&gpu, so);
+          ASSERT_TRUE(sp.ok()) << sp.status();
+          std::vector<sampling::Sampler> samplers;
+          std::vector<spec::SpecSequence> seqs(2);
+          std::vector<spec::SpecSequence*> ptrs;
+          for (int i = 0; i < 2; ++i) {
+            sampling::SamplingParams p;
+            p.temperature = temperature;
+            p.top_k = 40;
+            p.seed = 7 + i;
+            samplers.emplace_back(p);
+          }
+          for (int i = 0; i < 2; ++i) {
+            gpu.ResetSlot(i);
+            seqs[i].slot = i;
+            seqs[i].tokens = prompts[i];
+            seqs[i].sampler = &samplers[i];
+            seqs[i].max_new = 48;
+            ptrs.push_back(&seqs[i]);
+          }
+          ASSERT_TRUE(sp->Start(ptrs).ok());
+          while (seqs[0].n_generated() < 48 || seqs[1].n_generated() < 48) {
+            std::vector<spec::SpecSequence*> live;
+            for (spec::SpecSequence* s : ptrs)
+              if (s->n_generated() < 48) live.push_back(s);
+            const absl::Status st = sp->Step(live);
+            ASSERT_TRUE(st.ok()) << st;
+          }
+          for (int i = 0; i < 2; ++i) tokens[deferred][i] = seqs[i].tokens;
+          stats[deferred] = sp->stats();
+        }
+        EXPECT_EQ(tokens[0][0], tokens[1][0]);
+        EXPECT_EQ(tokens[0][1], tokens[1][1]);
+        EXPECT_EQ(stats[0].steps, stats[1].steps);
+        EXPECT_EQ(stats[0].offered, stats[1].offered);
+        EXPECT_EQ(stats[0].accepted, stats[1].accepted);
+        for (int64_t a : stats[1].accepted) kept += a;
+      }
+    }
+    // The runner's side: slot 0 defers, slot 1 waits, from the same state.
+    const int V2 = gpu.config().n_vocab;
+    const std::vector<int32_t> toks = Prompt(kPrompt, V2);
+    for (int slot : {0, 1}) {
+      const absl::Status st = PrefillWithMtpRows(gpu, slot, toks);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    const int32_t pos0 = static_cast<int32_t>(toks.size());
+    std::vector<int32_t> want;
+    StepOutput out[2];
+    for (int slot : {0, 1}) {
+      SeqStep s;
+      s.slot = slot;
+      s.pos0 = pos0;
+      s.tokens = {3};
+      s.decode_path = true;
+      ASSERT_TRUE(gpu.Forward({&s, 1}, StepOptions{}, &out[slot]).ok());
+      const std::vector<int32_t> catch_up = {11};
+      const absl::Status st = slot == 0 ? gpu.MtpDraftDeferred(0, pos0, catch_up, 0, 3)
+                                        : gpu.MtpDraftGreedy(1, pos0, catch_up, 0, 3, &want);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    ASSERT_EQ(want.size(), 3u);
+    for (int slot : {0, 1}) {
+      SeqStep v;
+      v.slot = slot;
+      v.pos0 = pos0 + 1;
+      v.all_logits = true;
+      v.speculative = true;
+      v.decode_path = true;
+      v.chain_drafts = slot == 0;
+      v.tokens = slot == 0 ? std::vector<int32_t>{11, -1, -1, -1}
+                           : std::vector<int32_t>{11, want[0], want[1], want[2]};
+      ASSERT_TRUE(gpu.Forward({&v, 1}, StepOptions{}, &out[slot]).ok());
+      ASSERT_TRUE(gpu.CommitSpeculative(slot, 1).ok());
+    }
+    EXPECT_EQ(out[0].chain_drafts, want);
+    EXPECT_EQ(out[0].logits, out[1].logits);
+  }
+  EXPECT_GT(kept, 0);
 }
 
 // Without spec_tokens the device holds no speculative entries nor MTP block: speculative steps

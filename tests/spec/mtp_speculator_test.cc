@@ -69,8 +69,13 @@ std::vector<std::vector<int32_t>> SpecDecode(Backend& be, int k,
                                              const std::vector<std::vector<int32_t>>& prompts,
                                              int n_new, std::vector<sampling::Sampler>& samplers,
                                              SpecStats* stats = nullptr, bool draft_chain = true,
-                                             bool automatic = false) {
-  auto sp = MtpSpeculator::Create(&be, k, draft_chain, automatic);
+                                             bool automatic = false, bool deferred = false) {
+  MtpSpeculatorOptions o;
+  o.k = k;
+  o.draft_chain = draft_chain;
+  o.automatic = automatic;
+  o.deferred_drafts = deferred;
+  auto sp = MtpSpeculator::Create(&be, o);
   EXPECT_TRUE(sp.ok()) << sp.status();
   std::vector<SpecSequence> seqs(prompts.size());
   std::vector<SpecSequence*> ptrs;
@@ -232,6 +237,118 @@ TEST(MtpSpeculator, DraftChainGivesTheHostPathsDraftsAndTokens) {
   EXPECT_GT(chain.accepted[0], 0);
 }
 
+// Deferred drafts (MtpSpeculatorOptions::deferred_drafts): the draft chain leaves its drafts with
+// the backend and the next verify takes them there (on the CPU the runner puts them into the
+// verify's rows itself; on a GPU the device copies them, mtp_gpu_test). Whatever the route, the
+// tokens and the drafts (the acceptance at every position) are those of drafts waited for:
+// greedy, sampled, with penalties (the host path, which never defers), fixed k and `auto`.
+TEST(MtpSpeculator, DeferredDraftsGiveTheSameTokensAndDrafts) {
+  auto be = Make(ResolveModelAlias("demo"), 2, 512);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab;
+  const std::vector<std::vector<int32_t>> prompts = {Tokens(9, V, 17), Tokens(15, V, 18)};
+  sampling::SamplingParams with_penalty = Params(0.9f, 0, 5);
+  with_penalty.repetition_penalty = 1.15f;
+  int64_t kept = 0;
+  for (const sampling::SamplingParams& p :
+       {Params(0, 0, 1), Params(0.8f, 40, 3), with_penalty}) {
+    for (const bool automatic : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "temperature " << p.temperature << " penalty "
+                                        << p.repetition_penalty << " auto " << automatic);
+      SpecStats waited, deferred;
+      std::vector<sampling::Sampler> s1(2, sampling::Sampler(p)), s2(2, sampling::Sampler(p));
+      const auto a = SpecDecode(*be, 3, prompts, 40, s1, &waited, true, automatic, false);
+      const auto b = SpecDecode(*be, 3, prompts, 40, s2, &deferred, true, automatic, true);
+      EXPECT_EQ(a, b);
+      EXPECT_EQ(waited.steps, deferred.steps);
+      EXPECT_EQ(waited.offered, deferred.offered);
+      EXPECT_EQ(waited.accepted, deferred.accepted);
+      for (int64_t x : deferred.accepted) kept += x;
+    }
+  }
+  EXPECT_GT(kept, 0);
+}
+
+// The runner's side of deferred drafts (StepRunner::MtpDraftDeferred, SeqStep::chain_drafts): the
+// slot's next Forward takes them (StepOutput::chain_drafts: the drafts MtpDraftGreedy gives from
+// the same state), a count that does not match or nothing deferred is refused before anything
+// runs, and a Forward of the slot without chain_drafts, or ResetSlot, drops them.
+TEST(MtpSpeculator, DeferredDraftsAreTakenByTheSlotsNextStepOnly) {
+  const std::string path = ResolveModelAlias("demo");
+  auto a = Make(path, 2, 128), b = Make(path, 2, 128);
+  ASSERT_TRUE(a && b);
+  const int V = a->config().n_vocab;
+  const std::vector<int32_t> prompt = Tokens(12, V, 23);
+  const int32_t next = 42;  // the token after the prompt
+  StepOutput out;
+  auto prefill = [&](Backend& be) {
+    be.ResetSlot(0);
+    SeqStep s;
+    s.slot = 0;
+    s.tokens = prompt;
+    s.all_logits = true;
+    return be.Forward({&s, 1}, {}, &out);
+  };
+  const int32_t p_last = static_cast<int32_t>(prompt.size()) - 1;
+  const std::vector<int32_t> catch_up = {next};
+  ASSERT_TRUE(prefill(*a).ok());
+  ASSERT_TRUE(a->MtpDraftDeferred(0, p_last, catch_up, p_last, 3).ok());
+  ASSERT_TRUE(prefill(*b).ok());
+  std::vector<int32_t> want;
+  ASSERT_TRUE(b->MtpDraftGreedy(0, p_last, catch_up, p_last, 3, &want).ok());
+  ASSERT_EQ(want.size(), 3u);
+
+  SeqStep v;
+  v.slot = 0;
+  v.pos0 = static_cast<int32_t>(prompt.size());
+  v.all_logits = true;
+  v.speculative = true;
+  v.decode_path = true;
+  v.chain_drafts = true;
+  v.tokens = {next, -1, -1};  // two drafts: the chain made three
+  EXPECT_EQ(a->Forward({&v, 1}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->SlotLength(0), static_cast<int32_t>(prompt.size()));
+  v.tokens = {next, -1, -1, -1};
+  ASSERT_TRUE(a->Forward({&v, 1}, {}, &out).ok());
+  EXPECT_EQ(out.chain_drafts, want);
+  // The same step with the drafts spelled out gives the same logits.
+  StepOutput out_b;
+  SeqStep w = v;
+  w.chain_drafts = false;
+  w.tokens = {next, want[0], want[1], want[2]};
+  ASSERT_TRUE(b->Forward({&w, 1}, {}, &out_b).ok());
+  EXPECT_EQ(out.logits, out_b.logits);
+  EXPECT_TRUE(out_b.chain_drafts.empty());
+  ASSERT_TRUE(a->CommitSpeculative(0, 1).ok());
+  // Taken: a second step cannot take them again.
+  v.pos0 = a->SlotLength(0);
+  EXPECT_EQ(a->Forward({&v, 1}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+
+  // Dropped by a Forward of the slot without chain_drafts.
+  SeqStep one;
+  one.slot = 0;
+  one.pos0 = a->SlotLength(0);
+  one.tokens = {7};
+  ASSERT_TRUE(a->Forward({&one, 1}, {}, &out).ok());
+  const int32_t p1 = a->SlotLength(0) - 1;
+  ASSERT_TRUE(a->MtpDraftDeferred(0, p1, std::vector<int32_t>{9}, 0, 2).ok());
+  one.pos0 = a->SlotLength(0);
+  one.tokens = {9};
+  ASSERT_TRUE(a->Forward({&one, 1}, {}, &out).ok());
+  v.pos0 = a->SlotLength(0);
+  v.tokens = {9, -1, -1};
+  EXPECT_EQ(a->Forward({&v, 1}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+
+  // Dropped by ResetSlot.
+  ASSERT_TRUE(prefill(*a).ok());
+  ASSERT_TRUE(a->MtpDraftDeferred(0, p_last, catch_up, p_last, 2).ok());
+  a->ResetSlot(0);
+  ASSERT_TRUE(prefill(*a).ok());
+  v.pos0 = static_cast<int32_t>(prompt.size());
+  v.tokens = {next, -1, -1};
+  EXPECT_EQ(a->Forward({&v, 1}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(MtpSpeculator, DraftChainNeedsTheLastMicroStepsRows) {
   auto be = Make(ResolveModelAlias("demo"), 1, 64);
   ASSERT_TRUE(be);
@@ -370,11 +487,16 @@ TEST(MtpSpeculator, FillMtpWritesWhatMtpRowsWould) {
 TEST(MtpSpeculator, RefusesWhatItCannotDo) {
   auto be = Make(testing::TinyModelPath(), 1, 64);
   ASSERT_TRUE(be);
-  EXPECT_EQ(MtpSpeculator::Create(be.get(), 0).status().code(),
+  auto with_k = [](int k) {
+    MtpSpeculatorOptions o;
+    o.k = k;
+    return o;
+  };
+  EXPECT_EQ(MtpSpeculator::Create(be.get(), with_k(0)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MtpSpeculator::Create(be.get(), be->max_speculative_tokens()).status().code(),
+  EXPECT_EQ(MtpSpeculator::Create(be.get(), with_k(be->max_speculative_tokens())).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(MtpSpeculator::Create(be.get(), be->max_speculative_tokens() - 1).ok());
+  EXPECT_TRUE(MtpSpeculator::Create(be.get(), with_k(be->max_speculative_tokens() - 1)).ok());
   EXPECT_EQ(be->CommitSpeculative(0, 1).code(), absl::StatusCode::kFailedPrecondition);
   SeqStep s;
   s.slot = 0;

@@ -90,8 +90,9 @@ inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature, bool
 }
 
 // The schedule on one CPU backend (`model`: "demo" or a file) with --mtp mtp_drafts (0: off).
+// deferred: StepExecutor::SetDeferredDrafts (the drafts left on the backend for the next verify).
 inline Outcome DriveOneRank(int mtp_drafts, float temperature, const std::string& model = "demo",
-                            bool automatic = false, bool follows = false) {
+                            bool automatic = false, bool follows = false, bool deferred = false) {
   BackendOptions bo;
   bo.n_slots = 3;
   bo.slot_ctx = 256;
@@ -102,6 +103,7 @@ inline Outcome DriveOneRank(int mtp_drafts, float temperature, const std::string
   if (!be.ok()) return {};
   StepExecutor ex(be->get(), 3);
   EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, automatic}).ok());
+  ex.SetDeferredDrafts(deferred);
   return DriveSteps(ex, (*be)->config().n_vocab, temperature, follows);
 }
 

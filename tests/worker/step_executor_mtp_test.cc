@@ -37,6 +37,25 @@ TEST(StepExecutorMtp, WorkThatFollowsContinuesFromThePendingToken) {
   EXPECT_GT(follows.stats.accepted[0], 0);
 }
 
+// Deferred drafts (StepExecutor::SetDeferredDrafts): each slot's drafts stay on the backend until
+// its next verify, which takes them there; the tokens, the steps and the acceptance at every
+// position are those of drafts waited for, greedy and sampled, with positions and sent ahead.
+TEST(StepExecutorMtp, DeferredDraftsGiveTheSameTokensStepsAndAcceptance) {
+  for (const float temperature : {0.0f, 0.8f}) {
+    for (const bool follows : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "temperature " << temperature << " follows " << follows);
+      const Outcome waited = DriveOneRank(3, temperature, "demo", false, follows, false);
+      const Outcome deferred = DriveOneRank(3, temperature, "demo", false, follows, true);
+      ASSERT_EQ(waited.generated.size(), 3u);
+      EXPECT_EQ(deferred.generated, waited.generated);
+      EXPECT_EQ(deferred.steps, waited.steps);
+      EXPECT_EQ(deferred.stats.offered, waited.stats.offered);
+      EXPECT_EQ(deferred.stats.accepted, waited.stats.accepted);
+      EXPECT_GT(deferred.stats.accepted[0], 0);
+    }
+  }
+}
+
 // `--mtp auto` (worker/spec/draft_policy.h): on the tiny random-weight model, whose drafts are
 // rejected, sequences soon stop drafting (far fewer verifies offer a draft than with a fixed K);
 // on the trained demo model they keep drafting and accepting. Tokens equal plain steps on both.

@@ -67,6 +67,10 @@ TEST(WorkerFlags, CoarseDraftHeadOnOff) {
   ExpectOnOffFlag("--coarse-draft-head", &WorkerOptions::coarse_draft_head, true);
 }
 
+TEST(WorkerFlags, DeferredDraftsOnOff) {
+  ExpectOnOffFlag("--deferred-drafts", &WorkerOptions::deferred_drafts, false);
+}
+
 TEST(WorkerFlags, GdnStateF32Bf16) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();

@@ -196,11 +196,12 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
               "+ CommitSpeculative(1); draft = MtpRows of the catch-up rows + k-1 MtpStep per "
               "stream; tok/s = streams x tokens per step / (verify with logits+hidden to the host "
               "+ drafts); chain cyc = verify(dev) + MtpDraftGreedy of k drafts per stream, the "
-              "fast path of plain greedy)\n",
+              "fast path of plain greedy; deferred = the same cycle with the drafts left on the "
+              "device for the next verify, MtpDraftDeferred)\n",
               o.mtp_depth, o.mtp_iters);
-  std::printf("%2s %7s %8s %15s %15s %9s %9s %8s %9s %10s %10s %6s %8s%s%s\n", "k", "streams",
+  std::printf("%2s %7s %8s %15s %15s %9s %9s %8s %9s %10s %10s %6s %8s %8s%s%s\n", "k", "streams",
               "decode", "verify(dev)", "verify(host)", "rows 1", "rows k+1", "MtpStep",
-              "plain t/s", "t/s @75%", "tok/step", "cycle", "chain@75",
+              "plain t/s", "t/s @75%", "tok/step", "cycle", "chain@75", "deferred",
               o.mtp_accept.empty() ? "" : "  t/s @", acc.c_str());
   std::vector<std::string> prof_lines;
   for (int B : o.mtp_streams) {
@@ -238,7 +239,8 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
                   c->verify_host_ms, c->verify_host_ms / c->decode_ms, c->rows1_ms, c->rows_k1_ms,
                   c->step_ms, B * 1e3 / c->decode_ms, MtpProjectedTokS(*c, mo, r75),
                   MtpTokensPerStep(k, r75));
-      std::printf(" %6.2f %8.1f", c->cycle_ms, MtpChainProjectedTokS(*c, mo, r75));
+      std::printf(" %6.2f %8.1f %8.2f", c->cycle_ms, MtpChainProjectedTokS(*c, mo, r75),
+                  c->cycle_deferred_ms);
       if (!o.mtp_accept.empty())
         std::printf("  %.1f (%.2f tok/step; chain %.1f)", MtpProjectedTokS(*c, mo, o.mtp_accept),
                     MtpTokensPerStep(k, o.mtp_accept), MtpChainProjectedTokS(*c, mo, o.mtp_accept));

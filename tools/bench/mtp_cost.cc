@@ -27,9 +27,10 @@ absl::StatusOr<double> MedianMs(int iters, const std::function<absl::Status()>& 
 }  // namespace
 
 int MtpCostSlotCtx(const MtpCostOptions& o) {
-  // Per repetition (and warm-ups): decode +1, three verifies +1 each, decode_path +k+1; the MTP
-  // calls write up to k + 2 rows past the length.
-  return o.depth + (o.iters + 8) * (o.k + 5) + o.k + 64;
+  // Per repetition (and warm-ups): decode +1, four verifies (device, host, the chain cycle, the
+  // deferred cycle) +1 each, decode_path +k+1; the MTP calls write up to k + 2 rows past the
+  // length.
+  return o.depth + (o.iters + 10) * (o.k + 6) + o.k + 64;
 }
 
 absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
@@ -80,7 +81,12 @@ absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
     r.mode = DeviceSampleRow::Mode::kSample;
     r.params = &greedy;
   }
-  enum class Shape { kDecode, kVerifyDevice, kVerifyHost, kPath };
+  // kVerifyChain: kVerifyDevice whose drafts are the ones each stream's last deferred chain left
+  // on the device (SeqStep::chain_drafts).
+  enum class Shape { kDecode, kVerifyDevice, kVerifyHost, kPath, kVerifyChain };
+  auto q_speculative = [](Shape s) {
+    return s == Shape::kVerifyDevice || s == Shape::kVerifyHost || s == Shape::kVerifyChain;
+  };
   auto step = [&](Shape s) -> absl::Status {
     size_t n_out = 0;
     for (int i = 0; i < B; ++i) {
@@ -91,15 +97,18 @@ absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
       q.tokens.assign(s == Shape::kDecode ? 1 : k + 1, 17);
       for (size_t t = 0; t < q.tokens.size(); ++t) q.tokens[t] += static_cast<int32_t>(t);
       q.all_logits = s != Shape::kDecode;
-      q.speculative = s == Shape::kVerifyDevice || s == Shape::kVerifyHost;
+      q.speculative = q_speculative(s);
+      q.chain_drafts = s == Shape::kVerifyChain;
       q.decode_path = s == Shape::kPath;
       n_out += q.all_logits ? q.tokens.size() : 1;
     }
     StepOptions so;
     if (s == Shape::kVerifyHost) so.want_hidden = true;  // logits too: no device rows
-    else so.device_sample = std::span<const DeviceSampleRow>(rows.data(), n_out);
+    // (A backend without device sampling, the CPU's, returns the logits instead.)
+    else if (be.SupportsDeviceSampling())
+      so.device_sample = std::span<const DeviceSampleRow>(rows.data(), n_out);
     DS_RETURN_IF_ERROR(be.Forward(batch, so, &out));
-    if (s == Shape::kVerifyDevice || s == Shape::kVerifyHost)
+    if (q_speculative(s))
       for (int i = 0; i < B; ++i) DS_RETURN_IF_ERROR(be.CommitSpeculative(i, 1));
     return absl::OkStatus();
   };
@@ -138,6 +147,20 @@ absl::StatusOr<MtpCost> MeasureMtpCost(Backend& be, const MtpCostOptions& o) {
     for (int w = 0; w < 3 && st.ok(); ++w) st = cycle();  // eager, capture, replay
     if (st.ok()) {
       DS_ASSIGN_OR_RETURN(c.cycle_ms, MedianMs(o.iters, cycle));
+      // The same cycle with the drafts deferred (Backend::MtpDraftDeferred): the verify takes
+      // them where the chain left them, the host waits once per cycle.
+      bool deferred = false;
+      auto cycle_deferred = [&]() -> absl::Status {
+        DS_RETURN_IF_ERROR(step(deferred ? Shape::kVerifyChain : Shape::kVerifyDevice));
+        for (int i = 0; i < B; ++i)
+          DS_RETURN_IF_ERROR(be.MtpDraftDeferred(i, be.SlotLength(i) - 1, one, i * (k + 1), k));
+        deferred = true;
+        return absl::OkStatus();
+      };
+      for (int w = 0; w < 3; ++w) DS_RETURN_IF_ERROR(cycle_deferred());
+      DS_ASSIGN_OR_RETURN(c.cycle_deferred_ms, MedianMs(o.iters, cycle_deferred));
+      // Take the last drafts: the slots end with nothing pending.
+      DS_RETURN_IF_ERROR(step(Shape::kVerifyChain));
     } else if (st.code() != absl::StatusCode::kFailedPrecondition) {
       return st;  // (FailedPrecondition: the verify rows did not fit one micro-step: no figure)
     }

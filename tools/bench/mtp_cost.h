@@ -43,6 +43,9 @@ struct MtpCost {
   // the verify(dev) step + CommitSpeculative(1), then per stream MtpDraftGreedy of k drafts from
   // one catch-up row, nothing but token ids crossing. -1: the backend has no draft chains.
   double cycle_ms = -1;
+  // The same cycle with the drafts deferred (Backend::MtpDraftDeferred; the verify reads them
+  // where the chain left them, one host wait per cycle). -1 as above.
+  double cycle_deferred_ms = -1;
 };
 
 // The slot length MeasureMtpCost needs (depth + what the timed steps append).

@@ -122,7 +122,7 @@ int CmdGenerate(int argc, char** argv) {
                           {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
                            "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
                            "--backend", "--threads", "--kv-type", "--mtp", "--gdn-state",
-                           "--fused-draft"},
+                           "--fused-draft", "--deferred-drafts"},
                           {"--json", "--ignore-eos", "--chat", "--portable"});
   if (!args.ok()) return Fail(args.status());
   auto model = args->Required("--model");
@@ -208,6 +208,10 @@ int CmdGenerate(int argc, char** argv) {
   auto fused_draft = args->OnOff("--fused-draft", true);
   if (!fused_draft.ok()) return Fail(fused_draft.status());
   bo.fused_draft_chain = *fused_draft;
+  // MTP draft chains: the next verify reads the drafts where they were made (one host wait per
+  // cycle instead of two; the same tokens).
+  auto deferred_drafts = args->OnOff("--deferred-drafts", false);
+  if (!deferred_drafts.ok()) return Fail(deferred_drafts.status());
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);
@@ -237,8 +241,11 @@ int CmdGenerate(int argc, char** argv) {
   spec::SpecSequence seq;
   std::vector<int32_t> ready;  // speculated tokens not yet printed, in order
   if (*mtp > 0) {
-    auto sp =
-        spec::MtpSpeculator::Create(&be, *mtp, /*draft_chain=*/true, mtp_setting->automatic);
+    spec::MtpSpeculatorOptions so;
+    so.k = *mtp;
+    so.automatic = mtp_setting->automatic;
+    so.deferred_drafts = *deferred_drafts;
+    auto sp = spec::MtpSpeculator::Create(&be, so);
     if (!sp.ok()) return Fail(sp.status());
     speculator.emplace(std::move(*sp));
     seq.tokens = prompt;

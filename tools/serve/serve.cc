@@ -61,6 +61,7 @@ struct ServeOptions {
   DenseWeights dense_weights = DenseWeights::kAuto;  // worker --dense-weights (dense_weights.h)
   bool early_launch = true;  // worker --early-launch off: plain kernel launches (escape hatch)
   bool coarse_draft_head = true;  // worker --coarse-draft-head off: drafts through the full head
+  bool deferred_drafts = false;   // worker --deferred-drafts on: drafts left on the device
   bool gdn_state_bf16 = false;    // worker --gdn-state bf16 (worker/model/gdn_state.h)
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
@@ -95,6 +96,8 @@ void Usage(FILE* out) {
                "fewer than --slots caps the running slots at N\n"
                "  [--mtp K|auto|off]  MTP speculative decoding: each decode verifies K drafts of "
                "the model's MTP head (auto: fewer as the batch grows); same tokens as off\n"
+               "  [--deferred-drafts on|off]  with --mtp: the drafts stay on the device for the "
+               "slot's next verify (no host wait for them; same tokens)\n"
                "  [--portable on|off]  the CUDA workers run the sm_70 (V100) kernels on any GPU "
                "(taken anyway below sm_80; docs/v100.md)\n"
                "  [--dense-weights on|off|auto]  the CUDA workers also keep a 16-bit copy of every "
@@ -145,7 +148,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--tp-split", "--kv-type", "--portable", "--dense-weights", "--gpus", "--failover-wait", "--tp-collective",
       "--early-launch", "--coarse-draft-head", "--gdn-state",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
-      "--slot-cap", "--mtp", "--max-active", "--prefix-cache", "--prefix-cache-mb",
+      "--slot-cap", "--mtp", "--deferred-drafts", "--max-active", "--prefix-cache", "--prefix-cache-mb",
       "--prefix-cache-tier",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
@@ -242,6 +245,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--deferred-drafts", &o.deferred_drafts));
   if (m.count("--gdn-state")) {
     DS_ASSIGN_OR_RETURN(o.gdn_state_bf16, ParseGdnState(m["--gdn-state"]));
   }
@@ -496,6 +500,7 @@ int RunServe(int argc, char** argv) {
   if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
   if (!o->early_launch) wargs.insert(wargs.end(), {"--early-launch", "off"});
   if (!o->coarse_draft_head) wargs.insert(wargs.end(), {"--coarse-draft-head", "off"});
+  if (o->deferred_drafts) wargs.insert(wargs.end(), {"--deferred-drafts", "on"});
   if (o->gdn_state_bf16) wargs.insert(wargs.end(), {"--gdn-state", "bf16"});
   if (o->dense_weights != DenseWeights::kAuto)
     wargs.insert(wargs.end(), {"--dense-weights", DenseWeightsName(o->dense_weights)});

@@ -123,9 +123,13 @@ class CudaDevice final : public Device {
   // Greedy drafts without host round trips: the catch-up pass reads its hidden rows from hn_,
   // each draft's argmax feeds the next pass on the device, the chain replays from a graph per
   // (rows, drafts) shape and only the draft tokens come back.
+  // drafts == nullptr (deferred): the drafts go to the slot's row of chain_drafts_ and, behind
+  // it, to its pinned host copy; nothing waits.
   absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
                               int hidden_row0, int n_logit_rows, int64_t n_embd, int n_drafts,
                               int32_t* drafts) override;
+  bool KeepsDeferredDrafts() const override { return has_mtp_; }
+  absl::Status DeferredDrafts(int slot, int n, int32_t* out) override;
 
   KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
   absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
@@ -571,7 +575,20 @@ class CudaDevice final : public Device {
         *mtp_o_ = nullptr, *mtp_ff_ = nullptr, *mtp_hid_ = nullptr, *mtp_logits_ = nullptr,
         *mtp_parts_ = nullptr;
   int32_t* mtp_ints_ = nullptr;
-  int32_t* h_mtp_ints_ = nullptr;  // pinned [MtpIntsTotal()]
+  int32_t* h_mtp_ints_ = nullptr;  // pinned [MtpIntsTotal()]: MtpRows and MtpFill (they wait)
+  // A draft chain's ints go up from one of kChainMirrors pinned mirrors in turn, each reused only
+  // once the copy that read it has run (its event): a chain does not wait for its drafts when it
+  // has none or defers them, so the next chain's host writes must not land in a mirror an
+  // earlier copy still reads.
+  static constexpr int kChainMirrors = 4;
+  int32_t* h_chain_ints_ = nullptr;  // pinned [kChainMirrors][MtpIntsTotal()]
+  cudaEvent_t chain_mirror_read_[kChainMirrors] = {};
+  int chain_mirror_next_ = 0;
+  // Deferred drafts (Device::KeepsDeferredDrafts): per device slot, the last deferred chain's
+  // drafts on the device (Prepare copies them into the ids of MicroStep::chain_tokens) and their
+  // pinned host copy (DeferredDrafts), [n_slots][kMtpChainMax] each.
+  int32_t* chain_drafts_ = nullptr;
+  int32_t* h_chain_drafts_ = nullptr;
   float* h_mtp_f_ = nullptr;  // pinned [mtp_rows_max_ * H + H + n_vocab]: hidden in, hidden / logits out
   // The fused draft chain (kernels/cuda/mtp_chain.cuh; CudaBackendOptions::fused_draft_chain):
   // its arguments but the per-call ones, set at load when the MTP block's shapes and types take

@@ -53,6 +53,10 @@ CudaDevice::~CudaDevice() {
   chain_graphs_.Clear();
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
   if (h_ints_) cudaFreeHost(h_ints_);
+  if (h_chain_ints_) cudaFreeHost(h_chain_ints_);
+  if (h_chain_drafts_) cudaFreeHost(h_chain_drafts_);
+  for (cudaEvent_t e : chain_mirror_read_)
+    if (e) cudaEventDestroy(e);
   cudaFree(weights_mem_);
   cudaFree(state_mem_);
   cudaFree(work_mem_);
@@ -372,6 +376,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
        has_mtp_ ? MaskedAttnPartialFloats(attn_shape_, MtpAttnSplits()) * 4ull : 0},
       {reinterpret_cast<void**>(&mtp_ints_), has_mtp_ ? MtpIntsTotal() * 4ull : 0},
       {reinterpret_cast<void**>(&mtp_chain_best_), has_mtp_ ? MtpChainBestInts() * 4ull : 0},
+      {reinterpret_cast<void**>(&chain_drafts_),
+       has_mtp_ ? static_cast<uint64_t>(n_slots_) * kMtpChainMax * 4ull : 0},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
@@ -629,6 +635,14 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(&h_ints_, (int_bytes + 15) / 16 * 16 + mtp_f_floats * 4 + 16));
   h_mtp_ints_ = h_ints_ + 11 * T;
+  if (has_mtp_) {
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaMallocHost(&h_chain_ints_, static_cast<size_t>(kChainMirrors) * MtpIntsTotal() * 4));
+    DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(
+        &h_chain_drafts_, static_cast<size_t>(n_slots_) * kMtpChainMax * sizeof(int32_t)));
+    for (cudaEvent_t& e : chain_mirror_read_)
+      DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   h_mtp_f_ = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(h_ints_) + (int_bytes + 15) / 16 * 16);
   return has_mtp_ ? SetUpFusedDraftChain() : absl::OkStatus();
 }

@@ -134,6 +134,18 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   if (gdn_runs_)
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_ + 8 * T_max_, h_ints_ + 9 * T_max_,
                                             2ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
+  // Deferred drafts (SeqStep::chain_drafts): their ids from where the chain left them, over the
+  // placeholders just uploaded; the chain ran earlier in this stream.
+  for (const MicroStep::ChainTokens& c : step.chain_tokens) {
+    if (!has_mtp_ || c.slot < 0 || c.slot >= n_slots_ || c.first < 0 || c.n < 1 ||
+        c.first + c.n > kMtpChainMax || c.row < 0 || c.row + c.n > rows_)
+      return absl::InternalError(absl::StrCat("CUDA micro-step: chain tokens at row ", c.row,
+                                              " (slot ", c.slot, ", drafts ", c.first, "+", c.n,
+                                              ")"));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        d_ints_ + c.row, chain_drafts_ + static_cast<size_t>(c.slot) * kMtpChainMax + c.first,
+        static_cast<size_t>(c.n) * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream_));
+  }
   return absl::OkStatus();
 }
 

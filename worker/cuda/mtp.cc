@@ -447,7 +447,11 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
                                             " drafts"));
   const int B = MtpBlockInts();
   const int passes = std::max(1, n_drafts);
-  int32_t* h = h_mtp_ints_;
+  // The next pinned mirror, once the copy that last read it has run (usually long ago).
+  const int mirror = chain_mirror_next_;
+  chain_mirror_next_ = (chain_mirror_next_ + 1) % kChainMirrors;
+  DS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chain_mirror_read_[mirror]));
+  int32_t* h = h_chain_ints_ + static_cast<size_t>(mirror) * MtpIntsTotal();
   // Block j: tokens [R], slots [R], positions [R], mask args [4]; then the hidden rows [R] and
   // the drafts [kMtpChainMax] after the last block.
   int32_t len = mtp_len_[slot];
@@ -473,6 +477,7 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   int32_t* d_drafts = d_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h, MtpIntsTotal() * sizeof(int32_t),
                                           cudaMemcpyHostToDevice, stream_));
+  DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(chain_mirror_read_[mirror], stream_));
   const bool fused = mtp_chain_.blocks > 0 && n_drafts > 0 && n <= kMtpChainMaxRows;
   auto chain = [&]() -> absl::Status {
     if (fused) {  // every pass in one launch (kernels/cuda/mtp_chain.cuh)
@@ -501,11 +506,30 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   DS_RETURN_IF_ERROR(chain_graphs_.Run(chain_key_, chain));
   if (fused) ++fused_chains_;
   if (n_drafts == 0) return absl::OkStatus();
+  if (!drafts) {  // deferred: the slot's row on the device, its host copy behind it, no wait
+    int32_t* row = chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row, d_drafts, n_drafts * sizeof(int32_t),
+                                            cudaMemcpyDeviceToDevice, stream_));
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(h_chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax, row,
+                        n_drafts * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    return absl::OkStatus();
+  }
   int32_t* h_drafts = h_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_drafts, d_drafts, n_drafts * sizeof(int32_t),
                                           cudaMemcpyDeviceToHost, stream_));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   std::copy(h_drafts, h_drafts + n_drafts, drafts);
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::DeferredDrafts(int slot, int n, int32_t* out) {
+  if (!has_mtp_ || slot < 0 || slot >= n_slots_ || n < 0 || n > kMtpChainMax)
+    return absl::InternalError(absl::StrCat("DeferredDrafts: slot ", slot, ", ", n, " drafts"));
+  // The copy was queued behind the chain, before the step that read the drafts; the runner asks
+  // after that step's Finish, so it has landed.
+  const int32_t* h = h_chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
+  std::copy(h, h + n, out);
   return absl::OkStatus();
 }
 

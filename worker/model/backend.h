@@ -47,6 +47,11 @@ struct SeqStep {
   // the MTP block on its device (Backend::SupportsDraftChain).
   bool fill_mtp = false;
   int32_t mtp_next = -1;
+  // MTP drafts left where the draft chain made them (Backend::MtpDraftDeferred): tokens[1..] are
+  // the slot's deferred drafts, whatever their values here, put in where the device holds them
+  // before the step runs; StepOutput::chain_drafts gives them back. tokens.size() - 1 must equal
+  // the number of drafts the slot's last deferred chain made.
+  bool chain_drafts = false;
 };
 
 // What the caller needs from one output row when it asks for device sampling
@@ -73,6 +78,9 @@ struct StepOutput {
   // [n_rows, n_embd] final-normed hidden states of the same rows (input of the MTP head), filled
   // only when StepOptions::want_hidden.
   std::vector<float> hidden;
+  // The drafts SeqStep::chain_drafts sequences ran with (tokens[1..] as the device had them), in
+  // batch order, those sequences only.
+  std::vector<int32_t> chain_drafts;
   int n_rows = 0;
   double forward_seconds = 0;    // measured by the backend
   double comm_seconds = 0;       // of which inside TP collectives (0 without TP)
@@ -219,6 +227,16 @@ class Backend {
   virtual absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
                                       int out_row0, int n_drafts, std::vector<int32_t>* drafts) {
     return absl::UnimplementedError("MTP draft chains are not implemented by backend " + name());
+  }
+  // MtpDraftGreedy without waiting for the drafts (issue #15: one host round trip per MTP cycle
+  // instead of two): the chain is queued and its n_drafts drafts stay with the backend for the
+  // slot, until its next Forward takes them (SeqStep::chain_drafts) or drops them (a Forward of
+  // the slot without chain_drafts, ResetSlot, Restore). So the verify that reads them is queued
+  // behind the chain without the host waiting in between, and the drafts come back with the
+  // verify's own wait (StepOutput::chain_drafts). The same drafts and tokens as MtpDraftGreedy.
+  virtual absl::Status MtpDraftDeferred(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                        int out_row0, int n_drafts) {
+    return absl::UnimplementedError("deferred MTP drafts are not implemented by backend " + name());
   }
 };
 

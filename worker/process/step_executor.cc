@@ -72,9 +72,19 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
   // the hidden rows it still holds (the rows must be in the Forward's last micro-step; else the
   // host path below, from the copied hidden states).
   if (spec::DraftsOnDevice(slot.sampler->params()) && backend_->SupportsDraftChain()) {
-    absl::Status cs = backend_->MtpDraftGreedy(
-        slot_index, p0, std::span<const int32_t>(slot.known).subspan(p0 + 1, n_rows), out_row0, n,
-        &slot.drafts.tokens);
+    const std::span<const int32_t> catch_up =
+        std::span<const int32_t>(slot.known).subspan(p0 + 1, n_rows);
+    absl::Status cs;
+    if (deferred_drafts_ && group_ == nullptr) {
+      // Left on the backend for the slot's next verify (SeqStep::chain_drafts), unwaited for.
+      cs = backend_->MtpDraftDeferred(slot_index, p0, catch_up, out_row0, n);
+      if (cs.ok()) {
+        slot.drafts.tokens.assign(static_cast<size_t>(n), -1);
+        slot.drafts.on_device = n > 0;
+      }
+    } else {
+      cs = backend_->MtpDraftGreedy(slot_index, p0, catch_up, out_row0, n, &slot.drafts.tokens);
+    }
     if (cs.ok()) return;
     slot.drafts.clear();
     if (!absl::IsFailedPrecondition(cs)) {
@@ -346,6 +356,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
     q.all_logits = false;
     q.decode_path = w.decode_path;
     q.speculative = false;
+    q.chain_drafts = false;
     q.fill_mtp = false;
     q.mtp_next = -1;
     if (slot.mtp && (w.n_tokens > 1 || w.pos0 + w.n_tokens < known.size())) {
@@ -387,6 +398,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
         q.all_logits = true;
         q.speculative = true;
         q.decode_path = true;
+        q.chain_drafts = slot.drafts.on_device;  // placeholders: the backend holds the drafts
       } else {
         slot.drafts.clear();  // stale or no room: a plain step
       }
@@ -443,6 +455,9 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   // Validation errors are found before any collective, identically on every rank; anything else
   // under TP may have left the ranks at different collectives.
   if (!fs.ok()) {
+    // The backend dropped the deferred drafts of the batch's slots with the step.
+    for (int i = 0; i < n_work; ++i)
+      if (batch_[i].chain_drafts) slots_[step.work[i].slot].drafts.clear();
     if (group_ && !absl::IsInvalidArgument(fs) && !absl::IsOutOfRange(fs)) group_broken_ = true;
     result.error = absl::StrCat("backend ", backend_->name(), ": ", fs.ToString());
     return result;
@@ -462,6 +477,22 @@ StepResult StepExecutor::RunResolved(const Step& step) {
     result.error = absl::StrCat("backend returned ", out.n_rows, " logit rows for ", n_rows,
                                 " output rows of ", n_work, " sequences");
     return result;
+  }
+  // Deferred drafts: the values the verify ran with, into the slots' Drafts before they are
+  // judged (StepOutput::chain_drafts, in batch order).
+  size_t chain_at = 0;
+  for (int i = 0; i < n_work; ++i) {
+    if (!batch_[i].chain_drafts) continue;
+    spec::Drafts& d = slots_[step.work[i].slot].drafts;
+    if (chain_at + d.tokens.size() > out.chain_drafts.size()) {
+      result.error = absl::StrCat("backend ", backend_->name(), " returned ",
+                                  out.chain_drafts.size(), " deferred drafts, fewer than verified");
+      return result;
+    }
+    std::copy(out.chain_drafts.begin() + chain_at,
+              out.chain_drafts.begin() + chain_at + d.tokens.size(), d.tokens.begin());
+    d.on_device = false;
+    chain_at += d.tokens.size();
   }
   // Device tokens are checked before any slot changes.
   for (int i = 0; device && i < n_work; ++i) {

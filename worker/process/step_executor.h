@@ -57,6 +57,10 @@ class StepExecutor {
   // a speculated slot itself, from the same gathered logits and seeded draws, so that the ranks
   // run the same MTP passes; rank 0's broadcast checks that they kept the same tokens.
   absl::Status SetMtp(const spec::MtpSetting& setting);
+  // Draft chains leave their drafts on the backend (Backend::MtpDraftDeferred) and the slot's
+  // next verify takes them there (SeqStep::chain_drafts): no host wait per slot for its drafts,
+  // which come back with the verify (`worker --deferred-drafts on`). The same tokens either way.
+  void SetDeferredDrafts(bool on) { deferred_drafts_ = on; }
   const spec::SpecStats& mtp_stats() const { return mtp_stats_; }
   // The last Run's share of mtp_stats() and the tokens each of its verify steps kept (1 +
   // accepted drafts), for metrics.
@@ -126,6 +130,7 @@ class StepExecutor {
                       StepResult* result);
 
   Backend* backend_;
+  bool deferred_drafts_ = false;
   std::vector<SlotState> slots_;  // [n_usable]
   std::vector<SeqStep> batch_;    // reused between steps
   Step resolved_;  // Run: a step whose following work got its positions

@@ -23,6 +23,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--early-launch", "--coarse-draft-head", "--gdn-state",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
+                                          "--deferred-drafts",
                                           "--max-active", "--prefix-cache", "--prefix-cache-mb",
                                           "--prefix-cache-tier"}));
   WorkerOptions o;
@@ -109,6 +110,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--deferred-drafts", &o.deferred_drafts));
   if (m.count("--gdn-state")) {
     DS_ASSIGN_OR_RETURN(o.gdn_state_bf16, ParseGdnState(m["--gdn-state"]));
   }

@@ -416,6 +416,7 @@ class Session {
           if (tp_.collective && tp_.collective->world() > 1)
             executor_->SetGroup(tp_.collective.get());
           if (absl::Status ms = executor_->SetMtp(o_.mtp); !ms.ok()) return Fatal(ms);
+          executor_->SetDeferredDrafts(o_.deferred_drafts);
           executor_->SetJsonVocabLoader([file = file_] { return worker::JsonVocabFromGguf(*file); });
           // Prefix cache (issue #17): checkpoints of slot state at exact positions; under TP
           // each rank keeps its shard's and the executor keeps the ranks in agreement.
@@ -665,7 +666,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--coarse-draft-head on|off] [--gdn-state f32|bf16] [--kv-pool-tokens N] [--kv-page N] "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--coarse-draft-head on|off] [--deferred-drafts on|off] [--gdn-state f32|bf16] [--kv-pool-tokens N] [--kv-page N] "
                  "[--memory-fraction F] [--max-step-tokens N] "
                  "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
                  "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "

@@ -86,6 +86,9 @@ struct WorkerOptions {
   // --mtp K|auto|off (issue #15, worker/spec): MTP speculative decoding of the worker's slots;
   // the device keeps room for K + 1 verified tokens of up to mtp_seqs sequences per step.
   spec::MtpSetting mtp;
+  // --deferred-drafts on|off: draft chains leave their drafts on the device for the slot's next
+  // verify (StepExecutor::SetDeferredDrafts; the same tokens; off until measured on a GPU).
+  bool deferred_drafts = false;
   int mtp_seqs = 8;  // --mtp-seqs: slots that may verify drafts in one step (CUDA memory)
   // --max-active N (issue #23): sequences holding recurrent state at once (0 = every slot); the
   // device keeps GDN state for N + 1 (the warmup scratch) instead of every configured slot.

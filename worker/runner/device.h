@@ -50,6 +50,13 @@ struct MicroStep {
   std::vector<int32_t> positions;  // [rows] its position
   std::vector<RowRun> runs;        // the pieces, in row order
   std::vector<int32_t> logit_rows; // rows whose final state goes through the head, ascending
+  // Rows whose ids are a slot's deferred drafts (SeqStep::chain_drafts) on a device that keeps
+  // them (Device::KeepsDeferredDrafts): ids [row, row + n) are the drafts [first, first + n) of
+  // device slot `slot`, put in by Prepare (the ids above hold placeholders there).
+  struct ChainTokens {
+    int32_t row = 0, slot = 0, first = 0, n = 0;
+  };
+  std::vector<ChainTokens> chain_tokens;
   // Every run is one token with its logit row (a plain decode step).
   bool pure_decode = false;
   // Every run goes through the decode kernels (RowRun::decode_like): plain decodes, speculative
@@ -215,9 +222,14 @@ class Device {
   // of an MTP pass's logits and the token of the next pass (MtpStep). The default reads the
   // hidden rows back (ReadHidden) and runs MtpRows / MtpStep with the argmax on the host; a
   // device keeps it all where the model runs.
+  //
+  // drafts == nullptr (only where KeepsDeferredDrafts()): the drafts stay in the slot's draft
+  // buffer on the device, the call does not wait for them, and a host copy follows them (read by
+  // DeferredDrafts once the device has finished later work).
   virtual absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
                                       int hidden_row0, int n_logit_rows, int64_t n_embd,
                                       int n_drafts, int32_t* drafts) {
+    if (!drafts) return absl::InternalError("MtpDraftGreedy: drafts left on a device without them");
     std::vector<float> hid(static_cast<size_t>(n_logit_rows) * n_embd), logits, h, chain;
     DS_RETURN_IF_ERROR(ReadHidden(n_logit_rows, hid.data()));
     DS_RETURN_IF_ERROR(Finish());
@@ -235,6 +247,15 @@ class Device {
                                        logits.begin());  // the first maximum: lowest id on ties
     }
     return absl::OkStatus();
+  }
+  // Deferred drafts (Backend::MtpDraftDeferred) kept where the chain made them: MtpDraftGreedy
+  // takes drafts == nullptr and Prepare fills MicroStep::chain_tokens from the slot's buffer.
+  // Otherwise (the default) the runner waits for the drafts and puts them in on the host.
+  virtual bool KeepsDeferredDrafts() const { return false; }
+  // The host copy of the slot's last deferred drafts [0, n): valid after the Finish of a
+  // micro-step queued behind that chain.
+  virtual absl::Status DeferredDrafts(int slot, int n, int32_t* out) {
+    return absl::UnimplementedError("deferred drafts are not kept by device " + name());
   }
 };
 

@@ -59,6 +59,7 @@ void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> p
   out->positions.clear();
   out->runs.clear();
   out->logit_rows.clear();
+  out->chain_tokens.clear();
   bool pure_decode = true, decode_only = true;
   int32_t row = 0;
   for (const StepPiece& p : pieces) {
@@ -68,6 +69,12 @@ void BuildMicroStep(std::span<const SeqStep> batch, std::span<const StepPiece> p
     const int32_t slot = device_slot.empty() ? s.slot : device_slot[p.seq];
     out->runs.push_back(
         {row, p.n, slot, pos0, s.decode_path || s.speculative, base < 0 ? -1 : base + p.t0});
+    if (s.chain_drafts) {  // tokens[1..] are the slot's deferred drafts 0..
+      const int32_t first_tok = std::max(p.t0, 1);
+      if (first_tok < p.t0 + p.n)
+        out->chain_tokens.push_back(
+            {row + first_tok - p.t0, slot, first_tok - 1, p.t0 + p.n - first_tok});
+    }
     for (int t = 0; t < p.n; ++t) {
       out->ids.push_back(s.tokens[p.t0 + t]);
       out->slots.push_back(slot);

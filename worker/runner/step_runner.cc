@@ -1,5 +1,6 @@
 #include "worker/runner/step_runner.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -84,7 +85,8 @@ StepRunner::StepRunner(std::unique_ptr<Device> device, std::shared_ptr<const ggu
       slot_ctx_(slot_ctx),
       tp_(std::move(tp)),
       len_(static_cast<size_t>(n_slots), 0),
-      spec_(static_cast<size_t>(n_slots)) {
+      spec_(static_cast<size_t>(n_slots)),
+      deferred_(static_cast<size_t>(n_slots)) {
   n_device_slots_ = n_device_slots > 0 && n_device_slots < n_slots ? n_device_slots : n_slots;
   bind_lazily_ = n_device_slots_ < n_slots;
   dev_of_.assign(static_cast<size_t>(n_slots), -1);
@@ -177,7 +179,16 @@ absl::Status StepRunner::Validate(std::span<const SeqStep> batch) const {
       return absl::InvalidArgumentError(absl::StrCat("batch[", i, "]: pos0 ", s.pos0,
                                                      " != current length ", len_[s.slot],
                                                      " of slot ", s.slot));
-    for (size_t j = 0; j < s.tokens.size(); ++j)
+    if (s.chain_drafts) {
+      const int pending = deferred_[s.slot].n;
+      if (pending < 1 || static_cast<int>(s.tokens.size()) != pending + 1)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch[", i, "]: chain_drafts with ", s.tokens.size() - 1, " drafts but slot ", s.slot,
+            " has ", pending, " deferred drafts (MtpDraftDeferred)"));
+    }
+    // A chain_drafts sequence's tokens[1..] are placeholders: its drafts come from the chain.
+    const size_t checked = s.chain_drafts ? 1 : s.tokens.size();
+    for (size_t j = 0; j < checked; ++j)
       if (s.tokens[j] < 0 || s.tokens[j] >= cfg_.n_vocab)
         return absl::InvalidArgumentError(absl::StrCat("batch[", i, "]: token id ", s.tokens[j],
                                                        " at index ", j, " out of range [0, ",
@@ -365,11 +376,13 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
   }
   out->logits.clear();
   out->hidden.clear();
+  out->chain_drafts.clear();
   out->tokens.assign(sample.size(), -1);
   out->n_rows = 0;
   gather_seconds_ = 0;
   dev_->TakeCommSeconds();
-  DS_RETURN_IF_ERROR(RunMicroSteps(batch, [&](int nl) -> absl::Status {
+  const std::span<const SeqStep> filled = FillChainDrafts(batch);
+  absl::Status run = RunMicroSteps(filled, [&](int nl) -> absl::Status {
     if (nl > 0) {
       if (!sample.empty())
         DS_RETURN_IF_ERROR(dev_->Sample(sample.subspan(out->n_rows, nl),
@@ -387,7 +400,11 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
     }
     out->n_rows += nl;
     return absl::OkStatus();
-  }));
+  });
+  // Every slot of the batch drops its deferred drafts, whether the step took them or not.
+  absl::Status taken = TakeChainDrafts(batch, &out->chain_drafts);
+  DS_RETURN_IF_ERROR(run);
+  DS_RETURN_IF_ERROR(taken);
   out->comm_seconds = dev_->TakeCommSeconds() + gather_seconds_;
   out->forward_seconds = SecondsSince(t0);
   return absl::OkStatus();
@@ -397,8 +414,12 @@ absl::Status StepRunner::ForwardGreedy(std::span<const SeqStep> batch,
                                        std::vector<int32_t>* tokens, double* seconds) {
   const auto t0 = std::chrono::steady_clock::now();
   DS_RETURN_IF_ERROR(Validate(batch));
-  for (const SeqStep& s : batch)
+  for (const SeqStep& s : batch) {
     if (s.all_logits) return absl::InvalidArgumentError("ForwardGreedy: all_logits not supported");
+    if (s.chain_drafts)
+      return absl::InvalidArgumentError("ForwardGreedy: chain_drafts not supported (use Forward)");
+  }
+  for (const SeqStep& s : batch) deferred_[s.slot].n = 0;
   tokens->clear();
   DS_RETURN_IF_ERROR(RunMicroSteps(batch, [&](int nl) -> absl::Status {
     if (nl == 0 || !HasLogits()) return absl::OkStatus();  // rank0 lm_head: the others pick none
@@ -416,6 +437,7 @@ void StepRunner::ResetSlot(int slot) {
     spec_[slot].reset();
     --pending_specs_;
   }
+  deferred_[slot].n = 0;
   if (Dev(slot) >= 0) {
     dev_->ResetSlot(Dev(slot));
     if (paged_) pool_.Release(Dev(slot));  // its pages go back to the pool for the other slots
@@ -463,6 +485,7 @@ absl::Status StepRunner::Restore(int slot, const SlotSnapshot& snap) {
 
 absl::Status StepRunner::RestoreInto(int slot, int32_t n_past,
                                      const std::function<absl::Status(int32_t)>& load) {
+  deferred_[slot].n = 0;  // drafts of the slot's old sequence
   DS_RETURN_IF_ERROR(Bind(slot));
   const int32_t dv = Dev(slot);
   if (paged_) {
@@ -573,9 +596,8 @@ absl::Status StepRunner::MtpRows(int slot, int32_t pos0, std::span<const int32_t
   return dev_->MtpRows(dv, pos0, tokens, hidden, cfg_.n_embd, logits, hidden_out);
 }
 
-absl::Status StepRunner::MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
-                                        int out_row0, int n_drafts,
-                                        std::vector<int32_t>* drafts) {
+absl::Status StepRunner::CheckDraftChain(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                         int out_row0, int n_drafts) {
   if (!SupportsDraftChain())
     return absl::UnimplementedError(absl::StrCat("MtpDraftGreedy: not available on ", name(),
                                                  tp_.world > 1 ? " under tensor parallelism" : ""));
@@ -583,7 +605,7 @@ absl::Status StepRunner::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
     return absl::FailedPreconditionError(
         absl::StrCat("MtpDraftGreedy: slot ", slot, " holds no sequence"));
   const int n = static_cast<int>(tokens.size());
-  if (n < 1 || n_drafts < 0 || !drafts)
+  if (n < 1 || n_drafts < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("MtpDraftGreedy: ", n, " rows, ", n_drafts, " drafts"));
   // The last pass writes the MTP row of the last draft but one: rows [pos0, pos0 + n + d - 1).
@@ -601,10 +623,66 @@ absl::Status StepRunner::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
         "MtpDraftGreedy: output rows [", out_row0, ", ", out_row0 + n,
         ") are not in the last micro-step of the last Forward (rows [", last_out_row0_, ", ",
         last_out_row0_ + last_out_rows_, ")): use MtpRows with the hidden states"));
-  DS_RETURN_IF_ERROR(GrowPagesTo(Dev(slot), end));
+  // Whatever the slot's last chain left for its next step is stale now (its MTP rows rewritten).
+  deferred_[slot].n = 0;
+  return GrowPagesTo(Dev(slot), end);
+}
+
+absl::Status StepRunner::MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                        int out_row0, int n_drafts,
+                                        std::vector<int32_t>* drafts) {
+  if (!drafts) return absl::InvalidArgumentError("MtpDraftGreedy: drafts is null");
+  DS_RETURN_IF_ERROR(CheckDraftChain(slot, pos0, tokens, out_row0, n_drafts));
   drafts->assign(static_cast<size_t>(n_drafts), -1);
   return dev_->MtpDraftGreedy(Dev(slot), pos0, tokens, out_row0 - last_out_row0_, last_out_rows_,
                               cfg_.n_embd, n_drafts, drafts->data());
+}
+
+absl::Status StepRunner::MtpDraftDeferred(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                          int out_row0, int n_drafts) {
+  DS_RETURN_IF_ERROR(CheckDraftChain(slot, pos0, tokens, out_row0, n_drafts));
+  DeferredDrafts& d = deferred_[slot];
+  const bool on_device = dev_->KeepsDeferredDrafts() && n_drafts > 0;
+  d.host.assign(on_device ? 0 : static_cast<size_t>(n_drafts), -1);
+  DS_RETURN_IF_ERROR(dev_->MtpDraftGreedy(Dev(slot), pos0, tokens, out_row0 - last_out_row0_,
+                                          last_out_rows_, cfg_.n_embd, n_drafts,
+                                          on_device ? nullptr : d.host.data()));
+  d.n = n_drafts;
+  return absl::OkStatus();
+}
+
+std::span<const SeqStep> StepRunner::FillChainDrafts(std::span<const SeqStep> batch) {
+  if (dev_->KeepsDeferredDrafts()) return batch;  // Prepare puts them in (MicroStep::chain_tokens)
+  bool any = false;
+  for (const SeqStep& s : batch) any |= s.chain_drafts;
+  if (!any) return batch;
+  batch_filled_.assign(batch.begin(), batch.end());
+  for (SeqStep& s : batch_filled_) {
+    if (!s.chain_drafts) continue;
+    const std::vector<int32_t>& h = deferred_[s.slot].host;  // Validate matched the counts
+    std::copy(h.begin(), h.end(), s.tokens.begin() + 1);
+    s.chain_drafts = false;
+  }
+  return batch_filled_;
+}
+
+absl::Status StepRunner::TakeChainDrafts(std::span<const SeqStep> batch,
+                                         std::vector<int32_t>* out) {
+  absl::Status st;
+  for (const SeqStep& s : batch) {
+    DeferredDrafts& d = deferred_[s.slot];
+    if (s.chain_drafts && d.n > 0) {
+      const size_t old = out->size();
+      out->resize(old + d.n, -1);
+      if (!d.host.empty()) {
+        std::copy(d.host.begin(), d.host.end(), out->begin() + old);
+      } else if (st.ok()) {
+        st = dev_->DeferredDrafts(Dev(s.slot), d.n, out->data() + old);
+      }
+    }
+    d.n = 0;
+  }
+  return st;
 }
 
 absl::Status StepRunner::MtpStep(int slot, int32_t token, int32_t pos,

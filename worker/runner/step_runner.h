@@ -114,6 +114,10 @@ class StepRunner : public Backend {
   bool SupportsDraftChain() const override { return tp_.world == 1 && MtpAvailable().ok(); }
   absl::Status MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
                               int out_row0, int n_drafts, std::vector<int32_t>* drafts) override;
+  // On a device that keeps them (Device::KeepsDeferredDrafts) the drafts stay there; otherwise
+  // the runner waits for them here and puts them into the next Forward's rows itself.
+  absl::Status MtpDraftDeferred(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                                int out_row0, int n_drafts) override;
   int max_speculative_tokens() const override { return dev_->limits().max_spec_tokens; }
   int max_speculative_seqs() const override;
   absl::Status CommitSpeculative(int slot, int32_t n_keep) override;
@@ -131,6 +135,15 @@ class StepRunner : public Backend {
 
  private:
   absl::Status Validate(std::span<const SeqStep> batch) const;
+  // The checks and page mapping MtpDraftGreedy and MtpDraftDeferred share.
+  absl::Status CheckDraftChain(int slot, int32_t pos0, std::span<const int32_t> tokens,
+                               int out_row0, int n_drafts);
+  // SeqStep::chain_drafts on a device that does not keep them: a copy of the batch with the
+  // drafts put in (batch_filled_); the batch itself otherwise.
+  std::span<const SeqStep> FillChainDrafts(std::span<const SeqStep> batch);
+  // After a Forward: the drafts its chain_drafts sequences ran with (StepOutput::chain_drafts);
+  // every slot of the batch drops its deferred drafts.
+  absl::Status TakeChainDrafts(std::span<const SeqStep> batch, std::vector<int32_t>* out);
   // Prepare + Embed + layers + Head (+ the vocab-parallel gather) for micro_.
   absl::Status RunMicroStep();
   // Every micro-step of a validated batch: runs it, lets `read_outputs(n_logit_rows)` queue the
@@ -190,6 +203,14 @@ class StepRunner : public Backend {
   MicroStep micro_;           // reused between micro-steps
   double gather_seconds_ = 0;
   int last_micro_steps_ = 0;
+  // Deferred drafts per slot (MtpDraftDeferred), until the slot's next Forward: how many, and
+  // their values when the device does not keep them.
+  struct DeferredDrafts {
+    int n = 0;
+    std::vector<int32_t> host;
+  };
+  std::vector<DeferredDrafts> deferred_;  // [n_slots]
+  std::vector<SeqStep> batch_filled_;     // FillChainDrafts' copy
   // Output rows of the last Forward's last micro-step: [last_out_row0_, + last_out_rows_), whose
   // final-normed states the device still holds (MtpDraftGreedy); -1 = none.
   int last_out_row0_ = -1, last_out_rows_ = 0;

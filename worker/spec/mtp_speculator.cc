@@ -74,8 +74,8 @@ int MtpDrafter::AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
   return kept;
 }
 
-absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k, bool draft_chain,
-                                                    bool automatic) {
+absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend,
+                                                    const MtpSpeculatorOptions& o) {
   if (!backend) return absl::InvalidArgumentError("MtpSpeculator: null backend");
   if (backend->config().n_nextn < 1)
     return absl::FailedPreconditionError(
@@ -84,22 +84,23 @@ absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend, int k, boo
   if (max_tokens < 2)
     return absl::UnimplementedError(
         absl::StrCat("MTP: backend ", backend->name(), " cannot run speculative steps"));
-  if (k < 1 || k > max_tokens - 1)
-    return absl::InvalidArgumentError(absl::StrCat("MTP: ", k, " drafts per step; backend ",
+  if (o.k < 1 || o.k > max_tokens - 1)
+    return absl::InvalidArgumentError(absl::StrCat("MTP: ", o.k, " drafts per step; backend ",
                                                    backend->name(), " verifies 1..",
                                                    max_tokens - 1));
-  return MtpSpeculator(backend, k, draft_chain, automatic);
+  return MtpSpeculator(backend, o);
 }
 
-MtpSpeculator::MtpSpeculator(Backend* backend, int k, bool draft_chain, bool automatic)
+MtpSpeculator::MtpSpeculator(Backend* backend, const MtpSpeculatorOptions& o)
     : be_(backend),
-      k_(k),
-      draft_chain_(draft_chain),
-      automatic_(automatic),
+      k_(o.k),
+      draft_chain_(o.draft_chain),
+      automatic_(o.automatic),
+      deferred_drafts_(o.deferred_drafts),
       n_vocab_(backend->config().n_vocab),
       n_embd_(backend->config().n_embd),
       drafter_(backend->config()) {
-  stats_.Resize(k);
+  stats_.Resize(o.k);
 }
 
 int MtpSpeculator::DraftsFor(SpecSequence& s) {
@@ -187,6 +188,7 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
     opts.device_sample = sample_rows_;
   }
   DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));
+  DS_RETURN_IF_ERROR(ReadChainDrafts(seqs));
   size_t row = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     SpecSequence& s = *seqs[i];
@@ -204,9 +206,16 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
     const int32_t p0 = batch_[i].pos0;
     const int n = DraftsFor(s);
     s.drafts.clear();
-    DS_RETURN_IF_ERROR(be_->MtpDraftGreedy(
-        s.slot, p0, std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1),
-        static_cast<int>(row), n, &s.drafts.tokens));
+    const std::span<const int32_t> catch_up =
+        std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1);
+    if (deferred_drafts_) {  // the next verify reads them where they are made
+      DS_RETURN_IF_ERROR(be_->MtpDraftDeferred(s.slot, p0, catch_up, static_cast<int>(row), n));
+      s.drafts.tokens.assign(static_cast<size_t>(n), -1);
+      s.drafts.on_device = n > 0;
+    } else {
+      DS_RETURN_IF_ERROR(
+          be_->MtpDraftGreedy(s.slot, p0, catch_up, static_cast<int>(row), n, &s.drafts.tokens));
+    }
     row += rows;
   }
   return absl::OkStatus();
@@ -224,6 +233,22 @@ absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
   return absl::OkStatus();
 }
 
+absl::Status MtpSpeculator::ReadChainDrafts(std::span<SpecSequence* const> seqs) {
+  size_t at = 0;
+  for (SpecSequence* s : seqs) {
+    if (!s->drafts.on_device) continue;
+    const size_t n = s->drafts.tokens.size();
+    if (at + n > out_.chain_drafts.size())
+      return absl::InternalError(absl::StrCat("MTP: the verify returned ", out_.chain_drafts.size(),
+                                              " deferred drafts, fewer than its sequences ran"));
+    std::copy(out_.chain_drafts.begin() + at, out_.chain_drafts.begin() + at + n,
+              s->drafts.tokens.begin());
+    s->drafts.on_device = false;
+    at += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MtpSpeculator::StepBatch(std::span<SpecSequence* const> seqs) {
   batch_.assign(seqs.size(), SeqStep{});
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -236,11 +261,13 @@ absl::Status MtpSpeculator::StepBatch(std::span<SpecSequence* const> seqs) {
     q.all_logits = true;
     q.speculative = !s.drafts.tokens.empty();
     q.decode_path = true;
+    q.chain_drafts = s.drafts.on_device;
   }
   if (UseDraftChain(seqs)) return StepOnDevice(seqs);
   StepOptions opts;
   opts.want_hidden = true;
   DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));
+  DS_RETURN_IF_ERROR(ReadChainDrafts(seqs));
   size_t row = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     SpecSequence& s = *seqs[i];

@@ -41,7 +41,13 @@ namespace ds::spec {
 // A sequence's drafts for its next verify step.
 struct Drafts {
   std::vector<int32_t> tokens;
-  void clear() { tokens.clear(); }
+  // The values are still with the backend (Backend::MtpDraftDeferred): `tokens` holds as many
+  // placeholders (-1) until the verify that reads them returns them.
+  bool on_device = false;
+  void clear() {
+    tokens.clear();
+    on_device = false;
+  }
 };
 
 // Acceptance over a run: drafts offered and kept at each draft position (1-based in the text,
@@ -122,16 +128,24 @@ int DraftBudget(int k, int n_generated, int max_new, int32_t len, int slot_ctx);
 // chained there: Backend::MtpDraftGreedy).
 bool DraftsOnDevice(const sampling::SamplingParams& p);
 
+struct MtpSpeculatorOptions {
+  // Drafts per step, 1..backend.max_speculative_tokens() - 1 (the cap under `automatic`).
+  int k = 3;
+  // false keeps every sequence on the host path (A/B, tests).
+  bool draft_chain = true;
+  // `--mtp auto`: each sequence drafts what its DraftPolicy picks, a lone sequence at the cost
+  // this speculator times from its own steps (draft_cost.h), as the worker's step executor does.
+  bool automatic = false;
+  // Draft chains leave their drafts with the backend (Backend::MtpDraftDeferred) and the next
+  // verify reads them there: the host waits once per cycle (for the verify) instead of twice
+  // (`--deferred-drafts on`). The same tokens and drafts either way.
+  bool deferred_drafts = false;
+};
+
 class MtpSpeculator {
  public:
-  // k: drafts per step, 1..backend.max_speculative_tokens() - 1. The backend must implement
-  // MtpStep and speculative steps.
-  // draft_chain false keeps every sequence on the host path (A/B, tests).
-  // automatic (`--mtp auto`): k is the cap; each sequence drafts what its DraftPolicy picks, a
-  // lone sequence at the cost this speculator times from its own steps (draft_cost.h), as the
-  // worker's step executor does.
-  static absl::StatusOr<MtpSpeculator> Create(Backend* backend, int k, bool draft_chain = true,
-                                              bool automatic = false);
+  // The backend must implement MtpStep and speculative steps.
+  static absl::StatusOr<MtpSpeculator> Create(Backend* backend, const MtpSpeculatorOptions& o);
 
   // Prefills each sequence's prompt (its tokens; the slot must be empty), samples its first
   // token and drafts. Appends one token to every sequence.
@@ -143,7 +157,7 @@ class MtpSpeculator {
   int k() const { return k_; }
 
  private:
-  MtpSpeculator(Backend* backend, int k, bool draft_chain, bool automatic);
+  MtpSpeculator(Backend* backend, const MtpSpeculatorOptions& o);
   absl::Status Draft(SpecSequence& s, int32_t p0, std::span<const float> hidden, int n_rows);
   // Drafts for s's next step: k, or under `auto` its policy's choice (alone: at the measured
   // cost, with a plain step now and then to keep it measured).
@@ -156,11 +170,15 @@ class MtpSpeculator {
   bool UseDraftChain(std::span<SpecSequence* const> seqs) const;
   absl::Status StepOnDevice(std::span<SpecSequence* const> seqs);
   absl::Status StepBatch(std::span<SpecSequence* const> seqs);  // Step without the timing
+  // After a verify: the deferred drafts it ran with (StepOutput::chain_drafts) into each
+  // sequence's Drafts, so that acceptance judges their values.
+  absl::Status ReadChainDrafts(std::span<SpecSequence* const> seqs);
 
   Backend* be_;
   int k_ = 0;
   bool draft_chain_ = true;
   bool automatic_ = false;
+  bool deferred_drafts_ = false;
   bool alone_ = false;  // the current step has one sequence
   DraftCostEstimator cost_;
   int n_vocab_ = 0, n_embd_ = 0;
