@@ -140,5 +140,72 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
   }
 }
 
+// MtpChainArgs::prefetch (CudaBackendOptions::fused_draft_prefetch: each stage's weight rows
+// asked into L1 before the barrier in front of it) changes no load's value and no arithmetic: the
+// same drafts as the chain without it, round after round, on the demo model and an F32 file; and
+// the fused kernel ran every round.
+TEST(FusedDraftChain, PrefetchGivesTheSameDrafts) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path has no fused chain";
+  for (const bool demo : {true, false}) {
+    SCOPED_TRACE(demo ? "demo" : "F32");
+    std::shared_ptr<const gguf::File> file;
+    if (demo) {
+      auto f = gguf::File::Open(ResolveModelAlias("demo"));
+      ASSERT_TRUE(f.ok()) << f.status();
+      file = std::shared_ptr<const gguf::File>(std::move(*f));
+    } else {
+      file = Synth(Model{"F32", GgmlType::F32, 0});
+    }
+    ASSERT_TRUE(file);
+    std::unique_ptr<Backend> be[2];  // prefetch off, on
+    for (int i = 0; i < 2; ++i) {
+      CudaBackendOptions co;
+      co.spec_tokens = 6;
+      co.spec_seqs = 1;
+      co.fused_draft_prefetch = i == 1;
+      auto b = CreateCudaBackend(file, Opts(), co);
+      ASSERT_TRUE(b.ok()) << b.status();
+      be[i] = std::move(*b);
+    }
+    const int V = be[0]->config().n_vocab;
+    std::vector<int32_t> toks = Prompt(kPrompt, V);
+    for (auto& b : be) {
+      const absl::Status st = PrefillWithMtpRows(*b, 0, toks);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    toks.push_back(3);
+    for (int round = 0; round < 12; ++round) {
+      SCOPED_TRACE(::testing::Message() << "round " << round);
+      const int n_rows = 1 + round % 5;
+      const int n_drafts = 1 + round % 4;
+      const int32_t pos0 = static_cast<int32_t>(toks.size()) - 1;
+      std::vector<int32_t> rows(toks.end() - 1, toks.end());
+      for (int i = 1; i < n_rows; ++i) rows.push_back((round * 31 + i * 7) % V);
+      std::vector<int32_t> catchup(rows.begin() + 1, rows.end());
+      catchup.push_back((round * 13 + 1) % V);
+      std::vector<int32_t> drafts[2];
+      for (int i = 0; i < 2; ++i) {
+        SeqStep s;
+        s.slot = 0;
+        s.pos0 = pos0;
+        s.tokens = rows;
+        s.all_logits = true;
+        s.decode_path = true;
+        StepOutput out;
+        absl::Status st = be[i]->Forward({&s, 1}, StepOptions{}, &out);
+        ASSERT_TRUE(st.ok()) << st;
+        st = be[i]->MtpDraftGreedy(0, pos0, catchup, 0, n_drafts, &drafts[i]);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      EXPECT_EQ(drafts[0], drafts[1]);
+      toks.insert(toks.end(), catchup.begin(), catchup.end());
+    }
+    auto* on = dynamic_cast<cuda::CudaBackend*>(be[1].get());
+    ASSERT_TRUE(on);
+    EXPECT_EQ(on->FusedDraftChains(), 12);
+  }
+}
+
 }  // namespace
 }  // namespace ds

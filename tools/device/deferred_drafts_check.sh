@@ -7,7 +7,9 @@
 #      `--deferred-drafts off` and `on`, alternated, ROUNDS (default 3) rounds, greedy, then the
 #      same with sampling (temperature 0.8);
 #   3. `deltaserve bench --model demo --quick --mtp 3,4 --mtp-conc 1 --mtp-depth 64`: its
-#      "cycle" and "deferred" columns are the two forms of the draft-chain cycle.
+#      "cycle" and "deferred" columns are the two forms of the draft-chain cycle; then the same
+#      with `--draft-prefetch on` (the fused chain's weight rows asked into L1 before each stage
+#      barrier, MtpChainArgs::prefetch), twice each, alternated.
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve mtp_gpu_test):
 #   DS_CARRY=.devcarry-lead bash tools/device/deferred_drafts_check.sh
@@ -45,8 +47,12 @@ for temp in ("0", "0.8"):
     print("T=%s texts identical across runs:" % temp, len(set(texts.values())) == 1,
           "(%d runs)" % len(texts))
 PY
-echo "== bench"
-timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp 3,4 --mtp-conc 1 \
-  --mtp-depth 64 --no-profile 2>&1 | tee "$L/bench.log" |
-  grep -E "decode|^ k streams|^ [0-9] +[0-9]+ " | head -12
+for rep in 1 2; do
+  for pf in off on; do
+    echo "== bench --draft-prefetch $pf (run $rep)"
+    timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp 3,4 --mtp-conc 1 \
+      --mtp-depth 64 --no-profile --draft-prefetch $pf 2>&1 | tee "$L/bench_pf${pf}_$rep.log" |
+      grep -E "^ k streams|^ [0-9] +[0-9]+ " | head -6
+  done
+done
 exit $rc
