@@ -18,19 +18,24 @@ namespace ds::cluster_test {
 namespace {
 
 
-// The demo model behind one worker with --mtp 3, four slots.
-ClusterOptions DemoMtp() {
+// The demo model behind one worker with --mtp 3, four slots; deferred: --deferred-drafts on
+// (each slot's drafts left on the backend for its next verify, StepExecutor::SetDeferredDrafts).
+ClusterOptions DemoMtp(bool deferred = false) {
   ClusterOptions o;
   o.model = ResolveModelAlias("demo");
   o.slots = 4;
   o.ctx = 1024;
   o.worker_args = {"--mtp", "3"};
+  if (deferred) o.worker_args.insert(o.worker_args.end(), {"--deferred-drafts", "on"});
   return o;
 }
 
-TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
+// The tests below run with the drafts waited for and deferred: the same tokens either way.
+class MtpCluster : public ::testing::TestWithParam<bool> {};
+
+TEST_P(MtpCluster, GreedyTokensEqualPlainGenerate) {
   const std::string model = ResolveModelAlias("demo");
-  Cluster c(DemoMtp());
+  Cluster c(DemoMtp(GetParam()));
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 60s));
   constexpr int kMax = 48;
   const std::vector<std::vector<int32_t>> prompts = {
@@ -93,9 +98,9 @@ TEST(MtpCluster, GreedyTokensEqualPlainGenerate) {
 // step, are cancelled after a few tokens; the worker releases their slots with their drafts and
 // the MTP rows, and the requests that follow (one per slot) stream exactly the tokens of
 // single-process generate, while a request that ran beside the cancelled ones is unaffected.
-TEST(MtpCluster, CancellingMidDraftLosesNothingForTheOthers) {
+TEST_P(MtpCluster, CancellingMidDraftLosesNothingForTheOthers) {
   const std::string model = ResolveModelAlias("demo");
-  Cluster c(DemoMtp());
+  Cluster c(DemoMtp(GetParam()));
   ASSERT_TRUE(c.WaitHealth(gw::Health::kServing, 60s));
   constexpr int kMax = 40;
   const std::vector<int32_t> keep = {72, 101, 108, 108, 111, 44, 32};
@@ -133,7 +138,12 @@ TEST(MtpCluster, CancellingMidDraftLosesNothingForTheOthers) {
   }
 }
 
-TEST(MtpCluster, WorkerRefusesAnMtpItCannotRun) {
+INSTANTIATE_TEST_SUITE_P(Drafts, MtpCluster, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "Deferred" : "Waited");
+                         });
+
+TEST(MtpWorker, RefusesAnMtpItCannotRun) {
   // 99 drafts is past what the CPU device verifies: the worker exits with a clear error instead
   // of serving.
   const std::string cmd = kBin + " worker --scheduler 127.0.0.1:1 --model demo --mtp 99 2>&1";
