@@ -6,12 +6,14 @@
 #   2. `deltaserve generate --model demo --backend cuda --max-tokens 256 --mtp off|3|4`, with
 #      `--deferred-drafts off` and `on`, alternated, ROUNDS (default 3) rounds, greedy, then the
 #      same with sampling (temperature 0.8);
-#   3. `deltaserve bench --model demo --quick --mtp 3,4 --mtp-conc 1 --mtp-depth 64`: its
+#   3. (SERVED=1, the default) the served path: demo_served_mtp.sh with MTPS="off 4", once with
+#      the worker's drafts waited for and once with `--deferred-drafts on` (needs deltactl);
+#   4. `deltaserve bench --model demo --quick --mtp 3,4 --mtp-conc 1 --mtp-depth 64`: its
 #      "cycle" and "deferred" columns are the two forms of the draft-chain cycle; then the same
 #      with `--draft-prefetch on` (the fused chain's weight rows asked into L1 before each stage
 #      barrier, MtpChainArgs::prefetch), twice each, alternated.
 # Usage (device, repo root, after
-#   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve mtp_gpu_test):
+#   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve deltactl mtp_gpu_test):
 #   DS_CARRY=.devcarry-lead bash tools/device/deferred_drafts_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,6 +49,15 @@ for temp in ("0", "0.8"):
     print("T=%s texts identical across runs:" % temp, len(set(texts.values())) == 1,
           "(%d runs)" % len(texts))
 PY
+if [ "${SERVED:-1}" = 1 ]; then
+  for rep in 1 2; do
+    echo "== served, drafts waited for (run $rep)"
+    TAG=waited_$rep MTPS="off 4" ROUNDS=1 LOAD=0 bash tools/device/demo_served_mtp.sh
+    echo "== served, --deferred-drafts on (run $rep)"
+    TAG=deferred_$rep MTPS="off 4" ROUNDS=1 LOAD=0 WORKER_ARGS="--deferred-drafts on" \
+      bash tools/device/demo_served_mtp.sh
+  done
+fi
 for rep in 1 2; do
   for pf in off on; do
     echo "== bench --draft-prefetch $pf (run $rep)"

@@ -10,7 +10,8 @@
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve deltactl):
 #   DS_CARRY=.devcarry-lead [K=4 | MTPS="off 4 auto"] [ROUNDS=2] \
-#     [GEN_ARGS="--temperature 0.8 --top-p 0.95 --seed 1"] bash tools/device/demo_served_mtp.sh
+#     [GEN_ARGS="--temperature 0.8 --top-p 0.95 --seed 1"] [WORKER_ARGS="--deferred-drafts on"] \
+#     [TAG=name] bash tools/device/demo_served_mtp.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -19,11 +20,11 @@ MODEL=models/demo/demo-f16.gguf
 LOG=${OUT:-/tmp/out}/served; mkdir -p "$LOG"
 PROMPTS=("The jury said that" "In the spring of that year" "It was a cold morning, and")
 serve_once() {  # $1: --mtp setting, $2: round
-  local tag="mtp_$1_r$2"
+  local tag="${TAG:+${TAG}_}mtp_$1_r$2"
   "$B" scheduler --listen 127.0.0.1:50060 --slots 4 --max-slots 4 --ctx 16384 --split pool \
     --slot-cap 4096 --slot-ctx 4096 >"$LOG/$tag.scheduler.log" 2>&1 &
   local S=$!
-  "$B" worker --scheduler 127.0.0.1:50060 --model "$MODEL" --backend "${BACKEND:-cuda}" --mtp "$1" \
+  "$B" worker --scheduler 127.0.0.1:50060 --model "$MODEL" --backend "${BACKEND:-cuda}" --mtp "$1" ${WORKER_ARGS:-} \
     >"$LOG/$tag.worker.log" 2>&1 &
   local W=$!
   "$B" gateway --listen 127.0.0.1:50061 --admin-listen 127.0.0.1:50062 --scheduler 127.0.0.1:50060 \
