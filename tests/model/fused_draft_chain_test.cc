@@ -22,6 +22,64 @@ namespace {
 
 using namespace mtp_test;  // the shared fixtures of the MTP GPU tests (mtp_gpu_fixtures.h)
 
+// The trained demo model, or a synthetic file of `m`'s weight type.
+std::shared_ptr<const gguf::File> OpenChainModel(bool demo, const Model& m) {
+  if (!demo) return Synth(m);
+  auto f = gguf::File::Open(ResolveModelAlias("demo"));
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? std::shared_ptr<const gguf::File>(std::move(*f)) : nullptr;
+}
+
+// A CUDA backend with room for one verify of up to 6 tokens, the chain fused or not, with or
+// without its prefetch.
+std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused,
+                                      bool prefetch) {
+  CudaBackendOptions co;
+  co.spec_tokens = 6;
+  co.spec_seqs = 1;
+  co.fused_draft_chain = fused;
+  co.fused_draft_prefetch = prefetch;
+  auto b = CreateCudaBackend(std::move(file), Opts(), co);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+// Round r of the chain tests: a verify of 1 + r % 5 rows from the sequence's pending token (the
+// last of `toks`), then 1 + r % 4 drafts from its catch-up rows (each row paired with the token
+// after it, the last with a new one).
+struct DraftRound {
+  int n_drafts = 0;
+  int32_t pos0 = 0;
+  std::vector<int32_t> rows, catchup;
+  DraftRound(int round, const std::vector<int32_t>& toks, int V)
+      : n_drafts(1 + round % 4), pos0(static_cast<int32_t>(toks.size()) - 1),
+        rows(toks.end() - 1, toks.end()) {
+    for (int i = 1; i < 1 + round % 5; ++i) rows.push_back((round * 31 + i * 7) % V);
+    catchup.assign(rows.begin() + 1, rows.end());
+    catchup.push_back((round * 13 + 1) % V);
+  }
+  int n_rows() const { return static_cast<int>(rows.size()); }
+  // The round's verify rows through `be` (slot 0, every row's logits; the decode kernels unless
+  // the hidden states are wanted: the CPU reference's host path), into *out.
+  absl::Status Verify(Backend& be, bool want_hidden, StepOutput* out) const {
+    SeqStep s;
+    s.slot = 0;
+    s.pos0 = pos0;
+    s.tokens = rows;
+    s.all_logits = true;
+    s.decode_path = !want_hidden;
+    StepOptions o;
+    o.want_hidden = want_hidden;
+    return be.Forward({&s, 1}, o, out);
+  }
+  // Verify, then the draft chain on the device.
+  absl::Status VerifyThenChain(Backend& be, std::vector<int32_t>* drafts) const {
+    StepOutput out;
+    DS_RETURN_IF_ERROR(Verify(be, false, &out));
+    return be.MtpDraftGreedy(0, pos0, catchup, 0, n_drafts, drafts);
+  }
+};
+
 // The fused draft chain (kernels/cuda/mtp_chain.cuh: every pass in one thread-block-cluster
 // kernel, on by default where the MTP block takes it) against the per-kernel chain of a second
 // backend over the same file (CudaBackendOptions::fused_draft_chain off) and against the CPU
@@ -45,24 +103,12 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
                         {"demo", GgmlType::F16, true}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    std::shared_ptr<const gguf::File> file;
-    if (c.demo) {
-      auto f = gguf::File::Open(ResolveModelAlias("demo"));
-      ASSERT_TRUE(f.ok()) << f.status();
-      file = std::shared_ptr<const gguf::File>(std::move(*f));
-    } else {
-      file = Synth(Model{c.name, c.type, 0});
-    }
+    std::shared_ptr<const gguf::File> file = OpenChainModel(c.demo, Model{c.name, c.type, 0});
     ASSERT_TRUE(file);
     std::unique_ptr<Backend> be[3];  // fused, per kernel, CPU
     for (int i = 0; i < 2; ++i) {
-      CudaBackendOptions co;
-      co.spec_tokens = 6;
-      co.spec_seqs = 1;
-      co.fused_draft_chain = i == 0;
-      auto b = CreateCudaBackend(file, Opts(), co);
-      ASSERT_TRUE(b.ok()) << b.status();
-      be[i] = std::move(*b);
+      be[i] = ChainBackend(file, /*fused=*/i == 0, /*prefetch=*/false);
+      ASSERT_TRUE(be[i]);
     }
     {
       auto b = CreateCpuBackend(file, Opts());
@@ -79,31 +125,20 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     int64_t compared = 0, cpu_compared = 0;
     for (int round = 0; round < 12; ++round) {
       SCOPED_TRACE(::testing::Message() << "round " << round);
-      const int n_rows = 1 + round % 5;
-      const int n_drafts = 1 + round % 4;
-      const int32_t pos0 = static_cast<int32_t>(toks.size()) - 1;
-      std::vector<int32_t> rows(toks.end() - 1, toks.end());
-      for (int i = 1; i < n_rows; ++i) rows.push_back((round * 31 + i * 7) % V);
-      std::vector<int32_t> catchup(rows.begin() + 1, rows.end());
-      catchup.push_back((round * 13 + 1) % V);
+      const DraftRound d(round, toks, V);
+      const int n_rows = d.n_rows(), n_drafts = d.n_drafts;
+      const int32_t pos0 = d.pos0;
+      const std::vector<int32_t>& catchup = d.catchup;
       std::vector<int32_t> drafts[2];
       for (int i = 0; i < 3; ++i) {
-        SeqStep s;
-        s.slot = 0;
-        s.pos0 = pos0;
-        s.tokens = rows;
-        s.all_logits = true;
-        s.decode_path = i < 2;
-        StepOptions o;
-        o.want_hidden = i == 2;
-        StepOutput out;
-        absl::Status st = be[i]->Forward({&s, 1}, o, &out);
-        ASSERT_TRUE(st.ok()) << st;
         if (i < 2) {
-          st = be[i]->MtpDraftGreedy(0, pos0, catchup, 0, n_drafts, &drafts[i]);
+          const absl::Status st = d.VerifyThenChain(*be[i], &drafts[i]);
           ASSERT_TRUE(st.ok()) << st;
           continue;
         }
+        StepOutput out;
+        absl::Status st = d.Verify(*be[2], /*want_hidden=*/true, &out);
+        ASSERT_TRUE(st.ok()) << st;
         // The CPU reference, draft by draft, while no near-tie has made the paths part.
         std::vector<float> l, h, ch;
         st = be[2]->MtpRows(0, pos0, catchup, out.hidden, &l, &h);
@@ -149,24 +184,12 @@ TEST(FusedDraftChain, PrefetchGivesTheSameDrafts) {
   if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path has no fused chain";
   for (const bool demo : {true, false}) {
     SCOPED_TRACE(demo ? "demo" : "F32");
-    std::shared_ptr<const gguf::File> file;
-    if (demo) {
-      auto f = gguf::File::Open(ResolveModelAlias("demo"));
-      ASSERT_TRUE(f.ok()) << f.status();
-      file = std::shared_ptr<const gguf::File>(std::move(*f));
-    } else {
-      file = Synth(Model{"F32", GgmlType::F32, 0});
-    }
+    std::shared_ptr<const gguf::File> file = OpenChainModel(demo, Model{"F32", GgmlType::F32, 0});
     ASSERT_TRUE(file);
     std::unique_ptr<Backend> be[2];  // prefetch off, on
     for (int i = 0; i < 2; ++i) {
-      CudaBackendOptions co;
-      co.spec_tokens = 6;
-      co.spec_seqs = 1;
-      co.fused_draft_prefetch = i == 1;
-      auto b = CreateCudaBackend(file, Opts(), co);
-      ASSERT_TRUE(b.ok()) << b.status();
-      be[i] = std::move(*b);
+      be[i] = ChainBackend(file, /*fused=*/true, /*prefetch=*/i == 1);
+      ASSERT_TRUE(be[i]);
     }
     const int V = be[0]->config().n_vocab;
     std::vector<int32_t> toks = Prompt(kPrompt, V);
@@ -177,29 +200,14 @@ TEST(FusedDraftChain, PrefetchGivesTheSameDrafts) {
     toks.push_back(3);
     for (int round = 0; round < 12; ++round) {
       SCOPED_TRACE(::testing::Message() << "round " << round);
-      const int n_rows = 1 + round % 5;
-      const int n_drafts = 1 + round % 4;
-      const int32_t pos0 = static_cast<int32_t>(toks.size()) - 1;
-      std::vector<int32_t> rows(toks.end() - 1, toks.end());
-      for (int i = 1; i < n_rows; ++i) rows.push_back((round * 31 + i * 7) % V);
-      std::vector<int32_t> catchup(rows.begin() + 1, rows.end());
-      catchup.push_back((round * 13 + 1) % V);
+      const DraftRound d(round, toks, V);
       std::vector<int32_t> drafts[2];
       for (int i = 0; i < 2; ++i) {
-        SeqStep s;
-        s.slot = 0;
-        s.pos0 = pos0;
-        s.tokens = rows;
-        s.all_logits = true;
-        s.decode_path = true;
-        StepOutput out;
-        absl::Status st = be[i]->Forward({&s, 1}, StepOptions{}, &out);
-        ASSERT_TRUE(st.ok()) << st;
-        st = be[i]->MtpDraftGreedy(0, pos0, catchup, 0, n_drafts, &drafts[i]);
+        const absl::Status st = d.VerifyThenChain(*be[i], &drafts[i]);
         ASSERT_TRUE(st.ok()) << st;
       }
       EXPECT_EQ(drafts[0], drafts[1]);
-      toks.insert(toks.end(), catchup.begin(), catchup.end());
+      toks.insert(toks.end(), d.catchup.begin(), d.catchup.end());
     }
     auto* on = dynamic_cast<cuda::CudaBackend*>(be[1].get());
     ASSERT_TRUE(on);
