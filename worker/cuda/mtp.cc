@@ -393,8 +393,8 @@ absl::Status CudaDevice::MtpFill(const RowRun& run, int32_t next) {
   const int H = cfg_.n_embd;
   const int R = mtp_rows_max_;
   // Pass block 0 of the MTP ints: the mask arguments and the last row's token / slot / position.
-  // Its pinned mirror may still be read by an earlier copy (a draft chain without drafts, an
-  // earlier run's fill): wait for the stream first. Only prefill-like runs get here (a plain
+  // Its pinned mirror may still be read by an earlier copy (an earlier run's fill; draft chains
+  // have mirrors of their own): wait for the stream first. Only prefill-like runs get here (a plain
   // decode row has no token after it yet), where the micro-step's layers dwarf the wait.
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   int32_t* h_blk = h_mtp_ints_;
