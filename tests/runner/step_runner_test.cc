@@ -149,6 +149,56 @@ TEST(MicroSteps, VerifyStepsAreDecodeOnlyAndKeyedByTheirRunShape) {
   EXPECT_NE(ma.ShapeKey(), plain.ShapeKey());
 }
 
+// SeqStep::chain_drafts (deferred MTP drafts): a device that keeps the drafts gets, per
+// micro-step, which of its rows take which of the slot's drafts (MicroStep::chain_tokens): row r
+// of a verify of pending + k drafts starting at token t0 holds draft t0 + r - 1, the pending token
+// (token 0) never; pieces of a verify cut over micro-steps name their own share, in the step's
+// rows, with the device slot; other sequences name none.
+TEST(MicroSteps, ChainDraftRowsNameTheirDraftsAcrossPieces) {
+  auto verify = [](int slot, int32_t pos0, int n) {
+    SeqStep s = Seq(slot, pos0, n, true);
+    s.speculative = true;
+    s.decode_path = true;
+    s.chain_drafts = true;
+    return s;
+  };
+  using CT = MicroStep::ChainTokens;
+  auto same = [](const std::vector<CT>& got, const std::vector<CT>& want) {
+    if (got.size() != want.size()) return false;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i].row != want[i].row || got[i].slot != want[i].slot ||
+          got[i].first != want[i].first || got[i].n != want[i].n)
+        return false;
+    return true;
+  };
+  // One micro-step: a plain decode, then a verify of 1 + 4 tokens at rows 1..5 of slot 2's
+  // device slot 7, then a verify without chain drafts.
+  std::vector<SeqStep> batch = {Seq(0, 3, 1, false), verify(2, 10, 5), Seq(1, 5, 3, true)};
+  batch[2].speculative = true;
+  batch[2].decode_path = true;
+  MicroStep m;
+  BuildMicroStep(batch, SplitIntoMicroSteps(batch, 4096, 64)[0], &m,
+                 std::vector<int32_t>{-1, 0, 5}, std::vector<int32_t>{4, 7, 6});
+  EXPECT_TRUE(same(m.chain_tokens, {CT{2, 7, 0, 4}}));
+  EXPECT_TRUE(m.decode_only);
+  // The same verify cut into micro-steps of 2 rows: tokens {0, 1} | {2, 3} | {4}.
+  std::vector<SeqStep> one = {verify(2, 10, 5)};
+  const auto steps = SplitIntoMicroSteps(one, 2, 64);
+  ASSERT_EQ(steps.size(), 3u);
+  const std::vector<CT> want[3] = {{CT{1, 2, 0, 1}}, {CT{0, 2, 1, 2}}, {CT{0, 2, 3, 1}}};
+  for (int i = 0; i < 3; ++i) {
+    BuildMicroStep(one, steps[i], &m, std::vector<int32_t>{0});
+    EXPECT_TRUE(same(m.chain_tokens, want[i])) << "micro-step " << i;
+  }
+  // A piece holding only the pending token names nothing; without chain_drafts nothing either.
+  const auto firsts = SplitIntoMicroSteps(one, 1, 64);
+  BuildMicroStep(one, firsts[0], &m, std::vector<int32_t>{0});
+  EXPECT_TRUE(m.chain_tokens.empty());
+  one[0].chain_drafts = false;
+  BuildMicroStep(one, steps[1], &m, std::vector<int32_t>{0});
+  EXPECT_TRUE(m.chain_tokens.empty());
+}
+
 TEST(MicroSteps, LongPrefillCarriesOverAndOnlyItsLastPieceHasALogitRow) {
   std::vector<SeqStep> batch = {Seq(0, 10, 10, false)};
   const auto steps = SplitIntoMicroSteps(batch, 4, 64);
