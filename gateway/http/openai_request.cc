@@ -26,7 +26,10 @@ absl::Status GetNumber(const json& o, const char* name, float* out) {
   if (!v) return absl::OkStatus();
   if (!v->is_number()) return Bad(name, " must be a number");
   const double d = v->get<double>();
-  if (!std::isfinite(d)) return Bad(name, " must be finite");
+  // The sampling parameters are floats: a finite double past float's range (1e300) would turn
+  // into infinity on the way.
+  if (!std::isfinite(d) || std::fabs(d) > std::numeric_limits<float>::max())
+    return Bad(name, " must be finite (within +-3.4e38)");
   *out = static_cast<float>(d);
   return absl::OkStatus();
 }

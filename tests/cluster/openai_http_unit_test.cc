@@ -147,6 +147,10 @@ TEST(OpenAIRequest, RefusalsNameTheField) {
   expect(false, R"({"prompt": "x", "best_of": 2})", "best_of");
   expect(false, R"({"prompt": "x", "logprobs": 99})", "logprobs must be in");
   expect(false, R"({"prompt": "x", "mtp": 16})", "mtp must be in [0, 15]");
+  // Finite as a double, infinite as the float it becomes (found by openai_request_fuzz).
+  expect(false, R"({"prompt": "x", "repetition_penalty": 1e300})",
+         "repetition_penalty must be finite");
+  expect(true, chat(R"(, "temperature": -1e39)").c_str(), "temperature must be finite");
 }
 
 TEST(OpenAIResponse, StatusAndErrorShape) {
