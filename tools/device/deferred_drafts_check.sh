@@ -5,7 +5,7 @@
 #   1. mtp_gpu_test (MtpDeferred.SameTokensAndAcceptanceAsWaitedForDrafts among them);
 #   2. `deltaserve generate --model demo --backend cuda --max-tokens 256 --mtp off|3|4`, with
 #      `--deferred-drafts off` and `on`, alternated, ROUNDS (default 3) rounds, greedy, then the
-#      same with sampling (temperature 0.8);
+#      same with sampling (temperature 0.8); SERVED_ROUNDS (1) and BENCH_ROUNDS (2) below;
 #   3. (SERVED=1, the default) the served path: demo_served_mtp.sh with MTPS="off 4", once with
 #      the worker's drafts waited for and once with `--deferred-drafts on` (needs deltactl);
 #   4. `deltaserve bench --model demo --quick --mtp 3,4 --mtp-conc 1 --mtp-depth 64`: its
@@ -50,7 +50,7 @@ for temp in ("0", "0.8"):
           "(%d runs)" % len(texts))
 PY
 if [ "${SERVED:-1}" = 1 ]; then
-  for rep in 1 2; do
+  for rep in $(seq 1 "${SERVED_ROUNDS:-1}"); do
     echo "== served, drafts waited for (run $rep)"
     TAG=waited_$rep MTPS="off 4" ROUNDS=1 LOAD=0 bash tools/device/demo_served_mtp.sh
     echo "== served, --deferred-drafts on (run $rep)"
@@ -58,7 +58,7 @@ if [ "${SERVED:-1}" = 1 ]; then
       bash tools/device/demo_served_mtp.sh
   done
 fi
-for rep in 1 2; do
+for rep in $(seq 1 "${BENCH_ROUNDS:-2}"); do
   for pf in off on; do
     echo "== bench --draft-prefetch $pf (run $rep)"
     timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp 3,4 --mtp-conc 1 \
