@@ -576,13 +576,15 @@ class CudaDevice final : public Device {
         *mtp_parts_ = nullptr;
   int32_t* mtp_ints_ = nullptr;
   int32_t* h_mtp_ints_ = nullptr;  // pinned [MtpIntsTotal()]: MtpRows and MtpFill (they wait)
-  // A draft chain's ints go up from one of kChainMirrors pinned mirrors in turn, each reused only
-  // once the copy that read it has run (its event): a chain does not wait for its drafts when it
-  // has none or defers them, so the next chain's host writes must not land in a mirror an
-  // earlier copy still reads.
+  // A draft chain's ints go up from one of kChainMirrors pinned mirrors in turn. A chain that
+  // returns without waiting (no drafts, or deferred ones) leaves its upload queued: it records
+  // an event after it, and the next use of that mirror waits for it (pending), so no host write
+  // lands in a mirror a queued copy still reads. A chain that waits for its drafts leaves every
+  // mirror free and records nothing (the default path pays no event calls).
   static constexpr int kChainMirrors = 4;
   int32_t* h_chain_ints_ = nullptr;  // pinned [kChainMirrors][MtpIntsTotal()]
   cudaEvent_t chain_mirror_read_[kChainMirrors] = {};
+  bool chain_mirror_pending_[kChainMirrors] = {};
   int chain_mirror_next_ = 0;
   // Deferred drafts (Device::KeepsDeferredDrafts): per device slot, the last deferred chain's
   // drafts on the device (Prepare copies them into the ids of MicroStep::chain_tokens) and their

@@ -448,10 +448,13 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
                                             " drafts"));
   const int B = MtpBlockInts();
   const int passes = std::max(1, n_drafts);
-  // The next pinned mirror, once the copy that last read it has run (usually long ago).
+  // The next pinned mirror, once a queued copy that last read it has run (usually long ago).
   const int mirror = chain_mirror_next_;
   chain_mirror_next_ = (chain_mirror_next_ + 1) % kChainMirrors;
-  DS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chain_mirror_read_[mirror]));
+  if (chain_mirror_pending_[mirror]) {
+    DS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chain_mirror_read_[mirror]));
+    chain_mirror_pending_[mirror] = false;
+  }
   int32_t* h = h_chain_ints_ + static_cast<size_t>(mirror) * MtpIntsTotal();
   // Block j: tokens [R], slots [R], positions [R], mask args [4]; then the hidden rows [R] and
   // the drafts [kMtpChainMax] after the last block.
@@ -478,7 +481,10 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   int32_t* d_drafts = d_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h, MtpIntsTotal() * sizeof(int32_t),
                                           cudaMemcpyHostToDevice, stream_));
-  DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(chain_mirror_read_[mirror], stream_));
+  if (n_drafts == 0 || !drafts) {  // the call returns without waiting: the upload may be queued
+    DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(chain_mirror_read_[mirror], stream_));
+    chain_mirror_pending_[mirror] = true;
+  }
   const bool fused = mtp_chain_.blocks > 0 && n_drafts > 0 && n <= kMtpChainMaxRows;
   auto chain = [&]() -> absl::Status {
     if (fused) {  // every pass in one launch (kernels/cuda/mtp_chain.cuh)

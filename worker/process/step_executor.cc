@@ -72,19 +72,10 @@ void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
   // the hidden rows it still holds (the rows must be in the Forward's last micro-step; else the
   // host path below, from the copied hidden states).
   if (spec::DraftsOnDevice(slot.sampler->params()) && backend_->SupportsDraftChain()) {
-    const std::span<const int32_t> catch_up =
-        std::span<const int32_t>(slot.known).subspan(p0 + 1, n_rows);
-    absl::Status cs;
-    if (deferred_drafts_ && group_ == nullptr) {
-      // Left on the backend for the slot's next verify (SeqStep::chain_drafts), unwaited for.
-      cs = backend_->MtpDraftDeferred(slot_index, p0, catch_up, out_row0, n);
-      if (cs.ok()) {
-        slot.drafts.tokens.assign(static_cast<size_t>(n), -1);
-        slot.drafts.on_device = n > 0;
-      }
-    } else {
-      cs = backend_->MtpDraftGreedy(slot_index, p0, catch_up, out_row0, n, &slot.drafts.tokens);
-    }
+    // Deferred: left on the backend for the slot's next verify (SeqStep::chain_drafts).
+    const absl::Status cs = spec::MtpDrafter::DraftChain(
+        *backend_, slot_index, p0, std::span<const int32_t>(slot.known).subspan(p0 + 1, n_rows),
+        out_row0, n, deferred_drafts_ && group_ == nullptr, &slot.drafts);
     if (cs.ok()) return;
     slot.drafts.clear();
     if (!absl::IsFailedPrecondition(cs)) {
@@ -455,7 +446,8 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   // Validation errors are found before any collective, identically on every rank; anything else
   // under TP may have left the ranks at different collectives.
   if (!fs.ok()) {
-    // The backend dropped the deferred drafts of the batch's slots with the step.
+    // A slot whose verify failed goes on without its deferred drafts (the backend drops them with
+    // this step, or with the slot's next one when the step was refused before it ran).
     for (int i = 0; i < n_work; ++i)
       if (batch_[i].chain_drafts) slots_[step.work[i].slot].drafts.clear();
     if (group_ && !absl::IsInvalidArgument(fs) && !absl::IsOutOfRange(fs)) group_broken_ = true;
@@ -482,17 +474,13 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   // judged (StepOutput::chain_drafts, in batch order).
   size_t chain_at = 0;
   for (int i = 0; i < n_work; ++i) {
-    if (!batch_[i].chain_drafts) continue;
-    spec::Drafts& d = slots_[step.work[i].slot].drafts;
-    if (chain_at + d.tokens.size() > out.chain_drafts.size()) {
+    if (batch_[i].chain_drafts &&
+        !spec::MtpDrafter::TakeChainDrafts(out.chain_drafts, &chain_at,
+                                           &slots_[step.work[i].slot].drafts)) {
       result.error = absl::StrCat("backend ", backend_->name(), " returned ",
                                   out.chain_drafts.size(), " deferred drafts, fewer than verified");
       return result;
     }
-    std::copy(out.chain_drafts.begin() + chain_at,
-              out.chain_drafts.begin() + chain_at + d.tokens.size(), d.tokens.begin());
-    d.on_device = false;
-    chain_at += d.tokens.size();
   }
   // Device tokens are checked before any slot changes.
   for (int i = 0; device && i < n_work; ++i) {

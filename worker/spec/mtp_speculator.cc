@@ -74,6 +74,27 @@ int MtpDrafter::AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
   return kept;
 }
 
+absl::Status MtpDrafter::DraftChain(Backend& be, int slot, int32_t p0,
+                                    std::span<const int32_t> catch_up, int out_row0, int n,
+                                    bool deferred, Drafts* out) {
+  out->clear();
+  if (!deferred) return be.MtpDraftGreedy(slot, p0, catch_up, out_row0, n, &out->tokens);
+  DS_RETURN_IF_ERROR(be.MtpDraftDeferred(slot, p0, catch_up, out_row0, n));
+  out->tokens.assign(static_cast<size_t>(n), -1);
+  out->on_device = n > 0;
+  return absl::OkStatus();
+}
+
+bool MtpDrafter::TakeChainDrafts(std::span<const int32_t> chain_drafts, size_t* at, Drafts* d) {
+  if (!d->on_device) return true;
+  const size_t n = d->tokens.size();
+  if (*at + n > chain_drafts.size()) return false;
+  std::copy(chain_drafts.begin() + *at, chain_drafts.begin() + *at + n, d->tokens.begin());
+  d->on_device = false;
+  *at += n;
+  return true;
+}
+
 absl::StatusOr<MtpSpeculator> MtpSpeculator::Create(Backend* backend,
                                                     const MtpSpeculatorOptions& o) {
   if (!backend) return absl::InvalidArgumentError("MtpSpeculator: null backend");
@@ -205,17 +226,10 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
     Judged(s, static_cast<int>(rows) - 1, kept);
     const int32_t p0 = batch_[i].pos0;
     const int n = DraftsFor(s);
-    s.drafts.clear();
-    const std::span<const int32_t> catch_up =
-        std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1);
-    if (deferred_drafts_) {  // the next verify reads them where they are made
-      DS_RETURN_IF_ERROR(be_->MtpDraftDeferred(s.slot, p0, catch_up, static_cast<int>(row), n));
-      s.drafts.tokens.assign(static_cast<size_t>(n), -1);
-      s.drafts.on_device = n > 0;
-    } else {
-      DS_RETURN_IF_ERROR(
-          be_->MtpDraftGreedy(s.slot, p0, catch_up, static_cast<int>(row), n, &s.drafts.tokens));
-    }
+    // Deferred: the next verify reads the drafts where they are made.
+    DS_RETURN_IF_ERROR(MtpDrafter::DraftChain(
+        *be_, s.slot, p0, std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1),
+        static_cast<int>(row), n, deferred_drafts_, &s.drafts));
     row += rows;
   }
   return absl::OkStatus();
@@ -235,17 +249,10 @@ absl::Status MtpSpeculator::Step(std::span<SpecSequence* const> seqs) {
 
 absl::Status MtpSpeculator::ReadChainDrafts(std::span<SpecSequence* const> seqs) {
   size_t at = 0;
-  for (SpecSequence* s : seqs) {
-    if (!s->drafts.on_device) continue;
-    const size_t n = s->drafts.tokens.size();
-    if (at + n > out_.chain_drafts.size())
+  for (SpecSequence* s : seqs)
+    if (!MtpDrafter::TakeChainDrafts(out_.chain_drafts, &at, &s->drafts))
       return absl::InternalError(absl::StrCat("MTP: the verify returned ", out_.chain_drafts.size(),
                                               " deferred drafts, fewer than its sequences ran"));
-    std::copy(out_.chain_drafts.begin() + at, out_.chain_drafts.begin() + at + n,
-              s->drafts.tokens.begin());
-    s->drafts.on_device = false;
-    at += n;
-  }
   return absl::OkStatus();
 }
 

@@ -97,6 +97,15 @@ class MtpDrafter {
   // match, then y[kept]. The same verdict as Accept over those rows' logits.
   static int AcceptTokens(std::span<const int32_t> y, const Drafts& drafts,
                           std::vector<int32_t>* tokens, SpecStats* stats);
+  // The draft chain on the backend (Backend::MtpDraftGreedy; the catch-up rows `catch_up` at p0,
+  // hidden rows from output row out_row0 of the last Forward): n drafts into *out, or with
+  // `deferred` left on the backend (Backend::MtpDraftDeferred) and n placeholders in *out.
+  static absl::Status DraftChain(Backend& be, int slot, int32_t p0,
+                                 std::span<const int32_t> catch_up, int out_row0, int n,
+                                 bool deferred, Drafts* out);
+  // After a verify: d's share of StepOutput::chain_drafts, from *at on (advanced), when d was
+  // deferred. False when the verify returned fewer than d ran with.
+  static bool TakeChainDrafts(std::span<const int32_t> chain_drafts, size_t* at, Drafts* d);
 
  private:
   int n_vocab_ = 0, n_embd_ = 0;
