@@ -157,22 +157,6 @@ __device__ __forceinline__ void RowsTimesVector(const MtpChainMatrix& m, int n_r
   }
 }
 
-// Row `row` of m (K values) into this SM's L1, one prefetch per 128-byte line, spread over the
-// warp's lanes (MtpChainArgs::prefetch). Only a hint: nothing waits for it.
-template <GgmlType WT>
-__device__ __forceinline__ void PrefetchRow(const MtpChainMatrix& m, int row, int K) {
-  constexpr int kBytes = WT == GgmlType::F32 ? 4 : 2;
-  const uint8_t* r = static_cast<const uint8_t*>(Row<WT>(m, row));
-  for (int off = (threadIdx.x & 31) * 128; off < K * kBytes; off += 32 * 128)
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(r + off));
-}
-// Rows g0, g0 + GW, ... of m: the rows a warp multiplies in a stage (RowsTimesVector's).
-template <GgmlType WT>
-__device__ __forceinline__ void PrefetchRows(const MtpChainMatrix& m, int n_rows, int K, int g0,
-                                             int GW) {
-  for (int row = g0; row < n_rows; row += GW) PrefetchRow<WT>(m, row, K);
-}
-
 // dst[e] = src[e] * rsqrt(mean(src²) + eps) * w[e] over n values, by one warp (src may alias dst).
 __device__ __forceinline__ void WarpRmsNorm(float* dst, const float* src, const float* w, int n,
                                             float eps) {
@@ -296,10 +280,7 @@ __host__ __device__ inline size_t SmemBytes(const MtpChainArgs& a) {
   return sizeof(float) * (XsFloats(a) + a.H + kWarps * a.shape.hd + 2 * kWarps + 4);
 }
 
-// kPrefetch (MtpChainArgs::prefetch) is a template argument so that the form without it is the
-// same code as before the experiment (its branches cost registers: 52 -> 76 bytes of spill
-// stores in the F16 kernel, ptxas sm_90a).
-template <GgmlType WT, bool kPrefetch>
+template <GgmlType WT>
 __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChainArgs a) {
   extern __shared__ float smem_raw[];
   Smem sm;
@@ -353,17 +334,6 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       WarpDots<WT, kMtpChainMaxRows>(Row<WT>(a.eh, row), 2 * H, sm.xs, 2 * H, r, acc);
       if (lane == 0)
         for (int c = 0; c < r; ++c) a.u[c * H + row] = acc[c];
-    }
-    if constexpr (kPrefetch) {  // S1's rows: q (and its gate), then k and v as S1 hands them out
-      PrefetchRows<WT>(a.wq, qrows, H, gw, GW);
-      if (r == 1) {
-        const int gk = (gw + GW - qrows % GW) % GW;
-        PrefetchRows<WT>(a.wk, kvw, H, gk, GW);
-        PrefetchRows<WT>(a.wv, kvw, H, (gk + kvw) % GW, GW);
-      } else {
-        for (int idx = gw; idx < 2 * kvw; idx += GW)
-          PrefetchRow<WT>(idx < kvw ? a.wk : a.wv, idx < kvw ? idx : idx - kvw, H);
-      }
     }
     StageSync();
 
@@ -489,7 +459,6 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         }
       }
     }
-    if constexpr (kPrefetch) PrefetchRows<WT>(a.wo, H, s.n_head * hd, gw, GW);  // S4's rows
     StageSync();
 
     // ---- S4: merge the splits (every block, all heads), gate, u += o_proj · o ----
@@ -515,10 +484,6 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       if (lane == 0) u_last[row] = Coh(u_last + row) + d;
     };
     RowsTimesVector<WT>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, add_to_u);
-    if constexpr (kPrefetch) {  // S5's rows
-      PrefetchRows<WT>(a.gate, a.n_ff, H, gw, GW);
-      PrefetchRows<WT>(a.up, a.n_ff, H, gw, GW);
-    }
     StageSync();
 
     // ---- S5: ff = silu(gate · post_norm(u)) * (up · post_norm(u)) ----
@@ -531,7 +496,6 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     RowsTimesVector<WT>(a.up, a.n_ff, H, sm.xs, gw, GW, [&](int row, float d) {
       if (lane == 0) a.ff[a.n_ff + row] = d;
     });
-    if constexpr (kPrefetch) PrefetchRows<WT>(a.down, H, a.n_ff, gw, GW);  // S6's rows
     StageSync();
 
     // ---- S6: u += down · ff ----
@@ -539,7 +503,6 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       sm.xs[e] = Silu(Coh(a.ff + e)) * Coh(a.ff + a.n_ff + e);
     __syncthreads();
     RowsTimesVector<WT>(a.down, H, a.n_ff, sm.xs, gw, GW, add_to_u);
-    if constexpr (kPrefetch) PrefetchRows<WT>(a.head, a.n_vocab, H, gw, GW);  // S7's rows
     StageSync();
 
     // ---- S7: h' = shared_head_norm(u); logits = head · h'; each block's best ----
@@ -565,8 +528,6 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         best_i[blockIdx.x] = bi;
       }
     }
-    if constexpr (kPrefetch)
-      if (j + 1 < a.passes) PrefetchRows<WT>(a.eh, H, 2 * H, gw, GW);  // next S0's
     StageSync();
 
     // ---- S8: every block takes the argmax of the blocks' bests: the next pass's token ----
@@ -584,14 +545,11 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   }
 }
 
-void (*Kernel(GgmlType t, bool prefetch))(const MtpChainArgs) {
+void (*Kernel(GgmlType t))(const MtpChainArgs) {
   switch (t) {
-    case GgmlType::F32:
-      return prefetch ? MtpChainKernel<GgmlType::F32, true> : MtpChainKernel<GgmlType::F32, false>;
-    case GgmlType::BF16:
-      return prefetch ? MtpChainKernel<GgmlType::BF16, true> : MtpChainKernel<GgmlType::BF16, false>;
-    default:
-      return prefetch ? MtpChainKernel<GgmlType::F16, true> : MtpChainKernel<GgmlType::F16, false>;
+    case GgmlType::F32: return MtpChainKernel<GgmlType::F32>;
+    case GgmlType::BF16: return MtpChainKernel<GgmlType::BF16>;
+    default: return MtpChainKernel<GgmlType::F16>;
   }
 }
 
@@ -653,7 +611,7 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want) {
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
     return absl::InternalError("fused MTP chain: no device attributes");
   if (major < 9) return absl::UnimplementedError("fused MTP chain: thread-block clusters need sm_90");
-  auto kernel = Kernel(a->type, a->prefetch);
+  auto kernel = Kernel(a->type);
   // The kernel's barrier exists in code compiled for sm_90+ only (a build for older targets run
   // on an H100 through PTX carries the trap in its place).
   cudaFuncAttributes fa{};
@@ -684,7 +642,7 @@ absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError("fused MTP chain: bad launch arguments");
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel(a.type, a.prefetch), a);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel(a.type), a);
   if (e != cudaSuccess)
     return absl::InternalError(absl::StrCat("fused MTP chain launch: ", cudaGetErrorString(e)));
   return LastLaunchStatus("fused MTP chain");

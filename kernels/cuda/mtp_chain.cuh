@@ -68,11 +68,6 @@ struct MtpChainArgs {
   int max_parts = 1;
   int32_t* best = nullptr;
   int blocks = 0;                 // the grid, one cluster (MtpChainConfigure)
-  // Before each stage barrier, every warp asks its L1 for the weight rows it multiplies in the
-  // stage after it (prefetch.global.L1), so that stage's loads need not start with an L2 round
-  // trip after the barrier (CudaBackendOptions::fused_draft_prefetch; an experiment, the same
-  // arithmetic and bits either way).
-  bool prefetch = false;
 };
 
 // Ints of MtpChainArgs::best: the blocks' argmax partials (values as float bits, then indices).

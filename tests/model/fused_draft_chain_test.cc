@@ -30,15 +30,12 @@ std::shared_ptr<const gguf::File> OpenChainModel(bool demo, const Model& m) {
   return f.ok() ? std::shared_ptr<const gguf::File>(std::move(*f)) : nullptr;
 }
 
-// A CUDA backend with room for one verify of up to 6 tokens, the chain fused or not, with or
-// without its prefetch.
-std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused,
-                                      bool prefetch) {
+// A CUDA backend with room for one verify of up to 6 tokens, the chain fused or not.
+std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused) {
   CudaBackendOptions co;
   co.spec_tokens = 6;
   co.spec_seqs = 1;
   co.fused_draft_chain = fused;
-  co.fused_draft_prefetch = prefetch;
   auto b = CreateCudaBackend(std::move(file), Opts(), co);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
@@ -107,7 +104,7 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     ASSERT_TRUE(file);
     std::unique_ptr<Backend> be[3];  // fused, per kernel, CPU
     for (int i = 0; i < 2; ++i) {
-      be[i] = ChainBackend(file, /*fused=*/i == 0, /*prefetch=*/false);
+      be[i] = ChainBackend(file, /*fused=*/i == 0);
       ASSERT_TRUE(be[i]);
     }
     {
@@ -172,46 +169,6 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     // The portable path (the sm_70 kernels forced on this GPU) has no clusters: no fused chain.
     EXPECT_EQ(fused->FusedDraftChains(), ds::testing::ForcePortable() ? 0 : 12);
     EXPECT_EQ(plain->FusedDraftChains(), 0);
-  }
-}
-
-// MtpChainArgs::prefetch (CudaBackendOptions::fused_draft_prefetch: each stage's weight rows
-// asked into L1 before the barrier in front of it) changes no load's value and no arithmetic: the
-// same drafts as the chain without it, round after round, on the demo model and an F32 file; and
-// the fused kernel ran every round.
-TEST(FusedDraftChain, PrefetchGivesTheSameDrafts) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable path has no fused chain";
-  for (const bool demo : {true, false}) {
-    SCOPED_TRACE(demo ? "demo" : "F32");
-    std::shared_ptr<const gguf::File> file = OpenChainModel(demo, Model{"F32", GgmlType::F32, 0});
-    ASSERT_TRUE(file);
-    std::unique_ptr<Backend> be[2];  // prefetch off, on
-    for (int i = 0; i < 2; ++i) {
-      be[i] = ChainBackend(file, /*fused=*/true, /*prefetch=*/i == 1);
-      ASSERT_TRUE(be[i]);
-    }
-    const int V = be[0]->config().n_vocab;
-    std::vector<int32_t> toks = Prompt(kPrompt, V);
-    for (auto& b : be) {
-      const absl::Status st = PrefillWithMtpRows(*b, 0, toks);
-      ASSERT_TRUE(st.ok()) << st;
-    }
-    toks.push_back(3);
-    for (int round = 0; round < 12; ++round) {
-      SCOPED_TRACE(::testing::Message() << "round " << round);
-      const DraftRound d(round, toks, V);
-      std::vector<int32_t> drafts[2];
-      for (int i = 0; i < 2; ++i) {
-        const absl::Status st = d.VerifyThenChain(*be[i], &drafts[i]);
-        ASSERT_TRUE(st.ok()) << st;
-      }
-      EXPECT_EQ(drafts[0], drafts[1]);
-      toks.insert(toks.end(), d.catchup.begin(), d.catchup.end());
-    }
-    auto* on = dynamic_cast<cuda::CudaBackend*>(be[1].get());
-    ASSERT_TRUE(on);
-    EXPECT_EQ(on->FusedDraftChains(), 12);
   }
 }
 

@@ -333,7 +333,6 @@ int RunBench(const BenchOptions& o) {
     co.coarse_draft_head = o.coarse_draft_head;
     co.fused_draft_chain = o.fused_draft;
     co.fused_draft_blocks = o.fused_draft_blocks;
-    co.fused_draft_prefetch = o.draft_prefetch;
     co.gdn_state_bf16 = o.gdn_state_bf16;
     // The speculative room (what CreateBackend's SpeculativeRoom sets): entries for spec_tokens
     // x spec_seqs verified tokens and the MTP block.
@@ -679,8 +678,7 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
              a == "--gdn-scan-mma" || a == "--f16-cluster" ||
-             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft" ||
-             a == "--draft-prefetch") {
+             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -701,7 +699,6 @@ int BenchMain(int argc, char** argv) {
                     : a == "--early-launch"    ? o.early_launch
                     : a == "--coarse-draft-head" ? o.coarse_draft_head
                     : a == "--fused-draft"     ? o.fused_draft
-                    : a == "--draft-prefetch"  ? o.draft_prefetch
                                                : o.fuse_norm;
       field = v == "on";
     }
@@ -746,7 +743,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--draft-prefetch on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -5,13 +5,11 @@
 #   1. mtp_gpu_test (MtpDeferred.SameTokensAndAcceptanceAsWaitedForDrafts among them);
 #   2. `deltaserve generate --model demo --backend cuda --max-tokens 256 --mtp off|3|4`, with
 #      `--deferred-drafts off` and `on`, alternated, ROUNDS (default 3) rounds, greedy, then the
-#      same with sampling (temperature 0.8); SERVED_ROUNDS (1) and BENCH_ROUNDS (2) below;
+#      same with sampling (temperature 0.8); SERVED_ROUNDS (1) and BENCH_ROUNDS (1) below;
 #   3. (SERVED=1, the default) the served path: demo_served_mtp.sh with MTPS="off 4", once with
 #      the worker's drafts waited for and once with `--deferred-drafts on` (needs deltactl);
 #   4. `deltaserve bench --model demo --quick --mtp 3,4 --mtp-conc 1 --mtp-depth 64`: its
-#      "cycle" and "deferred" columns are the two forms of the draft-chain cycle; then the same
-#      with `--draft-prefetch on` (the fused chain's weight rows asked into L1 before each stage
-#      barrier, MtpChainArgs::prefetch), twice each, alternated.
+#      "cycle" and "deferred" columns are the two forms of the draft-chain cycle.
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve deltactl mtp_gpu_test):
 #   DS_CARRY=.devcarry-lead bash tools/device/deferred_drafts_check.sh
@@ -58,12 +56,10 @@ if [ "${SERVED:-1}" = 1 ]; then
       bash tools/device/demo_served_mtp.sh
   done
 fi
-for rep in $(seq 1 "${BENCH_ROUNDS:-2}"); do
-  for pf in off on; do
-    echo "== bench --draft-prefetch $pf (run $rep)"
-    timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp 3,4 --mtp-conc 1 \
-      --mtp-depth 64 --no-profile --draft-prefetch $pf 2>&1 | tee "$L/bench_pf${pf}_$rep.log" |
-      grep -E "^ k streams|^ [0-9] +[0-9]+ " | head -6
-  done
+for rep in $(seq 1 "${BENCH_ROUNDS:-1}"); do
+  echo "== bench (run $rep)"
+  timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp 3,4 --mtp-conc 1 \
+    --mtp-depth 64 --no-profile 2>&1 | tee "$L/bench_$rep.log" |
+    grep -E "^ k streams|^ [0-9] +[0-9]+ " | head -6
 done
 exit $rc

@@ -96,9 +96,6 @@ struct CudaBackendOptions {
   // (the most the device places; a power of two).
   bool fused_draft_chain = true;
   int fused_draft_blocks = 0;
-  // The fused chain prefetches each stage's weight rows into L1 before the barrier in front of it
-  // (MtpChainArgs::prefetch; `bench --draft-prefetch on`): an experiment, off until measured.
-  bool fused_draft_prefetch = false;
   // The GDN delta-rule state ([n_states, Hv, dk, dv] per layer: 151 MB per sequence on the 27B in
   // f32) stored in bf16 between steps, rounded to nearest even; every kernel loads it into f32
   // and does all its arithmetic in f32 (kernels/cuda/gdn.cuh: a decode step rounds after each

@@ -110,7 +110,6 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
   a.parts = mtp_parts_;
   a.max_parts = MtpAttnSplits();
   a.best = mtp_chain_best_;
-  a.prefetch = copts_.fused_draft_prefetch;
   a.n = 1;
   a.passes = 1;
   if (!MtpChainSupported(a).ok() || !MtpChainConfigure(&a, device_, copts_.fused_draft_blocks).ok())
