@@ -1,6 +1,9 @@
 // Gated DeltaNet kernels (see gdn.cuh). Thread j of a block owns value column j of one head's
 // state S[h] (dk x dv), so the delta rule needs no cross-thread reduction: only q/k l2norm and the
 // gated RMSNorm reduce over the block.
+#include <atomic>
+
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gdn_chunk.cuh"
@@ -28,11 +31,20 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // (batched decode: x64 7.3 vs 9.1 ms per step on the 27B, H200), while one block per SM keeps
 // the unspilled form for small launches (one stream: 0.48 vs 0.52 ms per token). The same
 // arithmetic either way. TS: the state's storage type (gdn_state.cuh).
-
-template <int DK, int kMinBlocks, typename TS>
+//
+// kBulk (sm_90, GdnDecodeArgs::bulk_state; kMinBlocks 3): the head's state comes into dynamic
+// shared memory by one bulk copy (bulk_copy.cuh) that thread 0 issues before the prologue, and
+// each thread reads its rows from there instead of holding them in registers. So no register
+// waits on the state while the prologue runs, and three blocks share an SM (3 x 64 KiB of f32
+// state in flight) where the register form fits two. Thread (g, j) touches only its own
+// elements of that copy (column j, rows of group g), in the register form's order: the same
+// floats, the same bits.
+template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
+  __shared__ uint64_t state_bar;  // kBulk: the state copy's barrier
+  extern __shared__ __align__(128) unsigned char state_smem[];  // kBulk: [DK][dv] of TS
   WaitForPrerequisiteGrids();  // launched early: nothing before this
   AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
   const GdnShape& d = a.shape;
@@ -51,8 +63,15 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
       static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
 
   // Issue the state loads first: they do not depend on the prologue.
-  float st[KPT];
-  if (jv) {
+  float st[kBulk ? 1 : KPT];
+  TS* const ss = reinterpret_cast<TS*>(state_smem) + j;  // kBulk: element [k][j] at ss[k * dv]
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      MbarrierInitForBulkCopy(&state_bar);
+      BulkCopyToShared(state_smem, S_in - j, static_cast<uint32_t>(DK * dv * sizeof(TS)),
+                       &state_bar);
+    }
+  } else if (jv) {
 #pragma unroll
     for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
   }
@@ -124,13 +143,25 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
         a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
     const float decay = __expf(g);
     __syncthreads();
+    // The barrier's first phase (the bulk copy) is waited for once; later tokens of a run read
+    // what this thread stored back.
+    if constexpr (kBulk) {
+      if (t == 0) MbarrierWait(&state_bar, 0);
+    }
 
     float u = 0.f;
     if (jv) {
+      if constexpr (kBulk) {
+        // The decayed value is recomputed in the second pass: the same product, the same bits.
 #pragma unroll
-      for (int k = 0; k < KPT; ++k) {
-        st[k] *= decay;
-        u = fmaf(st[k], ks[grp * KPT + k], u);
+        for (int k = 0; k < KPT; ++k)
+          u = fmaf(LoadState(ss + (grp * KPT + k) * dv) * decay, ks[grp * KPT + k], u);
+      } else {
+#pragma unroll
+        for (int k = 0; k < KPT; ++k) {
+          st[k] *= decay;
+          u = fmaf(st[k], ks[grp * KPT + k], u);
+        }
       }
       red[grp][j] = u;
     }
@@ -143,10 +174,18 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
       const float delta = beta * (vs[j] - u);
 #pragma unroll
       for (int k = 0; k < KPT; ++k) {
-        st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
-        o = fmaf(st[k], qs[grp * KPT + k], o);
-        StoreState(S + (grp * KPT + k) * dv, st[k]);
-        st[k] = AsStored<TS>(st[k]);  // a run's next token reads the stored state
+        if constexpr (kBulk) {
+          TS* const e = ss + (grp * KPT + k) * dv;
+          const float x = fmaf(ks[grp * KPT + k], delta, LoadState(e) * decay);
+          o = fmaf(x, qs[grp * KPT + k], o);
+          StoreState(S + (grp * KPT + k) * dv, x);
+          StoreState(e, x);  // the stored value, which a run's next token reads
+        } else {
+          st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
+          o = fmaf(st[k], qs[grp * KPT + k], o);
+          StoreState(S + (grp * KPT + k) * dv, st[k]);
+          st[k] = AsStored<TS>(st[k]);  // a run's next token reads the stored state
+        }
       }
     }
     __syncthreads();  // every thread has read red[][j] (u) before it is reused for o
@@ -541,6 +580,23 @@ __global__ void GatedNormKernel(float* __restrict__ o, const float* __restrict__
 
 int WarpRound(int n) { return (n + 31) / 32 * 32; }
 
+__global__ void BulkCopyProbeKernel(int* out) { *out = DS_BULK_COPY; }
+
+// Lets `kernel` take `bytes` of dynamic shared memory (above the 48 KiB default), once per
+// device and kernel.
+template <typename... Params>
+void AllowSharedBytes(void (*kernel)(Params...), size_t bytes) {
+  static std::atomic<uint64_t> done_on{0};  // bit d: device d done (devices 0..63)
+  int dev = 0;
+  if (bytes <= 48 * 1024 || cudaGetDevice(&dev) != cudaSuccess) return;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit && (done_on.load(std::memory_order_relaxed) & bit)) return;
+  // Every caller of this instantiation asks for the same bytes (DK * dv of one state type).
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)) == cudaSuccess)
+    done_on.fetch_or(bit, std::memory_order_relaxed);
+}
+
 // Launches of at least this many decode blocks (heads x sequences) take the two-per-SM form of
 // GdnDecodeKernel: about two blocks for every SM of a large GPU.
 constexpr unsigned kGdnTwoPerSmBlocks = 256;
@@ -570,9 +626,30 @@ absl::Status GdnShapeSupported(const GdnShape& s) {
   return absl::OkStatus();
 }
 
+bool GdnBulkStateAvailable() {
+  static const bool available = [] {
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+        prop.major < 9)
+      return false;
+    int* d = nullptr;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
+    int h = 0;
+    BulkCopyProbeKernel<<<1, 1>>>(d);
+    const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+    cudaFree(d);
+    return ok && h == 1;
+  }();
+  return available;
+}
+
 absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
   DS_RETURN_IF_ERROR(GdnShapeSupported(a.shape));
   if (a.n_seqs == 0) return absl::OkStatus();
+  if (a.bulk_state && !GdnBulkStateAvailable())
+    return absl::FailedPreconditionError(
+        "GdnDecode: bulk_state needs sm_90 code on an sm_90+ device (GdnBulkStateAvailable)");
   if (a.xq && (a.xd == nullptr || a.shape.v_dim % 32 != 0))
     return absl::InvalidArgumentError(absl::StrCat(
         "GdnDecode: the fused int8 output needs xd and a value head dim that is a multiple of 32 (",
@@ -586,7 +663,12 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
     const int threads = NG * WarpRound(a.shape.v_dim);
     DispatchState(a.state_bf16, [&](auto st) {
       using TS = decltype(st);
-      if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
+      if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
+        const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
+        AllowSharedBytes(GdnDecodeKernel<DK, 3, TS, true>, bytes);
+        LaunchMaybeEarly(GdnDecodeKernel<DK, 3, TS, true>, grid, threads, bytes, stream, a.early,
+                         a);
+      } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
         LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
       else
         LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4>, grid, threads, 0, stream, a.early, a);

@@ -70,6 +70,10 @@ struct GdnDecodeArgs {
   const int32_t* run_first = nullptr;
   const int32_t* run_len = nullptr;
   bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
+  // Launches of many blocks (heads x sequences >= 256) bring each head's state into shared
+  // memory by one bulk copy instead of into registers, three blocks per SM instead of two
+  // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.
+  bool bulk_state = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a
@@ -87,6 +91,8 @@ struct GdnDecodeArgs {
   int32_t* xsum = nullptr;
 };
 absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream);
+// Whether GdnDecodeArgs::bulk_state can run here: an sm_90+ device and this build's sm_90 code.
+bool GdnBulkStateAvailable();
 
 // Prefill of T tokens of one sequence (rows 0..T-1 of the given buffers). Two forms of the delta
 // rule (spec §5.2 step 7 / §5.4), the same math:

@@ -27,6 +27,10 @@ struct CudaBackendOptions {
   // The GDN decode kernel writes the int8 copy of its output for ssm_out (GdnDecodeArgs::xq):
   // one launch per GDN layer fewer in decode-only steps (A/B: `bench --fuse-gdn off`).
   bool fuse_gdn_decode = true;
+  // Batched GDN decode launches (heads x sequences >= 256) bring each head's state into shared
+  // memory by one bulk copy, three blocks per SM (GdnDecodeArgs::bulk_state; sm_90 builds on
+  // compute capability 9.0+, off the portable path). The same bits (A/B: `bench --gdn-bulk`).
+  bool gdn_bulk_state = false;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

@@ -242,6 +242,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.state_bf16 = copts_.gdn_state_bf16;
   d.out = mix_out_;
   d.early = early_launch_;
+  d.bulk_state = gdn_bulk_state_;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;
