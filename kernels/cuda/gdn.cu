@@ -1,7 +1,9 @@
 // Gated DeltaNet kernels (see gdn.cuh). Thread j of a block owns value column j of one head's
 // state S[h] (dk x dv), so the delta rule needs no cross-thread reduction: only q/k l2norm and the
 // gated RMSNorm reduce over the block.
-#include <atomic>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
@@ -39,8 +41,12 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // state in flight) where the register form fits two. Thread (g, j) touches only its own
 // elements of that copy (column j, rows of group g), in the register form's order: the same
 // floats, the same bits.
-template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
+// kBulkOut (with kBulk, GdnDecodeArgs::bulk_store): the updated state goes back the same way,
+// written into the shared copy and stored by one bulk copy per token instead of 32 stores per
+// thread.
+template <int DK, int kMinBlocks, typename TS, bool kBulk = false, bool kBulkOut = false>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
+  static_assert(kBulk || !kBulkOut, "the bulk store writes the shared copy of the state");
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
   __shared__ uint64_t state_bar;  // kBulk: the state copy's barrier
@@ -96,6 +102,10 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     const int row = a.rows[e], slot = a.slots[e], p = a.pos[e];
     if (t > 0) {
       in = a.slots[e - 1];  // the previous token's state (in registers already)
+      // kBulkOut: the previous token's bulk store has read the shared copy before it changes.
+      if constexpr (kBulkOut) {
+        if (tid == 0) BulkCopyWaitRead();
+      }
       __syncthreads();      // qs / ks / vs / red of the previous token are read by now
     }
     const float* m = a.mixed + static_cast<int64_t>(row) * C;
@@ -178,7 +188,7 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
           TS* const e = ss + (grp * KPT + k) * dv;
           const float x = fmaf(ks[grp * KPT + k], delta, LoadState(e) * decay);
           o = fmaf(x, qs[grp * KPT + k], o);
-          StoreState(S + (grp * KPT + k) * dv, x);
+          if constexpr (!kBulkOut) StoreState(S + (grp * KPT + k) * dv, x);
           StoreState(e, x);  // the stored value, which a run's next token reads
         } else {
           st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
@@ -188,7 +198,12 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
         }
       }
     }
+    if constexpr (kBulkOut) FenceSharedForBulkCopy();
     __syncthreads();  // every thread has read red[][j] (u) before it is reused for o
+    if constexpr (kBulkOut) {
+      if (tid == 0)
+        BulkCopyToGlobal(S - j, state_smem, static_cast<uint32_t>(DK * dv * sizeof(TS)));
+    }
     if (jv) red[grp][j] = o;
     __syncthreads();
     o = 0.f;
@@ -206,6 +221,9 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
         QuantizeBlock32(y, j & 31, a.xq + 32 * blk, a.xd + blk, a.xsum ? a.xsum + 2 * blk : nullptr);
       }
     }
+  }
+  if constexpr (kBulkOut) {
+    if (tid == 0) BulkCopyWaitRead();  // the shared copy lives as long as the block
   }
 }
 
@@ -582,19 +600,20 @@ int WarpRound(int n) { return (n + 31) / 32 * 32; }
 
 __global__ void BulkCopyProbeKernel(int* out) { *out = DS_BULK_COPY; }
 
-// Lets `kernel` take `bytes` of dynamic shared memory (above the 48 KiB default), once per
-// device and kernel.
+// Lets `kernel` take up to `bytes` of dynamic shared memory (above the 48 KiB default), once per
+// device and kernel (callers pass the kernel's largest need, whatever this launch's shape).
 template <typename... Params>
 void AllowSharedBytes(void (*kernel)(Params...), size_t bytes) {
-  static std::atomic<uint64_t> done_on{0};  // bit d: device d done (devices 0..63)
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
   int dev = 0;
   if (bytes <= 48 * 1024 || cudaGetDevice(&dev) != cudaSuccess) return;
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit && (done_on.load(std::memory_order_relaxed) & bit)) return;
-  // Every caller of this instantiation asks for the same bytes (DK * dv of one state type).
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count(key)) return;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes)) == cudaSuccess)
-    done_on.fetch_or(bit, std::memory_order_relaxed);
+    done.insert(key);
 }
 
 // Launches of at least this many decode blocks (heads x sequences) take the two-per-SM form of
@@ -665,9 +684,10 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
       using TS = decltype(st);
       if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
         const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
-        AllowSharedBytes(GdnDecodeKernel<DK, 3, TS, true>, bytes);
-        LaunchMaybeEarly(GdnDecodeKernel<DK, 3, TS, true>, grid, threads, bytes, stream, a.early,
-                         a);
+        auto* kernel = a.bulk_store ? GdnDecodeKernel<DK, 3, TS, true, true>
+                                    : GdnDecodeKernel<DK, 3, TS, true, false>;
+        AllowSharedBytes(kernel, static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
+        LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
       } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
         LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
       else
