@@ -206,20 +206,8 @@ bool AttnPrefillWgmmaSupports(const AttnShape& s) {
 }
 
 bool AttnPrefillWgmmaAvailable() {
-  static const bool available = [] {
-    int dev = 0;
-    cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
-        prop.major != 9 || prop.minor != 0)
-      return false;
-    int* d = nullptr;
-    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
-    int h = 0;
-    WgmmaProbeKernel<<<1, 1>>>(d);
-    const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
-    cudaFree(d);
-    return ok && h == 1;
-  }();
+  // sm_90a code runs on compute capability 9.0 only.
+  static const bool available = ProbeWritesOne(WgmmaProbeKernel, 90, 90);
   return available;
 }
 

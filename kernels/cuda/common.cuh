@@ -60,6 +60,28 @@ void LaunchMaybeEarly(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
 }
 #endif
 
+#if defined(__CUDACC__)
+// Whether the current device's compute capability (10 * major + minor) lies in [cc_lo, cc_hi]
+// and `probe`, a one-thread kernel that writes 1 where the code it vouches for was compiled (0
+// in builds without it), writes 1 there: for kernels whose body exists only in some builds
+// (sm_90 / sm_90a), so that a build without it never launches an empty body.
+inline bool ProbeWritesOne(void (*probe)(int*), int cc_lo, int cc_hi) {
+  int dev = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+    return false;
+  const int cc = 10 * prop.major + prop.minor;
+  if (cc < cc_lo || cc > cc_hi) return false;
+  int* d = nullptr;
+  if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
+  int h = 0;
+  probe<<<1, 1>>>(d);
+  const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(d);
+  return ok && h == 1;
+}
+#endif
+
 // For tests/bench mains: print the failing statement, file and line, then exit(1).
 #define DS_CUDA_CHECK(expr)                                                                   \
   do {                                                                                        \

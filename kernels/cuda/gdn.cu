@@ -646,20 +646,7 @@ absl::Status GdnShapeSupported(const GdnShape& s) {
 }
 
 bool GdnBulkStateAvailable() {
-  static const bool available = [] {
-    int dev = 0;
-    cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
-        prop.major < 9)
-      return false;
-    int* d = nullptr;
-    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
-    int h = 0;
-    BulkCopyProbeKernel<<<1, 1>>>(d);
-    const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
-    cudaFree(d);
-    return ok && h == 1;
-  }();
+  static const bool available = ProbeWritesOne(BulkCopyProbeKernel, 90, 1000);
   return available;
 }
 

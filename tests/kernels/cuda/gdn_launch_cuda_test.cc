@@ -34,6 +34,29 @@ size_t Differing(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
+// The args of a launch over n sequences: device arrays rows / slots / pos [n], the layer's
+// inputs, its conv ring, state (f32 unless set after) and output.
+GdnDecodeArgs DecodeArgs(const GdnShape& s, const GdnLayerParams& p, int n, const int32_t* rows,
+                         const int32_t* slots, const int32_t* pos, const Dev<float>& mixed,
+                         const Dev<float>& z, const Dev<float>& b, const Dev<float>& alpha,
+                         float* ring, void* state, float* out) {
+  GdnDecodeArgs a;
+  a.shape = s;
+  a.p = p;
+  a.n_seqs = n;
+  a.rows = rows;
+  a.slots = slots;
+  a.pos = pos;
+  a.mixed = mixed.p;
+  a.z = z.p;
+  a.b = b.p;
+  a.alpha = alpha.p;
+  a.conv_ring = ring;
+  a.state = state;
+  a.out = out;
+  return a;
+}
+
 // bf16: the state stored in bf16 (its start values rounded to it).
 void RunManyInOneLaunch(bool bf16) {
   std::mt19937 rng(77);
@@ -63,21 +86,9 @@ void RunManyInOneLaunch(bool bf16) {
       pos[i] = 5 + step + i;  // different ring rows per sequence
     }
     Dev<int32_t> d_rows(rows), d_slots(slots), d_pos(pos);
-    GdnDecodeArgs a;
-    a.shape = s;
-    a.p = p;
-    a.n_seqs = kSeqs;
-    a.rows = d_rows.p;
-    a.slots = d_slots.p;
-    a.pos = d_pos.p;
-    a.mixed = dm.p;
-    a.z = dz.p;
-    a.b = db.p;
-    a.alpha = dal.p;
-    a.conv_ring = ring_all.p;
-    a.state = state_all.p;
+    GdnDecodeArgs a = DecodeArgs(s, p, kSeqs, d_rows.p, d_slots.p, d_pos.p, dm, dz, db, dal,
+                                 ring_all.p, state_all.p, out_all.p);
     a.state_bf16 = bf16;
-    a.out = out_all.p;
     ASSERT_TRUE(GdnDecode(a, nullptr).ok());  // 48 x 8 = 384 blocks: the two-per-SM form
     for (int i = 0; i < kSeqs; ++i) {
       GdnDecodeArgs one = a;
@@ -154,26 +165,14 @@ void RunBulkAgainstRegisters(bool bf16, int run_len) {
         xd(static_cast<size_t>(T) * Vw / 32);
     Dev<uint8_t> state(start_state);
     Dev<int8_t> xq(static_cast<size_t>(T) * Vw);
-    GdnDecodeArgs a;
-    a.shape = s;
-    a.p = layer.p;
-    a.n_seqs = kSeqs;
-    a.rows = d_rows.p;
-    a.slots = d_slots.p;
+    GdnDecodeArgs a = DecodeArgs(s, layer.p, kSeqs, d_rows.p, d_slots.p, d_pos.p, dm, dz, db,
+                                 dal, ring.p, state.p, out.p);
     a.in_slots = run_len == 1 ? nullptr : d_in.p;
-    a.pos = d_pos.p;
     if (run_len > 1) {
       a.run_first = d_first.p;
       a.run_len = d_len.p;
     }
-    a.mixed = dm.p;
-    a.z = dz.p;
-    a.b = db.p;
-    a.alpha = dal.p;
-    a.conv_ring = ring.p;
-    a.state = state.p;
     a.state_bf16 = bf16;
-    a.out = out.p;
     a.xq = xq.p;
     a.xd = xd.p;
     a.bulk_state = bulk;
@@ -241,20 +240,8 @@ TEST(GdnLaunchTiming, DISABLED_Batched27B) {
     std::vector<int32_t> idx(n), pos(n, 9);
     for (int i = 0; i < n; ++i) idx[i] = i;
     Dev<int32_t> d_idx(idx), d_pos(pos);
-    GdnDecodeArgs a;
-    a.shape = s;
-    a.p = layer.p;
-    a.n_seqs = n;
-    a.rows = d_idx.p;
-    a.slots = d_idx.p;
-    a.pos = d_pos.p;
-    a.mixed = dm.p;
-    a.z = dz.p;
-    a.b = db.p;
-    a.alpha = dal.p;
-    a.conv_ring = ring.p;
-    a.state = state.p;
-    a.out = out.p;
+    GdnDecodeArgs a = DecodeArgs(s, layer.p, n, d_idx.p, d_idx.p, d_pos.p, dm, dz, db, dal,
+                                 ring.p, state.p, out.p);
     for (const int form : {0, 1, 2}) {  // registers, bulk load, bulk load and store
       if (form > 0 && !GdnBulkStateAvailable()) continue;
       a.bulk_state = form > 0;
