@@ -1,6 +1,6 @@
-// One-shot bulk copies between global and shared memory (sm_90's copy engine, `cp.async.bulk`),
-// in completing on a shared-memory barrier (`mbarrier`), out as a bulk group, for kernels that
-// move one contiguous piece per block: one thread asks for the whole piece with one instruction, no thread holds a
+// One-shot bulk copies from global to shared memory (sm_90's copy engine, `cp.async.bulk`)
+// completing on a shared-memory barrier (`mbarrier`), for kernels that move one contiguous
+// piece per block: one thread asks for the whole piece with one instruction, no thread holds a
 // register for it while it is in flight, and every thread waits on the barrier before it reads.
 //
 // Below sm_90 every helper traps: callers launch the kernels that use them only where
@@ -65,39 +65,6 @@ __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
         : "r"(b), "r"(parity)
         : "memory");
   }
-#else
-  __trap();
-#endif
-}
-
-// Every thread that wrote shared memory a bulk copy to global memory will read next, before the
-// block barrier after which one thread issues that copy (generic writes -> the async proxy).
-__device__ __forceinline__ void FenceSharedForBulkCopy() {
-#if DS_BULK_COPY
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-// One thread: copies `bytes` (as BulkCopyToShared) from shared `src` to global `dst` as one bulk
-// group. The shared bytes must stay as they are, and the block alive, until BulkCopyWaitRead.
-__device__ __forceinline__ void BulkCopyToGlobal(void* dst, const void* src, uint32_t bytes) {
-#if DS_BULK_COPY
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
-               "r"(SharedAddress(src)), "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-// The issuing thread: returns once its bulk copies to global memory have read their source (the
-// shared memory may then change, or the block end; the writes land before the grid completes).
-__device__ __forceinline__ void BulkCopyWaitRead() {
-#if DS_BULK_COPY
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 #else
   __trap();
 #endif

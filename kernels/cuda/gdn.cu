@@ -41,12 +41,8 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // state in flight) where the register form fits two. Thread (g, j) touches only its own
 // elements of that copy (column j, rows of group g), in the register form's order: the same
 // floats, the same bits.
-// kBulkOut (with kBulk, GdnDecodeArgs::bulk_store): the updated state goes back the same way,
-// written into the shared copy and stored by one bulk copy per token instead of 32 stores per
-// thread.
-template <int DK, int kMinBlocks, typename TS, bool kBulk = false, bool kBulkOut = false>
+template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
-  static_assert(kBulk || !kBulkOut, "the bulk store writes the shared copy of the state");
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
   __shared__ uint64_t state_bar;  // kBulk: the state copy's barrier
@@ -102,10 +98,6 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     const int row = a.rows[e], slot = a.slots[e], p = a.pos[e];
     if (t > 0) {
       in = a.slots[e - 1];  // the previous token's state (in registers already)
-      // kBulkOut: the previous token's bulk store has read the shared copy before it changes.
-      if constexpr (kBulkOut) {
-        if (tid == 0) BulkCopyWaitRead();
-      }
       __syncthreads();      // qs / ks / vs / red of the previous token are read by now
     }
     const float* m = a.mixed + static_cast<int64_t>(row) * C;
@@ -188,7 +180,7 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
           TS* const e = ss + (grp * KPT + k) * dv;
           const float x = fmaf(ks[grp * KPT + k], delta, LoadState(e) * decay);
           o = fmaf(x, qs[grp * KPT + k], o);
-          if constexpr (!kBulkOut) StoreState(S + (grp * KPT + k) * dv, x);
+          StoreState(S + (grp * KPT + k) * dv, x);
           StoreState(e, x);  // the stored value, which a run's next token reads
         } else {
           st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
@@ -198,12 +190,7 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
         }
       }
     }
-    if constexpr (kBulkOut) FenceSharedForBulkCopy();
     __syncthreads();  // every thread has read red[][j] (u) before it is reused for o
-    if constexpr (kBulkOut) {
-      if (tid == 0)
-        BulkCopyToGlobal(S - j, state_smem, static_cast<uint32_t>(DK * dv * sizeof(TS)));
-    }
     if (jv) red[grp][j] = o;
     __syncthreads();
     o = 0.f;
@@ -221,9 +208,6 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
         QuantizeBlock32(y, j & 31, a.xq + 32 * blk, a.xd + blk, a.xsum ? a.xsum + 2 * blk : nullptr);
       }
     }
-  }
-  if constexpr (kBulkOut) {
-    if (tid == 0) BulkCopyWaitRead();  // the shared copy lives as long as the block
   }
 }
 
@@ -671,8 +655,7 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
       using TS = decltype(st);
       if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
         const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
-        auto* kernel = a.bulk_store ? GdnDecodeKernel<DK, 3, TS, true, true>
-                                    : GdnDecodeKernel<DK, 3, TS, true, false>;
+        auto* kernel = GdnDecodeKernel<DK, 3, TS, true>;
         AllowSharedBytes(kernel, static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
         LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
       } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)

@@ -74,8 +74,6 @@ struct GdnDecodeArgs {
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.
   bool bulk_state = false;
-  // With bulk_state: the updated state goes back by one bulk copy per token too.
-  bool bulk_store = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a

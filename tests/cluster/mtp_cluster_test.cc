@@ -19,14 +19,15 @@ namespace {
 
 
 // The demo model behind one worker with --mtp 3, four slots; deferred: --deferred-drafts on
-// (each slot's drafts left on the backend for its next verify, StepExecutor::SetDeferredDrafts).
+// (each slot's drafts left on the backend for its next verify, StepExecutor::SetDeferredDrafts;
+// the default), else off.
 ClusterOptions DemoMtp(bool deferred = false) {
   ClusterOptions o;
   o.model = ResolveModelAlias("demo");
   o.slots = 4;
   o.ctx = 1024;
   o.worker_args = {"--mtp", "3"};
-  if (deferred) o.worker_args.insert(o.worker_args.end(), {"--deferred-drafts", "on"});
+  o.worker_args.insert(o.worker_args.end(), {"--deferred-drafts", deferred ? "on" : "off"});
   return o;
 }
 

@@ -68,7 +68,7 @@ TEST(WorkerFlags, CoarseDraftHeadOnOff) {
 }
 
 TEST(WorkerFlags, DeferredDraftsOnOff) {
-  ExpectOnOffFlag("--deferred-drafts", &WorkerOptions::deferred_drafts, false);
+  ExpectOnOffFlag("--deferred-drafts", &WorkerOptions::deferred_drafts, true);
 }
 
 TEST(WorkerFlags, GdnStateF32Bf16) {

@@ -32,9 +32,7 @@ struct BenchOptions {
   bool attn_mma = true;                      // --attn-mma off: the f32 SIMT decode attention (A/B)
   bool attn_wgmma = true;                    // --attn-wgmma off: the mma.sync prefill flash kernel
   bool gdn_scan_mma = true;                  // --gdn-scan-mma off: the f32 CUDA-core chunk scan
-  // --gdn-bulk off|on|store: CudaBackendOptions::gdn_bulk_state (on), and gdn_bulk_store (store)
-  bool gdn_bulk = false;
-  bool gdn_bulk_store = false;
+  bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection

@@ -210,7 +210,7 @@ int CmdGenerate(int argc, char** argv) {
   bo.fused_draft_chain = *fused_draft;
   // MTP draft chains: the next verify reads the drafts where they were made (one host wait per
   // cycle instead of two; the same tokens).
-  auto deferred_drafts = args->OnOff("--deferred-drafts", false);
+  auto deferred_drafts = args->OnOff("--deferred-drafts", true);
   if (!deferred_drafts.ok()) return Fail(deferred_drafts.status());
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};

@@ -15,9 +15,9 @@ T=$BIN/gdn_launch_cuda_test
 ARGS=(--gtest_also_run_disabled_tests --gtest_filter='GdnLaunchTiming.*')
 timeout 120 "$T" "${ARGS[@]}" 2>&1 | grep "GDN decode"
 # The test's GdnDecode launches in order: 16 sequences (3 warm-ups + 20 per form: registers,
-# bulk load, bulk load and store where the GPU has them), then 64 likewise: launch 72 is the 4th
-# of the 64-sequence register form, 95 of the bulk load (SKIP=95).
-timeout 300 /usr/local/cuda/bin/ncu --kernel-name regex:GdnDecode --launch-skip "${SKIP:-72}" --launch-count 1 \
+# then the bulk copy where the GPU has it), then 64 likewise: launch 49 is the 4th of the
+# 64-sequence register form, 72 of the bulk copy (SKIP=72).
+timeout 300 /usr/local/cuda/bin/ncu --kernel-name regex:GdnDecode --launch-skip "${SKIP:-49}" --launch-count 1 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
   --section Occupancy --section SchedulerStats --section LaunchStats --section SourceCounters \
   "$T" "${ARGS[@]}" >"$L/ncu_gdn64.txt" 2>&1

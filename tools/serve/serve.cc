@@ -61,7 +61,7 @@ struct ServeOptions {
   DenseWeights dense_weights = DenseWeights::kAuto;  // worker --dense-weights (dense_weights.h)
   bool early_launch = true;  // worker --early-launch off: plain kernel launches (escape hatch)
   bool coarse_draft_head = true;  // worker --coarse-draft-head off: drafts through the full head
-  bool deferred_drafts = false;   // worker --deferred-drafts on: drafts left on the device
+  bool deferred_drafts = true;    // worker --deferred-drafts on: drafts left on the device
   bool gdn_state_bf16 = false;    // worker --gdn-state bf16 (worker/model/gdn_state.h)
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
@@ -97,7 +97,7 @@ void Usage(FILE* out) {
                "  [--mtp K|auto|off]  MTP speculative decoding: each decode verifies K drafts of "
                "the model's MTP head (auto: fewer as the batch grows); same tokens as off\n"
                "  [--deferred-drafts on|off]  with --mtp: the drafts stay on the device for the "
-               "slot's next verify (no host wait for them; same tokens)\n"
+               "slot's next verify (no host wait for them; same tokens; default on)\n"
                "  [--portable on|off]  the CUDA workers run the sm_70 (V100) kernels on any GPU "
                "(taken anyway below sm_80; docs/v100.md)\n"
                "  [--dense-weights on|off|auto]  the CUDA workers also keep a 16-bit copy of every "
@@ -500,7 +500,7 @@ int RunServe(int argc, char** argv) {
   if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
   if (!o->early_launch) wargs.insert(wargs.end(), {"--early-launch", "off"});
   if (!o->coarse_draft_head) wargs.insert(wargs.end(), {"--coarse-draft-head", "off"});
-  if (o->deferred_drafts) wargs.insert(wargs.end(), {"--deferred-drafts", "on"});
+  if (!o->deferred_drafts) wargs.insert(wargs.end(), {"--deferred-drafts", "off"});
   if (o->gdn_state_bf16) wargs.insert(wargs.end(), {"--gdn-state", "bf16"});
   if (o->dense_weights != DenseWeights::kAuto)
     wargs.insert(wargs.end(), {"--dense-weights", DenseWeightsName(o->dense_weights)});

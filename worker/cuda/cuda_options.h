@@ -29,11 +29,9 @@ struct CudaBackendOptions {
   bool fuse_gdn_decode = true;
   // Batched GDN decode launches (heads x sequences >= 256) bring each head's state into shared
   // memory by one bulk copy, three blocks per SM (GdnDecodeArgs::bulk_state; sm_90 builds on
-  // compute capability 9.0+, off the portable path). The same bits (A/B: `bench --gdn-bulk`).
-  bool gdn_bulk_state = false;
-  // With gdn_bulk_state: the updated state stored back by one bulk copy per token as well
-  // (GdnDecodeArgs::bulk_store; `bench --gdn-bulk store`).
-  bool gdn_bulk_store = false;
+  // compute capability 9.0+, off the portable path). The same bits; on the H200 the 27B's x64
+  // decode 2,039 -> 2,144 tok/s (A/B: `bench --gdn-bulk off`, docs/perf/h200.md).
+  bool gdn_bulk_state = true;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

@@ -87,8 +87,9 @@ struct WorkerOptions {
   // the device keeps room for K + 1 verified tokens of up to mtp_seqs sequences per step.
   spec::MtpSetting mtp;
   // --deferred-drafts on|off: draft chains leave their drafts on the device for the slot's next
-  // verify (StepExecutor::SetDeferredDrafts; the same tokens; off until measured on a GPU).
-  bool deferred_drafts = false;
+  // verify (StepExecutor::SetDeferredDrafts; the same tokens). On by default: served demo MTP
+  // +4-30% in 9 of 9 prompt pairs on the H200, `generate` unchanged (docs/perf/h200.md).
+  bool deferred_drafts = true;
   int mtp_seqs = 8;  // --mtp-seqs: slots that may verify drafts in one step (CUDA memory)
   // --max-active N (issue #23): sequences holding recurrent state at once (0 = every slot); the
   // device keeps GDN state for N + 1 (the warmup scratch) instead of every configured slot.

@@ -147,8 +147,8 @@ struct MtpSpeculatorOptions {
   bool automatic = false;
   // Draft chains leave their drafts with the backend (Backend::MtpDraftDeferred) and the next
   // verify reads them there: the host waits once per cycle (for the verify) instead of twice
-  // (`--deferred-drafts on`). The same tokens and drafts either way.
-  bool deferred_drafts = false;
+  // (`--deferred-drafts on`, the default). The same tokens and drafts either way.
+  bool deferred_drafts = true;
 };
 
 class MtpSpeculator {

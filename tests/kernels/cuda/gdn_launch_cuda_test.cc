@@ -160,7 +160,7 @@ void RunBulkAgainstRegisters(bool bf16, int run_len) {
     std::vector<uint8_t> state;
     std::vector<int8_t> xq;
   };
-  auto run = [&](bool bulk, bool bulk_store) {
+  auto run = [&](bool bulk) {
     Dev<float> ring(start_ring), out(static_cast<size_t>(T) * Vw),
         xd(static_cast<size_t>(T) * Vw / 32);
     Dev<uint8_t> state(start_state);
@@ -176,25 +176,20 @@ void RunBulkAgainstRegisters(bool bf16, int run_len) {
     a.xq = xq.p;
     a.xd = xd.p;
     a.bulk_state = bulk;
-    a.bulk_store = bulk_store;
     const absl::Status st = GdnDecode(a, nullptr);  // 48 x 8 = 384 blocks: the batched forms
     EXPECT_TRUE(st.ok()) << st;
     return Result{out.Down(), ring.Down(), xd.Down(), state.Down(), xq.Down()};
   };
-  const Result reg = run(false, false);
-  for (const bool store : {false, true}) {
-    SCOPED_TRACE(store ? "bulk load and store" : "bulk load");
-    const Result bulk = run(true, store);
-    EXPECT_EQ(Differing(bulk.out, reg.out), 0u) << "outputs";
-    EXPECT_TRUE(bulk.state == reg.state) << "states";
-    EXPECT_EQ(Differing(bulk.ring, reg.ring), 0u) << "conv rows";
-    EXPECT_EQ(bulk.xq, reg.xq) << "int8 copies";
-    EXPECT_EQ(Differing(bulk.xd, reg.xd), 0u) << "int8 scales";
-    // Not a vacuous comparison: the launch wrote the outputs (they start as Dev's NaN poison).
-    size_t written = 0;
-    for (float v : bulk.out) written += std::isfinite(v) && v != 0.f;
-    EXPECT_GT(written, bulk.out.size() * 9 / 10);
-  }
+  const Result reg = run(false), bulk = run(true);
+  EXPECT_EQ(Differing(bulk.out, reg.out), 0u) << "outputs";
+  EXPECT_TRUE(bulk.state == reg.state) << "states";
+  EXPECT_EQ(Differing(bulk.ring, reg.ring), 0u) << "conv rows";
+  EXPECT_EQ(bulk.xq, reg.xq) << "int8 copies";
+  EXPECT_EQ(Differing(bulk.xd, reg.xd), 0u) << "int8 scales";
+  // Not a vacuous comparison: the launch wrote the outputs (they start as Dev's NaN poison).
+  size_t written = 0;
+  for (float v : bulk.out) written += std::isfinite(v) && v != 0.f;
+  EXPECT_GT(written, bulk.out.size() * 9 / 10);
 }
 
 TEST(GdnLaunch, BulkStateEqualsRegisterState) {
@@ -242,15 +237,13 @@ TEST(GdnLaunchTiming, DISABLED_Batched27B) {
     Dev<int32_t> d_idx(idx), d_pos(pos);
     GdnDecodeArgs a = DecodeArgs(s, layer.p, n, d_idx.p, d_idx.p, d_pos.p, dm, dz, db, dal,
                                  ring.p, state.p, out.p);
-    for (const int form : {0, 1, 2}) {  // registers, bulk load, bulk load and store
-      if (form > 0 && !GdnBulkStateAvailable()) continue;
-      a.bulk_state = form > 0;
-      a.bulk_store = form == 2;
+    for (const bool bulk : {false, true}) {
+      if (bulk && !GdnBulkStateAvailable()) continue;
+      a.bulk_state = bulk;
       const double us = MeanLaunchUs(3, 20, [&] { return GdnDecode(a, nullptr); });
       const double bytes = 2.0 * n * st1 * 4;
       std::printf("GDN decode, 27B layer, %2d sequences, %s: %7.1f us, %6.0f GB/s of state\n", n,
-                  form == 0 ? "registers      " : form == 1 ? "bulk load      " : "bulk load+store",
-                  us, bytes / us * 1e-3);
+                  bulk ? "bulk copy" : "registers", us, bytes / us * 1e-3);
     }
   }
 }
