@@ -600,8 +600,9 @@ void AllowSharedBytes(void (*kernel)(Params...), size_t bytes) {
     done.insert(key);
 }
 
-// Launches of at least this many decode blocks (heads x sequences) take the two-per-SM form of
-// GdnDecodeKernel: about two blocks for every SM of a large GPU.
+// Launches of at least this many decode blocks (heads x sequences) take the batched forms of
+// GdnDecodeKernel (two per SM, or three with bulk_state): about two blocks for every SM of a
+// large GPU.
 constexpr unsigned kGdnTwoPerSmBlocks = 256;
 
 template <typename F>
