@@ -4,7 +4,7 @@
 // register for it while it is in flight, and every thread waits on the barrier before it reads.
 //
 // Below sm_90 every helper traps: callers launch the kernels that use them only where
-// BulkCopyAvailable() (gdn.cuh) said the sm_90 code is there.
+// GdnBulkStateAvailable() (gdn.cuh) said the sm_90 code is there.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -1,9 +1,8 @@
 // Gated DeltaNet kernels (see gdn.cuh). Thread j of a block owns value column j of one head's
 // state S[h] (dk x dv), so the delta rule needs no cross-thread reduction: only q/k l2norm and the
 // gated RMSNorm reduce over the block.
-#include <mutex>
-#include <set>
-#include <utility>
+#include <atomic>
+#include <cstdint>
 
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
@@ -584,20 +583,20 @@ int WarpRound(int n) { return (n + 31) / 32 * 32; }
 
 __global__ void BulkCopyProbeKernel(int* out) { *out = DS_BULK_COPY; }
 
-// Lets `kernel` take up to `bytes` of dynamic shared memory (above the 48 KiB default), once per
-// device and kernel (callers pass the kernel's largest need, whatever this launch's shape).
-template <typename... Params>
-void AllowSharedBytes(void (*kernel)(Params...), size_t bytes) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
+// Lets Kernel take up to `bytes` of dynamic shared memory (above the 48 KiB default), once per
+// device (callers pass the kernel's largest need, whatever this launch's shape). Called before
+// every launch, so after the first one per device it is a device query and an atomic load.
+template <auto Kernel>
+void AllowSharedBytes(size_t bytes) {
+  static std::atomic<uint64_t> done_on{0};  // bit d: device d done (devices 0..63)
   int dev = 0;
   if (bytes <= 48 * 1024 || cudaGetDevice(&dev) != cudaSuccess) return;
-  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count(key)) return;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit & done_on.load(std::memory_order_acquire)) return;
+  // Setting it twice from two threads is harmless; a device past 63 sets it at every launch.
+  if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes)) == cudaSuccess)
-    done.insert(key);
+    done_on.fetch_or(bit, std::memory_order_release);
 }
 
 // Launches of at least this many decode blocks (heads x sequences) take the batched forms of
@@ -656,8 +655,8 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
       using TS = decltype(st);
       if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
         const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
-        auto* kernel = GdnDecodeKernel<DK, 3, TS, true>;
-        AllowSharedBytes(kernel, static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
+        constexpr auto kernel = GdnDecodeKernel<DK, 3, TS, true>;
+        AllowSharedBytes<kernel>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
         LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
       } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
         LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
