@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/util/half.h"
 #include "kernels/cpu/quant_blocks.h"
+#include "kernels/cpu/tiled_kquant_layout.h"
 
 namespace ds::cpu {
 
@@ -36,6 +38,45 @@ double TiledF16DotQ6K(const void* row, const uint16_t* xh, int64_t n, double* ab
     }
     sum += d * unit;
     abs += std::fabs(d) * unit_abs;
+  }
+  if (abs_sum) *abs_sum = abs;
+  return sum;
+}
+
+void HalfSubBlockSums(const uint16_t* xh, int64_t n, uint16_t* sums) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    double s = 0;
+    for (int k = 0; k < 32; ++k) s += F16ToF32(xh[32 * b + k]);
+    sums[b] = F32ToF16(static_cast<float>(s) * 0x1p-6f);
+  }
+}
+
+double TiledF16DotKq(const void* row, bool q5, const uint16_t* xh, const uint16_t* sums, int64_t n,
+                     double* abs_sum) {
+  const auto* bytes = static_cast<const uint8_t*>(row);
+  const int bb = tiled_kq::RawBlockBytes(q5);
+  double sum = 0, abs = 0;
+  for (int64_t u = 0; u < n / 256; ++u) {
+    const uint8_t* b = bytes + u * bb;
+    uint16_t dh, mh;
+    std::memcpy(&dh, b, 2);
+    std::memcpy(&mh, b + 2, 2);
+    const double d = F16ToF32(dh), dmin = F16ToF32(mh);
+    double unit = 0, unit_abs = 0, mins = 0, mins_abs = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, mn;
+      UnpackKScaleMin(b + 4, j, &sc, &mn);
+      for (int k = 32 * j; k < 32 * j + 32; ++k) {
+        const double t = static_cast<double>(sc * tiled_kq::RawQuant(b, q5, k)) * F16ToF32(xh[256 * u + k]);
+        unit += t;
+        unit_abs += std::fabs(t);
+      }
+      const double m = static_cast<double>(mn) * F16ToF32(sums[8 * u + j]);
+      mins += m;
+      mins_abs += std::fabs(m);
+    }
+    sum += d * unit - 64.0 * dmin * mins;
+    abs += std::fabs(d) * unit_abs + 64.0 * std::fabs(dmin) * mins_abs;
   }
   if (abs_sum) *abs_sum = abs;
   return sum;
