@@ -41,6 +41,9 @@ struct GemvArgs {
   const int32_t* xsum = nullptr;  // optional [nc, K/16]: sums of 16 xq (tiled kernel, 1 column)
   const uint16_t* xh = nullptr;   // [nc, K] f16 activations scaled per column (TiledF16Multi)
   const float* xs = nullptr;      // [nc] the factors that undo xh's scaling
+  // [nc, K/32] the 2^-6 scaled f16 sums of xh's 32-element sub-blocks (HalfActivations' sums):
+  // the minimum term of tiled Q4_K / Q5_K in TiledF16Multi.
+  const uint16_t* xhs = nullptr;
   float* y = nullptr;          // y[c * ldy + r]
   int64_t ldy = 0;             // defaults to M when 0
   GemvEpilogue epilogue = GemvEpilogue::kStore;

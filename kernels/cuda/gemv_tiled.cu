@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/tiled_kquant.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
 
 namespace ds::cuda {
@@ -417,7 +418,19 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
 
 }  // namespace
 
-bool TiledSupported(GgmlType t) { return t == GgmlType::Q6_K; }
+bool TiledSupported(GgmlType t) {
+  return t == GgmlType::Q6_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
+}
+bool TiledInt8Supported(GgmlType t) { return t == GgmlType::Q6_K; }
+
+int TiledUnitBytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q6_K: return kTileUnitBytes;
+    case GgmlType::Q4_K: return tiled_kq::UnitBytes(false);
+    case GgmlType::Q5_K: return tiled_kq::UnitBytes(true);
+    default: return 0;
+  }
+}
 
 bool TiledAvailable(int device) {
   cudaDeviceProp prop;
@@ -427,7 +440,7 @@ bool TiledAvailable(int device) {
 
 uint64_t TiledBytes(GgmlType t, int64_t M, int K) {
   if (!TiledSupported(t) || K % kUnitElems != 0) return 0;
-  return static_cast<uint64_t>(CeilDiv(M, kTiledRows)) * (K / kUnitElems) * kTileUnitBytes;
+  return static_cast<uint64_t>(CeilDiv(M, kTiledRows)) * (K / kUnitElems) * TiledUnitBytes(t);
 }
 
 absl::Status TileRows(GgmlType t, const void* raw, int64_t row0, int64_t rows, int K, void* tiled,
@@ -439,7 +452,9 @@ absl::Status TileRows(GgmlType t, const void* raw, int64_t row0, int64_t rows, i
   if (rows == 0) return absl::OkStatus();
   const int nu = K / kUnitElems;
   const int64_t n_tu = static_cast<int64_t>(CeilDiv(rows, kTiledRows)) * nu;
-  uint8_t* dst = static_cast<uint8_t*>(tiled) + row0 / kTiledRows * nu * static_cast<int64_t>(kTileUnitBytes);
+  uint8_t* dst = static_cast<uint8_t*>(tiled) + row0 / kTiledRows * nu * static_cast<int64_t>(TiledUnitBytes(t));
+  if (t != GgmlType::Q6_K)
+    return TileRowsKquant(t == GgmlType::Q5_K, raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   TileRowsKernel<<<static_cast<unsigned>(n_tu), 32, 0, stream>>>(
       static_cast<const uint8_t*>(raw), rows, nu, static_cast<int64_t>(GgmlRowBytes(t, K)), dst);
   return LastLaunchStatus("TileRows");
@@ -450,6 +465,8 @@ absl::Status DequantizeTiledRows(GgmlType t, const void* tiled, int64_t row0, in
   if (!TiledSupported(t) || K % kUnitElems != 0 || row0 < 0 || rows < 0)
     return absl::InvalidArgumentError(absl::StrCat("DequantizeTiledRows: bad args row0=", row0, " rows=", rows, " K=", K));
   if (rows == 0) return absl::OkStatus();
+  if (t != GgmlType::Q6_K)
+    return DequantizeTiledRowsKquant(t == GgmlType::Q5_K, tiled, row0, rows, K, out, bf16, stream);
   const int nu = K / kUnitElems;
   const int64_t t0 = row0 / kTiledRows, t1 = (row0 + rows - 1) / kTiledRows + 1;
   const int64_t n_tu = (t1 - t0) * nu;
@@ -465,8 +482,8 @@ absl::Status TiledGemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t strea
   const GemvArgs& b = segs[0];
   for (int i = 0; i < n_segs; ++i) {
     const GemvArgs& a = segs[i];
-    if (!TiledSupported(a.type))
-      return absl::UnimplementedError(absl::StrCat("TiledGemvMulti: no tiled layout for ", std::string(GgmlInfo(a.type).name)));
+    if (!TiledInt8Supported(a.type))
+      return absl::UnimplementedError(absl::StrCat("TiledGemvMulti: no int8 kernel for tiled ", std::string(GgmlInfo(a.type).name)));
     if (a.nc < 1 || a.nc > kTiledMaxCols || a.M <= 0 || a.K <= 0 || a.K % kUnitElems != 0)
       return absl::InvalidArgumentError(absl::StrCat("TiledGemvMulti: bad shape M=", a.M, " K=", a.K, " nc=", a.nc));
     if (a.xq == nullptr || a.xd == nullptr || a.y == nullptr || a.w == nullptr)

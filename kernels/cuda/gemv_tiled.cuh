@@ -33,8 +33,14 @@ constexpr int kTiledRows = 16;
 constexpr int kTiledMaxCols = 64;
 constexpr int kTileUnitBytes = 16 * 210;
 
-// Formats with a tiled layout (Q6_K).
+// Formats with a tiled layout: Q6_K (above), Q4_K and Q5_K (kernels/cpu/tiled_kquant_layout.h:
+// the same bytes as the raw blocks, ordered for the f16 mma; only the f16 tensor-core kernel,
+// tiled_f16.cuh, multiplies them).
 bool TiledSupported(GgmlType t);
+// Formats whose tiled layout the int8 kernels (TiledGemvMulti, MmqTiledMulti) take: Q6_K.
+bool TiledInt8Supported(GgmlType t);
+// Bytes of one tile-unit (16 rows x 256 elements) of a tiled format; 0 for others.
+int TiledUnitBytes(GgmlType t);
 // True when the kernels can run on `device` (compute capability >= 8.0).
 bool TiledAvailable(int device);
 // Bytes of the tiled copy of an [M, K] matrix (M rounded up to 16). K % 256 == 0.

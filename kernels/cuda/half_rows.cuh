@@ -1,6 +1,7 @@
 // The per-row f16 scaling of TiledF16Multi's activations (tiled_f16.cuh, HalfActivations),
 // shared by HalfActivations and the fused RMSNorm (norm.cu, RmsNormHalf) so that both give the
-// same bits: the row's largest |x| (m) times 2^(14 - ex) lies in [2^13, 2^14).
+// same bits: the row's largest |x| (m) times 2^(14 - ex) lies in [2^13, 2^14); and the
+// sub-block sums of those f16 values that tiled Q4_K / Q5_K need.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -24,6 +25,27 @@ __device__ __forceinline__ uint2 HalfScaled4(float4 v, float scale) {
   const __half2 lo = __floats2half2_rn(v.x * scale, v.y * scale);
   const __half2 hi = __floats2half2_rn(v.z * scale, v.w * scale);
   return make_uint2(Bits(lo), Bits(hi));
+}
+
+// The exact sum of the four f16 values of two pairs (double: a sub-block's 32 values span at most
+// 2^-24..2^16, so their sum in any order is exact).
+__device__ __forceinline__ double HalfSum4(uint2 h) {
+  const float2 a = __half22float2(Half2(h.x)), b = __half22float2(Half2(h.y));
+  return (static_cast<double>(a.x) + a.y) + (static_cast<double>(b.x) + b.y);
+}
+
+// The sum over each aligned group of kLanes lanes (every lane of the warp takes part).
+template <int kLanes>
+__device__ __forceinline__ double LaneGroupSum(double v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// A sub-block's exact sum as the Q4_K / Q5_K minimum term takes it (cpu::HalfSubBlockSums):
+// f16(float(sum) * 2^-6).
+__device__ __forceinline__ uint16_t SubBlockSumBits(double sum) {
+  return __half_as_ushort(__float2half_rn(static_cast<float>(sum) * 0x1p-6f));
 }
 
 }  // namespace ds::cuda

@@ -26,6 +26,17 @@ __device__ __forceinline__ void MmaF16(const uint32_t (&a)[4], uint32_t b0, uint
 #endif
 }
 
+// c += a (16x8, row) * b (8x8, col), the k = 8 form: a0 = row g, k 2tig..+1; a1 = row g + 8;
+// b0 = k 2tig..+1, column g; c as above.
+__device__ __forceinline__ void MmaF16K8(uint32_t a0, uint32_t a1, uint32_t b0, float (&c)[4]) {
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+#endif
+}
+
 // Four 8x8 b16 matrices from shared memory; lanes 8m..8m+7 give the row addresses of matrix m,
 // r[m] is this lane's fragment of it (row lane / 4, elements 2 (lane % 4), +1; transposed with
 // the .trans form).

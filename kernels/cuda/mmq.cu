@@ -230,7 +230,7 @@ absl::Status LaunchNt(MmqLaunch& L, MmqShape sh, cudaStream_t stream) {
 
 }  // namespace
 
-bool MmqSupported(GgmlType t) { return TiledSupported(t); }
+bool MmqSupported(GgmlType t) { return TiledInt8Supported(t); }
 
 absl::Status MmqTiledMulti(const GemvArgs* segs, int n_segs, MmqShape shape, cudaStream_t stream) {
   if (n_segs < 1 || n_segs > kGemvMaxSegs)

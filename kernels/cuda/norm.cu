@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restric
 __global__ void __launch_bounds__(1024)
     RmsNormHalfKernel(const float* __restrict__ x, const float* __restrict__ w,
                       float* __restrict__ out, uint16_t* __restrict__ xh, float* __restrict__ xs,
-                      int n, float eps) {
+                      uint16_t* __restrict__ sums, int n, float eps) {
   __shared__ float scratch[32];
   WaitForPrerequisiteGrids();  // launched early: nothing before this
   AllowDependentLaunch();      // the f16 matmul after it may start loading its weights
@@ -106,9 +106,22 @@ __global__ void __launch_bounds__(1024)
   const float scale = ldexpf(1.f, 14 - ex);
   if (threadIdx.x == 0) xs[t] = ldexpf(1.f, ex - 14);
   uint2* hr = reinterpret_cast<uint2*>(xh + static_cast<int64_t>(t) * n);
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    hr[2 * g] = HalfScaled4(yr[2 * g], scale);
-    hr[2 * g + 1] = HalfScaled4(yr[2 * g + 1], scale);
+  // Uniform trip count: with sums, every lane takes part in the shuffles (a 32-element sub-block
+  // is 4 neighbouring lanes). The sums are exact (half_rows.cuh), so HalfActivations' bits.
+  for (int base = 0; base < groups; base += blockDim.x) {
+    const int g = base + threadIdx.x;
+    const bool ok = g < groups;
+    uint2 h0 = make_uint2(0u, 0u), h1 = make_uint2(0u, 0u);
+    if (ok) {
+      h0 = HalfScaled4(yr[2 * g], scale);
+      h1 = HalfScaled4(yr[2 * g + 1], scale);
+      hr[2 * g] = h0;
+      hr[2 * g + 1] = h1;
+    }
+    if (sums != nullptr) {
+      const double sum = LaneGroupSum<4>(HalfSum4(h0) + HalfSum4(h1));
+      if (ok && (g & 3) == 0) sums[static_cast<int64_t>(t) * (n / 32) + g / 4] = SubBlockSumBits(sum);
+    }
   }
 }
 
@@ -135,13 +148,15 @@ absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t*
 }
 
 absl::Status RmsNormHalf(const float* x, const float* w, float* out, uint16_t* xh, float* xs, int T,
-                         int n, float eps, cudaStream_t stream, bool early) {
+                         int n, float eps, cudaStream_t stream, bool early, uint16_t* sums) {
   if (T == 0) return absl::OkStatus();
   if (!WideOk(x, n, w, out, n) || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
     return absl::InvalidArgumentError(
         "RmsNormHalf: x, w, out need 16-byte and xh 8-byte alignment, n % 8 == 0");
-  LaunchMaybeEarly(RmsNormHalfKernel, T, WideThreads(n), 0, stream, early, x, w, out, xh, xs, n,
-                   eps);
+  if (sums != nullptr && n % 32 != 0)
+    return absl::InvalidArgumentError(absl::StrCat("RmsNormHalf: sums need n % 32 == 0, n=", n));
+  LaunchMaybeEarly(RmsNormHalfKernel, T, WideThreads(n), 0, stream, early, x, w, out, xh, xs, sums,
+                   n, eps);
   return LastLaunchStatus("RmsNormHalf");
 }
 

@@ -1,4 +1,4 @@
-// Tiled Q6_K times f16 activations on f16 tensor cores (see tiled_f16.cuh).
+// Tiled Q6_K, Q4_K and Q5_K times f16 activations on f16 tensor cores (see tiled_f16.cuh).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include "kernels/cuda/mma_f16.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
+#include "kernels/cuda/tiled_kquant.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
 
 namespace ds::cuda {
@@ -60,15 +61,99 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
   return Bits(__hmul2(h, s));
 }
 
+// How the kernel reads a tile-unit of one format: Load (the warp's 16-byte loads), Prepare (once
+// per unit, after the loads arrived), Operands (the A fragment of step s: rows g and g + 8,
+// k = 16s + 4q .. +3, each weight the exact f16 integer quant x sub-block scale), D (the unit's
+// d of rows g, g + 8). kMins formats (Q4_K / Q5_K, w = d sc q - dmin mn) also give the m16n8k8
+// A fragment of their mins (MinOperands: sub-blocks 2q, 2q + 1) and -64 dmin (Dmin), which the
+// kernel multiplies with the activations' sub-block sums (xhs, 2^-6 scaled).
+struct Q6kCodec {
+  static constexpr bool kMins = false;
+  static constexpr int kUnitBytes = kTileUnitBytes;
+  using Unit = TileUnit;
+  __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
+    LoadTileUnit(t, p, lane);
+  }
+  __device__ __forceinline__ static void Prepare(Unit& tu) {
+    tu.qh[0] = Xor4(tu.qh[0], 0xAAAAAAAAu);  // t ^ 32 = q, the unsigned quant
+    tu.qh[1] = Xor4(tu.qh[1], 0xAAAAAAAAu);
+    tu.sc0 = Xor4(tu.sc0, 0x80808080u);
+    tu.sc1 = Xor4(tu.sc1, 0x80808080u);
+  }
+  __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
+    uint32_t a0, a1;  // rows g and g + 8, k = 16s + 4q .. +3, unsigned
+    DecodeStepUnsigned(Word(tu.ql[s >> 2], s & 3), Word(tu.qh[s >> 3], (s & 7) >> 1), s & 1, a0, a1);
+    const __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
+    A[0] = WeightPair(a0, 0x4140, s0);
+    A[1] = WeightPair(a1, 0x4140, s1);
+    A[2] = WeightPair(a0, 0x4342, s0);
+    A[3] = WeightPair(a1, 0x4342, s1);
+  }
+  __device__ __forceinline__ static float2 D(const Unit& tu) {
+    return make_float2(HalfBitsToF32(tu.d & 0xFFFF), HalfBitsToF32(tu.d >> 16));
+  }
+  __device__ __forceinline__ static void MinOperands(const Unit&, int, uint32_t (&)[2]) {}
+  __device__ __forceinline__ static float2 Dmin(const Unit&) { return make_float2(0.f, 0.f); }
+};
+
+// Q4_K / Q5_K (kernels/cpu/tiled_kquant_layout.h): (1024 + quant) from the packed nibbles (and
+// the 5th bit) by a mask, then one fma with (sc, sc) and -1024 sc gives sc * quant exactly (at
+// most 31 * 63 = 1953 < 2048).
+template <bool kQ5>
+struct KquantCodec {
+  static constexpr bool kMins = true;
+  static constexpr int kUnitBytes = tiled_kq::UnitBytes(kQ5);
+  struct Unit {
+    tiled_kq_dev::Unit w;
+    uint32_t sc0[2], mn0[2], sc8[2], mn8[2];  // rows g, g + 8: sub-blocks' scales and mins
+  };
+  __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
+    tiled_kq_dev::LoadUnit<kQ5>(t.w, p, lane);
+  }
+  __device__ __forceinline__ static void Prepare(Unit& tu) {
+    tiled_kq::UnpackScales(tu.w.s0[0], tu.w.s0[1], tu.w.s0[2], tu.sc0, tu.mn0);
+    tiled_kq::UnpackScales(tu.w.s8[0], tu.w.s8[1], tu.w.s8[2], tu.sc8, tu.mn8);
+  }
+  __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
+    const int j = s >> 1;  // the 32-element sub-block
+    const uint32_t b = j & 3;
+    const __half2 s0 = tiled_kq_dev::BytePair(tu.sc0[j >> 2], b, b);
+    const __half2 s8 = tiled_kq_dev::BytePair(tu.sc8[j >> 2], b, b);
+    const __half2 c0 = __hmul2(s0, __float2half2_rn(-1024.f));
+    const __half2 c8 = __hmul2(s8, __float2half2_rn(-1024.f));
+    const uint32_t qs = Word(tu.w.qs[s >> 2], s & 3);
+    const uint32_t qh = kQ5 ? Word(tu.w.qh, s >> 2) : 0u;
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+      A[p] = Bits(__hfma2(Half2(tiled_kq::PairBits(qs, qh, kQ5, s, p)), (p & 1) ? s8 : s0,
+                          (p & 1) ? c8 : c0));
+  }
+  __device__ __forceinline__ static float2 D(const Unit& tu) {
+    return make_float2(HalfBitsToF32(tu.w.d & 0xFFFF), HalfBitsToF32(tu.w.d >> 16));
+  }
+  // Rows g / g + 8 at k = 2q, 2q + 1 of the m16n8k8: the mins of sub-blocks 2q, 2q + 1.
+  __device__ __forceinline__ static void MinOperands(const Unit& tu, int q, uint32_t (&A)[2]) {
+    const uint32_t b0 = 2 * (q & 1);
+    A[0] = Bits(tiled_kq_dev::BytePair(q < 2 ? tu.mn0[0] : tu.mn0[1], b0, b0 + 1));
+    A[1] = Bits(tiled_kq_dev::BytePair(q < 2 ? tu.mn8[0] : tu.mn8[1], b0, b0 + 1));
+  }
+  // -64 dmin: the sums are 2^-6 of the activations' (HalfSubBlockSums).
+  __device__ __forceinline__ static float2 Dmin(const Unit& tu) {
+    return make_float2(-64.f * HalfBitsToF32(tu.w.dmin & 0xFFFF),
+                       -64.f * HalfBitsToF32(tu.w.dmin >> 16));
+  }
+};
+
 // Block = 8 warps, one 16-row tile each (the pair: 4 tiles of the gate and of the up matrix,
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
 // warp reads its B fragments from there.
-template <int NT, bool kPair, bool kCluster>
+template <class Codec, int NT, bool kPair, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
   constexpr int NCB = NT * 8;
   constexpr int TPB = kPair ? kWarps / 2 : kWarps;
   constexpr int kStage = NCB * kXCol;
+  constexpr int kSumsStage = NCB * 16;  // kMins: a column's 8 sub-block sums of the unit
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last_block;
   int si = 0;
@@ -86,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   const int nu = a.K / kUnitElems, nc = a.nc;
   const int u0 = ks * nu / split, u1 = (ks + 1) * nu / split;
   const uint8_t* wt = static_cast<const uint8_t*>(kPair && mat ? a.w2 : a.w) +
-                      static_cast<int64_t>(active ? tile : 0) * nu * kTileUnitBytes;
+                      static_cast<int64_t>(active ? tile : 0) * nu * Codec::kUnitBytes;
 
   // Unit u's activations of every column into buffer b (columns past nc copy column nc - 1;
   // their results are never stored).
@@ -96,6 +181,11 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       const int c = i >> 5, k8 = i & 31;
       CpAsync16(xs + c * kXCol + 16 * k8,
                 a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
+    }
+    if constexpr (Codec::kMins) {
+      uint8_t* ms = smem + 2 * kStage + b * kSumsStage;
+      for (int c = tid; c < NCB; c += kThreads)
+        CpAsync16(ms + 16 * c, a.xhs + static_cast<int64_t>(min(c, nc - 1)) * (a.K / 32) + 8 * u);
     }
   };
 
@@ -111,9 +201,9 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // 1,200). At 64 columns the 33 registers more spill (104 bytes at the 128 of two blocks per
   // SM): x64 1,765 -> 1,709, so that form loads at the top of its unit as before.
   constexpr bool kPrefetch = NT <= 4;
-  TileUnit next;
+  typename Codec::Unit next;
   if (kPrefetch && active && u0 < u1)
-    LoadTileUnit(next, wt + static_cast<int64_t>(u0) * kTileUnitBytes, lane);
+    Codec::Load(next, wt + static_cast<int64_t>(u0) * Codec::kUnitBytes, lane);
   // Launched early (GemvArgs::early_launch): only the weights above before the kernel ahead is
   // done; the activations, their scales and the outputs after.
   WaitForPrerequisiteGrids();
@@ -121,23 +211,20 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   CpAsyncCommit();
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
-    TileUnit tu;
+    typename Codec::Unit tu;
     if constexpr (kPrefetch) {
       tu = next;
       if (active && u + 1 < u1)
-        LoadTileUnit(next, wt + static_cast<int64_t>(u + 1) * kTileUnitBytes, lane);
+        Codec::Load(next, wt + static_cast<int64_t>(u + 1) * Codec::kUnitBytes, lane);
     } else if (active) {
-      LoadTileUnit(tu, wt + static_cast<int64_t>(u) * kTileUnitBytes, lane);
+      Codec::Load(tu, wt + static_cast<int64_t>(u) * Codec::kUnitBytes, lane);
     }
     if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncthreads();
     if (active) {
-      tu.qh[0] = Xor4(tu.qh[0], 0xAAAAAAAAu);  // t ^ 32 = q, the unsigned quant
-      tu.qh[1] = Xor4(tu.qh[1], 0xAAAAAAAAu);
-      tu.sc0 = Xor4(tu.sc0, 0x80808080u);
-      tu.sc1 = Xor4(tu.sc1, 0x80808080u);
+      Codec::Prepare(tu);
       // Thread (g, q) reads column 8j + g at k = 16s + 4q .. +3: f16 positions 2q, 2q + 1 (b0)
       // and 2q + 8, 2q + 9 (b1) of the mma hold k = 4q, 4q + 1 and 4q + 2, 4q + 3; the A
       // fragment below uses the same order, so the product is the dot product over k.
@@ -149,25 +236,40 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         for (int e = 0; e < 4; ++e) cu[j][e] = 0.f;
 #pragma unroll
       for (int s = 0; s < 16; ++s) {
-        uint32_t a0, a1;  // rows g and g + 8, k = 16s + 4q .. +3, unsigned
-        DecodeStepUnsigned(Word(tu.ql[s >> 2], s & 3), Word(tu.qh[s >> 3], (s & 7) >> 1), s & 1, a0,
-                           a1);
-        const __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
-        const uint32_t A[4] = {WeightPair(a0, 0x4140, s0), WeightPair(a1, 0x4140, s1),
-                               WeightPair(a0, 0x4342, s0), WeightPair(a1, 0x4342, s1)};
+        uint32_t A[4];
+        Codec::Operands(tu, s, A);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const uint2 bv = *reinterpret_cast<const uint2*>(xs + 8 * j * kXCol + 32 * s);
           MmaF16(A, bv.x, bv.y, cu[j]);
         }
       }
-      const float dg = HalfBitsToF32(tu.d & 0xFFFF), dg8 = HalfBitsToF32(tu.d >> 16);
+      const float2 dd = Codec::D(tu);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        acc[j][0] = fmaf(dg, cu[j][0], acc[j][0]);
-        acc[j][1] = fmaf(dg, cu[j][1], acc[j][1]);
-        acc[j][2] = fmaf(dg8, cu[j][2], acc[j][2]);
-        acc[j][3] = fmaf(dg8, cu[j][3], acc[j][3]);
+        acc[j][0] = fmaf(dd.x, cu[j][0], acc[j][0]);
+        acc[j][1] = fmaf(dd.x, cu[j][1], acc[j][1]);
+        acc[j][2] = fmaf(dd.y, cu[j][2], acc[j][2]);
+        acc[j][3] = fmaf(dd.y, cu[j][3], acc[j][3]);
+      }
+      if constexpr (Codec::kMins) {
+        // The minimum term: one m16n8k8 per n-tile of the mins (rows g, g + 8; sub-blocks 2q,
+        // 2q + 1) and the staged sub-block sums (column 8j + g, the same sub-blocks), exact
+        // products summed in f32; then -64 dmin. The 32-bit loads of lanes (g, q) cover 8
+        // columns x 16 bytes: 32 banks.
+        uint32_t am[2];
+        Codec::MinOperands(tu, q, am);
+        const uint8_t* ms = smem + 2 * kStage + b * kSumsStage + g * 16 + 4 * q;
+        const float2 dm = Codec::Dmin(tu);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          float cm[4] = {0.f, 0.f, 0.f, 0.f};
+          MmaF16K8(am[0], am[1], *reinterpret_cast<const uint32_t*>(ms + 8 * j * 16), cm);
+          acc[j][0] = fmaf(dm.x, cm[0], acc[j][0]);
+          acc[j][1] = fmaf(dm.x, cm[1], acc[j][1]);
+          acc[j][2] = fmaf(dm.y, cm[2], acc[j][2]);
+          acc[j][3] = fmaf(dm.y, cm[3], acc[j][3]);
+        }
       }
     }
     __syncthreads();  // buffer b is restaged by the next round's copy
@@ -338,9 +440,9 @@ bool ClustersAvailable() {
 
 // Dynamic shared memory of the NT form: two stages of every column's unit of activations (also
 // the pair's hand-over and the cluster's sums after the loop).
-template <int NT>
+template <class Codec, int NT>
 constexpr int StageBytes() {
-  constexpr int bytes = 2 * NT * 8 * kXCol;
+  constexpr int bytes = 2 * NT * 8 * kXCol + (Codec::kMins ? 2 * NT * 8 * 16 : 0);
   static_assert(bytes >= kWarps / 2 * kTiledRows * NT * 8 * 4,
                 "the pair's hand-over must fit the stages");
   static_assert(bytes >= kBlockRows * NT * 8 * 4, "the cluster's sums must fit the stages");
@@ -348,23 +450,23 @@ constexpr int StageBytes() {
 }
 
 // Raises the form's dynamic shared-memory limit, once; the result of that call.
-template <int NT, bool kPair, bool kCluster>
+template <class Codec, int NT, bool kPair, bool kCluster>
 cudaError_t RaiseSmemLimit() {
-  static const cudaError_t e = cudaFuncSetAttribute(TiledF16Kernel<NT, kPair, kCluster>,
+  static const cudaError_t e = cudaFuncSetAttribute(TiledF16Kernel<Codec, NT, kPair, kCluster>,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    StageBytes<NT>());
+                                                    StageBytes<Codec, NT>());
   return e;
 }
 
 // A launch in clusters of `split` consecutive blocks (one row block each); `at` holds the
 // attributes cfg points at.
-template <int NT>
+template <class Codec, int NT>
 cudaLaunchConfig_t ClusterLaunch(int blocks, int split, bool early, cudaStream_t stream,
                                  cudaLaunchAttribute (&at)[2]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = StageBytes<NT>();
+  cfg.dynamicSmemBytes = StageBytes<Codec, NT>();
   cfg.stream = stream;
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = split;
@@ -377,35 +479,38 @@ cudaLaunchConfig_t ClusterLaunch(int blocks, int split, bool early, cudaStream_t
   return cfg;
 }
 
-template <int NT, bool kPair, bool kCluster>
+template <class Codec, int NT, bool kPair, bool kCluster>
 absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
-  auto* kernel = TiledF16Kernel<NT, kPair, kCluster>;
-  const cudaError_t attr = RaiseSmemLimit<NT, kPair, kCluster>();
+  auto* kernel = TiledF16Kernel<Codec, NT, kPair, kCluster>;
+  const cudaError_t attr = RaiseSmemLimit<Codec, NT, kPair, kCluster>();
   if (attr != cudaSuccess)
-    return absl::InternalError(absl::StrCat("TiledF16Multi: shared memory ", StageBytes<NT>(),
-                                            ": ", cudaGetErrorString(attr)));
+    return absl::InternalError(absl::StrCat("TiledF16Multi: shared memory ",
+                                            StageBytes<Codec, NT>(), ": ",
+                                            cudaGetErrorString(attr)));
   if constexpr (kCluster) {
     cudaLaunchAttribute at[2];
     const cudaLaunchConfig_t cfg =
-        ClusterLaunch<NT>(blocks, L.split, L.seg[0].early_launch, stream, at);
+        ClusterLaunch<Codec, NT>(blocks, L.split, L.seg[0].early_launch, stream, at);
     (void)cudaLaunchKernelEx(&cfg, kernel, L);
   } else {
-    LaunchMaybeEarly(kernel, blocks, kThreads, StageBytes<NT>(), stream, L.seg[0].early_launch, L);
+    LaunchMaybeEarly(kernel, blocks, kThreads, StageBytes<Codec, NT>(), stream,
+                     L.seg[0].early_launch, L);
   }
   return LastLaunchStatus("TiledF16Kernel");
 }
 
 // Clusters of `split` blocks of this kernel the device holds at once (0: none fit), once per
 // (form, split).
-template <int NT, bool kPair>
+template <class Codec, int NT, bool kPair>
 int ActiveClusters(int split) {
   static std::atomic<int> cache[kMaxSplit + 1] = {};  // the count + 1; 0: not queried yet
   if (cache[split].load(std::memory_order_relaxed) == 0) {
     cudaLaunchAttribute at[2];
-    const cudaLaunchConfig_t cfg = ClusterLaunch<NT>(split, split, false, nullptr, at);
+    const cudaLaunchConfig_t cfg = ClusterLaunch<Codec, NT>(split, split, false, nullptr, at);
     int n = 0;
-    if (RaiseSmemLimit<NT, kPair, true>() != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&n, TiledF16Kernel<NT, kPair, true>, &cfg) != cudaSuccess) {
+    if (RaiseSmemLimit<Codec, NT, kPair, true>() != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&n, TiledF16Kernel<Codec, NT, kPair, true>, &cfg) !=
+            cudaSuccess) {
       (void)cudaGetLastError();
       n = 0;
     }
@@ -423,23 +528,33 @@ int ActiveClusters(int split) {
 // four waves) 88.6 / 90.5 at 24-32 columns and 136.0 / 142.1 at 64, but 72.3 / 69.2 at 16 and
 // 61.3 / 57.6 at 8: with several waves a cluster's blocks leave together, so the slots of the
 // next ones free in groups, which only the larger reductions outweigh.
-template <int NT>
+template <class Codec, int NT>
 absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t stream) {
   const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
   if (cluster) {
-    const int fit = pair ? ActiveClusters<NT, true>(L.split) : ActiveClusters<NT, false>(L.split);
+    const int fit = pair ? ActiveClusters<Codec, NT, true>(L.split)
+                         : ActiveClusters<Codec, NT, false>(L.split);
     const int waves = CeilDiv(blocks, Slots());
     cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4);
   }
   if (cluster)
-    return pair ? LaunchOne<NT, true, true>(L, blocks, stream)
-                : LaunchOne<NT, false, true>(L, blocks, stream);
-  return pair ? LaunchOne<NT, true, false>(L, blocks, stream)
-              : LaunchOne<NT, false, false>(L, blocks, stream);
+    return pair ? LaunchOne<Codec, NT, true, true>(L, blocks, stream)
+                : LaunchOne<Codec, NT, false, true>(L, blocks, stream);
+  return pair ? LaunchOne<Codec, NT, true, false>(L, blocks, stream)
+              : LaunchOne<Codec, NT, false, false>(L, blocks, stream);
+}
+
+// The launch for nc columns: 8-column n-tiles, NT of them.
+template <class Codec>
+absl::Status LaunchCodec(const F16Launch& L, int nc, int blocks, bool cluster, cudaStream_t stream) {
+  if (nc <= 8) return LaunchNt<Codec, 1>(L, blocks, cluster, stream);
+  if (nc <= 16) return LaunchNt<Codec, 2>(L, blocks, cluster, stream);
+  if (nc <= 32) return LaunchNt<Codec, 4>(L, blocks, cluster, stream);
+  return LaunchNt<Codec, 8>(L, blocks, cluster, stream);
 }
 
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
-                                      float* __restrict__ xs) {
+                                      float* __restrict__ xs, uint16_t* __restrict__ sums) {
   __shared__ float scratch[32];
   WaitForPrerequisiteGrids();  // launched early: nothing before this
   AllowDependentLaunch();
@@ -454,7 +569,21 @@ __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16
   const int ex = HalfRowExponent(m);
   const float scale = ldexpf(1.f, 14 - ex);
   if (threadIdx.x == 0) xs[blockIdx.x] = ldexpf(1.f, ex - 14);
-  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) hr[i] = HalfScaled4(xr[i], scale);
+  // Uniform trip count: with sums, every lane takes part in the shuffles (a 32-element sub-block
+  // is 8 neighbouring lanes).
+  for (int base = 0; base < K / 4; base += blockDim.x) {
+    const int i = base + threadIdx.x;
+    const bool ok = i < K / 4;
+    uint2 h = make_uint2(0u, 0u);
+    if (ok) {
+      h = HalfScaled4(xr[i], scale);
+      hr[i] = h;
+    }
+    if (sums != nullptr) {
+      const double sum = LaneGroupSum<8>(HalfSum4(h));
+      if (ok && (i & 7) == 0) sums[static_cast<int64_t>(blockIdx.x) * (K / 32) + i / 8] = SubBlockSumBits(sum);
+    }
+  }
 }
 
 // The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
@@ -486,12 +615,13 @@ int64_t TiledF16PartialFloats(int max_cols) {
 int TiledF16Tickets() { return kMaxTickets; }
 
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
-                             cudaStream_t stream, bool early) {
-  if (R <= 0 || K <= 0 || K % 4 != 0)
-    return absl::InvalidArgumentError(absl::StrCat("HalfActivations: R=", R, " K=", K));
+                             cudaStream_t stream, bool early, uint16_t* sums) {
+  if (R <= 0 || K <= 0 || K % (sums ? 32 : 4) != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("HalfActivations: R=", R, " K=", K, sums ? " (sums need K % 32 == 0)" : ""));
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
     return absl::InvalidArgumentError("HalfActivations: x / xh misaligned");
-  LaunchMaybeEarly(HalfActivationsKernel, R, 256, 0, stream, early, x, K, xh, xs);
+  LaunchMaybeEarly(HalfActivationsKernel, R, 256, 0, stream, early, x, K, xh, xs, sums);
   return LastLaunchStatus("HalfActivationsKernel");
 }
 
@@ -514,12 +644,17 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
       return absl::InvalidArgumentError("TiledF16Multi: needs w, xh/xs and y");
     if (a.epilogue == GemvEpilogue::kSiluMul && (a.w2 == nullptr || n_segs != 1))
       return absl::InvalidArgumentError("TiledF16Multi: kSiluMul takes one segment with w2");
-    if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.xh != b.xh || a.xs != b.xs))
+    if (i > 0 && (a.type != b.type || a.K != b.K || a.nc != b.nc || a.xh != b.xh ||
+                  a.xs != b.xs || a.xhs != b.xhs))
       return absl::InvalidArgumentError(
           "TiledF16Multi: segments must share type, K, nc and activations");
   }
   if (reinterpret_cast<uintptr_t>(b.xh) % 16 != 0)
     return absl::InvalidArgumentError("TiledF16Multi: xh not 16-byte aligned");
+  if (b.type != GgmlType::Q6_K && (b.xhs == nullptr || reinterpret_cast<uintptr_t>(b.xhs) % 16 != 0))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TiledF16Multi: tiled ", std::string(GgmlInfo(b.type).name),
+        " needs the activations' sub-block sums (xhs, 16-byte aligned; HalfActivations)"));
   F16Launch L{};
   L.n_segs = n_segs;
   const int tpb = pair ? kWarps / 2 : kWarps;
@@ -555,10 +690,11 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     L.tickets = scratch.tickets;
   }
   const bool cluster = split > 1 && scratch.cluster_split && ClustersAvailable();
-  if (b.nc <= 8) return LaunchNt<1>(L, end, cluster, stream);
-  if (b.nc <= 16) return LaunchNt<2>(L, end, cluster, stream);
-  if (b.nc <= 32) return LaunchNt<4>(L, end, cluster, stream);
-  return LaunchNt<8>(L, end, cluster, stream);
+  switch (b.type) {
+    case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, stream);
+    case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, stream);
+    default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, stream);
+  }
 }
 
 }  // namespace ds::cuda

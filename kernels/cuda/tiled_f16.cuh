@@ -1,6 +1,7 @@
-// Tiled Q6_K (gemv_tiled.cuh) times f16 activations on f16 tensor cores, for batched decode
-// steps (the dispatch: f16_mma_min_cols..64 columns). Lab notes: kernels/cuda/README.md
-// ("Tiled Q6_K on f16 tensor cores").
+// Tiled Q6_K, Q4_K and Q5_K (gemv_tiled.cuh) times f16 activations on f16 tensor cores, for
+// batched decode steps (the dispatch: f16_mma_min_cols..64 columns; tiled Q4_K / Q5_K, which have
+// no int8 kernel, at every column count). Lab notes: kernels/cuda/README.md ("Tiled Q6_K on f16
+// tensor cores", "Tiled Q4_K / Q5_K").
 //
 // Why: the int8 kernels (TiledGemvMulti, MmqTiledMulti) must apply Q6_K's per-16 sub-block scale
 // and the per-32 activation scale to every accumulator after every int8 mma (~10 float
@@ -35,9 +36,11 @@ constexpr int kTiledF16MaxCols = kTiledMaxCols;
 // x: [R, K] f32 -> xh: [R, K] f16 bits of x * 2^e_r and xs: [R] = 2^-e_r, where e_r puts the
 // row's largest |x| in [2^13, 2^14) (e_r = 0 for an all-zero or non-finite row; e_r <= 114).
 // K % 4 == 0, x 16-byte and xh 8-byte aligned. CPU twin: cpu::HalfActivationsRow.
-// `early`: launched early (common.cuh, LaunchMaybeEarly).
+// `early`: launched early (common.cuh, LaunchMaybeEarly). `sums` (optional, K % 32 == 0): [R,
+// K/32] the 2^-6 scaled f16 sums of xh's 32-element sub-blocks (GemvArgs::xhs, which tiled
+// Q4_K / Q5_K need), exactly cpu::HalfSubBlockSums.
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
-                             cudaStream_t stream, bool early = false);
+                             cudaStream_t stream, bool early = false, uint16_t* sums = nullptr);
 
 // Device scratch of the launches that split K over blocks (the narrow matrices): partial sums
 // and one ticket per 128-row block (zero at allocation; each launch leaves them zero).
@@ -58,6 +61,8 @@ int TiledF16Tickets();
 // y = W x for tiled matrices on f16 activations: GemvArgs as for TiledGemvMulti, with xh / xs
 // (HalfActivations of the nc columns) instead of xq / xd; 1..kGemvMaxSegs segments sharing K, nc
 // and the activations, or one kSiluMul pair; nc <= kTiledF16MaxCols. xh 16-byte aligned.
+// Q4_K / Q5_K (w = d sc q - dmin mn) also take xhs, the sub-block sums: per unit the kernel adds
+// d * sum((sc q) x) (f16 operands, exact products) and -64 dmin * sum(mn * xhs) (one m16n8k8).
 absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scratch& scratch,
                            cudaStream_t stream);
 

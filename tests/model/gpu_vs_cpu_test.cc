@@ -410,6 +410,57 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
   }
 }
 
+// Tiled Q4_K / Q5_K (CudaBackendOptions::tiled_kquants, issue #22): the schedule above on the
+// K-quant models with their matrices tiled at upload, every column product (1-2 decode rows, the
+// 23-token prompt) on the f16 tensor-core kernel and the 100-token prefill dequantized from the
+// tiles: within the type's bounds of the CPU, the same logits on two loads, and not the raw
+// layout's logits bit for bit (the tiled kernels did run).
+TEST(GpuTiledKquant, LogitsWithinBoundAndDeterministic) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable (sm_70) path has no tiled layout";
+  for (const Case& c : kCases) {
+    if (c.shape != Shape::kWide || (c.type != GgmlType::Q4_K && c.type != GgmlType::Q5_K)) continue;
+    SCOPED_TRACE(c.name);
+    auto model = CaseModel(c, "_tiled");
+    ASSERT_TRUE(model.ok()) << model.status();
+    const std::string path = *model;
+    Trace cpu, tiled, tiled2, raw;
+    {
+      auto be = CreateCpuBackend(path, Options());
+      ASSERT_TRUE(be.ok()) << be.status();
+      cpu = RunSchedule(**be, nullptr);
+    }
+    CudaBackendOptions co;
+    co.tiled_kquants = true;
+    for (Trace* t : {&tiled, &tiled2}) {
+      auto be = cuda::CreateCudaBackendApi(path, Options(), co);
+      ASSERT_TRUE(be.ok()) << be.status();
+      *t = RunSchedule(**be, &cpu);
+    }
+    {
+      auto be = cuda::CreateCudaBackendApi(path, Options(), CudaBackendOptions{});
+      ASSERT_TRUE(be.ok()) << be.status();
+      raw = RunSchedule(**be, &cpu);
+    }
+    EXPECT_EQ(FirstDifferentStep(tiled2, tiled), -1) << "two loads differ";
+    EXPECT_NE(FirstDifferentStep(tiled, raw), -1) << "tiled_kquants changed no logit";
+    ASSERT_EQ(tiled.logits.size(), cpu.logits.size());
+    double worst = 0, worst_raw = 0;
+    std::string line;
+    for (size_t s = 0; s < cpu.logits.size(); ++s) {
+      const double rel = RelDiff(tiled.logits[s], cpu.logits[s]);
+      worst = std::max(worst, rel);
+      worst_raw = std::max(worst_raw, RelDiff(raw.logits[s], cpu.logits[s]));
+      line += " " + Sci(rel);
+      EXPECT_LE(rel, s == 0 ? c.prefill_bound : c.decode_bound) << "step " << s;
+    }
+    std::printf("gpu_tiled_kquant %-5s max %.3e (raw layout: %.3e) per step:%s\n", c.name, worst,
+                worst_raw, line.c_str());
+    std::fflush(stdout);
+    std::filesystem::remove(path);
+  }
+}
+
 // The tiled Q6_K layout (matrices repacked into 16-row int8 mma tiles at upload) against the raw
 // GGUF layout, prefill only: > 32 rows go through dequantization to bf16 + cuBLAS on both, the
 // same bf16 values, so the logits agree to 1e-5. Decode is not compared here: the int8 activation

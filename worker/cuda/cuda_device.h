@@ -209,7 +209,10 @@ class CudaDevice final : public Device {
     return xf_ != nullptr && copts_.f16_mma && R >= copts_.f16_mma_min_cols &&
            R <= std::min(kTiledF16MaxCols, tiled_max_rows_);
   }
-  bool F16Columns(const DMat& w, int R) const { return w.tiled && F16ColumnRows(R); }
+  // Tiled Q4_K / Q5_K have no int8 kernel: the f16 one at every column count of the column path.
+  bool F16Columns(const DMat& w, int R) const {
+    return w.tiled && (F16ColumnRows(R) || !TiledInt8Supported(w.type));
+  }
   // Rows of a replay's column segment (RowSegment::exact): under the f16 kernel's width.
   int ExactCap() const { return std::max(1, copts_.f16_mma_min_cols - 1); }
   // Tiled matrices: the f16 kernel, MMQ or the tiled column kernel for the launch's segments.
@@ -417,10 +420,14 @@ class CudaDevice final : public Device {
   // factors that undo it, and the scratch of its K-split launches.
   uint16_t* xf_ = nullptr;
   float* xf_scale_ = nullptr;
+  uint16_t* xf_sums_ = nullptr;  // the sub-block sums of xf_ (GemvArgs::xhs), with kq_tiled_
   TiledF16Scratch f16_scratch_;
   // Every quantized layer matrix has the tiled layout (the 27B Q6_K files): the norms may then
   // write the f16 activations instead of the int8 ones for f16-kernel steps (NormToA).
   bool trunk_tiled_ = false;
+  // Some matrix is tiled Q4_K / Q5_K (CudaBackendOptions::tiled_kquants): the f16 kernel at every
+  // column count for those, and xf_ comes with its sub-block sums.
+  bool kq_tiled_ = false;
   // The prepared step holds exact (replay) segments: LinearRows keeps the head's rows on the
   // int8 kernels too (PlanRowSegments sets it).
   bool step_exact_ = false;

@@ -207,10 +207,12 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     for (auto& [n, w] : mats)
       if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32) dense_mats.insert(w);
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
-  // by row lookups), so also the LM head unless it is tied to the embedding.
+  // by row lookups), so also the LM head unless it is tied to the embedding. Q4_K / Q5_K only
+  // with tiled_kquants and the f16 kernel, their only column kernel (tiled_f16.cuh).
+  const bool kq_tiling = tiled_ && copts_.tiled_kquants && copts_.f16_mma && tiled_max_rows_ > 0;
   auto tile_it = [&](const cpu::WeightView* w) {
     return tiled_ && w != &mw.token_embd && w != &mw.mtp.embed && TiledSupported(w->type) &&
-           w->cols % 256 == 0;
+           w->cols % 256 == 0 && (TiledInt8Supported(w->type) || kq_tiling);
   };
   auto mat_bytes = [&](const cpu::WeightView* w) -> uint64_t {
     return tile_it(w) ? TiledBytes(w->type, w->rows, static_cast<int>(w->cols))
@@ -219,7 +221,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   uint64_t staging_bytes = 0;  // transient upload buffer of the repack (freed before state/work)
   uint64_t dense_bytes = 0;    // the 16-bit copies of dense_mats, charged once they are chosen
   trunk_tiled_ = tiled_;
+  kq_tiled_ = false;
   for (auto& [n, w] : mats) {
+    kq_tiled_ = kq_tiled_ || (tile_it(w) && !TiledInt8Supported(w->type));
     if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32)
       trunk_tiled_ = trunk_tiled_ && tile_it(w);
     if (!GemvSupported(w->type))
@@ -242,7 +246,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const cpu::WeightView* draft_head = mtp_own_head ? &mw.mtp.head : &mw.output;
   const uint64_t coarse_bytes =
       has_mtp_ && copts_.coarse_draft_head && (mtp_own_head || !mw.tied_output) &&
-              tile_it(draft_head)  // tiled: Q6_K
+              tile_it(draft_head) && draft_head->type == GgmlType::Q6_K  // CoarsenTiled's input
           ? CoarseBytes(draft_head->rows, static_cast<int>(draft_head->cols))
           : 0;
   plan_.weights += AlignUp(coarse_bytes);
@@ -314,7 +318,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       attn_prefill_tensor_cores_ || attn_prefill_wgmma_ ? 0 : static_cast<uint64_t>(slot_ctx_);
   const uint64_t LR = static_cast<uint64_t>(logit_rows_max_);  // logit rows of one micro-step
   // TiledF16Multi's activations and K-split scratch (~14 MiB on the 27B), when it can run.
-  const bool f16_cols = tiled_ && copts_.f16_mma && tiled_max_rows_ >= copts_.f16_mma_min_cols;
+  // Tiled Q4_K / Q5_K take it at every column count (kq_tiled_), with the sub-block sums.
+  const bool f16_cols =
+      tiled_ && copts_.f16_mma && (tiled_max_rows_ >= copts_.f16_mma_min_cols || kq_tiled_);
   std::vector<Buf> bufs = {
       {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
@@ -345,6 +351,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
       {reinterpret_cast<void**>(&xf_), f16_cols ? static_cast<uint64_t>(QuantRows()) * max_k_ * 2 : 0},
       {reinterpret_cast<void**>(&xf_scale_), f16_cols ? static_cast<uint64_t>(QuantRows()) * 4 : 0},
+      {reinterpret_cast<void**>(&xf_sums_), kq_tiled_ ? static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 2 : 0},
       {reinterpret_cast<void**>(&f16_scratch_.partial),
        f16_cols ? static_cast<uint64_t>(TiledF16PartialFloats(kTiledF16MaxCols)) * 4 : 0},
       {reinterpret_cast<void**>(&f16_scratch_.tickets), f16_cols ? TiledF16Tickets() * 4ull : 0},

@@ -79,7 +79,8 @@ absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
 }
 absl::Status CudaDevice::EnsureHalfColumns(const float* x, int R, int K) {
   if (xf_src_ == x && xf_rows_ == R) return absl::OkStatus();
-  DS_RETURN_IF_ERROR(HalfActivations(x, R, K, xf_, xf_scale_, stream_, early_launch_));
+  DS_RETURN_IF_ERROR(HalfActivations(x, R, K, xf_, xf_scale_, stream_, early_launch_,
+                                     kq_tiled_ ? xf_sums_ : nullptr));
   xf_src_ = x;
   xf_rows_ = R;
   return absl::OkStatus();
@@ -121,6 +122,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
     if (f16) {
       a.xh = xf_ + static_cast<int64_t>(c0) * w.cols;
       a.xs = xf_scale_ + c0;
+      if (xf_sums_) a.xhs = xf_sums_ + static_cast<int64_t>(c0) * (w.cols / 32);
     }
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
@@ -445,6 +447,7 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
       if (f16) {
         a.xh = xf_ + static_cast<int64_t>(c0) * m->cols;
         a.xs = xf_scale_ + c0;
+        if (xf_sums_) a.xhs = xf_sums_ + static_cast<int64_t>(c0) * (m->cols / 32);
       }
       a.y = y + static_cast<int64_t>(c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
@@ -460,8 +463,8 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
   InvalidateX();
   // Steps whose trunk matmuls take the f16 kernel get its activations from the norm itself.
   if (trunk_tiled_ && F16ColumnRows(R) && H % 8 == 0) {
-    DS_RETURN_IF_ERROR(
-        RmsNormHalf(h_, w, a_, xf_, xf_scale_, R, H, cfg_.rms_eps, stream_, early_launch_));
+    DS_RETURN_IF_ERROR(RmsNormHalf(h_, w, a_, xf_, xf_scale_, R, H, cfg_.rms_eps, stream_,
+                                   early_launch_, kq_tiled_ ? xf_sums_ : nullptr));
     xf_src_ = a_;
     xf_rows_ = R;
     return absl::OkStatus();

@@ -1,0 +1,439 @@
+// Tiled Q4_K / Q5_K on the GPU (issue #22): the device repack equals the CPU packing of the
+// layout definition (kernels/cpu/tiled_kquant_layout.h) byte for byte; the dequantization of
+// tiled rows equals that of the raw rows bit for bit; the activations' sub-block sums equal
+// cpu::HalfSubBlockSums bit for bit, from HalfActivations and from the fused norm; and the f16
+// tensor-core kernel (TiledF16Multi) against its CPU reference (cpu::TiledF16DotKq: the same f16
+// operands, summed exactly) and the f32 product of the dequantized rows, at every column count,
+// with every epilogue, a K split, several segments; a column's result the same bits at every
+// column count, through clusters or the scratch. TiledKquantTiming.Table27B is the benchmark the
+// dispatch needs (f16 kernel vs the v2 GEMV on raw rows): it prints only. Needs sm_80+.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "common/util/half.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/tiled_f16_ref.h"
+#include "kernels/cpu/tiled_kquant_layout.h"
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/gemv_tiled.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/tiled_f16.cuh"
+#include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/tiled_test_util.h"
+
+namespace ds::cuda {
+namespace {
+
+std::mt19937& Rng() {
+  static std::mt19937 rng(9191);
+  return rng;
+}
+
+GgmlType TypeOf(bool q5) { return q5 ? GgmlType::Q5_K : GgmlType::Q4_K; }
+
+// Random raw rows: every quant, scale and min bit pattern; f16 d and dmin in [2e-5, 4e-4).
+std::vector<uint8_t> RandomRows(bool q5, int64_t rows, int K) {
+  const int bb = tiled_kq::RawBlockBytes(q5);
+  std::vector<uint8_t> w(rows * GgmlRowBytes(TypeOf(q5), K));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(2e-5f, 4e-4f);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(Rng()));
+  for (size_t off = 0; off < w.size(); off += bb) {
+    const uint16_t d = F32ToF16(sc(Rng())), dmin = F32ToF16(sc(Rng()));
+    std::memcpy(&w[off], &d, 2);
+    std::memcpy(&w[off + 2], &dmin, 2);
+  }
+  return w;
+}
+
+// The tiled copy, made in two TileRows calls (rows [0, 32) and the rest) as the upload does.
+Dev<uint8_t> Tile(bool q5, const Dev<uint8_t>& raw, int M, int K) {
+  Dev<uint8_t> t(TiledBytes(TypeOf(q5), M, K));
+  const int first = std::min(M, 32);
+  EXPECT_TRUE(TileRows(TypeOf(q5), raw.p, 0, first, K, t.p, nullptr).ok());
+  if (M > first) {
+    const uint8_t* rest = raw.p + first * GgmlRowBytes(TypeOf(q5), K);
+    EXPECT_TRUE(TileRows(TypeOf(q5), rest, first, M - first, K, t.p, nullptr).ok());
+  }
+  return t;
+}
+
+// Activations with outliers, one all-zero 256-block per column, columns of very different size.
+std::vector<float> RandomActs(int nc, int K) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::uniform_int_distribution<int> pick(0, K - 1);
+  std::vector<float> x(static_cast<size_t>(nc) * K);
+  for (auto& v : x) v = u(Rng());
+  for (int c = 0; c < nc; ++c) {
+    float* col = x.data() + static_cast<size_t>(c) * K;
+    const float mag = std::ldexp(1.f, (c * 7) % 41 - 20);
+    for (int k = 0; k < K; ++k) col[k] = col[k] * mag + (c % 3 == 0 ? 0.7f * mag : 0.f);
+    for (int i = 0; i < K / 64; ++i) col[pick(Rng())] *= 40.f;
+    std::fill_n(col + 256 * (c % (K / 256)), 256, 0.f);
+  }
+  return x;
+}
+
+struct Scratch {
+  Dev<float> partial{static_cast<size_t>(TiledF16PartialFloats(kTiledF16MaxCols))};
+  Dev<int> tickets{static_cast<size_t>(TiledF16Tickets())};
+  Scratch() { CK(cudaMemset(tickets.p, 0, tickets.n * 4)); }
+  TiledF16Scratch get(bool cluster_split = true) const {
+    return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
+            cluster_split};
+  }
+};
+
+struct HalfActs {
+  Dev<uint16_t> xh, sums;
+  Dev<float> xs;
+};
+HalfActs Convert(const std::vector<float>& x, int nc, int K) {
+  Dev<float> dx(x);
+  HalfActs h{Dev<uint16_t>(x.size()), Dev<uint16_t>(x.size() / 32), Dev<float>(static_cast<size_t>(nc))};
+  EXPECT_TRUE(HalfActivations(dx.p, nc, K, h.xh.p, h.xs.p, nullptr, false, h.sums.p).ok());
+  return h;
+}
+
+GemvArgs Args(bool q5, const void* w, const void* w2, int M, int K, int nc, const HalfActs& h,
+              float* y, GemvEpilogue ep) {
+  GemvArgs a;
+  a.type = TypeOf(q5);
+  a.w = w;
+  a.w2 = ep == GemvEpilogue::kSiluMul ? w2 : nullptr;
+  a.M = M;
+  a.K = K;
+  a.nc = nc;
+  a.xh = h.xh.p;
+  a.xs = h.xs.p;
+  a.xhs = h.sums.p;
+  a.y = y;
+  a.epilogue = ep;
+  return a;
+}
+
+TEST(TiledKquant, RepackEqualsTheLayoutDefinition) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  for (bool q5 : {false, true}) {
+    const int M = 37, K = 768, nu = K / 256;
+    const auto raw = RandomRows(q5, M, K);
+    Dev<uint8_t> draw(raw);
+    const auto got = Tile(q5, draw, M, K).Down();
+    ASSERT_EQ(got.size(), TiledBytes(TypeOf(q5), M, K));
+    ASSERT_EQ(got.size(), static_cast<size_t>((M + 15) / 16 * 16) * GgmlRowBytes(TypeOf(q5), K));
+    const size_t rb = GgmlRowBytes(TypeOf(q5), K);
+    for (int tile = 0; tile * 16 < M; ++tile)
+      for (int u = 0; u < nu; ++u) {
+        const uint8_t* blk[16];
+        for (int r = 0; r < 16; ++r) {
+          const int row = 16 * tile + r;
+          blk[r] = row < M ? raw.data() + rb * row + u * tiled_kq::RawBlockBytes(q5) : nullptr;
+        }
+        std::vector<uint8_t> want(tiled_kq::UnitBytes(q5));
+        for (int T = 0; T < 32; ++T) tiled_kq::PackLane(blk, q5, T, want.data());
+        EXPECT_EQ(0, std::memcmp(got.data() + (static_cast<size_t>(tile) * nu + u) * want.size(),
+                                 want.data(), want.size()))
+            << "q5=" << q5 << " tile " << tile << " unit " << u;
+      }
+  }
+}
+
+TEST(TiledKquant, DequantizeTiledRowsEqualsRaw) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  for (bool q5 : {false, true})
+    for (bool bf16 : {false, true}) {
+      const int M = 45, K = 1024;
+      Dev<uint8_t> raw(RandomRows(q5, M, K));
+      Dev<uint8_t> t = Tile(q5, raw, M, K);
+      Dev<uint16_t> a(static_cast<size_t>(M) * K), b(static_cast<size_t>(27) * K);
+      ASSERT_OK(DequantizeRows(TypeOf(q5), raw.p, M, K, a.p, bf16, nullptr));
+      ASSERT_OK(DequantizeTiledRows(TypeOf(q5), t.p, 5, 27, K, b.p, bf16, nullptr));
+      const auto want = a.Down(), got = b.Down();
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data() + 5 * K, got.size() * 2))
+          << "q5=" << q5 << " bf16=" << bf16;
+    }
+}
+
+// The sums: HalfActivations' == the CPU's, and the fused norm's == HalfActivations' of its
+// output, bit for bit (rows of one and of several groups per thread).
+TEST(TiledKquant, SubBlockSumsMatchCpuAndNorm) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  for (int n : {5120, 17408, 256}) {
+    const int T = 13;
+    const auto x = RandomActs(T, n);
+    HalfActs h = Convert(x, T, n);
+    const auto xh = h.xh.Down();
+    std::vector<uint16_t> want(x.size() / 32);
+    for (int r = 0; r < T; ++r)
+      cpu::HalfSubBlockSums(xh.data() + static_cast<size_t>(r) * n, n,
+                            want.data() + static_cast<size_t>(r) * (n / 32));
+    EXPECT_EQ(h.sums.Down(), want) << n;
+    std::vector<float> w(n);
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    for (auto& v : w) v = u(Rng());
+    Dev<float> dx(x), dw(w), out(x.size()), xs(T);
+    Dev<uint16_t> xh2(x.size()), sums2(x.size() / 32);
+    ASSERT_OK(RmsNormHalf(dx.p, dw.p, out.p, xh2.p, xs.p, T, n, 1e-6f, nullptr, false, sums2.p));
+    HalfActs h2 = Convert(out.Down(), T, n);
+    EXPECT_EQ(sums2.Down(), h2.sums.Down()) << n;
+    EXPECT_EQ(xh2.Down(), h2.xh.Down()) << n;
+  }
+}
+
+struct Case {
+  bool q5;
+  int M, K, nc;
+  GemvEpilogue ep;
+  int cpu_row_step = 1;
+};
+
+// GPU vs the CPU reference of the f16 operands (tight) and vs the f32 product (f16 rounding of
+// the activations and of the sums); returns the outputs.
+std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
+  SCOPED_TRACE(::testing::Message() << (c.q5 ? "Q5_K" : "Q4_K") << " M=" << c.M << " K=" << c.K
+                                    << " nc=" << c.nc << " ep=" << static_cast<int>(c.ep));
+  const bool pair = c.ep == GemvEpilogue::kSiluMul;
+  const auto w = RandomRows(c.q5, c.M, c.K);
+  const auto w2 = pair ? RandomRows(c.q5, c.M, c.K) : std::vector<uint8_t>(1);
+  const auto x = RandomActs(c.nc, c.K);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> y0(static_cast<size_t>(c.nc) * c.M);
+  for (auto& v : y0) v = u(Rng());
+  Dev<uint8_t> dw(w), dw2(w2);
+  Dev<uint8_t> tw = Tile(c.q5, dw, c.M, c.K);
+  Dev<uint8_t> tw2 = pair ? Tile(c.q5, dw2, c.M, c.K) : Dev<uint8_t>(1);
+  HalfActs h = Convert(x, c.nc, c.K);
+  GemvArgs a = Args(c.q5, tw.p, tw2.p, c.M, c.K, c.nc, h, nullptr, c.ep);
+  Dev<float> y(y0);
+  a.y = y.p;
+  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+  const auto got = y.Down();
+  Dev<float> y2(y0);
+  a.y = y2.p;
+  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+  EXPECT_EQ(0, std::memcmp(y2.Down().data(), got.data(), got.size() * 4)) << "second run";
+
+  const auto xh = h.xh.Down();
+  const auto sums = h.sums.Down();
+  const auto xs = h.xs.Down();
+  const uint64_t rb = GgmlRowBytes(TypeOf(c.q5), c.K);
+  std::vector<float> wf(c.K);
+  int bad = 0, bad_f32 = 0, checked = 0;
+  double worst = 0, worst_f32 = 0;
+  for (int col = 0; col < c.nc; ++col)
+    for (int r = 0; r < c.M; r += c.cpu_row_step) {
+      const uint16_t* hc = xh.data() + static_cast<size_t>(col) * c.K;
+      const uint16_t* sc = sums.data() + static_cast<size_t>(col) * (c.K / 32);
+      const float* xc = x.data() + static_cast<size_t>(col) * c.K;
+      auto dots = [&](const std::vector<uint8_t>& m, double* exact, double* abs, double* f32,
+                      double* f32_abs) {
+        *exact = xs[col] * cpu::TiledF16DotKq(m.data() + r * rb, c.q5, hc, sc, c.K, abs);
+        *abs *= xs[col];
+        cpu::DequantizeRow(TypeOf(c.q5), m.data() + r * rb, wf.data(), c.K);
+        *f32 = 0;
+        *f32_abs = 0;
+        for (int k = 0; k < c.K; ++k) {
+          *f32 += static_cast<double>(wf[k]) * xc[k];
+          *f32_abs += std::fabs(static_cast<double>(wf[k]) * xc[k]);
+        }
+      };
+      double e1, a1, f1, fa1;
+      dots(w, &e1, &a1, &f1, &fa1);
+      const size_t o = static_cast<size_t>(col) * c.M + r;
+      // f32 tensor-core sums, two fmas per unit, the K split's adds.
+      double expect = e1, tol = 3e-5 * a1 + 1e-30;
+      // f16 activations (<= 2^-11 each) and f16 sub-block sums (<= 2^-11 of each min term).
+      double expect32 = f1, tol32 = 1.05 * std::ldexp(1.0, -10) * (fa1 + a1) + tol + 1e-30;
+      if (pair) {
+        double e2, a2, f2, fa2;
+        dots(w2, &e2, &a2, &f2, &fa2);
+        auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+        expect = silu(e1) * e2;
+        tol = (std::fabs(e2) * 1.1 * tol + std::fabs(silu(e1)) * 3e-5 * a2) * 1.5 +
+              1e-6 * std::fabs(expect) + 1e-30;
+        expect32 = silu(f1) * f2;
+        const double t1 = 1.05 * std::ldexp(1.0, -10) * (fa1 + a1) + 3e-5 * a1,
+                     t2 = 1.05 * std::ldexp(1.0, -10) * (fa2 + a2) + 3e-5 * a2;
+        tol32 = (std::fabs(f2) * 1.1 * t1 + (std::fabs(silu(f1)) + t1) * t2) * 1.5 +
+                1e-6 * std::fabs(expect32) + 1e-30;
+      } else if (c.ep == GemvEpilogue::kAccumulate) {
+        expect += y0[o];
+        expect32 += y0[o];
+        tol += 1e-7 * std::fabs(y0[o]);
+        tol32 += 1e-7 * std::fabs(y0[o]);
+      }
+      const double err = std::fabs(got[o] - expect), err32 = std::fabs(got[o] - expect32);
+      worst = std::max(worst, err / tol);
+      worst_f32 = std::max(worst_f32, err32 / tol32);
+      ++checked;
+      if (!(err <= tol) && bad++ < 5)
+        ADD_FAILURE() << "vs the f16 reference: row " << r << " col " << col << " got " << got[o]
+                      << " want " << expect << " tol " << tol;
+      if (!(err32 <= tol32) && bad_f32++ < 5)
+        ADD_FAILURE() << "vs the f32 product: row " << r << " col " << col << " got " << got[o]
+                      << " want " << expect32 << " tol " << tol32;
+    }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(bad_f32, 0);
+  std::printf("  %s M=%6d K=%6d nc=%2d ep=%d: %d outputs, max err/tol %.3f (f16 ref) %.3f (f32)\n",
+              c.q5 ? "Q5_K" : "Q4_K", c.M, c.K, c.nc, static_cast<int>(c.ep), checked, worst,
+              worst_f32);
+  return got;
+}
+
+TEST(TiledKquant, EveryColumnCountOddShape) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  for (bool q5 : {false, true})
+    for (int nc = 1; nc <= 64; ++nc) RunCase({q5, 37, 768, nc, GemvEpilogue::kStore}, s);
+}
+
+TEST(TiledKquant, EpiloguesSplitAndModelShapes) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  for (bool q5 : {false, true}) {
+    for (int nc : {1, 9, 33, 64}) RunCase({q5, 21, 512, nc, GemvEpilogue::kSiluMul}, s);
+    for (int nc : {5, 16, 64}) RunCase({q5, 50, 1280, nc, GemvEpilogue::kAccumulate}, s);
+    RunCase({q5, 700, 4352, 24, GemvEpilogue::kStore, 3}, s);  // a K split
+    RunCase({q5, 17408, 5120, 64, GemvEpilogue::kSiluMul, 211}, s);
+    RunCase({q5, 5120, 17408, 48, GemvEpilogue::kAccumulate, 97}, s);
+    RunCase({q5, 10240, 5120, 1, GemvEpilogue::kStore, 101}, s);
+  }
+}
+
+// A column's result is the same bits at every column count, through the scratch and through
+// clusters (sm_90) alike; several segments in one launch equal one launch each.
+TEST(TiledKquant, ColumnCountClustersAndSegments) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  for (bool q5 : {false, true})
+    for (const auto& [M, K, ep] : {std::tuple{40, 1024, GemvEpilogue::kStore},
+                                   std::tuple{2000, 2048, GemvEpilogue::kStore},
+                                   std::tuple{300, 2048, GemvEpilogue::kSiluMul},
+                                   std::tuple{5120, 17408, GemvEpilogue::kStore}}) {
+      Dev<uint8_t> raw(RandomRows(q5, M, K)), raw2(RandomRows(q5, M, K));
+      Dev<uint8_t> t = Tile(q5, raw, M, K), t2 = Tile(q5, raw2, M, K);
+      HalfActs h = Convert(RandomActs(64, K), 64, K);
+      std::vector<float> full;
+      for (int nc : {64, 1, 8, 9, 16, 17, 32, 33, 63})
+        for (bool cluster : {true, false}) {
+          Dev<float> y(static_cast<size_t>(nc) * M);
+          const GemvArgs a = Args(q5, t.p, t2.p, M, K, nc, h, y.p, ep);
+          ASSERT_OK(TiledF16Multi(&a, 1, s.get(cluster), nullptr));
+          const auto got = y.Down();
+          if (full.empty()) {
+            full = got;
+            continue;
+          }
+          EXPECT_EQ(0, std::memcmp(got.data(), full.data(), got.size() * 4))
+              << "q5=" << q5 << " M=" << M << " nc=" << nc << " cluster=" << cluster;
+        }
+    }
+  for (bool q5 : {false, true}) {
+    const int K = 1536, nc = 20, Ms[3] = {640, 7, 900};
+    HalfActs h = Convert(RandomActs(nc, K), nc, K);
+    std::vector<Dev<uint8_t>> tiled;
+    for (int i = 0; i < 3; ++i) {
+      Dev<uint8_t> d(RandomRows(q5, Ms[i], K));
+      tiled.push_back(Tile(q5, d, Ms[i], K));
+    }
+    std::vector<Dev<float>> ys;
+    GemvArgs segs[3];
+    for (int i = 0; i < 3; ++i) {
+      ys.emplace_back(static_cast<size_t>(nc) * Ms[i]);
+      segs[i] = Args(q5, tiled[i].p, nullptr, Ms[i], K, nc, h, ys[i].p, GemvEpilogue::kStore);
+    }
+    ASSERT_OK(TiledF16Multi(segs, 3, s.get(), nullptr));
+    for (int i = 0; i < 3; ++i) {
+      Dev<float> alone(static_cast<size_t>(nc) * Ms[i]);
+      GemvArgs a = segs[i];
+      a.y = alone.p;
+      ASSERT_OK(TiledF16Multi(&a, 1, s.get(), nullptr));
+      // The K split is the launch's (all its row blocks): alone, a segment may split otherwise,
+      // so the values agree to rounding, not bit for bit.
+      const auto x = ys[i].Down(), y = alone.Down();
+      for (size_t j = 0; j < x.size(); ++j)
+        ASSERT_NEAR(x[j], y[j], 1e-4 * (std::fabs(y[j]) + 1e-3)) << "segment " << i << " " << j;
+    }
+  }
+}
+
+TEST(TiledKquant, RejectsMissingSums) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  const int M = 16, K = 256;
+  Dev<uint8_t> raw(RandomRows(false, M, K));
+  Dev<uint8_t> t = Tile(false, raw, M, K);
+  HalfActs h = Convert(RandomActs(1, K), 1, K);
+  Dev<float> y(M);
+  GemvArgs a = Args(false, t.p, nullptr, M, K, 1, h, y.p, GemvEpilogue::kStore);
+  a.xhs = nullptr;
+  EXPECT_FALSE(TiledF16Multi(&a, 1, s.get(), nullptr).ok());
+  // No int8 kernel takes tiled Q4_K.
+  EXPECT_FALSE(TiledGemvMulti(&a, 1, nullptr).ok());
+  Dev<float> x(K);
+  Dev<uint16_t> xh(K), sums(K / 32);
+  EXPECT_FALSE(HalfActivations(x.p, 1, 100, xh.p, y.p, nullptr, false, sums.p).ok());  // K % 32
+}
+
+// The benchmark for the dispatch (prints only): us per launch of the f16 kernel on tiled Q4_K /
+// Q5_K and of the v2 GEMV on the raw rows (<= 16 columns: its range), the 27B shapes (single
+// matrices), each launch on another copy of the weights (>= 256 MiB in all, so L2 holds none).
+TEST(TiledKquantTiming, Table27B) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  for (bool q5 : {false, true})
+    for (const Matrix27B& m : k27BMatrices) {
+      if (m.ep == GemvEpilogue::kSiluMul) continue;
+      const uint64_t tb = TiledBytes(TypeOf(q5), m.M, m.K);  // == the raw bytes
+      const int copies = std::max<int>(2, static_cast<int>((256ull << 20) / tb) + 1);
+      Dev<uint8_t> raw0(RandomRows(q5, m.M, m.K));
+      Dev<uint8_t> t0 = Tile(q5, raw0, m.M, m.K);
+      Dev<uint8_t> raws(tb * copies), tiles(tb * copies);
+      for (int i = 0; i < copies; ++i) {
+        CK(cudaMemcpy(raws.p + tb * i, raw0.p, tb, cudaMemcpyDeviceToDevice));
+        CK(cudaMemcpy(tiles.p + tb * i, t0.p, tb, cudaMemcpyDeviceToDevice));
+      }
+      HalfActs h = Convert(RandomActs(64, m.K), 64, m.K);
+      Dev<float> x(RandomActs(64, m.K));
+      Dev<int8_t> xq(static_cast<size_t>(64) * m.K);
+      Dev<float> xd(static_cast<size_t>(64) * m.K / 32);
+      ASSERT_OK(QuantizeActivations(x.p, 64, m.K, xq.p, xd.p, nullptr));
+      Dev<float> y(static_cast<size_t>(64) * m.M);
+      std::printf("%s %-12s", q5 ? "Q5_K" : "Q4_K", m.name);
+      for (int nc : {1, 2, 4, 8, 16, 32, 64}) {
+        const double f16 = MedianLaunchUs([&](int rep) {
+          const GemvArgs a = Args(q5, tiles.p + tb * (rep % copies), nullptr, m.M, m.K, nc, h, y.p,
+                                  GemvEpilogue::kStore);
+          return TiledF16Multi(&a, 1, s.get(), nullptr);
+        });
+        double v2 = 0;
+        if (nc <= kGemvMaxCols)
+          v2 = MedianLaunchUs([&](int rep) {
+            GemvArgs g;
+            g.type = TypeOf(q5);
+            g.w = raws.p + tb * (rep % copies);
+            g.M = m.M;
+            g.K = m.K;
+            g.nc = nc;
+            g.x = x.p;
+            g.xq = xq.p;
+            g.xd = xd.p;
+            g.y = y.p;
+            return Gemv(g, nullptr);
+          });
+        std::printf("  nc=%d f16 %.1f v2 %.1f", nc, f16, v2);
+      }
+      std::printf("  (us)\n");
+    }
+}
+
+}  // namespace
+}  // namespace ds::cuda
