@@ -26,9 +26,10 @@ wait_serving() {
   return 1
 }
 # The 27B-shape Q6_K synth file (~40 s) at path $1 unless it is there already (it is never
-# carried); scripts run it beside their tests as `synth_27b "$M" &` and `wait` before the bench.
+# carried; $2: the weight type, Q6_K when absent); scripts run it beside their tests as
+# `synth_27b "$M" &` and `wait` before the bench.
 synth_27b() {
-  [ -s "$1" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type Q6_K --out "$1" >/dev/null 2>&1
+  [ -s "$1" ] || timeout 200 "$BIN/deltaserve" gguf-synth --preset 27b --type "${2:-Q6_K}" --out "$1" >/dev/null 2>&1
 }
 # One line from a `deltaserve generate --json` output file $1: tok/s, tokens, and with MTP the
 # tokens per verify and the acceptance by position.

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Tiled Q4_K / Q5_K on the f16 tensor-core kernel (issue #22, CudaBackendOptions::tiled_kquants,
+# `bench --tiled-kq on|off`): the kernel tests (repack, tiled dequantization, sub-block sums,
+# the kernel vs its CPU reference), the Q6_K f16 kernel's own test (its code was templated), the
+# whole-model case against the CPU, the per-launch table (f16 kernel vs the v2 GEMV on raw rows),
+# then `deltaserve bench` on the 27B Q4_K synth (one stream, x16, x64) with each setting,
+# alternated.
+# Usage (device, repo root, after
+#   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
+#     deltaserve tiled_kquant_cuda_test tiled_f16_cuda_test gpu_vs_cpu_test):
+#   DS_CARRY=.devcarry-lead [ROUNDS=2] [TYPE=Q4_K] bash tools/device/tiled_kquant_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/device/env.sh
+L=${OUT:-/tmp/out}/logs
+mkdir -p "$L"
+T=${TYPE:-Q4_K}
+M=${MODEL:-/tmp/m_$T.gguf}
+synth_27b "$M" "$T" &
+synth=$!
+run_gtest tiled_kquant_cuda_test
+run_gtest tiled_f16_cuda_test --gtest_filter='TiledF16.*'
+run_gtest gpu_vs_cpu_test --gtest_filter='GpuTiledKquant.*:Models/GpuVsCpu.*Q4_K*:Models/GpuVsCpu.*Q5_K*'
+grep -h "gpu_tiled_kquant\|gpu_vs_cpu" "$L/gpu_vs_cpu_test.log" 2>/dev/null | head -8
+timeout 200 "$BIN/tiled_kquant_cuda_test" --gtest_filter='TiledKquantTiming.*' 2>&1 | grep -E "^Q[45]_K"
+wait $synth
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for f in off on; do
+    echo "== round $round $T --tiled-kq $f"
+    timeout 200 "$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 16 --depth 0 \
+      --conc ${CONC:-1,16,64} --conc-gen 32 --no-profile --tiled-kq $f 2>&1 |
+      grep -E "aggregate decode|decode tg|prefill pp" | sort -u
+  done
+done
+exit $rc
