@@ -92,8 +92,6 @@ struct Q6kCodec {
   __device__ __forceinline__ static float2 D(const Unit& tu) {
     return make_float2(HalfBitsToF32(tu.d & 0xFFFF), HalfBitsToF32(tu.d >> 16));
   }
-  __device__ __forceinline__ static void MinOperands(const Unit&, int, uint32_t (&)[2]) {}
-  __device__ __forceinline__ static float2 Dmin(const Unit&) { return make_float2(0.f, 0.f); }
 };
 
 // Q4_K / Q5_K (kernels/cpu/tiled_kquant_layout.h): (1024 + quant) from the packed nibbles (and

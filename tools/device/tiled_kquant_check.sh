@@ -7,7 +7,7 @@
 # alternated.
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
-#     deltaserve tiled_kquant_cuda_test tiled_f16_cuda_test gpu_vs_cpu_test):
+#     deltaserve tiled_kquant_cuda_test tiled_f16_cuda_test gpu_vs_cpu_test batch_invariance_test):
 #   DS_CARRY=.devcarry-lead [ROUNDS=2] [TYPE=Q4_K] bash tools/device/tiled_kquant_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,6 +20,7 @@ synth_27b "$M" "$T" &
 synth=$!
 run_gtest tiled_kquant_cuda_test
 run_gtest tiled_f16_cuda_test --gtest_filter='TiledF16.*'
+run_gtest batch_invariance_test
 run_gtest gpu_vs_cpu_test --gtest_filter='GpuTiledKquant.*:Models/GpuVsCpu.*Q4_K*:Models/GpuVsCpu.*Q5_K*'
 grep -h "gpu_tiled_kquant\|gpu_vs_cpu" "$L/gpu_vs_cpu_test.log" 2>/dev/null | head -8
 timeout 200 "$BIN/tiled_kquant_cuda_test" --gtest_filter='TiledKquantTiming.*' 2>&1 | grep -E "^Q[45]_K"
