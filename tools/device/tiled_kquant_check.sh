@@ -5,10 +5,15 @@
 # whole-model case against the CPU, the per-launch table (f16 kernel vs the v2 GEMV on raw rows),
 # then `deltaserve bench` on the 27B Q4_K synth (one stream, x16, x64) with each setting,
 # alternated.
-# Usage (device, repo root, after
-#   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh \
-#     deltaserve tiled_kquant_cuda_test tiled_f16_cuda_test gpu_vs_cpu_test batch_invariance_test):
-#   DS_CARRY=.devcarry-lead [ROUNDS=2] [TYPE=Q4_K] bash tools/device/tiled_kquant_check.sh
+# Usage (device, repo root). The binaries do not fit one call's 64 MiB with the sources (53 MB
+# packed, 2026-12-05), so two calls:
+#   1. here: DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash \
+#        tools/device/pack.sh deltaserve tiled_kquant_cuda_test tiled_f16_cuda_test   (32 MB)
+#      device: DS_CARRY=.devcarry-lead [ROUNDS=2] [TYPE=Q4_K] bash tools/device/tiled_kquant_check.sh
+#   2. here: ... DS_PACK_OUT=.devcarry-t bash tools/device/pack.sh gpu_vs_cpu_test \
+#        batch_invariance_test   (22 MB)
+#      device: DS_CARRY=.devcarry-t ROUNDS=0 bash tools/device/tiled_kquant_check.sh
+# (run_gtest skips a binary that was not packed; ROUNDS=0 skips the bench.)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -16,15 +21,16 @@ L=${OUT:-/tmp/out}/logs
 mkdir -p "$L"
 T=${TYPE:-Q4_K}
 M=${MODEL:-/tmp/m_$T.gguf}
-synth_27b "$M" "$T" &
-synth=$!
+if [ "${ROUNDS:-2}" != 0 ]; then synth_27b "$M" "$T" & fi
+
 run_gtest tiled_kquant_cuda_test
 run_gtest tiled_f16_cuda_test --gtest_filter='TiledF16.*'
 run_gtest batch_invariance_test
 run_gtest gpu_vs_cpu_test --gtest_filter='GpuTiledKquant.*:Models/GpuVsCpu.*Q4_K*:Models/GpuVsCpu.*Q5_K*'
 grep -h "gpu_tiled_kquant\|gpu_vs_cpu" "$L/gpu_vs_cpu_test.log" 2>/dev/null | head -8
-timeout 200 "$BIN/tiled_kquant_cuda_test" --gtest_filter='TiledKquantTiming.*' 2>&1 | grep -E "^Q[45]_K"
-wait $synth
+[ -x "$BIN/tiled_kquant_cuda_test" ] &&
+  timeout 200 "$BIN/tiled_kquant_cuda_test" --gtest_filter='TiledKquantTiming.*' 2>&1 | grep -E "^Q[45]_K"
+wait
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for f in off on; do
     echo "== round $round $T --tiled-kq $f"
