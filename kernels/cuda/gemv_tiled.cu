@@ -325,17 +325,13 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kPair ? 5 : kSums ? 4 
 }
 
 // One thread per (tile-unit, thread slot T, step s): the 8 values of the step's A fragments.
-// Thread order q, s, g (q fastest): 64 consecutive threads write one row's 512 contiguous bytes.
+// (Thread order: DequantSlotOf, tiled_q6k.cuh.)
 __global__ void DequantTiledKernel(const uint8_t* __restrict__ tiled, int64_t tu0, int64_t n_tu,
                                    int nu, int64_t row0, int64_t rows, int K,
                                    uint16_t* __restrict__ out, bool bf16) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tu * 512) return;
-  const int q = static_cast<int>(i & 3), s = static_cast<int>((i >> 2) & 15);
-  const int g = static_cast<int>((i >> 6) & 7), T = 4 * g + q;
-  const int64_t tu = tu0 + (i >> 9);
-  const int u = static_cast<int>(tu % nu);
-  const int64_t tile = tu / nu;
+  const auto [q, s, g, T, u, tu, tile] = DequantSlotOf(i, tu0, nu);
   const uint8_t* p = tiled + tu * kTileUnitBytes;
   uint32_t a[2];
   DecodeStep(*reinterpret_cast<const uint32_t*>(p + 512 * (s >> 2) + 16 * T + 4 * (s & 3)),

@@ -35,11 +35,7 @@ __global__ void DequantTiledKquantKernel(const uint8_t* __restrict__ tiled, int6
                                          uint16_t* __restrict__ out, bool bf16) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tu * 512) return;
-  const int q = static_cast<int>(i & 3), s = static_cast<int>((i >> 2) & 15);
-  const int g = static_cast<int>((i >> 6) & 7), T = 4 * g + q;
-  const int64_t tu = tu0 + (i >> 9);
-  const int u = static_cast<int>(tu % nu);
-  const int64_t tile = tu / nu;
+  const auto [q, s, g, T, u, tu, tile] = tiled::DequantSlotOf(i, tu0, nu);
   const uint8_t* p = tiled + tu * UnitBytes(kQ5);
   const uint32_t qs = *reinterpret_cast<const uint32_t*>(p + QsWordOffset(T, s));
   const uint32_t qh = kQ5 ? *reinterpret_cast<const uint32_t*>(p + QhWordOffset(T, s >> 2)) : 0u;

@@ -59,6 +59,25 @@ __device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
   return v;
 }
 
+// What thread i of a tiled dequantization (any tiled format: 16 x 256 tile-units, 512 threads
+// each) handles: tile-unit tu (unit u of tile `tile`), lane T = 4g + q's step s. Thread order q,
+// s, g (q fastest): 64 consecutive threads write one row's 512 contiguous bytes.
+struct DequantSlot {
+  int q, s, g, T, u;
+  int64_t tu, tile;
+};
+__device__ __forceinline__ DequantSlot DequantSlotOf(int64_t i, int64_t tu0, int nu) {
+  DequantSlot d;
+  d.q = static_cast<int>(i & 3);
+  d.s = static_cast<int>((i >> 2) & 15);
+  d.g = static_cast<int>((i >> 6) & 7);
+  d.T = 4 * d.g + d.q;
+  d.tu = tu0 + (i >> 9);
+  d.u = static_cast<int>(d.tu % nu);
+  d.tile = d.tu / nu;
+  return d;
+}
+
 struct TileUnit {
   uint4 ql[4], qh[2], sc0, sc1;
   uint32_t d;

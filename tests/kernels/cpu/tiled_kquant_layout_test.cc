@@ -74,35 +74,43 @@ uint16_t KernelD(const std::vector<uint8_t>& unit, bool q5, int r, bool dmin) {
   return Half(unit, (dmin ? OffDmin(q5) : OffD(q5)) + 4 * (r & 7) + 2 * (r >> 3));
 }
 
-// Every quant through PairBits: lane T = 4g + q, step s, pair p holds (row, k) =
-// (g + 8 (p & 1), 16s + 4q + 2 (p >> 1) + {0, 1}) as 1024 + quant in each f16 half.
+// Every weight of a packed tile-unit as the kernel reads it: f(T, s, p, e, r, k, h) with h the
+// f16 bits (1024 + quant) of element e of lane T's pair p of step s, which holds (row r, k) =
+// (g + 8 (p & 1), 16s + 4q + 2 (p >> 1) + e).
+template <class F>
+void ForEachKernelWeight(const std::vector<uint8_t>& unit, bool q5, F&& f) {
+  for (int T = 0; T < 32; ++T) {
+    const int g = T >> 2, q = T & 3;
+    for (int s = 0; s < 16; ++s) {
+      const uint32_t qs = Word(unit, QsWordOffset(T, s));
+      const uint32_t qh = q5 ? Word(unit, QhWordOffset(T, s >> 2)) : 0;
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t v = PairBits(qs, qh, q5, s, p);
+        for (int e = 0; e < 2; ++e)
+          f(T, s, p, e, g + 8 * (p & 1), 16 * s + 4 * q + 2 * (p >> 1) + e,
+            static_cast<uint16_t>(v >> (16 * e)));
+      }
+    }
+  }
+}
+
+// Every quant through PairBits, as 1024 + quant in its f16 half.
 void ExpectPairsHoldQuants(bool q5, int rows) {
   const int K = 512;
   const auto raw = RandomRows(q5, rows, K, q5 ? 3 : 4);
   const size_t rb = GgmlRowBytes(TypeOf(q5), K);
   for (int u = 0; u < K / kUnitElems; ++u) {
     const auto unit = PackUnit(raw, q5, rows, K, u);
-    for (int T = 0; T < 32; ++T) {
-      const int g = T >> 2, q = T & 3;
-      for (int s = 0; s < 16; ++s) {
-        const uint32_t qs = Word(unit, QsWordOffset(T, s));
-        const uint32_t qh = q5 ? Word(unit, QhWordOffset(T, s >> 2)) : 0;
-        for (int p = 0; p < 4; ++p) {
-          const uint32_t v = PairBits(qs, qh, q5, s, p);
-          const int r = g + 8 * (p & 1);
-          for (int e = 0; e < 2; ++e) {
-            const uint32_t h = (v >> (16 * e)) & 0xFFFF;
-            const int k = 16 * s + 4 * q + 2 * (p >> 1) + e;
-            const int want =
-                r < rows ? RawQuant(raw.data() + rb * r + u * RawBlockBytes(q5), q5, k) : 0;
-            ASSERT_EQ(h & 0xFC00u, 0x6400u) << "T=" << T << " s=" << s << " p=" << p;
-            ASSERT_EQ(static_cast<int>(h & 0x3FF), want)
-                << "q5=" << q5 << " u=" << u << " T=" << T << " s=" << s << " p=" << p << " e=" << e;
-            ASSERT_EQ(F16ToF32(static_cast<uint16_t>(h)), 1024.f + want);
-          }
-        }
-      }
-    }
+    int bad = 0;
+    ForEachKernelWeight(unit, q5, [&](int T, int s, int p, int e, int r, int k, uint16_t h) {
+      const int want = r < rows ? RawQuant(raw.data() + rb * r + u * RawBlockBytes(q5), q5, k) : 0;
+      if ((h & 0xFC00u) != 0x6400u || static_cast<int>(h & 0x3FF) != want ||
+          F16ToF32(h) != 1024.f + want)
+        if (bad++ < 5)
+          ADD_FAILURE() << "q5=" << q5 << " u=" << u << " T=" << T << " s=" << s << " p=" << p
+                        << " e=" << e << ": bits " << h << ", quant " << want;
+    });
+    EXPECT_EQ(bad, 0);
     for (int r = 0; r < kRows; ++r) {
       const uint8_t* b = r < rows ? raw.data() + rb * r + u * RawBlockBytes(q5) : nullptr;
       for (int j = 0; j < 8; ++j) {
@@ -164,23 +172,14 @@ void ExpectEmulatedKernelMatchesReference(bool q5) {
   for (int u = 0; u < K / kUnitElems; ++u) {
     const auto unit = PackUnit(raw, q5, rows, K, u);
     std::vector<double> cu(rows, 0.0), cm(rows, 0.0);
+    ForEachKernelWeight(unit, q5, [&](int, int s, int, int, int r, int k, uint16_t h) {
+      int sc, mn;
+      KernelScales(unit, q5, r, s >> 1, sc, mn);
+      const int quant = static_cast<int>(F16ToF32(h)) - 1024;
+      cu[r] += static_cast<double>(sc * quant) * F16ToF32(xh[u * 256 + k]);
+    });
     for (int T = 0; T < 32; ++T) {
       const int g = T >> 2, q = T & 3;
-      for (int s = 0; s < 16; ++s) {
-        const uint32_t qs = Word(unit, QsWordOffset(T, s));
-        const uint32_t qh = q5 ? Word(unit, QhWordOffset(T, s >> 2)) : 0;
-        for (int p = 0; p < 4; ++p) {
-          const int r = g + 8 * (p & 1);
-          int sc, mn;
-          KernelScales(unit, q5, r, s >> 1, sc, mn);
-          const uint32_t v = PairBits(qs, qh, q5, s, p);
-          for (int e = 0; e < 2; ++e) {
-            const int quant = static_cast<int>(F16ToF32((v >> (16 * e)) & 0xFFFF)) - 1024;
-            const int k = 16 * s + 4 * q + 2 * (p >> 1) + e;
-            cu[r] += static_cast<double>(sc * quant) * F16ToF32(xh[u * 256 + k]);
-          }
-        }
-      }
       // The minimum term's m16n8k8: lane (g, q) holds sub-blocks 2q, 2q + 1 of rows g, g + 8.
       for (int h = 0; h < 2; ++h)
         for (int jj = 0; jj < 2; ++jj) {

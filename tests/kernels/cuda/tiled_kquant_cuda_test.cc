@@ -26,6 +26,7 @@
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/tiled_f16_test_util.h"
 #include "tests/kernels/cuda/tiled_test_util.h"
 
 namespace ds::cuda {
@@ -65,31 +66,10 @@ Dev<uint8_t> Tile(bool q5, const Dev<uint8_t>& raw, int M, int K) {
   return t;
 }
 
-// Activations with outliers, one all-zero 256-block per column, columns of very different size.
-std::vector<float> RandomActs(int nc, int K) {
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::uniform_int_distribution<int> pick(0, K - 1);
-  std::vector<float> x(static_cast<size_t>(nc) * K);
-  for (auto& v : x) v = u(Rng());
-  for (int c = 0; c < nc; ++c) {
-    float* col = x.data() + static_cast<size_t>(c) * K;
-    const float mag = std::ldexp(1.f, (c * 7) % 41 - 20);
-    for (int k = 0; k < K; ++k) col[k] = col[k] * mag + (c % 3 == 0 ? 0.7f * mag : 0.f);
-    for (int i = 0; i < K / 64; ++i) col[pick(Rng())] *= 40.f;
-    std::fill_n(col + 256 * (c % (K / 256)), 256, 0.f);
-  }
-  return x;
-}
+// Every third column off zero mean: large sub-block sums for the minimum term.
+std::vector<float> RandomActs(int nc, int K) { return RandomHalfActs(Rng(), nc, K, 0.7f); }
 
-struct Scratch {
-  Dev<float> partial{static_cast<size_t>(TiledF16PartialFloats(kTiledF16MaxCols))};
-  Dev<int> tickets{static_cast<size_t>(TiledF16Tickets())};
-  Scratch() { CK(cudaMemset(tickets.p, 0, tickets.n * 4)); }
-  TiledF16Scratch get(bool cluster_split = true) const {
-    return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
-            cluster_split};
-  }
-};
+using Scratch = F16Scratch;
 
 struct HalfActs {
   Dev<uint16_t> xh, sums;
@@ -104,19 +84,7 @@ HalfActs Convert(const std::vector<float>& x, int nc, int K) {
 
 GemvArgs Args(bool q5, const void* w, const void* w2, int M, int K, int nc, const HalfActs& h,
               float* y, GemvEpilogue ep) {
-  GemvArgs a;
-  a.type = TypeOf(q5);
-  a.w = w;
-  a.w2 = ep == GemvEpilogue::kSiluMul ? w2 : nullptr;
-  a.M = M;
-  a.K = K;
-  a.nc = nc;
-  a.xh = h.xh.p;
-  a.xs = h.xs.p;
-  a.xhs = h.sums.p;
-  a.y = y;
-  a.epilogue = ep;
-  return a;
+  return F16LaunchArgs(TypeOf(q5), w, w2, M, K, nc, h.xh.p, h.xs.p, h.sums.p, y, ep);
 }
 
 TEST(TiledKquant, RepackEqualsTheLayoutDefinition) {
@@ -225,66 +193,27 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
   const auto xs = h.xs.Down();
   const uint64_t rb = GgmlRowBytes(TypeOf(c.q5), c.K);
   std::vector<float> wf(c.K);
-  int bad = 0, bad_f32 = 0, checked = 0;
-  double worst = 0, worst_f32 = 0;
-  for (int col = 0; col < c.nc; ++col)
-    for (int r = 0; r < c.M; r += c.cpu_row_step) {
-      const uint16_t* hc = xh.data() + static_cast<size_t>(col) * c.K;
-      const uint16_t* sc = sums.data() + static_cast<size_t>(col) * (c.K / 32);
-      const float* xc = x.data() + static_cast<size_t>(col) * c.K;
-      auto dots = [&](const std::vector<uint8_t>& m, double* exact, double* abs, double* f32,
-                      double* f32_abs) {
-        *exact = xs[col] * cpu::TiledF16DotKq(m.data() + r * rb, c.q5, hc, sc, c.K, abs);
-        *abs *= xs[col];
-        cpu::DequantizeRow(TypeOf(c.q5), m.data() + r * rb, wf.data(), c.K);
-        *f32 = 0;
-        *f32_abs = 0;
-        for (int k = 0; k < c.K; ++k) {
-          *f32 += static_cast<double>(wf[k]) * xc[k];
-          *f32_abs += std::fabs(static_cast<double>(wf[k]) * xc[k]);
-        }
-      };
-      double e1, a1, f1, fa1;
-      dots(w, &e1, &a1, &f1, &fa1);
-      const size_t o = static_cast<size_t>(col) * c.M + r;
-      // f32 tensor-core sums, two fmas per unit, the K split's adds.
-      double expect = e1, tol = 3e-5 * a1 + 1e-30;
-      // f16 activations (<= 2^-11 each) and f16 sub-block sums (<= 2^-11 of each min term).
-      double expect32 = f1, tol32 = 1.05 * std::ldexp(1.0, -10) * (fa1 + a1) + tol + 1e-30;
-      if (pair) {
-        double e2, a2, f2, fa2;
-        dots(w2, &e2, &a2, &f2, &fa2);
-        auto silu = [](double v) { return v / (1 + std::exp(-v)); };
-        expect = silu(e1) * e2;
-        tol = (std::fabs(e2) * 1.1 * tol + std::fabs(silu(e1)) * 3e-5 * a2) * 1.5 +
-              1e-6 * std::fabs(expect) + 1e-30;
-        expect32 = silu(f1) * f2;
-        const double t1 = 1.05 * std::ldexp(1.0, -10) * (fa1 + a1) + 3e-5 * a1,
-                     t2 = 1.05 * std::ldexp(1.0, -10) * (fa2 + a2) + 3e-5 * a2;
-        tol32 = (std::fabs(f2) * 1.1 * t1 + (std::fabs(silu(f1)) + t1) * t2) * 1.5 +
-                1e-6 * std::fabs(expect32) + 1e-30;
-      } else if (c.ep == GemvEpilogue::kAccumulate) {
-        expect += y0[o];
-        expect32 += y0[o];
-        tol += 1e-7 * std::fabs(y0[o]);
-        tol32 += 1e-7 * std::fabs(y0[o]);
-      }
-      const double err = std::fabs(got[o] - expect), err32 = std::fabs(got[o] - expect32);
-      worst = std::max(worst, err / tol);
-      worst_f32 = std::max(worst_f32, err32 / tol32);
-      ++checked;
-      if (!(err <= tol) && bad++ < 5)
-        ADD_FAILURE() << "vs the f16 reference: row " << r << " col " << col << " got " << got[o]
-                      << " want " << expect << " tol " << tol;
-      if (!(err32 <= tol32) && bad_f32++ < 5)
-        ADD_FAILURE() << "vs the f32 product: row " << r << " col " << col << " got " << got[o]
-                      << " want " << expect32 << " tol " << tol32;
+  // The same f16 operands, exactly; and the f32 product of the dequantized row: f16 rounds the
+  // activations (2^-11 each) and the sub-block sums (2^-11 of each min term), not the weights.
+  auto dots = [&](int m, int r, int col) {
+    const std::vector<uint8_t>& mat = m == 0 ? w : w2;
+    const float* xc = x.data() + static_cast<size_t>(col) * c.K;
+    RefDots d;
+    d.exact = xs[col] * cpu::TiledF16DotKq(mat.data() + r * rb, c.q5,
+                                           xh.data() + static_cast<size_t>(col) * c.K,
+                                           sums.data() + static_cast<size_t>(col) * (c.K / 32),
+                                           c.K, &d.abs);
+    d.abs *= xs[col];
+    cpu::DequantizeRow(TypeOf(c.q5), mat.data() + r * rb, wf.data(), c.K);
+    for (int k = 0; k < c.K; ++k) {
+      d.f32 += static_cast<double>(wf[k]) * xc[k];
+      d.f32_abs += std::fabs(static_cast<double>(wf[k]) * xc[k]);
     }
-  EXPECT_EQ(bad, 0);
-  EXPECT_EQ(bad_f32, 0);
-  std::printf("  %s M=%6d K=%6d nc=%2d ep=%d: %d outputs, max err/tol %.3f (f16 ref) %.3f (f32)\n",
-              c.q5 ? "Q5_K" : "Q4_K", c.M, c.K, c.nc, static_cast<int>(c.ep), checked, worst,
-              worst_f32);
+    d.rounded_abs = d.f32_abs + d.abs;
+    return d;
+  };
+  const std::string label = std::string(c.q5 ? "Q5_K" : "Q4_K") + " K=" + std::to_string(c.K);
+  ExpectWithinReferences(label.c_str(), c.M, c.nc, c.ep, c.cpu_row_step, y0, got, dots);
   return got;
 }
 
