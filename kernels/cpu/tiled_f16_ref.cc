@@ -8,6 +8,7 @@
 #include "common/util/half.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/tiled_kquant_layout.h"
+#include "kernels/cpu/tiled_q8_layout.h"
 
 namespace ds::cpu {
 
@@ -77,6 +78,32 @@ double TiledF16DotKq(const void* row, bool q5, const uint16_t* xh, const uint16_
     }
     sum += d * unit - 64.0 * dmin * mins;
     abs += std::fabs(d) * unit_abs + 64.0 * std::fabs(dmin) * mins_abs;
+  }
+  if (abs_sum) *abs_sum = abs;
+  return sum;
+}
+
+double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {
+  const auto* bytes = static_cast<const uint8_t*>(row);
+  double sum = 0, abs = 0;
+  for (int64_t u = 0; u < n / 256; ++u) {
+    const uint8_t* unit = bytes + u * 8 * tiled_q8::kBlockBytes;
+    uint16_t d[8];
+    for (int b = 0; b < 8; ++b) std::memcpy(&d[b], unit + b * tiled_q8::kBlockBytes, 2);
+    const int e = tiled_q8::UnitExponent(d);
+    double part = 0, part_abs = 0;
+    for (int k = 0; k < 256; ++k) {
+      const int b = k / 32;
+      const float dp = F16ToF32(F32ToF16(tiled_q8::ScaledScale(F16ToF32(d[b]), e)));
+      const auto q = static_cast<int8_t>(unit[b * tiled_q8::kBlockBytes + 2 + k % 32]);
+      // q * d' is exact in f32 (8 x 11 bits); the kernel's f16 multiply rounds it once.
+      const double t = static_cast<double>(F16ToF32(F32ToF16(q * dp))) * F16ToF32(xh[256 * u + k]);
+      part += t;
+      part_abs += std::fabs(t);
+    }
+    const double scale = tiled_q8::ScaledScale(1.f, -e);
+    sum += scale * part;
+    abs += scale * part_abs;
   }
   if (abs_sum) *abs_sum = abs;
   return sum;

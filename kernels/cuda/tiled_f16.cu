@@ -13,6 +13,7 @@
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
 #include "kernels/cuda/tiled_kquant.cuh"
+#include "kernels/cuda/tiled_q8.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
 
 namespace ds::cuda {
@@ -70,6 +71,7 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 struct Q6kCodec {
   static constexpr bool kMins = false;
   static constexpr int kUnitBytes = kTileUnitBytes;
+  static constexpr int kPrefetchMaxNt = 4;  // the next unit in registers up to 32 columns
   using Unit = TileUnit;
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
     LoadTileUnit(t, p, lane);
@@ -101,6 +103,7 @@ template <bool kQ5>
 struct KquantCodec {
   static constexpr bool kMins = true;
   static constexpr int kUnitBytes = tiled_kq::UnitBytes(kQ5);
+  static constexpr int kPrefetchMaxNt = 4;
   struct Unit {
     tiled_kq_dev::Unit w;
     uint32_t sc0[2], mn0[2], sc8[2], mn8[2];  // rows g, g + 8: sub-blocks' scales and mins
@@ -139,6 +142,58 @@ struct KquantCodec {
   __device__ __forceinline__ static float2 Dmin(const Unit& tu) {
     return make_float2(-64.f * HalfBitsToF32(tu.w.dmin & 0xFFFF),
                        -64.f * HalfBitsToF32(tu.w.dmin >> 16));
+  }
+};
+
+// Q8_0 (kernels/cpu/tiled_q8_layout.h): the int8 quants made f16 exactly (0x64 above q ^ 0x80 is
+// 1152 + q, minus 1152), times the block's scale d' = d 2^e in f16, rounded once per weight (the
+// e of the row's unit puts its largest d' in [2^8, 2^9): nothing overflows, the large weights are
+// normal numbers); the unit's D = 2^-e undoes it exactly.
+struct Q8Codec {
+  static constexpr bool kMins = false;
+  static constexpr int kUnitBytes = tiled_q8::kUnitBytes;
+  // Its unit is 40 registers: a second one spills at 32 columns (ptxas, sm_90a), so up to 16.
+  static constexpr int kPrefetchMaxNt = 2;
+  struct Unit {
+    tiled_q8_dev::Unit w;
+    int e0, e8;  // rows g, g + 8
+  };
+  __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
+    tiled_q8_dev::LoadUnit(t.w, p, lane);
+  }
+  __device__ __forceinline__ static int Exponent(const uint4& d) {
+    const uint16_t h[8] = {static_cast<uint16_t>(d.x), static_cast<uint16_t>(d.x >> 16),
+                           static_cast<uint16_t>(d.y), static_cast<uint16_t>(d.y >> 16),
+                           static_cast<uint16_t>(d.z), static_cast<uint16_t>(d.z >> 16),
+                           static_cast<uint16_t>(d.w), static_cast<uint16_t>(d.w >> 16)};
+    return tiled_q8::UnitExponent(h);
+  }
+  __device__ __forceinline__ static void Prepare(Unit& tu) {
+    tu.e0 = Exponent(tu.w.d0);
+    tu.e8 = Exponent(tu.w.d8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tu.w.qs[i] = Xor4(tu.w.qs[i], 0x80808080u);  // q + 128
+  }
+  // (d', d') of block b of a row (its 8 scales d, its e).
+  __device__ __forceinline__ static __half2 BlockScale(const uint4& d, int b, int e) {
+    const uint32_t bits = (Word(d, b >> 1) >> (16 * (b & 1))) & 0xFFFFu;
+    return __float2half2_rn(tiled_q8::ScaledScale(HalfBitsToF32(static_cast<uint16_t>(bits)), e));
+  }
+  // The f16 pair (q0 d', q1 d') of two quants (bytes picked by `sel` from w, already q + 128).
+  __device__ __forceinline__ static uint32_t Pair(uint32_t w, uint32_t sel, __half2 d) {
+    const __half2 q = __hsub2(Half2(__byte_perm(w, 0x64646464u, sel)), __float2half2_rn(1152.f));
+    return Bits(__hmul2(q, d));
+  }
+  __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
+    const __half2 d0 = BlockScale(tu.w.d0, s >> 1, tu.e0), d8 = BlockScale(tu.w.d8, s >> 1, tu.e8);
+    const uint32_t w0 = Word(tu.w.qs[s >> 1], 2 * (s & 1)), w8 = Word(tu.w.qs[s >> 1], 2 * (s & 1) + 1);
+    A[0] = Pair(w0, 0x4140, d0);
+    A[1] = Pair(w8, 0x4140, d8);
+    A[2] = Pair(w0, 0x4342, d0);
+    A[3] = Pair(w8, 0x4342, d8);
+  }
+  __device__ __forceinline__ static float2 D(const Unit& tu) {
+    return make_float2(tiled_q8::ScaledScale(1.f, -tu.e0), tiled_q8::ScaledScale(1.f, -tu.e8));
   }
 };
 
@@ -198,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // at 16 columns 76 -> 70 us, at 32 97.5 -> 93; x16 decode 1,022 -> 1,080 tok/s, x24 1,168 ->
   // 1,200). At 64 columns the 33 registers more spill (104 bytes at the 128 of two blocks per
   // SM): x64 1,765 -> 1,709, so that form loads at the top of its unit as before.
-  constexpr bool kPrefetch = NT <= 4;
+  constexpr bool kPrefetch = NT <= Codec::kPrefetchMaxNt;
   typename Codec::Unit next;
   if (kPrefetch && active && u0 < u1)
     Codec::Load(next, wt + static_cast<int64_t>(u0) * Codec::kUnitBytes, lane);
@@ -649,7 +704,8 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   }
   if (reinterpret_cast<uintptr_t>(b.xh) % 16 != 0)
     return absl::InvalidArgumentError("TiledF16Multi: xh not 16-byte aligned");
-  if (b.type != GgmlType::Q6_K && (b.xhs == nullptr || reinterpret_cast<uintptr_t>(b.xhs) % 16 != 0))
+  const bool mins = b.type == GgmlType::Q4_K || b.type == GgmlType::Q5_K;
+  if (mins && (b.xhs == nullptr || reinterpret_cast<uintptr_t>(b.xhs) % 16 != 0))
     return absl::InvalidArgumentError(absl::StrCat(
         "TiledF16Multi: tiled ", std::string(GgmlInfo(b.type).name),
         " needs the activations' sub-block sums (xhs, 16-byte aligned; HalfActivations)"));
@@ -691,6 +747,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   switch (b.type) {
     case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, stream);
     case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, stream);
+    case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, stream);
     default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, stream);
   }
 }

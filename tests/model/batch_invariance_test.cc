@@ -16,7 +16,8 @@
 //
 // Models: synthetic ones of the widened tiny shape (tests/model/widened_tiny.h) for several weight
 // types, and 4 layers of the 27B width in Q6_K (the tiled tensor-core layout); Q4_K / Q5_K with
-// CudaBackendOptions::tiled_kquants (their tiled matrices on the f16 kernel at every width).
+// CudaBackendOptions::tiled_f16_formats (their tiled matrices on the f16 kernel at every width); and
+// Q8_0 so.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -53,9 +54,9 @@ struct Case {
   // would reach the f16 kernel: its run and its logit rows must stay on the int8 kernels; at 17
   // (the default before 2026-12-03) the whole replay step stays under the line.
   int f16_min_cols = 0;
-  // CudaBackendOptions::tiled_kquants: Q4_K / Q5_K matrices tiled, on the f16 kernel at every
+  // CudaBackendOptions::tiled_f16_formats: Q4_K / Q5_K / Q8_0 matrices tiled, on the f16 kernel at every
   // column count (its column-count invariance is then the whole story).
-  bool tiled_kquants = false;
+  bool tiled_f16_formats = false;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -68,6 +69,7 @@ constexpr Case kCases[] = {
     {"Q6_K_27b_width_f16_from_17", GgmlType::Q6_K, true, 17},
     {"Q4_K_tiled", GgmlType::Q4_K, false, 0, true},
     {"Q5_K_27b_width_tiled", GgmlType::Q5_K, true, 0, true},
+    {"Q8_0_tiled", GgmlType::Q8_0, false, 0, true},
 };
 
 bool HaveGpu() {
@@ -147,7 +149,7 @@ TEST_P(BatchInvariance, DecodeRowsAndDecodePathRunsEqualDecodingAlone) {
   ds::testing::GpuTestOptions(bo);  // --portable: the sm_70 kernel path
   CudaBackendOptions co;
   if (c.f16_min_cols > 0) co.f16_mma_min_cols = c.f16_min_cols;
-  co.tiled_kquants = c.tiled_kquants;
+  co.tiled_f16_formats = c.tiled_f16_formats;
   auto made = cuda::CreateCudaBackendApi(path, bo, co);
   std::filesystem::remove(path);
   ASSERT_TRUE(made.ok()) << made.status();

@@ -410,16 +410,18 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
   }
 }
 
-// Tiled Q4_K / Q5_K (CudaBackendOptions::tiled_kquants, issue #22): the schedule above on the
-// K-quant models with their matrices tiled at upload, every column product (1-2 decode rows, the
+// Tiled Q4_K / Q5_K / Q8_0 (CudaBackendOptions::tiled_f16_formats, issue #22): the schedule above
+// on those models with their matrices tiled at upload, every column product (1-2 decode rows, the
 // 23-token prompt) on the f16 tensor-core kernel and the 100-token prefill dequantized from the
 // tiles: within the type's bounds of the CPU, the same logits on two loads, and not the raw
 // layout's logits bit for bit (the tiled kernels did run).
-TEST(GpuTiledKquant, LogitsWithinBoundAndDeterministic) {
+TEST(GpuTiledF16Formats, LogitsWithinBoundAndDeterministic) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable (sm_70) path has no tiled layout";
   for (const Case& c : kCases) {
-    if (c.shape != Shape::kWide || (c.type != GgmlType::Q4_K && c.type != GgmlType::Q5_K)) continue;
+    if (c.shape != Shape::kWide ||
+        (c.type != GgmlType::Q4_K && c.type != GgmlType::Q5_K && c.type != GgmlType::Q8_0))
+      continue;
     SCOPED_TRACE(c.name);
     auto model = CaseModel(c, "_tiled");
     ASSERT_TRUE(model.ok()) << model.status();
@@ -431,7 +433,7 @@ TEST(GpuTiledKquant, LogitsWithinBoundAndDeterministic) {
       cpu = RunSchedule(**be, nullptr);
     }
     CudaBackendOptions co;
-    co.tiled_kquants = true;
+    co.tiled_f16_formats = true;
     for (Trace* t : {&tiled, &tiled2}) {
       auto be = cuda::CreateCudaBackendApi(path, Options(), co);
       ASSERT_TRUE(be.ok()) << be.status();
@@ -443,7 +445,7 @@ TEST(GpuTiledKquant, LogitsWithinBoundAndDeterministic) {
       raw = RunSchedule(**be, &cpu);
     }
     EXPECT_EQ(FirstDifferentStep(tiled2, tiled), -1) << "two loads differ";
-    EXPECT_NE(FirstDifferentStep(tiled, raw), -1) << "tiled_kquants changed no logit";
+    EXPECT_NE(FirstDifferentStep(tiled, raw), -1) << "tiled_f16_formats changed no logit";
     ASSERT_EQ(tiled.logits.size(), cpu.logits.size());
     double worst = 0, worst_raw = 0;
     std::string line;

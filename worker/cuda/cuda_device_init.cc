@@ -207,12 +207,12 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     for (auto& [n, w] : mats)
       if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32) dense_mats.insert(w);
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
-  // by row lookups), so also the LM head unless it is tied to the embedding. Q4_K / Q5_K only
-  // with tiled_kquants and the f16 kernel, their only column kernel (tiled_f16.cuh).
-  const bool kq_tiling = tiled_ && copts_.tiled_kquants && copts_.f16_mma && tiled_max_rows_ > 0;
+  // by row lookups), so also the LM head unless it is tied to the embedding. Q4_K / Q5_K / Q8_0
+  // only with tiled_f16_formats and the f16 kernel, their only column kernel (tiled_f16.cuh).
+  const bool f16_formats = tiled_ && copts_.tiled_f16_formats && copts_.f16_mma && tiled_max_rows_ > 0;
   auto tile_it = [&](const cpu::WeightView* w) {
     return tiled_ && w != &mw.token_embd && w != &mw.mtp.embed && TiledSupported(w->type) &&
-           w->cols % 256 == 0 && (TiledInt8Supported(w->type) || kq_tiling);
+           w->cols % 256 == 0 && (TiledInt8Supported(w->type) || f16_formats);
   };
   auto mat_bytes = [&](const cpu::WeightView* w) -> uint64_t {
     return tile_it(w) ? TiledBytes(w->type, w->rows, static_cast<int>(w->cols))
@@ -222,8 +222,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   uint64_t dense_bytes = 0;    // the 16-bit copies of dense_mats, charged once they are chosen
   trunk_tiled_ = tiled_;
   kq_tiled_ = false;
+  f16_only_tiled_ = false;
   for (auto& [n, w] : mats) {
-    kq_tiled_ = kq_tiled_ || (tile_it(w) && !TiledInt8Supported(w->type));
+    f16_only_tiled_ = f16_only_tiled_ || (tile_it(w) && !TiledInt8Supported(w->type));
+    kq_tiled_ = kq_tiled_ ||
+                (tile_it(w) && (w->type == GgmlType::Q4_K || w->type == GgmlType::Q5_K));
     if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32)
       trunk_tiled_ = trunk_tiled_ && tile_it(w);
     if (!GemvSupported(w->type))
@@ -318,9 +321,10 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       attn_prefill_tensor_cores_ || attn_prefill_wgmma_ ? 0 : static_cast<uint64_t>(slot_ctx_);
   const uint64_t LR = static_cast<uint64_t>(logit_rows_max_);  // logit rows of one micro-step
   // TiledF16Multi's activations and K-split scratch (~14 MiB on the 27B), when it can run.
-  // Tiled Q4_K / Q5_K take it at every column count (kq_tiled_), with the sub-block sums.
+  // Tiled Q4_K / Q5_K / Q8_0 take it at every column count (f16_only_tiled_); K-quants with the
+  // sub-block sums (kq_tiled_).
   const bool f16_cols =
-      tiled_ && copts_.f16_mma && (tiled_max_rows_ >= copts_.f16_mma_min_cols || kq_tiled_);
+      tiled_ && copts_.f16_mma && (tiled_max_rows_ >= copts_.f16_mma_min_cols || f16_only_tiled_);
   std::vector<Buf> bufs = {
       {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
       {reinterpret_cast<void**>(&d_logit_rows_), T * 4},

@@ -82,14 +82,15 @@ struct CudaBackendOptions {
   // batch_invariance_test's replay cases at 9 pass on the H200: docs/perf/h200.md).
   bool f16_mma = true;
   int f16_mma_min_cols = 9;
-  // Q4_K and Q5_K matrices tiled at upload too (kernels/cpu/tiled_kquant_layout.h: the same
-  // bytes as the raw blocks, in f16-mma fragment order), multiplied by the f16 tensor-core kernel
-  // at every column count up to tiled_max_rows (they have no int8 kernel: its numbers are then a
-  // row's at any batch size) and dequantized from the tiles for the cuBLAS path; needs f16_mma.
-  // Off: they keep the raw layout, the v2 GEMV (<= gemv_max_rows rows) and dequantization +
-  // cuBLAS. Off by default until measured on a GPU (`bench --tiled-kq on|off`, issue #22); its
-  // kernels are tested against the CPU reference by tiled_f16_cuda_test.
-  bool tiled_kquants = false;
+  // Q4_K, Q5_K and Q8_0 matrices tiled at upload too (kernels/cpu/tiled_kquant_layout.h,
+  // tiled_q8_layout.h: the same bytes as the raw blocks, in f16-mma fragment order), multiplied by
+  // the f16 tensor-core kernel at every column count up to tiled_max_rows (they have no int8
+  // kernel: a row's numbers are then the same at any batch size) and dequantized from the tiles
+  // for the cuBLAS path; needs f16_mma. Off: they keep the raw layout, the v2 GEMV (<=
+  // gemv_max_rows rows) and dequantization + cuBLAS. Off by default until measured on a GPU
+  // (`bench --tiled-f16-formats on|off`, issue #22); the kernels' GPU tests against the CPU
+  // reference: tiled_formats_cuda_test.
+  bool tiled_f16_formats = false;
   // The decode kernels launched early on sm_90+ (programmatic dependent launch, kernels/cuda/
   // README.md "Early launch of the decode kernels"): the tiled column kernel (1..8 columns) and
   // the f16 kernel (9..64) may start while the norm, quantizer or GDN kernel before them runs and

@@ -1,5 +1,5 @@
 // Shared helpers of the tests of the f16 tensor-core kernel (tiled_f16_cuda_test: Q6_K,
-// tiled_kquant_cuda_test: Q4_K / Q5_K): activations that stress the per-column f16 scaling, the
+// tiled_formats_cuda_test: Q4_K / Q5_K): activations that stress the per-column f16 scaling, the
 // K-split scratch as the backend allocates it, and the check of a launch's outputs against the
 // kernel's exact CPU reference and the f32 product of the dequantized rows.
 #pragma once

@@ -1,18 +1,20 @@
-// Tiled Q4_K / Q5_K on the GPU (issue #22): the device repack equals the CPU packing of the
-// layout definition (kernels/cpu/tiled_kquant_layout.h) byte for byte; the dequantization of
-// tiled rows equals that of the raw rows bit for bit; the activations' sub-block sums equal
-// cpu::HalfSubBlockSums bit for bit, from HalfActivations and from the fused norm; and the f16
-// tensor-core kernel (TiledF16Multi) against its CPU reference (cpu::TiledF16DotKq: the same f16
-// operands, summed exactly) and the f32 product of the dequantized rows, at every column count,
-// with every epilogue, a K split, several segments; a column's result the same bits at every
-// column count, through clusters or the scratch. TiledKquantTiming.Table27B is the benchmark the
-// dispatch needs (f16 kernel vs the v2 GEMV on raw rows): it prints only. Needs sm_80+.
+// Tiled Q4_K / Q5_K / Q8_0 on the GPU (issue #22): the device repack equals the CPU packing of
+// the layout definitions (kernels/cpu/tiled_kquant_layout.h, tiled_q8_layout.h) byte for byte;
+// the dequantization of tiled rows equals that of the raw rows bit for bit; the activations'
+// sub-block sums equal cpu::HalfSubBlockSums bit for bit, from HalfActivations and from the fused
+// norm; and the f16 tensor-core kernel (TiledF16Multi) against its CPU reference
+// (cpu::TiledF16DotKq / TiledF16DotQ80: the same f16 operands, summed exactly) and the f32
+// product of the dequantized rows, at every column count, with every epilogue, a K split, several
+// segments; a column's result the same bits at every column count, through clusters or the
+// scratch. TiledFormatsTiming.Table27B is the benchmark the dispatch needs (f16 kernel vs the v2
+// GEMV on raw rows): it prints only. Needs sm_80+.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/tiled_f16_ref.h"
 #include "kernels/cpu/tiled_kquant_layout.h"
+#include "kernels/cpu/tiled_q8_layout.h"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
@@ -37,33 +40,56 @@ std::mt19937& Rng() {
   return rng;
 }
 
-GgmlType TypeOf(bool q5) { return q5 ? GgmlType::Q5_K : GgmlType::Q4_K; }
+constexpr GgmlType kFormats[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q8_0};
+std::string Name(GgmlType t) { return std::string(GgmlInfo(t).name); }
+bool HasMins(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q5_K; }
 
-// Random raw rows: every quant, scale and min bit pattern; f16 d and dmin in [2e-5, 4e-4).
-std::vector<uint8_t> RandomRows(bool q5, int64_t rows, int K) {
-  const int bb = tiled_kq::RawBlockBytes(q5);
-  std::vector<uint8_t> w(rows * GgmlRowBytes(TypeOf(q5), K));
+// Random raw rows: every quant, scale and min bit pattern; f16 scales (d, and dmin for the
+// K-quants) in [2e-5, 4e-4): normal and subnormal.
+std::vector<uint8_t> RandomRows(GgmlType t, int64_t rows, int K) {
+  const int bb = t == GgmlType::Q8_0 ? tiled_q8::kBlockBytes : tiled_kq::RawBlockBytes(t == GgmlType::Q5_K);
+  std::vector<uint8_t> w(rows * GgmlRowBytes(t, K));
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(2e-5f, 4e-4f);
   for (auto& b : w) b = static_cast<uint8_t>(byte(Rng()));
   for (size_t off = 0; off < w.size(); off += bb) {
     const uint16_t d = F32ToF16(sc(Rng())), dmin = F32ToF16(sc(Rng()));
     std::memcpy(&w[off], &d, 2);
-    std::memcpy(&w[off + 2], &dmin, 2);
+    if (HasMins(t)) std::memcpy(&w[off + 2], &dmin, 2);
   }
   return w;
 }
 
 // The tiled copy, made in two TileRows calls (rows [0, 32) and the rest) as the upload does.
-Dev<uint8_t> Tile(bool q5, const Dev<uint8_t>& raw, int M, int K) {
-  Dev<uint8_t> t(TiledBytes(TypeOf(q5), M, K));
+Dev<uint8_t> Tile(GgmlType t, const Dev<uint8_t>& raw, int M, int K) {
+  Dev<uint8_t> d(TiledBytes(t, M, K));
   const int first = std::min(M, 32);
-  EXPECT_TRUE(TileRows(TypeOf(q5), raw.p, 0, first, K, t.p, nullptr).ok());
+  EXPECT_TRUE(TileRows(t, raw.p, 0, first, K, d.p, nullptr).ok());
   if (M > first) {
-    const uint8_t* rest = raw.p + first * GgmlRowBytes(TypeOf(q5), K);
-    EXPECT_TRUE(TileRows(TypeOf(q5), rest, first, M - first, K, t.p, nullptr).ok());
+    const uint8_t* rest = raw.p + first * GgmlRowBytes(t, K);
+    EXPECT_TRUE(TileRows(t, rest, first, M - first, K, d.p, nullptr).ok());
   }
-  return t;
+  return d;
+}
+
+// Tile-unit u of tile `tile` packed on the CPU by the layout definition.
+std::vector<uint8_t> HostUnit(GgmlType t, const std::vector<uint8_t>& raw, int M, int K, int tile,
+                              int u) {
+  const size_t rb = GgmlRowBytes(t, K);
+  const size_t ub = rb / (K / 256);  // raw bytes of one row's unit
+  const uint8_t* rows[16];
+  for (int r = 0; r < 16; ++r) {
+    const int row = 16 * tile + r;
+    rows[r] = row < M ? raw.data() + rb * row + ub * u : nullptr;
+  }
+  std::vector<uint8_t> unit(TiledUnitBytes(t));
+  for (int T = 0; T < 32; ++T) {
+    if (t == GgmlType::Q8_0)
+      tiled_q8::PackLane(rows, T, unit.data());
+    else
+      tiled_kq::PackLane(rows, t == GgmlType::Q5_K, T, unit.data());
+  }
+  return unit;
 }
 
 // Every third column off zero mean: large sub-block sums for the minimum term.
@@ -82,56 +108,49 @@ HalfActs Convert(const std::vector<float>& x, int nc, int K) {
   return h;
 }
 
-GemvArgs Args(bool q5, const void* w, const void* w2, int M, int K, int nc, const HalfActs& h,
+GemvArgs Args(GgmlType t, const void* w, const void* w2, int M, int K, int nc, const HalfActs& h,
               float* y, GemvEpilogue ep) {
-  return F16LaunchArgs(TypeOf(q5), w, w2, M, K, nc, h.xh.p, h.xs.p, h.sums.p, y, ep);
+  return F16LaunchArgs(t, w, w2, M, K, nc, h.xh.p, h.xs.p, HasMins(t) ? h.sums.p : nullptr, y, ep);
 }
 
-TEST(TiledKquant, RepackEqualsTheLayoutDefinition) {
+TEST(TiledFormats, RepackEqualsTheLayoutDefinition) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
-  for (bool q5 : {false, true}) {
+  for (GgmlType t : kFormats) {
     const int M = 37, K = 768, nu = K / 256;
-    const auto raw = RandomRows(q5, M, K);
+    const auto raw = RandomRows(t, M, K);
     Dev<uint8_t> draw(raw);
-    const auto got = Tile(q5, draw, M, K).Down();
-    ASSERT_EQ(got.size(), TiledBytes(TypeOf(q5), M, K));
-    ASSERT_EQ(got.size(), static_cast<size_t>((M + 15) / 16 * 16) * GgmlRowBytes(TypeOf(q5), K));
-    const size_t rb = GgmlRowBytes(TypeOf(q5), K);
+    const auto got = Tile(t, draw, M, K).Down();
+    ASSERT_EQ(got.size(), TiledBytes(t, M, K));
+    ASSERT_EQ(got.size(), static_cast<size_t>((M + 15) / 16 * 16) * GgmlRowBytes(t, K));
     for (int tile = 0; tile * 16 < M; ++tile)
       for (int u = 0; u < nu; ++u) {
-        const uint8_t* blk[16];
-        for (int r = 0; r < 16; ++r) {
-          const int row = 16 * tile + r;
-          blk[r] = row < M ? raw.data() + rb * row + u * tiled_kq::RawBlockBytes(q5) : nullptr;
-        }
-        std::vector<uint8_t> want(tiled_kq::UnitBytes(q5));
-        for (int T = 0; T < 32; ++T) tiled_kq::PackLane(blk, q5, T, want.data());
+        const auto want = HostUnit(t, raw, M, K, tile, u);
         EXPECT_EQ(0, std::memcmp(got.data() + (static_cast<size_t>(tile) * nu + u) * want.size(),
                                  want.data(), want.size()))
-            << "q5=" << q5 << " tile " << tile << " unit " << u;
+            << Name(t) << " tile " << tile << " unit " << u;
       }
   }
 }
 
-TEST(TiledKquant, DequantizeTiledRowsEqualsRaw) {
+TEST(TiledFormats, DequantizeTiledRowsEqualsRaw) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
-  for (bool q5 : {false, true})
+  for (GgmlType t : kFormats)
     for (bool bf16 : {false, true}) {
       const int M = 45, K = 1024;
-      Dev<uint8_t> raw(RandomRows(q5, M, K));
-      Dev<uint8_t> t = Tile(q5, raw, M, K);
+      Dev<uint8_t> raw(RandomRows(t, M, K));
+      Dev<uint8_t> tiled = Tile(t, raw, M, K);
       Dev<uint16_t> a(static_cast<size_t>(M) * K), b(static_cast<size_t>(27) * K);
-      ASSERT_OK(DequantizeRows(TypeOf(q5), raw.p, M, K, a.p, bf16, nullptr));
-      ASSERT_OK(DequantizeTiledRows(TypeOf(q5), t.p, 5, 27, K, b.p, bf16, nullptr));
+      ASSERT_OK(DequantizeRows(t, raw.p, M, K, a.p, bf16, nullptr));
+      ASSERT_OK(DequantizeTiledRows(t, tiled.p, 5, 27, K, b.p, bf16, nullptr));
       const auto want = a.Down(), got = b.Down();
       EXPECT_EQ(0, std::memcmp(got.data(), want.data() + 5 * K, got.size() * 2))
-          << "q5=" << q5 << " bf16=" << bf16;
+          << Name(t) << " bf16=" << bf16;
     }
 }
 
 // The sums: HalfActivations' == the CPU's, and the fused norm's == HalfActivations' of its
 // output, bit for bit (rows of one and of several groups per thread).
-TEST(TiledKquant, SubBlockSumsMatchCpuAndNorm) {
+TEST(TiledFormats, SubBlockSumsMatchCpuAndNorm) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   for (int n : {5120, 17408, 256}) {
     const int T = 13;
@@ -156,7 +175,7 @@ TEST(TiledKquant, SubBlockSumsMatchCpuAndNorm) {
 }
 
 struct Case {
-  bool q5;
+  GgmlType type;
   int M, K, nc;
   GemvEpilogue ep;
   int cpu_row_step = 1;
@@ -165,20 +184,20 @@ struct Case {
 // GPU vs the CPU reference of the f16 operands (tight) and vs the f32 product (f16 rounding of
 // the activations and of the sums); returns the outputs.
 std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
-  SCOPED_TRACE(::testing::Message() << (c.q5 ? "Q5_K" : "Q4_K") << " M=" << c.M << " K=" << c.K
+  SCOPED_TRACE(::testing::Message() << Name(c.type) << " M=" << c.M << " K=" << c.K
                                     << " nc=" << c.nc << " ep=" << static_cast<int>(c.ep));
   const bool pair = c.ep == GemvEpilogue::kSiluMul;
-  const auto w = RandomRows(c.q5, c.M, c.K);
-  const auto w2 = pair ? RandomRows(c.q5, c.M, c.K) : std::vector<uint8_t>(1);
+  const auto w = RandomRows(c.type, c.M, c.K);
+  const auto w2 = pair ? RandomRows(c.type, c.M, c.K) : std::vector<uint8_t>(1);
   const auto x = RandomActs(c.nc, c.K);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<float> y0(static_cast<size_t>(c.nc) * c.M);
   for (auto& v : y0) v = u(Rng());
   Dev<uint8_t> dw(w), dw2(w2);
-  Dev<uint8_t> tw = Tile(c.q5, dw, c.M, c.K);
-  Dev<uint8_t> tw2 = pair ? Tile(c.q5, dw2, c.M, c.K) : Dev<uint8_t>(1);
+  Dev<uint8_t> tw = Tile(c.type, dw, c.M, c.K);
+  Dev<uint8_t> tw2 = pair ? Tile(c.type, dw2, c.M, c.K) : Dev<uint8_t>(1);
   HalfActs h = Convert(x, c.nc, c.K);
-  GemvArgs a = Args(c.q5, tw.p, tw2.p, c.M, c.K, c.nc, h, nullptr, c.ep);
+  GemvArgs a = Args(c.type, tw.p, tw2.p, c.M, c.K, c.nc, h, nullptr, c.ep);
   Dev<float> y(y0);
   a.y = y.p;
   EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
@@ -191,20 +210,23 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
   const auto xh = h.xh.Down();
   const auto sums = h.sums.Down();
   const auto xs = h.xs.Down();
-  const uint64_t rb = GgmlRowBytes(TypeOf(c.q5), c.K);
+  const uint64_t rb = GgmlRowBytes(c.type, c.K);
   std::vector<float> wf(c.K);
   // The same f16 operands, exactly; and the f32 product of the dequantized row: f16 rounds the
-  // activations (2^-11 each) and the sub-block sums (2^-11 of each min term), not the weights.
+  // activations (2^-11 each) and the sub-block sums (2^-11 of each min term) of the K-quants,
+  // Q8_0's weights q d' (2^-11 each).
   auto dots = [&](int m, int r, int col) {
     const std::vector<uint8_t>& mat = m == 0 ? w : w2;
     const float* xc = x.data() + static_cast<size_t>(col) * c.K;
     RefDots d;
-    d.exact = xs[col] * cpu::TiledF16DotKq(mat.data() + r * rb, c.q5,
-                                           xh.data() + static_cast<size_t>(col) * c.K,
-                                           sums.data() + static_cast<size_t>(col) * (c.K / 32),
-                                           c.K, &d.abs);
+    const uint16_t* hc = xh.data() + static_cast<size_t>(col) * c.K;
+    d.exact = xs[col] * (c.type == GgmlType::Q8_0
+                             ? cpu::TiledF16DotQ80(mat.data() + r * rb, hc, c.K, &d.abs)
+                             : cpu::TiledF16DotKq(mat.data() + r * rb, c.type == GgmlType::Q5_K, hc,
+                                                  sums.data() + static_cast<size_t>(col) * (c.K / 32),
+                                                  c.K, &d.abs));
     d.abs *= xs[col];
-    cpu::DequantizeRow(TypeOf(c.q5), mat.data() + r * rb, wf.data(), c.K);
+    cpu::DequantizeRow(c.type, mat.data() + r * rb, wf.data(), c.K);
     for (int k = 0; k < c.K; ++k) {
       d.f32 += static_cast<double>(wf[k]) * xc[k];
       d.f32_abs += std::fabs(static_cast<double>(wf[k]) * xc[k]);
@@ -212,49 +234,49 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
     d.rounded_abs = d.f32_abs + d.abs;
     return d;
   };
-  const std::string label = std::string(c.q5 ? "Q5_K" : "Q4_K") + " K=" + std::to_string(c.K);
+  const std::string label = Name(c.type) + " K=" + std::to_string(c.K);
   ExpectWithinReferences(label.c_str(), c.M, c.nc, c.ep, c.cpu_row_step, y0, got, dots);
   return got;
 }
 
-TEST(TiledKquant, EveryColumnCountOddShape) {
+TEST(TiledFormats, EveryColumnCountOddShape) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch s;
-  for (bool q5 : {false, true})
-    for (int nc = 1; nc <= 64; ++nc) RunCase({q5, 37, 768, nc, GemvEpilogue::kStore}, s);
+  for (GgmlType t : kFormats)
+    for (int nc = 1; nc <= 64; ++nc) RunCase({t, 37, 768, nc, GemvEpilogue::kStore}, s);
 }
 
-TEST(TiledKquant, EpiloguesSplitAndModelShapes) {
+TEST(TiledFormats, EpiloguesSplitAndModelShapes) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch s;
-  for (bool q5 : {false, true}) {
-    for (int nc : {1, 9, 33, 64}) RunCase({q5, 21, 512, nc, GemvEpilogue::kSiluMul}, s);
-    for (int nc : {5, 16, 64}) RunCase({q5, 50, 1280, nc, GemvEpilogue::kAccumulate}, s);
-    RunCase({q5, 700, 4352, 24, GemvEpilogue::kStore, 3}, s);  // a K split
-    RunCase({q5, 17408, 5120, 64, GemvEpilogue::kSiluMul, 211}, s);
-    RunCase({q5, 5120, 17408, 48, GemvEpilogue::kAccumulate, 97}, s);
-    RunCase({q5, 10240, 5120, 1, GemvEpilogue::kStore, 101}, s);
+  for (GgmlType t : kFormats) {
+    for (int nc : {1, 9, 33, 64}) RunCase({t, 21, 512, nc, GemvEpilogue::kSiluMul}, s);
+    for (int nc : {5, 16, 64}) RunCase({t, 50, 1280, nc, GemvEpilogue::kAccumulate}, s);
+    RunCase({t, 700, 4352, 24, GemvEpilogue::kStore, 3}, s);  // a K split
+    RunCase({t, 17408, 5120, 64, GemvEpilogue::kSiluMul, 211}, s);
+    RunCase({t, 5120, 17408, 48, GemvEpilogue::kAccumulate, 97}, s);
+    RunCase({t, 10240, 5120, 1, GemvEpilogue::kStore, 101}, s);
   }
 }
 
 // A column's result is the same bits at every column count, through the scratch and through
 // clusters (sm_90) alike; several segments in one launch equal one launch each.
-TEST(TiledKquant, ColumnCountClustersAndSegments) {
+TEST(TiledFormats, ColumnCountClustersAndSegments) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch s;
-  for (bool q5 : {false, true})
+  for (GgmlType t : kFormats)
     for (const auto& [M, K, ep] : {std::tuple{40, 1024, GemvEpilogue::kStore},
                                    std::tuple{2000, 2048, GemvEpilogue::kStore},
                                    std::tuple{300, 2048, GemvEpilogue::kSiluMul},
                                    std::tuple{5120, 17408, GemvEpilogue::kStore}}) {
-      Dev<uint8_t> raw(RandomRows(q5, M, K)), raw2(RandomRows(q5, M, K));
-      Dev<uint8_t> t = Tile(q5, raw, M, K), t2 = Tile(q5, raw2, M, K);
+      Dev<uint8_t> raw(RandomRows(t, M, K)), raw2(RandomRows(t, M, K));
+      Dev<uint8_t> w = Tile(t, raw, M, K), w2 = Tile(t, raw2, M, K);
       HalfActs h = Convert(RandomActs(64, K), 64, K);
       std::vector<float> full;
       for (int nc : {64, 1, 8, 9, 16, 17, 32, 33, 63})
         for (bool cluster : {true, false}) {
           Dev<float> y(static_cast<size_t>(nc) * M);
-          const GemvArgs a = Args(q5, t.p, t2.p, M, K, nc, h, y.p, ep);
+          const GemvArgs a = Args(t, w.p, w2.p, M, K, nc, h, y.p, ep);
           ASSERT_OK(TiledF16Multi(&a, 1, s.get(cluster), nullptr));
           const auto got = y.Down();
           if (full.empty()) {
@@ -262,22 +284,22 @@ TEST(TiledKquant, ColumnCountClustersAndSegments) {
             continue;
           }
           EXPECT_EQ(0, std::memcmp(got.data(), full.data(), got.size() * 4))
-              << "q5=" << q5 << " M=" << M << " nc=" << nc << " cluster=" << cluster;
+              << Name(t) << " M=" << M << " nc=" << nc << " cluster=" << cluster;
         }
     }
-  for (bool q5 : {false, true}) {
+  for (GgmlType t : kFormats) {
     const int K = 1536, nc = 20, Ms[3] = {640, 7, 900};
     HalfActs h = Convert(RandomActs(nc, K), nc, K);
     std::vector<Dev<uint8_t>> tiled;
     for (int i = 0; i < 3; ++i) {
-      Dev<uint8_t> d(RandomRows(q5, Ms[i], K));
-      tiled.push_back(Tile(q5, d, Ms[i], K));
+      Dev<uint8_t> d(RandomRows(t, Ms[i], K));
+      tiled.push_back(Tile(t, d, Ms[i], K));
     }
     std::vector<Dev<float>> ys;
     GemvArgs segs[3];
     for (int i = 0; i < 3; ++i) {
       ys.emplace_back(static_cast<size_t>(nc) * Ms[i]);
-      segs[i] = Args(q5, tiled[i].p, nullptr, Ms[i], K, nc, h, ys[i].p, GemvEpilogue::kStore);
+      segs[i] = Args(t, tiled[i].p, nullptr, Ms[i], K, nc, h, ys[i].p, GemvEpilogue::kStore);
     }
     ASSERT_OK(TiledF16Multi(segs, 3, s.get(), nullptr));
     for (int i = 0; i < 3; ++i) {
@@ -294,37 +316,40 @@ TEST(TiledKquant, ColumnCountClustersAndSegments) {
   }
 }
 
-TEST(TiledKquant, RejectsMissingSums) {
+// Q4_K / Q5_K without their sums are refused (Q8_0 needs none); no int8 kernel takes these
+// tiles; the sums need K % 32 == 0.
+TEST(TiledFormats, RejectsMissingSumsAndInt8Kernels) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch s;
   const int M = 16, K = 256;
-  Dev<uint8_t> raw(RandomRows(false, M, K));
-  Dev<uint8_t> t = Tile(false, raw, M, K);
   HalfActs h = Convert(RandomActs(1, K), 1, K);
   Dev<float> y(M);
-  GemvArgs a = Args(false, t.p, nullptr, M, K, 1, h, y.p, GemvEpilogue::kStore);
-  a.xhs = nullptr;
-  EXPECT_FALSE(TiledF16Multi(&a, 1, s.get(), nullptr).ok());
-  // No int8 kernel takes tiled Q4_K.
-  EXPECT_FALSE(TiledGemvMulti(&a, 1, nullptr).ok());
+  for (GgmlType t : kFormats) {
+    Dev<uint8_t> raw(RandomRows(t, M, K));
+    Dev<uint8_t> w = Tile(t, raw, M, K);
+    GemvArgs a = Args(t, w.p, nullptr, M, K, 1, h, y.p, GemvEpilogue::kStore);
+    a.xhs = nullptr;
+    EXPECT_EQ(TiledF16Multi(&a, 1, s.get(), nullptr).ok(), !HasMins(t)) << Name(t);
+    EXPECT_FALSE(TiledGemvMulti(&a, 1, nullptr).ok()) << Name(t);
+  }
   Dev<float> x(K);
   Dev<uint16_t> xh(K), sums(K / 32);
   EXPECT_FALSE(HalfActivations(x.p, 1, 100, xh.p, y.p, nullptr, false, sums.p).ok());  // K % 32
 }
 
 // The benchmark for the dispatch (prints only): us per launch of the f16 kernel on tiled Q4_K /
-// Q5_K and of the v2 GEMV on the raw rows (<= 16 columns: its range), the 27B shapes (single
+// Q5_K / Q8_0 and of the v2 GEMV on the raw rows (<= 16 columns: its range), the 27B shapes (single
 // matrices), each launch on another copy of the weights (>= 256 MiB in all, so L2 holds none).
-TEST(TiledKquantTiming, Table27B) {
+TEST(TiledFormatsTiming, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch s;
-  for (bool q5 : {false, true})
+  for (GgmlType t : kFormats)
     for (const Matrix27B& m : k27BMatrices) {
       if (m.ep == GemvEpilogue::kSiluMul) continue;
-      const uint64_t tb = TiledBytes(TypeOf(q5), m.M, m.K);  // == the raw bytes
+      const uint64_t tb = TiledBytes(t, m.M, m.K);  // == the raw bytes
       const int copies = std::max<int>(2, static_cast<int>((256ull << 20) / tb) + 1);
-      Dev<uint8_t> raw0(RandomRows(q5, m.M, m.K));
-      Dev<uint8_t> t0 = Tile(q5, raw0, m.M, m.K);
+      Dev<uint8_t> raw0(RandomRows(t, m.M, m.K));
+      Dev<uint8_t> t0 = Tile(t, raw0, m.M, m.K);
       Dev<uint8_t> raws(tb * copies), tiles(tb * copies);
       for (int i = 0; i < copies; ++i) {
         CK(cudaMemcpy(raws.p + tb * i, raw0.p, tb, cudaMemcpyDeviceToDevice));
@@ -336,10 +361,10 @@ TEST(TiledKquantTiming, Table27B) {
       Dev<float> xd(static_cast<size_t>(64) * m.K / 32);
       ASSERT_OK(QuantizeActivations(x.p, 64, m.K, xq.p, xd.p, nullptr));
       Dev<float> y(static_cast<size_t>(64) * m.M);
-      std::printf("%s %-12s", q5 ? "Q5_K" : "Q4_K", m.name);
+      std::printf("%s %-12s", Name(t).c_str(), m.name);
       for (int nc : {1, 2, 4, 8, 16, 32, 64}) {
         const double f16 = MedianLaunchUs([&](int rep) {
-          const GemvArgs a = Args(q5, tiles.p + tb * (rep % copies), nullptr, m.M, m.K, nc, h, y.p,
+          const GemvArgs a = Args(t, tiles.p + tb * (rep % copies), nullptr, m.M, m.K, nc, h, y.p,
                                   GemvEpilogue::kStore);
           return TiledF16Multi(&a, 1, s.get(), nullptr);
         });
@@ -347,7 +372,7 @@ TEST(TiledKquantTiming, Table27B) {
         if (nc <= kGemvMaxCols)
           v2 = MedianLaunchUs([&](int rep) {
             GemvArgs g;
-            g.type = TypeOf(q5);
+            g.type = t;
             g.w = raws.p + tb * (rep % copies);
             g.M = m.M;
             g.K = m.K;
