@@ -1,4 +1,4 @@
-// Tiled Q6_K, Q4_K and Q5_K times f16 activations on f16 tensor cores (see tiled_f16.cuh).
+// Tiled Q6_K, Q4_K, Q5_K and Q8_0 times f16 activations on f16 tensor cores (see tiled_f16.cuh).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -64,8 +64,8 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 
 // How the kernel reads a tile-unit of one format: Load (the warp's 16-byte loads), Prepare (once
 // per unit, after the loads arrived), Operands (the A fragment of step s: rows g and g + 8,
-// k = 16s + 4q .. +3, each weight the exact f16 integer quant x sub-block scale), D (the unit's
-// d of rows g, g + 8). kMins formats (Q4_K / Q5_K, w = d sc q - dmin mn) also give the m16n8k8
+// k = 16s + 4q .. +3, each weight quant x sub-block scale in f16: exact for the K-quants up to
+// 2048, rounded once above and for Q8_0), D (the unit's scale of rows g, g + 8). kMins formats (Q4_K / Q5_K, w = d sc q - dmin mn) also give the m16n8k8
 // A fragment of their mins (MinOperands: sub-blocks 2q, 2q + 1) and -64 dmin (Dmin), which the
 // kernel multiplies with the activations' sub-block sums (xhs, 2^-6 scaled).
 struct Q6kCodec {

@@ -1,7 +1,7 @@
-// Tiled Q6_K, Q4_K and Q5_K (gemv_tiled.cuh) times f16 activations on f16 tensor cores, for
-// batched decode steps (the dispatch: f16_mma_min_cols..64 columns; tiled Q4_K / Q5_K, which have
-// no int8 kernel, at every column count). Lab notes: kernels/cuda/README.md ("Tiled Q6_K on f16
-// tensor cores", "Tiled Q4_K / Q5_K").
+// Tiled Q6_K, Q4_K, Q5_K and Q8_0 (gemv_tiled.cuh) times f16 activations on f16 tensor cores,
+// for batched decode steps (the dispatch: f16_mma_min_cols..64 columns; the formats without an
+// int8 kernel, all but Q6_K, at every column count). Lab notes: kernels/cuda/README.md ("Tiled
+// Q6_K on f16 tensor cores", "Tiled Q4_K / Q5_K / Q8_0").
 //
 // Why: the int8 kernels (TiledGemvMulti, MmqTiledMulti) must apply Q6_K's per-16 sub-block scale
 // and the per-32 activation scale to every accumulator after every int8 mma (~10 float
