@@ -7,6 +7,7 @@
 
 #include "common/util/half.h"
 #include "kernels/cpu/quant_blocks.h"
+#include "kernels/cpu/tiled_iq4xs_layout.h"
 #include "kernels/cpu/tiled_kquant_layout.h"
 #include "kernels/cpu/tiled_q8_layout.h"
 
@@ -104,6 +105,33 @@ double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* ab
     const double scale = tiled_q8::ScaledScale(1.f, -e);
     sum += scale * part;
     abs += scale * part_abs;
+  }
+  if (abs_sum) *abs_sum = abs;
+  return sum;
+}
+
+double TiledF16DotIq4Xs(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {
+  const auto* bytes = static_cast<const uint8_t*>(row);
+  double sum = 0, abs = 0;
+  for (int64_t u = 0; u < n / 256; ++u) {
+    const uint8_t* b = bytes + u * tiled_iq4xs::kBlockBytes;
+    uint16_t dh, sh;
+    std::memcpy(&dh, b, 2);
+    std::memcpy(&sh, b + 2, 2);
+    double part = 0, part_abs = 0;
+    for (int k = 0; k < 256; ++k) {
+      const int j = k / 32;
+      const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+      // An integer of at most 127 * 32: exact in f16 up to 2048, rounded once above.
+      const float a = F16ToF32(F32ToF16(static_cast<float>(
+          tiled_iq4xs::Codebook(tiled_iq4xs::RawIndex(b, k)) * (ls - 32))));
+      const double t = static_cast<double>(a) * F16ToF32(xh[256 * u + k]);
+      part += t;
+      part_abs += std::fabs(t);
+    }
+    const double d = F16ToF32(dh);
+    sum += d * part;
+    abs += std::fabs(d) * part_abs;
   }
   if (abs_sum) *abs_sum = abs;
   return sum;

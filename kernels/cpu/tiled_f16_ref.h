@@ -1,4 +1,4 @@
-// CPU reference of the f16 tensor-core matmul on tiled Q6_K, Q4_K, Q5_K and Q8_0
+// CPU reference of the f16 tensor-core matmul on tiled Q6_K, Q4_K, Q5_K, Q8_0 and IQ4_XS
 // (kernels/cuda/tiled_f16.cuh): the activation conversion it takes and the dot product it
 // computes, so that the kernel is tested against what it is meant to compute (f16 operands), not
 // only against the f32 product.
@@ -35,5 +35,9 @@ double TiledF16DotKq(const void* row, bool q5, const uint16_t* xh, const uint16_
 // (double): sum over 256-element units u of 2^-e_u * sum_k f16(q_k * d'_k) * xh_k, with d' =
 // f16(d * 2^e_u) the block's scale and e_u from the unit's 8 scales (tiled_q8::UnitExponent).
 double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* abs_sum = nullptr);
+
+// One IQ4_XS row (n / 256 raw GGUF blocks) times one f16 column as the kernel computes it,
+// exactly (double): sum over units of d * sum_k f16(codebook[idx_k] * (ls_k - 32)) * xh_k.
+double TiledF16DotIq4Xs(const void* row, const uint16_t* xh, int64_t n, double* abs_sum = nullptr);
 
 }  // namespace ds::cpu

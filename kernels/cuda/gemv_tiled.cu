@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/tiled_iq4xs.cuh"
 #include "kernels/cuda/tiled_kquant.cuh"
 #include "kernels/cuda/tiled_q8.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
@@ -416,7 +417,8 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
 }  // namespace
 
 bool TiledSupported(GgmlType t) {
-  return t == GgmlType::Q6_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q8_0;
+  return t == GgmlType::Q6_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q8_0 ||
+         t == GgmlType::IQ4_XS;
 }
 bool TiledInt8Supported(GgmlType t) { return t == GgmlType::Q6_K; }
 
@@ -426,6 +428,7 @@ int TiledUnitBytes(GgmlType t) {
     case GgmlType::Q4_K: return tiled_kq::UnitBytes(false);
     case GgmlType::Q5_K: return tiled_kq::UnitBytes(true);
     case GgmlType::Q8_0: return tiled_q8::kUnitBytes;
+    case GgmlType::IQ4_XS: return tiled_iq4xs::kUnitBytes;
     default: return 0;
   }
 }
@@ -453,6 +456,8 @@ absl::Status TileRows(GgmlType t, const void* raw, int64_t row0, int64_t rows, i
   uint8_t* dst = static_cast<uint8_t*>(tiled) + row0 / kTiledRows * nu * static_cast<int64_t>(TiledUnitBytes(t));
   if (t == GgmlType::Q8_0)
     return TileRowsQ8(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
+  if (t == GgmlType::IQ4_XS)
+    return TileRowsIq4Xs(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   if (t != GgmlType::Q6_K)
     return TileRowsKquant(t == GgmlType::Q5_K, raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   TileRowsKernel<<<static_cast<unsigned>(n_tu), 32, 0, stream>>>(
@@ -466,6 +471,8 @@ absl::Status DequantizeTiledRows(GgmlType t, const void* tiled, int64_t row0, in
     return absl::InvalidArgumentError(absl::StrCat("DequantizeTiledRows: bad args row0=", row0, " rows=", rows, " K=", K));
   if (rows == 0) return absl::OkStatus();
   if (t == GgmlType::Q8_0) return DequantizeTiledRowsQ8(tiled, row0, rows, K, out, bf16, stream);
+  if (t == GgmlType::IQ4_XS)
+    return DequantizeTiledRowsIq4Xs(tiled, row0, rows, K, out, bf16, stream);
   if (t != GgmlType::Q6_K)
     return DequantizeTiledRowsKquant(t == GgmlType::Q5_K, tiled, row0, rows, K, out, bf16, stream);
   const int nu = K / kUnitElems;

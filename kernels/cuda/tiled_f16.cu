@@ -1,4 +1,5 @@
-// Tiled Q6_K, Q4_K, Q5_K and Q8_0 times f16 activations on f16 tensor cores (see tiled_f16.cuh).
+// Tiled Q6_K, Q4_K, Q5_K, Q8_0 and IQ4_XS times f16 activations on f16 tensor cores (see
+// tiled_f16.cuh).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "kernels/cuda/mma_f16.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
+#include "kernels/cuda/tiled_iq4xs.cuh"
 #include "kernels/cuda/tiled_kquant.cuh"
 #include "kernels/cuda/tiled_q8.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
@@ -145,6 +147,13 @@ struct KquantCodec {
   }
 };
 
+// The f16 pair (v0 * s, v1 * s) of two int8 values (bytes picked by `sel` from w, stored as
+// v + 128): 0x64 above the byte is 1152 + v exactly, minus 1152, times s rounded once.
+__device__ __forceinline__ uint32_t ScaledInt8Pair(uint32_t w, uint32_t sel, __half2 s) {
+  const __half2 v = __hsub2(Half2(__byte_perm(w, 0x64646464u, sel)), __float2half2_rn(1152.f));
+  return Bits(__hmul2(v, s));
+}
+
 // Q8_0 (kernels/cpu/tiled_q8_layout.h): the int8 quants made f16 exactly (0x64 above q ^ 0x80 is
 // 1152 + q, minus 1152), times the block's scale d' = d 2^e in f16, rounded once per weight (the
 // e of the row's unit puts its largest d' in [2^8, 2^9): nothing overflows, the large weights are
@@ -179,21 +188,56 @@ struct Q8Codec {
     const uint32_t bits = (Word(d, b >> 1) >> (16 * (b & 1))) & 0xFFFFu;
     return __float2half2_rn(tiled_q8::ScaledScale(HalfBitsToF32(static_cast<uint16_t>(bits)), e));
   }
-  // The f16 pair (q0 d', q1 d') of two quants (bytes picked by `sel` from w, already q + 128).
-  __device__ __forceinline__ static uint32_t Pair(uint32_t w, uint32_t sel, __half2 d) {
-    const __half2 q = __hsub2(Half2(__byte_perm(w, 0x64646464u, sel)), __float2half2_rn(1152.f));
-    return Bits(__hmul2(q, d));
-  }
   __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
     const __half2 d0 = BlockScale(tu.w.d0, s >> 1, tu.e0), d8 = BlockScale(tu.w.d8, s >> 1, tu.e8);
     const uint32_t w0 = Word(tu.w.qs[s >> 1], 2 * (s & 1)), w8 = Word(tu.w.qs[s >> 1], 2 * (s & 1) + 1);
-    A[0] = Pair(w0, 0x4140, d0);
-    A[1] = Pair(w8, 0x4140, d8);
-    A[2] = Pair(w0, 0x4342, d0);
-    A[3] = Pair(w8, 0x4342, d8);
+    A[0] = ScaledInt8Pair(w0, 0x4140, d0);
+    A[1] = ScaledInt8Pair(w8, 0x4140, d8);
+    A[2] = ScaledInt8Pair(w0, 0x4342, d0);
+    A[3] = ScaledInt8Pair(w8, 0x4342, d8);
   }
   __device__ __forceinline__ static float2 D(const Unit& tu) {
     return make_float2(tiled_q8::ScaledScale(1.f, -tu.e0), tiled_q8::ScaledScale(1.f, -tu.e8));
+  }
+};
+
+// IQ4_XS (kernels/cpu/tiled_iq4xs_layout.h): four indices' codebook values at once (Iq4Lookup),
+// made f16 exactly, times the sub-block's ls - 32 in f16: |v (ls - 32)| <= 127 * 32, exact up to
+// 2048 and rounded once above, as Q6_K's (q - 32) * sc; the unit's d in D.
+struct Iq4XsCodec {
+  static constexpr bool kMins = false;
+  static constexpr int kUnitBytes = tiled_iq4xs::kUnitBytes;
+  static constexpr int kPrefetchMaxNt = 4;
+  struct Unit {
+    tiled_iq4xs_dev::Unit w;
+    uint32_t ls0[2], ls8[2];  // rows g, g + 8: the 8 six-bit sub-block scales, one per byte
+  };
+  __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
+    tiled_iq4xs_dev::LoadUnit(t.w, p, lane);
+  }
+  __device__ __forceinline__ static void Prepare(Unit& tu) {
+    tiled_iq4xs::SubBlockScales(tu.w.sh0, tu.w.sl0, tu.ls0);
+    tiled_iq4xs::SubBlockScales(tu.w.sh8, tu.w.sl8, tu.ls8);
+  }
+  // (ls - 32, ls - 32) of byte b of w: 0x64 above it is 1024 + ls, minus 1056.
+  __device__ __forceinline__ static __half2 ScalePair(uint32_t w, uint32_t b) {
+    const uint32_t h = __byte_perm(w, 0x64646464u, b | 0x40u | (b << 8) | 0x4000u);
+    return __hsub2(Half2(h), __float2half2_rn(1056.f));
+  }
+  __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
+    const int j = s >> 1;
+    const __half2 s0 = ScalePair(tu.ls0[j >> 2], j & 3), s8 = ScalePair(tu.ls8[j >> 2], j & 3);
+    const uint32_t w = Word(tu.w.qs[s >> 2], s & 3);
+    // Bytes (g, j0) (g+8, j0) (g, j1) (g+8, j1), then the same at j2, j3; as v + 128.
+    const uint32_t v0 = Iq4Lookup(w & 0x0F0F0F0Fu) ^ 0x80808080u;
+    const uint32_t v1 = Iq4Lookup((w >> 4) & 0x0F0F0F0Fu) ^ 0x80808080u;
+    A[0] = ScaledInt8Pair(v0, 0x4240, s0);
+    A[1] = ScaledInt8Pair(v0, 0x4341, s8);
+    A[2] = ScaledInt8Pair(v1, 0x4240, s0);
+    A[3] = ScaledInt8Pair(v1, 0x4341, s8);
+  }
+  __device__ __forceinline__ static float2 D(const Unit& tu) {
+    return make_float2(HalfBitsToF32(tu.w.d & 0xFFFF), HalfBitsToF32(tu.w.d >> 16));
   }
 };
 
@@ -748,6 +792,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, stream);
     case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, stream);
     case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, stream);
+    case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, stream);
     default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, stream);
   }
 }
