@@ -7,6 +7,7 @@
 
 #include "common/util/half.h"
 #include "kernels/cpu/quant_blocks.h"
+#include "kernels/cpu/tiled_iq4nl_layout.h"
 #include "kernels/cpu/tiled_iq4xs_layout.h"
 #include "kernels/cpu/tiled_kquant_layout.h"
 #include "kernels/cpu/tiled_q8_layout.h"
@@ -84,21 +85,26 @@ double TiledF16DotKq(const void* row, bool q5, const uint16_t* xh, const uint16_
   return sum;
 }
 
-double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {
-  const auto* bytes = static_cast<const uint8_t*>(row);
+namespace {
+
+// The formats with an f16 scale at the start of every 32-element block (Q8_0, IQ4_NL) as the
+// kernel computes them: per unit e from the 8 scales, f16(v_k * f16(d 2^e)) times xh_k, 2^-e.
+// value(unit, k): element k's integer value (the int8 quant, the codebook entry).
+template <class Value>
+double BlockScaledDot(const uint8_t* bytes, int block_bytes, const uint16_t* xh, int64_t n,
+                      double* abs_sum, const Value& value) {
   double sum = 0, abs = 0;
   for (int64_t u = 0; u < n / 256; ++u) {
-    const uint8_t* unit = bytes + u * 8 * tiled_q8::kBlockBytes;
+    const uint8_t* unit = bytes + u * 8 * block_bytes;
     uint16_t d[8];
-    for (int b = 0; b < 8; ++b) std::memcpy(&d[b], unit + b * tiled_q8::kBlockBytes, 2);
+    for (int b = 0; b < 8; ++b) std::memcpy(&d[b], unit + b * block_bytes, 2);
     const int e = tiled_q8::UnitExponent(d);
     double part = 0, part_abs = 0;
     for (int k = 0; k < 256; ++k) {
-      const int b = k / 32;
-      const float dp = F16ToF32(F32ToF16(tiled_q8::ScaledScale(F16ToF32(d[b]), e)));
-      const auto q = static_cast<int8_t>(unit[b * tiled_q8::kBlockBytes + 2 + k % 32]);
-      // q * d' is exact in f32 (8 x 11 bits); the kernel's f16 multiply rounds it once.
-      const double t = static_cast<double>(F16ToF32(F32ToF16(q * dp))) * F16ToF32(xh[256 * u + k]);
+      const float dp = F16ToF32(F32ToF16(tiled_q8::ScaledScale(F16ToF32(d[k / 32]), e)));
+      // v * d' is exact in f32 (8 x 11 bits); the kernel's f16 multiply rounds it once.
+      const float w = F16ToF32(F32ToF16(static_cast<float>(value(unit, k)) * dp));
+      const double t = static_cast<double>(w) * F16ToF32(xh[256 * u + k]);
       part += t;
       part_abs += std::fabs(t);
     }
@@ -108,6 +114,22 @@ double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* ab
   }
   if (abs_sum) *abs_sum = abs;
   return sum;
+}
+
+}  // namespace
+
+double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {
+  return BlockScaledDot(static_cast<const uint8_t*>(row), tiled_q8::kBlockBytes, xh, n, abs_sum,
+                        [](const uint8_t* unit, int k) {
+                          return static_cast<int8_t>(unit[(k / 32) * tiled_q8::kBlockBytes + 2 + k % 32]);
+                        });
+}
+
+double TiledF16DotIq4Nl(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {
+  return BlockScaledDot(static_cast<const uint8_t*>(row), tiled_iq4nl::kBlockBytes, xh, n, abs_sum,
+                        [](const uint8_t* unit, int k) {
+                          return tiled_iq4xs::Codebook(tiled_iq4nl::RawIndex(unit, k));
+                        });
 }
 
 double TiledF16DotIq4Xs(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {

@@ -1,4 +1,4 @@
-// CPU reference of the f16 tensor-core matmul on tiled Q6_K, Q4_K, Q5_K, Q8_0 and IQ4_XS
+// CPU reference of the f16 tensor-core matmul on tiled Q6_K, Q4_K, Q5_K, Q8_0, IQ4_XS and IQ4_NL
 // (kernels/cuda/tiled_f16.cuh): the activation conversion it takes and the dot product it
 // computes, so that the kernel is tested against what it is meant to compute (f16 operands), not
 // only against the f32 product.
@@ -39,5 +39,9 @@ double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* ab
 // One IQ4_XS row (n / 256 raw GGUF blocks) times one f16 column as the kernel computes it,
 // exactly (double): sum over units of d * sum_k f16(codebook[idx_k] * (ls_k - 32)) * xh_k.
 double TiledF16DotIq4Xs(const void* row, const uint16_t* xh, int64_t n, double* abs_sum = nullptr);
+
+// One IQ4_NL row (n / 32 raw GGUF blocks) times one f16 column as the kernel computes it, exactly
+// (double): as TiledF16DotQ80 with the codebook value of each index for the quant.
+double TiledF16DotIq4Nl(const void* row, const uint16_t* xh, int64_t n, double* abs_sum = nullptr);
 
 }  // namespace ds::cpu

@@ -46,18 +46,15 @@ DS_TILE_FN int Codebook(int i) {
 // What lane T of the warp that repacks one tile-unit writes: its qs words; T < 16 row T's
 // scales_h and scales_l; T < 8 the d pair of rows T and T + 8. blk[r]: row r's raw block
 // (nullptr for padding rows: zero).
+struct IndexNibble {
+  DS_TILE_FN int operator()(const uint8_t* blk, int e) const { return RawIndex(blk, e); }
+};
+
 DS_TILE_FN void PackLane(const uint8_t* const (&blk)[kRows], int T, uint8_t* unit) {
   const int g = T >> 2, q = T & 3;
-  for (int s = 0; s < 16; ++s) {
-    uint32_t w = 0;
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* b = blk[g + 8 * h];
-      if (b == nullptr) continue;
-      for (int j = 0; j < 4; ++j)
-        w |= static_cast<uint32_t>(RawIndex(b, 16 * s + 4 * q + j)) << (4 * tiled_kq::NibbleSlot(h, j));
-    }
-    *reinterpret_cast<uint32_t*>(unit + tiled_kq::QsWordOffset(T, s)) = w;
-  }
+  for (int s = 0; s < 16; ++s)
+    *reinterpret_cast<uint32_t*>(unit + tiled_kq::QsWordOffset(T, s)) =
+        tiled_kq::PackNibbleWord(blk[g], blk[g + 8], q, s, IndexNibble{});
   if (T < kRows) {
     for (int i = 0; i < 2; ++i) unit[kOffScalesH + 2 * T + i] = blk[T] ? blk[T][2 + i] : 0;
     for (int i = 0; i < 4; ++i) unit[kOffScalesL + 4 * T + i] = blk[T] ? blk[T][4 + i] : 0;

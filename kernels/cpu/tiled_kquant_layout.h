@@ -61,16 +61,31 @@ DS_TILE_FN int RawQuant(const uint8_t* blk, bool q5, int e) {
   return q;
 }
 
-// Thread (g, q)'s qs word of step s from the raw blocks of rows g and g + 8 (nullptr: padding).
-DS_TILE_FN uint32_t PackQsWord(const uint8_t* blk_g, const uint8_t* blk_g8, bool q5, int q, int s) {
+// Thread (g, q)'s word of step s in this nibble order from the raw blocks of rows g and g + 8
+// (nullptr: padding), nibble(b, e) giving element e's 4 bits: shared by the 4-bit formats whose
+// tiles use this word order (IQ4_XS, IQ4_NL).
+template <class Nibble>
+DS_TILE_FN uint32_t PackNibbleWord(const uint8_t* blk_g, const uint8_t* blk_g8, int q, int s,
+                                   const Nibble& nibble) {
   uint32_t w = 0;
   for (int h = 0; h < 2; ++h) {
     const uint8_t* b = h ? blk_g8 : blk_g;
     if (b == nullptr) continue;
     for (int j = 0; j < 4; ++j)
-      w |= static_cast<uint32_t>(RawQuant(b, q5, 16 * s + 4 * q + j) & 0xF) << (4 * NibbleSlot(h, j));
+      w |= static_cast<uint32_t>(nibble(b, 16 * s + 4 * q + j) & 0xF) << (4 * NibbleSlot(h, j));
   }
   return w;
+}
+
+// The low 4 bits of a Q4_K / Q5_K quant, as PackNibbleWord takes them.
+struct KquantNibble {
+  bool q5;
+  DS_TILE_FN int operator()(const uint8_t* blk, int e) const { return RawQuant(blk, q5, e); }
+};
+
+// Thread (g, q)'s qs word of step s from the raw blocks of rows g and g + 8 (nullptr: padding).
+DS_TILE_FN uint32_t PackQsWord(const uint8_t* blk_g, const uint8_t* blk_g8, bool q5, int q, int s) {
+  return PackNibbleWord(blk_g, blk_g8, q, s, KquantNibble{q5});
 }
 
 // Thread (g, q)'s Q5_K qh word i (steps 4i..4i+3).

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/tiled_iq4nl.cuh"
 #include "kernels/cuda/tiled_iq4xs.cuh"
 #include "kernels/cuda/tiled_kquant.cuh"
 #include "kernels/cuda/tiled_q8.cuh"
@@ -418,7 +419,7 @@ void LaunchTiled(TiledLaunch& L, cudaStream_t s) {
 
 bool TiledSupported(GgmlType t) {
   return t == GgmlType::Q6_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q8_0 ||
-         t == GgmlType::IQ4_XS;
+         t == GgmlType::IQ4_XS || t == GgmlType::IQ4_NL;
 }
 bool TiledInt8Supported(GgmlType t) { return t == GgmlType::Q6_K; }
 
@@ -429,6 +430,7 @@ int TiledUnitBytes(GgmlType t) {
     case GgmlType::Q5_K: return tiled_kq::UnitBytes(true);
     case GgmlType::Q8_0: return tiled_q8::kUnitBytes;
     case GgmlType::IQ4_XS: return tiled_iq4xs::kUnitBytes;
+    case GgmlType::IQ4_NL: return tiled_iq4nl::kUnitBytes;
     default: return 0;
   }
 }
@@ -458,6 +460,8 @@ absl::Status TileRows(GgmlType t, const void* raw, int64_t row0, int64_t rows, i
     return TileRowsQ8(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   if (t == GgmlType::IQ4_XS)
     return TileRowsIq4Xs(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
+  if (t == GgmlType::IQ4_NL)
+    return TileRowsIq4Nl(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   if (t != GgmlType::Q6_K)
     return TileRowsKquant(t == GgmlType::Q5_K, raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   TileRowsKernel<<<static_cast<unsigned>(n_tu), 32, 0, stream>>>(
@@ -473,6 +477,8 @@ absl::Status DequantizeTiledRows(GgmlType t, const void* tiled, int64_t row0, in
   if (t == GgmlType::Q8_0) return DequantizeTiledRowsQ8(tiled, row0, rows, K, out, bf16, stream);
   if (t == GgmlType::IQ4_XS)
     return DequantizeTiledRowsIq4Xs(tiled, row0, rows, K, out, bf16, stream);
+  if (t == GgmlType::IQ4_NL)
+    return DequantizeTiledRowsIq4Nl(tiled, row0, rows, K, out, bf16, stream);
   if (t != GgmlType::Q6_K)
     return DequantizeTiledRowsKquant(t == GgmlType::Q5_K, tiled, row0, rows, K, out, bf16, stream);
   const int nu = K / kUnitElems;

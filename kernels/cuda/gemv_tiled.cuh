@@ -33,10 +33,9 @@ constexpr int kTiledRows = 16;
 constexpr int kTiledMaxCols = 64;
 constexpr int kTileUnitBytes = 16 * 210;
 
-// Formats with a tiled layout: Q6_K (above), Q4_K, Q5_K, Q8_0 and IQ4_XS (kernels/cpu/
-// tiled_kquant_layout.h, tiled_q8_layout.h, tiled_iq4xs_layout.h: the same bytes as the raw
-// blocks, ordered for the f16 mma; only the f16 tensor-core kernel, tiled_f16.cuh, multiplies
-// them).
+// Formats with a tiled layout: Q6_K (above), and Q4_K, Q5_K, Q8_0, IQ4_XS, IQ4_NL
+// (kernels/cpu/tiled_*_layout.h: the same bytes as the raw blocks, ordered for the f16 mma; only
+// the f16 tensor-core kernel, tiled_f16.cuh, multiplies them).
 bool TiledSupported(GgmlType t);
 // Formats whose tiled layout the int8 kernels (TiledGemvMulti, MmqTiledMulti) take: Q6_K.
 bool TiledInt8Supported(GgmlType t);

@@ -1,5 +1,5 @@
-// Tiled Q6_K, Q4_K, Q5_K, Q8_0 and IQ4_XS times f16 activations on f16 tensor cores (see
-// tiled_f16.cuh).
+// Tiled Q6_K, Q4_K, Q5_K, Q8_0, IQ4_XS and IQ4_NL times f16 activations on f16 tensor cores
+// (see tiled_f16.cuh).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "kernels/cuda/mma_f16.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
+#include "kernels/cuda/tiled_iq4nl.cuh"
 #include "kernels/cuda/tiled_iq4xs.cuh"
 #include "kernels/cuda/tiled_kquant.cuh"
 #include "kernels/cuda/tiled_q8.cuh"
@@ -154,6 +155,22 @@ __device__ __forceinline__ uint32_t ScaledInt8Pair(uint32_t w, uint32_t sel, __h
   return Bits(__hmul2(v, s));
 }
 
+// The e of a row's unit from its 8 f16 block scales (tiled_q8::UnitExponent: the largest d 2^e in
+// [2^8, 2^9)), for the formats with a scale per 32-block (Q8_0, IQ4_NL).
+__device__ __forceinline__ int BlockScalesExponent(const uint4& d) {
+  const uint16_t h[8] = {static_cast<uint16_t>(d.x), static_cast<uint16_t>(d.x >> 16),
+                         static_cast<uint16_t>(d.y), static_cast<uint16_t>(d.y >> 16),
+                         static_cast<uint16_t>(d.z), static_cast<uint16_t>(d.z >> 16),
+                         static_cast<uint16_t>(d.w), static_cast<uint16_t>(d.w >> 16)};
+  return tiled_q8::UnitExponent(h);
+}
+
+// (d', d') = f16(d 2^e) of block b of a row (its 8 scales, its e).
+__device__ __forceinline__ __half2 BlockScale(const uint4& d, int b, int e) {
+  const uint32_t bits = (Word(d, b >> 1) >> (16 * (b & 1))) & 0xFFFFu;
+  return __float2half2_rn(tiled_q8::ScaledScale(HalfBitsToF32(static_cast<uint16_t>(bits)), e));
+}
+
 // Q8_0 (kernels/cpu/tiled_q8_layout.h): the int8 quants made f16 exactly (0x64 above q ^ 0x80 is
 // 1152 + q, minus 1152), times the block's scale d' = d 2^e in f16, rounded once per weight (the
 // e of the row's unit puts its largest d' in [2^8, 2^9): nothing overflows, the large weights are
@@ -170,23 +187,11 @@ struct Q8Codec {
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
     tiled_q8_dev::LoadUnit(t.w, p, lane);
   }
-  __device__ __forceinline__ static int Exponent(const uint4& d) {
-    const uint16_t h[8] = {static_cast<uint16_t>(d.x), static_cast<uint16_t>(d.x >> 16),
-                           static_cast<uint16_t>(d.y), static_cast<uint16_t>(d.y >> 16),
-                           static_cast<uint16_t>(d.z), static_cast<uint16_t>(d.z >> 16),
-                           static_cast<uint16_t>(d.w), static_cast<uint16_t>(d.w >> 16)};
-    return tiled_q8::UnitExponent(h);
-  }
   __device__ __forceinline__ static void Prepare(Unit& tu) {
-    tu.e0 = Exponent(tu.w.d0);
-    tu.e8 = Exponent(tu.w.d8);
+    tu.e0 = BlockScalesExponent(tu.w.d0);
+    tu.e8 = BlockScalesExponent(tu.w.d8);
 #pragma unroll
     for (int i = 0; i < 8; ++i) tu.w.qs[i] = Xor4(tu.w.qs[i], 0x80808080u);  // q + 128
-  }
-  // (d', d') of block b of a row (its 8 scales d, its e).
-  __device__ __forceinline__ static __half2 BlockScale(const uint4& d, int b, int e) {
-    const uint32_t bits = (Word(d, b >> 1) >> (16 * (b & 1))) & 0xFFFFu;
-    return __float2half2_rn(tiled_q8::ScaledScale(HalfBitsToF32(static_cast<uint16_t>(bits)), e));
   }
   __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
     const __half2 d0 = BlockScale(tu.w.d0, s >> 1, tu.e0), d8 = BlockScale(tu.w.d8, s >> 1, tu.e8);
@@ -238,6 +243,38 @@ struct Iq4XsCodec {
   }
   __device__ __forceinline__ static float2 D(const Unit& tu) {
     return make_float2(HalfBitsToF32(tu.w.d & 0xFFFF), HalfBitsToF32(tu.w.d >> 16));
+  }
+};
+
+// IQ4_NL (kernels/cpu/tiled_iq4nl_layout.h): IQ4_XS's lookups with Q8_0's scale per 32-block:
+// f16(v d'), d' = f16(d 2^e), one rounding per weight (|v| <= 127, d' < 2^9); 2^-e per unit.
+struct Iq4NlCodec {
+  static constexpr bool kMins = false;
+  static constexpr int kUnitBytes = tiled_iq4nl::kUnitBytes;
+  static constexpr int kPrefetchMaxNt = 4;
+  struct Unit {
+    tiled_iq4nl_dev::Unit w;
+    int e0, e8;  // rows g, g + 8
+  };
+  __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
+    tiled_iq4nl_dev::LoadUnit(t.w, p, lane);
+  }
+  __device__ __forceinline__ static void Prepare(Unit& tu) {
+    tu.e0 = BlockScalesExponent(tu.w.d0);
+    tu.e8 = BlockScalesExponent(tu.w.d8);
+  }
+  __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
+    const __half2 d0 = BlockScale(tu.w.d0, s >> 1, tu.e0), d8 = BlockScale(tu.w.d8, s >> 1, tu.e8);
+    const uint32_t w = Word(tu.w.qs[s >> 2], s & 3);
+    const uint32_t v0 = Iq4Lookup(w & 0x0F0F0F0Fu) ^ 0x80808080u;
+    const uint32_t v1 = Iq4Lookup((w >> 4) & 0x0F0F0F0Fu) ^ 0x80808080u;
+    A[0] = ScaledInt8Pair(v0, 0x4240, d0);
+    A[1] = ScaledInt8Pair(v0, 0x4341, d8);
+    A[2] = ScaledInt8Pair(v1, 0x4240, d0);
+    A[3] = ScaledInt8Pair(v1, 0x4341, d8);
+  }
+  __device__ __forceinline__ static float2 D(const Unit& tu) {
+    return make_float2(tiled_q8::ScaledScale(1.f, -tu.e0), tiled_q8::ScaledScale(1.f, -tu.e8));
   }
 };
 
@@ -793,6 +830,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, stream);
     case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, stream);
     case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, stream);
+    case GgmlType::IQ4_NL: return LaunchCodec<Iq4NlCodec>(L, b.nc, end, cluster, stream);
     default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, stream);
   }
 }

@@ -17,7 +17,7 @@
 // Models: synthetic ones of the widened tiny shape (tests/model/widened_tiny.h) for several weight
 // types, and 4 layers of the 27B width in Q6_K (the tiled tensor-core layout); Q4_K / Q5_K with
 // CudaBackendOptions::tiled_f16_formats (their tiled matrices on the f16 kernel at every width); and
-// Q8_0 and IQ4_XS so.
+// Q8_0, IQ4_XS and IQ4_NL so.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -54,7 +54,7 @@ struct Case {
   // would reach the f16 kernel: its run and its logit rows must stay on the int8 kernels; at 17
   // (the default before 2026-12-03) the whole replay step stays under the line.
   int f16_min_cols = 0;
-  // CudaBackendOptions::tiled_f16_formats: Q4_K / Q5_K / Q8_0 / IQ4_XS matrices tiled, on the f16 kernel at every
+  // CudaBackendOptions::tiled_f16_formats: Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL matrices tiled, on the f16 kernel at every
   // column count (its column-count invariance is then the whole story).
   bool tiled_f16_formats = false;
 };
@@ -71,6 +71,7 @@ constexpr Case kCases[] = {
     {"Q5_K_27b_width_tiled", GgmlType::Q5_K, true, 0, true},
     {"Q8_0_tiled", GgmlType::Q8_0, false, 0, true},
     {"IQ4_XS_tiled", GgmlType::IQ4_XS, false, 0, true},
+    {"IQ4_NL_tiled", GgmlType::IQ4_NL, false, 0, true},
 };
 
 bool HaveGpu() {

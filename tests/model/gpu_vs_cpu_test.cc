@@ -41,6 +41,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gguf/ggml_types.h"
+#include "kernels/cuda/gemv_tiled.cuh"
 #include "tests/gpu_test_options.h"
 #include "tests/model/test_util.h"
 #include "tests/model/widened_tiny.h"
@@ -410,7 +411,8 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
   }
 }
 
-// Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS (CudaBackendOptions::tiled_f16_formats, issue #22): the schedule above
+// Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL (CudaBackendOptions::tiled_f16_formats, issue #22):
+// the schedule above
 // on those models with their matrices tiled at upload, every column product (1-2 decode rows, the
 // 23-token prompt) on the f16 tensor-core kernel and the 100-token prefill dequantized from the
 // tiles: within the type's bounds of the CPU, the same logits on two loads, and not the raw
@@ -420,8 +422,7 @@ TEST(GpuTiledF16Formats, LogitsWithinBoundAndDeterministic) {
   if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable (sm_70) path has no tiled layout";
   for (const Case& c : kCases) {
     if (c.shape != Shape::kWide ||
-        (c.type != GgmlType::Q4_K && c.type != GgmlType::Q5_K && c.type != GgmlType::Q8_0 &&
-         c.type != GgmlType::IQ4_XS))
+        (c.type == GgmlType::Q6_K || !cuda::TiledSupported(c.type)))
       continue;
     SCOPED_TRACE(c.name);
     auto model = CaseModel(c, "_tiled");

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS on the f16 tensor-core kernel (issue #22, CudaBackendOptions::
+# Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL on the f16 tensor-core kernel (issue #22, CudaBackendOptions::
 # tiled_f16_formats, `bench --tiled-f16-formats on|off`): the kernel tests (repack, tiled
 # dequantization, sub-block sums, the kernel vs its CPU reference), the Q6_K f16 kernel's own test
 # (its code was templated), the whole-model cases against the CPU and batch invariance, the
 # per-launch table (f16 kernel vs the v2 GEMV on raw rows), then `deltaserve bench` on the 27B
-# synth of TYPE (Q4_K, Q5_K, Q8_0 or IQ4_XS; one stream, x16, x64) with each setting, alternated.
+# synth of TYPE (Q4_K, Q5_K, Q8_0, IQ4_XS or IQ4_NL; one stream, x16, x64) with each setting, alternated.
 # Usage (device, repo root). The binaries do not fit one call's 64 MiB with the sources (53 MB
 # packed, 2026-12-05), so two calls:
 #   1. here: DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-lead bash \
@@ -26,10 +26,10 @@ if [ "${ROUNDS:-2}" != 0 ]; then synth_27b "$M" "$T" & fi
 run_gtest tiled_formats_cuda_test
 run_gtest tiled_f16_cuda_test --gtest_filter='TiledF16.*'
 run_gtest batch_invariance_test
-run_gtest gpu_vs_cpu_test --gtest_filter='GpuTiledF16Formats.*:Models/GpuVsCpu.*Q4_K*:Models/GpuVsCpu.*Q5_K*:Models/GpuVsCpu.*Q8_0*:Models/GpuVsCpu.*IQ4_XS*'
+run_gtest gpu_vs_cpu_test --gtest_filter='GpuTiledF16Formats.*:Models/GpuVsCpu.*Q4_K*:Models/GpuVsCpu.*Q5_K*:Models/GpuVsCpu.*Q8_0*:Models/GpuVsCpu.*IQ4_*'
 grep -h "gpu_tiled_kquant\|gpu_vs_cpu" "$L/gpu_vs_cpu_test.log" 2>/dev/null | head -8
 [ -x "$BIN/tiled_formats_cuda_test" ] &&
-  timeout 200 "$BIN/tiled_formats_cuda_test" --gtest_filter='TiledFormatsTiming.*' 2>&1 | grep -E "^(Q[458]_[K0]|IQ4_XS)"
+  timeout 200 "$BIN/tiled_formats_cuda_test" --gtest_filter='TiledFormatsTiming.*' 2>&1 | grep -E "^(Q[458]_[K0]|IQ4_)"
 wait
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for f in off on; do

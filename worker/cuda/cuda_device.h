@@ -209,7 +209,7 @@ class CudaDevice final : public Device {
     return xf_ != nullptr && copts_.f16_mma && R >= copts_.f16_mma_min_cols &&
            R <= std::min(kTiledF16MaxCols, tiled_max_rows_);
   }
-  // Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS have no int8 kernel: the f16 one at every column count of the
+  // Tiled formats other than Q6_K have no int8 kernel: the f16 one at every column count of the
   // column path.
   bool F16Columns(const DMat& w, int R) const {
     return w.tiled && (F16ColumnRows(R) || !TiledInt8Supported(w.type));
@@ -426,7 +426,7 @@ class CudaDevice final : public Device {
   // Every quantized layer matrix has the tiled layout (the 27B Q6_K files): the norms may then
   // write the f16 activations instead of the int8 ones for f16-kernel steps (NormToA).
   bool trunk_tiled_ = false;
-  // Some matrix is tiled without an int8 kernel (Q4_K / Q5_K / Q8_0 / IQ4_XS, CudaBackendOptions::
+  // Some matrix is tiled without an int8 kernel (all but Q6_K, CudaBackendOptions::
   // tiled_f16_formats): the f16 kernel at every column count for those; some is Q4_K / Q5_K
   // (kq_tiled_): xf_ comes with its sub-block sums.
   bool f16_only_tiled_ = false;

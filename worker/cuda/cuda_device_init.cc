@@ -207,8 +207,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     for (auto& [n, w] : mats)
       if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32) dense_mats.insert(w);
   // Which matrices get the tiled layout: every tiled-format matrix except the embedding (read
-  // by row lookups), so also the LM head unless it is tied to the embedding. Q4_K / Q5_K / Q8_0 /
-  // IQ4_XS only with tiled_f16_formats and the f16 kernel, their only column kernel.
+  // by row lookups), so also the LM head unless it is tied to the embedding. The formats other
+  // than Q6_K only with tiled_f16_formats and the f16 kernel, their only column kernel.
   const bool f16_formats = tiled_ && copts_.tiled_f16_formats && copts_.f16_mma && tiled_max_rows_ > 0;
   auto tile_it = [&](const cpu::WeightView* w) {
     return tiled_ && w != &mw.token_embd && w != &mw.mtp.embed && TiledSupported(w->type) &&
@@ -321,8 +321,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       attn_prefill_tensor_cores_ || attn_prefill_wgmma_ ? 0 : static_cast<uint64_t>(slot_ctx_);
   const uint64_t LR = static_cast<uint64_t>(logit_rows_max_);  // logit rows of one micro-step
   // TiledF16Multi's activations and K-split scratch (~14 MiB on the 27B), when it can run.
-  // Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS take it at every column count (f16_only_tiled_); K-quants with the
-  // sub-block sums (kq_tiled_).
+  // The tiled formats other than Q6_K take it at every column count (f16_only_tiled_); Q4_K /
+  // Q5_K with the sub-block sums (kq_tiled_).
   const bool f16_cols =
       tiled_ && copts_.f16_mma && (tiled_max_rows_ >= copts_.f16_mma_min_cols || f16_only_tiled_);
   std::vector<Buf> bufs = {

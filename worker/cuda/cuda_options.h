@@ -82,8 +82,8 @@ struct CudaBackendOptions {
   // batch_invariance_test's replay cases at 9 pass on the H200: docs/perf/h200.md).
   bool f16_mma = true;
   int f16_mma_min_cols = 9;
-  // Q4_K, Q5_K, Q8_0 and IQ4_XS matrices tiled at upload too (kernels/cpu/tiled_*_layout.h: the
-  // same bytes as the raw blocks, in f16-mma fragment order), multiplied by
+  // Q4_K, Q5_K, Q8_0, IQ4_XS and IQ4_NL matrices tiled at upload too (kernels/cpu/
+  // tiled_*_layout.h: the same bytes as the raw blocks, in f16-mma fragment order), multiplied by
   // the f16 tensor-core kernel at every column count up to tiled_max_rows (they have no int8
   // kernel: a row's numbers are then the same at any batch size) and dequantized from the tiles
   // for the cuBLAS path; needs f16_mma. Off: they keep the raw layout, the v2 GEMV (<=

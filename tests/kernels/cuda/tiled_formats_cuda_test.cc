@@ -1,9 +1,9 @@
-// Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS on the GPU (issue #22): the device repack equals the CPU
+// Tiled Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL on the GPU (issue #22): the device repack equals the CPU
 // packing of the layout definitions (kernels/cpu/tiled_*_layout.h) byte for byte;
 // the dequantization of tiled rows equals that of the raw rows bit for bit; the activations'
 // sub-block sums equal cpu::HalfSubBlockSums bit for bit, from HalfActivations and from the fused
 // norm; and the f16 tensor-core kernel (TiledF16Multi) against its CPU reference
-// (cpu::TiledF16DotKq / Q80 / Iq4Xs: the same f16 operands, summed exactly) and the f32
+// (cpu::TiledF16DotKq / Q80 / Iq4Xs / Iq4Nl: the same f16 operands, summed exactly) and the f32
 // product of the dequantized rows, at every column count, with every epilogue, a K split, several
 // segments; a column's result the same bits at every column count, through clusters or the
 // scratch. TiledFormatsTiming.Table27B is the benchmark the dispatch needs (f16 kernel vs the v2
@@ -21,6 +21,7 @@
 #include "common/util/half.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/tiled_f16_ref.h"
+#include "kernels/cpu/tiled_iq4nl_layout.h"
 #include "kernels/cpu/tiled_iq4xs_layout.h"
 #include "kernels/cpu/tiled_kquant_layout.h"
 #include "kernels/cpu/tiled_q8_layout.h"
@@ -41,7 +42,8 @@ std::mt19937& Rng() {
   return rng;
 }
 
-constexpr GgmlType kFormats[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::IQ4_XS};
+constexpr GgmlType kFormats[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::IQ4_XS,
+                                 GgmlType::IQ4_NL};
 std::string Name(GgmlType t) { return std::string(GgmlInfo(t).name); }
 bool HasMins(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q5_K; }
 
@@ -50,6 +52,7 @@ bool HasMins(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q5_K; }
 std::vector<uint8_t> RandomRows(GgmlType t, int64_t rows, int K) {
   const int bb = t == GgmlType::Q8_0     ? tiled_q8::kBlockBytes
                  : t == GgmlType::IQ4_XS ? tiled_iq4xs::kBlockBytes
+                 : t == GgmlType::IQ4_NL ? tiled_iq4nl::kBlockBytes
                                          : tiled_kq::RawBlockBytes(t == GgmlType::Q5_K);
   std::vector<uint8_t> w(rows * GgmlRowBytes(t, K));
   std::uniform_int_distribution<int> byte(0, 255);
@@ -91,6 +94,8 @@ std::vector<uint8_t> HostUnit(GgmlType t, const std::vector<uint8_t>& raw, int M
       tiled_q8::PackLane(rows, T, unit.data());
     else if (t == GgmlType::IQ4_XS)
       tiled_iq4xs::PackLane(rows, T, unit.data());
+    else if (t == GgmlType::IQ4_NL)
+      tiled_iq4nl::PackLane(rows, T, unit.data());
     else
       tiled_kq::PackLane(rows, t == GgmlType::Q5_K, T, unit.data());
   }
@@ -219,7 +224,7 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
   std::vector<float> wf(c.K);
   // The same f16 operands, exactly; and the f32 product of the dequantized row: f16 rounds the
   // activations (2^-11 each) and the sub-block sums (2^-11 of each min term) of the K-quants,
-  // Q8_0's and IQ4_XS's weights (2^-11 each).
+  // Q8_0's and the IQ4 formats' weights (2^-11 each).
   auto dots = [&](int m, int r, int col) {
     const std::vector<uint8_t>& mat = m == 0 ? w : w2;
     const float* xc = x.data() + static_cast<size_t>(col) * c.K;
@@ -228,6 +233,7 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
     const uint8_t* row = mat.data() + r * rb;
     d.exact = xs[col] * (c.type == GgmlType::Q8_0     ? cpu::TiledF16DotQ80(row, hc, c.K, &d.abs)
                          : c.type == GgmlType::IQ4_XS ? cpu::TiledF16DotIq4Xs(row, hc, c.K, &d.abs)
+                         : c.type == GgmlType::IQ4_NL ? cpu::TiledF16DotIq4Nl(row, hc, c.K, &d.abs)
                                                       : cpu::TiledF16DotKq(
                                                             row, c.type == GgmlType::Q5_K, hc,
                                                             sums.data() + static_cast<size_t>(col) * (c.K / 32),
@@ -345,7 +351,7 @@ TEST(TiledFormats, RejectsMissingSumsAndInt8Kernels) {
 }
 
 // The benchmark for the dispatch (prints only): us per launch of the f16 kernel on tiled Q4_K /
-// Q5_K / Q8_0 / IQ4_XS and of the v2 GEMV on the raw rows (<= 16 columns: its range), the 27B shapes (single
+// Q5_K / Q8_0 / IQ4_XS / IQ4_NL and of the v2 GEMV on the raw rows (<= 16 columns: its range), the 27B shapes (single
 // matrices), each launch on another copy of the weights (>= 256 MiB in all, so L2 holds none).
 TEST(TiledFormatsTiming, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
