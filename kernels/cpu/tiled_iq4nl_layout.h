@@ -1,5 +1,5 @@
 // The tiled layout of IQ4_NL matrices (issue #22): one definition for the CUDA repack and the f16
-// tensor-core kernel (kernels/cuda/tiled_iq4nl.cu, tiled_f16.cu) and for the CPU tests and
+// tensor-core kernel (kernels/cuda/tiled_formats.cu, tiled_f16.cu) and for the CPU tests and
 // reference (tests/kernels/cpu/tiled_iq4nl_layout_test.cc, kernels/cpu/tiled_f16_ref.h).
 //
 // IQ4_NL (spec/model.md §10): blocks of 32 elements, f16 d and 4-bit indices into the 16-value

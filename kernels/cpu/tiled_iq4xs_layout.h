@@ -1,5 +1,5 @@
 // The tiled layout of IQ4_XS matrices (issue #22): one definition for the CUDA repack and the f16
-// tensor-core kernel (kernels/cuda/tiled_iq4xs.cu, tiled_f16.cu) and for the CPU tests and
+// tensor-core kernel (kernels/cuda/tiled_formats.cu, tiled_f16.cu) and for the CPU tests and
 // reference (tests/kernels/cpu/tiled_iq4xs_layout_test.cc, kernels/cpu/tiled_f16_ref.h).
 //
 // IQ4_XS (spec/model.md §10): per 256 elements d (f16), scales_h (2 bits of each of the 8

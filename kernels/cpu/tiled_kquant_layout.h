@@ -1,5 +1,5 @@
 // The tiled layout of Q4_K and Q5_K matrices (issue #22): one definition of where every bit goes,
-// for the CUDA repack and the f16 tensor-core kernel that reads it (kernels/cuda/tiled_kquant.cuh,
+// for the CUDA repack and the f16 tensor-core kernel that reads it (kernels/cuda/tiled_formats.cuh,
 // tiled_f16.cu) and for the CPU tests that check the layout against the raw GGUF blocks
 // (tests/kernels/cpu/tiled_kquant_layout_test.cc). Pure integer code, host and device alike.
 //
@@ -132,7 +132,7 @@ DS_TILE_FN int ScaleByte(const uint32_t (&v)[2], int j) { return (v[j >> 2] >> (
 // What thread T of the warp that repacks one tile-unit writes into it (`unit`, 4-byte aligned):
 // its qs (and Q5_K qh) words; T < 16 the scale bytes of row T, T < 8 the d and dmin pairs of rows
 // T and T + 8. blk[r]: row r's raw block of this unit (nullptr for padding rows, which become
-// zero). The CUDA repack runs it in every lane (kernels/cuda/tiled_kquant.cu), the CPU tests over
+// zero). The CUDA repack runs it in every lane (kernels/cuda/tiled_formats.cu), the CPU tests over
 // all 32.
 DS_TILE_FN void PackLane(const uint8_t* const (&blk)[kRows], bool q5, int T, uint8_t* unit) {
   const int g = T >> 2, q = T & 3;

@@ -1,5 +1,5 @@
 // The tiled layout of Q8_0 matrices (issue #22): one definition for the CUDA repack and the f16
-// tensor-core kernel (kernels/cuda/tiled_q8.cu, tiled_f16.cu) and for the CPU tests and reference
+// tensor-core kernel (kernels/cuda/tiled_formats.cu, tiled_f16.cu) and for the CPU tests and reference
 // (tests/kernels/cpu/tiled_q8_layout_test.cc, kernels/cpu/tiled_f16_ref.h). Host and device alike.
 //
 // As the other tiled formats (kernels/cuda/gemv_tiled.cuh): 16-row tiles of 256-element

@@ -5,10 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_decode.cuh"
-#include "kernels/cuda/tiled_iq4nl.cuh"
-#include "kernels/cuda/tiled_iq4xs.cuh"
-#include "kernels/cuda/tiled_kquant.cuh"
-#include "kernels/cuda/tiled_q8.cuh"
+#include "kernels/cuda/tiled_formats.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
 
 namespace ds::cuda {
@@ -456,14 +453,8 @@ absl::Status TileRows(GgmlType t, const void* raw, int64_t row0, int64_t rows, i
   const int nu = K / kUnitElems;
   const int64_t n_tu = static_cast<int64_t>(CeilDiv(rows, kTiledRows)) * nu;
   uint8_t* dst = static_cast<uint8_t*>(tiled) + row0 / kTiledRows * nu * static_cast<int64_t>(TiledUnitBytes(t));
-  if (t == GgmlType::Q8_0)
-    return TileRowsQ8(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
-  if (t == GgmlType::IQ4_XS)
-    return TileRowsIq4Xs(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
-  if (t == GgmlType::IQ4_NL)
-    return TileRowsIq4Nl(raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   if (t != GgmlType::Q6_K)
-    return TileRowsKquant(t == GgmlType::Q5_K, raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
+    return TileRowsF16Format(t, raw, rows, K, static_cast<int64_t>(GgmlRowBytes(t, K)), dst, stream);
   TileRowsKernel<<<static_cast<unsigned>(n_tu), 32, 0, stream>>>(
       static_cast<const uint8_t*>(raw), rows, nu, static_cast<int64_t>(GgmlRowBytes(t, K)), dst);
   return LastLaunchStatus("TileRows");
@@ -474,13 +465,7 @@ absl::Status DequantizeTiledRows(GgmlType t, const void* tiled, int64_t row0, in
   if (!TiledSupported(t) || K % kUnitElems != 0 || row0 < 0 || rows < 0)
     return absl::InvalidArgumentError(absl::StrCat("DequantizeTiledRows: bad args row0=", row0, " rows=", rows, " K=", K));
   if (rows == 0) return absl::OkStatus();
-  if (t == GgmlType::Q8_0) return DequantizeTiledRowsQ8(tiled, row0, rows, K, out, bf16, stream);
-  if (t == GgmlType::IQ4_XS)
-    return DequantizeTiledRowsIq4Xs(tiled, row0, rows, K, out, bf16, stream);
-  if (t == GgmlType::IQ4_NL)
-    return DequantizeTiledRowsIq4Nl(tiled, row0, rows, K, out, bf16, stream);
-  if (t != GgmlType::Q6_K)
-    return DequantizeTiledRowsKquant(t == GgmlType::Q5_K, tiled, row0, rows, K, out, bf16, stream);
+  if (t != GgmlType::Q6_K) return DequantizeTiledRowsF16Format(t, tiled, row0, rows, K, out, bf16, stream);
   const int nu = K / kUnitElems;
   const int64_t t0 = row0 / kTiledRows, t1 = (row0 + rows - 1) / kTiledRows + 1;
   const int64_t n_tu = (t1 - t0) * nu;

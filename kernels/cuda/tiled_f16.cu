@@ -13,10 +13,7 @@
 #include "kernels/cuda/mma_f16.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
-#include "kernels/cuda/tiled_iq4nl.cuh"
-#include "kernels/cuda/tiled_iq4xs.cuh"
-#include "kernels/cuda/tiled_kquant.cuh"
-#include "kernels/cuda/tiled_q8.cuh"
+#include "kernels/cuda/tiled_formats.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
 
 namespace ds::cuda {
@@ -108,11 +105,11 @@ struct KquantCodec {
   static constexpr int kUnitBytes = tiled_kq::UnitBytes(kQ5);
   static constexpr int kPrefetchMaxNt = 4;
   struct Unit {
-    tiled_kq_dev::Unit w;
+    tiled_dev::KquantUnit w;
     uint32_t sc0[2], mn0[2], sc8[2], mn8[2];  // rows g, g + 8: sub-blocks' scales and mins
   };
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
-    tiled_kq_dev::LoadUnit<kQ5>(t.w, p, lane);
+    tiled_dev::LoadKquantUnit<kQ5>(t.w, p, lane);
   }
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tiled_kq::UnpackScales(tu.w.s0[0], tu.w.s0[1], tu.w.s0[2], tu.sc0, tu.mn0);
@@ -121,8 +118,8 @@ struct KquantCodec {
   __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
     const int j = s >> 1;  // the 32-element sub-block
     const uint32_t b = j & 3;
-    const __half2 s0 = tiled_kq_dev::BytePair(tu.sc0[j >> 2], b, b);
-    const __half2 s8 = tiled_kq_dev::BytePair(tu.sc8[j >> 2], b, b);
+    const __half2 s0 = tiled_dev::BytePair(tu.sc0[j >> 2], b, b);
+    const __half2 s8 = tiled_dev::BytePair(tu.sc8[j >> 2], b, b);
     const __half2 c0 = __hmul2(s0, __float2half2_rn(-1024.f));
     const __half2 c8 = __hmul2(s8, __float2half2_rn(-1024.f));
     const uint32_t qs = Word(tu.w.qs[s >> 2], s & 3);
@@ -138,8 +135,8 @@ struct KquantCodec {
   // Rows g / g + 8 at k = 2q, 2q + 1 of the m16n8k8: the mins of sub-blocks 2q, 2q + 1.
   __device__ __forceinline__ static void MinOperands(const Unit& tu, int q, uint32_t (&A)[2]) {
     const uint32_t b0 = 2 * (q & 1);
-    A[0] = Bits(tiled_kq_dev::BytePair(q < 2 ? tu.mn0[0] : tu.mn0[1], b0, b0 + 1));
-    A[1] = Bits(tiled_kq_dev::BytePair(q < 2 ? tu.mn8[0] : tu.mn8[1], b0, b0 + 1));
+    A[0] = Bits(tiled_dev::BytePair(q < 2 ? tu.mn0[0] : tu.mn0[1], b0, b0 + 1));
+    A[1] = Bits(tiled_dev::BytePair(q < 2 ? tu.mn8[0] : tu.mn8[1], b0, b0 + 1));
   }
   // -64 dmin: the sums are 2^-6 of the activations' (HalfSubBlockSums).
   __device__ __forceinline__ static float2 Dmin(const Unit& tu) {
@@ -181,11 +178,11 @@ struct Q8Codec {
   // Its unit is 40 registers: a second one spills at 32 columns (ptxas, sm_90a), so up to 16.
   static constexpr int kPrefetchMaxNt = 2;
   struct Unit {
-    tiled_q8_dev::Unit w;
+    tiled_dev::Q8Unit w;
     int e0, e8;  // rows g, g + 8
   };
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
-    tiled_q8_dev::LoadUnit(t.w, p, lane);
+    tiled_dev::LoadQ8Unit(t.w, p, lane);
   }
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tu.e0 = BlockScalesExponent(tu.w.d0);
@@ -214,11 +211,11 @@ struct Iq4XsCodec {
   static constexpr int kUnitBytes = tiled_iq4xs::kUnitBytes;
   static constexpr int kPrefetchMaxNt = 4;
   struct Unit {
-    tiled_iq4xs_dev::Unit w;
+    tiled_dev::Iq4XsUnit w;
     uint32_t ls0[2], ls8[2];  // rows g, g + 8: the 8 six-bit sub-block scales, one per byte
   };
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
-    tiled_iq4xs_dev::LoadUnit(t.w, p, lane);
+    tiled_dev::LoadIq4XsUnit(t.w, p, lane);
   }
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tiled_iq4xs::SubBlockScales(tu.w.sh0, tu.w.sl0, tu.ls0);
@@ -253,11 +250,11 @@ struct Iq4NlCodec {
   static constexpr int kUnitBytes = tiled_iq4nl::kUnitBytes;
   static constexpr int kPrefetchMaxNt = 4;
   struct Unit {
-    tiled_iq4nl_dev::Unit w;
+    tiled_dev::Iq4NlUnit w;
     int e0, e8;  // rows g, g + 8
   };
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
-    tiled_iq4nl_dev::LoadUnit(t.w, p, lane);
+    tiled_dev::LoadIq4NlUnit(t.w, p, lane);
   }
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tu.e0 = BlockScalesExponent(tu.w.d0);

@@ -15,39 +15,20 @@
 #include "common/util/half.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/tiled_f16_ref.h"
+#include "tests/kernels/cpu/tiled_layout_test_util.h"
 
 namespace ds::tiled_iq4xs {
 namespace {
 
 std::vector<uint8_t> RandomRows(int rows, int K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(rows) * K);
-  for (auto& v : w) v = n(rng);
-  for (int r = 0; r < rows; ++r) w[static_cast<size_t>(r) * K + 9 + r] = 0.5f;
-  const size_t rb = GgmlRowBytes(GgmlType::IQ4_XS, K);
-  std::vector<uint8_t> raw(rb * rows);
-  for (int r = 0; r < rows; ++r)
-    cpu::QuantizeRow(GgmlType::IQ4_XS, w.data() + static_cast<size_t>(r) * K, raw.data() + rb * r, K);
-  return raw;
+  return tiled_test::QuantizedRows(GgmlType::IQ4_XS, rows, K, seed, 9, 0.5f);
 }
 
 std::vector<uint8_t> PackUnit(const std::vector<uint8_t>& raw, int rows, int K, int u) {
-  const size_t rb = GgmlRowBytes(GgmlType::IQ4_XS, K);
-  const uint8_t* blk[kRows];
-  for (int r = 0; r < kRows; ++r)
-    blk[r] = r < rows ? raw.data() + rb * r + static_cast<size_t>(u) * kBlockBytes : nullptr;
-  std::vector<uint8_t> unit(kUnitBytes, 0xEE);
-  for (int T = 0; T < 32; ++T) PackLane(blk, T, unit.data());
-  return unit;
+  return tiled_test::PackTileUnit(GgmlType::IQ4_XS, raw, rows, K, u, kUnitBytes, PackLane);
 }
 
-template <typename V>
-V At(const std::vector<uint8_t>& unit, int off) {
-  V v;
-  std::memcpy(&v, unit.data() + off, sizeof v);
-  return v;
-}
+using tiled_test::At;
 
 // Row r's ls of sub-block j as the kernel gets it.
 int KernelScale(const std::vector<uint8_t>& unit, int r, int j) {
@@ -56,11 +37,8 @@ int KernelScale(const std::vector<uint8_t>& unit, int r, int j) {
   return static_cast<int>((ls[j >> 2] >> (8 * (j & 3))) & 0xFF);
 }
 
-// The kernel's index of (lane T, step s, element jj of row half h): byte h + 2 (jj % 2) of
-// (word >> 4 (jj / 2)) & 0x0F0F0F0F.
 int KernelIndex(const std::vector<uint8_t>& unit, int T, int s, int h, int jj) {
-  const uint32_t w = At<uint32_t>(unit, tiled_kq::QsWordOffset(T, s));
-  return static_cast<int>((((w >> (4 * (jj >> 1))) & 0x0F0F0F0Fu) >> (8 * (h + 2 * (jj & 1)))) & 0xFF);
+  return tiled_test::Iq4KernelIndex(unit, T, s, h, jj);
 }
 
 TEST(TiledIq4XsLayout, IndicesScalesAndD) {
@@ -70,15 +48,9 @@ TEST(TiledIq4XsLayout, IndicesScalesAndD) {
     const size_t rb = GgmlRowBytes(GgmlType::IQ4_XS, K);
     for (int u = 0; u < K / 256; ++u) {
       const auto unit = PackUnit(raw, rows, K, u);
-      for (int T = 0; T < 32; ++T)
-        for (int s = 0; s < 16; ++s)
-          for (int h = 0; h < 2; ++h)
-            for (int jj = 0; jj < 4; ++jj) {
-              const int r = (T >> 2) + 8 * h, k = 16 * s + 4 * (T & 3) + jj;
-              const int want = r < rows ? RawIndex(raw.data() + rb * r + u * kBlockBytes, k) : 0;
-              ASSERT_EQ(KernelIndex(unit, T, s, h, jj), want)
-                  << "rows=" << rows << " u=" << u << " T=" << T << " s=" << s << " h=" << h;
-            }
+      tiled_test::ExpectIq4Indices(unit, rows, [&](int r, int k) {
+        return RawIndex(raw.data() + rb * r + u * kBlockBytes, k);
+      });
       for (int r = 0; r < kRows; ++r) {
         const uint8_t* b = r < rows ? raw.data() + rb * r + u * kBlockBytes : nullptr;
         uint16_t sh = 0, d = 0;
@@ -113,14 +85,8 @@ TEST(TiledIq4XsLayout, SubBlockScalesEveryPattern) {
 TEST(TiledIq4XsLayout, EmulatedKernelMatchesReference) {
   const int K = 768, rows = 16;
   const auto raw = RandomRows(rows, K, 8);
-  const size_t rb = GgmlRowBytes(GgmlType::IQ4_XS, K);
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> ux(-3.f, 3.f);
-  std::vector<float> x(K);
-  for (auto& v : x) v = ux(rng);
-  std::vector<uint16_t> xh(K);
-  float xs = 0;
-  cpu::HalfActivationsRow(x.data(), K, xh.data(), &xs);
+  const tiled_test::HalfColumn c = tiled_test::RandomHalfColumn(K, 5);
+  const std::vector<uint16_t>& xh = c.xh;
   std::vector<double> emulated(rows, 0.0);
   for (int u = 0; u < K / 256; ++u) {
     const auto unit = PackUnit(raw, rows, K, u);
@@ -136,20 +102,10 @@ TEST(TiledIq4XsLayout, EmulatedKernelMatchesReference) {
       emulated[r] += F16ToF32(At<uint16_t>(unit, kOffD + 4 * (r & 7) + 2 * (r >> 3))) * part;
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    double abs_sum = 0;
-    const double ref = cpu::TiledF16DotIq4Xs(raw.data() + rb * r, xh.data(), K, &abs_sum);
-    EXPECT_NEAR(emulated[r], ref, 1e-12 * abs_sum) << "row " << r;
-    EXPECT_GT(abs_sum, 0.0);
-    std::vector<float> w(K);
-    cpu::DequantizeRow(GgmlType::IQ4_XS, raw.data() + rb * r, w.data(), K);
-    double direct = 0, abs_direct = 0;
-    for (int k = 0; k < K; ++k) {
-      direct += static_cast<double>(w[k]) * x[k];
-      abs_direct += std::fabs(static_cast<double>(w[k]) * x[k]);
-    }
-    EXPECT_NEAR(ref * xs, direct, 0x1p-10 * (abs_sum * xs + abs_direct)) << "row " << r;
-  }
+  tiled_test::ExpectEmulatedIsReferenceIsDequantized(
+      GgmlType::IQ4_XS, raw, rows, K, c, emulated, [&](const uint8_t* row, double* abs) {
+        return cpu::TiledF16DotIq4Xs(row, xh.data(), K, abs);
+      });
 }
 
 }  // namespace

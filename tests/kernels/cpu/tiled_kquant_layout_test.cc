@@ -16,48 +16,27 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/tiled_f16_ref.h"
+#include "tests/kernels/cpu/tiled_layout_test_util.h"
 
 namespace ds::tiled_kq {
 namespace {
 
 GgmlType TypeOf(bool q5) { return q5 ? GgmlType::Q5_K : GgmlType::Q4_K; }
 
-// `rows` random rows of K elements quantized to Q4_K / Q5_K (raw GGUF bytes, row-major).
+// Random Q4_K / Q5_K rows; a sub-block far from zero mean per row, so that mins differ.
 std::vector<uint8_t> RandomRows(bool q5, int rows, int K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(rows) * K);
-  for (auto& v : w) v = n(rng);
-  // A few sub-blocks far from zero mean, so that mins differ across sub-blocks.
-  for (int r = 0; r < rows; ++r) w[static_cast<size_t>(r) * K + 40 + r] += 0.3f;
-  const size_t rb = GgmlRowBytes(TypeOf(q5), K);
-  std::vector<uint8_t> raw(rb * rows);
-  for (int r = 0; r < rows; ++r)
-    cpu::QuantizeRow(TypeOf(q5), w.data() + static_cast<size_t>(r) * K, raw.data() + rb * r, K);
-  return raw;
+  return tiled_test::QuantizedRows(TypeOf(q5), rows, K, seed, 40, 0.3f);
 }
 
-// The tile-unit u of the tile of rows [0, 16) of `raw` (rows past `rows` are padding).
 std::vector<uint8_t> PackUnit(const std::vector<uint8_t>& raw, bool q5, int rows, int K, int u) {
-  const size_t rb = GgmlRowBytes(TypeOf(q5), K);
-  const uint8_t* blk[kRows];
-  for (int r = 0; r < kRows; ++r)
-    blk[r] = r < rows ? raw.data() + rb * r + static_cast<size_t>(u) * RawBlockBytes(q5) : nullptr;
-  std::vector<uint8_t> unit(UnitBytes(q5), 0xEE);  // every byte must be written
-  for (int T = 0; T < 32; ++T) PackLane(blk, q5, T, unit.data());
-  return unit;
+  return tiled_test::PackTileUnit(TypeOf(q5), raw, rows, K, u, UnitBytes(q5),
+                                  [q5](const uint8_t* const (&blk)[kRows], int T, uint8_t* unit) {
+                                    PackLane(blk, q5, T, unit);
+                                  });
 }
 
-uint32_t Word(const std::vector<uint8_t>& unit, int off) {
-  uint32_t w;
-  std::memcpy(&w, unit.data() + off, 4);
-  return w;
-}
-uint16_t Half(const std::vector<uint8_t>& unit, int off) {
-  uint16_t h;
-  std::memcpy(&h, unit.data() + off, 2);
-  return h;
-}
+uint32_t Word(const std::vector<uint8_t>& unit, int off) { return tiled_test::At<uint32_t>(unit, off); }
+uint16_t Half(const std::vector<uint8_t>& unit, int off) { return tiled_test::At<uint16_t>(unit, off); }
 
 // Row r's (sc, mn) of sub-block j as the kernel gets them: its 12 scale bytes from the unit,
 // through UnpackScales.
@@ -158,15 +137,9 @@ TEST(TiledKquantLayout, SubBlockSumsKnownAnswers) {
 void ExpectEmulatedKernelMatchesReference(bool q5) {
   const int K = 768, rows = 16;
   const auto raw = RandomRows(q5, rows, K, q5 ? 21 : 22);
-  const size_t rb = GgmlRowBytes(TypeOf(q5), K);
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> ux(-3.f, 3.f);
-  std::vector<float> x(K);
-  for (auto& v : x) v = ux(rng);
-  x[7] = 40.f;
-  std::vector<uint16_t> xh(K), sums(K / 32);
-  float xs = 0;
-  cpu::HalfActivationsRow(x.data(), K, xh.data(), &xs);
+  const tiled_test::HalfColumn c = tiled_test::RandomHalfColumn(K, 5);
+  const std::vector<uint16_t>& xh = c.xh;
+  std::vector<uint16_t> sums(K / 32);
   cpu::HalfSubBlockSums(xh.data(), K, sums.data());
   std::vector<double> emulated(rows, 0.0);
   for (int u = 0; u < K / kUnitElems; ++u) {
@@ -193,21 +166,10 @@ void ExpectEmulatedKernelMatchesReference(bool q5) {
       emulated[r] += F16ToF32(KernelD(unit, q5, r, false)) * cu[r] -
                      64.0 * F16ToF32(KernelD(unit, q5, r, true)) * cm[r];
   }
-  for (int r = 0; r < rows; ++r) {
-    double abs_sum = 0;
-    const double ref = cpu::TiledF16DotKq(raw.data() + rb * r, q5, xh.data(), sums.data(), K, &abs_sum);
-    EXPECT_NEAR(emulated[r], ref, 1e-12 * abs_sum) << "row " << r;
-    EXPECT_GT(abs_sum, 0.0);
-    std::vector<float> w(K);
-    cpu::DequantizeRow(TypeOf(q5), raw.data() + rb * r, w.data(), K);
-    double direct = 0, abs_direct = 0;
-    for (int k = 0; k < K; ++k) {
-      direct += static_cast<double>(w[k]) * x[k];
-      abs_direct += std::fabs(static_cast<double>(w[k]) * x[k]);
-    }
-    // f16 activations (2^-11 relative each) and f16 sub-block sums (2^-11 of each min term).
-    EXPECT_NEAR(ref * xs, direct, 0x1p-10 * (abs_sum * xs + abs_direct)) << "row " << r;
-  }
+  tiled_test::ExpectEmulatedIsReferenceIsDequantized(
+      TypeOf(q5), raw, rows, K, c, emulated, [&](const uint8_t* row, double* abs) {
+        return cpu::TiledF16DotKq(row, q5, xh.data(), sums.data(), K, abs);
+      });
 }
 
 TEST(TiledKquantLayout, Q4KEmulatedKernelMatchesReference) { ExpectEmulatedKernelMatchesReference(false); }

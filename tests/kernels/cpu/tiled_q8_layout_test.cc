@@ -16,40 +16,22 @@
 #include "common/util/half.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/tiled_f16_ref.h"
+#include "tests/kernels/cpu/tiled_layout_test_util.h"
 
 namespace ds::tiled_q8 {
 namespace {
 
+// Random Q8_0 rows: one block far larger than the rest, one tiny block per row.
 std::vector<uint8_t> RandomRows(int rows, int K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(rows) * K);
-  for (auto& v : w) v = n(rng);
-  for (int r = 0; r < rows; ++r) {
-    w[static_cast<size_t>(r) * K + 3 + r] = 0.9f;  // one block of each row far larger
-    for (int k = 64; k < 96; ++k) w[static_cast<size_t>(r) * K + k] *= 1e-6f;  // a tiny block
-  }
-  const size_t rb = GgmlRowBytes(GgmlType::Q8_0, K);
-  std::vector<uint8_t> raw(rb * rows);
-  for (int r = 0; r < rows; ++r)
-    cpu::QuantizeRow(GgmlType::Q8_0, w.data() + static_cast<size_t>(r) * K, raw.data() + rb * r, K);
-  return raw;
+  return tiled_test::QuantizedRows(GgmlType::Q8_0, rows, K, seed, 3, 0.9f, 64);
 }
 
 std::vector<uint8_t> PackUnit(const std::vector<uint8_t>& raw, int rows, int K, int u) {
-  const size_t rb = GgmlRowBytes(GgmlType::Q8_0, K);
-  const uint8_t* unit_rows[kRows];
-  for (int r = 0; r < kRows; ++r)
-    unit_rows[r] = r < rows ? raw.data() + rb * r + static_cast<size_t>(u) * 8 * kBlockBytes : nullptr;
-  std::vector<uint8_t> unit(kUnitBytes, 0xEE);
-  for (int T = 0; T < 32; ++T) PackLane(unit_rows, T, unit.data());
-  return unit;
+  return tiled_test::PackTileUnit(GgmlType::Q8_0, raw, rows, K, u, kUnitBytes, PackLane);
 }
 
 uint16_t Scale(const std::vector<uint8_t>& unit, int r, int b) {
-  uint16_t d;
-  std::memcpy(&d, unit.data() + kOffD + 16 * r + 2 * b, 2);
-  return d;
+  return tiled_test::BlockScaleBits(unit, kOffD, r, b);
 }
 
 TEST(TiledQ8Layout, QuantsAndScalesWhereTheKernelReadsThem) {
@@ -103,14 +85,8 @@ TEST(TiledQ8Layout, UnitExponentPutsTheLargestScaleInRange) {
 TEST(TiledQ8Layout, EmulatedKernelMatchesReference) {
   const int K = 768, rows = 16;
   const auto raw = RandomRows(rows, K, 7);
-  const size_t rb = GgmlRowBytes(GgmlType::Q8_0, K);
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> ux(-3.f, 3.f);
-  std::vector<float> x(K);
-  for (auto& v : x) v = ux(rng);
-  std::vector<uint16_t> xh(K);
-  float xs = 0;
-  cpu::HalfActivationsRow(x.data(), K, xh.data(), &xs);
+  const tiled_test::HalfColumn c = tiled_test::RandomHalfColumn(K, 5);
+  const std::vector<uint16_t>& xh = c.xh;
   std::vector<double> emulated(rows, 0.0);
   for (int u = 0; u < K / 256; ++u) {
     const auto unit = PackUnit(raw, rows, K, u);
@@ -133,21 +109,10 @@ TEST(TiledQ8Layout, EmulatedKernelMatchesReference) {
       emulated[r] += ScaledScale(1.f, -e) * part;
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    double abs_sum = 0;
-    const double ref = cpu::TiledF16DotQ80(raw.data() + rb * r, xh.data(), K, &abs_sum);
-    EXPECT_NEAR(emulated[r], ref, 1e-12 * abs_sum) << "row " << r;
-    EXPECT_GT(abs_sum, 0.0);
-    std::vector<float> w(K);
-    cpu::DequantizeRow(GgmlType::Q8_0, raw.data() + rb * r, w.data(), K);
-    double direct = 0, abs_direct = 0;
-    for (int k = 0; k < K; ++k) {
-      direct += static_cast<double>(w[k]) * x[k];
-      abs_direct += std::fabs(static_cast<double>(w[k]) * x[k]);
-    }
-    // f16 weights q d' (2^-11 relative each, subnormal ones 2^-24 absolute) and activations.
-    EXPECT_NEAR(ref * xs, direct, 0x1p-10 * (abs_sum * xs + abs_direct) + 1e-9) << "row " << r;
-  }
+  tiled_test::ExpectEmulatedIsReferenceIsDequantized(
+      GgmlType::Q8_0, raw, rows, K, c, emulated, [&](const uint8_t* row, double* abs) {
+        return cpu::TiledF16DotQ80(row, xh.data(), K, abs);
+      });
 }
 
 }  // namespace
