@@ -97,8 +97,9 @@ struct Q6kCodec {
 };
 
 // Q4_K / Q5_K (kernels/cpu/tiled_kquant_layout.h): (1024 + quant) from the packed nibbles (and
-// the 5th bit) by a mask, then one fma with (sc, sc) and -1024 sc gives sc * quant exactly (at
-// most 31 * 63 = 1953 < 2048).
+// the 5th bit) by a mask, minus 1024, times (sc, sc): sc * quant exactly (at most 31 * 63 = 1953
+// < 2048). (One HFMA2 with a -1024 sc addend gives the same bits in one instruction less, but its
+// addends, hoisted by the compiler, spilled 60-92 bytes at 64 columns; this form spills none.)
 template <bool kQ5>
 struct KquantCodec {
   static constexpr bool kMins = true;
@@ -120,14 +121,12 @@ struct KquantCodec {
     const uint32_t b = j & 3;
     const __half2 s0 = tiled_dev::BytePair(tu.sc0[j >> 2], b, b);
     const __half2 s8 = tiled_dev::BytePair(tu.sc8[j >> 2], b, b);
-    const __half2 c0 = __hmul2(s0, __float2half2_rn(-1024.f));
-    const __half2 c8 = __hmul2(s8, __float2half2_rn(-1024.f));
     const uint32_t qs = Word(tu.w.qs[s >> 2], s & 3);
     const uint32_t qh = kQ5 ? Word(tu.w.qh, s >> 2) : 0u;
 #pragma unroll
     for (int p = 0; p < 4; ++p)
-      A[p] = Bits(__hfma2(Half2(tiled_kq::PairBits(qs, qh, kQ5, s, p)), (p & 1) ? s8 : s0,
-                          (p & 1) ? c8 : c0));
+      A[p] = Bits(__hmul2(__hsub2(Half2(tiled_kq::PairBits(qs, qh, kQ5, s, p)), __float2half2_rn(1024.f)),
+                          (p & 1) ? s8 : s0));
   }
   __device__ __forceinline__ static float2 D(const Unit& tu) {
     return make_float2(HalfBitsToF32(tu.w.d & 0xFFFF), HalfBitsToF32(tu.w.d >> 16));
@@ -162,10 +161,20 @@ __device__ __forceinline__ int BlockScalesExponent(const uint4& d) {
   return tiled_q8::UnitExponent(h);
 }
 
-// (d', d') = f16(d 2^e) of block b of a row (its 8 scales, its e).
-__device__ __forceinline__ __half2 BlockScale(const uint4& d, int b, int e) {
-  const uint32_t bits = (Word(d, b >> 1) >> (16 * (b & 1))) & 0xFFFFu;
-  return __float2half2_rn(tiled_q8::ScaledScale(HalfBitsToF32(static_cast<uint16_t>(bits)), e));
+// A row's 8 block scales d' = f16(d 2^e), two per word (blocks 2i, 2i + 1 in word i), made once
+// per unit; BlockScale picks (d'_b, d'_b) for a step.
+__device__ __forceinline__ uint4 ScaledBlockScales(const uint4& d, int e) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t two = Word(d, i);
+    w[i] = Bits(__floats2half2_rn(tiled_q8::ScaledScale(HalfBitsToF32(two & 0xFFFFu), e),
+                                  tiled_q8::ScaledScale(HalfBitsToF32(two >> 16), e)));
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ __half2 BlockScale(const uint4& dp, int b) {
+  return Half2(__byte_perm(Word(dp, b >> 1), 0u, (b & 1) ? 0x3232u : 0x1010u));
 }
 
 // Q8_0 (kernels/cpu/tiled_q8_layout.h): the int8 quants made f16 exactly (0x64 above q ^ 0x80 is
@@ -187,11 +196,13 @@ struct Q8Codec {
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tu.e0 = BlockScalesExponent(tu.w.d0);
     tu.e8 = BlockScalesExponent(tu.w.d8);
+    tu.w.d0 = ScaledBlockScales(tu.w.d0, tu.e0);  // d' from here on
+    tu.w.d8 = ScaledBlockScales(tu.w.d8, tu.e8);
 #pragma unroll
     for (int i = 0; i < 8; ++i) tu.w.qs[i] = Xor4(tu.w.qs[i], 0x80808080u);  // q + 128
   }
   __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
-    const __half2 d0 = BlockScale(tu.w.d0, s >> 1, tu.e0), d8 = BlockScale(tu.w.d8, s >> 1, tu.e8);
+    const __half2 d0 = BlockScale(tu.w.d0, s >> 1), d8 = BlockScale(tu.w.d8, s >> 1);
     const uint32_t w0 = Word(tu.w.qs[s >> 1], 2 * (s & 1)), w8 = Word(tu.w.qs[s >> 1], 2 * (s & 1) + 1);
     A[0] = ScaledInt8Pair(w0, 0x4140, d0);
     A[1] = ScaledInt8Pair(w8, 0x4140, d8);
@@ -259,9 +270,11 @@ struct Iq4NlCodec {
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tu.e0 = BlockScalesExponent(tu.w.d0);
     tu.e8 = BlockScalesExponent(tu.w.d8);
+    tu.w.d0 = ScaledBlockScales(tu.w.d0, tu.e0);  // d' from here on
+    tu.w.d8 = ScaledBlockScales(tu.w.d8, tu.e8);
   }
   __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
-    const __half2 d0 = BlockScale(tu.w.d0, s >> 1, tu.e0), d8 = BlockScale(tu.w.d8, s >> 1, tu.e8);
+    const __half2 d0 = BlockScale(tu.w.d0, s >> 1), d8 = BlockScale(tu.w.d8, s >> 1);
     const uint32_t w = Word(tu.w.qs[s >> 2], s & 3);
     const uint32_t v0 = Iq4Lookup(w & 0x0F0F0F0Fu) ^ 0x80808080u;
     const uint32_t v1 = Iq4Lookup((w >> 4) & 0x0F0F0F0Fu) ^ 0x80808080u;
