@@ -1,6 +1,6 @@
 // Worker flags that select device paths (issue #19: --portable on|off; issue #22:
-// --dense-weights on|off|auto, --early-launch on|off, --gdn-state f32|bf16; issue #15:
-// --coarse-draft-head on|off):
+// --dense-weights on|off|auto, --early-launch on|off, --gdn-state f32|bf16, --tiled-f16-formats
+// on|off; issue #15: --coarse-draft-head on|off):
 // parsed into WorkerOptions, bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
@@ -61,6 +61,10 @@ TEST(WorkerFlags, DenseWeightsOnOffAuto) {
 
 TEST(WorkerFlags, EarlyLaunchOnOff) {
   ExpectOnOffFlag("--early-launch", &WorkerOptions::early_launch, true);
+}
+
+TEST(WorkerFlags, TiledF16FormatsOnOff) {
+  ExpectOnOffFlag("--tiled-f16-formats", &WorkerOptions::tiled_f16_formats, false);
 }
 
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {

@@ -60,6 +60,7 @@ struct ServeOptions {
   bool portable = false;        // worker --portable on: the sm_70 (V100) kernels on any GPU
   DenseWeights dense_weights = DenseWeights::kAuto;  // worker --dense-weights (dense_weights.h)
   bool early_launch = true;  // worker --early-launch off: plain kernel launches (escape hatch)
+  bool tiled_f16_formats = false;  // worker --tiled-f16-formats on (BackendOptions::tiled_f16_formats)
   bool coarse_draft_head = true;  // worker --coarse-draft-head off: drafts through the full head
   bool deferred_drafts = true;    // worker --deferred-drafts on: drafts left on the device
   bool gdn_state_bf16 = false;    // worker --gdn-state bf16 (worker/model/gdn_state.h)
@@ -107,6 +108,9 @@ void Usage(FILE* out) {
                "1.2x)\n"
                "  [--early-launch on|off]  the CUDA workers launch decode kernels while the one "
                "before them finishes (sm_90+, default on; off: plain launches)\n"
+               "  [--tiled-f16-formats on|off]  the CUDA workers tile Q4_K / Q5_K / Q8_0 / IQ4_XS / "
+               "IQ4_NL matrices for the f16 tensor-core kernel too (default off until measured; "
+               "kernels/cuda/README.md)\n"
                "  [--coarse-draft-head on|off]  with --mtp, drafts through a 4-bit copy of a "
                "Q6_K lm_head (default on; the outputs are the verified ones either way)\n"
                "  [--gdn-state f32|bf16]  the workers store the GDN recurrent state in bf16 "
@@ -146,7 +150,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
       "--tp-split", "--kv-type", "--portable", "--dense-weights", "--gpus", "--failover-wait", "--tp-collective",
-      "--early-launch", "--coarse-draft-head", "--gdn-state",
+      "--early-launch", "--coarse-draft-head", "--gdn-state", "--tiled-f16-formats",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
       "--slot-cap", "--mtp", "--deferred-drafts", "--max-active", "--prefix-cache", "--prefix-cache-mb",
       "--prefix-cache-tier",
@@ -244,6 +248,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
   }
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--tiled-f16-formats", &o.tiled_f16_formats));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--deferred-drafts", &o.deferred_drafts));
   if (m.count("--gdn-state")) {
@@ -499,6 +504,7 @@ int RunServe(int argc, char** argv) {
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
   if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
   if (!o->early_launch) wargs.insert(wargs.end(), {"--early-launch", "off"});
+  if (o->tiled_f16_formats) wargs.insert(wargs.end(), {"--tiled-f16-formats", "on"});
   if (!o->coarse_draft_head) wargs.insert(wargs.end(), {"--coarse-draft-head", "off"});
   if (!o->deferred_drafts) wargs.insert(wargs.end(), {"--deferred-drafts", "off"});
   if (o->gdn_state_bf16) wargs.insert(wargs.end(), {"--gdn-state", "bf16"});

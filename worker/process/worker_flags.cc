@@ -21,6 +21,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
                                           "--tp-addr", "--tp-collective", "--scheduler-key-file",
                                           "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable", "--dense-weights",
                                           "--early-launch", "--coarse-draft-head", "--gdn-state",
+                                          "--tiled-f16-formats",
                                           "--kv-pool-tokens", "--kv-page", "--memory-fraction",
                                           "--max-step-tokens", "--mtp", "--mtp-seqs",
                                           "--deferred-drafts",
@@ -109,6 +110,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
   }
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
+  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--tiled-f16-formats", &o.tiled_f16_formats));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
   DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--deferred-drafts", &o.deferred_drafts));
   if (m.count("--gdn-state")) {

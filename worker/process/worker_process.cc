@@ -346,6 +346,7 @@ class Session {
           bo.portable = o_.portable;
           bo.dense_weights = o_.dense_weights;
           bo.early_launch = o_.early_launch;
+          bo.tiled_f16_formats = o_.tiled_f16_formats;
           bo.coarse_draft_head = o_.coarse_draft_head;
           bo.gdn_state_bf16 = o_.gdn_state_bf16;
           bo.kv_pool_tokens = o_.kv_pool_tokens;
@@ -666,7 +667,7 @@ int RunWorkerProcess(int argc, char** argv) {
                  "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
                  "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
                  "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--coarse-draft-head on|off] [--deferred-drafts on|off] [--gdn-state f32|bf16] [--kv-pool-tokens N] [--kv-page N] "
+                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--tiled-f16-formats on|off] [--coarse-draft-head on|off] [--deferred-drafts on|off] [--gdn-state f32|bf16] [--kv-pool-tokens N] [--kv-page N] "
                  "[--memory-fraction F] [--max-step-tokens N] "
                  "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
                  "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "
