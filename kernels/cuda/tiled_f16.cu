@@ -64,10 +64,12 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 
 // How the kernel reads a tile-unit of one format: Load (the warp's 16-byte loads), Prepare (once
 // per unit, after the loads arrived), Operands (the A fragment of step s: rows g and g + 8,
-// k = 16s + 4q .. +3, each weight quant x sub-block scale in f16: exact for the K-quants up to
-// 2048, rounded once above and for Q8_0), D (the unit's scale of rows g, g + 8). kMins formats (Q4_K / Q5_K, w = d sc q - dmin mn) also give the m16n8k8
-// A fragment of their mins (MinOperands: sub-blocks 2q, 2q + 1) and -64 dmin (Dmin), which the
-// kernel multiplies with the activations' sub-block sums (xhs, 2^-6 scaled).
+// k = 16s + 4q .. +3, each weight quant x sub-block scale in f16: exact up to 2048, rounded once
+// above, and for Q8_0 / IQ4_NL rounded once), D (the unit's scale of rows g, g + 8). kMins
+// formats (Q4_K / Q5_K, w = d sc q - dmin mn) also give the m16n8k8 A fragment of their mins
+// (MinOperands: sub-blocks 2q, 2q + 1) and -64 dmin (Dmin), which the kernel multiplies with the
+// activations' sub-block sums (xhs, 2^-6 scaled). kPrefetchMaxNt: up to which column form the
+// next unit is loaded a unit ahead (into a second Unit's registers).
 struct Q6kCodec {
   static constexpr bool kMins = false;
   static constexpr int kUnitBytes = kTileUnitBytes;
