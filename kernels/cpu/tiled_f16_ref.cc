@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/util/half.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/tiled_iq4nl_layout.h"
 #include "kernels/cpu/tiled_iq4xs_layout.h"
@@ -128,7 +129,7 @@ double TiledF16DotQ80(const void* row, const uint16_t* xh, int64_t n, double* ab
 double TiledF16DotIq4Nl(const void* row, const uint16_t* xh, int64_t n, double* abs_sum) {
   return BlockScaledDot(static_cast<const uint8_t*>(row), tiled_iq4nl::kBlockBytes, xh, n, abs_sum,
                         [](const uint8_t* unit, int k) {
-                          return tiled_iq4xs::Codebook(tiled_iq4nl::RawIndex(unit, k));
+                          return kIq4Values[tiled_iq4nl::RawIndex(unit, k)];
                         });
 }
 
@@ -146,7 +147,7 @@ double TiledF16DotIq4Xs(const void* row, const uint16_t* xh, int64_t n, double* 
       const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
       // An integer of at most 127 * 32: exact in f16 up to 2048, rounded once above.
       const float a = F16ToF32(F32ToF16(static_cast<float>(
-          tiled_iq4xs::Codebook(tiled_iq4xs::RawIndex(b, k)) * (ls - 32))));
+          kIq4Values[tiled_iq4xs::RawIndex(b, k)] * (ls - 32))));
       const double t = static_cast<double>(a) * F16ToF32(xh[256 * u + k]);
       part += t;
       part_abs += std::fabs(t);

@@ -36,13 +36,6 @@ DS_TILE_FN int RawIndex(const uint8_t* blk, int e) {
   return (blk[8 + 16 * b + (j & 15)] >> (j >= 16 ? 4 : 0)) & 0xF;
 }
 
-// The signed codebook value of index i (spec/model.md §10, the IQ4_NL table).
-DS_TILE_FN int Codebook(int i) {
-  constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                  1,    13,   25,  38,  53,  69,  89,  113};
-  return kValues[i & 15];
-}
-
 // What lane T of the warp that repacks one tile-unit writes: its qs words; T < 16 row T's
 // scales_h and scales_l; T < 8 the d pair of rows T and T + 8. blk[r]: row r's raw block
 // (nullptr for padding rows: zero).

@@ -68,12 +68,17 @@ struct Q8Unit {
   uint4 d0, d8;
 };
 
+// The 8 f16 block scales of rows g and g + 8 of a unit that keeps each row's at off_d + 16 r.
+__device__ __forceinline__ void LoadRowBlockScales(const uint8_t* p, int off_d, int g, uint4& d0,
+                                                   uint4& d8) {
+  d0 = __ldg(reinterpret_cast<const uint4*>(p + off_d + 16 * g));
+  d8 = __ldg(reinterpret_cast<const uint4*>(p + off_d + 16 * (g + 8)));
+}
+
 __device__ __forceinline__ void LoadQ8Unit(Q8Unit& t, const uint8_t* p, int lane) {
-  const int g = lane >> 2;
 #pragma unroll
   for (int i = 0; i < 8; ++i) t.qs[i] = tiled::LdStream(p + 512 * i + 16 * lane);
-  t.d0 = __ldg(reinterpret_cast<const uint4*>(p + tiled_q8::kOffD + 16 * g));
-  t.d8 = __ldg(reinterpret_cast<const uint4*>(p + tiled_q8::kOffD + 16 * (g + 8)));
+  LoadRowBlockScales(p, tiled_q8::kOffD, lane >> 2, t.d0, t.d8);
 }
 
 // IQ4_XS: lane (g, q)'s 16 index words, the scales_h / scales_l of rows g and g + 8, their d pair.
@@ -102,11 +107,9 @@ struct Iq4NlUnit {
 };
 
 __device__ __forceinline__ void LoadIq4NlUnit(Iq4NlUnit& t, const uint8_t* p, int lane) {
-  const int g = lane >> 2;
 #pragma unroll
   for (int i = 0; i < 4; ++i) t.qs[i] = tiled::LdStream(p + 512 * i + 16 * lane);
-  t.d0 = __ldg(reinterpret_cast<const uint4*>(p + tiled_iq4nl::kOffD + 16 * g));
-  t.d8 = __ldg(reinterpret_cast<const uint4*>(p + tiled_iq4nl::kOffD + 16 * (g + 8)));
+  LoadRowBlockScales(p, tiled_iq4nl::kOffD, lane >> 2, t.d0, t.d8);
 }
 
 // The f16 pair (v, v) of byte b of `w` (0x64 above the byte is 1024 + v exactly, minus 1024).

@@ -74,7 +74,7 @@ TEST(TiledIq4NlLayout, EmulatedKernelMatchesReference) {
         for (int s = 0; s < 16; ++s) {
           const float dp = F16ToF32(F32ToF16(tiled_q8::ScaledScale(F16ToF32(d[s >> 1]), e)));
           for (int jj = 0; jj < 4; ++jj) {
-            const int v = tiled_iq4xs::Codebook(KernelIndex(unit, T, s, r >> 3, jj));
+            const int v = cpu::kIq4Values[KernelIndex(unit, T, s, r >> 3, jj)];
             part += static_cast<double>(F16ToF32(F32ToF16(static_cast<float>(v) * dp))) *
                     F16ToF32(xh[256 * u + 16 * s + 4 * (T & 3) + jj]);
           }

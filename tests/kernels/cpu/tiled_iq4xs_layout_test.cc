@@ -95,7 +95,7 @@ TEST(TiledIq4XsLayout, EmulatedKernelMatchesReference) {
       for (int T = 4 * (r & 7); T < 4 * (r & 7) + 4; ++T)
         for (int s = 0; s < 16; ++s)
           for (int jj = 0; jj < 4; ++jj) {
-            const int v = Codebook(KernelIndex(unit, T, s, r >> 3, jj));
+            const int v = cpu::kIq4Values[KernelIndex(unit, T, s, r >> 3, jj)];
             const float a = F16ToF32(F32ToF16(static_cast<float>(v * (KernelScale(unit, r, s >> 1) - 32))));
             part += static_cast<double>(a) * F16ToF32(xh[256 * u + 16 * s + 4 * (T & 3) + jj]);
           }
