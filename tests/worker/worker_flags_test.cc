@@ -21,15 +21,15 @@ absl::StatusOr<WorkerOptions> Parse(std::vector<std::string> extra) {
 }
 
 // An on|off flag: its default, both values, and a bad value refused naming the flag.
-void ExpectOnOffFlag(const std::string& flag, bool WorkerOptions::*field, bool by_default) {
+void ExpectOnOffFlag(const std::string& flag, bool DeviceTuning::*field, bool by_default) {
   SCOPED_TRACE(flag);
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ((*def).*field, by_default);
+  EXPECT_EQ(def->tuning.*field, by_default);
   for (const bool v : {true, false}) {
     auto set = Parse({flag, v ? "on" : "off"});
     ASSERT_TRUE(set.ok()) << set.status();
-    EXPECT_EQ((*set).*field, v);
+    EXPECT_EQ(set->tuning.*field, v);
   }
   auto bad = Parse({flag, "maybe"});
   ASSERT_FALSE(bad.ok());
@@ -39,19 +39,19 @@ void ExpectOnOffFlag(const std::string& flag, bool WorkerOptions::*field, bool b
 }
 
 TEST(WorkerFlags, PortableOnOff) {
-  ExpectOnOffFlag("--portable", &WorkerOptions::portable, false);
+  ExpectOnOffFlag("--portable", &DeviceTuning::portable, false);
 }
 
 TEST(WorkerFlags, DenseWeightsOnOffAuto) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->dense_weights, DenseWeights::kAuto);
+  EXPECT_EQ(def->tuning.dense_weights, DenseWeights::kAuto);
   auto on = Parse({"--dense-weights", "on"});
   ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_EQ(on->dense_weights, DenseWeights::kOn);
+  EXPECT_EQ(on->tuning.dense_weights, DenseWeights::kOn);
   auto off = Parse({"--dense-weights", "off"});
   ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_EQ(off->dense_weights, DenseWeights::kOff);
+  EXPECT_EQ(off->tuning.dense_weights, DenseWeights::kOff);
   auto bad = Parse({"--dense-weights", "1"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("--dense-weights expects on, off or auto"),
@@ -60,36 +60,65 @@ TEST(WorkerFlags, DenseWeightsOnOffAuto) {
 }
 
 TEST(WorkerFlags, EarlyLaunchOnOff) {
-  ExpectOnOffFlag("--early-launch", &WorkerOptions::early_launch, true);
+  ExpectOnOffFlag("--early-launch", &DeviceTuning::early_launch, true);
 }
 
 TEST(WorkerFlags, TiledF16FormatsOnOff) {
-  ExpectOnOffFlag("--tiled-f16-formats", &WorkerOptions::tiled_f16_formats, false);
+  ExpectOnOffFlag("--tiled-f16-formats", &DeviceTuning::tiled_f16_formats, false);
 }
 
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {
-  ExpectOnOffFlag("--coarse-draft-head", &WorkerOptions::coarse_draft_head, true);
+  ExpectOnOffFlag("--coarse-draft-head", &DeviceTuning::coarse_draft_head, true);
 }
 
 TEST(WorkerFlags, DeferredDraftsOnOff) {
-  ExpectOnOffFlag("--deferred-drafts", &WorkerOptions::deferred_drafts, true);
+  ExpectOnOffFlag("--deferred-drafts", &DeviceTuning::deferred_drafts, true);
 }
 
 TEST(WorkerFlags, GdnStateF32Bf16) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_FALSE(def->gdn_state_bf16);
+  EXPECT_FALSE(def->tuning.gdn_state_bf16);
   auto bf16 = Parse({"--gdn-state", "bf16"});
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  EXPECT_TRUE(bf16->gdn_state_bf16);
+  EXPECT_TRUE(bf16->tuning.gdn_state_bf16);
   auto f32 = Parse({"--gdn-state", "f32"});
   ASSERT_TRUE(f32.ok()) << f32.status();
-  EXPECT_FALSE(f32->gdn_state_bf16);
+  EXPECT_FALSE(f32->tuning.gdn_state_bf16);
   auto bad = Parse({"--gdn-state", "f16"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("--gdn-state expects f32 or bf16"),
             std::string::npos)
       << bad.status();
+}
+
+// `serve` forwards the switches by writing them as worker flags (DeviceTuningArgs): every
+// combination that differs from the defaults in one or two switches parses back to itself, and the
+// defaults write no flag at all.
+TEST(WorkerFlags, DeviceTuningArgsParseBackToTheSameSwitches) {
+  EXPECT_TRUE(DeviceTuningArgs(DeviceTuning{}).empty());
+  std::vector<void (*)(DeviceTuning&)> changes = {
+      [](DeviceTuning& t) { t.portable = !t.portable; },
+      [](DeviceTuning& t) { t.dense_weights = DenseWeights::kOn; },
+      [](DeviceTuning& t) { t.dense_weights = DenseWeights::kOff; },
+      [](DeviceTuning& t) { t.early_launch = !t.early_launch; },
+      [](DeviceTuning& t) { t.tiled_f16_formats = !t.tiled_f16_formats; },
+      [](DeviceTuning& t) { t.coarse_draft_head = !t.coarse_draft_head; },
+      [](DeviceTuning& t) { t.deferred_drafts = !t.deferred_drafts; },
+      [](DeviceTuning& t) { t.gdn_state_bf16 = !t.gdn_state_bf16; }};
+  for (size_t i = 0; i < changes.size(); ++i)
+    for (size_t j = i; j < changes.size(); ++j) {
+      DeviceTuning want;
+      changes[i](want);
+      if (j != i) changes[j](want);
+      const std::vector<std::string> args = DeviceTuningArgs(want);
+      SCOPED_TRACE(::testing::PrintToString(args));
+      EXPECT_EQ(args.size() % 2, 0u);
+      EXPECT_FALSE(args.empty());
+      auto got = Parse(args);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(got->tuning == want);
+    }
 }
 
 }  // namespace

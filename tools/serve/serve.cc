@@ -26,9 +26,8 @@
 #include "gateway/gateway.h"
 #include "tools/serve/children.h"
 #include "worker/backend_factory.h"
-#include "worker/model/dense_weights.h"
-#include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
+#include "worker/process/device_tuning.h"
 #include "worker/spec/mtp_setting.h"
 #include "common/util/model_alias.h"
 
@@ -57,13 +56,7 @@ struct ServeOptions {
   int slot_cap = 0;  // --slot-cap: pool split, the most positions one request may hold (0: --ctx)
   std::string backend = "auto";
   std::string kv_type = "f16";  // f16 | q8_0 | q4_0 (worker --kv-type; quantized needs CUDA)
-  bool portable = false;        // worker --portable on: the sm_70 (V100) kernels on any GPU
-  DenseWeights dense_weights = DenseWeights::kAuto;  // worker --dense-weights (dense_weights.h)
-  bool early_launch = true;  // worker --early-launch off: plain kernel launches (escape hatch)
-  bool tiled_f16_formats = false;  // worker --tiled-f16-formats on (BackendOptions::tiled_f16_formats)
-  bool coarse_draft_head = true;  // worker --coarse-draft-head off: drafts through the full head
-  bool deferred_drafts = true;    // worker --deferred-drafts on: drafts left on the device
-  bool gdn_state_bf16 = false;    // worker --gdn-state bf16 (worker/model/gdn_state.h)
+  DeviceTuning tuning;  // the workers' device switches, passed on as given (device_tuning.h)
   std::string mtp = "off";      // worker --mtp K|auto|off (MTP speculative decoding, issue #15)
   int max_active = 0;           // worker --max-active N (state for N sequences at once; 0 = all)
   // Paged KV pool (worker --kv-pool-tokens; 0 = what fits) and the share of its GPU each worker
@@ -146,18 +139,18 @@ void Usage(FILE* out) {
 }
 
 absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
-  static const std::set<std::string> kFlags = {
+  std::set<std::string> known = {
       "--model", "--workers",      "--slots",   "--ctx",  "--split",          "--backend",
       "--port",  "--max-inflight", "--threads", "--demo", "--demo-chat", "--demo-max-tokens", "--tp",
-      "--tp-split", "--kv-type", "--portable", "--dense-weights", "--gpus", "--failover-wait", "--tp-collective",
-      "--early-launch", "--coarse-draft-head", "--gdn-state", "--tiled-f16-formats",
+      "--tp-split", "--kv-type", "--gpus", "--failover-wait", "--tp-collective",
       "--kv-pool-tokens", "--memory-fraction", "--max-step-tokens", "--overcommit-headroom",
-      "--slot-cap", "--mtp", "--deferred-drafts", "--max-active", "--prefix-cache", "--prefix-cache-mb",
+      "--slot-cap", "--mtp", "--max-active", "--prefix-cache", "--prefix-cache-mb",
       "--prefix-cache-tier",
       // operations: metrics ports, API keys, TLS, GPU metrics (deploy/README.md)
       "--metrics-port", "--api-key-file", "--admin-key-file", "--tls-cert", "--tls-key",
       "--nvml-device", "--http-port"};
-  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, kFlags));
+  known.insert(DeviceTuningFlagNames().begin(), DeviceTuningFlagNames().end());
+  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, known));
   ServeOptions o;
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
   o.model = ResolveModelAlias(m["--model"]);  // "demo": models/demo/
@@ -239,21 +232,7 @@ absl::StatusOr<ServeOptions> Parse(int argc, char** argv) {
     return absl::InvalidArgumentError("--backend expects cpu, cuda or auto, got '" + o.backend +
                                       "'");
   if (m.count("--kv-type")) o.kv_type = m["--kv-type"];
-  if (m.count("--dense-weights")) {
-    const auto d = DenseWeightsFromName(m["--dense-weights"]);
-    if (!d)
-      return absl::InvalidArgumentError("--dense-weights expects on, off or auto, got '" +
-                                        m["--dense-weights"] + "'");
-    o.dense_weights = *d;
-  }
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--tiled-f16-formats", &o.tiled_f16_formats));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--deferred-drafts", &o.deferred_drafts));
-  if (m.count("--gdn-state")) {
-    DS_ASSIGN_OR_RETURN(o.gdn_state_bf16, ParseGdnState(m["--gdn-state"]));
-  }
+  DS_RETURN_IF_ERROR(ParseDeviceTuning(m, &o.tuning));
   DS_RETURN_IF_ERROR(integer("--max-active", &o.max_active, 0));
   if (m.count("--mtp")) {
     o.mtp = m["--mtp"];
@@ -502,14 +481,8 @@ int RunServe(int argc, char** argv) {
     wargs.push_back(std::to_string(o->threads));
   }
   if (o->kv_type != "f16") wargs.insert(wargs.end(), {"--kv-type", o->kv_type});
-  if (o->portable) wargs.insert(wargs.end(), {"--portable", "on"});
-  if (!o->early_launch) wargs.insert(wargs.end(), {"--early-launch", "off"});
-  if (o->tiled_f16_formats) wargs.insert(wargs.end(), {"--tiled-f16-formats", "on"});
-  if (!o->coarse_draft_head) wargs.insert(wargs.end(), {"--coarse-draft-head", "off"});
-  if (!o->deferred_drafts) wargs.insert(wargs.end(), {"--deferred-drafts", "off"});
-  if (o->gdn_state_bf16) wargs.insert(wargs.end(), {"--gdn-state", "bf16"});
-  if (o->dense_weights != DenseWeights::kAuto)
-    wargs.insert(wargs.end(), {"--dense-weights", DenseWeightsName(o->dense_weights)});
+  const std::vector<std::string> tuning = DeviceTuningArgs(o->tuning);
+  wargs.insert(wargs.end(), tuning.begin(), tuning.end());
   if (o->mtp != "off") wargs.insert(wargs.end(), {"--mtp", o->mtp});
   if (o->max_active > 0) wargs.insert(wargs.end(), {"--max-active", std::to_string(o->max_active)});
   if (!o->prefix_cache.empty()) wargs.insert(wargs.end(), {"--prefix-cache", o->prefix_cache});

@@ -1,32 +1,27 @@
 // ParseWorkerFlags (worker_process.h): `deltaserve worker` flags -> WorkerOptions, every value
 // checked here so that a bad flag is reported before the model is opened.
+#include <set>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/config_file.h"
 #include "common/util/model_alias.h"
-#include "worker/model/gdn_state.h"
 #include "worker/model/kv_type.h"
 #include "worker/process/worker_process.h"
 
 namespace ds {
 
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
-  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv,
-                                         {"--scheduler", "--model", "--backend", "--worker-id",
-                                          "--threads", "--device", "--connect-timeout",
-                                          "--nvml-device", "--port-file", "--tp-rank",
-                                          "--tp-world", "--tp-group", "--split", "--tp-iface",
-                                          "--tp-addr", "--tp-collective", "--scheduler-key-file",
-                                          "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--portable", "--dense-weights",
-                                          "--early-launch", "--coarse-draft-head", "--gdn-state",
-                                          "--tiled-f16-formats",
-                                          "--kv-pool-tokens", "--kv-page", "--memory-fraction",
-                                          "--max-step-tokens", "--mtp", "--mtp-seqs",
-                                          "--deferred-drafts",
-                                          "--max-active", "--prefix-cache", "--prefix-cache-mb",
-                                          "--prefix-cache-tier"}));
+  std::set<std::string> known = {
+      "--scheduler", "--model", "--backend", "--worker-id", "--threads", "--device",
+      "--connect-timeout", "--nvml-device", "--port-file", "--tp-rank", "--tp-world", "--tp-group",
+      "--split", "--tp-iface", "--tp-addr", "--tp-collective", "--scheduler-key-file",
+      "--scheduler-ca", "--scheduler-tls-name", "--kv-type", "--kv-pool-tokens", "--kv-page",
+      "--memory-fraction", "--max-step-tokens", "--mtp", "--mtp-seqs", "--max-active",
+      "--prefix-cache", "--prefix-cache-mb", "--prefix-cache-tier"};
+  known.insert(DeviceTuningFlagNames().begin(), DeviceTuningFlagNames().end());
+  DS_ASSIGN_OR_RETURN(auto m, config::ParseFlagPairs(argc, argv, known));
   WorkerOptions o;
   if (!m.count("--scheduler")) return absl::InvalidArgumentError("--scheduler HOST:PORT is required");
   if (!m.count("--model")) return absl::InvalidArgumentError("--model FILE is required");
@@ -101,21 +96,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, char** argv) {
       return absl::InvalidArgumentError("--prefix-cache-tier expects auto, host or device, got '" +
                                         o.prefix_cache_tier + "'");
   }
-  if (m.count("--dense-weights")) {
-    const auto d = DenseWeightsFromName(m["--dense-weights"]);
-    if (!d)
-      return absl::InvalidArgumentError("--dense-weights expects on, off or auto, got '" +
-                                        m["--dense-weights"] + "'");
-    o.dense_weights = *d;
-  }
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--portable", &o.portable));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--early-launch", &o.early_launch));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--tiled-f16-formats", &o.tiled_f16_formats));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--coarse-draft-head", &o.coarse_draft_head));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(m, "--deferred-drafts", &o.deferred_drafts));
-  if (m.count("--gdn-state")) {
-    DS_ASSIGN_OR_RETURN(o.gdn_state_bf16, ParseGdnState(m["--gdn-state"]));
-  }
+  DS_RETURN_IF_ERROR(ParseDeviceTuning(m, &o.tuning));
   if (m.count("--kv-type")) {
     DS_ASSIGN_OR_RETURN(o.kv_type, ParseKvType(m["--kv-type"]));
     if (o.kv_type != GgmlType::F16 && o.backend == "cpu")

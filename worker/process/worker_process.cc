@@ -184,7 +184,7 @@ class Session {
     }
 
     const ModelConfig& c = cfg_;
-    mem_ = Figures(c, file_bytes, device_ == "cpu", o_.kv_type, o_.gdn_state_bf16);
+    mem_ = Figures(c, file_bytes, device_ == "cpu", o_.kv_type, o_.tuning.gdn_state_bf16);
     pb::WorkerMessage reg;
     pb::Register* r = reg.mutable_register_();
     r->set_worker_id(o_.worker_id);
@@ -343,12 +343,12 @@ class Session {
           bo.n_threads = o_.threads;
           bo.device = o_.device;
           bo.kv_type = o_.kv_type;
-          bo.portable = o_.portable;
-          bo.dense_weights = o_.dense_weights;
-          bo.early_launch = o_.early_launch;
-          bo.tiled_f16_formats = o_.tiled_f16_formats;
-          bo.coarse_draft_head = o_.coarse_draft_head;
-          bo.gdn_state_bf16 = o_.gdn_state_bf16;
+          bo.portable = o_.tuning.portable;
+          bo.dense_weights = o_.tuning.dense_weights;
+          bo.early_launch = o_.tuning.early_launch;
+          bo.tiled_f16_formats = o_.tuning.tiled_f16_formats;
+          bo.coarse_draft_head = o_.tuning.coarse_draft_head;
+          bo.gdn_state_bf16 = o_.tuning.gdn_state_bf16;
           bo.kv_pool_tokens = o_.kv_pool_tokens;
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
@@ -417,7 +417,7 @@ class Session {
           if (tp_.collective && tp_.collective->world() > 1)
             executor_->SetGroup(tp_.collective.get());
           if (absl::Status ms = executor_->SetMtp(o_.mtp); !ms.ok()) return Fatal(ms);
-          executor_->SetDeferredDrafts(o_.deferred_drafts);
+          executor_->SetDeferredDrafts(o_.tuning.deferred_drafts);
           executor_->SetJsonVocabLoader([file = file_] { return worker::JsonVocabFromGguf(*file); });
           // Prefix cache (issue #17): checkpoints of slot state at exact positions; under TP
           // each rank keeps its shard's and the executor keeps the ranks in agreement.

@@ -7,7 +7,7 @@
 
 #include "common/gguf/ggml_types.h"
 #include "common/util/status.h"
-#include "worker/model/dense_weights.h"
+#include "worker/process/device_tuning.h"
 #include "worker/spec/mtp_setting.h"
 
 namespace ds {
@@ -61,24 +61,9 @@ struct WorkerOptions {
   // KV cache element type (--kv-type f16|q8_0|q4_0, worker/model/kv_type.h); non-f16 needs the
   // CUDA backend (the CPU backend refuses it).
   GgmlType kv_type = GgmlType::F16;
-  // --portable on (issue #19): the CUDA backend runs the sm_70 (V100) kernels on any GPU
-  // (CudaBackendOptions::portable; below sm_80 that path is taken anyway).
-  bool portable = false;
-  // --dense-weights on|off|auto (issue #22, worker/model/dense_weights.h): 16-bit copies of the
-  // layer matrices in the CUDA backend (BackendOptions::dense_weights).
-  DenseWeights dense_weights = DenseWeights::kAuto;
-  // --early-launch off: the CUDA backend launches its decode kernels the plain way
-  // (BackendOptions::early_launch; an escape hatch, the default is on).
-  bool early_launch = true;
-  // --tiled-f16-formats on (issue #22): the CUDA backend tiles the other quantized formats for its
-  // f16 tensor-core kernel too (BackendOptions::tiled_f16_formats; off until measured).
-  bool tiled_f16_formats = false;
-  // --coarse-draft-head off: MTP drafts through the full lm_head instead of its coarse copy
-  // (BackendOptions::coarse_draft_head; the outputs are the same either way).
-  bool coarse_draft_head = true;
-  // --gdn-state f32|bf16 (issue #22, worker/model/gdn_state.h): the GDN recurrent state stored
-  // in bf16 between steps (BackendOptions::gdn_state_bf16; the CPU backend emulates it).
-  bool gdn_state_bf16 = false;
+  // --portable, --dense-weights, --early-launch, --tiled-f16-formats, --coarse-draft-head,
+  // --deferred-drafts, --gdn-state: the device switches (device_tuning.h).
+  DeviceTuning tuning;
   // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
   // every slot full), --kv-page N tokens per page (0 = the device's default), --memory-fraction F
   // of the device this worker plans for (two replicas on one GPU: 0.5 each).
@@ -89,10 +74,6 @@ struct WorkerOptions {
   // --mtp K|auto|off (issue #15, worker/spec): MTP speculative decoding of the worker's slots;
   // the device keeps room for K + 1 verified tokens of up to mtp_seqs sequences per step.
   spec::MtpSetting mtp;
-  // --deferred-drafts on|off: draft chains leave their drafts on the device for the slot's next
-  // verify (StepExecutor::SetDeferredDrafts; the same tokens). On by default: served demo MTP
-  // +4-30% in 9 of 9 prompt pairs on the H200, `generate` unchanged (docs/perf/h200.md).
-  bool deferred_drafts = true;
   int mtp_seqs = 8;  // --mtp-seqs: slots that may verify drafts in one step (CUDA memory)
   // --max-active N (issue #23): sequences holding recurrent state at once (0 = every slot); the
   // device keeps GDN state for N + 1 (the warmup scratch) instead of every configured slot.
