@@ -93,7 +93,9 @@ TEST(Synth, MatrixScalesInBothModes) {
                {GgmlType::Q6_K, SynthQuantMode::kRandomBlocks},
                {GgmlType::Q8_0, SynthQuantMode::kRandomBlocks},
                {GgmlType::IQ4_XS, SynthQuantMode::kRandomBlocks},
-               {GgmlType::IQ4_NL, SynthQuantMode::kRandomBlocks}};
+               {GgmlType::IQ4_NL, SynthQuantMode::kRandomBlocks},
+               {GgmlType::Q4_K, SynthQuantMode::kRandomBlocks},
+               {GgmlType::Q5_K, SynthQuantMode::kRandomBlocks}};
   for (const Case& cs : cases) {
     SynthOptions o = SynthOptions::Tiny();
     o.n_embd = 256;

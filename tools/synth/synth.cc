@@ -237,9 +237,16 @@ void GenFloats(Init init, Rng& rng, int64_t n, int64_t in_dim, int K, float* dst
   }
 }
 
-// ---- Random-block generation for the symmetric block types.
+// ---- Random-block generation: random bytes with the block's f16 scale set (the 27B-shape files
+// in seconds instead of quantizing 27B f32 weights; Q4_K / Q5_K's cost ~40 CPU-minutes).
 bool RandomBlockType(GgmlType t) {
-  return t == GgmlType::Q8_0 || t == GgmlType::Q6_K || t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS;
+  return t == GgmlType::Q8_0 || t == GgmlType::Q6_K || t == GgmlType::IQ4_NL ||
+         t == GgmlType::IQ4_XS || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
+}
+// Q4_K / Q5_K: d * sc * q - dmin * m with random 6-bit sc, m and 4- / 5-bit q; dmin = d * the mean
+// of q (7.5 / 15.5) makes the weights zero-mean like the symmetric types'.
+float KquantDminRatio(GgmlType t) {
+  return t == GgmlType::Q4_K ? 7.5f : t == GgmlType::Q5_K ? 15.5f : 0.f;
 }
 // Offset of the fp16 super-scale d inside a block, and whether its sign is randomised (types whose
 // other fields cannot flip the sign need it, so the weights are zero-mean).
@@ -265,11 +272,13 @@ void FillRandomBlocks(GgmlType t, Rng& rng, uint8_t* dst, int64_t n_blocks, floa
   bool rsign;
   ScaleField(t, &off, &rsign);
   const uint16_t hp = F32ToF16(d), hn = F32ToF16(-d);
+  const uint16_t dmin = KquantDminRatio(t) != 0 ? F32ToF16(KquantDminRatio(t) * d) : 0;
   for (int64_t b = 0; b < n_blocks; ++b) {
     uint8_t* blk = dst + b * bb;
     // A payload bit decides the sign: cheap and still deterministic.
     const uint16_t h = rsign && (blk[bb - 1] & 1) ? hn : hp;
     std::memcpy(blk + off, &h, 2);
+    if (dmin != 0) std::memcpy(blk + 2, &dmin, 2);  // Q4_K / Q5_K: dmin follows d
   }
 }
 // RMS of dequantized random blocks with d = 1 (computed once per type, fixed seed).
