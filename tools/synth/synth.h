@@ -20,7 +20,7 @@ enum class SynthTokenizer { kNone, kTinyBpe };
 enum class SynthQuantMode {
   kAuto,            // random blocks when the file is larger than 512 MiB, else quantize floats
   kQuantizeFloats,  // normal(0, 1/sqrt(in)) floats through ds::cpu::QuantizeRow (exact reference)
-  kRandomBlocks,    // random payload bytes + calibrated fp16 scale (fast; Q8_0 Q6_K IQ4_NL IQ4_XS)
+  kRandomBlocks,    // random payload bytes + calibrated fp16 scale (fast; Q8_0 Q6_K IQ4_NL IQ4_XS Q4_K Q5_K)
 };
 
 struct SynthOptions {
