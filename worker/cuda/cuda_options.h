@@ -87,9 +87,9 @@ struct CudaBackendOptions {
   // the f16 tensor-core kernel at every column count up to tiled_max_rows (they have no int8
   // kernel: a row's numbers are then the same at any batch size) and dequantized from the tiles
   // for the cuBLAS path; needs f16_mma. Off: they keep the raw layout, the v2 GEMV (<=
-  // gemv_max_rows rows) and dequantization + cuBLAS. Off by default until measured on a GPU
-  // (`bench --tiled-f16-formats on|off`, issue #22); the kernels' GPU tests against the CPU
-  // reference: tiled_formats_cuda_test.
+  // gemv_max_rows rows) and dequantization + cuBLAS. On an H100 (docs/perf/h200.md): 27B Q4_K one
+  // stream +31%, x16 3.2x; off by default while batch_invariance_test's 27B-width Q5_K case
+  // fails (issue #22); the kernels' GPU tests against the CPU reference: tiled_formats_cuda_test.
   bool tiled_f16_formats = false;
   // The decode kernels launched early on sm_90+ (programmatic dependent launch, kernels/cuda/
   // README.md "Early launch of the decode kernels"): the tiled column kernel (1..8 columns) and

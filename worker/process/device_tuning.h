@@ -23,7 +23,8 @@ struct DeviceTuning {
   // (BackendOptions::early_launch; an escape hatch, the default is on).
   bool early_launch = true;
   // --tiled-f16-formats on (issue #22): the CUDA backend tiles the other quantized formats for its
-  // f16 tensor-core kernel too (BackendOptions::tiled_f16_formats; off until measured).
+  // f16 tensor-core kernel too (BackendOptions::tiled_f16_formats; off while one batch-invariance
+  // case fails, docs/perf/h200.md).
   bool tiled_f16_formats = false;
   // --coarse-draft-head off: MTP drafts through the full lm_head instead of its coarse copy
   // (BackendOptions::coarse_draft_head; the outputs are the same either way).
