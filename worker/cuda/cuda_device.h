@@ -171,14 +171,16 @@ class CudaDevice final : public Device {
   // the prepared row segments (segs_) name. R must be rows_.
   absl::Status Linear(const DMat& w, const float* x, int R, float* y, bool accumulate);
   absl::Status LinearSiluPair(const DMat& g, const DMat& u, const float* x, int R, float* y);
-  // Several matrices on the same input x (store epilogue): one GemvMulti launch per column chunk
-  // when they share type and K, else one Linear each.
+  // Several matrices on the same input x (store epilogue): the column segments in one launch per
+  // chunk for all of them when they share type and K (in every step, so that a row's f16 K split
+  // does not depend on the step), the GEMM segments matrix by matrix; else one Linear each.
   absl::Status LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                            const float* x, int R);
-  // LinearMulti's single launch for R rows outside the step's segment plan (the MTP passes):
-  // the matrices must pass SameColumnMatrices and take the column kernels at R rows.
+  // LinearMulti's launches for the R rows from row0 of x and of every y (a column segment, or the
+  // MTP passes outside the step's segment plan): the matrices must pass SameColumnMatrices and
+  // take the column kernels at R rows.
   absl::Status ColumnsMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
-                            const float* x, int R);
+                            const float* x, int R, int row0 = 0);
   bool SameColumnMatrices(std::initializer_list<std::pair<const DMat*, float*>> mats) const;
   // R rows that are not the step's (the head's logit rows): the column kernels up to
   // ColumnRows(w) rows, else dequantization + cuBLAS.

@@ -401,14 +401,21 @@ absl::Status CudaDevice::Linear(const DMat& w, const float* x, int R, float* y, 
 
 absl::Status CudaDevice::LinearMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
                                       const float* x, int R) {
-  const DMat& m0 = *mats.begin()->first;
-  const StepSegments& segs = SegmentsFor(m0);
-  if (!SameColumnMatrices(mats) || segs.column.size() != 1 || !segs.gemm.empty()) {
+  if (R != rows_)
+    return absl::InternalError(absl::StrCat("LinearMulti: ", R, " rows, the step has ", rows_));
+  if (!SameColumnMatrices(mats)) {
     for (auto& [m, y] : mats) DS_RETURN_IF_ERROR(Linear(*m, x, R, y, false));
     return absl::OkStatus();
   }
-  // One column segment over the whole step (every decode step).
-  return ColumnsMulti(mats, x, R);
+  // Every column segment in launches of all the matrices together, in a step with prefill pieces
+  // too: the f16 kernel's K split follows the launch's matrices (TiledF16Multi), so launching them
+  // one by one there would give a decode row other numbers than in a step of decode rows only
+  // (batch invariance). The GEMM segments go matrix by matrix.
+  const StepSegments& segs = SegmentsFor(*mats.begin()->first);
+  for (const RowSegment& g : segs.column) DS_RETURN_IF_ERROR(ColumnsMulti(mats, x, g.n, g.row0));
+  if (segs.gemm.empty()) return absl::OkStatus();
+  for (auto& [m, y] : mats) DS_RETURN_IF_ERROR(GemmSegments(*m, x, segs.gemm, y, false));
+  return absl::OkStatus();
 }
 
 bool CudaDevice::SameColumnMatrices(std::initializer_list<std::pair<const DMat*, float*>> mats) const {
@@ -420,9 +427,10 @@ bool CudaDevice::SameColumnMatrices(std::initializer_list<std::pair<const DMat*,
 }
 
 absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat*, float*>> mats,
-                                      const float* x, int R) {
+                                      const float* x, int R, int row0) {
   // One launch per column chunk for all matrices (SameColumnMatrices: one type and width).
   const DMat& m0 = *mats.begin()->first;
+  x += static_cast<int64_t>(row0) * m0.cols;
   const bool f16 = F16Columns(m0, R);
   const bool qx = !f16 && (m0.tiled || GemvWantsQuantizedX(m0.type, m0.cols));
   if (f16) DS_RETURN_IF_ERROR(EnsureHalfColumns(x, R, m0.cols));
@@ -449,7 +457,7 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
         a.xs = xf_scale_ + c0;
         if (xf_sums_) a.xhs = xf_sums_ + static_cast<int64_t>(c0) * (m->cols / 32);
       }
-      a.y = y + static_cast<int64_t>(c0) * m->rows;
+      a.y = y + static_cast<int64_t>(row0 + c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
       a.early_launch = early_launch_;
     }
