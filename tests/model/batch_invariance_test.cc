@@ -74,6 +74,9 @@ constexpr Case kCases[] = {
     {"Q5_K_27b_width", GgmlType::Q5_K, true},
     {"Q4_K_27b_width_tiled", GgmlType::Q4_K, true, 0, true},
     {"Q8_0_27b_width_tiled", GgmlType::Q8_0, true, 0, true},
+    // Q6_K on the f16 kernel at every width: its K split follows the launch's matrices, so the
+    // crowded steps (decode rows beside a prefill piece) must launch q / k / v etc. together too.
+    {"Q6_K_27b_width_f16_from_1", GgmlType::Q6_K, true, 1},
     {"Q8_0_tiled", GgmlType::Q8_0, false, 0, true},
     {"IQ4_XS_tiled", GgmlType::IQ4_XS, false, 0, true},
     {"IQ4_NL_tiled", GgmlType::IQ4_NL, false, 0, true},
