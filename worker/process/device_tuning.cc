@@ -6,11 +6,29 @@
 #include "worker/model/gdn_state.h"
 
 namespace ds {
+namespace {
+
+// The on|off switches, one row each: the flag names, the parser and the writer all read it.
+struct OnOffSwitch {
+  const char* flag;
+  bool DeviceTuning::*field;
+};
+constexpr OnOffSwitch kOnOff[] = {
+    {"--portable", &DeviceTuning::portable},
+    {"--early-launch", &DeviceTuning::early_launch},
+    {"--tiled-f16-formats", &DeviceTuning::tiled_f16_formats},
+    {"--coarse-draft-head", &DeviceTuning::coarse_draft_head},
+    {"--deferred-drafts", &DeviceTuning::deferred_drafts},
+};
+
+}  // namespace
 
 const std::vector<std::string>& DeviceTuningFlagNames() {
-  static const std::vector<std::string> kNames = {
-      "--portable",          "--dense-weights",   "--early-launch", "--tiled-f16-formats",
-      "--coarse-draft-head", "--deferred-drafts", "--gdn-state"};
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> n = {"--dense-weights", "--gdn-state"};
+    for (const OnOffSwitch& s : kOnOff) n.emplace_back(s.flag);
+    return n;
+  }();
   return kNames;
 }
 
@@ -22,11 +40,8 @@ absl::Status ParseDeviceTuning(const std::map<std::string, std::string>& flags, 
                                         it->second + "'");
     t->dense_weights = *d;
   }
-  DS_RETURN_IF_ERROR(config::OnOffFlag(flags, "--portable", &t->portable));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(flags, "--early-launch", &t->early_launch));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(flags, "--tiled-f16-formats", &t->tiled_f16_formats));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(flags, "--coarse-draft-head", &t->coarse_draft_head));
-  DS_RETURN_IF_ERROR(config::OnOffFlag(flags, "--deferred-drafts", &t->deferred_drafts));
+  for (const OnOffSwitch& s : kOnOff)
+    DS_RETURN_IF_ERROR(config::OnOffFlag(flags, s.flag, &(t->*s.field)));
   if (auto it = flags.find("--gdn-state"); it != flags.end()) {
     DS_ASSIGN_OR_RETURN(t->gdn_state_bf16, ParseGdnState(it->second));
   }
@@ -36,16 +51,10 @@ absl::Status ParseDeviceTuning(const std::map<std::string, std::string>& flags, 
 std::vector<std::string> DeviceTuningArgs(const DeviceTuning& t) {
   const DeviceTuning def;
   std::vector<std::string> a;
-  auto on_off = [&](const char* flag, bool value, bool by_default) {
-    if (value != by_default) a.insert(a.end(), {flag, value ? "on" : "off"});
-  };
-  on_off("--portable", t.portable, def.portable);
   if (t.dense_weights != def.dense_weights)
     a.insert(a.end(), {"--dense-weights", DenseWeightsName(t.dense_weights)});
-  on_off("--early-launch", t.early_launch, def.early_launch);
-  on_off("--tiled-f16-formats", t.tiled_f16_formats, def.tiled_f16_formats);
-  on_off("--coarse-draft-head", t.coarse_draft_head, def.coarse_draft_head);
-  on_off("--deferred-drafts", t.deferred_drafts, def.deferred_drafts);
+  for (const OnOffSwitch& s : kOnOff)
+    if (t.*s.field != def.*s.field) a.insert(a.end(), {s.flag, t.*s.field ? "on" : "off"});
   if (t.gdn_state_bf16 != def.gdn_state_bf16)
     a.insert(a.end(), {"--gdn-state", GdnStateName(t.gdn_state_bf16)});
   return a;
