@@ -568,7 +568,8 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     rb_total += CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
   }
   // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
-  // at every column count.
+  // at every column count, as long as its matrix is launched with the same others every time
+  // (CudaDevice::LinearMulti groups them so in every step).
   const int split = SplitFor(rb_total, b.K);
   L.split = split;
   int end = 0, tickets = 0;

@@ -25,13 +25,14 @@ TYPES=${TYPES:-${TYPE:-Q4_K}}
 for f in /tmp/m_*.gguf; do [ -e "$f" ] && ! [[ " $TYPES " == *" $(basename "$f" .gguf | cut -c3-) "* ]] && rm -f "$f"; done
 if [ "${ROUNDS:-2}" != 0 ]; then for T in $TYPES; do synth_27b "/tmp/m_$T.gguf" "$T" & done; fi
 
-run_gtest tiled_formats_cuda_test --gtest_filter='-TiledFormatsTiming.*'
+run_gtest tiled_formats_cuda_test
 run_gtest tiled_f16_cuda_test --gtest_filter='TiledF16.*'
 run_gtest batch_invariance_test
 run_gtest gpu_vs_cpu_test --gtest_filter='GpuTiledF16Formats.*:Models/GpuVsCpu.*Q4_K*:Models/GpuVsCpu.*Q5_K*:Models/GpuVsCpu.*Q8_0*:Models/GpuVsCpu.*IQ4_*'
 grep -h "gpu_tiled_kquant\|gpu_vs_cpu" "$L/gpu_vs_cpu_test.log" 2>/dev/null | head -8
 [ -x "$BIN/tiled_formats_cuda_test" ] &&
-  timeout 200 "$BIN/tiled_formats_cuda_test" --gtest_filter='TiledFormatsTiming.*' 2>&1 | grep -E "^(Q[458]_[K0]|IQ4_)"
+  timeout 200 "$BIN/tiled_formats_cuda_test" --gtest_also_run_disabled_tests \
+    --gtest_filter='TiledFormatsTiming.*' 2>&1 | grep -E "^(Q[458]_[K0]|IQ4_)"
 wait
 for T in $TYPES; do
   for round in $(seq 1 "${ROUNDS:-2}"); do
