@@ -442,7 +442,9 @@ TEST(GpuTiledF16Formats, LogitsWithinBoundAndDeterministic) {
       *t = RunSchedule(**be, &cpu);
     }
     {
-      auto be = cuda::CreateCudaBackendApi(path, Options(), CudaBackendOptions{});
+      CudaBackendOptions raw_co;
+      raw_co.tiled_f16_formats = false;
+      auto be = cuda::CreateCudaBackendApi(path, Options(), raw_co);
       ASSERT_TRUE(be.ok()) << be.status();
       raw = RunSchedule(**be, &cpu);
     }

@@ -64,7 +64,7 @@ TEST(WorkerFlags, EarlyLaunchOnOff) {
 }
 
 TEST(WorkerFlags, TiledF16FormatsOnOff) {
-  ExpectOnOffFlag("--tiled-f16-formats", &DeviceTuning::tiled_f16_formats, false);
+  ExpectOnOffFlag("--tiled-f16-formats", &DeviceTuning::tiled_f16_formats, true);
 }
 
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {

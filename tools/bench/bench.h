@@ -32,7 +32,7 @@ struct BenchOptions {
   bool attn_mma = true;                      // --attn-mma off: the f32 SIMT decode attention (A/B)
   bool attn_wgmma = true;                    // --attn-wgmma off: the mma.sync prefill flash kernel
   bool gdn_scan_mma = true;                  // --gdn-scan-mma off: the f32 CUDA-core chunk scan
-  bool tiled_f16_formats = false;  // --tiled-f16-formats on: CudaBackendOptions::tiled_f16_formats
+  bool tiled_f16_formats = true;   // --tiled-f16-formats off: CudaBackendOptions::tiled_f16_formats
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm

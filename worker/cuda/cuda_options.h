@@ -88,9 +88,10 @@ struct CudaBackendOptions {
   // kernel: a row's numbers are then the same at any batch size) and dequantized from the tiles
   // for the cuBLAS path; needs f16_mma. Off: they keep the raw layout, the v2 GEMV (<=
   // gemv_max_rows rows) and dequantization + cuBLAS. On an H100 (docs/perf/h200.md): 27B Q4_K one
-  // stream +31%, x16 3.2x; off by default while batch_invariance_test's 27B-width Q5_K case
-  // fails (issue #22); the kernels' GPU tests against the CPU reference: tiled_formats_cuda_test.
-  bool tiled_f16_formats = false;
+  // stream +31%, x16 3.2x; batch-invariant (batch_invariance_test's *_tiled cases, 27B widths
+  // included, pass on the H100 since LinearMulti launches a step's matrices together per
+  // segment); the kernels' GPU tests against the CPU reference: tiled_formats_cuda_test.
+  bool tiled_f16_formats = true;
   // The decode kernels launched early on sm_90+ (programmatic dependent launch, kernels/cuda/
   // README.md "Early launch of the decode kernels"): the tiled column kernel (1..8 columns) and
   // the f16 kernel (9..64) may start while the norm, quantizer or GDN kernel before them runs and

@@ -270,9 +270,9 @@ struct BackendOptions {
   // --early-launch off); the CPU backend ignores it.
   bool early_launch = true;
   // CUDA: Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL matrices tiled for the f16 tensor-core kernel
-  // (CudaBackendOptions::tiled_f16_formats, --tiled-f16-formats on; off by default while one
-  // batch-invariance case fails); the CPU backend ignores it.
-  bool tiled_f16_formats = false;
+  // (CudaBackendOptions::tiled_f16_formats, --tiled-f16-formats off for the raw layout and the
+  // v2 GEMV); the CPU backend ignores it.
+  bool tiled_f16_formats = true;
   // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
   // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.
   bool coarse_draft_head = true;

@@ -22,10 +22,10 @@ struct DeviceTuning {
   // --early-launch off: the CUDA backend launches its decode kernels the plain way
   // (BackendOptions::early_launch; an escape hatch, the default is on).
   bool early_launch = true;
-  // --tiled-f16-formats on (issue #22): the CUDA backend tiles the other quantized formats for its
-  // f16 tensor-core kernel too (BackendOptions::tiled_f16_formats; off while one batch-invariance
-  // case fails, docs/perf/h200.md).
-  bool tiled_f16_formats = false;
+  // --tiled-f16-formats off: the CUDA backend keeps Q4_K / Q5_K / Q8_0 / IQ4 matrices in the raw
+  // layout (v2 GEMV) instead of tiling them for its f16 tensor-core kernel
+  // (BackendOptions::tiled_f16_formats; an A/B switch, docs/perf/h200.md).
+  bool tiled_f16_formats = true;
   // --coarse-draft-head off: MTP drafts through the full lm_head instead of its coarse copy
   // (BackendOptions::coarse_draft_head; the outputs are the same either way).
   bool coarse_draft_head = true;
