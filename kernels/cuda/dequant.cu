@@ -101,6 +101,11 @@ absl::Status DequantizeRows(GgmlType type, const void* w, int64_t rows, int K, v
         absl::StrCat("DequantizeRows: type ", std::string(GgmlInfo(type).name), " not supported"));
   if (K % BlockElems(type) != 0)
     return absl::InvalidArgumentError(absl::StrCat("DequantizeRows: K=", K, " not a multiple of the block"));
+  if (rows < 0 || K < 0)
+    return absl::InvalidArgumentError(absl::StrCat("DequantizeRows: rows=", rows, " K=", K));
+  // A TP rank can hold an empty slice (TP = 3 on 4 GDN key heads in granules of 2: no GDN heads
+  // on one rank); a launch of zero blocks is an error, nothing to do is not.
+  if (rows == 0 || K == 0) return absl::OkStatus();
   const auto* src = static_cast<const uint8_t*>(w);
   auto* dst = static_cast<uint16_t*>(out);
   DispatchType(type, [&](auto tag) {

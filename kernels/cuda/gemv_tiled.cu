@@ -464,7 +464,7 @@ absl::Status DequantizeTiledRows(GgmlType t, const void* tiled, int64_t row0, in
                                  void* out, bool bf16, cudaStream_t stream) {
   if (!TiledSupported(t) || K % kUnitElems != 0 || row0 < 0 || rows < 0)
     return absl::InvalidArgumentError(absl::StrCat("DequantizeTiledRows: bad args row0=", row0, " rows=", rows, " K=", K));
-  if (rows == 0) return absl::OkStatus();
+  if (rows == 0 || K == 0) return absl::OkStatus();
   if (t != GgmlType::Q6_K) return DequantizeTiledRowsF16Format(t, tiled, row0, rows, K, out, bf16, stream);
   const int nu = K / kUnitElems;
   const int64_t t0 = row0 / kTiledRows, t1 = (row0 + rows - 1) / kTiledRows + 1;

@@ -211,8 +211,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // than Q6_K only with tiled_f16_formats and the f16 kernel, their only column kernel.
   const bool f16_formats = tiled_ && copts_.tiled_f16_formats && copts_.f16_mma && tiled_max_rows_ > 0;
   auto tile_it = [&](const cpu::WeightView* w) {
+    // Not an empty TP slice (its row bytes would be 0, the staging chunk below divides by them).
     return tiled_ && w != &mw.token_embd && w != &mw.mtp.embed && TiledSupported(w->type) &&
-           w->cols % 256 == 0 && (TiledInt8Supported(w->type) || f16_formats);
+           w->rows > 0 && w->cols > 0 && w->cols % 256 == 0 && (TiledInt8Supported(w->type) || f16_formats);
   };
   auto mat_bytes = [&](const cpu::WeightView* w) -> uint64_t {
     return tile_it(w) ? TiledBytes(w->type, w->rows, static_cast<int>(w->cols))

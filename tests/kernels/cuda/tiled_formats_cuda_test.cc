@@ -159,6 +159,20 @@ TEST(TiledFormats, DequantizeTiledRowsEqualsRaw) {
     }
 }
 
+// An empty TP slice (a rank with no GDN heads) dequantizes to nothing at load: no zero-block
+// launch error, and a negative count is still refused.
+TEST(TiledFormats, DequantizeEmptyRowsIsNothingToDo) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Dev<uint16_t> out(256);
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    EXPECT_TRUE(DequantizeRows(t, out.p, 0, 256, out.p, false, nullptr).ok()) << Name(t);
+    EXPECT_TRUE(DequantizeRows(t, out.p, 16, 0, out.p, false, nullptr).ok()) << Name(t);
+    EXPECT_TRUE(DequantizeTiledRows(t, out.p, 0, 0, 256, out.p, false, nullptr).ok()) << Name(t);
+    EXPECT_FALSE(DequantizeRows(t, out.p, -1, 256, out.p, false, nullptr).ok()) << Name(t);
+  }
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+}
+
 // The sums: HalfActivations' == the CPU's, and the fused norm's == HalfActivations' of its
 // output, bit for bit (rows of one and of several groups per thread).
 TEST(TiledFormats, SubBlockSumsMatchCpuAndNorm) {
