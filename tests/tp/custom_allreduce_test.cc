@@ -11,7 +11,8 @@
 //   * CustomTp.*: ds_tp_rank --backend cuda --collective custom groups (TP = 2, 3) against CUDA
 //     TP = 1 on the TP test shape: F32 logits within 1e-4 of max |logit| and greedy tokens equal
 //     (docs/tp.md §9), decode graphs on (the collective is graph-capturable); Q8_0 within 5e-2;
-//     the same with the all-reduces of a long prefill step overlapped with the GEMMs (--overlap).
+//     the same with the all-reduces of a long prefill step overlapped with the GEMMs (--overlap);
+//     Q4_K / IQ4_NL on a 256-wide shape whose slices mix the tiled and the raw layout.
 #include <cuda_runtime.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -364,14 +365,16 @@ nlohmann::json Load(const std::string& path) {
   return nlohmann::json::parse(f);
 }
 
-const std::string& Model(const std::string& type) {
+// ds_tp_rank's synthetic model of `shape` (tp, tiled) and weight type, made once per test program.
+const std::string& Model(const std::string& type, const std::string& shape = "tp") {
   static std::map<std::string, std::string> paths;
-  auto it = paths.find(type);
+  const std::string key = shape + "_" + type;
+  auto it = paths.find(key);
   if (it != paths.end()) return it->second;
-  const std::string p = Dir() + "/tp_" + type + ".gguf";
-  const auto rc = RunAll({{TpRankBin(), "--make-model", p, "--shape", "tp", "--type", type}});
+  const std::string p = Dir() + "/" + key + ".gguf";
+  const auto rc = RunAll({{TpRankBin(), "--make-model", p, "--shape", shape, "--type", type}});
   EXPECT_EQ(rc[0], 0) << "synthesizing " << p;
-  return paths[type] = p;
+  return paths[key] = p;
 }
 
 // --portable (or DS_TEST_PORTABLE=1, read by main only): every rank runs the portable (sm_70 /
@@ -434,6 +437,26 @@ TEST(CustomTp, CudaGroupsOnOneGpuMatchTp1) {
                    fused ? std::vector<std::string>{"--fuse-norm", "on"} : std::vector<std::string>{});
       EXPECT_EQ(got["collective"], "custom") << name;
       ExpectClose(got, ref, bound, name);
+      for (int r = 1; r < world; ++r)
+        EXPECT_EQ(Load(Dir() + "/res_" + name + ".json." + std::to_string(r))["tokens"], got["tokens"])
+            << name << " rank " << r;
+    }
+  }
+}
+
+// Tiled Q4_K / IQ4_NL in TP groups (CudaBackendOptions::tiled_f16_formats, on by default): on the
+// tiled shape (ds_tp_rank --shape tiled) each rank tiles the slices that hold whole 256-element
+// units and keeps the others raw, and its f16 kernel scales the activations per row of its own
+// slice; TP = 2 and 3 must still match TP = 1 within the Q8_0 bound and agree on the tokens.
+TEST(CustomTp, TiledFormatsMatchTp1) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string type : {"Q4_K", "IQ4_NL"}) {
+    const std::string& model = Model(type, "tiled");
+    const nlohmann::json ref = RunGroup(model, 1, "tiled_ref_" + type);
+    for (const int world : {2, 3}) {
+      const std::string name = "tiled_w" + std::to_string(world) + "_" + type;
+      const nlohmann::json got = RunGroup(model, world, name);
+      ExpectClose(got, ref, 5e-2, name);
       for (int r = 1; r < world; ++r)
         EXPECT_EQ(Load(Dir() + "/res_" + name + ".json." + std::to_string(r))["tokens"], got["tokens"])
             << name << " rank " << r;

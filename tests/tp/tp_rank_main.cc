@@ -17,7 +17,7 @@
 // and decode runs without CUDA graphs. Each rank prints its CUDA memory plan.
 // --collective custom (CUDA): the IPC all-reduce (CustomAllReduceCollective) over that Gloo group:
 // device all-reduces and gathers through CUDA IPC buffers, graph-capturable (decode graphs on).
-//   ds_tp_rank --make-model M.gguf --shape tp|perf [--type Q8_0] [--seed 1]
+//   ds_tp_rank --make-model M.gguf --shape tp|tiled|perf [--type Q8_0] [--seed 1]
 //
 // The run: one prefill step with two sequences (slot 0: --prompt tokens, all logits; slot 1:
 // --prompt2 tokens, last logits), then --gen greedy decode steps of both sequences. Rank 0 picks
@@ -85,6 +85,21 @@ SynthOptions TpTestShape() {
   return o;
 }
 
+// The TP test shape at hidden 256 and FFN 768, for the formats the CUDA backend tiles for its f16
+// kernel only when a row holds whole 256-element units (CudaBackendOptions::tiled_f16_formats):
+// the matrices reading the hidden state (attn q / k / v / gate, GDN qkv / gate, ffn_up / gate)
+// are tiled on every rank; ffn_down's slices where they hold whole units (Q4_K's FFN granule is
+// 256 columns: 512 + 256 at TP = 2, 3 x 256 at TP = 3; IQ4_NL's is 32: 2 x 384, raw, at TP = 2,
+// 3 x 256 at TP = 3); ssm_out / attn_output (192 / 384 columns: Q8_0 in the file, the synth's
+// fallback) on no rank. At TP = 3 rank 2 holds no GDN heads (empty slices). Each rank mixes both
+// layouts.
+SynthOptions TiledTestShape() {
+  SynthOptions o = TpTestShape();
+  o.n_embd = 256;
+  o.n_ff = 768;
+  return o;
+}
+
 // A model big enough that compute per step is measurable on a laptop-class CPU: 27B-like ratios
 // at 1/5 width (hidden 1024, 24/4 heads of 64 → units of 6 q + 1 kv; GDN 16/48 heads of 32),
 // 8 layers, vocab 32768, Q8_0.
@@ -123,7 +138,9 @@ int Main(int argc, char** argv) {
 
   if (a.count("--make-model")) {
     const std::string shape = str("--shape", "tp");
-    SynthOptions o = shape == "perf" ? PerfShape() : TpTestShape();
+    if (shape != "tp" && shape != "tiled" && shape != "perf")
+      return Fail(absl::InvalidArgumentError("--shape expects tp, tiled or perf, got " + shape));
+    SynthOptions o = shape == "perf" ? PerfShape() : shape == "tiled" ? TiledTestShape() : TpTestShape();
     if (a.count("--type")) {
       auto t = GgmlTypeFromName(a["--type"]);
       if (!t) return Fail(absl::InvalidArgumentError("unknown --type " + a["--type"]));
