@@ -24,6 +24,7 @@
 #include "deltaserve/v1/deltaserve.grpc.pb.h"
 #include "gateway/gateway.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "tests/cluster/gateway_cluster.h"
 
 namespace ds {
@@ -113,6 +114,34 @@ TEST(Listeners, ServeOnAPortInUseFailsInsteadOfSharingIt) {
   EXPECT_FALSE(Contains(r.output, "cluster SERVING")) << r.output;
   EXPECT_TRUE(Contains(r.output, "127.0.0.1:" + std::to_string(port))) << r.output;
   (*holder)->Shutdown();
+}
+
+// `deltaserve generate` takes the worker's device switches (worker/process/device_tuning.h): a bad
+// value exits 1 naming the flag and what it expects; good values run (the CPU backend ignores the
+// CUDA-only ones, so the tokens are the default run's).
+TEST(Cli, GenerateTakesTheWorkerDeviceSwitches) {
+  const std::string base = kBin + " generate --model " + TinyModel() +
+                           " --prompt-ids 1,2,3 --max-tokens 3 --backend cpu --threads 1 --json";
+  for (const auto& [flags, says] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"--tiled-f16-formats maybe", "--tiled-f16-formats expects on or off"},
+           {"--dense-weights sometimes", "--dense-weights expects on, off or auto"},
+           {"--gdn-state f16", "--gdn-state expects f32 or bf16"}}) {
+    const CommandResult r = RunCommand(base + " " + flags + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << flags << ": " << r.output;
+    EXPECT_TRUE(Contains(r.output, says)) << flags << ": " << r.output;
+  }
+  const CommandResult def = RunCommand(base + " 2>/dev/null");
+  const CommandResult tuned = RunCommand(
+      base + " --tiled-f16-formats off --dense-weights off --early-launch off --coarse-draft-head off"
+             " --deferred-drafts off 2>/dev/null");
+  ASSERT_EQ(def.exit_code, 0) << def.output;
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  const auto a = nlohmann::json::parse(def.output, nullptr, false);
+  const auto b = nlohmann::json::parse(tuned.output, nullptr, false);
+  ASSERT_TRUE(a.contains("tokens") && b.contains("tokens")) << def.output << tuned.output;
+  EXPECT_EQ(a["tokens"].size(), 3u);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
 }
 
 // ---- 3. health follows drain ----

@@ -121,5 +121,34 @@ TEST(WorkerFlags, DeviceTuningArgsParseBackToTheSameSwitches) {
     }
 }
 
+// The defaults of the switches are the backend's defaults, and each switch reaches its backend
+// option (worker and generate both go through ApplyDeviceTuning).
+TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
+  BackendOptions def;
+  ApplyDeviceTuning(DeviceTuning{}, &def);
+  const BackendOptions plain;
+  EXPECT_EQ(def.portable, plain.portable);
+  EXPECT_EQ(def.dense_weights, plain.dense_weights);
+  EXPECT_EQ(def.early_launch, plain.early_launch);
+  EXPECT_EQ(def.tiled_f16_formats, plain.tiled_f16_formats);
+  EXPECT_EQ(def.coarse_draft_head, plain.coarse_draft_head);
+  EXPECT_EQ(def.gdn_state_bf16, plain.gdn_state_bf16);
+  DeviceTuning t;
+  t.portable = !t.portable;
+  t.dense_weights = DenseWeights::kOff;
+  t.early_launch = !t.early_launch;
+  t.tiled_f16_formats = !t.tiled_f16_formats;
+  t.coarse_draft_head = !t.coarse_draft_head;
+  t.gdn_state_bf16 = !t.gdn_state_bf16;
+  BackendOptions bo;
+  ApplyDeviceTuning(t, &bo);
+  EXPECT_EQ(bo.portable, t.portable);
+  EXPECT_EQ(bo.dense_weights, DenseWeights::kOff);
+  EXPECT_EQ(bo.early_launch, t.early_launch);
+  EXPECT_EQ(bo.tiled_f16_formats, t.tiled_f16_formats);
+  EXPECT_EQ(bo.coarse_draft_head, t.coarse_draft_head);
+  EXPECT_EQ(bo.gdn_state_bf16, t.gdn_state_bf16);
+}
+
 }  // namespace
 }  // namespace ds

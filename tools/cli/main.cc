@@ -17,6 +17,8 @@ void Usage() {
                "  gguf-synth  write a random-weight qwen35 GGUF (--preset tiny|27b --out FILE)\n"
                "  logits      --model FILE --prompt-ids 1,2,3 --out FILE.f32\n"
                "  generate    --model FILE (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+               "              [--mtp K|auto] [--portable] and the worker's device switches\n"
+               "              (--dense-weights, --tiled-f16-formats, --early-launch, --gdn-state ...)\n"
                "  info        --model FILE: print the model's configuration\n"
                "  perplexity  --model FILE --text FILE [--ctx N]: perplexity over a text\n"
                "  mtp-accept  --model FILE --text FILE [--draft K]: MTP draft acceptance per position\n"

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
-#include "worker/model/gdn_state.h"
+#include "worker/process/device_tuning.h"
 #include "worker/model/kv_type.h"
 #include "worker/spec/mtp_setting.h"
 #include "worker/spec/mtp_speculator.h"
@@ -118,13 +120,22 @@ int CmdLogits(int argc, char** argv) {
 }
 
 int CmdGenerate(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
-                           "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx",
-                           "--backend", "--threads", "--kv-type", "--mtp", "--gdn-state",
-                           "--fused-draft", "--deferred-drafts"},
-                          {"--json", "--ignore-eos", "--chat", "--portable"});
+  std::set<std::string> valued = {"--model", "--prompt", "--prompt-ids", "--max-tokens",
+                                   "--temperature", "--top-k", "--top-p", "--min-p",
+                                   "--repeat-penalty", "--seed", "--ctx", "--backend", "--threads",
+                                   "--kv-type", "--mtp", "--fused-draft"};
+  // The worker's device switches (worker/process/device_tuning.h: --dense-weights, --early-launch,
+  // --tiled-f16-formats, --gdn-state, ...), but --portable, a bare switch here as before.
+  for (const std::string& f : DeviceTuningFlagNames())
+    if (f != "--portable") valued.insert(f);
+  auto args = Args::Parse(argc, argv, valued, {"--json", "--ignore-eos", "--chat", "--portable"});
   if (!args.ok()) return Fail(args.status());
+  std::map<std::string, std::string> tuning_flags;
+  for (const std::string& f : DeviceTuningFlagNames())
+    if (f != "--portable" && args->Has(f)) tuning_flags[f] = args->Str(f);
+  DeviceTuning tuning;
+  if (auto s = ParseDeviceTuning(tuning_flags, &tuning); !s.ok()) return Fail(s);
+  tuning.portable = args->Has("--portable");  // CUDA: the sm_70 (V100) kernels on any GPU
   auto model = args->Required("--model");
   if (!model.ok()) return Fail(model.status());
   *model = ResolveModelAlias(*model);
@@ -200,18 +211,11 @@ int CmdGenerate(int argc, char** argv) {
   auto kv_type = ParseKvType(args->Str("--kv-type", "f16"));
   if (!kv_type.ok()) return Fail(kv_type.status());
   bo.kv_type = *kv_type;  // q8_0 / q4_0: CUDA only (the CPU backend refuses them)
-  bo.portable = args->Has("--portable");  // CUDA: the sm_70 (V100) kernels on any GPU
-  auto gdn_state = ParseGdnState(args->Str("--gdn-state", "f32"));
-  if (!gdn_state.ok()) return Fail(gdn_state.status());
-  bo.gdn_state_bf16 = *gdn_state;  // the GDN state stored in bf16 (CPU: emulated)
+  ApplyDeviceTuning(tuning, &bo);  // CUDA switches; the CPU backend emulates only --gdn-state bf16
   // CUDA: the draft chain in one kernel where the MTP block takes it (off: one kernel per op).
   auto fused_draft = args->OnOff("--fused-draft", true);
   if (!fused_draft.ok()) return Fail(fused_draft.status());
   bo.fused_draft_chain = *fused_draft;
-  // MTP draft chains: the next verify reads the drafts where they were made (one host wait per
-  // cycle instead of two; the same tokens).
-  auto deferred_drafts = args->OnOff("--deferred-drafts", true);
-  if (!deferred_drafts.ok()) return Fail(deferred_drafts.status());
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);
@@ -244,7 +248,9 @@ int CmdGenerate(int argc, char** argv) {
     spec::MtpSpeculatorOptions so;
     so.k = *mtp;
     so.automatic = mtp_setting->automatic;
-    so.deferred_drafts = *deferred_drafts;
+    // --deferred-drafts: the next verify reads the drafts where they were made (one host wait
+    // per cycle instead of two; the same tokens).
+    so.deferred_drafts = tuning.deferred_drafts;
     auto sp = spec::MtpSpeculator::Create(&be, so);
     if (!sp.ok()) return Fail(sp.status());
     speculator.emplace(std::move(*sp));

@@ -60,4 +60,13 @@ std::vector<std::string> DeviceTuningArgs(const DeviceTuning& t) {
   return a;
 }
 
+void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
+  bo->portable = t.portable;
+  bo->dense_weights = t.dense_weights;
+  bo->early_launch = t.early_launch;
+  bo->tiled_f16_formats = t.tiled_f16_formats;
+  bo->coarse_draft_head = t.coarse_draft_head;
+  bo->gdn_state_bf16 = t.gdn_state_bf16;
+}
+
 }  // namespace ds

@@ -1,6 +1,7 @@
 // The worker's device switches (`deltaserve worker --portable ... --gdn-state ...`): one struct that
-// `worker` parses and `serve` parses and writes back as the flags of the workers it starts, so a
-// switch added here is accepted, validated and forwarded by both (tests/worker/
+// `worker` parses and `serve` parses and writes back as the flags of the workers it starts (and
+// `generate` parses for its in-process backend), so a switch added here is accepted, validated and
+// forwarded by all (tests/worker/
 // worker_flags_test.cc checks that writing and parsing them again gives the same struct).
 #pragma once
 #include <map>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/model/backend.h"
 #include "worker/model/dense_weights.h"
 
 namespace ds {
@@ -49,5 +51,8 @@ absl::Status ParseDeviceTuning(const std::map<std::string, std::string>& flags, 
 
 // The worker flags that give `t` (the switches that differ from the defaults), flag then value.
 std::vector<std::string> DeviceTuningArgs(const DeviceTuning& t);
+
+// Sets the backend options `t` decides (all but deferred_drafts, which is the step executor's).
+void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo);
 
 }  // namespace ds

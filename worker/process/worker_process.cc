@@ -343,12 +343,7 @@ class Session {
           bo.n_threads = o_.threads;
           bo.device = o_.device;
           bo.kv_type = o_.kv_type;
-          bo.portable = o_.tuning.portable;
-          bo.dense_weights = o_.tuning.dense_weights;
-          bo.early_launch = o_.tuning.early_launch;
-          bo.tiled_f16_formats = o_.tuning.tiled_f16_formats;
-          bo.coarse_draft_head = o_.tuning.coarse_draft_head;
-          bo.gdn_state_bf16 = o_.tuning.gdn_state_bf16;
+          ApplyDeviceTuning(o_.tuning, &bo);
           bo.kv_pool_tokens = o_.kv_pool_tokens;
           bo.kv_page_size = o_.kv_page_size;
           bo.memory_fraction = o_.memory_fraction;
