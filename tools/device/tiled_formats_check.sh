@@ -14,7 +14,10 @@
 #   2. here: ... DS_PACK_OUT=.devcarry-t bash tools/device/pack.sh gpu_vs_cpu_test \
 #        batch_invariance_test tiled_f16_cuda_test   (36 MB)
 #      device: DS_CARRY=.devcarry-t ROUNDS=0 bash tools/device/tiled_formats_check.sh
-# (run_gtest skips a binary that was not packed; ROUNDS=0 skips the bench.)
+# (run_gtest skips a binary that was not packed; ROUNDS=0 skips the bench.) The 27B synths take
+# the device's /tmp (64 GB disk): Q8_0 28.7 GB, IQ4_* ~15 GB, Q4_K / Q5_K 15-19 GB; two types per
+# call fit (2026-12-05: "Q8_0 IQ4_NL", then "Q4_K Q5_K"; the script deletes other types' files).
+# Since e86d251 the tiles are the default: the bench's `off` row is the A/B.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
