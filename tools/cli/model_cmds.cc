@@ -126,13 +126,15 @@ int CmdGenerate(int argc, char** argv) {
                                    "--kv-type", "--mtp", "--fused-draft"};
   // The worker's device switches (worker/process/device_tuning.h: --dense-weights, --early-launch,
   // --tiled-f16-formats, --gdn-state, ...), but --portable, a bare switch here as before.
+  std::vector<std::string> tuning_names;
   for (const std::string& f : DeviceTuningFlagNames())
-    if (f != "--portable") valued.insert(f);
+    if (f != "--portable") tuning_names.push_back(f);
+  valued.insert(tuning_names.begin(), tuning_names.end());
   auto args = Args::Parse(argc, argv, valued, {"--json", "--ignore-eos", "--chat", "--portable"});
   if (!args.ok()) return Fail(args.status());
   std::map<std::string, std::string> tuning_flags;
-  for (const std::string& f : DeviceTuningFlagNames())
-    if (f != "--portable" && args->Has(f)) tuning_flags[f] = args->Str(f);
+  for (const std::string& f : tuning_names)
+    if (args->Has(f)) tuning_flags[f] = args->Str(f);
   DeviceTuning tuning;
   if (auto s = ParseDeviceTuning(tuning_flags, &tuning); !s.ok()) return Fail(s);
   tuning.portable = args->Has("--portable");  // CUDA: the sm_70 (V100) kernels on any GPU
