@@ -24,6 +24,10 @@ struct CudaBackendOptions {
   // An MTP verify's GDN rows in runs (GdnDecodeArgs::run_first): the k + 1 tokens of a sequence
   // in one launch, the state read once; false = one launch per token index (A/B).
   bool gdn_decode_runs = true;
+  // Tokens per chunk of the GDN run kernel for runs longer than 4 (a k = 4 verify's 5-token
+  // runs): 4 (a chunk of 4 and one of 1), 5 or 8 (one chunk). The same bits whichever (A/B:
+  // `bench --gdn-long-runs 4|5|8`).
+  int gdn_long_run_chunk = 4;
   // The GDN decode kernel writes the int8 copy of its output for ssm_out (GdnDecodeArgs::xq):
   // one launch per GDN layer fewer in decode-only steps (A/B: `bench --fuse-gdn off`).
   bool fuse_gdn_decode = true;
