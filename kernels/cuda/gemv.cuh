@@ -55,6 +55,11 @@ struct GemvArgs {
   // block instead of reading them from L2 per unit; the same arithmetic. false: the unstaged
   // form (A/B runs, tiled_gemv_bench --stage 0,1).
   bool stage_activations = true;
+  // Float weights (F32 / F16 / BF16) at 5 or 6 columns take a 6-column kernel instead of the
+  // 8-column one (an MTP verify of 4 drafts has 5 rows; the launch-bound demo model pays for
+  // every column of the template). Each column's sums are the same either way. false: the
+  // 8-column kernel (A/B runs, `bench --gemv-six off`).
+  bool six_columns = true;
 };
 
 // True when Gemv can run this format (any K that is a multiple of the block size).

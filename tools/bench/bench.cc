@@ -320,6 +320,7 @@ int RunBench(const BenchOptions& o) {
     co.dense_weights = o.dense;
     co.batch_invariant = o.batch_invariant;
     co.gdn_decode_runs = o.gdn_runs;
+    co.gemv_six_columns = o.gemv_six;
     if (o.gdn_long_runs > 0) co.gdn_long_run_chunk = o.gdn_long_runs;
     co.fuse_gdn_decode = o.fuse_gdn;
     co.attn_tensor_cores = o.attn_mma;
@@ -688,7 +689,8 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
              a == "--gdn-scan-mma" || a == "--f16-cluster" || a == "--gdn-bulk" || a == "--tiled-f16-formats" ||
-             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft") {
+             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft" ||
+             a == "--gemv-six") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -711,6 +713,7 @@ int BenchMain(int argc, char** argv) {
                     : a == "--early-launch"    ? o.early_launch
                     : a == "--coarse-draft-head" ? o.coarse_draft_head
                     : a == "--fused-draft"     ? o.fused_draft
+                    : a == "--gemv-six"        ? o.gemv_six
                                                : o.fuse_norm;
       field = v == "on";
     }
@@ -755,7 +758,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gdn-long-runs 4|5|8] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--gdn-bulk on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gdn-long-runs 4|5|8] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--gdn-bulk on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -28,6 +28,9 @@ struct CudaBackendOptions {
   // runs): 4 (a chunk of 4 and one of 1), 5 or 8 (one chunk). The same bits whichever (A/B:
   // `bench --gdn-long-runs 4|5|8`).
   int gdn_long_run_chunk = 4;
+  // Float-weight matmuls of 5-6 columns in a 6-column kernel (GemvArgs::six_columns; A/B:
+  // `bench --gemv-six off`).
+  bool gemv_six_columns = true;
   // The GDN decode kernel writes the int8 copy of its output for ssm_out (GdnDecodeArgs::xq):
   // one launch per GDN layer fewer in decode-only steps (A/B: `bench --fuse-gdn off`).
   bool fuse_gdn_decode = true;

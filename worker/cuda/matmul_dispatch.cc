@@ -127,6 +127,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
     a.y = y + static_cast<int64_t>(c0) * w.rows;
     a.epilogue = epilogue;
     a.early_launch = early_launch_;
+    a.six_columns = copts_.gemv_six_columns;
     DS_RETURN_IF_ERROR(w.tiled ? TiledColumns(&a, 1, f16) : Gemv(a, stream_));
   }
   return absl::OkStatus();
@@ -460,6 +461,7 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
       a.y = y + static_cast<int64_t>(row0 + c0) * m->rows;
       a.epilogue = GemvEpilogue::kStore;
       a.early_launch = early_launch_;
+      a.six_columns = copts_.gemv_six_columns;
     }
     DS_RETURN_IF_ERROR(m0.tiled ? TiledColumns(segs_args, n, f16) : GemvMulti(segs_args, n, stream_));
   }

@@ -173,6 +173,38 @@ TEST(Gemv, AllTypesOddShapes) {
     for (int nc : {1, 2, 3, 5, 8, 11, 16}) RunGemvCase({t, 37, 768, nc, GemvEpilogue::kStore});
 }
 
+// Float weights: a column's products do not depend on the kernel's column width (the 6-column
+// kernel of GemvArgs::six_columns, the 8-column one, or the column alone): an MTP verify's rows
+// must equal the plain decode steps' bit for bit.
+TEST(Gemv, FloatColumnsIndependentOfTheKernelWidth) {
+  for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
+    for (int nc : {5, 6}) {
+      SCOPED_TRACE(::testing::Message() << GgmlInfo(t).name << " nc=" << nc);
+      const int M = 37, K = 768;
+      const auto x = RandVec(static_cast<size_t>(nc) * K, -2.f, 2.f);
+      Dev<uint8_t> dw(RandomWeights(t, M, K));
+      Dev<float> dx(x);
+      auto run = [&](int c0, int n, bool six) {
+        Dev<float> dy(static_cast<size_t>(n) * M);
+        GemvArgs a;
+        a.type = t; a.w = dw.p; a.M = M; a.K = K; a.nc = n; a.x = dx.p + static_cast<size_t>(c0) * K;
+        a.y = dy.p; a.six_columns = six;
+        EXPECT_TRUE(Gemv(a, nullptr).ok());
+        CK(cudaDeviceSynchronize());
+        return dy.Down();
+      };
+      const auto six = run(0, nc, true), eight = run(0, nc, false);
+      ASSERT_EQ(six.size(), eight.size());
+      EXPECT_EQ(std::memcmp(six.data(), eight.data(), six.size() * sizeof(float)), 0);
+      for (int c = 0; c < nc; ++c) {
+        const auto one = run(c, 1, true);
+        EXPECT_EQ(std::memcmp(one.data(), six.data() + static_cast<size_t>(c) * M, M * sizeof(float)), 0)
+            << "column " << c;
+      }
+    }
+  }
+}
+
 // GemvMulti must give exactly the single-matrix results (same per-row arithmetic), for segment
 // sizes that do not fill a block and a mix of store and accumulate epilogues.
 TEST(Gemv, MultiSegmentsMatchSingle) {
