@@ -644,9 +644,6 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GdnDecode: the fused int8 output needs xd and a value head dim that is a multiple of 32 (",
         a.shape.v_dim, ")"));
-  if (a.long_run_chunk != 4 && a.long_run_chunk != 5 && a.long_run_chunk != 8)
-    return absl::InvalidArgumentError(
-        absl::StrCat("GdnDecode: long_run_chunk ", a.long_run_chunk, " not 4, 5 or 8"));
   if (a.xsum && (a.n_seqs != 1 || a.run_first))
     return absl::InvalidArgumentError("GdnDecode: 16-element sums are for one-row steps");
   DispatchDk(a.shape.k_dim, [&](auto tag) {
@@ -663,10 +660,6 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
       } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
         LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
-      else if (a.run_first && a.run_len_max > 4 && a.long_run_chunk == 8)
-        LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 8>, grid, threads, 0, stream, a.early, a);
-      else if (a.run_first && a.run_len_max > 4 && a.long_run_chunk == 5)
-        LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 5>, grid, threads, 0, stream, a.early, a);
       else
         LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4>, grid, threads, 0, stream, a.early, a);
     });

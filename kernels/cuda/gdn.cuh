@@ -69,12 +69,6 @@ struct GdnDecodeArgs {
   // to one launch per token (a wave) in order.
   const int32_t* run_first = nullptr;
   const int32_t* run_len = nullptr;
-  // The longest run of the launch (a host-side fact; 0 = unknown) and the tokens a block takes
-  // together for runs longer than 4 (4, 5 or 8; GdnDecodeRunKernel's chunks): a k = 4 verify's
-  // 5-token runs in one chunk instead of a chunk of 4 and one of 1. Any chunk length gives the
-  // same bits (every value takes the same operations in the same order).
-  int run_len_max = 0;
-  int long_run_chunk = 4;
   bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
   // Launches of many blocks (heads x sequences >= 256) bring each head's state into shared
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two

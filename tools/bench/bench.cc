@@ -321,7 +321,6 @@ int RunBench(const BenchOptions& o) {
     co.batch_invariant = o.batch_invariant;
     co.gdn_decode_runs = o.gdn_runs;
     co.gemv_six_columns = o.gemv_six;
-    if (o.gdn_long_runs > 0) co.gdn_long_run_chunk = o.gdn_long_runs;
     co.fuse_gdn_decode = o.fuse_gdn;
     co.attn_tensor_cores = o.attn_mma;
     co.attn_prefill_wgmma = o.attn_wgmma;
@@ -649,13 +648,6 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--overlap-chunks") o.overlap_chunks = std::atoi(next());
     else if (a == "--f16-min-cols") o.f16_min_cols = std::atoi(next());
     else if (a == "--fused-draft-blocks") o.fused_draft_blocks = std::atoi(next());
-    else if (a == "--gdn-long-runs") {
-      o.gdn_long_runs = std::atoi(next());
-      if (o.gdn_long_runs != 4 && o.gdn_long_runs != 5 && o.gdn_long_runs != 8) {
-        std::fprintf(stderr, "bench: --gdn-long-runs expects 4, 5 or 8\n");
-        return 2;
-      }
-    }
     else if (a == "--no-profile") o.profile = false;
     else if (a == "--mtp") o.mtp = ints(next());
     else if (a == "--mtp-conc") o.mtp_streams = ints(next());
@@ -758,7 +750,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gdn-long-runs 4|5|8] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--gdn-bulk on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--gdn-bulk on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -28,8 +28,6 @@ struct BenchOptions {
   DenseWeights dense = DenseWeights::kAuto;  // --dense-weights on|off|auto (dense_weights.h)
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   bool gdn_runs = true;                      // --gdn-runs off: MTP verify GDN rows in waves (A/B)
-  // --gdn-long-runs 4|5|8: CudaBackendOptions::gdn_long_run_chunk (0: that option's default)
-  int gdn_long_runs = 0;
   bool gemv_six = true;  // --gemv-six off: CudaBackendOptions::gemv_six_columns (A/B)
   bool fuse_gdn = true;                      // --fuse-gdn off: the GDN output's int8 copy by a launch of its own (A/B)
   bool attn_mma = true;                      // --attn-mma off: the f32 SIMT decode attention (A/B)

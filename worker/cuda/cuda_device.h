@@ -552,7 +552,6 @@ class CudaDevice final : public Device {
   // GDN runs (Prepare): device rows 8 and 9 hold each run's first decode entry and length.
   bool gdn_runs_ = false;
   int n_gdn_runs_ = 0;
-  int gdn_run_len_max_ = 0;  // the step's longest decode run (GdnDecodeArgs::run_len_max)
   const int32_t* GdnRunFirst() const { return d_ints_ + 8 * T_max_; }
   const int32_t* GdnRunLen() const { return d_ints_ + 9 * T_max_; }
   // Per slot: the state index holding its newest speculative state in the current Forward and

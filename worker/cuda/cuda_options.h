@@ -24,10 +24,6 @@ struct CudaBackendOptions {
   // An MTP verify's GDN rows in runs (GdnDecodeArgs::run_first): the k + 1 tokens of a sequence
   // in one launch, the state read once; false = one launch per token index (A/B).
   bool gdn_decode_runs = true;
-  // Tokens per chunk of the GDN run kernel for runs longer than 4 (a k = 4 verify's 5-token
-  // runs): 4 (a chunk of 4 and one of 1), 5 or 8 (one chunk). The same bits whichever (A/B:
-  // `bench --gdn-long-runs 4|5|8`).
-  int gdn_long_run_chunk = 4;
   // Float-weight matmuls of 5-6 columns in a 6-column kernel (GemvArgs::six_columns; A/B:
   // `bench --gemv-six off`).
   bool gemv_six_columns = true;

@@ -90,7 +90,6 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   for (const RowRun& r : step.runs)
     if (r.decode_like() && r.n > 1 && r.spec_entry < 0) gdn_runs_ = false;
   n_gdn_runs_ = 0;
-  gdn_run_len_max_ = longest;
   if (gdn_runs_) {
     int32_t* run_first = h_ints_ + 9 * T_max_;
     int32_t* run_len = h_ints_ + 10 * T_max_;
@@ -254,8 +253,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.n_seqs = n_gdn_runs_;
     a.run_first = GdnRunFirst();
     a.run_len = GdnRunLen();
-    a.run_len_max = gdn_run_len_max_;
-    a.long_run_chunk = copts_.gdn_long_run_chunk;
     a.rows = DecodeRows();
     a.slots = GdnOut();
     a.in_slots = GdnIn();
