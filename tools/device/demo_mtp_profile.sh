@@ -10,7 +10,7 @@
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-h3 DS_PACK_OUT=.devcarry-lead bash tools/device/pack.sh deltaserve):
 #   DS_CARRY=.devcarry-lead bash tools/device/demo_mtp_profile.sh
 # Knobs: MTP_K (default "3 4"; generate also takes auto), BENCH_K (default MTP_K), NCU=0 skips
-# step 3, PROFILE=1 lets the bench print its per-op-class times (decode vs verify), GEN_ARGS
+# step 3, NCU_K its drafts (3), PROFILE=1 lets the bench print its per-op-class times (decode vs verify), GEN_ARGS
 # (extra generate flags), TESTS="bin ..." runs those packed gtest binaries first.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,11 +43,12 @@ timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${BENCH_K// /,} -
   --mtp-depth 64 $NOPROF 2>&1 | tee "$L/bench.log" | grep -E "decode|verify|^ k streams|^ [0-9] +[0-9]+ |ms" | head -60
 if [ "${NCU:-1}" = 1 ]; then
   NCU_BIN=/usr/local/cuda/bin/ncu
-  for k in off 3; do
+  for k in off ${NCU_K:-3}; do
+    f=ncu_mtp; [ "$k" = off ] && f=ncu_off
     timeout 240 $NCU_BIN --metrics gpu__time_duration.sum --csv --print-units base \
       "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 20 --prompt "$PROMPT" \
-      --mtp $k >"$O/ncu_${k/3/mtp}.csv" 2>"$L/ncu_$k.err"
-    echo "ncu --mtp $k: rc=$? $(grep -c gpu__time_duration "$O/ncu_${k/3/mtp}.csv") kernels"
+      --mtp $k >"$O/$f.csv" 2>"$L/ncu_$k.err"
+    echo "ncu --mtp $k: rc=$? $(grep -c gpu__time_duration "$O/$f.csv") kernels"
   done
 fi
 exit $rc
