@@ -271,7 +271,11 @@ TEST(Tiled, RejectsBadArguments) {
   GemvArgs a;
   a.type = GgmlType::Q8_0;
   EXPECT_FALSE(TiledGemvMulti(&a, 1, nullptr).ok());
-  EXPECT_EQ(TiledBytes(GgmlType::Q8_0, 16, 256), 0u);
+  // F16 has no tiled layout; Q8_0 has one (tiled_formats.cuh) of the raw bytes' size, but the
+  // int8 column kernel above takes Q6_K only.
+  EXPECT_EQ(TiledBytes(GgmlType::F16, 16, 256), 0u);
+  EXPECT_EQ(TiledBytes(GgmlType::Q8_0, 16, 256), static_cast<uint64_t>(TiledUnitBytes(GgmlType::Q8_0)));
+  EXPECT_EQ(TiledBytes(GgmlType::Q8_0, 16, 256), 16u * GgmlRowBytes(GgmlType::Q8_0, 256));
   EXPECT_EQ(TiledBytes(GgmlType::Q6_K, 17, 512), 2u * 2 * kTileUnitBytes);
   EXPECT_FALSE(TileRows(GgmlType::Q6_K, nullptr, 8, 16, 256, nullptr, nullptr).ok());
   // Up to 8 columns the block scales are read 16 bytes at a time: a misaligned xd is refused
