@@ -17,7 +17,8 @@ for f in "$BIN"/*; do
   t0=$SECONDS
   DS_TP_RANK_BIN=$(realpath -m "$BIN/ds_tp_rank") timeout 300 "$f" --gtest_color=no >"$LOG/$t.log" 2>&1
   r=$?
-  echo "$t: rc=$r in $((SECONDS - t0)) s; $(grep -E '^\[  (PASSED|FAILED)' "$LOG/$t.log" | tr '\n' ' ')"
+  echo "$t: rc=$r in $((SECONDS - t0)) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$LOG/$t.log" | tr '\n' ' ')"
+  grep -E "^\[  SKIPPED \] [A-Za-z]" "$LOG/$t.log" | head -5
   grep -E "^\[  FAILED  \]" "$LOG/$t.log" | head -5
   [ $r = 0 ] && pass "$t" || fail "$t"
 done
