@@ -290,10 +290,8 @@ absl::Status GemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream) {
     if (a.nc == 1) LaunchUnit<T, 1>(L, stream);
     else if (a.nc == 2) LaunchUnit<T, 2>(L, stream);
     else if (a.nc <= 4) LaunchUnit<T, 4>(L, stream);
-    else if constexpr (IsFloatType(T)) {
-      if (a.nc <= 6 && a.six_columns) LaunchUnit<T, 6>(L, stream);
-      else if (a.nc <= 8) LaunchUnit<T, 8>(L, stream);
-      else LaunchUnit<T, 16>(L, stream);
+    else if (IsFloatType(T) && a.six_columns && a.nc <= 6) {
+      if constexpr (IsFloatType(T)) LaunchUnit<T, 6>(L, stream);  // compiled for floats only
     } else if (a.nc <= 8) LaunchUnit<T, 8>(L, stream);
     else LaunchUnit<T, 16>(L, stream);
   });
