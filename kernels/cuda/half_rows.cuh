@@ -27,6 +27,21 @@ __device__ __forceinline__ uint2 HalfScaled4(float4 v, float scale) {
   return make_uint2(Bits(lo), Bits(hi));
 }
 
+// Stores HalfScaled4's pairs of elements 4i..4i+3 into a row: in order, or in the order of the
+// warpgroup (wgmma) matmul kernel (tiled_f16.cuh, TiledF16Scratch::warpgroup_order): within each
+// 16-element group, the pairs starting at elements 0, 4, 8, 12, then those at 2, 6, 10, 14. That
+// is the order in which the tiled weight fragments hold k (thread q: k = 4q..4q+3 at operand
+// positions 2q, 2q+1 and 2q+8, 2q+9), so the tensor core's B tile is a plain copy of the row.
+__device__ __forceinline__ void StoreHalf4(uint16_t* row, int i, uint2 h, bool warpgroup_order) {
+  if (!warpgroup_order) {
+    reinterpret_cast<uint2*>(row)[i] = h;
+    return;
+  }
+  uint32_t* group = reinterpret_cast<uint32_t*>(row) + 8 * (i >> 2);
+  group[i & 3] = h.x;
+  group[4 + (i & 3)] = h.y;
+}
+
 // The exact sum of the four f16 values of two pairs (double: a sub-block's 32 values span at most
 // 2^-24..2^16, so their sum in any order is exact).
 __device__ __forceinline__ double HalfSum4(uint2 h) {

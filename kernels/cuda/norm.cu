@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(1024) RmsNormWideKernel(const float* __restric
 __global__ void __launch_bounds__(1024)
     RmsNormHalfKernel(const float* __restrict__ x, const float* __restrict__ w,
                       float* __restrict__ out, uint16_t* __restrict__ xh, float* __restrict__ xs,
-                      uint16_t* __restrict__ sums, int n, float eps) {
+                      uint16_t* __restrict__ sums, int n, float eps, bool warpgroup_order) {
   __shared__ float scratch[32];
   WaitForPrerequisiteGrids();  // launched early: nothing before this
   AllowDependentLaunch();      // the f16 matmul after it may start loading its weights
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(1024)
   const int ex = HalfRowExponent(m);
   const float scale = ldexpf(1.f, 14 - ex);
   if (threadIdx.x == 0) xs[t] = ldexpf(1.f, ex - 14);
-  uint2* hr = reinterpret_cast<uint2*>(xh + static_cast<int64_t>(t) * n);
+  uint16_t* hr = xh + static_cast<int64_t>(t) * n;
   // Uniform trip count: with sums, every lane takes part in the shuffles (a 32-element sub-block
   // is 4 neighbouring lanes). The sums are exact (half_rows.cuh), so HalfActivations' bits.
   for (int base = 0; base < groups; base += blockDim.x) {
@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(1024)
     if (ok) {
       h0 = HalfScaled4(yr[2 * g], scale);
       h1 = HalfScaled4(yr[2 * g + 1], scale);
-      hr[2 * g] = h0;
-      hr[2 * g + 1] = h1;
+      StoreHalf4(hr, 2 * g, h0, warpgroup_order);
+      StoreHalf4(hr, 2 * g + 1, h1, warpgroup_order);
     }
     if (sums != nullptr) {
       const double sum = LaneGroupSum<4>(HalfSum4(h0) + HalfSum4(h1));
@@ -148,15 +148,19 @@ absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t*
 }
 
 absl::Status RmsNormHalf(const float* x, const float* w, float* out, uint16_t* xh, float* xs, int T,
-                         int n, float eps, cudaStream_t stream, bool early, uint16_t* sums) {
+                         int n, float eps, cudaStream_t stream, bool early, uint16_t* sums,
+                         bool warpgroup_order) {
   if (T == 0) return absl::OkStatus();
+  if (warpgroup_order && n % 16 != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("RmsNormHalf: the warpgroup order needs n % 16 == 0, n=", n));
   if (!WideOk(x, n, w, out, n) || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
     return absl::InvalidArgumentError(
         "RmsNormHalf: x, w, out need 16-byte and xh 8-byte alignment, n % 8 == 0");
   if (sums != nullptr && n % 32 != 0)
     return absl::InvalidArgumentError(absl::StrCat("RmsNormHalf: sums need n % 32 == 0, n=", n));
   LaunchMaybeEarly(RmsNormHalfKernel, T, WideThreads(n), 0, stream, early, x, w, out, xh, xs, sums,
-                   n, eps);
+                   n, eps, warpgroup_order);
   return LastLaunchStatus("RmsNormHalf");
 }
 

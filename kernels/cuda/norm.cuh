@@ -26,9 +26,10 @@ absl::Status RmsNormQuantize(const float* x, const float* w, float* out, int8_t*
 // TiledF16Multi (xh: [T, n], xs: [T]), bit for bit what HalfActivations makes of `out`.
 // n % 8 == 0; x, w and out 16-byte aligned, xh 8-byte aligned.
 // `early`: launched early (common.cuh, LaunchMaybeEarly). `sums` (optional, n % 32 == 0): the
-// sub-block sums HalfActivations' `sums` gives, bit for bit.
+// sub-block sums HalfActivations' `sums` gives, bit for bit. `warpgroup_order` (n % 16 == 0): xh
+// in the wgmma kernel's order, as HalfActivations' own flag.
 absl::Status RmsNormHalf(const float* x, const float* w, float* out, uint16_t* xh, float* xs,
                          int T, int n, float eps, cudaStream_t stream, bool early = false,
-                         uint16_t* sums = nullptr);
+                         uint16_t* sums = nullptr, bool warpgroup_order = false);
 
 }  // namespace ds::cuda

@@ -15,6 +15,7 @@
 #include "kernels/cuda/tiled_f16.cuh"
 #include "kernels/cuda/tiled_f16_codecs.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -47,18 +48,50 @@ struct F16Launch {
   int* tickets;
 };
 
+// The warpgroup form's product of one 16-element step: D (64 rows x 8 NT columns) += A (the
+// warpgroup's four 16-row fragments) B (by descriptor).
+template <int NT>
+__device__ __forceinline__ void WgmmaColumns(float (&d)[NT * 4], const uint32_t (&a)[4],
+                                             uint64_t desc, int accumulate) {
+  if constexpr (NT == 1) WgmmaM64N8K16RS(d, a, desc, accumulate);
+  if constexpr (NT == 2) WgmmaM64N16K16RS(d, a, desc, accumulate);
+  if constexpr (NT == 4) WgmmaM64N32K16RS(d, a, desc, accumulate);
+  if constexpr (NT == 8) WgmmaM64N64K16RS(d, a, desc, accumulate);
+}
+
+// Steps per commit group of the wgmma form: a group's A fragments stay in registers until the
+// group after it was issued (double-buffered), so 2 x kWgGroup x 4 registers hold them.
+constexpr int kWgGroup = 2;
+
+__global__ void WgmmaProbeKernel(int* out) { *out = DS_WGMMA; }
+
 // Block = 8 warps, one 16-row tile each (the pair: 4 tiles of the gate and of the up matrix,
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
-// warp reads its B fragments from there.
-template <class Codec, int NT, bool kPair, bool kCluster>
+// warp reads its B fragments from there (mma.sync), or (kWgmma) each warpgroup's four warps give
+// their A fragments to one wgmma per step that reads B from the staged tile itself.
+template <class Codec, int NT, bool kPair, bool kCluster, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
+#if !DS_WGMMA
+  if constexpr (kWgmma) {
+    __trap();  // never launched: TiledF16WgmmaAvailable() is false without sm_90a code
+    return;
+  }
+#endif
   constexpr int NCB = NT * 8;
   constexpr int TPB = kPair ? kWarps / 2 : kWarps;
-  constexpr int kStage = NCB * kXCol;
+  // mma.sync: a column's unit padded (kXCol); wgmma: 4 swizzled K-major tiles of NCB rows x 128
+  // bytes (64 k each), 1024-aligned.
+  constexpr int kStage = kWgmma ? NCB * 2 * kUnitElems : NCB * kXCol;
   constexpr int kSumsStage = NCB * 16;  // kMins: a column's 8 sub-block sums of the unit
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last_block;
+  // The stages (and the sums after them) start at the first 1024-aligned shared address; the
+  // epilogues below reuse smem from its start (StageBytes counts the slack).
+  uint8_t* const stages =
+      kWgmma ? smem + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) & 1023u)) &
+                       1023u)
+             : smem;
   int si = 0;
 #pragma unroll
   for (int i = 1; i < kGemvMaxSegs; ++i)
@@ -79,14 +112,19 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // Unit u's activations of every column into buffer b (columns past nc copy column nc - 1;
   // their results are never stored).
   auto stage = [&](int u, int b) {
-    uint8_t* xs = smem + b * kStage;
+    uint8_t* xs = stages + b * kStage;
     for (int i = tid; i < NCB * 32; i += kThreads) {
       const int c = i >> 5, k8 = i & 31;
-      CpAsync16(xs + c * kXCol + 16 * k8,
-                a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
+      // wgmma: 16-byte chunk k8 of the column's 512 bytes is chunk k8 % 8 of row c of tile k8 / 8
+      // (the activations come in the kernel's order, so the chunk is a plain copy). (Offsets
+      // computed once per thread with zero-filled columns past nc instead measured 3-6% slower
+      // on an H100 at every column count.)
+      uint8_t* dst = kWgmma ? xs + (k8 >> 3) * (NCB * 128) + SwizzledOffset(c, k8 & 7)
+                            : xs + c * kXCol + 16 * k8;
+      CpAsync16(dst, a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
     }
     if constexpr (Codec::kMins) {
-      uint8_t* ms = smem + 2 * kStage + b * kSumsStage;
+      uint8_t* ms = stages + 2 * kStage + b * kSumsStage;
       for (int c = tid; c < NCB; c += kThreads)
         CpAsync16(ms + 16 * c, a.xhs + static_cast<int64_t>(min(c, nc - 1)) * (a.K / 32) + 8 * u);
     }
@@ -97,6 +135,13 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  // wgmma: the unit's sums (D: d[4j + e] is mma.sync's c[e] of n-tile j), reused every unit.
+  float wd[NT * 4];
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) wd[i] = 0.f;
+  // A wgmma is issued by all four warps of a warpgroup: a warp past the last tile runs it on
+  // tile 0's weights (its rows are never stored).
+  const bool loads = active || kWgmma;
 
   // Up to 32 columns the next unit's weights are loaded into registers a whole unit ahead, so
   // their latency hides behind this unit's mma instead of after the barrier (H200, 27B: gate+up
@@ -105,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // SM): x64 1,765 -> 1,709, so that form loads at the top of its unit as before.
   constexpr bool kPrefetch = NT <= Codec::kPrefetchMaxNt;
   typename Codec::Unit next;
-  if (kPrefetch && active && u0 < u1)
+  if (kPrefetch && loads && u0 < u1)
     Codec::Load(next, wt + static_cast<int64_t>(u0) * Codec::kUnitBytes, lane);
   // Launched early (GemvArgs::early_launch): only the weights above before the kernel ahead is
   // done; the activations, their scales and the outputs after.
@@ -117,16 +162,51 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     typename Codec::Unit tu;
     if constexpr (kPrefetch) {
       tu = next;
-      if (active && u + 1 < u1)
+      if (loads && u + 1 < u1)
         Codec::Load(next, wt + static_cast<int64_t>(u + 1) * Codec::kUnitBytes, lane);
-    } else if (active) {
+    } else if (loads) {
       Codec::Load(tu, wt + static_cast<int64_t>(u) * Codec::kUnitBytes, lane);
     }
     if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
+    if constexpr (kWgmma) FenceProxyAsyncShared();  // this thread's copies, before wgmma reads them
     __syncthreads();
-    if (active) {
+#if DS_WGMMA
+    if constexpr (kWgmma) {
+      Codec::Prepare(tu);
+      // 16 steps of one wgmma each, in commit groups of kWgGroup: group i's fragments are decoded
+      // while group i - 1 runs, and their registers are reused only after its wait.
+      const uint32_t xb = static_cast<uint32_t>(__cvta_generic_to_shared(stages + b * kStage));
+      uint32_t A[2][kWgGroup][4];
+      WgmmaFenceOperands(wd);
+#pragma unroll
+      for (int grp = 0; grp < 16 / kWgGroup; ++grp) {
+#pragma unroll
+        for (int i = 0; i < kWgGroup; ++i) Codec::Operands(tu, grp * kWgGroup + i, A[grp & 1][i]);
+        WgmmaFence();
+#pragma unroll
+        for (int i = 0; i < kWgGroup; ++i) {
+          const int s = grp * kWgGroup + i;
+          WgmmaColumns<NT>(wd, A[grp & 1][i],
+                           WgmmaDesc(xb + (s >> 2) * (NCB * 128) + (s & 3) * 32), s > 0);
+        }
+        WgmmaCommit();
+        if (grp > 0) WgmmaWait<1>();
+      }
+      WgmmaWait<0>();
+      WgmmaFenceOperands(wd);
+      const float2 dd = Codec::D(tu);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[j][0] = fmaf(dd.x, wd[4 * j + 0], acc[j][0]);
+        acc[j][1] = fmaf(dd.x, wd[4 * j + 1], acc[j][1]);
+        acc[j][2] = fmaf(dd.y, wd[4 * j + 2], acc[j][2]);
+        acc[j][3] = fmaf(dd.y, wd[4 * j + 3], acc[j][3]);
+      }
+    }
+#endif
+    if (!kWgmma && active) {
       Codec::Prepare(tu);
       // Thread (g, q) reads column 8j + g at k = 16s + 4q .. +3: f16 positions 2q, 2q + 1 (b0)
       // and 2q + 8, 2q + 9 (b1) of the mma hold k = 4q, 4q + 1 and 4q + 2, 4q + 3; the A
@@ -155,6 +235,8 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         acc[j][2] = fmaf(dd.y, cu[j][2], acc[j][2]);
         acc[j][3] = fmaf(dd.y, cu[j][3], acc[j][3]);
       }
+    }
+    if (active) {
       if constexpr (Codec::kMins) {
         // The minimum term: one m16n8k8 per n-tile of the mins (rows g, g + 8; sub-blocks 2q,
         // 2q + 1) and the staged sub-block sums (column 8j + g, the same sub-blocks), exact
@@ -162,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         // columns x 16 bytes: 32 banks.
         uint32_t am[2];
         Codec::MinOperands(tu, q, am);
-        const uint8_t* ms = smem + 2 * kStage + b * kSumsStage + g * 16 + 4 * q;
+        const uint8_t* ms = stages + 2 * kStage + b * kSumsStage + g * 16 + 4 * q;
         const float2 dm = Codec::Dmin(tu);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -342,10 +424,12 @@ bool ClustersAvailable() {
 }
 
 // Dynamic shared memory of the NT form: two stages of every column's unit of activations (also
-// the pair's hand-over and the cluster's sums after the loop).
-template <class Codec, int NT>
+// the pair's hand-over and the cluster's sums after the loop); the wgmma form's stages unpadded
+// behind up to 1024 bytes of alignment slack.
+template <class Codec, int NT, bool kWgmma>
 constexpr int StageBytes() {
-  constexpr int bytes = 2 * NT * 8 * kXCol + (Codec::kMins ? 2 * NT * 8 * 16 : 0);
+  constexpr int bytes = kWgmma ? 1024 + 2 * NT * 8 * 2 * kUnitElems + (Codec::kMins ? 2 * NT * 8 * 16 : 0)
+                               : 2 * NT * 8 * kXCol + (Codec::kMins ? 2 * NT * 8 * 16 : 0);
   static_assert(bytes >= kWarps / 2 * kTiledRows * NT * 8 * 4,
                 "the pair's hand-over must fit the stages");
   static_assert(bytes >= kBlockRows * NT * 8 * 4, "the cluster's sums must fit the stages");
@@ -353,23 +437,24 @@ constexpr int StageBytes() {
 }
 
 // Raises the form's dynamic shared-memory limit, once; the result of that call.
-template <class Codec, int NT, bool kPair, bool kCluster>
+template <class Codec, int NT, bool kPair, bool kCluster, bool kWgmma>
 cudaError_t RaiseSmemLimit() {
-  static const cudaError_t e = cudaFuncSetAttribute(TiledF16Kernel<Codec, NT, kPair, kCluster>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    StageBytes<Codec, NT>());
+  static const cudaError_t e =
+      cudaFuncSetAttribute(TiledF16Kernel<Codec, NT, kPair, kCluster, kWgmma>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           StageBytes<Codec, NT, kWgmma>());
   return e;
 }
 
 // A launch in clusters of `split` consecutive blocks (one row block each); `at` holds the
 // attributes cfg points at.
-template <class Codec, int NT>
+template <class Codec, int NT, bool kWgmma>
 cudaLaunchConfig_t ClusterLaunch(int blocks, int split, bool early, cudaStream_t stream,
                                  cudaLaunchAttribute (&at)[2]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = StageBytes<Codec, NT>();
+  cfg.dynamicSmemBytes = StageBytes<Codec, NT, kWgmma>();
   cfg.stream = stream;
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = split;
@@ -382,21 +467,21 @@ cudaLaunchConfig_t ClusterLaunch(int blocks, int split, bool early, cudaStream_t
   return cfg;
 }
 
-template <class Codec, int NT, bool kPair, bool kCluster>
+template <class Codec, int NT, bool kPair, bool kCluster, bool kWgmma>
 absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
-  auto* kernel = TiledF16Kernel<Codec, NT, kPair, kCluster>;
-  const cudaError_t attr = RaiseSmemLimit<Codec, NT, kPair, kCluster>();
+  auto* kernel = TiledF16Kernel<Codec, NT, kPair, kCluster, kWgmma>;
+  const cudaError_t attr = RaiseSmemLimit<Codec, NT, kPair, kCluster, kWgmma>();
   if (attr != cudaSuccess)
     return absl::InternalError(absl::StrCat("TiledF16Multi: shared memory ",
-                                            StageBytes<Codec, NT>(), ": ",
+                                            StageBytes<Codec, NT, kWgmma>(), ": ",
                                             cudaGetErrorString(attr)));
   if constexpr (kCluster) {
     cudaLaunchAttribute at[2];
     const cudaLaunchConfig_t cfg =
-        ClusterLaunch<Codec, NT>(blocks, L.split, L.seg[0].early_launch, stream, at);
+        ClusterLaunch<Codec, NT, kWgmma>(blocks, L.split, L.seg[0].early_launch, stream, at);
     (void)cudaLaunchKernelEx(&cfg, kernel, L);
   } else {
-    LaunchMaybeEarly(kernel, blocks, kThreads, StageBytes<Codec, NT>(), stream,
+    LaunchMaybeEarly(kernel, blocks, kThreads, StageBytes<Codec, NT, kWgmma>(), stream,
                      L.seg[0].early_launch, L);
   }
   return LastLaunchStatus("TiledF16Kernel");
@@ -404,16 +489,17 @@ absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
 
 // Clusters of `split` blocks of this kernel the device holds at once (0: none fit), once per
 // (form, split).
-template <class Codec, int NT, bool kPair>
+template <class Codec, int NT, bool kPair, bool kWgmma>
 int ActiveClusters(int split) {
   static std::atomic<int> cache[kMaxSplit + 1] = {};  // the count + 1; 0: not queried yet
   if (cache[split].load(std::memory_order_relaxed) == 0) {
     cudaLaunchAttribute at[2];
-    const cudaLaunchConfig_t cfg = ClusterLaunch<Codec, NT>(split, split, false, nullptr, at);
+    const cudaLaunchConfig_t cfg =
+        ClusterLaunch<Codec, NT, kWgmma>(split, split, false, nullptr, at);
     int n = 0;
-    if (RaiseSmemLimit<Codec, NT, kPair, true>() != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&n, TiledF16Kernel<Codec, NT, kPair, true>, &cfg) !=
-            cudaSuccess) {
+    if (RaiseSmemLimit<Codec, NT, kPair, true, kWgmma>() != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&n, TiledF16Kernel<Codec, NT, kPair, true, kWgmma>,
+                                       &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
       n = 0;
     }
@@ -431,38 +517,46 @@ int ActiveClusters(int split) {
 // four waves) 88.6 / 90.5 at 24-32 columns and 136.0 / 142.1 at 64, but 72.3 / 69.2 at 16 and
 // 61.3 / 57.6 at 8: with several waves a cluster's blocks leave together, so the slots of the
 // next ones free in groups, which only the larger reductions outweigh.
-template <class Codec, int NT>
+template <class Codec, int NT, bool kWgmma>
 absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t stream) {
   const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
   if (cluster) {
-    const int fit = pair ? ActiveClusters<Codec, NT, true>(L.split)
-                         : ActiveClusters<Codec, NT, false>(L.split);
+    const int fit = pair ? ActiveClusters<Codec, NT, true, kWgmma>(L.split)
+                         : ActiveClusters<Codec, NT, false, kWgmma>(L.split);
     const int waves = CeilDiv(blocks, Slots());
     cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4);
   }
   if (cluster)
-    return pair ? LaunchOne<Codec, NT, true, true>(L, blocks, stream)
-                : LaunchOne<Codec, NT, false, true>(L, blocks, stream);
-  return pair ? LaunchOne<Codec, NT, true, false>(L, blocks, stream)
-              : LaunchOne<Codec, NT, false, false>(L, blocks, stream);
+    return pair ? LaunchOne<Codec, NT, true, true, kWgmma>(L, blocks, stream)
+                : LaunchOne<Codec, NT, false, true, kWgmma>(L, blocks, stream);
+  return pair ? LaunchOne<Codec, NT, true, false, kWgmma>(L, blocks, stream)
+              : LaunchOne<Codec, NT, false, false, kWgmma>(L, blocks, stream);
 }
 
 // The launch for nc columns: 8-column n-tiles, NT of them.
+template <class Codec, bool kWgmma>
+absl::Status LaunchCodecForm(const F16Launch& L, int nc, int blocks, bool cluster,
+                             cudaStream_t stream) {
+  if (nc <= 8) return LaunchNt<Codec, 1, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 16) return LaunchNt<Codec, 2, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 32) return LaunchNt<Codec, 4, kWgmma>(L, blocks, cluster, stream);
+  return LaunchNt<Codec, 8, kWgmma>(L, blocks, cluster, stream);
+}
 template <class Codec>
-absl::Status LaunchCodec(const F16Launch& L, int nc, int blocks, bool cluster, cudaStream_t stream) {
-  if (nc <= 8) return LaunchNt<Codec, 1>(L, blocks, cluster, stream);
-  if (nc <= 16) return LaunchNt<Codec, 2>(L, blocks, cluster, stream);
-  if (nc <= 32) return LaunchNt<Codec, 4>(L, blocks, cluster, stream);
-  return LaunchNt<Codec, 8>(L, blocks, cluster, stream);
+absl::Status LaunchCodec(const F16Launch& L, int nc, int blocks, bool cluster, bool wgmma,
+                         cudaStream_t stream) {
+  return wgmma ? LaunchCodecForm<Codec, true>(L, nc, blocks, cluster, stream)
+               : LaunchCodecForm<Codec, false>(L, nc, blocks, cluster, stream);
 }
 
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
-                                      float* __restrict__ xs, uint16_t* __restrict__ sums) {
+                                      float* __restrict__ xs, uint16_t* __restrict__ sums,
+                                      bool warpgroup_order) {
   __shared__ float scratch[32];
   WaitForPrerequisiteGrids();  // launched early: nothing before this
   AllowDependentLaunch();
   const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * K);
-  uint2* hr = reinterpret_cast<uint2*>(xh + static_cast<int64_t>(blockIdx.x) * K);
+  uint16_t* hr = xh + static_cast<int64_t>(blockIdx.x) * K;
   float m = 0.f;
   for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
     const float4 v = xr[i];
@@ -480,7 +574,7 @@ __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16
     uint2 h = make_uint2(0u, 0u);
     if (ok) {
       h = HalfScaled4(xr[i], scale);
-      hr[i] = h;
+      StoreHalf4(hr, i, h, warpgroup_order);
     }
     if (sums != nullptr) {
       const double sum = LaneGroupSum<8>(HalfSum4(h));
@@ -511,6 +605,11 @@ int SplitFor(int rb, int K) {
 
 }  // namespace
 
+bool TiledF16WgmmaAvailable() {
+  static const bool available = ProbeWritesOne(WgmmaProbeKernel, 90, 90);
+  return available;
+}
+
 int64_t TiledF16PartialFloats(int max_cols) {
   // split x row blocks <= kSplitBlocks; a block holds 128 rows of one matrix or 64 of two.
   return static_cast<int64_t>(kSplitBlocks) * kBlockRows * max_cols;
@@ -518,13 +617,16 @@ int64_t TiledF16PartialFloats(int max_cols) {
 int TiledF16Tickets() { return kMaxTickets; }
 
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
-                             cudaStream_t stream, bool early, uint16_t* sums) {
-  if (R <= 0 || K <= 0 || K % (sums ? 32 : 4) != 0)
+                             cudaStream_t stream, bool early, uint16_t* sums,
+                             bool warpgroup_order) {
+  if (R <= 0 || K <= 0 || K % (sums ? 32 : warpgroup_order ? 16 : 4) != 0)
     return absl::InvalidArgumentError(
-        absl::StrCat("HalfActivations: R=", R, " K=", K, sums ? " (sums need K % 32 == 0)" : ""));
+        absl::StrCat("HalfActivations: R=", R, " K=", K, sums ? " (sums need K % 32 == 0)" : "",
+                     warpgroup_order ? " (the warpgroup order needs K % 16 == 0)" : ""));
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
     return absl::InvalidArgumentError("HalfActivations: x / xh misaligned");
-  LaunchMaybeEarly(HalfActivationsKernel, R, 256, 0, stream, early, x, K, xh, xs, sums);
+  LaunchMaybeEarly(HalfActivationsKernel, R, 256, 0, stream, early, x, K, xh, xs, sums,
+                   warpgroup_order);
   return LastLaunchStatus("HalfActivationsKernel");
 }
 
@@ -595,13 +697,17 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     L.tickets = scratch.tickets;
   }
   const bool cluster = split > 1 && scratch.cluster_split && ClustersAvailable();
+  const bool wg = scratch.warpgroup_order;
+  if (wg && !TiledF16WgmmaAvailable())
+    return absl::FailedPreconditionError(
+        "TiledF16Multi: the warpgroup order needs the wgmma kernel (sm_90a code on an sm_90 GPU)");
   switch (b.type) {
-    case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, stream);
-    case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, stream);
-    case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, stream);
-    case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, stream);
-    case GgmlType::IQ4_NL: return LaunchCodec<Iq4NlCodec>(L, b.nc, end, cluster, stream);
-    default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, stream);
+    case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::IQ4_NL: return LaunchCodec<Iq4NlCodec>(L, b.nc, end, cluster, wg, stream);
+    default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, wg, stream);
   }
 }
 

@@ -38,9 +38,12 @@ constexpr int kTiledF16MaxCols = kTiledMaxCols;
 // K % 4 == 0, x 16-byte and xh 8-byte aligned. CPU twin: cpu::HalfActivationsRow.
 // `early`: launched early (common.cuh, LaunchMaybeEarly). `sums` (optional, K % 32 == 0): [R,
 // K/32] the 2^-6 scaled f16 sums of xh's 32-element sub-blocks (GemvArgs::xhs, which tiled
-// Q4_K / Q5_K need), exactly cpu::HalfSubBlockSums.
+// Q4_K / Q5_K need), exactly cpu::HalfSubBlockSums. `warpgroup_order` (K % 16 == 0): xh in the
+// order the wgmma kernel reads (TiledF16Scratch::warpgroup_order; half_rows.cuh, StoreHalf4):
+// the same values, permuted within each 16-element group; xs and the sums are unchanged.
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
-                             cudaStream_t stream, bool early = false, uint16_t* sums = nullptr);
+                             cudaStream_t stream, bool early = false, uint16_t* sums = nullptr,
+                             bool warpgroup_order = false);
 
 // Device scratch of the launches that split K over blocks (the narrow matrices): partial sums
 // and one ticket per 128-row block (zero at allocation; each launch leaves them zero).
@@ -53,7 +56,16 @@ struct TiledF16Scratch {
   // shared memory) instead of this scratch where the clusters fit (TiledF16Multi decides); false
   // keeps the scratch path everywhere (tests and A/B: both give the same bits).
   bool cluster_split = true;
+  // Every launch on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a; available where
+  // TiledF16WgmmaAvailable()) instead of mma.sync: the tensor cores read the activations from
+  // shared memory themselves, 64 rows at a time, so the per-column work of the warps (a shared
+  // load and an mma per 8 columns and 16 rows) is gone. The activations must then be in that
+  // kernel's order (HalfActivations / RmsNormHalf with warpgroup_order). The same operands, sums
+  // of exact products in f32 per 256-element unit: tiled_f16_cuda_test compares both kernels.
+  bool warpgroup_order = false;
 };
+// Whether this build and device run the wgmma form (sm_90a code on an sm_90 device), once.
+bool TiledF16WgmmaAvailable();
 // Scratch that any launch of up to `max_cols` columns fits in.
 int64_t TiledF16PartialFloats(int max_cols);
 int TiledF16Tickets();

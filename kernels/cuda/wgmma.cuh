@@ -117,6 +117,48 @@ __device__ __forceinline__ void WgmmaM64N64K16RS(float (&d)[32], const uint32_t 
 #endif
 }
 
+// The narrower products with A from registers, for the tiled f16 matmul's column counts (tiled_f16.cu:
+// N = 8 x its n-tiles); the same layouts as WgmmaM64N64K16RS.
+
+__device__ __forceinline__ void WgmmaM64N8K16RS(float (&d)[4], const uint32_t (&a)[4],
+                                                 uint64_t b_desc, int accumulate) {
+#if DS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+      "{%0,%1,%2,%3}, "
+      "{%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+#endif
+}
+
+__device__ __forceinline__ void WgmmaM64N16K16RS(float (&d)[8], const uint32_t (&a)[4],
+                                                 uint64_t b_desc, int accumulate) {
+#if DS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, "
+      "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+#endif
+}
+
+__device__ __forceinline__ void WgmmaM64N32K16RS(float (&d)[16], const uint32_t (&a)[4],
+                                                 uint64_t b_desc, int accumulate) {
+#if DS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+#endif
+}
+
 __device__ __forceinline__ void WgmmaM64N128K16RS(float (&d)[64], const uint32_t (&a)[4],
                                                   uint64_t b_desc, int accumulate) {
 #if DS_WGMMA

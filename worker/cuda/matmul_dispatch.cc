@@ -80,7 +80,8 @@ absl::Status CudaDevice::EnsureQuantized(const float* x, int R, int K) {
 absl::Status CudaDevice::EnsureHalfColumns(const float* x, int R, int K) {
   if (xf_src_ == x && xf_rows_ == R) return absl::OkStatus();
   DS_RETURN_IF_ERROR(HalfActivations(x, R, K, xf_, xf_scale_, stream_, early_launch_,
-                                     kq_tiled_ ? xf_sums_ : nullptr));
+                                     kq_tiled_ ? xf_sums_ : nullptr,
+                                     f16_scratch_.warpgroup_order));
   xf_src_ = x;
   xf_rows_ = R;
   return absl::OkStatus();
@@ -472,9 +473,10 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
   const int H = cfg_.n_embd;
   InvalidateX();
   // Steps whose trunk matmuls take the f16 kernel get its activations from the norm itself.
-  if (trunk_tiled_ && F16ColumnRows(R) && H % 8 == 0) {
+  if (trunk_tiled_ && F16ColumnRows(R) && H % 16 == 0) {
     DS_RETURN_IF_ERROR(RmsNormHalf(h_, w, a_, xf_, xf_scale_, R, H, cfg_.rms_eps, stream_,
-                                   early_launch_, kq_tiled_ ? xf_sums_ : nullptr));
+                                   early_launch_, kq_tiled_ ? xf_sums_ : nullptr,
+                                   f16_scratch_.warpgroup_order));
     xf_src_ = a_;
     xf_rows_ = R;
     return absl::OkStatus();

@@ -117,10 +117,10 @@ struct Case {
 };
 
 // GPU vs the CPU reference of the f16 operands (tight) and vs the f32 product (f16 rounding
-// bound); returns the outputs.
-std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
+// bound); returns the outputs. `wgmma`: the warpgroup form, on the activations in its order.
+std::vector<float> RunCase(const Case& c, const Scratch& scratch, bool wgmma = false) {
   SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " nc=" << c.nc
-                                    << " ep=" << static_cast<int>(c.ep));
+                                    << " ep=" << static_cast<int>(c.ep) << " wgmma=" << wgmma);
   const bool pair = c.ep == GemvEpilogue::kSiluMul;
   const auto w = RandomQ6K(c.M, c.K);
   const auto w2 = pair ? RandomQ6K(c.M, c.K) : std::vector<uint8_t>(1);
@@ -132,16 +132,18 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
   Dev<uint8_t> tw = Tile(dw, c.M, c.K);
   Dev<uint8_t> tw2 = pair ? Tile(dw2, c.M, c.K) : Dev<uint8_t>(1);
   HalfActs h = Convert(x, c.nc, c.K);
+  Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
   GemvArgs a = F16Args(tw.p, tw2.p, c.M, c.K, c.nc, h, nullptr, c.ep);
+  if (wgmma) a.xh = xh_wg.p;
   Dev<float> y(y0);
   a.y = y.p;
-  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(true, wgmma), nullptr).ok());
   const auto got = y.Down();
   // Twice more into fresh outputs: the same bits (the K split's tickets were reset).
   for (int rep = 0; rep < 2; ++rep) {
     Dev<float> y2(y0);
     a.y = y2.p;
-    EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+    EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(true, wgmma), nullptr).ok());
     const auto again = y2.Down();
     EXPECT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4)) << "run " << rep + 2;
   }
@@ -197,6 +199,87 @@ TEST(TiledF16, ModelShapes27B) {
   RunCase({5120, 17408, 48, GemvEpilogue::kAccumulate, 97}, s);
   RunCase({10240, 5120, 16, GemvEpilogue::kStore, 101}, s);
   RunCase({5120, 6144, 33, GemvEpilogue::kAccumulate, 89}, s);
+}
+
+// The warpgroup order of the activations: HalfActivations and RmsNormHalf with the flag write
+// the plain bits permuted exactly as the definition (WarpgroupOrder) says, scales and sub-block
+// sums unchanged; a K that is not a multiple of 16 is refused.
+TEST(TiledF16Wgmma, WarpgroupOrderOfTheActivations) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  for (int n : {256, 768, 5120}) {
+    const int T = 3;
+    const auto x = RandomActs(T, n);
+    Dev<float> dx(x);
+    Dev<uint16_t> plain(x.size()), wg(x.size()), sums_p(x.size() / 16), sums_w(x.size() / 16);
+    Dev<float> xs_p(T), xs_w(T);
+    ASSERT_OK(HalfActivations(dx.p, T, n, plain.p, xs_p.p, nullptr, false, sums_p.p));
+    ASSERT_OK(HalfActivations(dx.p, T, n, wg.p, xs_w.p, nullptr, false, sums_w.p, true));
+    const auto want = WarpgroupOrder(plain.Down());
+    EXPECT_EQ(wg.Down(), want) << n;
+    if (n > 256) EXPECT_NE(wg.Down(), plain.Down()) << n;  // (n = 256: one all-zero block)
+    EXPECT_EQ(xs_w.Down(), xs_p.Down()) << n;
+    EXPECT_EQ(sums_w.Down(), sums_p.Down()) << n;
+    std::vector<float> w(n, 1.25f);
+    Dev<float> dw(w), out(x.size());
+    Dev<uint16_t> normed(x.size());
+    ASSERT_OK(RmsNormHalf(dx.p, dw.p, out.p, plain.p, xs_p.p, T, n, 1e-6f, nullptr));
+    ASSERT_OK(RmsNormHalf(dx.p, dw.p, out.p, normed.p, xs_w.p, T, n, 1e-6f, nullptr, false,
+                          nullptr, true));
+    EXPECT_EQ(normed.Down(), WarpgroupOrder(plain.Down())) << n;
+  }
+  Dev<float> dx(24);
+  Dev<uint16_t> xh(24);
+  Dev<float> xs(1);
+  EXPECT_FALSE(HalfActivations(dx.p, 1, 24, xh.p, xs.p, nullptr, false, nullptr, true).ok());
+}
+
+// The wgmma form against the CPU reference: every column count, the three epilogues, K splits
+// (through clusters and the scratch), the 27B shapes.
+TEST(TiledF16Wgmma, WithinTheReference) {
+  if (!HaveWgmma()) GTEST_SKIP() << "needs sm_90a code on an sm_90 GPU";
+  Scratch s;
+  for (int nc = 1; nc <= 64; ++nc) RunCase({37, 768, nc, GemvEpilogue::kStore}, s, true);
+  for (int nc : {1, 9, 17, 33, 64}) RunCase({21, 512, nc, GemvEpilogue::kSiluMul}, s, true);
+  for (int nc : {5, 16, 40, 64}) RunCase({50, 1280, nc, GemvEpilogue::kAccumulate}, s, true);
+  RunCase({700, 4352, 24, GemvEpilogue::kStore, 3}, s, true);
+  for (int nc : {17, 40}) RunCase({300, 2048, nc, GemvEpilogue::kSiluMul, 7}, s, true);
+  RunCase({17408, 5120, 64, GemvEpilogue::kSiluMul, 211}, s, true);
+  RunCase({5120, 17408, 48, GemvEpilogue::kAccumulate, 97}, s, true);
+  RunCase({10240, 5120, 16, GemvEpilogue::kStore, 101}, s, true);
+}
+
+// The same f16 operands summed per 256-element unit in f32 by the tensor cores: the wgmma form
+// gives the mma.sync form's bits, at every column count (so a decode row's numbers do not depend
+// on which form its step took), through clusters and the scratch alike.
+TEST(TiledF16Wgmma, SameBitsAsMmaSync) {
+  if (!HaveWgmma()) GTEST_SKIP() << "needs sm_90a code on an sm_90 GPU";
+  Scratch s;
+  for (const auto& [M, K, ep] : {std::tuple{40, 1024, GemvEpilogue::kStore},
+                                 std::tuple{2000, 2048, GemvEpilogue::kAccumulate},
+                                 std::tuple{300, 2048, GemvEpilogue::kSiluMul},
+                                 std::tuple{5120, 17408, GemvEpilogue::kStore},
+                                 std::tuple{17408, 5120, GemvEpilogue::kSiluMul}}) {
+    Dev<uint8_t> raw(RandomQ6K(M, K)), raw2(RandomQ6K(M, K));
+    Dev<uint8_t> t = Tile(raw, M, K), t2 = Tile(raw2, M, K);
+    const auto x = RandomActs(64, K);
+    HalfActs h = Convert(x, 64, K);
+    Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
+    for (int nc : {1, 8, 9, 16, 24, 33, 64}) {
+      std::vector<float> y0(static_cast<size_t>(nc) * M);
+      for (size_t i = 0; i < y0.size(); ++i) y0[i] = 0.001f * static_cast<float>(i % 977);
+      std::vector<float> got[3];
+      for (int form = 0; form < 3; ++form) {  // mma.sync; wgmma with clusters; wgmma, scratch
+        Dev<float> y(y0);
+        GemvArgs a = F16Args(t.p, t2.p, M, K, nc, h, y.p, ep);
+        if (form > 0) a.xh = xh_wg.p;
+        ASSERT_OK(TiledF16Multi(&a, 1, s.get(form != 2, form > 0), nullptr));
+        got[form] = y.Down();
+      }
+      for (int form = 1; form < 3; ++form)
+        EXPECT_EQ(0, std::memcmp(got[form].data(), got[0].data(), got[0].size() * 4))
+            << "M=" << M << " K=" << K << " nc=" << nc << " form " << form;
+    }
+  }
 }
 
 // A column's result is the same bits whatever the column count (the decode rows of a batch do
@@ -374,8 +457,8 @@ TEST(TiledF16Timing, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch scratch;
   const MmqShape mmq_shapes[] = {{2, 2, 0}, {4, 2, 0}, {2, 2, 32}};
-  std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best", "f16",
-              "f16 scr.", "convert", "GB/s f16");
+  std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best",
+              "f16", "f16 scr.", "wgmma", "wg scr.", "convert", "GB/s best");
   for (const Matrix27B& m : k27BMatrices) {
     const RotatingTiled w(Rng(), m);
     const auto x = RandomActs(64, m.K);
@@ -384,6 +467,7 @@ TEST(TiledF16Timing, Table27B) {
     Dev<float> dd(x.size() / 32);
     ASSERT_OK(QuantizeActivations(dx.p, 64, m.K, dq.p, dd.p, nullptr));
     HalfActs h = Convert(x, 64, m.K);
+    Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
     Dev<float> y(static_cast<size_t>(64) * m.M);
     CK(cudaMemset(y.p, 0, y.n * 4));
     for (int nc : {8, 12, 16, 24, 32, 48, 64}) {
@@ -413,10 +497,24 @@ TEST(TiledF16Timing, Table27B) {
         const GemvArgs a = args(rep);
         return TiledF16Multi(&a, 1, scratch.get(false), nullptr);
       });
+      double twg = 0, twgs = 0;
+      if (HaveWgmma()) {
+        twg = MedianLaunchUs([&](int rep) {
+          GemvArgs a = args(rep);
+          a.xh = xh_wg.p;
+          return TiledF16Multi(&a, 1, scratch.get(true, true), nullptr);
+        });
+        twgs = MedianLaunchUs([&](int rep) {
+          GemvArgs a = args(rep);
+          a.xh = xh_wg.p;
+          return TiledF16Multi(&a, 1, scratch.get(false, true), nullptr);
+        });
+      }
       const double tc = MedianLaunchUs(
           [&](int) { return HalfActivations(dx.p, nc, m.K, h.xh.p, h.xs.p, nullptr); });
-      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt, mmq, tf, tscr,
-                  tc, w.tb * (w.pair ? 2.0 : 1.0) / (tf * 1e-6) / 1e9);
+      const double best = std::min(tf, twg > 0 ? twg : tf);
+      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt,
+                  mmq, tf, tscr, twg, twgs, tc, w.tb * (w.pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
     }
   }
 }

@@ -44,11 +44,32 @@ struct F16Scratch {
   Dev<float> partial{static_cast<size_t>(TiledF16PartialFloats(kTiledF16MaxCols))};
   Dev<int> tickets{static_cast<size_t>(TiledF16Tickets())};
   F16Scratch() { CK(cudaMemset(tickets.p, 0, tickets.n * 4)); }
-  TiledF16Scratch get(bool cluster_split = true) const {
+  // warpgroup: the wgmma form, which reads activations in its own order (ToWarpgroupOrder).
+  TiledF16Scratch get(bool cluster_split = true, bool warpgroup = false) const {
     return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
-            cluster_split};
+            cluster_split, warpgroup};
   }
 };
+
+// Whether the wgmma form runs here (sm_90a code on an sm_90 GPU).
+inline bool HaveWgmma() { return TiledF16WgmmaAvailable(); }
+
+// Plain f16 rows of K values in the wgmma form's order (half_rows.cuh, StoreHalf4): within each
+// 16-element group the pairs at 0, 4, 8, 12, then those at 2, 6, 10, 14. Written here from the
+// definition, so that the device's own permutation (HalfActivations) is checked against it.
+inline std::vector<uint16_t> WarpgroupOrder(const std::vector<uint16_t>& xh) {
+  std::vector<uint16_t> out(xh.size());
+  for (size_t g = 0; g + 16 <= xh.size(); g += 16)
+    for (int p = 0; p < 8; ++p) {  // pair p of the group: elements 2p, 2p + 1
+      const int to = p % 2 == 0 ? p / 2 : 4 + p / 2;
+      out[g + 2 * to] = xh[g + 2 * p];
+      out[g + 2 * to + 1] = xh[g + 2 * p + 1];
+    }
+  return out;
+}
+inline Dev<uint16_t> ToWarpgroupOrder(const Dev<uint16_t>& xh) {
+  return Dev<uint16_t>(WarpgroupOrder(xh.Down()));
+}
 
 // A TiledF16Multi launch's arguments (w2 only for the pair; xhs: Q4_K / Q5_K's sub-block sums).
 inline GemvArgs F16LaunchArgs(GgmlType type, const void* w, const void* w2, int M, int K, int nc,

@@ -208,9 +208,10 @@ struct Case {
 
 // GPU vs the CPU reference of the f16 operands (tight) and vs the f32 product (f16 rounding of
 // the activations and of the sums); returns the outputs.
-std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
+std::vector<float> RunCase(const Case& c, const Scratch& scratch, bool wgmma = false) {
   SCOPED_TRACE(::testing::Message() << Name(c.type) << " M=" << c.M << " K=" << c.K
-                                    << " nc=" << c.nc << " ep=" << static_cast<int>(c.ep));
+                                    << " nc=" << c.nc << " ep=" << static_cast<int>(c.ep)
+                                    << " wgmma=" << wgmma);
   const bool pair = c.ep == GemvEpilogue::kSiluMul;
   const auto w = RandomRows(c.type, c.M, c.K);
   const auto w2 = pair ? RandomRows(c.type, c.M, c.K) : std::vector<uint8_t>(1);
@@ -222,14 +223,16 @@ std::vector<float> RunCase(const Case& c, const Scratch& scratch) {
   Dev<uint8_t> tw = Tile(c.type, dw, c.M, c.K);
   Dev<uint8_t> tw2 = pair ? Tile(c.type, dw2, c.M, c.K) : Dev<uint8_t>(1);
   HalfActs h = Convert(x, c.nc, c.K);
+  Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
   GemvArgs a = Args(c.type, tw.p, tw2.p, c.M, c.K, c.nc, h, nullptr, c.ep);
+  if (wgmma) a.xh = xh_wg.p;
   Dev<float> y(y0);
   a.y = y.p;
-  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(true, wgmma), nullptr).ok());
   const auto got = y.Down();
   Dev<float> y2(y0);
   a.y = y2.p;
-  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(), nullptr).ok());
+  EXPECT_TRUE(TiledF16Multi(&a, 1, scratch.get(true, wgmma), nullptr).ok());
   EXPECT_EQ(0, std::memcmp(y2.Down().data(), got.data(), got.size() * 4)) << "second run";
 
   const auto xh = h.xh.Down();
@@ -272,6 +275,38 @@ TEST(TiledFormats, EveryColumnCountOddShape) {
   Scratch s;
   for (GgmlType t : kFormats)
     for (int nc = 1; nc <= 64; ++nc) RunCase({t, 37, 768, nc, GemvEpilogue::kStore}, s);
+}
+
+// The wgmma form (tiled_f16.cuh, TiledF16Scratch::warpgroup_order) on every format: within the
+// CPU reference at every column count and in the epilogues, and the mma.sync form's bits.
+TEST(TiledFormats, WgmmaWithinTheReferenceAndSameBits) {
+  if (!HaveWgmma()) GTEST_SKIP() << "needs sm_90a code on an sm_90 GPU";
+  Scratch s;
+  for (GgmlType t : kFormats) {
+    for (int nc = 1; nc <= 64; ++nc) RunCase({t, 37, 768, nc, GemvEpilogue::kStore}, s, true);
+    for (int nc : {1, 9, 33, 64}) RunCase({t, 21, 512, nc, GemvEpilogue::kSiluMul}, s, true);
+    RunCase({t, 700, 4352, 24, GemvEpilogue::kAccumulate, 3}, s, true);
+    for (const auto& [M, K, ep] : {std::tuple{300, 2048, GemvEpilogue::kSiluMul},
+                                   std::tuple{5120, 17408, GemvEpilogue::kStore}}) {
+      Dev<uint8_t> raw(RandomRows(t, M, K)), raw2(RandomRows(t, M, K));
+      Dev<uint8_t> tw = Tile(t, raw, M, K), tw2 = Tile(t, raw2, M, K);
+      const auto x = RandomActs(64, K);
+      HalfActs h = Convert(x, 64, K);
+      Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
+      for (int nc : {1, 16, 33, 64}) {
+        std::vector<float> got[2];
+        for (int form = 0; form < 2; ++form) {
+          Dev<float> y(static_cast<size_t>(nc) * M);
+          GemvArgs a = Args(t, tw.p, tw2.p, M, K, nc, h, y.p, ep);
+          if (form == 1) a.xh = xh_wg.p;
+          ASSERT_OK(TiledF16Multi(&a, 1, s.get(true, form == 1), nullptr));
+          got[form] = y.Down();
+        }
+        EXPECT_EQ(0, std::memcmp(got[1].data(), got[0].data(), got[0].size() * 4))
+            << Name(t) << " M=" << M << " nc=" << nc;
+      }
+    }
+  }
 }
 
 TEST(TiledFormats, EpiloguesSplitAndModelShapes) {
