@@ -42,6 +42,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/gguf/ggml_types.h"
 #include "kernels/cuda/gemv_tiled.cuh"
+#include "kernels/cuda/tiled_f16.cuh"
 #include "tests/gpu_test_options.h"
 #include "tests/model/test_util.h"
 #include "tests/model/widened_tiny.h"
@@ -417,7 +418,8 @@ TEST(GpuGdnStateBf16, LogitsWithinBoundOfTheCpuEmulation) {
 // 23-token prompt) on the f16 tensor-core kernel and the 100-token prefill dequantized from the
 // tiles: within the type's bounds of the CPU, the same logits on two loads, and not the raw
 // layout's logits bit for bit (the tiled kernels did run); the raw layout (the v2 GEMV,
-// tiled_f16_formats off) within the same bounds.
+// tiled_f16_formats off) within the same bounds. Where the wgmma form runs (sm_90a), the mma.sync
+// form (f16_wgmma off) gives the same logits bit for bit, through the whole model.
 TEST(GpuTiledF16Formats, LogitsWithinBoundAndDeterministic) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   if (ds::testing::ForcePortable()) GTEST_SKIP() << "the portable (sm_70) path has no tiled layout";
@@ -451,6 +453,15 @@ TEST(GpuTiledF16Formats, LogitsWithinBoundAndDeterministic) {
     }
     EXPECT_EQ(FirstDifferentStep(tiled2, tiled), -1) << "two loads differ";
     EXPECT_NE(FirstDifferentStep(tiled, raw), -1) << "tiled_f16_formats changed no logit";
+    if (cuda::TiledF16WgmmaAvailable()) {
+      CudaBackendOptions sync_co;
+      sync_co.tiled_f16_formats = true;
+      sync_co.f16_wgmma = false;
+      auto be = cuda::CreateCudaBackendApi(path, Options(), sync_co);
+      ASSERT_TRUE(be.ok()) << be.status();
+      const Trace sync = RunSchedule(**be, &cpu);
+      EXPECT_EQ(FirstDifferentStep(sync, tiled), -1) << "the wgmma and mma.sync forms differ";
+    }
     ASSERT_EQ(tiled.logits.size(), cpu.logits.size());
     double worst = 0, worst_raw = 0;
     std::string line;

@@ -67,6 +67,10 @@ TEST(WorkerFlags, TiledF16FormatsOnOff) {
   ExpectOnOffFlag("--tiled-f16-formats", &DeviceTuning::tiled_f16_formats, true);
 }
 
+TEST(WorkerFlags, F16WgmmaOnOff) {
+  ExpectOnOffFlag("--f16-wgmma", &DeviceTuning::f16_wgmma, true);
+}
+
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {
   ExpectOnOffFlag("--coarse-draft-head", &DeviceTuning::coarse_draft_head, true);
 }

@@ -104,6 +104,8 @@ void Usage(FILE* out) {
                "  [--tiled-f16-formats on|off]  the CUDA workers tile Q4_K / Q5_K / Q8_0 / IQ4_XS / "
                "IQ4_NL matrices for the f16 tensor-core kernel too (default on: H200 27B x16 "
                "2.3-3.3x; off: the raw layout's GEMV, docs/perf/h200.md)\n"
+               "  [--f16-wgmma on|off]  the CUDA workers run that kernel on Hopper's wgmma "
+               "(sm_90a builds; default on: the same numbers, x64 +8%% on an H100; off: mma.sync)\n"
                "  [--coarse-draft-head on|off]  with --mtp, drafts through a 4-bit copy of a "
                "Q6_K lm_head (default on; the outputs are the verified ones either way)\n"
                "  [--gdn-state f32|bf16]  the workers store the GDN recurrent state in bf16 "

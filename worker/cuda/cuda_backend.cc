@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.dense_weights != DenseWeights::kAuto) co.dense_weights = opts.dense_weights;
   if (!opts.early_launch) co.early_launch = false;
   if (!opts.tiled_f16_formats) co.tiled_f16_formats = false;
+  if (!opts.f16_wgmma) co.f16_wgmma = false;
   if (!opts.coarse_draft_head) co.coarse_draft_head = false;
   if (!opts.fused_draft_chain) co.fused_draft_chain = false;
   if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;

@@ -273,6 +273,9 @@ struct BackendOptions {
   // (CudaBackendOptions::tiled_f16_formats, --tiled-f16-formats off for the raw layout and the
   // v2 GEMV); the CPU backend ignores it.
   bool tiled_f16_formats = true;
+  // CUDA: the f16 tensor-core matmul on wgmma where the build and GPU have it (CudaBackendOptions::
+  // f16_wgmma, --f16-wgmma off for the mma.sync form: the same numbers); the CPU backend ignores it.
+  bool f16_wgmma = true;
   // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
   // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.
   bool coarse_draft_head = true;

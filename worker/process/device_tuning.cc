@@ -17,6 +17,7 @@ constexpr OnOffSwitch kOnOff[] = {
     {"--portable", &DeviceTuning::portable},
     {"--early-launch", &DeviceTuning::early_launch},
     {"--tiled-f16-formats", &DeviceTuning::tiled_f16_formats},
+    {"--f16-wgmma", &DeviceTuning::f16_wgmma},
     {"--coarse-draft-head", &DeviceTuning::coarse_draft_head},
     {"--deferred-drafts", &DeviceTuning::deferred_drafts},
 };
@@ -65,6 +66,7 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->dense_weights = t.dense_weights;
   bo->early_launch = t.early_launch;
   bo->tiled_f16_formats = t.tiled_f16_formats;
+  bo->f16_wgmma = t.f16_wgmma;
   bo->coarse_draft_head = t.coarse_draft_head;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
 }

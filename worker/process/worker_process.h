@@ -61,7 +61,7 @@ struct WorkerOptions {
   // KV cache element type (--kv-type f16|q8_0|q4_0, worker/model/kv_type.h); non-f16 needs the
   // CUDA backend (the CPU backend refuses it).
   GgmlType kv_type = GgmlType::F16;
-  // --portable, --dense-weights, --early-launch, --tiled-f16-formats, --coarse-draft-head,
+  // --portable, --dense-weights, --early-launch, --tiled-f16-formats, --f16-wgmma, --coarse-draft-head,
   // --deferred-drafts, --gdn-state: the device switches (device_tuning.h).
   DeviceTuning tuning;
   // Paged KV pool (issue #23): --kv-pool-tokens N (0 = what the planner finds room for, at most
