@@ -36,6 +36,10 @@ constexpr int kMaxTickets = kSplitBlocks;
 // One column's unit of f16 activations (512 bytes) padded by 32: the 8-byte B loads of lanes
 // g = 0..3 (one half-warp) then start 8 banks apart and never conflict.
 constexpr int kXCol = 2 * kUnitElems + 32;
+// The same in the warpgroup order (the 8-column form, which keeps mma.sync): a lane's k = 4q..4q+3
+// are two 4-byte words 16 bytes apart, so the warp's 32-bit loads start 4 banks apart per column
+// g and 1 per q: 32 banks.
+constexpr int kXColWg = 2 * kUnitElems + 16;
 
 struct F16Launch {
   GemvArgs seg[kGemvMaxSegs];
@@ -53,7 +57,6 @@ struct F16Launch {
 template <int NT>
 __device__ __forceinline__ void WgmmaColumns(float (&d)[NT * 4], const uint32_t (&a)[4],
                                              uint64_t desc, int accumulate) {
-  if constexpr (NT == 1) WgmmaM64N8K16RS(d, a, desc, accumulate);
   if constexpr (NT == 2) WgmmaM64N16K16RS(d, a, desc, accumulate);
   if constexpr (NT == 4) WgmmaM64N32K16RS(d, a, desc, accumulate);
   if constexpr (NT == 8) WgmmaM64N64K16RS(d, a, desc, accumulate);
@@ -68,12 +71,16 @@ __global__ void WgmmaProbeKernel(int* out) { *out = DS_WGMMA; }
 // Block = 8 warps, one 16-row tile each (the pair: 4 tiles of the gate and of the up matrix,
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
-// warp reads its B fragments from there (mma.sync), or (kWgmma) each warpgroup's four warps give
-// their A fragments to one wgmma per step that reads B from the staged tile itself.
+// warp reads its B fragments from there (mma.sync), or (kWgmma: the activations in the warpgroup
+// order; from 9 columns) each warpgroup's four warps give their A fragments to one wgmma per step
+// that reads B from the staged tile itself. Up to 8 columns the warpgroup order keeps mma.sync,
+// which measured faster there (the same bits either way).
 template <class Codec, int NT, bool kPair, bool kCluster, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
+  constexpr bool kTc = kWgmma && NT >= 2;  // the wgmma instruction (else mma.sync)
+  constexpr int kXc = kWgmma ? kXColWg : kXCol;
 #if !DS_WGMMA
-  if constexpr (kWgmma) {
+  if constexpr (kTc) {
     __trap();  // never launched: TiledF16WgmmaAvailable() is false without sm_90a code
     return;
   }
@@ -82,14 +89,14 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   constexpr int TPB = kPair ? kWarps / 2 : kWarps;
   // mma.sync: a column's unit padded (kXCol); wgmma: 4 swizzled K-major tiles of NCB rows x 128
   // bytes (64 k each), 1024-aligned.
-  constexpr int kStage = kWgmma ? NCB * 2 * kUnitElems : NCB * kXCol;
+  constexpr int kStage = kTc ? NCB * 2 * kUnitElems : NCB * kXc;
   constexpr int kSumsStage = NCB * 16;  // kMins: a column's 8 sub-block sums of the unit
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last_block;
   // The stages (and the sums after them) start at the first 1024-aligned shared address; the
   // epilogues below reuse smem from its start (StageBytes counts the slack).
   uint8_t* const stages =
-      kWgmma ? smem + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) & 1023u)) &
+      kTc ? smem + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) & 1023u)) &
                        1023u)
              : smem;
   int si = 0;
@@ -119,8 +126,8 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       // (the activations come in the kernel's order, so the chunk is a plain copy). (Offsets
       // computed once per thread with zero-filled columns past nc instead measured 3-6% slower
       // on an H100 at every column count.)
-      uint8_t* dst = kWgmma ? xs + (k8 >> 3) * (NCB * 128) + SwizzledOffset(c, k8 & 7)
-                            : xs + c * kXCol + 16 * k8;
+      uint8_t* dst = kTc ? xs + (k8 >> 3) * (NCB * 128) + SwizzledOffset(c, k8 & 7)
+                         : xs + c * kXc + 16 * k8;
       CpAsync16(dst, a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
     }
     if constexpr (Codec::kMins) {
@@ -141,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   for (int i = 0; i < NT * 4; ++i) wd[i] = 0.f;
   // A wgmma is issued by all four warps of a warpgroup: a warp past the last tile runs it on
   // tile 0's weights (its rows are never stored).
-  const bool loads = active || kWgmma;
+  const bool loads = active || kTc;
 
   // Up to 32 columns the next unit's weights are loaded into registers a whole unit ahead, so
   // their latency hides behind this unit's mma instead of after the barrier (H200, 27B: gate+up
@@ -170,10 +177,10 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
-    if constexpr (kWgmma) FenceProxyAsyncShared();  // this thread's copies, before wgmma reads them
+    if constexpr (kTc) FenceProxyAsyncShared();  // this thread's copies, before wgmma reads them
     __syncthreads();
 #if DS_WGMMA
-    if constexpr (kWgmma) {
+    if constexpr (kTc) {
       Codec::Prepare(tu);
       // 16 steps of one wgmma each, in commit groups of kWgGroup: group i's fragments are decoded
       // while group i - 1 runs, and their registers are reused only after its wait.
@@ -206,12 +213,13 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       }
     }
 #endif
-    if (!kWgmma && active) {
+    if (!kTc && active) {
       Codec::Prepare(tu);
       // Thread (g, q) reads column 8j + g at k = 16s + 4q .. +3: f16 positions 2q, 2q + 1 (b0)
       // and 2q + 8, 2q + 9 (b1) of the mma hold k = 4q, 4q + 1 and 4q + 2, 4q + 3; the A
       // fragment below uses the same order, so the product is the dot product over k.
-      const uint8_t* xs = smem + b * kStage + g * kXCol + 8 * q;
+      // In the warpgroup order the same k are the words at 4q and 16 + 4q of the 32 bytes.
+      const uint8_t* xs = smem + b * kStage + g * kXc + (kWgmma ? 4 : 8) * q;
       float cu[NT][4];
 #pragma unroll
       for (int j = 0; j < NT; ++j)
@@ -223,7 +231,13 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         Codec::Operands(tu, s, A);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const uint2 bv = *reinterpret_cast<const uint2*>(xs + 8 * j * kXCol + 32 * s);
+          uint2 bv;
+          if constexpr (kWgmma) {
+            bv.x = *reinterpret_cast<const uint32_t*>(xs + 8 * j * kXc + 32 * s);
+            bv.y = *reinterpret_cast<const uint32_t*>(xs + 8 * j * kXc + 32 * s + 16);
+          } else {
+            bv = *reinterpret_cast<const uint2*>(xs + 8 * j * kXc + 32 * s);
+          }
           MmaF16(A, bv.x, bv.y, cu[j]);
         }
       }
@@ -428,8 +442,10 @@ bool ClustersAvailable() {
 // behind up to 1024 bytes of alignment slack.
 template <class Codec, int NT, bool kWgmma>
 constexpr int StageBytes() {
-  constexpr int bytes = kWgmma ? 1024 + 2 * NT * 8 * 2 * kUnitElems + (Codec::kMins ? 2 * NT * 8 * 16 : 0)
-                               : 2 * NT * 8 * kXCol + (Codec::kMins ? 2 * NT * 8 * 16 : 0);
+  constexpr int mins = Codec::kMins ? 2 * NT * 8 * 16 : 0;
+  constexpr int bytes = kWgmma && NT >= 2 ? 1024 + 2 * NT * 8 * 2 * kUnitElems + mins
+                        : kWgmma          ? 2 * NT * 8 * kXColWg + mins
+                                          : 2 * NT * 8 * kXCol + mins;
   static_assert(bytes >= kWarps / 2 * kTiledRows * NT * 8 * 4,
                 "the pair's hand-over must fit the stages");
   static_assert(bytes >= kBlockRows * NT * 8 * 4, "the cluster's sums must fit the stages");

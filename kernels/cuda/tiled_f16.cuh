@@ -56,12 +56,13 @@ struct TiledF16Scratch {
   // shared memory) instead of this scratch where the clusters fit (TiledF16Multi decides); false
   // keeps the scratch path everywhere (tests and A/B: both give the same bits).
   bool cluster_split = true;
-  // Every launch on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a; available where
-  // TiledF16WgmmaAvailable()) instead of mma.sync: the tensor cores read the activations from
-  // shared memory themselves, 64 rows at a time, so the per-column work of the warps (a shared
-  // load and an mma per 8 columns and 16 rows) is gone. The activations must then be in that
-  // kernel's order (HalfActivations / RmsNormHalf with warpgroup_order). The same operands, sums
-  // of exact products in f32 per 256-element unit: tiled_f16_cuda_test compares both kernels.
+  // The activations are in the order of Hopper's warpgroup tensor-core instruction (wgmma,
+  // sm_90a; HalfActivations / RmsNormHalf with warpgroup_order; usable where
+  // TiledF16WgmmaAvailable()): launches of 9..64 columns run on wgmma instead of mma.sync (the
+  // tensor cores read the activations from shared memory themselves, 64 rows at a time, so the
+  // warps' per-column work, a shared load and an mma per 8 columns and 16 rows, is gone); up to 8
+  // columns mma.sync reads that order, which measured faster there. The same operands, sums of
+  // exact products in f32 per 256-element unit: the same bits (tiled_f16_cuda_test).
   bool warpgroup_order = false;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device), once.

@@ -118,20 +118,7 @@ __device__ __forceinline__ void WgmmaM64N64K16RS(float (&d)[32], const uint32_t 
 }
 
 // The narrower products with A from registers, for the tiled f16 matmul's column counts (tiled_f16.cu:
-// N = 8 x its n-tiles); the same layouts as WgmmaM64N64K16RS.
-
-__device__ __forceinline__ void WgmmaM64N8K16RS(float (&d)[4], const uint32_t (&a)[4],
-                                                 uint64_t b_desc, int accumulate) {
-#if DS_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
-      "{%0,%1,%2,%3}, "
-      "{%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-#endif
-}
+// N = 8 x its n-tiles, from 16); the same layouts as WgmmaM64N64K16RS.
 
 __device__ __forceinline__ void WgmmaM64N16K16RS(float (&d)[8], const uint32_t (&a)[4],
                                                  uint64_t b_desc, int accumulate) {

@@ -149,9 +149,9 @@ struct CudaBackendOptions {
   // The f16 tensor-core matmul on Hopper's warpgroup instruction (wgmma; sm_90a builds on sm_90
   // GPUs, else ignored): each warpgroup's four 16-row weight fragments go to one wgmma per
   // 16-element step that reads the staged activations from shared memory itself, instead of a
-  // shared load and an mma.sync per 8 columns in every warp. Every f16 launch then takes it, and
-  // the activations are written in its order (kernels/cuda/tiled_f16.cuh,
-  // TiledF16Scratch::warpgroup_order). The same bits as the mma.sync form where the tensor cores
+  // shared load and an mma.sync per 8 columns in every warp. Every f16 launch of 9..64 columns
+  // then takes it (up to 8, mma.sync), and the activations are written in its order
+  // (kernels/cuda/tiled_f16.cuh, TiledF16Scratch::warpgroup_order). The same bits as the mma.sync form where the tensor cores
   // sum alike, which they do on the H100 and H200 (tiled_f16_cuda_test
   // `TiledF16Wgmma.SameBitsAsMmaSync`, tiled_formats_cuda_test for the other formats), so batch
   // invariance does not depend on it. 27B Q6_K on an H100: x64 1,972 -> 2,142 tok/s, x32 1,582 ->
