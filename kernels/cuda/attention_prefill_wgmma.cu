@@ -50,8 +50,6 @@ struct WgmmaSmem {
   static constexpr int kBytes = kQBytes + 2 * kStage + 1024;  // + the alignment of the base
 };
 
-__global__ void WgmmaProbeKernel(int* out) { *out = DS_WGMMA; }
-
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1) AttnPrefillWgmmaKernel(const AttnPrefillArgs a) {
 #if DS_WGMMA
@@ -205,11 +203,7 @@ bool AttnPrefillWgmmaSupports(const AttnShape& s) {
          (s.hd == 64 || s.hd == 128 || s.hd == 256);
 }
 
-bool AttnPrefillWgmmaAvailable() {
-  // sm_90a code runs on compute capability 9.0 only.
-  static const bool available = ProbeWritesOne(WgmmaProbeKernel, 90, 90);
-  return available;
-}
+bool AttnPrefillWgmmaAvailable() { return WgmmaAvailable(); }
 
 absl::Status LaunchAttnPrefillWgmma(const AttnPrefillArgs& a, cudaStream_t stream) {
   if (!AttnPrefillWgmmaSupports(a.shape))

@@ -66,8 +66,6 @@ __device__ __forceinline__ void WgmmaColumns(float (&d)[NT * 4], const uint32_t 
 // group after it was issued (double-buffered), so 2 x kWgGroup x 4 registers hold them.
 constexpr int kWgGroup = 2;
 
-__global__ void WgmmaProbeKernel(int* out) { *out = DS_WGMMA; }
-
 // Block = 8 warps, one 16-row tile each (the pair: 4 tiles of the gate and of the up matrix,
 // warp w on matrix w & 1), all walking the units of the block's K range together: unit u's
 // activations of all columns are staged once per block (cp.async, double-buffered) and every
@@ -621,10 +619,7 @@ int SplitFor(int rb, int K) {
 
 }  // namespace
 
-bool TiledF16WgmmaAvailable() {
-  static const bool available = ProbeWritesOne(WgmmaProbeKernel, 90, 90);
-  return available;
-}
+bool TiledF16WgmmaAvailable() { return WgmmaAvailable(); }
 
 int64_t TiledF16PartialFloats(int max_cols) {
   // split x row blocks <= kSplitBlocks; a block holds 128 rows of one matrix or 64 of two.

@@ -65,7 +65,8 @@ struct TiledF16Scratch {
   // exact products in f32 per 256-element unit: the same bits (tiled_f16_cuda_test).
   bool warpgroup_order = false;
 };
-// Whether this build and device run the wgmma form (sm_90a code on an sm_90 device), once.
+// Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;
+// WgmmaAvailable(), wgmma.cuh).
 bool TiledF16WgmmaAvailable();
 // Scratch that any launch of up to `max_cols` columns fits in.
 int64_t TiledF16PartialFloats(int max_cols);

@@ -9,8 +9,8 @@
 // asynchronously beside the warps' own instructions.
 //
 // Everything here compiles to nothing unless the sm_90a features are being compiled
-// (`DS_WGMMA`); callers check WgmmaCompiled() (attention_prefill_wgmma.cuh) on the host before
-// launching, so other builds never run an empty kernel.
+// (`DS_WGMMA`); callers check WgmmaAvailable() on the host before launching, so other builds
+// never run an empty kernel.
 //
 // Operand tiles ("K-major, 128-byte swizzle"): a tile of R rows x 64 f16 (128 bytes per row) is
 // stored row after row, 1024-byte aligned, with the 16-byte chunk c of row r at chunk
@@ -29,6 +29,11 @@
 #endif
 
 namespace ds::cuda {
+
+// Whether this build holds sm_90a code and the current device runs it (compute capability 9.0):
+// checked once per process by a probe kernel (wgmma.cu), since other builds compile the
+// warpgroup kernels' bodies to nothing.
+bool WgmmaAvailable();
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte swizzled tile.
 __host__ __device__ constexpr uint32_t SwizzledOffset(int row, int chunk) {

@@ -151,11 +151,12 @@ struct CudaBackendOptions {
   // 16-element step that reads the staged activations from shared memory itself, instead of a
   // shared load and an mma.sync per 8 columns in every warp. Every f16 launch of 9..64 columns
   // then takes it (up to 8, mma.sync), and the activations are written in its order
-  // (kernels/cuda/tiled_f16.cuh, TiledF16Scratch::warpgroup_order). The same bits as the mma.sync form where the tensor cores
-  // sum alike, which they do on the H100 and H200 (tiled_f16_cuda_test
+  // (kernels/cuda/tiled_f16.cuh, TiledF16Scratch::warpgroup_order). The same bits as the mma.sync
+  // form where the tensor cores sum alike, which they do on the H100 and H200 (tiled_f16_cuda_test
   // `TiledF16Wgmma.SameBitsAsMmaSync`, tiled_formats_cuda_test for the other formats), so batch
-  // invariance does not depend on it. 27B Q6_K on an H100: x64 1,972 -> 2,142 tok/s, x32 1,582 ->
-  // 1,657, x8 / x16 the same (docs/perf/h200.md). `bench --f16-wgmma off` for A/B.
+  // invariance does not depend on it. 27B Q6_K on an H100: x64 1,983-1,990 -> 2,150-2,154 tok/s,
+  // x32 1,592-1,595 -> 1,658-1,661, x8 / x16 the same (docs/perf/h200.md). `bench --f16-wgmma off`
+  // for A/B.
   bool f16_wgmma = true;
   // Speculative verify (MTP, issue #15; SeqStep::speculative): spec_tokens tokens per sequence
   // (k drafts + 1) for up to spec_seqs sequences of one Forward (0 = min(n_slots, 8)). Each

@@ -473,7 +473,7 @@ absl::Status CudaDevice::NormToA(const float* w, int R) {
   const int H = cfg_.n_embd;
   InvalidateX();
   // Steps whose trunk matmuls take the f16 kernel get its activations from the norm itself.
-  if (trunk_tiled_ && F16ColumnRows(R) && H % 16 == 0) {
+  if (trunk_tiled_ && F16ColumnRows(R) && H % (f16_scratch_.warpgroup_order ? 16 : 8) == 0) {
     DS_RETURN_IF_ERROR(RmsNormHalf(h_, w, a_, xf_, xf_scale_, R, H, cfg_.rms_eps, stream_,
                                    early_launch_, kq_tiled_ ? xf_sums_ : nullptr,
                                    f16_scratch_.warpgroup_order));
