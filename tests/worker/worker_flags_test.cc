@@ -71,6 +71,10 @@ TEST(WorkerFlags, F16WgmmaOnOff) {
   ExpectOnOffFlag("--f16-wgmma", &DeviceTuning::f16_wgmma, true);
 }
 
+TEST(WorkerFlags, PrefillFp8OnOff) {
+  ExpectOnOffFlag("--prefill-fp8", &DeviceTuning::prefill_fp8, false);
+}
+
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {
   ExpectOnOffFlag("--coarse-draft-head", &DeviceTuning::coarse_draft_head, true);
 }

@@ -7,7 +7,7 @@
 // scores the same windows through the device's decode kernels instead of its prefill kernels.
 // --gdn-state bf16: the GDN recurrent state stored in bf16 between steps (CUDA backend; the CPU
 // backend emulates it by rounding), the precision question of issue #22 (with --chunk 1 every
-// token is a step, as in decoding).
+// token is a step, as in decoding). --prefill-fp8 on: the CUDA prefill products in FP8.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +25,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
+#include "worker/model/dense_weights.h"
 #include "worker/model/gdn_state.h"
 
 namespace ds::cli {
@@ -43,7 +44,8 @@ double Now() {
 
 int CmdPerplexity(int argc, char** argv) {
   auto args = Args::Parse(argc, argv, {"--model", "--text", "--ctx", "--backend", "--threads",
-                                       "--max-tokens", "--chunk", "--gdn-state"},
+                                       "--max-tokens", "--chunk", "--gdn-state", "--prefill-fp8",
+                                       "--dense-weights"},
                           {"--json", "--quiet", "--decode-path"});
   if (!args.ok()) return Fail(args.status());
   auto model_arg = args->Required("--model");
@@ -84,6 +86,17 @@ int CmdPerplexity(int argc, char** argv) {
   auto gdn_bf16 = ParseGdnState(gdn_state);
   if (!gdn_bf16.ok()) return Fail(gdn_bf16.status());
   bo.gdn_state_bf16 = *gdn_bf16;
+  // --prefill-fp8 on: prefill products on FP8 tensor cores (CUDA; its precision is measured here,
+  // docs/quality.md "FP8 prefill"); --dense-weights on|off|auto as on the worker.
+  const std::string fp8 = args->Str("--prefill-fp8", "off");
+  if (fp8 != "on" && fp8 != "off")
+    return Fail(absl::InvalidArgumentError("--prefill-fp8 expects on or off, got '" + fp8 + "'"));
+  bo.prefill_fp8 = fp8 == "on";
+  if (args->Has("--dense-weights")) {
+    const auto d = DenseWeightsFromName(args->Str("--dense-weights", "auto"));
+    if (!d) return Fail(absl::InvalidArgumentError("--dense-weights expects on, off or auto"));
+    bo.dense_weights = *d;
+  }
   auto be_or = CreateBackend(args->Str("--backend", "cpu"), model, bo);
   if (!be_or.ok()) return Fail(be_or.status());
   Backend& be = **be_or;

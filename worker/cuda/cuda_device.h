@@ -32,6 +32,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/gdn.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemm_fp8.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/mtp_chain.cuh"
 #include "kernels/cuda/sampling.cuh"
@@ -53,6 +54,10 @@ struct DMat {
   // CudaBackendOptions::dense_weights: the 16-bit copy [rows, cols] the cuBLAS path multiplies
   // (no dequantization per step); null without it.
   const void* dense = nullptr;
+  // CudaBackendOptions::prefill_fp8: the e4m3 copy [rows, cols] and its block scales
+  // (kernels/cuda/gemm_fp8.cuh) instead of `dense`.
+  const uint8_t* dense_fp8 = nullptr;
+  const float* dense_fp8_scale = nullptr;
 };
 
 struct DLayer {
@@ -204,6 +209,10 @@ class CudaDevice final : public Device {
   absl::Status NormToA(const float* w, int R);
   absl::Status EnsureQuantized(const float* x, int R, int K);
   absl::Status EnsureHalf(const float* x, int R, int K);
+  // Rows [row0, row0 + n) of x times a matrix's e4m3 copy into y (+ y when accumulate), the
+  // activations quantized once for the matrices that share them (prefill_fp8).
+  absl::Status GemmFp8Rows(const DMat& w, const float* x, int row0, int n, float* y,
+                           bool accumulate);
   // The f16 activations of TiledF16Multi (HalfActivations) in xf_ / xf_scale_, cached like xq_.
   absl::Status EnsureHalfColumns(const float* x, int R, int K);
   // True when a product of a tiled matrix with R columns takes the f16 tensor-core kernel.
@@ -225,6 +234,7 @@ class CudaDevice final : public Device {
   void InvalidateX() {
     xq_src_ = nullptr;
     xh_src_ = nullptr;
+    x8_src_ = nullptr;
     xf_src_ = nullptr;
   }
   // Records what xq_/xd_ now hold (every quantizer that writes them calls this): `rows` rows of
@@ -469,6 +479,11 @@ class CudaDevice final : public Device {
   int xq_rows_ = 0;
   const float* xh_src_ = nullptr;  // activation currently in xh_
   int xh_rows_ = 0;
+  // CudaBackendOptions::prefill_fp8: the cuBLASLt product with its activation scratch, and the
+  // rows it holds quantized (x8_src_: their first row's address).
+  std::unique_ptr<Fp8Gemm> fp8_;
+  const float* x8_src_ = nullptr;
+  int x8_rows_ = 0, x8_k_ = 0;
   const float* xf_src_ = nullptr;  // activation currently in xf_
   int xf_rows_ = 0;
 

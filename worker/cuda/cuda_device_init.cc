@@ -11,6 +11,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/draft_head.cuh"
+#include "kernels/cuda/gemm_fp8.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
 #include "kernels/cuda/mtp_attention.cuh"
 #include "worker/cuda/cuda_device.h"
@@ -35,6 +36,9 @@ constexpr uint64_t kAlign = 256;
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Bump allocator over one cudaMalloc.
+// prefill_fp8: the transient bf16 rows of a matrix on their way to its e4m3 copy.
+constexpr uint64_t kFp8TempBytes = 64ull << 20;
+
 struct Arena {
   uint8_t* base = nullptr;
   uint64_t size = 0, used = 0;
@@ -203,6 +207,25 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   // block, which only ever see a few rows); whether they are made is decided with the memory plan
   // below (kAuto), and the set emptied when not.
   std::set<const cpu::WeightView*> dense_mats;
+  // prefill_fp8: the copies are e4m3 (1 byte per weight and a few block scales) for the matrices
+  // of whole 128 x 128 blocks, 16-bit for the others; where cuBLASLt has no block-scaled product
+  // the option is dropped with a note.
+  bool fp8_on = copts_.prefill_fp8 && !portable_ && copts_.dense_weights != DenseWeights::kOff;
+  if (fp8_on) {
+    if (auto probe = Fp8Gemm::Create(0, kFp8Block, kFp8Block); !probe.ok()) {
+      std::fprintf(stderr, "deltaserve: --prefill-fp8 ignored on device %d: %s\n", device_,
+                   std::string(probe.status().message()).c_str());
+      fp8_on = false;
+    }
+  }
+  auto dense_fp8 = [&](const cpu::WeightView* w) {
+    return fp8_on && w->rows % kFp8Block == 0 && w->cols % kFp8Block == 0;
+  };
+  auto dense_copy_bytes = [&](const cpu::WeightView* w) -> uint64_t {
+    const uint64_t n = static_cast<uint64_t>(w->rows) * w->cols;
+    return dense_fp8(w) ? AlignUp(n) + AlignUp(Fp8BlockScaleFloats(w->rows, static_cast<int>(w->cols)) * 4)
+                        : AlignUp(n * 2);
+  };
   if (copts_.dense_weights != DenseWeights::kOff)
     for (auto& [n, w] : mats)
       if (n.rfind("blk.", 0) == 0 && w->type != GgmlType::F32) dense_mats.insert(w);
@@ -236,13 +259,20 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
                                                    " which the CUDA kernels do not support"));
     plan_.weights += AlignUp(mat_bytes(w));
     if (dense_mats.contains(w))
-      dense_bytes += AlignUp(static_cast<uint64_t>(w->rows) * w->cols * 2);
+      dense_bytes += dense_copy_bytes(w);
     if (tile_it(w))
       staging_bytes = std::max<uint64_t>(staging_bytes, std::min<uint64_t>(GgmlRowBytes(w->type, w->cols) * w->rows, 64ull << 20) + GgmlRowBytes(w->type, w->cols) * kTiledRows);
     max_k_ = std::max<int>(max_k_, static_cast<int>(w->cols));
     if (w != &mw.output && w != &mw.token_embd && w != &mw.mtp.embed && w != &mw.mtp.head)
       max_mat_elems = std::max<uint64_t>(max_mat_elems, static_cast<uint64_t>(w->rows) * w->cols);
   }
+  // prefill_fp8: the product's activation scratch and cuBLASLt workspace, charged with the copies.
+  int fp8_max_m = 0;
+  for (const cpu::WeightView* w : dense_mats)
+    if (dense_fp8(w)) fp8_max_m = std::max<int>(fp8_max_m, static_cast<int>(w->rows));
+  const uint64_t fp8_scratch =
+      fp8_max_m > 0 ? AlignUp(Fp8Gemm::ScratchBytes(std::max(1, copts_.max_step_tokens), max_k_, fp8_max_m)) : 0;
+  dense_bytes += fp8_scratch;  // allocated by Fp8Gemm, outside the weights' arena
   // A tied lm_head is (a row range of) the uploaded embedding: no bytes of its own.
   if (mw.tied_output) plan_.weights -= AlignUp(GgmlRowBytes(mw.output.type, mw.output.cols) * mw.output.rows);
   // The drafts' coarse head (CudaBackendOptions::coarse_draft_head): when the MTP head is a tiled
@@ -451,12 +481,13 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   mtp_page_bytes_ = mtp_token_bytes * copts_.kv_page_size;
   const uint64_t mtp_valid_bytes = has_mtp_ ? static_cast<uint64_t>(n_slots_) * slot_ctx_ : 0;
   plan_.kv_cache += 2 * AlignUp(mtp_layer) + AlignUp(mtp_valid_bytes);
-  if (plan_.total() > free_b || plan_.weights + staging_bytes > free_b)
+  const uint64_t transient = staging_bytes + (fp8_on && !dense_mats.empty() ? kFp8TempBytes : 0);
+  if (plan_.total() > free_b || plan_.weights + transient > free_b)
     return absl::ResourceExhaustedError(absl::StrFormat(
         "CUDA backend: model needs %s (+ %.2f GiB transient upload staging) but device %d has "
         "%.2f GiB free (n_slots=%d, slot_ctx=%d, kv_type=%s); lower --slots/--ctx or "
         "--max-step-tokens, or quantize the KV cache (--kv-type q8_0 / q4_0)",
-        plan_.ToString(), static_cast<double>(staging_bytes) / (1ull << 30), device_,
+        plan_.ToString(), static_cast<double>(transient) / (1ull << 30), device_,
         static_cast<double>(free_b) / (1ull << 30), n_slots_, slot_ctx_,
         KvTypeName(copts_.kv_type)));
 
@@ -464,11 +495,17 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DS_ASSIGN_OR_RETURN(CublasGemm * g, CublasGemm::Create());
   gemm_.reset(g);
-  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&weights_mem_, plan_.weights));
-  Arena wa{static_cast<uint8_t*>(weights_mem_), plan_.weights, 0};
+  const uint64_t fp8_bytes = dp->dense ? fp8_scratch : 0;
+  if (fp8_bytes > 0) {
+    DS_ASSIGN_OR_RETURN(fp8_, Fp8Gemm::Create(std::max(1, copts_.max_step_tokens), max_k_, fp8_max_m));
+  }
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&weights_mem_, plan_.weights - fp8_bytes));
+  Arena wa{static_cast<uint8_t*>(weights_mem_), plan_.weights - fp8_bytes, 0};
   void* staging = nullptr;
   if (staging_bytes) DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&staging, staging_bytes));
   std::unique_ptr<void, cudaError_t (*)(void*)> staging_owner(staging, cudaFree);
+  // prefill_fp8: the dequantized rows on their way to e4m3 (kFp8TempBytes, during the upload).
+  std::unique_ptr<void, cudaError_t (*)(void*)> fp8_temp(nullptr, cudaFree);
   auto up_mat = [&](const cpu::WeightView& w, DMat* m) -> absl::Status {
     m->type = w.type;
     m->rows = static_cast<int>(w.rows);
@@ -480,6 +517,34 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     // The 16-bit copy, from the uploaded matrix (in whichever layout it has).
     auto densify = [&]() -> absl::Status {
       if (!dense_mats.contains(&w)) return absl::OkStatus();
+      if (dense_fp8(&w)) {
+        // Row chunks of whole 128-row blocks through the transient bf16 buffer, then e4m3 (the
+        // bf16 rounding first: the values the 16-bit copy would hold).
+        const uint64_t n = static_cast<uint64_t>(m->rows) * m->cols;
+        auto* q = wa.Take<uint8_t>(n);
+        auto* scale = wa.Take<float>(Fp8BlockScaleFloats(m->rows, m->cols));
+        m->dense_fp8 = q;
+        m->dense_fp8_scale = scale;
+        if (!fp8_temp) {
+          void* t = nullptr;
+          DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&t, kFp8TempBytes));
+          fp8_temp.reset(t);
+        }
+        const int64_t chunk = std::max<int64_t>(kFp8Block, kFp8TempBytes / (2ull * m->cols) / kFp8Block * kFp8Block);
+        const uint64_t rb = GgmlRowBytes(m->type, m->cols);
+        for (int64_t r0 = 0; r0 < m->rows; r0 += chunk) {
+          const int rn = static_cast<int>(std::min<int64_t>(chunk, m->rows - r0));
+          DS_RETURN_IF_ERROR(m->tiled ? DequantizeTiledRows(m->type, d, static_cast<int>(r0), rn,
+                                                            m->cols, fp8_temp.get(), true, stream_)
+                                      : DequantizeRows(m->type, d + r0 * rb, rn, m->cols,
+                                                       fp8_temp.get(), true, stream_));
+          DS_RETURN_IF_ERROR(QuantizeBlocksFp8(fp8_temp.get(), true, rn, m->cols, q + r0 * m->cols,
+                                               scale + r0 / kFp8Block * Fp8BlockScaleLd(m->cols),
+                                               stream_));
+        }
+        DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+        return absl::OkStatus();
+      }
       auto* dense = wa.Take<uint8_t>(static_cast<uint64_t>(m->rows) * m->cols * 2);
       m->dense = dense;
       DS_RETURN_IF_ERROR(m->tiled ? DequantizeTiledRows(m->type, d, 0, m->rows, m->cols, dense,

@@ -135,6 +135,16 @@ struct CudaBackendOptions {
   // (worker/runner/dense_weights_plan.h), used only past the column kernels' row range
   // (max(tiled_max_rows, mmq_max_rows): prefill pieces), so no step's numbers change.
   DenseWeights dense_weights = DenseWeights::kAuto;
+  // FP8 prefill (issue #22; compute capability 9.0 with cuBLAS 12.9+, else ignored with a note on
+  // stderr): the dense copies in e4m3 with one f32 scale per 128 x 128 block (1 byte per weight
+  // instead of 2), made once at load from the dequantized rows, and the products past the column
+  // kernels' rows (prefill pieces) on FP8 tensor cores through cuBLASLt, the activations
+  // quantized per token and 128-element block (kernels/cuda/gemm_fp8.cuh). Lossy: e4m3 keeps 3
+  // significant bits of every weight and activation (docs/quality.md "FP8 prefill"), so it is
+  // the operator's choice; decode steps of up to tiled_max_rows rows keep their kernels. Only
+  // where dense copies are made (dense_weights on or auto) and the matrix is whole 128 x 128
+  // blocks; the others keep the 16-bit path.
+  bool prefill_fp8 = false;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;

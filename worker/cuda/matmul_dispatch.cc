@@ -97,6 +97,19 @@ absl::Status CudaDevice::EnsureHalf(const float* x, int R, int K) {
   return absl::OkStatus();
 }
 
+absl::Status CudaDevice::GemmFp8Rows(const DMat& w, const float* x, int row0, int n, float* y,
+                                     bool accumulate) {
+  const float* src = x + static_cast<int64_t>(row0) * w.cols;
+  if (x8_src_ != src || x8_rows_ != n || x8_k_ != w.cols) {
+    DS_RETURN_IF_ERROR(fp8_->SetActivations(src, n, w.cols, stream_));
+    x8_src_ = src;
+    x8_rows_ = n;
+    x8_k_ = w.cols;
+  }
+  return fp8_->Multiply(w.dense_fp8, w.dense_fp8_scale, y + static_cast<int64_t>(row0) * w.rows,
+                        w.rows, w.rows, accumulate, stream_);
+}
+
 // The GEMV path for R <= gemv_max_rows rows: kGemvMaxCols activation columns per weight read.
 // `w2` is the second matrix of a kSiluMul pair (same type and shape as w), else nullptr.
 absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float* x, int R,
@@ -260,12 +273,14 @@ absl::Status CudaDevice::LinearOverlapReduce(const DMat& w, const float* x, int 
       return DequantizeRows(w.type, static_cast<const uint8_t*>(w.d) + m0 * rb, mc, w.cols, wh_,
                             bf16_, stream_);
     };
-    if (!f32) {
+    if (!f32 && !w.dense_fp8) {
       DS_RETURN_IF_ERROR(EnsureHalf(x, chunks.back().row0 + chunks.back().n, w.cols));
       if (wchunk == w.rows && !w.dense) DS_RETURN_IF_ERROR(dequant(0, w.rows));  // once for all
     }
     for (const RowSegment& c : chunks) {
-      if (w.dense) {
+      if (w.dense_fp8) {
+        DS_RETURN_IF_ERROR(GemmFp8Rows(w, x, c.row0, c.n, h_, acc));
+      } else if (w.dense) {
         DS_RETURN_IF_ERROR(gemm_->Run(w.dense, xh_ + c.row0 * K, h_ + c.row0 * M, w.rows, w.cols,
                                       c.n, w.rows, bf16_, beta, stream_, XhScale()));
       } else if (f32) {
@@ -342,6 +357,11 @@ absl::Status CudaDevice::GemmSegments(const DMat& w, const float* x,
                                        x + static_cast<int64_t>(g.row0) * w.cols,
                                        y + static_cast<int64_t>(g.row0) * w.rows, w.rows, w.cols,
                                        g.n, w.rows, beta, stream_));
+    return absl::OkStatus();
+  }
+  if (w.dense_fp8) {  // CudaBackendOptions::prefill_fp8: the e4m3 copy on FP8 tensor cores
+    for (const RowSegment& g : segs)
+      DS_RETURN_IF_ERROR(GemmFp8Rows(w, x, g.row0, g.n, y, accumulate));
     return absl::OkStatus();
   }
   const int end = segs.back().row0 + segs.back().n;

@@ -18,6 +18,7 @@ constexpr OnOffSwitch kOnOff[] = {
     {"--early-launch", &DeviceTuning::early_launch},
     {"--tiled-f16-formats", &DeviceTuning::tiled_f16_formats},
     {"--f16-wgmma", &DeviceTuning::f16_wgmma},
+    {"--prefill-fp8", &DeviceTuning::prefill_fp8},
     {"--coarse-draft-head", &DeviceTuning::coarse_draft_head},
     {"--deferred-drafts", &DeviceTuning::deferred_drafts},
 };
@@ -67,6 +68,7 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->early_launch = t.early_launch;
   bo->tiled_f16_formats = t.tiled_f16_formats;
   bo->f16_wgmma = t.f16_wgmma;
+  bo->prefill_fp8 = t.prefill_fp8;
   bo->coarse_draft_head = t.coarse_draft_head;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
 }
