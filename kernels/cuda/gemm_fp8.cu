@@ -95,6 +95,18 @@ absl::Status LtStatus(cublasStatus_t s, const char* what) {
   return absl::InternalError(absl::StrCat("cuBLASLt ", what, " failed with status ", static_cast<int>(s)));
 }
 
+template <typename T>
+absl::Status SetDesc(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const T& v,
+                     const char* what) {
+  return LtStatus(cublasLtMatmulDescSetAttribute(op, attr, &v, sizeof v), what);
+}
+
+// The block scales of A (the weights) and B (the activations) a product reads.
+absl::Status SetScalePointers(cublasLtMatmulDesc_t op, const void* a_scale, const void* b_scale) {
+  DS_RETURN_IF_ERROR(SetDesc(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale, "A_SCALE_POINTER"));
+  return SetDesc(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale, "B_SCALE_POINTER");
+}
+
 }  // namespace
 
 absl::Status QuantizeTokensFp8(const float* x, int64_t tokens, int K, uint8_t* q, float* scale,
@@ -197,32 +209,18 @@ absl::StatusOr<Fp8Gemm::Plan*> Fp8Gemm::PlanFor(int M, int K, int T, int64_t ldy
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
   const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  DS_RETURN_IF_ERROR(LtStatus(
-      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA"));
-  DS_RETURN_IF_ERROR(LtStatus(
-      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB"));
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                                                             &a_mode, sizeof a_mode),
-                              "A_SCALE_MODE"));
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                                                             &b_mode, sizeof b_mode),
-                              "B_SCALE_MODE"));
+  DS_RETURN_IF_ERROR(SetDesc(p->op, CUBLASLT_MATMUL_DESC_TRANSA, ta, "TRANSA"));
+  DS_RETURN_IF_ERROR(SetDesc(p->op, CUBLASLT_MATMUL_DESC_TRANSB, tb, "TRANSB"));
+  DS_RETURN_IF_ERROR(SetDesc(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode, "A_SCALE_MODE"));
+  DS_RETURN_IF_ERROR(SetDesc(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode, "B_SCALE_MODE"));
+  const int8_t fast_accum = 0;  // f32 promotion between blocks (the block modes require it)
+  DS_RETURN_IF_ERROR(SetDesc(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum, "FAST_ACCUM"));
+  // cuBLASLt checks the block modes' scale pointers while it picks: a placeholder until each
+  // product sets its own.
+  DS_RETURN_IF_ERROR(SetScalePointers(p->op, workspace_, workspace_));
   DS_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, K, M, K), "layout A"));
   DS_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, K, T, K), "layout B"));
   DS_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, M, T, ldy), "layout C"));
-  // cuBLASLt checks the block modes' scale pointers while it picks: a placeholder until Run sets
-  // each call's own.
-  const void* placeholder = workspace_;
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                             &placeholder, sizeof placeholder),
-                              "A_SCALE_POINTER"));
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                             &placeholder, sizeof placeholder),
-                              "B_SCALE_POINTER"));
-  const int8_t fast_accum = 0;  // f32 promotion between blocks (the block modes require it)
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                                                             &fast_accum, sizeof fast_accum),
-                              "FAST_ACCUM"));
   cublasLtMatmulPreference_t pref = nullptr;
   DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
   const size_t ws = kWorkspaceBytes;
@@ -282,12 +280,7 @@ absl::Status Fp8Gemm::Product(const uint8_t* w, const float* ws, const uint8_t* 
                               const float* xs, float* y, int M, int K, int T, int64_t ldy,
                               bool accumulate, cudaStream_t stream) {
   DS_ASSIGN_OR_RETURN(Plan * p, PlanFor(M, K, T, ldy));
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                             &ws, sizeof ws),
-                              "A_SCALE_POINTER"));
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                             &xs, sizeof xs),
-                              "B_SCALE_POINTER"));
+  DS_RETURN_IF_ERROR(SetScalePointers(p->op, ws, xs));
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   return LtStatus(cublasLtMatmul(lt_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
                                  &p->algo, workspace_, kWorkspaceBytes, stream),
