@@ -2,6 +2,9 @@
 // produced for the same weights (tools/train/train.py, stored in tests/model/data/demo_pytorch_ref.json
 // by the training run), the vocabulary in the file encodes the prompts to the ids PyTorch was
 // given, and the MTP head's greedy drafts over held-out text equal PyTorch's.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -106,6 +109,54 @@ TEST(DemoModel, MtpDraftsEqualPyTorch) {
     got.push_back(Argmax(lg.data(), V));
   }
   EXPECT_EQ(got, want);
+}
+
+// FP8 prefill's CPU twin (BackendOptions::prefill_fp8, worker/model/fp8_prefill_emulation.h): a
+// prefill piece of more than 64 rows multiplies e4m3 values, one of 64 rows or fewer keeps the
+// exact products bit for bit, and over held-out text (the reference's 64 ids three times, 192
+// tokens in one piece) the text's mean negative log-likelihood moves by under 1%.
+TEST(DemoModel, Fp8PrefillEmulation) {
+  const nlohmann::json ref = LoadRef();
+  const auto check = ref["check_ids"].get<std::vector<int32_t>>();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 3; ++i) ids.insert(ids.end(), check.begin(), check.end());
+  auto prefill = [&](bool fp8, size_t n, std::vector<float>* logits) {
+    BackendOptions o;
+    o.n_slots = 1;
+    o.slot_ctx = 256;
+    o.n_threads = 2;
+    o.prefill_fp8 = fp8;
+    auto b = CpuBackend::Create(kRoot + "/" + kDemoModelRelPath, o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    SeqStep s{0, 0, std::vector<int32_t>(ids.begin(), ids.begin() + n), true};
+    StepOutput out;
+    ASSERT_TRUE((*b)->Forward({&s, 1}, StepOptions{}, &out).ok());
+    *logits = std::move(out.logits);
+  };
+  std::vector<float> exact64, fp8_64, exact, fp8;
+  prefill(false, 64, &exact64);
+  prefill(true, 64, &fp8_64);
+  prefill(false, ids.size(), &exact);
+  prefill(true, ids.size(), &fp8);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(exact64, fp8_64);  // 64 rows: the column kernels' range, no FP8
+  const int V = static_cast<int>(exact.size() / ids.size());
+  auto mean_nll = [&](const std::vector<float>& l) {
+    double nll = 0;
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      const float* row = l.data() + t * V;
+      const double mx = *std::max_element(row, row + V);
+      double z = 0;
+      for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+      nll += mx + std::log(z) - row[ids[t + 1]];
+    }
+    return nll / static_cast<double>(ids.size() - 1);
+  };
+  const double a = mean_nll(exact), b = mean_nll(fp8);
+  std::printf("demo, 192 tokens in one piece: mean NLL %.5f exact, %.5f with FP8 (%+.3f%%)\n", a,
+              b, 100.0 * (b - a) / a);
+  EXPECT_NE(exact, fp8);  // the e4m3 products did run
+  EXPECT_LT(std::fabs(b - a), 0.01 * a);
 }
 
 }  // namespace

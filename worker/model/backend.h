@@ -276,8 +276,9 @@ struct BackendOptions {
   // CUDA: the f16 tensor-core matmul on wgmma where the build and GPU have it (CudaBackendOptions::
   // f16_wgmma, --f16-wgmma off for the mma.sync form: the same numbers); the CPU backend ignores it.
   bool f16_wgmma = true;
-  // CUDA: prefill products on FP8 tensor cores through e4m3 copies of the weights with block scales
-  // (CudaBackendOptions::prefill_fp8, --prefill-fp8 on; lossy, opt-in); the CPU backend ignores it.
+  // Prefill products on FP8: CUDA through e4m3 copies of the weights with block scales on FP8
+  // tensor cores (CudaBackendOptions::prefill_fp8, --prefill-fp8 on; lossy, opt-in); the CPU
+  // backend emulates it on the same e4m3 values (worker/model/fp8_prefill_emulation.h).
   bool prefill_fp8 = false;
   // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
   // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.

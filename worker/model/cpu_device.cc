@@ -184,6 +184,13 @@ double CpuDevice::TakeCommSeconds() {
   return s;
 }
 
+void CpuDevice::LayerMatMul(const cpu::WeightView& w, const float* x, int64_t N, float* y) {
+  if (fp8_ && Fp8PrefillEmulation::Applies(w, N))
+    fp8_->MatMul(w, x, N, y, pool_);
+  else
+    cpu::MatMul(w, x, N, y, pool_);
+}
+
 void CpuDevice::AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
                           const std::vector<SeqRun>& seqs, float* y) {
   const ModelConfig& c = cfg_;
@@ -194,9 +201,9 @@ void CpuDevice::AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
   const int64_t qgw = 2LL * lc_.n_head * c.head_dim,
                 ow = static_cast<int64_t>(lc_.n_head) * c.head_dim;
   std::vector<float> qg(N * qgw), k(N * kv_width_), v(N * kv_width_), o(N * ow);  // [N, ·]
-  cpu::MatMul(w.q, a, N, qg.data(), pool_);
-  cpu::MatMul(w.k, a, N, k.data(), pool_);
-  cpu::MatMul(w.v, a, N, v.data(), pool_);
+  LayerMatMul(w.q, a, N, qg.data());
+  LayerMatMul(w.k, a, N, k.data());
+  LayerMatMul(w.v, a, N, v.data());
   for (const SeqRun& s : seqs) {
     cpu::AttnArgs aa;
     aa.n_head = lc_.n_head;
@@ -221,7 +228,7 @@ void CpuDevice::AttnMixer(const AttnLayerWeights& w, const float* a, int64_t N,
     aa.pool = pool_;
     cpu::GatedAttention(aa);
   }
-  cpu::MatMul(w.out, o.data(), N, y, pool_);
+  LayerMatMul(w.out, o.data(), N, y);
 }
 
 void CpuDevice::Mlp(const LayerWeights& w, const float* f, int64_t N, float* y) {
@@ -231,10 +238,10 @@ void CpuDevice::Mlp(const LayerWeights& w, const float* f, int64_t N, float* y) 
     return;
   }
   std::vector<float> g(N * ff), u(N * ff);  // [N, n_ff]
-  cpu::MatMul(w.ffn_gate, f, N, g.data(), pool_);
-  cpu::MatMul(w.ffn_up, f, N, u.data(), pool_);
+  LayerMatMul(w.ffn_gate, f, N, g.data());
+  LayerMatMul(w.ffn_up, f, N, u.data());
   for (int64_t i = 0; i < N * ff; ++i) g[i] = cpu::Silu(g[i]) * u[i];
-  cpu::MatMul(w.ffn_down, g.data(), N, y, pool_);
+  LayerMatMul(w.ffn_down, g.data(), N, y);
 }
 
 void CpuDevice::GdnMixer(const LayerWeights& L, int gi, float* y) {
@@ -250,10 +257,10 @@ void CpuDevice::GdnMixer(const LayerWeights& L, int gi, float* y) {
   const cpu::GdnDims dims{lc_.gdn_k_heads, lc_.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim,
                           c.conv_kernel};
   std::vector<float> mixed(N * C), z(N * Vw), b(N * Hv), al(N * Hv), o(N * Vw);
-  cpu::MatMul(L.gdn.qkv, a_.data(), N, mixed.data(), pool_);   // [N, C]
-  cpu::MatMul(L.gdn.gate, a_.data(), N, z.data(), pool_);      // [N, Vw]
-  cpu::MatMul(L.gdn.beta, a_.data(), N, b.data(), pool_);      // [N, Hv]
-  cpu::MatMul(L.gdn.alpha, a_.data(), N, al.data(), pool_);    // [N, Hv]
+  LayerMatMul(L.gdn.qkv, a_.data(), N, mixed.data());   // [N, C]
+  LayerMatMul(L.gdn.gate, a_.data(), N, z.data());      // [N, Vw]
+  LayerMatMul(L.gdn.beta, a_.data(), N, b.data());      // [N, Hv]
+  LayerMatMul(L.gdn.alpha, a_.data(), N, al.data());    // [N, Hv]
   for (size_t i = 0; i < runs_.size(); ++i) {
     Slot& s = slots_[step_->runs[i].slot];
     const SeqRun& r = runs_[i];
@@ -300,7 +307,7 @@ void CpuDevice::GdnMixer(const LayerWeights& L, int gi, float* y) {
       g.out += Vw;
     }
   }
-  cpu::MatMul(L.gdn.out, o.data(), N, y, pool_);
+  LayerMatMul(L.gdn.out, o.data(), N, y);
 }
 
 absl::Status CpuDevice::Layer(int l) {

@@ -26,6 +26,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/util/thread_pool.h"
+#include "worker/model/fp8_prefill_emulation.h"
 #include "worker/model/weights.h"
 #include "worker/runner/device.h"
 #include "worker/runner/step_runner.h"
@@ -86,6 +87,9 @@ class CpuDevice final : public Device {
   void set_gdn_chunk(int chunk) { gdn_chunk_ = chunk; }
   // BackendOptions::gdn_state_bf16: the delta-rule state rounded to bf16 between steps.
   void set_gdn_state_bf16(bool on) { gdn_state_bf16_ = on; }
+  // BackendOptions::prefill_fp8: the layer matrices' products of prefill pieces on e4m3 values
+  // (fp8_prefill_emulation.h).
+  void set_prefill_fp8(bool on) { fp8_ = on ? std::make_unique<Fp8PrefillEmulation>() : nullptr; }
   // The CPU takes a whole step at once by default; smaller limits make the runner cut steps into
   // micro-steps as it does for a GPU (tests of the one splitting rule).
   void set_limits(const DeviceLimits& limits) { limits_ = limits; }
@@ -138,6 +142,9 @@ class CpuDevice final : public Device {
   int slot_ctx_ = 0;
   int gdn_chunk_ = 64;
   bool gdn_state_bf16_ = false;
+  std::unique_ptr<Fp8PrefillEmulation> fp8_;  // null unless prefill_fp8
+  // A layer matrix's product: cpu::MatMul, or the FP8 emulation where the CUDA path takes it.
+  void LayerMatMul(const cpu::WeightView& w, const float* x, int64_t N, float* y);
   std::vector<int> gdn_index_, attn_index_;  // [n_layer] index among GDN / attention layers or -1
   int n_gdn_ = 0, n_attn_ = 0;
   int64_t conv_elems_ = 0, ssm_elems_ = 0, kv_width_ = 0;  // per GDN layer / per KV row
