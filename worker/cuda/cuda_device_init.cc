@@ -35,10 +35,10 @@ namespace {
 constexpr uint64_t kAlign = 256;
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-// Bump allocator over one cudaMalloc.
 // prefill_fp8: the transient bf16 rows of a matrix on their way to its e4m3 copy.
 constexpr uint64_t kFp8TempBytes = 64ull << 20;
 
+// Bump allocator over one cudaMalloc.
 struct Arena {
   uint8_t* base = nullptr;
   uint64_t size = 0, used = 0;
