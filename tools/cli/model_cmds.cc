@@ -213,7 +213,7 @@ int CmdGenerate(int argc, char** argv) {
   auto kv_type = ParseKvType(args->Str("--kv-type", "f16"));
   if (!kv_type.ok()) return Fail(kv_type.status());
   bo.kv_type = *kv_type;  // q8_0 / q4_0: CUDA only (the CPU backend refuses them)
-  ApplyDeviceTuning(tuning, &bo);  // CUDA switches; the CPU backend emulates only --gdn-state bf16
+  ApplyDeviceTuning(tuning, &bo);  // CUDA switches; the CPU backend emulates --gdn-state bf16 and --prefill-fp8
   // CUDA: the draft chain in one kernel where the MTP block takes it (off: one kernel per op).
   auto fused_draft = args->OnOff("--fused-draft", true);
   if (!fused_draft.ok()) return Fail(fused_draft.status());

@@ -7,12 +7,16 @@
 // scores the same windows through the device's decode kernels instead of its prefill kernels.
 // --gdn-state bf16: the GDN recurrent state stored in bf16 between steps (CUDA backend; the CPU
 // backend emulates it by rounding), the precision question of issue #22 (with --chunk 1 every
-// token is a step, as in decoding). --prefill-fp8 on: the CUDA prefill products in FP8.
+// token is a step, as in decoding). --prefill-fp8 on: the prefill products in FP8 (CUDA; the CPU
+// backend multiplies the same e4m3 values). These and the worker's other device switches are
+// parsed by worker/process/device_tuning.h.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,8 +29,8 @@
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 #include "worker/backend_factory.h"
-#include "worker/model/dense_weights.h"
 #include "worker/model/gdn_state.h"
+#include "worker/process/device_tuning.h"
 
 namespace ds::cli {
 namespace {
@@ -43,10 +47,12 @@ double Now() {
 }  // namespace
 
 int CmdPerplexity(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv, {"--model", "--text", "--ctx", "--backend", "--threads",
-                                       "--max-tokens", "--chunk", "--gdn-state", "--prefill-fp8",
-                                       "--dense-weights"},
-                          {"--json", "--quiet", "--decode-path"});
+  // The worker's device switches (worker/process/device_tuning.h: --gdn-state, --prefill-fp8,
+  // --dense-weights, ...), parsed and applied as `generate` does.
+  std::set<std::string> valued = {"--model",  "--text",       "--ctx",  "--backend",
+                                  "--threads", "--max-tokens", "--chunk"};
+  valued.insert(DeviceTuningFlagNames().begin(), DeviceTuningFlagNames().end());
+  auto args = Args::Parse(argc, argv, valued, {"--json", "--quiet", "--decode-path"});
   if (!args.ok()) return Fail(args.status());
   auto model_arg = args->Required("--model");
   auto text_path = args->Required("--text");
@@ -82,21 +88,12 @@ int CmdPerplexity(int argc, char** argv) {
   bo.n_slots = 1;
   bo.slot_ctx = static_cast<int>(*ctx);
   bo.n_threads = static_cast<int>(*threads);
-  const std::string gdn_state = args->Str("--gdn-state", "f32");
-  auto gdn_bf16 = ParseGdnState(gdn_state);
-  if (!gdn_bf16.ok()) return Fail(gdn_bf16.status());
-  bo.gdn_state_bf16 = *gdn_bf16;
-  // --prefill-fp8 on: prefill products on FP8 tensor cores (CUDA; its precision is measured here,
-  // docs/quality.md "FP8 prefill"); --dense-weights on|off|auto as on the worker.
-  const std::string fp8 = args->Str("--prefill-fp8", "off");
-  if (fp8 != "on" && fp8 != "off")
-    return Fail(absl::InvalidArgumentError("--prefill-fp8 expects on or off, got '" + fp8 + "'"));
-  bo.prefill_fp8 = fp8 == "on";
-  if (args->Has("--dense-weights")) {
-    const auto d = DenseWeightsFromName(args->Str("--dense-weights", "auto"));
-    if (!d) return Fail(absl::InvalidArgumentError("--dense-weights expects on, off or auto"));
-    bo.dense_weights = *d;
-  }
+  std::map<std::string, std::string> tuning_flags;
+  for (const std::string& f : DeviceTuningFlagNames())
+    if (args->Has(f)) tuning_flags[f] = args->Str(f);
+  DeviceTuning tuning;
+  if (auto s = ParseDeviceTuning(tuning_flags, &tuning); !s.ok()) return Fail(s);
+  ApplyDeviceTuning(tuning, &bo);
   auto be_or = CreateBackend(args->Str("--backend", "cpu"), model, bo);
   if (!be_or.ok()) return Fail(be_or.status());
   Backend& be = **be_or;
@@ -152,7 +149,7 @@ int CmdPerplexity(int argc, char** argv) {
     j["scored"] = scored;
     j["ctx"] = *ctx;
     j["decode_path"] = args->Has("--decode-path");
-    j["gdn_state"] = gdn_state;
+    j["gdn_state"] = GdnStateName(tuning.gdn_state_bf16);
     j["mean_nll"] = nll / std::max<int64_t>(1, scored);
     j["perplexity"] = ppl;
     j["seconds"] = Now() - t0;

@@ -515,11 +515,17 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     uint8_t* d = wa.Take<uint8_t>(m->bytes);
     m->d = d;
     // The 16-bit copy, from the uploaded matrix (in whichever layout it has).
+    // Rows [r0, r0 + n) of the uploaded matrix (in whichever layout it has) as 16-bit values.
+    auto dequantize = [&](int64_t r0, int n, void* out, bool bf16) -> absl::Status {
+      if (m->tiled) return DequantizeTiledRows(m->type, d, static_cast<int>(r0), n, m->cols, out, bf16, stream_);
+      return DequantizeRows(m->type, d + r0 * GgmlRowBytes(m->type, m->cols), n, m->cols, out, bf16,
+                            stream_);
+    };
+    // The dense copy: 16-bit, or (prefill_fp8) e4m3 from the same bf16 values.
     auto densify = [&]() -> absl::Status {
       if (!dense_mats.contains(&w)) return absl::OkStatus();
       if (dense_fp8(&w)) {
-        // Row chunks of whole 128-row blocks through the transient bf16 buffer, then e4m3 (the
-        // bf16 rounding first: the values the 16-bit copy would hold).
+        // Row chunks of whole 128-row blocks through the transient bf16 buffer.
         const uint64_t n = static_cast<uint64_t>(m->rows) * m->cols;
         auto* q = wa.Take<uint8_t>(n);
         auto* scale = wa.Take<float>(Fp8BlockScaleFloats(m->rows, m->cols));
@@ -531,26 +537,18 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
           fp8_temp.reset(t);
         }
         const int64_t chunk = std::max<int64_t>(kFp8Block, kFp8TempBytes / (2ull * m->cols) / kFp8Block * kFp8Block);
-        const uint64_t rb = GgmlRowBytes(m->type, m->cols);
         for (int64_t r0 = 0; r0 < m->rows; r0 += chunk) {
           const int rn = static_cast<int>(std::min<int64_t>(chunk, m->rows - r0));
-          DS_RETURN_IF_ERROR(m->tiled ? DequantizeTiledRows(m->type, d, static_cast<int>(r0), rn,
-                                                            m->cols, fp8_temp.get(), true, stream_)
-                                      : DequantizeRows(m->type, d + r0 * rb, rn, m->cols,
-                                                       fp8_temp.get(), true, stream_));
+          DS_RETURN_IF_ERROR(dequantize(r0, rn, fp8_temp.get(), /*bf16=*/true));
           DS_RETURN_IF_ERROR(QuantizeBlocksFp8(fp8_temp.get(), true, rn, m->cols, q + r0 * m->cols,
                                                scale + r0 / kFp8Block * Fp8BlockScaleLd(m->cols),
                                                stream_));
         }
-        DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-        return absl::OkStatus();
+      } else {
+        auto* dense = wa.Take<uint8_t>(static_cast<uint64_t>(m->rows) * m->cols * 2);
+        m->dense = dense;
+        DS_RETURN_IF_ERROR(dequantize(0, m->rows, dense, bf16_));
       }
-      auto* dense = wa.Take<uint8_t>(static_cast<uint64_t>(m->rows) * m->cols * 2);
-      m->dense = dense;
-      DS_RETURN_IF_ERROR(m->tiled ? DequantizeTiledRows(m->type, d, 0, m->rows, m->cols, dense,
-                                                        bf16_, stream_)
-                                  : DequantizeRows(m->type, d, m->rows, m->cols, dense, bf16_,
-                                                   stream_));
       DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       return absl::OkStatus();
     };
