@@ -113,19 +113,21 @@ TEST(DemoModel, MtpDraftsEqualPyTorch) {
 
 // FP8 prefill's CPU twin (BackendOptions::prefill_fp8, worker/model/fp8_prefill_emulation.h): a
 // prefill piece of more than 64 rows multiplies e4m3 values, one of 64 rows or fewer keeps the
-// exact products bit for bit, and over held-out text (the reference's 64 ids three times, 192
+// exact products bit for bit with fp8_decode_rows 0; with fp8_decode_rows N, products of N rows
+// take FP8 and of N - 1 do not; over held-out text (the reference's 64 ids three times, 192
 // tokens in one piece) the text's mean negative log-likelihood moves by under 1%.
 TEST(DemoModel, Fp8PrefillEmulation) {
   const nlohmann::json ref = LoadRef();
   const auto check = ref["check_ids"].get<std::vector<int32_t>>();
   std::vector<int32_t> ids;
   for (int i = 0; i < 3; ++i) ids.insert(ids.end(), check.begin(), check.end());
-  auto prefill = [&](bool fp8, size_t n, std::vector<float>* logits) {
+  auto prefill = [&](bool fp8, size_t n, std::vector<float>* logits, int decode_rows = 0) {
     BackendOptions o;
     o.n_slots = 1;
     o.slot_ctx = 256;
     o.n_threads = 2;
     o.prefill_fp8 = fp8;
+    o.fp8_decode_rows = decode_rows;
     auto b = CpuBackend::Create(kRoot + "/" + kDemoModelRelPath, o);
     ASSERT_TRUE(b.ok()) << b.status();
     SeqStep s{0, 0, std::vector<int32_t>(ids.begin(), ids.begin() + n), true};
@@ -133,13 +135,19 @@ TEST(DemoModel, Fp8PrefillEmulation) {
     ASSERT_TRUE((*b)->Forward({&s, 1}, StepOptions{}, &out).ok());
     *logits = std::move(out.logits);
   };
-  std::vector<float> exact64, fp8_64, exact, fp8;
+  std::vector<float> exact64, fp8_64, exact, fp8, exact15, exact16, fp8_15, fp8_16;
   prefill(false, 64, &exact64);
   prefill(true, 64, &fp8_64);
+  prefill(false, 15, &exact15);
+  prefill(false, 16, &exact16);
+  prefill(true, 15, &fp8_15, 16);
+  prefill(true, 16, &fp8_16, 16);
   prefill(false, ids.size(), &exact);
   prefill(true, ids.size(), &fp8);
   ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(exact64, fp8_64);  // 64 rows: the column kernels' range, no FP8
+  EXPECT_EQ(exact15, fp8_15);  // 15 rows at fp8_decode_rows 16: exact
+  EXPECT_NE(exact16, fp8_16);  // 16 rows: e4m3
   const int V = static_cast<int>(exact.size() / ids.size());
   auto mean_nll = [&](const std::vector<float>& l) {
     double nll = 0;

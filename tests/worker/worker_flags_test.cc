@@ -1,6 +1,6 @@
 // Worker flags that select device paths (issue #19: --portable on|off; issue #22:
 // --dense-weights on|off|auto, --early-launch on|off, --gdn-state f32|bf16, --tiled-f16-formats
-// on|off; issue #15: --coarse-draft-head on|off):
+// on|off, --prefill-fp8 on|off, --fp8-decode-rows N; issue #15: --coarse-draft-head on|off):
 // parsed into WorkerOptions, bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
@@ -75,6 +75,26 @@ TEST(WorkerFlags, PrefillFp8OnOff) {
   ExpectOnOffFlag("--prefill-fp8", &DeviceTuning::prefill_fp8, false);
 }
 
+// --fp8-decode-rows N: the default (16), 0 (never) and a count; not a count refused naming the
+// flag.
+TEST(WorkerFlags, Fp8DecodeRows) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->tuning.fp8_decode_rows, 16);
+  for (const int n : {0, 9, 33}) {
+    auto set = Parse({"--fp8-decode-rows", std::to_string(n)});
+    ASSERT_TRUE(set.ok()) << set.status();
+    EXPECT_EQ(set->tuning.fp8_decode_rows, n);
+  }
+  for (const char* bad_value : {"-1", "sixteen", "4097"}) {
+    auto bad = Parse({"--fp8-decode-rows", bad_value});
+    ASSERT_FALSE(bad.ok()) << bad_value;
+    EXPECT_NE(std::string(bad.status().message()).find("--fp8-decode-rows expects a row count"),
+              std::string::npos)
+        << bad.status();
+  }
+}
+
 TEST(WorkerFlags, CoarseDraftHeadOnOff) {
   ExpectOnOffFlag("--coarse-draft-head", &DeviceTuning::coarse_draft_head, true);
 }
@@ -113,7 +133,9 @@ TEST(WorkerFlags, DeviceTuningArgsParseBackToTheSameSwitches) {
       [](DeviceTuning& t) { t.tiled_f16_formats = !t.tiled_f16_formats; },
       [](DeviceTuning& t) { t.coarse_draft_head = !t.coarse_draft_head; },
       [](DeviceTuning& t) { t.deferred_drafts = !t.deferred_drafts; },
-      [](DeviceTuning& t) { t.gdn_state_bf16 = !t.gdn_state_bf16; }};
+      [](DeviceTuning& t) { t.gdn_state_bf16 = !t.gdn_state_bf16; },
+      [](DeviceTuning& t) { t.prefill_fp8 = !t.prefill_fp8; },
+      [](DeviceTuning& t) { t.fp8_decode_rows = 0; }};
   for (size_t i = 0; i < changes.size(); ++i)
     for (size_t j = i; j < changes.size(); ++j) {
       DeviceTuning want;
@@ -141,6 +163,8 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   EXPECT_EQ(def.tiled_f16_formats, plain.tiled_f16_formats);
   EXPECT_EQ(def.coarse_draft_head, plain.coarse_draft_head);
   EXPECT_EQ(def.gdn_state_bf16, plain.gdn_state_bf16);
+  EXPECT_EQ(def.prefill_fp8, plain.prefill_fp8);
+  EXPECT_EQ(def.fp8_decode_rows, plain.fp8_decode_rows);
   DeviceTuning t;
   t.portable = !t.portable;
   t.dense_weights = DenseWeights::kOff;
@@ -148,6 +172,8 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   t.tiled_f16_formats = !t.tiled_f16_formats;
   t.coarse_draft_head = !t.coarse_draft_head;
   t.gdn_state_bf16 = !t.gdn_state_bf16;
+  t.prefill_fp8 = !t.prefill_fp8;
+  t.fp8_decode_rows = 33;
   BackendOptions bo;
   ApplyDeviceTuning(t, &bo);
   EXPECT_EQ(bo.portable, t.portable);
@@ -156,6 +182,8 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   EXPECT_EQ(bo.tiled_f16_formats, t.tiled_f16_formats);
   EXPECT_EQ(bo.coarse_draft_head, t.coarse_draft_head);
   EXPECT_EQ(bo.gdn_state_bf16, t.gdn_state_bf16);
+  EXPECT_EQ(bo.prefill_fp8, t.prefill_fp8);
+  EXPECT_EQ(bo.fp8_decode_rows, 33);
 }
 
 }  // namespace

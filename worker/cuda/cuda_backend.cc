@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (!opts.tiled_f16_formats) co.tiled_f16_formats = false;
   if (!opts.f16_wgmma) co.f16_wgmma = false;
   if (opts.prefill_fp8) co.prefill_fp8 = true;
+  if (opts.fp8_decode_rows != BackendOptions{}.fp8_decode_rows) co.fp8_decode_rows = opts.fp8_decode_rows;
   if (!opts.coarse_draft_head) co.coarse_draft_head = false;
   if (!opts.fused_draft_chain) co.fused_draft_chain = false;
   if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;

@@ -248,7 +248,16 @@ class CudaDevice final : public Device {
   int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
   // Rows up to which a matmul on `w` takes the column kernels (tiled mma or v2 GEMV) rather than
   // dequantization + cuBLAS.
-  int ColumnRows(const DMat& w) const { return w.tiled ? tiled_max_rows_ : copts_.gemv_max_rows; }
+  int ColumnRows(const DMat& w) const {
+    return Fp8Family(w) ? fp8_column_rows_ : w.tiled ? tiled_max_rows_ : copts_.gemv_max_rows;
+  }
+  // CudaBackendOptions::fp8_decode_rows: the trunk's matrices with dense copies (e4m3 or, for the
+  // few matrices of partial 128 x 128 blocks, 16-bit) keep the column kernels only up to
+  // fp8_column_rows_ rows; steps with more decode rows multiply the copies (segs_[2]).
+  bool Fp8Family(const DMat& w) const {
+    return fp8_column_rows_ >= 0 && (w.dense_fp8 != nullptr || w.dense != nullptr);
+  }
+  int Family(const DMat& w) const { return Fp8Family(w) ? 2 : w.tiled ? 1 : 0; }
   bool ColumnPath(const DMat& w, int R) const { return R <= ColumnRows(w); }
   // A piece of the step's rows and the kernels its matmuls take.
   struct RowSegment {
@@ -260,14 +269,15 @@ class CudaDevice final : public Device {
     bool exact = false;
   };
   // Cuts the prepared step's rows into segments for weights of each flavour (see
-  // CudaBackendOptions::batch_invariant): segs_[1] for tiled matrices, segs_[0] for the others.
+  // CudaBackendOptions::batch_invariant): segs_[1] for tiled matrices, segs_[0] for the others,
+  // segs_[2] for the FP8 decode family (Fp8Family) when fp8_decode_rows is in force.
   void PlanRowSegments(const MicroStep& step);
   // The step's segments for one weight flavour, the column and the cuBLAS ones apart (each in
   // row order), split once per micro-step rather than in every matmul.
   struct StepSegments {
     std::vector<RowSegment> column, gemm;
   };
-  const StepSegments& SegmentsFor(const DMat& w) const { return segs_[w.tiled ? 1 : 0]; }
+  const StepSegments& SegmentsFor(const DMat& w) const { return segs_[Family(w)]; }
   // TP overlap (CudaBackendOptions::overlap_allreduce): Linear into h_ with segs_[f].gemm cut
   // into overlap_gemm_[f] chunks; after each column segment / chunk, ReduceRowsDone enqueues on
   // comm_ the all-reduce of every planned piece (reduce_pieces_) whose rows are now all written,
@@ -393,6 +403,9 @@ class CudaDevice final : public Device {
   bool tiled_ = false;       // copts_.tiled on a GPU that has the tiled kernel
   bool early_launch_ = false;  // copts_.early_launch on sm_90+ with the tiled kernels
   int tiled_max_rows_ = 0;
+  // CudaBackendOptions::fp8_decode_rows in force (FP8 copies made, the trunk tiled): the FP8
+  // family's column rows (fp8_decode_rows - 1, at most tiled_max_rows_); -1 = no such family.
+  int fp8_column_rows_ = -1;
   int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
   // The prepared step's arrays in d_ints_ (kernel arguments): per token row, then per decode run.
   const int32_t* TokenSlots() const { return d_ints_ + T_max_; }
@@ -499,10 +512,10 @@ class CudaDevice final : public Device {
     int n = 0;
   };
   std::vector<DecodeWave> waves_;
-  StepSegments segs_[2];
+  StepSegments segs_[3];
   // TP overlap: segs_[f].gemm with every segment of >= overlap_min_rows rows cut into chunks
   // and the all-reduce pieces (PlanRowSegments), their progress, and the comm stream + events.
-  std::vector<RowSegment> overlap_gemm_[2];
+  std::vector<RowSegment> overlap_gemm_[3];
   std::vector<std::pair<int, int>> reduce_pieces_;  // [row0, n) all-reduced together, in order
   std::vector<uint8_t> row_done_;                   // rows the current projection has written
   size_t next_piece_ = 0;                           // first piece not yet enqueued on comm_

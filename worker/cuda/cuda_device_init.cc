@@ -470,6 +470,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   } else {
     dense_mats.clear();
   }
+  // CudaBackendOptions::fp8_decode_rows: the FP8 family's column rows, where it changes a step.
+  fp8_column_rows_ = -1;
+  if (fp8_on && trunk_tiled_ && copts_.fp8_decode_rows > 0 &&
+      std::any_of(dense_mats.begin(), dense_mats.end(), dense_fp8))
+    if (const int cap = copts_.fp8_decode_rows - 1; cap < tiled_max_rows_) fp8_column_rows_ = cap;
   plan_.dense_choice = dp->reason;
   plan_.plan = *mp;
   plan_.cache_reserved = mp->cache;

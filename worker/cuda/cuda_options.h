@@ -145,6 +145,13 @@ struct CudaBackendOptions {
   // where dense copies are made (dense_weights on or auto) and the matrix is whole 128 x 128
   // blocks; the others keep the 16-bit path.
   bool prefill_fp8 = false;
+  // With prefill_fp8: decode steps of at least this many decode rows multiply the e4m3 copies too
+  // (the serving regime, issue #22: at 16-64 streams the column kernels are bound by decoding the
+  // quantized weights, cuBLASLt's FP8 product by reading 1 byte per weight); fewer keep the column
+  // kernels, so steps on either side of it give a row other numbers (batch invariance holds
+  // within each side, as at f16_mma_min_cols). 0 = never: decode keeps its kernels at any batch.
+  // Only where the copies are made and the trunk's matrices are tiled.
+  int fp8_decode_rows = 16;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;

@@ -153,12 +153,13 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
   const bool f16_on = xf_ != nullptr && copts_.f16_mma;
   const int exact_cap = ExactCap();
   step_exact_ = false;
-  for (int f = 0; f < 2; ++f) {
-    const int cap = f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
+  for (int f = 0; f < 3; ++f) {
+    if (f == 2 && fp8_column_rows_ < 0) break;
+    const int cap = f == 2 ? fp8_column_rows_ : f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
     // Prefill pieces keep the column kernels only up to the tiled kernel's own width (not the
     // int8 MMQ widths, which are for decode rows): their numbers stay those of dequantization +
     // cuBLAS above it, as before MMQ (gpu_vs_cpu_test's prefill bounds and tiled-vs-raw check).
-    const int prefill_cap = f == 1 ? PrefillColumnRows() : cap;
+    const int prefill_cap = f >= 1 ? std::min(cap, PrefillColumnRows()) : cap;
     std::vector<RowSegment>& out = plan_scratch_;
     out.clear();
     if (!copts_.batch_invariant) {
@@ -185,7 +186,7 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
         shared_gemm = false;
         // A replay's decode_path run must give the numbers of its tokens decoded one by one:
         // with the f16 kernel on (F16Columns), its rows stay in segments of fewer columns.
-        const bool exact = f == 1 && f16_on && r.decode_path && r.spec_entry < 0 && r.n > 1;
+        const bool exact = f >= 1 && f16_on && r.decode_path && r.spec_entry < 0 && r.n > 1;
         for (int i = 0; i < r.n;) {
           RowSegment* last = out.empty() ? nullptr : &out.back();
           const int lim = exact || (last && last->exact) ? std::min(cap, exact_cap) : cap;
@@ -207,7 +208,7 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
     split.gemm.clear();
     for (const RowSegment& g : out) {
       (g.column ? split.column : split.gemm).push_back(g);
-      if (f == 1 && g.exact) step_exact_ = true;
+      if (f >= 1 && g.exact) step_exact_ = true;
     }
     // TP overlap: every cuBLAS segment is cut by its own length only (ceil(n / chunks) rounded
     // up to 64 rows), so a piece's products do not depend on what else shares the step.
@@ -254,7 +255,7 @@ absl::Status CudaDevice::LinearOverlapReduce(const DMat& w, const float* x, int 
     return absl::InternalError(absl::StrCat("LinearOverlapReduce: ", R, " rows of ", w.rows,
                                             ", the step has ", rows_, " of ", cfg_.n_embd));
   const StepSegments& segs = SegmentsFor(w);
-  const std::vector<RowSegment>& chunks = overlap_gemm_[w.tiled ? 1 : 0];
+  const std::vector<RowSegment>& chunks = overlap_gemm_[Family(w)];
   const bool acc = ResidualOnThisRank();
   const int64_t M = w.rows, K = w.cols;
   DS_RETURN_IF_ERROR(BeginOverlapReduce());

@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
                       CpuDevice::Create(*file, cfg, tp, DeviceSlots(opts), opts.slot_ctx,
                                         opts.n_threads, opts.kv_page_size, opts.kv_pool_tokens));
   dev->set_gdn_state_bf16(opts.gdn_state_bf16);
-  dev->set_prefill_fp8(opts.prefill_fp8);
+  dev->set_prefill_fp8(opts.prefill_fp8, opts.fp8_decode_rows);
   return std::unique_ptr<CpuBackend>(
       new CpuBackend(std::move(dev), std::move(file), cfg, opts, std::move(tp)));
 }

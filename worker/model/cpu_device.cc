@@ -185,7 +185,7 @@ double CpuDevice::TakeCommSeconds() {
 }
 
 void CpuDevice::LayerMatMul(const cpu::WeightView& w, const float* x, int64_t N, float* y) {
-  if (fp8_ && Fp8PrefillEmulation::Applies(w, N))
+  if (fp8_ && fp8_->Applies(w, N))
     fp8_->MatMul(w, x, N, y, pool_);
   else
     cpu::MatMul(w, x, N, y, pool_);

@@ -89,7 +89,9 @@ class CpuDevice final : public Device {
   void set_gdn_state_bf16(bool on) { gdn_state_bf16_ = on; }
   // BackendOptions::prefill_fp8: the layer matrices' products of prefill pieces on e4m3 values
   // (fp8_prefill_emulation.h).
-  void set_prefill_fp8(bool on) { fp8_ = on ? std::make_unique<Fp8PrefillEmulation>() : nullptr; }
+  void set_prefill_fp8(bool on, int decode_rows = 0) {
+    fp8_ = on ? std::make_unique<Fp8PrefillEmulation>(decode_rows) : nullptr;
+  }
   // The CPU takes a whole step at once by default; smaller limits make the runner cut steps into
   // micro-steps as it does for a GPU (tests of the one splitting rule).
   void set_limits(const DeviceLimits& limits) { limits_ = limits; }

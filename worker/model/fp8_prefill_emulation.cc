@@ -6,8 +6,9 @@
 
 namespace ds {
 
-bool Fp8PrefillEmulation::Applies(const cpu::WeightView& w, int64_t N) {
-  return N > kColumnRows && w.type != GgmlType::F32 && w.rows % cpu::kFp8Block == 0 &&
+bool Fp8PrefillEmulation::Applies(const cpu::WeightView& w, int64_t N) const {
+  const bool rows = N > kColumnRows || (decode_rows_ > 0 && N >= decode_rows_);
+  return rows && w.type != GgmlType::F32 && w.rows % cpu::kFp8Block == 0 &&
          w.cols % cpu::kFp8Block == 0;
 }
 

@@ -24,14 +24,21 @@ class Fp8PrefillEmulation {
   // copies only past its column kernels (tiled_max_rows, 64 by default).
   static constexpr int64_t kColumnRows = 64;
 
+  // decode_rows: BackendOptions::fp8_decode_rows (0 = never): products of at least that many rows
+  // take FP8 too, as the CUDA path's decode steps of that many sequences do. The CPU backend
+  // multiplies a step's rows together, so a step that mixes a few decode rows with a prefill
+  // piece counts as one product here (the CUDA path cuts it by kind of row).
+  explicit Fp8PrefillEmulation(int decode_rows = 0) : decode_rows_(decode_rows) {}
+
   // Whether a product of N rows with w goes through FP8 on the CUDA path.
-  static bool Applies(const cpu::WeightView& w, int64_t N);
+  bool Applies(const cpu::WeightView& w, int64_t N) const;
 
   // y[N, w.rows] = e4m3(x) · e4m3(bf16(W))ᵀ with their block scales. The weights' e4m3 values are
   // made once per matrix (by its data pointer) and kept as f32.
   void MatMul(const cpu::WeightView& w, const float* x, int64_t N, float* y, ThreadPool* pool);
 
  private:
+  int decode_rows_ = 0;
   std::map<const void*, std::vector<float>> weights_;
 };
 

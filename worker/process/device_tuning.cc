@@ -1,6 +1,7 @@
 // DeviceTuning (device_tuning.h): the worker's device switches, parsed and written as flags.
 #include "worker/process/device_tuning.h"
 
+#include "absl/strings/numbers.h"
 #include "common/config/config_file.h"
 #include "common/util/status.h"
 #include "worker/model/gdn_state.h"
@@ -27,7 +28,7 @@ constexpr OnOffSwitch kOnOff[] = {
 
 const std::vector<std::string>& DeviceTuningFlagNames() {
   static const std::vector<std::string> kNames = [] {
-    std::vector<std::string> n = {"--dense-weights", "--gdn-state"};
+    std::vector<std::string> n = {"--dense-weights", "--gdn-state", "--fp8-decode-rows"};
     for (const OnOffSwitch& s : kOnOff) n.emplace_back(s.flag);
     return n;
   }();
@@ -47,6 +48,13 @@ absl::Status ParseDeviceTuning(const std::map<std::string, std::string>& flags, 
   if (auto it = flags.find("--gdn-state"); it != flags.end()) {
     DS_ASSIGN_OR_RETURN(t->gdn_state_bf16, ParseGdnState(it->second));
   }
+  if (auto it = flags.find("--fp8-decode-rows"); it != flags.end()) {
+    int n = -1;
+    if (!absl::SimpleAtoi(it->second, &n) || n < 0 || n > 4096)
+      return absl::InvalidArgumentError("--fp8-decode-rows expects a row count in [0, 4096] (0: never), got '" +
+                                        it->second + "'");
+    t->fp8_decode_rows = n;
+  }
   return absl::OkStatus();
 }
 
@@ -59,6 +67,8 @@ std::vector<std::string> DeviceTuningArgs(const DeviceTuning& t) {
     if (t.*s.field != def.*s.field) a.insert(a.end(), {s.flag, t.*s.field ? "on" : "off"});
   if (t.gdn_state_bf16 != def.gdn_state_bf16)
     a.insert(a.end(), {"--gdn-state", GdnStateName(t.gdn_state_bf16)});
+  if (t.fp8_decode_rows != def.fp8_decode_rows)
+    a.insert(a.end(), {"--fp8-decode-rows", std::to_string(t.fp8_decode_rows)});
   return a;
 }
 
@@ -69,6 +79,7 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->tiled_f16_formats = t.tiled_f16_formats;
   bo->f16_wgmma = t.f16_wgmma;
   bo->prefill_fp8 = t.prefill_fp8;
+  bo->fp8_decode_rows = t.fp8_decode_rows;
   bo->coarse_draft_head = t.coarse_draft_head;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
 }
