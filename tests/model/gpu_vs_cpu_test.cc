@@ -639,7 +639,7 @@ TEST(GpuDenseWeights, AutoMakesCopiesAndChangesNoLogits) {
 // prefill of 101 tokens (25 groups of 4 and a 1-token tail) stays near the bf16 path's logits
 // (e4m3 keeps 3 significant bits; random weights, so the bound is loose and the measured value is
 // recorded) and repeats bit for bit. The decode step of 40 other sequences after it: with
-// fp8_decode_rows 0 the column kernels' logits bit for bit; with 16 (the default) the FP8 product
+// fp8_decode_rows 0 (the default) the column kernels' logits bit for bit; with 16 the FP8 product
 // (40 >= 16 decode rows), near the column kernels' and bit for bit the same in a second run.
 TEST(GpuFp8Prefill, NearTheBf16PathDeterministicDecodeRowsByOption) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

@@ -75,12 +75,11 @@ TEST(WorkerFlags, PrefillFp8OnOff) {
   ExpectOnOffFlag("--prefill-fp8", &DeviceTuning::prefill_fp8, false);
 }
 
-// --fp8-decode-rows N: the default (16), 0 (never) and a count; not a count refused naming the
-// flag.
+// --fp8-decode-rows N: the default (0: never) and counts; not a count refused naming the flag.
 TEST(WorkerFlags, Fp8DecodeRows) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->tuning.fp8_decode_rows, 16);
+  EXPECT_EQ(def->tuning.fp8_decode_rows, 0);
   for (const int n : {0, 9, 33}) {
     auto set = Parse({"--fp8-decode-rows", std::to_string(n)});
     ASSERT_TRUE(set.ok()) << set.status();
@@ -135,7 +134,7 @@ TEST(WorkerFlags, DeviceTuningArgsParseBackToTheSameSwitches) {
       [](DeviceTuning& t) { t.deferred_drafts = !t.deferred_drafts; },
       [](DeviceTuning& t) { t.gdn_state_bf16 = !t.gdn_state_bf16; },
       [](DeviceTuning& t) { t.prefill_fp8 = !t.prefill_fp8; },
-      [](DeviceTuning& t) { t.fp8_decode_rows = 0; }};
+      [](DeviceTuning& t) { t.fp8_decode_rows = 16; }};
   for (size_t i = 0; i < changes.size(); ++i)
     for (size_t j = i; j < changes.size(); ++j) {
       DeviceTuning want;

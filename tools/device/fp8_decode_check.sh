@@ -2,7 +2,7 @@
 # FP8 products in the serving regime (issue #22): batched decode steps on the e4m3 dense copies
 # (CudaBackendOptions::prefill_fp8 with dense weights on) against the default kernels, 27B Q6_K
 # synth, `deltaserve bench` at 16 / 32 / 64 streams (CONC). Each CONFIGS entry is one bench's extra
-# flags ("-" = none); --fp8-decode-rows N (default 16) sends decode steps of N+ rows to FP8.
+# flags ("-" = none); --fp8-decode-rows N (default 0: never) sends decode steps of N+ rows to FP8.
 # Here: DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-f8d bash tools/device/pack.sh
 # deltaserve; on the device: DS_CARRY=.devcarry-f8d [CONFIGS="...;..."] [CONC=1,16,64]
 # bash tools/device/fp8_decode_check.sh
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 source tools/device/env.sh
 M=/tmp/m.gguf
 synth_27b "$M"
-CONFIGS=${CONFIGS:-"-;--prefill-fp8 on;--prefill-fp8 on --fp8-decode-rows 9;--prefill-fp8 on --fp8-decode-rows 33"}
+CONFIGS=${CONFIGS:-"-;--prefill-fp8 on;--prefill-fp8 on --fp8-decode-rows 9;--prefill-fp8 on --fp8-decode-rows 16;--prefill-fp8 on --fp8-decode-rows 33"}
 IFS=';' read -ra cfgs <<<"$CONFIGS"
 for c in "${cfgs[@]}"; do
   [ "$c" = "-" ] && c=""

@@ -147,11 +147,12 @@ struct CudaBackendOptions {
   bool prefill_fp8 = false;
   // With prefill_fp8: decode steps of at least this many decode rows multiply the e4m3 copies too
   // (the serving regime, issue #22: at 16-64 streams the column kernels are bound by decoding the
-  // quantized weights, cuBLASLt's FP8 product by reading 1 byte per weight); fewer keep the column
-  // kernels, so steps on either side of it give a row other numbers (batch invariance holds
-  // within each side, as at f16_mma_min_cols). 0 = never: decode keeps its kernels at any batch.
-  // Only where the copies are made and the trunk's matrices are tiled.
-  int fp8_decode_rows = 16;
+  // quantized weights, where cuBLASLt's FP8 product reads 1 byte per weight); fewer keep the
+  // column kernels, so steps on either side of it give a row other numbers (batch invariance
+  // holds within each side, as at f16_mma_min_cols). 0 (default) = never: decode keeps its
+  // kernels at any batch. Not yet measured on a GPU (docs/perf/h200.md, 2026-12-05 late
+  // session): opt-in until it is. Only where the copies are made and the trunk is tiled.
+  int fp8_decode_rows = 0;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;
