@@ -175,9 +175,9 @@ absl::StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::Create(int max_tokens, int max
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, kWorkspaceBytes));
   const int64_t nb = max_k / kFp8Block;
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->xq_, (static_cast<int64_t>(max_tokens) + 4) * max_k));
-  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->xs_, std::max<int64_t>(1, nb * max_tokens) * 4));
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->xs_, nb * (static_cast<int64_t>(max_tokens) + 4) * 4));
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->xs_tail_, nb * 4 * 4));
-  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->y_tail_, static_cast<int64_t>(max_m) * 4 * 4));
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->y_tail_, static_cast<int64_t>(max_m) * kFp8PadTokens * 4));
   // Whether this cuBLASLt has the product at all: a plan for the smallest shape.
   DS_RETURN_IF_ERROR(g->PlanFor(kFp8Block, kFp8Block, 4, kFp8Block).status());
   return g;
@@ -186,7 +186,8 @@ absl::StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::Create(int max_tokens, int max
 uint64_t Fp8Gemm::ScratchBytes(int max_tokens, int max_k, int max_m) {
   const uint64_t nb = static_cast<uint64_t>(max_k) / kFp8Block;
   return kWorkspaceBytes + (static_cast<uint64_t>(max_tokens) + 4) * max_k +
-         std::max<uint64_t>(1, nb * max_tokens) * 4 + nb * 16 + static_cast<uint64_t>(max_m) * 16;
+         nb * (static_cast<uint64_t>(max_tokens) + 4) * 4 + nb * 16 +
+         static_cast<uint64_t>(max_m) * kFp8PadTokens * 4;
 }
 
 Fp8Gemm::~Fp8Gemm() {
@@ -248,6 +249,15 @@ absl::Status Fp8Gemm::SetActivations(const float* x, int T, int K, cudaStream_t 
   T_ = T;
   K_ = K;
   const int main = T & ~3, tail = T - main;
+  padded_ = tail != 0 && T <= kFp8PadTokens;
+  if (padded_) {
+    // All T tokens and zero rows (scale 0) up to main + 4, for one product.
+    const int64_t t4 = main + 4;
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(xq_ + static_cast<int64_t>(T) * K, 0, (t4 - T) * K, stream));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(xs_, 0, 4ull * t4 * (K / kFp8Block), stream));
+    return QuantizeTokensFp8(x, T, K, xq_, xs_, t4, stream);
+  }
   DS_RETURN_IF_ERROR(QuantizeTokensFp8(x, main, K, xq_, xs_, main, stream));
   if (tail == 0) return absl::OkStatus();
   // The tail's 4 rows: zeros (scale 0) past the last token.
@@ -265,6 +275,13 @@ absl::Status Fp8Gemm::Multiply(const uint8_t* w, const float* ws, float* y, int 
   if (reinterpret_cast<uintptr_t>(w) % 16 != 0)
     return absl::InvalidArgumentError("Fp8Gemm::Multiply: weights must be 16-byte aligned");
   const int main = T_ & ~3, tail = T_ - main;
+  if (padded_) {
+    DS_RETURN_IF_ERROR(Product(w, ws, xq_, xs_, y_tail_, M, K_, main + 4, M, false, stream));
+    const int64_t n = static_cast<int64_t>(T_) * M;
+    AddRowsKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(y_tail_, M, T_, y,
+                                                                              ldy, accumulate);
+    return LastLaunchStatus("Fp8Gemm padded rows");
+  }
   if (main > 0)
     DS_RETURN_IF_ERROR(Product(w, ws, xq_, xs_, y, M, K_, main, ldy, accumulate, stream));
   if (tail == 0) return absl::OkStatus();

@@ -20,6 +20,8 @@
 namespace ds::cuda {
 
 inline constexpr int kFp8Block = 128;
+// Fp8Gemm: products of up to this many tokens with T % 4 != 0 run padded in one product.
+inline constexpr int kFp8PadTokens = 64;
 
 // q[t * K + k] = e4m3(x[t * K + k] * (1 / s)), s = amax / 448 of token t's 128-block b = k / 128
 // (saturating, round to nearest even; an all-zero block: s = 0, q = 0); scale[b * ld_scale + t]
@@ -42,9 +44,11 @@ inline constexpr int64_t Fp8BlockScaleFloats(int64_t rows, int K) {
 // y[t * ldy + r] (+)= sum over k of the dequantized w[r, k] * x[t, k] for r < M, t < T, through
 // cuBLASLt (VEC128 scales for x, BLK128x128 for w, f32 output; `accumulate` adds into y).
 // cuBLASLt reads the activations' scales as [K / 128][T] with T a multiple of 4, so the
-// activations are quantized here, in that layout: the first T & ~3 tokens in one product, the
-// last T % 4 (zero-padded to 4) in a second one into a scratch whose rows are then added or
-// copied into y. Plans are cached per shape; not thread-safe (one per device and worker).
+// activations are quantized here, in that layout. T % 4 != 0: up to kFp8PadTokens tokens (decode
+// steps) all T zero-padded to a multiple of 4 in one product into a scratch, whose T rows are then
+// added or copied into y (one read of the weights); more (prefill pieces) the first T & ~3 tokens
+// straight into y and the last T % 4, padded to 4, in a second product through the scratch.
+// Plans are cached per shape; not thread-safe (one per device and worker).
 class Fp8Gemm {
  public:
   // Scratch for up to max_tokens x max_k activations and max_m output rows. An error (with the
@@ -75,10 +79,11 @@ class Fp8Gemm {
   void* workspace_ = nullptr;
   int max_tokens_ = 0, max_k_ = 0, max_m_ = 0;
   uint8_t* xq_ = nullptr;       // [max_tokens, max_k] e4m3, then 4 padded tail rows
-  float* xs_ = nullptr;         // [max_k / 128][T & ~3]
+  float* xs_ = nullptr;         // [max_k / 128][T & ~3] (padded_: [max_k / 128][T rounded up to 4])
   float* xs_tail_ = nullptr;    // [max_k / 128][4]
-  float* y_tail_ = nullptr;     // [4, max_m]
+  float* y_tail_ = nullptr;     // [kFp8PadTokens, max_m]: the padded products' rows
   int T_ = 0, K_ = 0;           // what SetActivations last quantized
+  bool padded_ = false;         // T_ % 4 != 0 and T_ <= kFp8PadTokens: one padded product
   std::map<std::tuple<int, int, int, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 

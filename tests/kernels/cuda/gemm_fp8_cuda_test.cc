@@ -105,10 +105,12 @@ struct Shape {
 TEST(Fp8Gemm, WithinTheReference) {
   auto gemm = MakeGemm(512, 1024, 1024);
   if (!gemm) GTEST_SKIP() << Fp8Gemm::Create(512, 1024, 1024).status().ToString();
-  // Token counts past whole groups of 4 (the padded tail product), a single token, wide K.
+  // Token counts past whole groups of 4: over kFp8PadTokens (the tail's second product: 130, 77,
+  // 65) and up to it (one padded product: 1, 3, 33, 63); a single token, wide K.
   const Shape shapes[] = {{128, 128, 128}, {256, 384, 256}, {384, 1024, 384}, {256, 384, 130},
                           {128, 640, 77},  {1024, 512, 16}, {128, 128, 1},   {256, 256, 8},
-                          {128, 256, 300}, {256, 128, 3}};
+                          {128, 256, 300}, {256, 128, 3},   {256, 256, 33},  {128, 384, 63},
+                          {128, 256, 65},  {384, 512, 64}};
   for (const Shape& sh : shapes) {
     for (bool accumulate : {false, true}) {
       SCOPED_TRACE(testing::Message() << "M " << sh.M << " K " << sh.K << " T " << sh.T
