@@ -44,7 +44,6 @@ struct BenchOptions {
   int overlap = -1;
   int f16_min_cols = 0;  // --f16-min-cols N: CudaBackendOptions::f16_mma_min_cols (0: its default)
   int fp8_decode_rows = -1;  // --fp8-decode-rows N: CudaBackendOptions::fp8_decode_rows (-1: its default)
-  int tiled_max_rows = -1;  // --tiled-max-rows N: CudaBackendOptions::tiled_max_rows (-1: its default)
   bool early_launch = true;  // --early-launch off: CudaBackendOptions::early_launch (A/B)
   // --coarse-draft-head off: CudaBackendOptions::coarse_draft_head (A/B of the MTP rows)
   bool coarse_draft_head = true;

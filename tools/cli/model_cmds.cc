@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -22,8 +21,8 @@
 #include "common/util/model_alias.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/device_tuning_args.h"
 #include "worker/backend_factory.h"
-#include "worker/process/device_tuning.h"
 #include "worker/model/kv_type.h"
 #include "worker/spec/mtp_setting.h"
 #include "worker/spec/mtp_speculator.h"
@@ -132,11 +131,8 @@ int CmdGenerate(int argc, char** argv) {
   valued.insert(tuning_names.begin(), tuning_names.end());
   auto args = Args::Parse(argc, argv, valued, {"--json", "--ignore-eos", "--chat", "--portable"});
   if (!args.ok()) return Fail(args.status());
-  std::map<std::string, std::string> tuning_flags;
-  for (const std::string& f : tuning_names)
-    if (args->Has(f)) tuning_flags[f] = args->Str(f);
   DeviceTuning tuning;
-  if (auto s = ParseDeviceTuning(tuning_flags, &tuning); !s.ok()) return Fail(s);
+  if (auto s = DeviceTuningFromArgs(*args, tuning_names, &tuning); !s.ok()) return Fail(s);
   tuning.portable = args->Has("--portable");  // CUDA: the sm_70 (V100) kernels on any GPU
   auto model = args->Required("--model");
   if (!model.ok()) return Fail(model.status());

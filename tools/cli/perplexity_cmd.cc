@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -28,9 +27,9 @@
 #include "common/util/model_alias.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/device_tuning_args.h"
 #include "worker/backend_factory.h"
 #include "worker/model/gdn_state.h"
-#include "worker/process/device_tuning.h"
 
 namespace ds::cli {
 namespace {
@@ -88,11 +87,8 @@ int CmdPerplexity(int argc, char** argv) {
   bo.n_slots = 1;
   bo.slot_ctx = static_cast<int>(*ctx);
   bo.n_threads = static_cast<int>(*threads);
-  std::map<std::string, std::string> tuning_flags;
-  for (const std::string& f : DeviceTuningFlagNames())
-    if (args->Has(f)) tuning_flags[f] = args->Str(f);
   DeviceTuning tuning;
-  if (auto s = ParseDeviceTuning(tuning_flags, &tuning); !s.ok()) return Fail(s);
+  if (auto s = DeviceTuningFromArgs(*args, DeviceTuningFlagNames(), &tuning); !s.ok()) return Fail(s);
   ApplyDeviceTuning(tuning, &bo);
   auto be_or = CreateBackend(args->Str("--backend", "cpu"), model, bo);
   if (!be_or.ok()) return Fail(be_or.status());

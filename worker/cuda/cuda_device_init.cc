@@ -522,7 +522,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     m->bytes = mat_bytes(&w);
     uint8_t* d = wa.Take<uint8_t>(m->bytes);
     m->d = d;
-    // The 16-bit copy, from the uploaded matrix (in whichever layout it has).
     // Rows [r0, r0 + n) of the uploaded matrix (in whichever layout it has) as 16-bit values.
     auto dequantize = [&](int64_t r0, int n, void* out, bool bf16) -> absl::Status {
       if (m->tiled) return DequantizeTiledRows(m->type, d, static_cast<int>(r0), n, m->cols, out, bf16, stream_);
