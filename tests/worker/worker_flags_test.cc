@@ -75,12 +75,12 @@ TEST(WorkerFlags, PrefillFp8OnOff) {
   ExpectOnOffFlag("--prefill-fp8", &DeviceTuning::prefill_fp8, false);
 }
 
-// --fp8-decode-rows N: the default (0: never) and counts; not a count refused naming the flag.
+// --fp8-decode-rows N: the default (33, measured) and counts (0: never); not a count refused naming the flag.
 TEST(WorkerFlags, Fp8DecodeRows) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->tuning.fp8_decode_rows, 0);
-  for (const int n : {0, 9, 33}) {
+  EXPECT_EQ(def->tuning.fp8_decode_rows, 33);
+  for (const int n : {0, 9, 64}) {
     auto set = Parse({"--fp8-decode-rows", std::to_string(n)});
     ASSERT_TRUE(set.ok()) << set.status();
     EXPECT_EQ(set->tuning.fp8_decode_rows, n);

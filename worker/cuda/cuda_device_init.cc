@@ -218,7 +218,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       fp8_on = false;
     }
   }
-  if (copts_.fp8_decode_rows > 0 && !copts_.prefill_fp8)
+  if (copts_.fp8_decode_rows != CudaBackendOptions{}.fp8_decode_rows && !copts_.prefill_fp8)
     std::fprintf(stderr, "deltaserve: --fp8-decode-rows %d has no effect without --prefill-fp8 on\n",
                  copts_.fp8_decode_rows);
   auto dense_fp8 = [&](const cpu::WeightView* w) {

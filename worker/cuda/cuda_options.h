@@ -149,10 +149,12 @@ struct CudaBackendOptions {
   // (the serving regime, issue #22: at 16-64 streams the column kernels are bound by decoding the
   // quantized weights, where cuBLASLt's FP8 product reads 1 byte per weight); fewer keep the
   // column kernels, so steps on either side of it give a row other numbers (batch invariance
-  // holds within each side, as at f16_mma_min_cols). 0 (default) = never: decode keeps its
-  // kernels at any batch. Not yet measured on a GPU (docs/perf/h200.md, 2026-12-05 late
-  // session): opt-in until it is. Only where the copies are made and the trunk is tiled.
-  int fp8_decode_rows = 0;
+  // holds within each side, as at f16_mma_min_cols). 33 by default, measured (docs/perf/h200.md,
+  // 2026-12-06, H100, 27B Q6_K): the FP8 product is ~10% ahead from 40 to 64 streams and ~11-20%
+  // behind at 16 and 32, where the f16 kernel covers the rows in one pass of 32 columns. 0 =
+  // never: decode keeps its kernels at any batch. Only where the copies are made and the trunk
+  // is tiled.
+  int fp8_decode_rows = 33;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;

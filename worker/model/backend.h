@@ -281,9 +281,9 @@ struct BackendOptions {
   // backend emulates it on the same e4m3 values (worker/model/fp8_prefill_emulation.h).
   bool prefill_fp8 = false;
   // With prefill_fp8: decode steps of at least this many rows on FP8 too (CudaBackendOptions::
-  // fp8_decode_rows, --fp8-decode-rows N; 0 = never, the default); the CPU backend's emulation
-  // follows it.
-  int fp8_decode_rows = 0;
+  // fp8_decode_rows, --fp8-decode-rows N; 33 by default, 0 = never); the CPU backend's
+  // emulation follows it.
+  int fp8_decode_rows = 33;
   // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
   // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.
   bool coarse_draft_head = true;
