@@ -145,6 +145,11 @@ struct Fp8Gemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // AlgorithmCount's list, best-ranked first (a plain array: nvcc 13.0's front end fails on a
+  // std::vector of this type here).
+  static constexpr int kMaxCandidates = 16;
+  cublasLtMatmulAlgo_t candidates[kMaxCandidates] = {};
+  int n_candidates = 0;
   ~Plan() {
     if (op) cublasLtMatmulDescDestroy(op);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -222,24 +227,55 @@ absl::StatusOr<Fp8Gemm::Plan*> Fp8Gemm::PlanFor(int M, int K, int T, int64_t ldy
   DS_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, K, M, K), "layout A"));
   DS_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, K, T, K), "layout B"));
   DS_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, M, T, ldy), "layout C"));
-  cublasLtMatmulPreference_t pref = nullptr;
-  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
-  const size_t ws = kWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref,
-                                                          1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (hs != CUBLAS_STATUS_SUCCESS || found == 0)
-    return absl::UnimplementedError(absl::StrCat(
-        "FP8 prefill: cuBLASLt has no block-scaled e4m3 product for M = ", M, ", K = ", K, ", T = ",
-        T, " (status ", static_cast<int>(hs), ", ", found, " algorithms)"));
-  p->algo = result.algo;
+  if (absl::Status st = Heuristic(p.get(), 1); !st.ok())
+    return absl::Status(st.code(), absl::StrCat(st.message(), ": M = ", M, ", K = ", K, ", T = ", T));
+  p->algo = p->candidates[0];
   Plan* raw = p.get();
   plans_.emplace(key, std::move(p));
   return raw;
 #endif
+}
+
+absl::Status Fp8Gemm::Heuristic(Plan* p, int max) {
+#if !DS_LT_BLOCK_SCALES
+  return absl::UnimplementedError("FP8 prefill: this build's cuBLAS has no block-scaled products");
+#else
+  cublasLtMatmulPreference_t pref = nullptr;
+  DS_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
+  const size_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasLtMatmulHeuristicResult_t results[Plan::kMaxCandidates] = {};
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(
+      lt_, p->op, p->a, p->b, p->c, p->c, pref, std::clamp(max, 1, Plan::kMaxCandidates), results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0)
+    return absl::UnimplementedError(absl::StrCat(
+        "FP8 prefill: cuBLASLt has no block-scaled e4m3 product for this shape (status ",
+        static_cast<int>(hs), ", ", found, " algorithms)"));
+  p->n_candidates = 0;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = results[i].algo;
+  if (p->n_candidates == 0) return absl::UnimplementedError("FP8 prefill: no usable algorithm");
+  return absl::OkStatus();
+#endif
+}
+
+absl::StatusOr<int> Fp8Gemm::AlgorithmCount(int M, int64_t ldy, int max) {
+  if (padded_ || T_ % 4 != 0 || T_ == 0)
+    return absl::FailedPreconditionError("Fp8Gemm::AlgorithmCount: set activations of 4k tokens first");
+  DS_ASSIGN_OR_RETURN(Plan * p, PlanFor(M, K_, T_, ldy));
+  DS_RETURN_IF_ERROR(Heuristic(p, max));
+  return p->n_candidates;
+}
+
+absl::Status Fp8Gemm::UseAlgorithm(int M, int64_t ldy, int index) {
+  DS_ASSIGN_OR_RETURN(Plan * p, PlanFor(M, K_, T_, ldy));
+  if (index < 0 || index >= p->n_candidates)
+    return absl::InvalidArgumentError(absl::StrCat("Fp8Gemm::UseAlgorithm: candidate ", index, " of ",
+                                                   p->n_candidates));
+  p->algo = p->candidates[index];
+  return absl::OkStatus();
 }
 
 absl::Status Fp8Gemm::SetActivations(const float* x, int T, int K, cudaStream_t stream) {

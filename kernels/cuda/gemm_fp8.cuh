@@ -68,9 +68,17 @@ class Fp8Gemm {
   absl::Status Multiply(const uint8_t* w, const float* ws, float* y, int M, int64_t ldy,
                         bool accumulate, cudaStream_t stream);
 
+  // Measurement (Fp8Timing's decode table): the algorithms cuBLASLt's heuristic offers, best-ranked
+  // first (at most `max`), for the product of the activations last set (a multiple of 4 tokens)
+  // with an M-row matrix into rows of ldy; UseAlgorithm makes that shape's products take
+  // candidate `index` of the list (0 is what Multiply uses unless told).
+  absl::StatusOr<int> AlgorithmCount(int M, int64_t ldy, int max);
+  absl::Status UseAlgorithm(int M, int64_t ldy, int index);
+
  private:
   struct Plan;
   Fp8Gemm() = default;
+  absl::Status Heuristic(Plan* p, int max);  // fills p->candidates
   absl::StatusOr<Plan*> PlanFor(int M, int K, int T, int64_t ldy);
   absl::Status Product(const uint8_t* w, const float* ws, const uint8_t* x, const float* xs,
                        float* y, int M, int K, int T, int64_t ldy, bool accumulate,

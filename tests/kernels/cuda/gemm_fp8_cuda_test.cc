@@ -211,5 +211,56 @@ TEST(Fp8Timing, DISABLED_Prefill27B) {
   delete *gemm;
 }
 
+// Benchmark (prints only): the 27B's matrices at decode-step widths (16..64 sequences), every
+// algorithm cuBLASLt's heuristic offers (#0 is what Multiply takes), its time, the weights' read
+// rate it reaches, and whether its output is candidate 0's bit for bit: whether picking per shape
+// by measurement pays, and whether it would change numbers.
+TEST(Fp8Timing, DISABLED_DecodeCandidates27B) {
+  auto fp8 = MakeGemm(64, 17408, 17408);
+  if (!fp8) GTEST_SKIP() << Fp8Gemm::Create(64, 17408, 17408).status().ToString();
+  struct Matrix {
+    const char* name;
+    int M, K;
+  };
+  const Matrix mats[] = {{"ffn_gate", 17408, 5120}, {"ffn_down", 5120, 17408},
+                         {"gdn_qkv", 10240, 5120},  {"attn_q+gate", 12288, 5120},
+                         {"ssm_out", 5120, 6144},   {"gdn_z", 6144, 5120}};
+  std::printf("%-12s %3s %4s %9s %7s %5s\n", "matrix", "T", "alg", "us", "GB/s", "bits");
+  for (const Matrix& m : mats) {
+    const std::vector<float> wf = RandVec(Rng(), static_cast<size_t>(m.M) * m.K, -0.05f, 0.05f);
+    Dev<float> dwf(wf);
+    Dev<uint8_t> wq(wf.size());
+    Dev<float> ws(Fp8BlockScaleFloats(m.M, m.K));
+    ASSERT_OK(QuantizeBlocksFp8(dwf.p, false, m.M, m.K, wq.p, ws.p, nullptr));
+    for (int T : {16, 32, 48, 64}) {
+      const std::vector<float> x = RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f);
+      Dev<float> xf(x);
+      Dev<float> y(static_cast<size_t>(T) * m.M);
+      ASSERT_OK(fp8->SetActivations(xf.p, T, m.K, nullptr));
+      auto n = fp8->AlgorithmCount(m.M, m.M, 16);
+      ASSERT_TRUE(n.ok()) << n.status();
+      std::vector<float> first;
+      double best = 1e30, t0 = 0;
+      for (int i = 0; i < *n; ++i) {
+        ASSERT_OK(fp8->UseAlgorithm(m.M, m.M, i));
+        const double us = MeanLaunchUs(2, 20, [&] {
+          return fp8->Multiply(wq.p, ws.p, y.p, m.M, m.M, false, nullptr);
+        });
+        std::vector<float> out = y.Down(y.n);
+        if (i == 0) {
+          first = out;
+          t0 = us;
+        }
+        best = std::min(best, us);
+        std::printf("%-12s %3d %4d %9.1f %7.0f %5s\n", m.name, T, i, us,
+                    static_cast<double>(wq.n) / us * 1e-3,
+                    std::memcmp(out.data(), first.data(), out.size() * 4) == 0 ? "same" : "DIFF");
+      }
+      std::printf("%-12s %3d best %.1f us vs #0 %.1f (%.2fx)\n", m.name, T, best, t0, t0 / best);
+      ASSERT_OK(fp8->UseAlgorithm(m.M, m.M, 0));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ds::cuda
