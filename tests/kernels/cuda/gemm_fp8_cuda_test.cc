@@ -166,29 +166,40 @@ TEST(Fp8Gemm, WithinTheReference) {
   EXPECT_FALSE(gemm->SetActivations(x.p, 513, 128, nullptr).ok());  // > max_tokens
 }
 
+// The 27B's matrix shapes the timing benchmarks multiply.
+struct Matrix {
+  const char* name;
+  int M, K;
+};
+constexpr Matrix kMatrices27B[] = {{"ffn_gate", 17408, 5120}, {"ffn_down", 5120, 17408},
+                                   {"gdn_qkv", 10240, 5120},  {"attn_q+gate", 12288, 5120},
+                                   {"ssm_out", 5120, 6144},   {"gdn_z", 6144, 5120}};
+
+// Random weights of a matrix in e4m3 with their block scales (QuantizeBlocksFp8), on the device.
+struct Fp8Weights {
+  explicit Fp8Weights(const Matrix& m)
+      : q(static_cast<size_t>(m.M) * m.K), s(Fp8BlockScaleFloats(m.M, m.K)) {
+    Dev<float> f(RandVec(Rng(), q.n, -0.05f, 0.05f));
+    EXPECT_TRUE(QuantizeBlocksFp8(f.p, false, m.M, m.K, q.p, s.p, nullptr).ok());
+  }
+  Dev<uint8_t> q;
+  Dev<float> s;
+};
+
 // Benchmark (prints only): the 27B's prefill matrices, FP8 (with the activations' quantization)
 // against cuBLAS bf16 on the same shapes.
 TEST(Fp8Timing, DISABLED_Prefill27B) {
   auto fp8 = MakeGemm(8192, 17408, 17408);
   if (!fp8) GTEST_SKIP() << Fp8Gemm::Create(8192, 17408, 17408).status().ToString();
-  struct Matrix {
-    const char* name;
-    int M, K;
-  };
-  const Matrix mats[] = {{"ffn_gate", 17408, 5120}, {"ffn_down", 5120, 17408},
-                         {"gdn_qkv", 10240, 5120},  {"attn_q+gate", 12288, 5120},
-                         {"ssm_out", 5120, 6144},   {"gdn_z", 6144, 5120}};
   auto gemm = CublasGemm::Create();
   ASSERT_TRUE(gemm.ok());
   std::printf("%-12s %5s %9s %9s %9s %8s %8s %8s\n", "matrix", "T", "bf16 us", "fp8 us",
               "quant us", "bf16 TF", "fp8 TF", "speedup");
-  for (const Matrix& m : mats) {
-    const std::vector<float> wf = RandVec(Rng(), static_cast<size_t>(m.M) * m.K, -0.05f, 0.05f);
-    Dev<float> dwf(wf);
-    Dev<uint8_t> wq(wf.size());
-    Dev<float> ws(Fp8BlockScaleFloats(m.M, m.K));
-    ASSERT_OK(QuantizeBlocksFp8(dwf.p, false, m.M, m.K, wq.p, ws.p, nullptr));
-    Dev<uint16_t> wh(wf.size());
+  for (const Matrix& m : kMatrices27B) {
+    Fp8Weights w(m);
+    const Dev<uint8_t>& wq = w.q;
+    const Dev<float>& ws = w.s;
+    Dev<uint16_t> wh(wq.n);
     CK(cudaMemset(wh.p, 0x3c, wh.n * 2));
     for (int T : {512, 2048, 8192}) {
       const std::vector<float> x = RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f);
@@ -218,20 +229,11 @@ TEST(Fp8Timing, DISABLED_Prefill27B) {
 TEST(Fp8Timing, DISABLED_DecodeCandidates27B) {
   auto fp8 = MakeGemm(64, 17408, 17408);
   if (!fp8) GTEST_SKIP() << Fp8Gemm::Create(64, 17408, 17408).status().ToString();
-  struct Matrix {
-    const char* name;
-    int M, K;
-  };
-  const Matrix mats[] = {{"ffn_gate", 17408, 5120}, {"ffn_down", 5120, 17408},
-                         {"gdn_qkv", 10240, 5120},  {"attn_q+gate", 12288, 5120},
-                         {"ssm_out", 5120, 6144},   {"gdn_z", 6144, 5120}};
   std::printf("%-12s %3s %4s %9s %7s %5s\n", "matrix", "T", "alg", "us", "GB/s", "bits");
-  for (const Matrix& m : mats) {
-    const std::vector<float> wf = RandVec(Rng(), static_cast<size_t>(m.M) * m.K, -0.05f, 0.05f);
-    Dev<float> dwf(wf);
-    Dev<uint8_t> wq(wf.size());
-    Dev<float> ws(Fp8BlockScaleFloats(m.M, m.K));
-    ASSERT_OK(QuantizeBlocksFp8(dwf.p, false, m.M, m.K, wq.p, ws.p, nullptr));
+  for (const Matrix& m : kMatrices27B) {
+    Fp8Weights w(m);
+    const Dev<uint8_t>& wq = w.q;
+    const Dev<float>& ws = w.s;
     for (int T : {16, 32, 48, 64}) {
       const std::vector<float> x = RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f);
       Dev<float> xf(x);
