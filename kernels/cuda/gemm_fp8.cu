@@ -262,7 +262,7 @@ absl::Status Fp8Gemm::Heuristic(Plan* p, int max) {
 }
 
 absl::StatusOr<int> Fp8Gemm::AlgorithmCount(int M, int64_t ldy, int max) {
-  if (padded_ || T_ % 4 != 0 || T_ == 0)
+  if (T_ == 0 || T_ % 4 != 0)
     return absl::FailedPreconditionError("Fp8Gemm::AlgorithmCount: set activations of 4k tokens first");
   DS_ASSIGN_OR_RETURN(Plan * p, PlanFor(M, K_, T_, ldy));
   DS_RETURN_IF_ERROR(Heuristic(p, max));

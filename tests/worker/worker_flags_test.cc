@@ -75,7 +75,8 @@ TEST(WorkerFlags, PrefillFp8OnOff) {
   ExpectOnOffFlag("--prefill-fp8", &DeviceTuning::prefill_fp8, false);
 }
 
-// --fp8-decode-rows N: the default (33, measured) and counts (0: never); not a count refused naming the flag.
+// --fp8-decode-rows N: the default (33, measured) and counts (0: never); not a count refused
+// naming the flag.
 TEST(WorkerFlags, Fp8DecodeRows) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();

@@ -88,8 +88,8 @@ class CpuDevice final : public Device {
   // BackendOptions::gdn_state_bf16: the delta-rule state rounded to bf16 between steps.
   void set_gdn_state_bf16(bool on) { gdn_state_bf16_ = on; }
   // BackendOptions::prefill_fp8: the layer matrices' products of prefill pieces on e4m3 values
-  // (fp8_prefill_emulation.h).
-  void set_prefill_fp8(bool on, int decode_rows = 0) {
+  // (fp8_prefill_emulation.h); decode_rows: BackendOptions::fp8_decode_rows.
+  void set_prefill_fp8(bool on, int decode_rows) {
     fp8_ = on ? std::make_unique<Fp8PrefillEmulation>(decode_rows) : nullptr;
   }
   // The CPU takes a whole step at once by default; smaller limits make the runner cut steps into

@@ -28,7 +28,7 @@ class Fp8PrefillEmulation {
   // take FP8 too, as the CUDA path's decode steps of that many sequences do. The CPU backend
   // multiplies a step's rows together, so a step that mixes a few decode rows with a prefill
   // piece counts as one product here (the CUDA path cuts it by kind of row).
-  explicit Fp8PrefillEmulation(int decode_rows = 0) : decode_rows_(decode_rows) {}
+  explicit Fp8PrefillEmulation(int decode_rows) : decode_rows_(decode_rows) {}
 
   // Whether a product of N rows with w goes through FP8 on the CUDA path.
   bool Applies(const cpu::WeightView& w, int64_t N) const;

@@ -197,9 +197,7 @@ TEST(Fp8Timing, DISABLED_Prefill27B) {
               "quant us", "bf16 TF", "fp8 TF", "speedup");
   for (const Matrix& m : kMatrices27B) {
     Fp8Weights w(m);
-    const Dev<uint8_t>& wq = w.q;
-    const Dev<float>& ws = w.s;
-    Dev<uint16_t> wh(wq.n);
+    Dev<uint16_t> wh(w.q.n);
     CK(cudaMemset(wh.p, 0x3c, wh.n * 2));
     for (int T : {512, 2048, 8192}) {
       const std::vector<float> x = RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f);
@@ -212,7 +210,7 @@ TEST(Fp8Timing, DISABLED_Prefill27B) {
       });
       const double quant = MeanLaunchUs(2, 10, [&] { return fp8->SetActivations(xf.p, T, m.K, nullptr); });
       const double f8 = MeanLaunchUs(2, 10, [&] {
-        return fp8->Multiply(wq.p, ws.p, y.p, m.M, m.M, false, nullptr);
+        return fp8->Multiply(w.q.p, w.s.p, y.p, m.M, m.M, false, nullptr);
       });
       const double ops = 2.0 * m.M * m.K * T;
       std::printf("%-12s %5d %9.1f %9.1f %9.1f %8.0f %8.0f %7.2fx\n", m.name, T, bf16, f8, quant,
@@ -232,8 +230,6 @@ TEST(Fp8Timing, DISABLED_DecodeCandidates27B) {
   std::printf("%-12s %3s %4s %9s %7s %5s\n", "matrix", "T", "alg", "us", "GB/s", "bits");
   for (const Matrix& m : kMatrices27B) {
     Fp8Weights w(m);
-    const Dev<uint8_t>& wq = w.q;
-    const Dev<float>& ws = w.s;
     for (int T : {16, 32, 48, 64}) {
       const std::vector<float> x = RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f);
       Dev<float> xf(x);
@@ -246,7 +242,7 @@ TEST(Fp8Timing, DISABLED_DecodeCandidates27B) {
       for (int i = 0; i < *n; ++i) {
         ASSERT_OK(fp8->UseAlgorithm(m.M, m.M, i));
         const double us = MeanLaunchUs(2, 20, [&] {
-          return fp8->Multiply(wq.p, ws.p, y.p, m.M, m.M, false, nullptr);
+          return fp8->Multiply(w.q.p, w.s.p, y.p, m.M, m.M, false, nullptr);
         });
         std::vector<float> out = y.Down(y.n);
         if (i == 0) {
@@ -255,7 +251,7 @@ TEST(Fp8Timing, DISABLED_DecodeCandidates27B) {
         }
         best = std::min(best, us);
         std::printf("%-12s %3d %4d %9.1f %7.0f %5s\n", m.name, T, i, us,
-                    static_cast<double>(wq.n) / us * 1e-3,
+                    static_cast<double>(w.q.n) / us * 1e-3,
                     std::memcmp(out.data(), first.data(), out.size() * 4) == 0 ? "same" : "DIFF");
       }
       std::printf("%-12s %3d best %.1f us vs #0 %.1f (%.2fx)\n", m.name, T, best, t0, t0 / best);
