@@ -26,9 +26,7 @@ __device__ __forceinline__ uint32_t E4M3(float v) {
   return static_cast<uint32_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
-// One warp per (token, 128-block): 4 values per lane (one 4-byte word of the block, at word
-// `lane` in row order or Fp8DecodeWord(lane) in the decode kernel's).
-template <Fp8Order kOrder>
+// One warp per (token, 128-block): 4 values per lane.
 __global__ void QuantizeTokensFp8Kernel(const float* __restrict__ x, int64_t tokens, int K,
                                         uint8_t* __restrict__ q, float* __restrict__ scale,
                                         int64_t ld_scale) {
@@ -45,9 +43,8 @@ __global__ void QuantizeTokensFp8Kernel(const float* __restrict__ x, int64_t tok
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float s = amax / 448.f;
   const float inv = s > 0.f ? 1.f / s : 0.f;
-  const int word = kOrder == Fp8Order::kDecode ? Fp8DecodeWord(lane) : lane;
-  *reinterpret_cast<uint32_t*>(q + off - 4 * lane + 4 * word) =
-      E4M3(v.x * inv) | (E4M3(v.y * inv) << 8) | (E4M3(v.z * inv) << 16) | (E4M3(v.w * inv) << 24);
+  *reinterpret_cast<uint32_t*>(q + off) = E4M3(v.x * inv) | (E4M3(v.y * inv) << 8) |
+                                          (E4M3(v.z * inv) << 16) | (E4M3(v.w * inv) << 24);
   if (lane == 0) scale[static_cast<int64_t>(b) * ld_scale + t] = s;
 }
 
@@ -114,18 +111,15 @@ absl::Status SetScalePointers(cublasLtMatmulDesc_t op, const void* a_scale, cons
 }  // namespace
 
 absl::Status QuantizeTokensFp8(const float* x, int64_t tokens, int K, uint8_t* q, float* scale,
-                               int64_t ld_scale, Fp8Order order, cudaStream_t stream) {
+                               int64_t ld_scale, cudaStream_t stream) {
   if (K <= 0 || K % kFp8Block != 0 || tokens < 0 || ld_scale < tokens)
     return absl::InvalidArgumentError(absl::StrCat("QuantizeTokensFp8: K = ", K, " (a multiple of ",
                                                    kFp8Block, "), ", tokens, " tokens, ld_scale ",
                                                    ld_scale));
   if (tokens == 0) return absl::OkStatus();
   const int64_t threads = tokens * (K / kFp8Block) * 32;
-  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
-  if (order == Fp8Order::kDecode)
-    QuantizeTokensFp8Kernel<Fp8Order::kDecode><<<blocks, 256, 0, stream>>>(x, tokens, K, q, scale, ld_scale);
-  else
-    QuantizeTokensFp8Kernel<Fp8Order::kRows><<<blocks, 256, 0, stream>>>(x, tokens, K, q, scale, ld_scale);
+  QuantizeTokensFp8Kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+      x, tokens, K, q, scale, ld_scale);
   return LastLaunchStatus("QuantizeTokensFp8");
 }
 
@@ -192,7 +186,6 @@ absl::StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::Create(int max_tokens, int max
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->y_tail_, static_cast<int64_t>(max_m) * kFp8PadTokens * 4));
   if (Fp8DecodeAvailable()) {
     DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->decode_scratch_, Fp8DecodeScratchBytes(max_m)));
-    DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->xq_decode_, static_cast<int64_t>(kFp8DecodeMaxTokens) * max_k));
     DS_RETURN_IF_ERROR(Fp8DecodeScratchInit(g->decode_scratch_, max_m, nullptr));
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   }
@@ -205,16 +198,14 @@ uint64_t Fp8Gemm::ScratchBytes(int max_tokens, int max_k, int max_m) {
   const uint64_t nb = static_cast<uint64_t>(max_k) / kFp8Block;
   return kWorkspaceBytes + (static_cast<uint64_t>(max_tokens) + 4) * max_k +
          nb * (static_cast<uint64_t>(max_tokens) + 4) * 4 + nb * 16 +
-         static_cast<uint64_t>(max_m) * kFp8PadTokens * 4 + Fp8DecodeScratchBytes(max_m) +
-         static_cast<uint64_t>(kFp8DecodeMaxTokens) * max_k;
+         static_cast<uint64_t>(max_m) * kFp8PadTokens * 4 + Fp8DecodeScratchBytes(max_m);
 }
 
 Fp8Gemm::~Fp8Gemm() {
   plans_.clear();
   if (lt_) cublasLtDestroy(lt_);
   for (void* p : {static_cast<void*>(xq_), static_cast<void*>(xs_), static_cast<void*>(xs_tail_),
-                  static_cast<void*>(y_tail_), workspace_, decode_scratch_,
-                  static_cast<void*>(xq_decode_)})
+                  static_cast<void*>(y_tail_), workspace_, decode_scratch_})
     if (p) cudaFree(p);
 }
 
@@ -298,8 +289,6 @@ absl::Status Fp8Gemm::SetActivations(const float* x, int T, int K, cudaStream_t 
     return absl::InvalidArgumentError(absl::StrCat("Fp8Gemm::SetActivations: ", T, " x ", K,
                                                    " (at most ", max_tokens_, " x ", max_k_, ")"));
   T_ = T;
-  x_ = x;
-  decode_x_ready_ = false;
   K_ = K;
   const int main = T & ~3, tail = T - main;
   padded_ = tail != 0 && T <= kFp8PadTokens;
@@ -309,16 +298,15 @@ absl::Status Fp8Gemm::SetActivations(const float* x, int T, int K, cudaStream_t 
     DS_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(xq_ + static_cast<int64_t>(T) * K, 0, (t4 - T) * K, stream));
     DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(xs_, 0, 4ull * t4 * (K / kFp8Block), stream));
-    return QuantizeTokensFp8(x, T, K, xq_, xs_, t4, Fp8Order::kRows, stream);
+    return QuantizeTokensFp8(x, T, K, xq_, xs_, t4, stream);
   }
-  DS_RETURN_IF_ERROR(QuantizeTokensFp8(x, main, K, xq_, xs_, main, Fp8Order::kRows, stream));
+  DS_RETURN_IF_ERROR(QuantizeTokensFp8(x, main, K, xq_, xs_, main, stream));
   if (tail == 0) return absl::OkStatus();
   // The tail's 4 rows: zeros (scale 0) past the last token.
   uint8_t* tq = xq_ + static_cast<int64_t>(max_tokens_) * max_k_;
   DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(tq, 0, 4ull * K, stream));
   DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(xs_tail_, 0, 4ull * 4 * (K / kFp8Block), stream));
-  return QuantizeTokensFp8(x + static_cast<int64_t>(main) * K, tail, K, tq, xs_tail_, 4,
-                           Fp8Order::kRows, stream);
+  return QuantizeTokensFp8(x + static_cast<int64_t>(main) * K, tail, K, tq, xs_tail_, 4, stream);
 }
 
 absl::Status Fp8Gemm::Multiply(const uint8_t* w, const float* ws, float* y, int M, int64_t ldy,
@@ -330,17 +318,12 @@ absl::Status Fp8Gemm::Multiply(const uint8_t* w, const float* ws, float* y, int 
     return absl::InvalidArgumentError("Fp8Gemm::Multiply: weights must be 16-byte aligned");
   const int main = T_ & ~3, tail = T_ - main;
   if (decode_kernel_ && decode_scratch_ && Fp8DecodeTakes(M, K_, T_)) {
-    const int64_t ld_xs = padded_ ? main + 4 : T_;  // SetActivations' layout of the scales
-    if (!decode_x_ready_) {  // the same values in the kernel's k order (the scales again, equal)
-      DS_RETURN_IF_ERROR(QuantizeTokensFp8(x_, T_, K_, xq_decode_, xs_, ld_xs, Fp8Order::kDecode, stream));
-      decode_x_ready_ = true;
-    }
     Fp8DecodeArgs d;
     d.w = w;
     d.ws = ws;
-    d.x = xq_decode_;
+    d.x = xq_;
     d.xs = xs_;
-    d.ld_xs = ld_xs;
+    d.ld_xs = padded_ ? main + 4 : T_;  // SetActivations' layout of the scales
     d.y = y;
     d.ldy = ldy;
     d.M = M;

@@ -23,15 +23,11 @@ inline constexpr int kFp8Block = 128;
 // Fp8Gemm: products of up to this many tokens with T % 4 != 0 run padded in one product.
 inline constexpr int kFp8PadTokens = 64;
 
-// The k order a quantizer writes: row order (cuBLASLt's), or the decode-width kernel's order
-// within each 128-byte block (Fp8DecodeWord, gemm_fp8_decode.cuh).
-enum class Fp8Order { kRows, kDecode };
-
 // q[t * K + k] = e4m3(x[t * K + k] * (1 / s)), s = amax / 448 of token t's 128-block b = k / 128
 // (saturating, round to nearest even; an all-zero block: s = 0, q = 0); scale[b * ld_scale + t]
-// = s. K % 128 == 0. Bit for bit ds::cpu::QuantizeTokensFp8 (kDecode: its 4-byte words moved).
+// = s. K % 128 == 0. Bit for bit ds::cpu::QuantizeTokensFp8.
 absl::Status QuantizeTokensFp8(const float* x, int64_t tokens, int K, uint8_t* q, float* scale,
-                               int64_t ld_scale, Fp8Order order, cudaStream_t stream);
+                               int64_t ld_scale, cudaStream_t stream);
 
 // The weights' form: one scale per 128 x 128 block, scale[(r / 128) * Fp8BlockScaleLd(K) + k / 128]
 // (cuBLASLt's BLK128x128 layout: a row block's K blocks, padded to a multiple of 4), from
@@ -102,9 +98,6 @@ class Fp8Gemm {
   bool padded_ = false;         // T_ % 4 != 0 and T_ <= kFp8PadTokens: one padded product
   bool decode_kernel_ = true;   // set_decode_kernel
   void* decode_scratch_ = nullptr;  // Fp8DecodeScratchBytes(max_m_), where Fp8DecodeAvailable
-  uint8_t* xq_decode_ = nullptr;    // [kFp8DecodeMaxTokens, max_k] e4m3 in Fp8Order::kDecode
-  const float* x_ = nullptr;        // what SetActivations last quantized (re-quantized in that order
-  bool decode_x_ready_ = false;     // by the first decode-kernel product after it)
   std::map<std::tuple<int, int, int, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 

@@ -5,8 +5,6 @@
 #include <atomic>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cp_async.cuh"
-#include "kernels/cuda/wgmma.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -16,10 +14,17 @@ constexpr int kThreads = 128;         // 4 warps x 32 rows = one row block
 constexpr int kMaxSplitBlocks = 1024; // row blocks x K splits that the scratch holds partials for
 constexpr int kMaxSplits = 32;
 constexpr int kMaxRangeBlocks = 16;   // K blocks per block at most: its activations fit shared memory
-// Weight blocks in flight per thread (register sets) unless Fp8DecodeArgs::stages says.
-constexpr int kDefaultStages = 2;
+// Weight blocks in flight per thread (register sets). 3 and 4 took 255 registers and spilled
+// at every width (ptxas, sm_90a); 2 fits three blocks per SM at up to 16 tokens.
+constexpr int kStages = 2;
 
-// Weights are read once: past L1.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define DS_FP8_MMA 1
+#else
+#define DS_FP8_MMA 0
+#endif
+
+// Weights are read once: past L1 (the activations, read by every warp, stay there).
 __device__ __forceinline__ uint4 LoadStreamed(const uint8_t* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -32,15 +37,27 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// One K block's weight operands of a thread: its 16 + 16 bytes of rows g and g + 8 of warp w's
-// 16 rows of each of the block's two 64-row tiles.
+// d += a (16 x 32, rows) * b (32 x 8, columns), e4m3 inputs, f32 accumulator.
+__device__ __forceinline__ void MmaE4M3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+#if DS_FP8_MMA
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// One K block's weight operands of a thread: its 16 + 16 bytes of rows g and g + 8 of each of
+// its two row tiles.
 struct WeightBlock {
-  uint4 a[2][2][2];  // [row tile][g, g + 8][bytes 16q.., 64 + 16q..]
+  uint4 a[2][2][2];  // [row tile][g, g + 8][bytes 16t.., 64 + 16t..]
 };
 
 __device__ __forceinline__ void LoadWeights(WeightBlock& o, const uint8_t* const (&wrow)[2][2],
-                                            int c, int q) {
-  const int off = c * kBlock + 16 * q;
+                                            int c, int t) {
+  const int off = c * kBlock + 16 * t;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -49,132 +66,93 @@ __device__ __forceinline__ void LoadWeights(WeightBlock& o, const uint8_t* const
       for (int p = 0; p < 2; ++p) o.a[mt][h][p] = LoadStreamed(wrow[mt][h] + off + 64 * p);
 }
 
-// An L2 prefetch of what LoadWeights(c) will read (no registers held: more of the weight stream
-// in flight than the register sets alone).
-__device__ __forceinline__ void PrefetchWeights(const uint8_t* const (&wrow)[2][2], int c, int q) {
-  const int off = c * kBlock + 16 * q;
+// The block's activations in shared memory: token n's bytes of the split's K range at
+// n * xrow_bytes (a multiple of 128 plus 64, so that the 8 tokens x 4 threads of a warp's
+// 16-byte reads fall in distinct banks per quarter warp), then the range's token scales.
+__host__ __device__ constexpr int XRowBytes(int range_blocks) { return range_blocks * kBlock + 64; }
+
+template <int NT>
+__device__ __forceinline__ void MultiplyBlock(const WeightBlock& o, const uint8_t* xsm,
+                                              int xrow_bytes, const float* xs_sm, float wscale,
+                                              int g, int t, float (&acc)[2][NT][4]) {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint8_t* xp = xsm + (8 * nt + g) * xrow_bytes + 16 * t;
+    const uint4 b0 = *reinterpret_cast<const uint4*>(xp), b1 = *reinterpret_cast<const uint4*>(xp + 64);
+    const float s0 = wscale * xs_sm[8 * nt + 2 * t], s1 = wscale * xs_sm[8 * nt + 2 * t + 1];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int mt = 0; mt < 2; ++mt) {
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int p = 0; p < 2; ++p) asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow[mt][h] + off + 64 * p));
+      for (int s = 0; s < 4; ++s) {
+        // Step s takes words 2(s & 1), + 1 of the 16-byte load s / 2: thread t's k's of rows and
+        // token alike (the registers' k order of m16n8k32: a0 / b0 then a2 / b1).
+        const int p = s >> 1, w0 = 2 * (s & 1);
+        const uint4& b = p ? b1 : b0;
+        MmaE4M3(part, Word(o.a[mt][0][p], w0), Word(o.a[mt][1][p], w0),
+                Word(o.a[mt][0][p], w0 + 1), Word(o.a[mt][1][p], w0 + 1), Word(b, w0),
+                Word(b, w0 + 1));
+      }
+      acc[mt][nt][0] = fmaf(part[0], s0, acc[mt][nt][0]);
+      acc[mt][nt][1] = fmaf(part[1], s1, acc[mt][nt][1]);
+      acc[mt][nt][2] = fmaf(part[2], s0, acc[mt][nt][2]);
+      acc[mt][nt][3] = fmaf(part[3], s1, acc[mt][nt][3]);
+    }
+  }
 }
 
-// The k order. Thread q of a quad loads bytes [16q, 16q + 16) and [64 + 16q, 80 + 16q) of each
-// of its rows' 128-byte K block (whole 64-byte runs per row and warp instruction); its A
-// fragment of k32 step s is words 2(s & 1) and 2(s & 1) + 1 of the load s / 2, which wgmma reads
-// as k 32s + 4q.. (a0 / a1) and 32s + 16 + 4q.. (a2 / a3). So the activations come in that order
-// (Fp8DecodeWord: word w = 4(q + 4p) + w' of a block is logical word 8s + 4h + q with
-// s = 2p + w' / 2, h = w' % 2), quantized so (Fp8Order::kDecode), and are staged as they are.
-static_assert(Fp8DecodeWord(0) == 0 && Fp8DecodeWord(1) == 4 && Fp8DecodeWord(2) == 8 &&
-              Fp8DecodeWord(4) == 1 && Fp8DecodeWord(16) == 16 && Fp8DecodeWord(31) == 31);
-
-// Shared memory of a block: per K block of its range a 1024-byte aligned tile of 8 NT token rows
-// x 128 bytes, swizzled (wgmma.cuh), then the range's token scales [block][8 NT].
-__host__ __device__ constexpr int TileBytes(int nt) { return 8 * nt * kBlock; }
-
-// Grid (M / 128, splits); block 128 (one warpgroup); dynamic shared memory SharedBytes(NT, the
-// largest range). partial: [row block][split][T][128] f32; counters: one per row block, zero
-// between products.
-template <int NT, int kStages>
-__global__ void __launch_bounds__(kThreads, kStages == 3 && NT == 4 ? 2 : 3) Fp8DecodeKernel(const Fp8DecodeArgs a, int splits,
-                                                               float* __restrict__ partial,
-                                                               int* __restrict__ counters) {
-#if DS_WGMMA
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  uint8_t* const smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
-  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+// Grid (M / 128, splits); block 128; dynamic shared memory SharedBytes(NT, the largest range).
+// partial: [row block][split][T][128] f32; counters: one per row block, zero between products.
+template <int NT>
+__global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 1) Fp8DecodeKernel(const Fp8DecodeArgs a, int splits,
+                                                            float* __restrict__ partial,
+                                                            int* __restrict__ counters) {
+#if DS_FP8_MMA
+  extern __shared__ __align__(16) uint8_t smem[];
   const int rb = blockIdx.x, split = blockIdx.y;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int K = a.K, T = a.T, nblocks = K / kBlock;
   const int c0 = static_cast<int>(static_cast<int64_t>(split) * nblocks / splits);
   const int c1 = static_cast<int>(static_cast<int64_t>(split + 1) * nblocks / splits);
-  const int nb = c1 - c0;
+  const int nb = c1 - c0, xrow_bytes = XRowBytes(nb);
+  const int row0 = rb * kBlock + warp * 32;  // this warp's 32 rows
 
-  // Row of (tile mt, half h): 64 mt + 16 warp + g + 8 h of the row block.
   const uint8_t* wrow[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      wrow[mt][h] = a.w + static_cast<int64_t>(rb * kBlock + 64 * mt + 16 * warp + g + 8 * h) * K;
+    for (int h = 0; h < 2; ++h) wrow[mt][h] = a.w + static_cast<int64_t>(row0 + 16 * mt + g + 8 * h) * K;
   const float* ws = a.ws + static_cast<int64_t>(rb) * ((K / kBlock + 3) / 4 * 4);
 
   // The first weight blocks go out before the activations are staged.
   WeightBlock o[kStages];
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i)
-    if (c0 + i < c1) LoadWeights(o[i], wrow, c0 + i, q);
-  const int pf = a.l2_prefetch;  // blocks past the register sets' (0: none)
-  for (int i = kStages - 1; i < kStages - 1 + pf && c0 + i < c1; ++i) PrefetchWeights(wrow, c0 + i, q);
+    if (c0 + i < c1) LoadWeights(o[i], wrow, c0 + i, t);
 
-  // Stage the range's activations (8 NT token rows, zero past T; already in wgmma's k order) and
-  // their scales, every copy in flight at once.
-  float* xs_sm = reinterpret_cast<float*>(smem + nb * TileBytes(NT));
-  const int n16 = 8 * NT * nb * 8;  // 16-byte pieces: [token][block][piece]
-  for (int i = threadIdx.x; i < n16; i += kThreads) {
-    const int n = i / (nb * 8), b = (i / 8) % nb, piece = i % 8;
-    CpAsync16Zfill(smem + b * TileBytes(NT) + SwizzledOffset(n, piece),
-                   a.x + static_cast<int64_t>(n < T ? n : 0) * K + (c0 + b) * kBlock + 16 * piece,
-                   n < T);
+  // Stage the range's activations (8 NT token rows, zero past T) and their scales.
+  uint8_t* xsm = smem;
+  float* xs_sm = reinterpret_cast<float*>(smem + 8 * NT * xrow_bytes);  // [block][8 NT]
+  const int chunks_per_row = nb * (kBlock / 16);
+  for (int i = threadIdx.x; i < 8 * NT * chunks_per_row; i += kThreads) {
+    const int n = i / chunks_per_row, ch = i % chunks_per_row;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n < T) v = *reinterpret_cast<const uint4*>(a.x + static_cast<int64_t>(n) * K + c0 * kBlock + 16 * ch);
+    *reinterpret_cast<uint4*>(xsm + n * xrow_bytes + 16 * ch) = v;
   }
   for (int i = threadIdx.x; i < nb * 8 * NT; i += kThreads) {
     const int b = i / (8 * NT), n = i % (8 * NT);
-    if (n < T)
-      CpAsync4(xs_sm + i, a.xs + static_cast<int64_t>(c0 + b) * a.ld_xs + n);
-    else
-      xs_sm[i] = 0.f;
+    xs_sm[i] = n < T ? a.xs[static_cast<int64_t>(c0 + b) * a.ld_xs + n] : 0.f;
   }
-  CpAsyncCommit();
-  CpAsyncWait<0>();
-  FenceProxyAsyncShared();  // the tiles are read by wgmma (the async proxy)
   __syncthreads();
 
-  float acc[2][4 * NT];
+  float acc[2][NT][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int i = 0; i < 4 * NT; ++i) acc[mt][i] = 0.f;
-
-  // One K block: 4 k32 steps per row tile into a fresh accumulator, then scaled by the weight
-  // block's and the token block's scales into the total (the scheme's per-block promotion).
-  auto multiply = [&](const WeightBlock& w, int b, float wscale) {
-    float part[2][4 * NT];
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int i = 0; i < 4 * NT; ++i) part[mt][i] = 0.f;
-    const uint32_t tile = smem_addr + b * TileBytes(NT);
-    WgmmaFence();
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      WgmmaFenceOperands(part[mt]);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int p = s >> 1, w0 = 2 * (s & 1);
-        const uint32_t frag[4] = {Word(w.a[mt][0][p], w0), Word(w.a[mt][1][p], w0),
-                                  Word(w.a[mt][0][p], w0 + 1), Word(w.a[mt][1][p], w0 + 1)};
-        WgmmaM64K32E4M3RS<NT>(part[mt], frag, WgmmaDesc(tile + 32 * s), s > 0);
-      }
-    }
-    WgmmaCommit();
-    WgmmaWait<0>();
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      WgmmaFenceOperands(part[mt]);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float s0 = wscale * xs_sm[b * 8 * NT + 8 * nt + 2 * q];
-        const float s1 = wscale * xs_sm[b * 8 * NT + 8 * nt + 2 * q + 1];
-        acc[mt][4 * nt + 0] = fmaf(part[mt][4 * nt + 0], s0, acc[mt][4 * nt + 0]);
-        acc[mt][4 * nt + 1] = fmaf(part[mt][4 * nt + 1], s1, acc[mt][4 * nt + 1]);
-        acc[mt][4 * nt + 2] = fmaf(part[mt][4 * nt + 2], s0, acc[mt][4 * nt + 2]);
-        acc[mt][4 * nt + 3] = fmaf(part[mt][4 * nt + 3], s1, acc[mt][4 * nt + 3]);
-      }
-    }
-  };
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
   // kStages register sets: the loads of block c + kStages - 1 are in flight while block c
   // multiplies (the buffer index is a constant after unrolling).
@@ -182,34 +160,34 @@ __global__ void __launch_bounds__(kThreads, kStages == 3 && NT == 4 ? 2 : 3) Fp8
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
       if (c + i >= c1) break;
-      if (pf > 0 && c + i + kStages - 1 + pf < c1) PrefetchWeights(wrow, c + i + kStages - 1 + pf, q);
-      if (c + i + kStages - 1 < c1) LoadWeights(o[(i + kStages - 1) % kStages], wrow, c + i + kStages - 1, q);
-      multiply(o[i], c + i - c0, __ldg(ws + c + i));
+      if (c + i + kStages - 1 < c1) LoadWeights(o[(i + kStages - 1) % kStages], wrow, c + i + kStages - 1, t);
+      const int b = c + i - c0;
+      MultiplyBlock<NT>(o[i], xsm + b * kBlock, xrow_bytes, xs_sm + b * 8 * NT, __ldg(ws + c + i), g,
+                        t, acc);
     }
   }
 
-  // The accumulator's element 4 nt + e: row 16 warp + g + 8 (e / 2) of the tile, token
-  // 8 nt + 2q + (e & 1).
+  // The accumulator's element i: row g (+ 8 for i >= 2) of the tile, token 8 nt + 2t + (i & 1).
   auto for_each = [&](auto&& f) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int token = 8 * nt + 2 * q + (e & 1);
-          if (token < T) f(64 * mt + 16 * warp + g + 8 * (e >> 1), token, acc[mt][4 * nt + e]);
+        for (int i = 0; i < 4; ++i) {
+          const int token = 8 * nt + 2 * t + (i & 1);
+          if (token < T) f(row0 + 16 * mt + g + 8 * (i >> 1), token, acc[mt][nt][i]);
         }
   };
   if (splits == 1) {
     for_each([&](int r, int token, float v) {
-      float* yp = a.y + static_cast<int64_t>(token) * a.ldy + rb * kBlock + r;
+      float* yp = a.y + static_cast<int64_t>(token) * a.ldy + r;
       *yp = a.accumulate ? *yp + v : v;
     });
     return;
   }
   float* mine = partial + (static_cast<int64_t>(rb) * splits + split) * T * kBlock;
-  for_each([&](int r, int token, float v) { mine[token * kBlock + r] = v; });
+  for_each([&](int r, int token, float v) { mine[token * kBlock + (r - rb * kBlock)] = v; });
   // The last block of this row block to arrive adds the splits' partials in split order.
   __shared__ bool last;
   __threadfence();
@@ -218,44 +196,24 @@ __global__ void __launch_bounds__(kThreads, kStages == 3 && NT == 4 ? 2 : 3) Fp8
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // 4 tokens x 8 splits of loads in flight per round; each sum in split order.
-  constexpr int kTok = 4, kSpl = 8;
   const int r = threadIdx.x;
-  const float* mine0 = partial + static_cast<int64_t>(rb) * splits * T * kBlock + r;
-  for (int t0 = 0; t0 < T; t0 += kTok) {
-    float sum[kTok] = {0.f, 0.f, 0.f, 0.f};
-    for (int s0 = 0; s0 < splits; s0 += kSpl) {
-      float v[kTok][kSpl];
-#pragma unroll
-      for (int i = 0; i < kTok; ++i)
-#pragma unroll
-        for (int j = 0; j < kSpl; ++j)
-          v[i][j] = t0 + i < T && s0 + j < splits
-                        ? __ldcg(mine0 + (static_cast<int64_t>(s0 + j) * T + t0 + i) * kBlock)
-                        : 0.f;
-#pragma unroll
-      for (int i = 0; i < kTok; ++i)
-#pragma unroll
-        for (int j = 0; j < kSpl; ++j)
-          if (s0 + j < splits) sum[i] += v[i][j];
-    }
-#pragma unroll
-    for (int i = 0; i < kTok; ++i) {
-      if (t0 + i >= T) break;
-      float* yp = a.y + static_cast<int64_t>(t0 + i) * a.ldy + rb * kBlock + r;
-      *yp = a.accumulate ? *yp + sum[i] : sum[i];
-    }
+  const float* mine0 = partial + static_cast<int64_t>(rb) * splits * T * kBlock;
+  for (int token = 0; token < T; ++token) {
+    float sum = 0.f;
+    for (int s = 0; s < splits; ++s) sum += __ldcg(mine0 + (static_cast<int64_t>(s) * T + token) * kBlock + r);
+    float* yp = a.y + static_cast<int64_t>(token) * a.ldy + rb * kBlock + r;
+    *yp = a.accumulate ? *yp + sum : sum;
   }
   if (threadIdx.x == 0) counters[rb] = 0;  // for the next product (stream order)
 #endif
 }
 
-// Dynamic shared memory of a block with a range of `range_blocks` K blocks (+ the base's
-// alignment to 1024 bytes).
+// Dynamic shared memory of a block with a range of `range_blocks` K blocks.
 size_t SharedBytes(int nt, int range_blocks) {
-  return static_cast<size_t>(range_blocks) * TileBytes(nt) + static_cast<size_t>(range_blocks) * 8 * nt * 4 + 1024;
+  return static_cast<size_t>(8 * nt) * XRowBytes(range_blocks) + static_cast<size_t>(range_blocks) * 8 * nt * 4;
 }
 
+__global__ void Fp8DecodeProbeKernel(int* out) { *out = DS_FP8_MMA; }
 
 template <typename F>
 bool DispatchTiles(int T, F&& f) {
@@ -280,8 +238,8 @@ int ResidentBlocks(int T) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   DispatchTiles(T, [&](auto tag) {
     constexpr int NT = decltype(tag)::value;
-    AllowSharedBytes<Fp8DecodeKernel<NT, kDefaultStages>>(SharedBytes(NT, kMaxRangeBlocks));
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Fp8DecodeKernel<NT, kDefaultStages>, kThreads,
+    AllowSharedBytes<Fp8DecodeKernel<NT>>(SharedBytes(NT, kMaxRangeBlocks));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Fp8DecodeKernel<NT>, kThreads,
                                                   SharedBytes(NT, 8));
   });
   const int v = std::max(1, sms * std::max(1, per_sm));
@@ -319,7 +277,10 @@ int Fp8DecodeSplits(int M, int K, int T) {
   return std::max(MinSplits(K), std::clamp(want, 1, cap));
 }
 
-bool Fp8DecodeAvailable() { return WgmmaAvailable(); }
+bool Fp8DecodeAvailable() {
+  static const bool available = ProbeWritesOne(Fp8DecodeProbeKernel, 89, 1000);
+  return available;
+}
 
 absl::Status Fp8DecodeGemm(const Fp8DecodeArgs& a, void* scratch, int max_m, cudaStream_t stream) {
   if (!Fp8DecodeTakes(a.M, a.K, a.T) || a.M > max_m || a.ldy < a.M || a.ld_xs < a.T || a.splits < 0)
@@ -346,16 +307,9 @@ absl::Status Fp8DecodeGemm(const Fp8DecodeArgs& a, void* scratch, int max_m, cud
   const int range = (nblocks + splits - 1) / splits;  // the largest split's K blocks
   DispatchTiles(a.T, [&](auto tag) {
     constexpr int NT = decltype(tag)::value;
-    AllowSharedBytes<Fp8DecodeKernel<NT, kDefaultStages>>(SharedBytes(NT, kMaxRangeBlocks));
-    if (a.stages == 3) {
-      AllowSharedBytes<Fp8DecodeKernel<NT, 3>>(SharedBytes(NT, kMaxRangeBlocks));
-      Fp8DecodeKernel<NT, 3><<<dim3(row_blocks, splits), kThreads, SharedBytes(NT, range), stream>>>(
-          a, splits, partial, counters);
-    } else {
-      Fp8DecodeKernel<NT, kDefaultStages>
-          <<<dim3(row_blocks, splits), kThreads, SharedBytes(NT, range), stream>>>(a, splits, partial,
-                                                                                   counters);
-    }
+    AllowSharedBytes<Fp8DecodeKernel<NT>>(SharedBytes(NT, kMaxRangeBlocks));
+    Fp8DecodeKernel<NT><<<dim3(row_blocks, splits), kThreads, SharedBytes(NT, range), stream>>>(
+        a, splits, partial, counters);
   });
   return LastLaunchStatus("Fp8DecodeGemm");
 }

@@ -32,18 +32,10 @@ namespace ds::cuda {
 // Token counts this product takes (n-tiles of 8: 1..4).
 inline constexpr int kFp8DecodeMaxTokens = 32;
 
-// The activations' k order within each 128-byte K block that the kernel reads (wgmma's k order of
-// the weights as the kernel loads them): the e4m3 word (4 bytes) at byte 4 * word of a block in
-// row order is at word Fp8DecodeWord(word) (QuantizeTokensFp8 with Fp8Order::kDecode writes it so;
-// why this order: gemm_fp8_decode.cu).
-__host__ __device__ constexpr int Fp8DecodeWord(int word) {
-  return 8 * (2 * (word >> 4) + ((word & 3) >> 1)) + 4 * (word & 1) + ((word >> 2) & 3);
-}
-
 struct Fp8DecodeArgs {
   const uint8_t* w = nullptr;  // [M, K] e4m3, 16-byte aligned rows
   const float* ws = nullptr;   // QuantizeBlocksFp8's scales: [(r / 128) * Fp8BlockScaleLd(K) + k / 128]
-  const uint8_t* x = nullptr;  // [T, K] e4m3 in Fp8DecodeWord's order, 16-byte aligned rows
+  const uint8_t* x = nullptr;  // [T, K] e4m3 (QuantizeTokensFp8), 16-byte aligned rows
   const float* xs = nullptr;   // [(k / 128) * ld_xs + t]
   int64_t ld_xs = 0;
   float* y = nullptr;  // y[t * ldy + r] (+)= the product, r < M, t < T
@@ -52,10 +44,6 @@ struct Fp8DecodeArgs {
   bool accumulate = false;
   // 0: the K split that fills the GPU (Fp8DecodeSplits); else that many (tests and benchmarks).
   int splits = 0;
-  // 0: the default weight blocks in flight per thread (2); 3 for the benchmark's comparison.
-  int stages = 0;
-  // K blocks of weights prefetched into L2 ahead of the register loads (0: none).
-  int l2_prefetch = 0;
 };
 
 // The kernel's scratch for K splits (partial tiles and a counter per row block), for matrices of

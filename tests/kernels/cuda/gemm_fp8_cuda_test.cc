@@ -40,17 +40,6 @@ std::vector<float> Activations(int rows, int K) {
   return x;
 }
 
-// q (rows of K e4m3 bytes in row order) with each 128-byte block's 4-byte words moved to the
-// decode kernel's order (Fp8DecodeWord).
-std::vector<uint8_t> InDecodeOrder(const std::vector<uint8_t>& q, int K) {
-  std::vector<uint8_t> out(q.size());
-  for (size_t b = 0; b < q.size() / 128; ++b)
-    for (int w = 0; w < 32; ++w)
-      std::memcpy(&out[b * 128 + 4 * Fp8DecodeWord(w)], &q[b * 128 + 4 * w], 4);
-  (void)K;
-  return out;
-}
-
 std::unique_ptr<Fp8Gemm> MakeGemm(int max_tokens, int max_k, int max_m) {
   auto g = Fp8Gemm::Create(max_tokens, max_k, max_m);
   if (!g.ok()) return nullptr;
@@ -78,13 +67,8 @@ TEST(Fp8Quantize, SameBitsAsCpu) {
   Dev<uint8_t> dq(x.size());
   Dev<float> ds(s_ref.size());
   CK(cudaMemset(ds.p, 0, ds.n * sizeof(float)));
-  ASSERT_OK(QuantizeTokensFp8(dx.p, tokens, K, dq.p, ds.p, ld, Fp8Order::kRows, nullptr));
+  ASSERT_OK(QuantizeTokensFp8(dx.p, tokens, K, dq.p, ds.p, ld, nullptr));
   EXPECT_EQ(dq.Down(), q_ref);
-  EXPECT_EQ(ds.Down(), s_ref);
-  // The decode kernel's order: the same bytes, each block's words moved; the same scales.
-  CK(cudaMemset(ds.p, 0, ds.n * sizeof(float)));
-  ASSERT_OK(QuantizeTokensFp8(dx.p, tokens, K, dq.p, ds.p, ld, Fp8Order::kDecode, nullptr));
-  EXPECT_EQ(dq.Down(), InDecodeOrder(q_ref, K));
   EXPECT_EQ(ds.Down(), s_ref);
 
   // Weights from bf16 rows (as the upload makes them) and from f32.
@@ -114,7 +98,7 @@ TEST(Fp8Quantize, SameBitsAsCpu) {
         EXPECT_EQ(ws[rb * Fp8BlockScaleLd(K) + b], ws_ref[rb * Fp8BlockScaleLd(K) + b]) << bf16;
   }
   EXPECT_FALSE(QuantizeBlocksFp8(dwf.p, false, 100, K, nullptr, nullptr, nullptr).ok());
-  EXPECT_FALSE(QuantizeTokensFp8(dx.p, 1, 100, nullptr, nullptr, 1, Fp8Order::kRows, nullptr).ok());
+  EXPECT_FALSE(QuantizeTokensFp8(dx.p, 1, 100, nullptr, nullptr, 1, nullptr).ok());
 }
 
 struct Shape {
@@ -211,8 +195,7 @@ TEST(Fp8Gemm, WithinTheReference) {
 
 // The decode kernel alone: every n-tile count (T = 1..32, partial tiles), one K block to many,
 // every K split from 1 to one block per split (the partial tiles added by the last block), with
-// and without accumulation; the same bits when run again (the splits' order is fixed) and with
-// three weight blocks in flight instead of two.
+// and without accumulation; the same bits when run again (the splits' order is fixed).
 TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndSplit) {
   if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no e4m3 MMA on this device or build";
   const int max_m = 1024;
@@ -231,7 +214,7 @@ TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndSplit) {
         ASSERT_TRUE(Fp8DecodeTakes(sh.M, sh.K, sh.T));
         const int64_t ldy = sh.M + 8;
         const Fp8Case c(sh.M, sh.K, sh.T, ldy, accumulate);
-        Dev<uint8_t> dw(c.wq), dx(InDecodeOrder(c.xq, sh.K));
+        Dev<uint8_t> dw(c.wq), dx(c.xq);
         Dev<float> dws(c.ws), dxs(c.xs), dy(c.y0);
         Fp8DecodeArgs a;
         a.w = dw.p;
@@ -252,18 +235,6 @@ TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndSplit) {
         CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
         ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
         EXPECT_EQ(dy.Down(), got) << "not the same bits again";
-        if (splits == 0) {  // three weight blocks in flight: the same sums in the same order
-          a.stages = 3;
-          CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
-          ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-          EXPECT_EQ(dy.Down(), got) << "3 stages";
-          a.stages = 0;
-          a.l2_prefetch = 2;  // only where the weights come from: the same bits
-          CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
-          ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-          EXPECT_EQ(dy.Down(), got) << "L2 prefetch";
-          a.l2_prefetch = 0;
-        }
       }
     }
   }
@@ -430,50 +401,6 @@ TEST(Fp8Timing, DISABLED_DecodeKernel27B) {
   for (int i = 0; i < 3; ++i)
     std::printf("all six, T %d: cuBLASLt %.1f us, kernel %.1f us (%.2fx)\n", widths[i], sum_lt[i],
                 sum_k[i], sum_lt[i] / sum_k[i]);
-}
-
-// Benchmark (prints only): the decode kernel alone at 16 tokens with K splits around its policy's
-// (Fp8DecodeSplits), to check that policy by measurement.
-TEST(Fp8Timing, DISABLED_DecodeKernelSplits27B) {
-  if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no e4m3 MMA on this device or build";
-  const int max_m = 17408;
-  Dev<uint8_t> scratch(Fp8DecodeScratchBytes(max_m));
-  ASSERT_OK(Fp8DecodeScratchInit(scratch.p, max_m, nullptr));
-  for (const Matrix& m : kMatrices27B) {
-    Fp8Weights w(m);
-    for (int T : {8, 16, 32}) {
-      Dev<float> xf(RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f));
-      Dev<uint8_t> xq(static_cast<size_t>(T) * m.K);
-      Dev<float> xs(static_cast<size_t>(m.K / 128) * T), y(static_cast<size_t>(T) * m.M);
-      ASSERT_OK(QuantizeTokensFp8(xf.p, T, m.K, xq.p, xs.p, T, Fp8Order::kDecode, nullptr));
-      Fp8DecodeArgs a;
-      a.w = w.q.p;
-      a.ws = w.s.p;
-      a.x = xq.p;
-      a.xs = xs.p;
-      a.ld_xs = T;
-      a.y = y.p;
-      a.ldy = m.M;
-      a.M = m.M;
-      a.K = m.K;
-      a.T = T;
-      const int policy = Fp8DecodeSplits(m.M, m.K, T), nblocks = m.K / 128;
-      std::printf("%-12s T %2d:", m.name, T);
-      for (int variant : {0, 1, 2, 3}) {
-        a.stages = variant == 1 ? 3 : 2;
-        a.l2_prefetch = variant >= 2 ? 2 * (variant - 1) : 0;  // 2, 4
-        std::printf(" [%d stages, prefetch %d]", a.stages, a.l2_prefetch);
-        for (int s : {policy / 2, policy * 2 / 3, policy, policy * 3 / 2, policy * 2}) {
-          if (s < 1 || s > nblocks || s * 16 < nblocks || (s > 1 && s * (m.M / 128) > 1024)) continue;
-          a.splits = s;
-          const double us = MeanLaunchUs(3, 30, [&] { return Fp8DecodeGemm(a, scratch.p, max_m, nullptr); });
-          std::printf(" %d: %.1f us (%.0f GB/s)%s", s, us, static_cast<double>(w.q.n) / us * 1e-3,
-                      s == policy ? "*" : "");
-        }
-      }
-      std::printf("\n");
-    }
-  }
 }
 
 }  // namespace
