@@ -1,9 +1,7 @@
 // The block-scaled FP8 prefill matmul (kernels/cuda/gemm_fp8.cuh) against its CPU reference
 // (kernels/cpu/fp8_ref.h): both quantizers bit for bit, and the cuBLASLt product within a bound
 // of the reference's exact sum at tile-edge shapes, with and without accumulation.
-// The decode-width kernel (kernels/cuda/gemm_fp8_decode.cuh) likewise, alone at every token
-// count and K split it takes, and inside Fp8Gemm. Fp8Timing.* (disabled:
-// --gtest_also_run_disabled_tests) are the benchmarks against cuBLAS bf16 and cuBLASLt.
+// Fp8Timing.* (disabled: --gtest_also_run_disabled_tests) is the benchmark against cuBLAS bf16.
 #include "kernels/cuda/gemm_fp8.cuh"
 
 #include <gtest/gtest.h>
@@ -18,7 +16,6 @@
 #include "common/util/half.h"
 #include "kernels/cpu/fp8_ref.h"
 #include "kernels/cuda/gemm.cuh"
-#include "kernels/cuda/gemm_fp8_decode.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace ds::cuda {
@@ -105,62 +102,9 @@ struct Shape {
   int M, K, T;
 };
 
-// The products of e4m3 values are exact; Hopper's FP8 tensor cores add them with a
-// narrower-than-f32 accumulator inside a 128-block (cuBLASLt and the decode kernel promote to f32
-// between blocks): within 4e-3 of sum |terms| of the exact sum (measured: printed). Rows past M
-// untouched. Returns the worst |gpu - ref| / sum |terms|.
-double ExpectWithinTheReference(const std::vector<float>& got, const std::vector<float>& ref,
-                                const std::vector<double>& mag, const std::vector<float>& y0,
-                                int M, int T, int64_t ldy) {
-  int bad = 0;
-  double worst = 0;
-  for (int t = 0; t < T; ++t) {
-    for (int64_t r = 0; r < ldy; ++r) {
-      const size_t i = static_cast<size_t>(t) * ldy + r;
-      if (r >= M) {
-        if (std::memcmp(&got[i], &y0[i], 4) != 0 && bad++ < 5) ADD_FAILURE() << "wrote " << i;
-        continue;
-      }
-      const double err = std::fabs(got[i] - ref[i]);
-      const double bound = 4e-3 * mag[i] + 1e-6 * std::fabs(ref[i]) + 1e-30;
-      worst = std::max(worst, err / (mag[i] + 1e-30));
-      if (!(err <= bound) && bad++ < 5)
-        ADD_FAILURE() << "t " << t << " r " << r << ": " << got[i] << " vs " << ref[i]
-                      << " (sum |terms| " << mag[i] << ")";
-    }
-  }
-  EXPECT_EQ(bad, 0) << "worst " << worst;
-  return worst;
-}
-
-// One product's inputs in e4m3 and the CPU reference's answer.
-struct Fp8Case {
-  Fp8Case(int M, int K, int T, int64_t ldy, bool accumulate) {
-    const std::vector<float> wf = Weights(M, K);
-    xf = Activations(T, K);
-    wq.resize(wf.size());
-    xq.resize(xf.size());
-    ws.resize(Fp8BlockScaleFloats(M, K));
-    xs.resize(static_cast<size_t>(K / 128) * T);
-    cpu::QuantizeBlocksFp8(wf.data(), M, K, wq.data(), ws.data());
-    cpu::QuantizeTokensFp8(xf.data(), T, K, xq.data(), xs.data(), T);
-    y0 = RandVec(Rng(), static_cast<size_t>(T) * ldy, -1.f, 1.f);
-    ref = y0;
-    mag.assign(ref.size(), 0.);
-    cpu::GemmFp8Ref(wq.data(), ws.data(), xq.data(), xs.data(), T, ref.data(), M, K, T, ldy,
-                    accumulate, mag.data());
-  }
-  std::vector<float> xf, ws, xs, y0, ref;
-  std::vector<uint8_t> wq, xq;
-  std::vector<double> mag;
-};
-
 TEST(Fp8Gemm, WithinTheReference) {
   auto gemm = MakeGemm(512, 1024, 1024);
   if (!gemm) GTEST_SKIP() << Fp8Gemm::Create(512, 1024, 1024).status().ToString();
-  // Both paths of the decode widths: the decode kernel (where the device has it) and cuBLASLt.
-  for (bool decode_kernel : {true, false}) {
-  gemm->set_decode_kernel(decode_kernel);
   // Token counts past whole groups of 4: over kFp8PadTokens (the tail's second product: 130, 77,
   // 65) and up to it (one padded product: 1, 3, 33, 63); a single token, wide K.
   const Shape shapes[] = {{128, 128, 128}, {256, 384, 256}, {384, 1024, 384}, {256, 384, 130},
@@ -172,17 +116,46 @@ TEST(Fp8Gemm, WithinTheReference) {
       SCOPED_TRACE(testing::Message() << "M " << sh.M << " K " << sh.K << " T " << sh.T
                                       << (accumulate ? " accumulate" : ""));
       const int64_t ldy = sh.M + 16;
-      const Fp8Case c(sh.M, sh.K, sh.T, ldy, accumulate);
-      Dev<uint8_t> dw(c.wq);
-      Dev<float> dws(c.ws), dx(c.xf), dy(c.y0);
+      const std::vector<float> wf = Weights(sh.M, sh.K);
+      const std::vector<float> xf = Activations(sh.T, sh.K);
+      std::vector<uint8_t> wq(wf.size()), xq(xf.size());
+      std::vector<float> ws(Fp8BlockScaleFloats(sh.M, sh.K)), xs(static_cast<size_t>(sh.K / 128) * sh.T);
+      cpu::QuantizeBlocksFp8(wf.data(), sh.M, sh.K, wq.data(), ws.data());
+      cpu::QuantizeTokensFp8(xf.data(), sh.T, sh.K, xq.data(), xs.data(), sh.T);
+      const std::vector<float> y0 = RandVec(Rng(), static_cast<size_t>(sh.T) * ldy, -1.f, 1.f);
+      std::vector<float> ref = y0;
+      std::vector<double> mag(ref.size(), 0.);
+      cpu::GemmFp8Ref(wq.data(), ws.data(), xq.data(), xs.data(), sh.T, ref.data(), sh.M, sh.K,
+                      sh.T, ldy, accumulate, mag.data());
+      Dev<uint8_t> dw(wq);
+      Dev<float> dws(ws), dx(xf), dy(y0);
       ASSERT_OK(gemm->SetActivations(dx.p, sh.T, sh.K, nullptr));
       ASSERT_OK(gemm->Multiply(dw.p, dws.p, dy.p, sh.M, ldy, accumulate, nullptr));
-      const double worst = ExpectWithinTheReference(dy.Down(), c.ref, c.mag, c.y0, sh.M, sh.T, ldy);
-      std::printf("M %d K %d T %d%s%s: worst |gpu - ref| / sum |terms| = %.2e\n", sh.M, sh.K, sh.T,
-                  accumulate ? " (accumulate)" : "",
-                  decode_kernel && Fp8DecodeTakes(sh.M, sh.K, sh.T) ? " (decode kernel)" : "", worst);
+      const std::vector<float> got = dy.Down();
+      int bad = 0;
+      double worst = 0;
+      for (int t = 0; t < sh.T; ++t) {
+        for (int64_t r = 0; r < ldy; ++r) {
+          const size_t i = static_cast<size_t>(t) * ldy + r;
+          if (r >= sh.M) {  // past M: untouched
+            if (std::memcmp(&got[i], &y0[i], 4) != 0 && bad++ < 5) ADD_FAILURE() << "wrote " << i;
+            continue;
+          }
+          // The products of e4m3 values are exact; Hopper's FP8 tensor cores add them with a
+          // narrower-than-f32 accumulator inside a 128-block (cuBLASLt promotes to f32 between
+          // blocks): within 4e-3 of sum |terms| of the exact sum (measured: printed below).
+          const double err = std::fabs(got[i] - ref[i]);
+          const double bound = 4e-3 * mag[i] + 1e-6 * std::fabs(ref[i]) + 1e-30;
+          worst = std::max(worst, err / (mag[i] + 1e-30));
+          if (err > bound && bad++ < 5)
+            ADD_FAILURE() << "t " << t << " r " << r << ": " << got[i] << " vs " << ref[i]
+                          << " (sum |terms| " << mag[i] << ")";
+        }
+      }
+      EXPECT_EQ(bad, 0) << "worst " << worst;
+      std::printf("M %d K %d T %d%s: worst |gpu - ref| / sum |terms| = %.2e\n", sh.M, sh.K, sh.T,
+                  accumulate ? " (accumulate)" : "", worst);
     }
-  }
   }
   Dev<uint8_t> w(256 * 128);
   Dev<float> s(256), y(256 * 256), x(128 * 4);
@@ -191,83 +164,6 @@ TEST(Fp8Gemm, WithinTheReference) {
   EXPECT_FALSE(gemm->Multiply(w.p + 1, s.p, y.p, 256, 256, false, nullptr).ok());
   EXPECT_FALSE(gemm->Multiply(w.p, s.p, y.p, 2048, 2048, false, nullptr).ok());  // > max_m
   EXPECT_FALSE(gemm->SetActivations(x.p, 513, 128, nullptr).ok());  // > max_tokens
-}
-
-// The decode kernel alone: every n-tile count (T = 1..32, partial tiles), one K block to many,
-// every K split from 1 to one block per split (the partial tiles added by the last block), with
-// and without accumulation; the same bits when run again (the splits' order is fixed).
-TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndSplit) {
-  if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no e4m3 MMA on this device or build";
-  const int max_m = 1024;
-  Dev<uint8_t> scratch(Fp8DecodeScratchBytes(max_m));
-  ASSERT_OK(Fp8DecodeScratchInit(scratch.p, max_m, nullptr));
-  const Shape shapes[] = {{128, 128, 1}, {256, 640, 5},  {384, 1024, 8},  {128, 2048, 9},
-                          {512, 768, 16}, {256, 1280, 17}, {1024, 512, 24}, {128, 4096, 31},
-                          {384, 2304, 32}, {128, 128, 32}, {256, 256, 2}};
-  for (const Shape& sh : shapes) {
-    const int nblocks = sh.K / 128;
-    for (int splits : {0, 1, 2, 3, nblocks}) {
-      if (splits > nblocks || (splits > 0 && splits * 16 < nblocks)) continue;  // at most 16 blocks each
-      for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "M " << sh.M << " K " << sh.K << " T " << sh.T
-                                        << " splits " << splits << (accumulate ? " accumulate" : ""));
-        ASSERT_TRUE(Fp8DecodeTakes(sh.M, sh.K, sh.T));
-        const int64_t ldy = sh.M + 8;
-        const Fp8Case c(sh.M, sh.K, sh.T, ldy, accumulate);
-        Dev<uint8_t> dw(c.wq), dx(c.xq);
-        Dev<float> dws(c.ws), dxs(c.xs), dy(c.y0);
-        Fp8DecodeArgs a;
-        a.w = dw.p;
-        a.ws = dws.p;
-        a.x = dx.p;
-        a.xs = dxs.p;
-        a.ld_xs = sh.T;
-        a.y = dy.p;
-        a.ldy = ldy;
-        a.M = sh.M;
-        a.K = sh.K;
-        a.T = sh.T;
-        a.accumulate = accumulate;
-        a.splits = splits;
-        ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-        const std::vector<float> got = dy.Down();
-        ExpectWithinTheReference(got, c.ref, c.mag, c.y0, sh.M, sh.T, ldy);
-        CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
-        ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-        EXPECT_EQ(dy.Down(), got) << "not the same bits again";
-      }
-    }
-  }
-  // What it does not take: an error, nothing written.
-  Fp8DecodeArgs a;
-  Dev<uint8_t> w(256 * 256), x(64 * 256);
-  Dev<float> s(64), y(64 * 256);
-  a.w = w.p;
-  a.ws = s.p;
-  a.x = x.p;
-  a.xs = s.p;
-  a.ld_xs = 33;
-  a.y = y.p;
-  a.ldy = 256;
-  a.M = 256;
-  a.K = 256;
-  a.T = 33;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // > 32 tokens
-  a.T = 4;
-  a.M = 200;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // M % 128
-  a.M = 2048;
-  a.ldy = 2048;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // > max_m
-  a.M = 256;
-  a.ldy = 256;
-  a.splits = 3;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // more splits than K blocks
-  a.splits = 0;
-  a.w = w.p + 8;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // unaligned
-  EXPECT_FALSE(Fp8DecodeTakes(128, 100, 4));
-  EXPECT_FALSE(Fp8DecodeTakes(128, 128, 0));
 }
 
 // The 27B's matrix shapes the timing benchmarks multiply.
@@ -362,45 +258,6 @@ TEST(Fp8Timing, DISABLED_DecodeCandidates27B) {
       ASSERT_OK(fp8->UseAlgorithm(m.M, m.M, 0));
     }
   }
-}
-
-// Benchmark (prints only): the 27B's matrices at decode widths, the decode kernel against
-// cuBLASLt's first algorithm (what Multiply takes with set_decode_kernel(false)), with the rate
-// each reads the weights at.
-TEST(Fp8Timing, DISABLED_DecodeKernel27B) {
-  auto fp8 = MakeGemm(32, 17408, 17408);
-  if (!fp8) GTEST_SKIP() << Fp8Gemm::Create(32, 17408, 17408).status().ToString();
-  if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no e4m3 MMA on this device or build";
-  std::printf("%-12s %3s %6s %10s %10s %8s %8s %7s\n", "matrix", "T", "splits", "cublasLt us",
-              "kernel us", "Lt GB/s", "kern GB/s", "speedup");
-  double sum_lt[3] = {0, 0, 0}, sum_k[3] = {0, 0, 0};
-  for (const Matrix& m : kMatrices27B) {
-    Fp8Weights w(m);
-    int ti = 0;
-    for (int T : {8, 16, 32}) {
-      const std::vector<float> x = RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f);
-      Dev<float> xf(x);
-      Dev<float> y(static_cast<size_t>(T) * m.M);
-      ASSERT_OK(fp8->SetActivations(xf.p, T, m.K, nullptr));
-      auto run = [&](bool kernel) {
-        fp8->set_decode_kernel(kernel);
-        return MeanLaunchUs(3, 30, [&] {
-          return fp8->Multiply(w.q.p, w.s.p, y.p, m.M, m.M, false, nullptr);
-        });
-      };
-      const double lt = run(false), k = run(true);
-      sum_lt[ti] += lt;
-      sum_k[ti] += k;
-      ++ti;
-      std::printf("%-12s %3d %6d %10.1f %10.1f %8.0f %8.0f %6.2fx\n", m.name, T,
-                  Fp8DecodeSplits(m.M, m.K, T), lt, k, static_cast<double>(w.q.n) / lt * 1e-3,
-                  static_cast<double>(w.q.n) / k * 1e-3, lt / k);
-    }
-  }
-  const int widths[] = {8, 16, 32};
-  for (int i = 0; i < 3; ++i)
-    std::printf("all six, T %d: cuBLASLt %.1f us, kernel %.1f us (%.2fx)\n", widths[i], sum_lt[i],
-                sum_k[i], sum_lt[i] / sum_k[i]);
 }
 
 }  // namespace
