@@ -40,7 +40,10 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // state in flight) where the register form fits two. Thread (g, j) touches only its own
 // elements of that copy (column j, rows of group g), in the register form's order: the same
 // floats, the same bits.
-template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
+//
+// kSpread (GdnDecodeArgs::spread_prologue): the q, k and v convolutions in groups 0, 1 and 2
+// (as many as the block has) instead of all in group 0; the same values, the same sums.
+template <int DK, int kMinBlocks, typename TS, bool kBulk = false, bool kSpread = false>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
@@ -79,15 +82,17 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
   // The conv history (pre-conv values of positions p-3..p-1) of the channels this thread
   // convolves, from the input ring; later tokens of a run shift their own values in.
   const int cq = kh * DK + j, ck = Kw + kh * DK + j, cv = 2 * Kw + h * dv + j;
-  const bool qk_thread = grp == 0 && j < DK, v_thread = grp == 0 && jv;
+  constexpr int kGroupK = kSpread && NG > 1 ? 1 : 0, kGroupV = kSpread && NG > 2 ? 2 : 0;
+  const bool q_thread = grp == 0 && j < DK, k_thread = grp == kGroupK && j < DK,
+             v_thread = grp == kGroupV && jv;
   float hq[kConvK - 1], hk[kConvK - 1], hv[kConvK - 1];
   {
     const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
 #pragma unroll
     for (int tap = 0; tap < kConvK - 1; ++tap) {
       const int r = Mod(p0 - (kConvK - 1) + tap, kConvK);
-      hq[tap] = qk_thread ? ring_in[r * C + cq] : 0.f;
-      hk[tap] = qk_thread ? ring_in[r * C + ck] : 0.f;
+      hq[tap] = q_thread ? ring_in[r * C + cq] : 0.f;
+      hk[tap] = k_thread ? ring_in[r * C + ck] : 0.f;
       hv[tap] = v_thread ? ring_in[r * C + cv] : 0.f;
     }
   }
@@ -126,19 +131,15 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
     };
 
     float qv = 0.f, kv = 0.f;
-    if (qk_thread) {
-      const bool owner = h < d.k_heads;  // exactly one block per key head writes its q/k channels
-      qv = conv(cq, hq, owner);
-      kv = conv(ck, hk, owner);
-    }
+    const bool owner = h < d.k_heads;  // exactly one block per key head writes its q/k channels
+    if (q_thread) qv = conv(cq, hq, owner);
+    if (k_thread) kv = conv(ck, hk, owner);
     if (v_thread) vs[j] = conv(cv, hv, true);
     float sums[2] = {qv * qv, kv * kv};
     BlockSums<2>(sums, scratch2);
     const float qss = sums[0], kss = sums[1];
-    if (qk_thread) {
-      qs[j] = qv * rsqrtf(qss + a.p.eps) * rsqrtf(static_cast<float>(DK));
-      ks[j] = kv * rsqrtf(kss + a.p.eps);
-    }
+    if (q_thread) qs[j] = qv * rsqrtf(qss + a.p.eps) * rsqrtf(static_cast<float>(DK));
+    if (k_thread) ks[j] = kv * rsqrtf(kss + a.p.eps);
     const float beta = Sigmoid(a.b[static_cast<int64_t>(row) * Hv + h]);
     const float g =
         a.p.ssm_a[h] * Softplus(a.alpha[static_cast<int64_t>(row) * Hv + h] + a.p.dt_bias[h]);
@@ -655,12 +656,22 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
       using TS = decltype(st);
       if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
         const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
-        constexpr auto kernel = GdnDecodeKernel<DK, 3, TS, true>;
-        AllowSharedBytes<kernel>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
-        LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
-      } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
-        LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
-      else
+        auto launch = [&](auto kernel) {
+          AllowSharedBytes<decltype(kernel)::value>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
+          LaunchMaybeEarly(decltype(kernel)::value, grid, threads, bytes, stream, a.early, a);
+        };
+        if (a.spread_prologue)
+          launch(std::integral_constant<decltype(&GdnDecodeKernel<DK, 3, TS, true, true>),
+                                        &GdnDecodeKernel<DK, 3, TS, true, true>>{});
+        else
+          launch(std::integral_constant<decltype(&GdnDecodeKernel<DK, 3, TS, true>),
+                                        &GdnDecodeKernel<DK, 3, TS, true>>{});
+      } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks) {
+        if (a.spread_prologue)
+          LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, true>, grid, threads, 0, stream, a.early, a);
+        else
+          LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
+      } else
         LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4>, grid, threads, 0, stream, a.early, a);
     });
   });
