@@ -41,10 +41,19 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // elements of that copy (column j, rows of group g), in the register form's order: the same
 // floats, the same bits.
 //
-// kSpread (GdnDecodeArgs::spread_prologue): the q, k and v convolutions in groups 0, 1 and 2
-// (as many as the block has) instead of all in group 0; the same values, the same sums.
-template <int DK, int kMinBlocks, typename TS, bool kBulk = false, bool kSpread = false>
+// The register form splits the prologue's convolutions over the groups: q in group 0, k in group
+// 1, v in group 2 (as many as the block has; dk = 64: v with q), each thread with its own ring
+// history, conv weights and ring writes, so group 0 no longer does all three while the others
+// wait at the barrier. The same operations on the same values, and the q / k sums the same
+// bits: BlockSums' butterfly over the warps' partials combines an aligned block of warps the
+// same way wherever it sits, the other warps adding zeros. Measured on an H100 (27B layer,
+// GdnLaunchTiming): 16 sequences 56.1 -> 52.7 us, 64 208.8 -> 193.1-193.7 (2026-12-06). The bulk
+// form keeps the prologue in group 0: its state copy is in flight meanwhile, and there the split
+// measured 49.1 -> 49.0 / 174.2-174.8 -> 172.9-173.2 us, x16 / x64 of the model within their
+// spread, with 16 more spilled bytes.
+template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
+  constexpr bool kSpread = !kBulk;
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
   __shared__ uint64_t state_bar;  // kBulk: the state copy's barrier
@@ -656,22 +665,12 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
       using TS = decltype(st);
       if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
         const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
-        auto launch = [&](auto kernel) {
-          AllowSharedBytes<decltype(kernel)::value>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
-          LaunchMaybeEarly(decltype(kernel)::value, grid, threads, bytes, stream, a.early, a);
-        };
-        if (a.spread_prologue)
-          launch(std::integral_constant<decltype(&GdnDecodeKernel<DK, 3, TS, true, true>),
-                                        &GdnDecodeKernel<DK, 3, TS, true, true>>{});
-        else
-          launch(std::integral_constant<decltype(&GdnDecodeKernel<DK, 3, TS, true>),
-                                        &GdnDecodeKernel<DK, 3, TS, true>>{});
-      } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks) {
-        if (a.spread_prologue)
-          LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, true>, grid, threads, 0, stream, a.early, a);
-        else
-          LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
-      } else
+        constexpr auto kernel = GdnDecodeKernel<DK, 3, TS, true>;
+        AllowSharedBytes<kernel>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
+        LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
+      } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
+        LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
+      else
         LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4>, grid, threads, 0, stream, a.early, a);
     });
   });

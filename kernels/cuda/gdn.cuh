@@ -74,11 +74,6 @@ struct GdnDecodeArgs {
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.
   bool bulk_state = false;
-  // The batched launches (the same ones) split the prologue's three convolutions over thread
-  // groups 0 / 1 / 2 (q / k / v) instead of running all three in group 0 while the others wait
-  // at the barrier. The same operations on the same values, and the q / k sums reduced in the
-  // same order (BlockSums: a group of warps sums alike wherever it sits), so the same bits.
-  bool spread_prologue = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a

@@ -35,7 +35,6 @@ struct BenchOptions {
   bool gdn_scan_mma = true;                  // --gdn-scan-mma off: the f32 CUDA-core chunk scan
   bool tiled_f16_formats = true;   // --tiled-f16-formats off: CudaBackendOptions::tiled_f16_formats
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
-  bool gdn_spread = false;  // --gdn-spread on: CudaBackendOptions::gdn_spread_prologue (A/B)
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
   bool f16_wgmma = true;                     // --f16-wgmma off: the mma.sync f16 matmul (A/B)
   bool prefill_fp8 = false;                  // --prefill-fp8 on: CudaBackendOptions::prefill_fp8

@@ -35,9 +35,6 @@ struct CudaBackendOptions {
   // compute capability 9.0+, off the portable path). The same bits; on the H200 the 27B's x64
   // decode 2,039 -> 2,144 tok/s (A/B: `bench --gdn-bulk off`, docs/perf/h200.md).
   bool gdn_bulk_state = true;
-  // The same batched launches split the prologue's q / k / v convolutions over three thread groups
-  // (GdnDecodeArgs::spread_prologue; the same bits). Off until measured (`bench --gdn-spread on`).
-  bool gdn_spread_prologue = false;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

@@ -243,7 +243,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.out = mix_out_;
   d.early = early_launch_;
   d.bulk_state = gdn_bulk_state_;
-  d.spread_prologue = copts_.gdn_spread_prologue;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

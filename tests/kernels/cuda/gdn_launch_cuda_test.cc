@@ -124,9 +124,8 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOneBf16State) {
 // by one bulk copy, sm_90) against the register form it replaces: the same outputs, states,
 // conv rows and int8 copies, bit for bit, for 8 sequences of the 27B's GDN shape (384 blocks)
 // as one-token rows and as runs of 3 tokens (an MTP verify at 8 streams: speculative entries,
-// the state carried from token to token in shared memory), f32 and bf16 state. With
-// GdnDecodeArgs::spread_prologue (the q / k / v convolutions in three thread groups, or k in
-// the second of two where dk = 64) both batched forms give those bits too.
+// the state carried from token to token in shared memory), f32 and bf16 state; for the 27B's
+// shape and a dk = 64 one (the register form's prologue split over the groups differently).
 void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s) {
   SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "f32") << " state, runs of " << run_len
                                     << ", dk " << s.k_dim);
@@ -162,7 +161,7 @@ void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s) {
     std::vector<uint8_t> state;
     std::vector<int8_t> xq;
   };
-  auto run = [&](bool bulk, bool spread) {
+  auto run = [&](bool bulk) {
     Dev<float> ring(start_ring), out(static_cast<size_t>(T) * Vw),
         xd(static_cast<size_t>(T) * Vw / 32);
     Dev<uint8_t> state(start_state);
@@ -178,32 +177,26 @@ void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s) {
     a.xq = xq.p;
     a.xd = xd.p;
     a.bulk_state = bulk;
-    a.spread_prologue = spread;
     const absl::Status st = GdnDecode(a, nullptr);  // >= 256 blocks: the batched forms
     EXPECT_TRUE(st.ok()) << st;
     return Result{out.Down(), ring.Down(), xd.Down(), state.Down(), xq.Down()};
   };
-  const Result reg = run(false, false);
-  for (const auto& [use_bulk, spread] : {std::pair{true, false}, {false, true}, {true, true}}) {
-    SCOPED_TRACE(::testing::Message() << (use_bulk ? "bulk" : "registers")
-                                      << (spread ? ", spread prologue" : ""));
-    if (use_bulk && !GdnBulkStateAvailable()) continue;
-    const Result bulk = run(use_bulk, spread);
-    EXPECT_EQ(Differing(bulk.out, reg.out), 0u) << "outputs";
-    EXPECT_TRUE(bulk.state == reg.state) << "states";
-    EXPECT_EQ(Differing(bulk.ring, reg.ring), 0u) << "conv rows";
-    EXPECT_EQ(bulk.xq, reg.xq) << "int8 copies";
-    EXPECT_EQ(Differing(bulk.xd, reg.xd), 0u) << "int8 scales";
-    // Not a vacuous comparison: the launch wrote the outputs (they start as Dev's NaN poison).
-    size_t written = 0;
-    for (float v : bulk.out) written += std::isfinite(v) && v != 0.f;
-    EXPECT_GT(written, bulk.out.size() * 9 / 10);
-  }
+  const Result reg = run(false), bulk = run(true);
+  EXPECT_EQ(Differing(bulk.out, reg.out), 0u) << "outputs";
+  EXPECT_TRUE(bulk.state == reg.state) << "states";
+  EXPECT_EQ(Differing(bulk.ring, reg.ring), 0u) << "conv rows";
+  EXPECT_EQ(bulk.xq, reg.xq) << "int8 copies";
+  EXPECT_EQ(Differing(bulk.xd, reg.xd), 0u) << "int8 scales";
+  // Not a vacuous comparison: the launch wrote the outputs (they start as Dev's NaN poison).
+  size_t written = 0;
+  for (float v : bulk.out) written += std::isfinite(v) && v != 0.f;
+  EXPECT_GT(written, bulk.out.size() * 9 / 10);
 }
 
 TEST(GdnLaunch, BulkStateEqualsRegisterState) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  if (!GdnBulkStateAvailable()) GTEST_SKIP() << "no sm_90 bulk copies on this device / build";
   // The 27B's GDN shape (48 heads x 8 = 384 blocks) and a dk = 64 one (64 heads: 512 blocks).
   for (const GdnShape& s : {GdnShape{16, 48, 128, 128, 4}, GdnShape{8, 64, 64, 64, 4}})
     for (const bool bf16 : {false, true})
@@ -247,17 +240,14 @@ TEST(GdnLaunchTiming, DISABLED_Batched27B) {
     Dev<int32_t> d_idx(idx), d_pos(pos);
     GdnDecodeArgs a = DecodeArgs(s, layer.p, n, d_idx.p, d_idx.p, d_pos.p, dm, dz, db, dal,
                                  ring.p, state.p, out.p);
-    for (const bool bulk : {false, true})
-      for (const bool spread : {false, true}) {
-        if (bulk && !GdnBulkStateAvailable()) continue;
-        a.bulk_state = bulk;
-        a.spread_prologue = spread;
-        const double us = MeanLaunchUs(3, 20, [&] { return GdnDecode(a, nullptr); });
-        const double bytes = 2.0 * n * st1 * 4;
-        std::printf("GDN decode, 27B layer, %2d sequences, %s%s: %7.1f us, %6.0f GB/s of state\n",
-                    n, bulk ? "bulk copy" : "registers", spread ? ", spread prologue" : "", us,
-                    bytes / us * 1e-3);
-      }
+    for (const bool bulk : {false, true}) {
+      if (bulk && !GdnBulkStateAvailable()) continue;
+      a.bulk_state = bulk;
+      const double us = MeanLaunchUs(3, 20, [&] { return GdnDecode(a, nullptr); });
+      const double bytes = 2.0 * n * st1 * 4;
+      std::printf("GDN decode, 27B layer, %2d sequences, %s: %7.1f us, %6.0f GB/s of state\n", n,
+                  bulk ? "bulk copy" : "registers", us, bytes / us * 1e-3);
+    }
   }
 }
 
