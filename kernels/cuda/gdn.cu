@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
 
     // Causal conv over the history (rows p-3..p-1) plus the current pre-conv value; the owner
     // block stores the current value into ring row p % K (and, when the output is another state
-    // index, the K-1 rows it read, so that the output ring is complete). Group 0 does the
-    // prologue.
+    // index, the K-1 rows it read, so that the output ring is complete). q_thread / k_thread /
+    // v_thread run it (groups 0 / 1 / 2 in the register form, group 0 in the bulk form).
     auto conv = [&](int c, float* hist, bool owner) {
       const float cur = m[c];
       const float* w = a.p.conv_w + static_cast<int64_t>(c) * kConvK;
