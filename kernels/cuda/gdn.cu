@@ -42,15 +42,12 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // floats, the same bits.
 //
 // The register form splits the prologue's convolutions over the groups: q in group 0, k in group
-// 1, v in group 2 (as many as the block has; dk = 64: v with q), each thread with its own ring
-// history, conv weights and ring writes, so group 0 no longer does all three while the others
-// wait at the barrier. The same operations on the same values, and the q / k sums the same
-// bits: BlockSums' butterfly over the warps' partials combines an aligned block of warps the
-// same way wherever it sits, the other warps adding zeros. Measured on an H100 (27B layer,
-// GdnLaunchTiming): 16 sequences 56.1 -> 52.7 us, 64 208.8 -> 193.1-193.7 (2026-12-06). The bulk
-// form keeps the prologue in group 0: its state copy is in flight meanwhile, and there the split
-// measured 49.1 -> 49.0 / 174.2-174.8 -> 172.9-173.2 us, x16 / x64 of the model within their
-// spread, with 16 more spilled bytes.
+// 1, v in group 2 (as many as the block has; dk = 64: v with q), so group 0 no longer does all
+// three while the others wait at the barrier (6-8% per launch on an H100). The same bits:
+// BlockSums' butterfly combines an aligned block of warps alike wherever it sits, the other
+// warps adding zeros. The bulk form keeps the prologue in group 0: its state copy is in flight
+// meanwhile and the split gained nothing there (kernels/cuda/README.md "The prologue over three
+// groups" has the figures).
 template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr bool kSpread = !kBulk;
