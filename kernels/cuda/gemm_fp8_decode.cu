@@ -37,27 +37,27 @@ __host__ __device__ constexpr size_t SharedBytes(int nt) {
   return static_cast<size_t>(kStages) * StageBytes(nt) + 1024;  // + the base's alignment
 }
 
-// The run r of R: flattened weight blocks [RunStart(r), RunStart(r + 1)) of L, index f =
+// The run of block b: flattened weight blocks [RunStart(b), RunStart(b + 1)) of L, index f =
 // row block * (K / 128) + K block.
-__host__ __device__ __forceinline__ int64_t RunStart(int r, int64_t L, int R) {
-  return static_cast<int64_t>(r) * L / R;
+__host__ __device__ __forceinline__ int64_t RunStart(int b, int64_t L, int G) {
+  return static_cast<int64_t>(b) * L / G;
 }
-// The run that holds flattened index f.
-__device__ __forceinline__ int RunOf(int64_t f, int64_t L, int R) {
-  int r = static_cast<int>(f * R / L);
-  while (r + 1 < R && RunStart(r + 1, L, R) <= f) ++r;
-  while (r > 0 && RunStart(r, L, R) > f) --r;
-  return r;
+// The block whose run holds flattened index f.
+__device__ __forceinline__ int BlockOf(int64_t f, int64_t L, int G) {
+  int b = static_cast<int>(f * G / L);
+  while (b + 1 < G && RunStart(b + 1, L, G) <= f) ++b;
+  while (b > 0 && RunStart(b, L, G) > f) --b;
+  return b;
 }
 
-// The runs that hold a part of row block rb (nkb K blocks each), and the partial slot of run r
-// for it (its first row block: 2r, its last: 2r + 1).
-__device__ __forceinline__ int RunsOf(int rb, int nkb, int64_t L, int R) {
+// The runs that hold a part of row block rb (nkb K blocks each), and the partial slot of run b
+// for it (its first row block: 2b, its last: 2b + 1).
+__device__ __forceinline__ int RunsOf(int rb, int nkb, int64_t L, int G) {
   const int64_t row0 = static_cast<int64_t>(rb) * nkb;
-  return RunOf(row0 + nkb - 1, L, R) - RunOf(row0, L, R) + 1;
+  return BlockOf(row0 + nkb - 1, L, G) - BlockOf(row0, L, G) + 1;
 }
-__device__ __forceinline__ int SlotOf(int r, int rb, int nkb, int64_t L, int R) {
-  return 2 * r + (RunStart(r, L, R) >= static_cast<int64_t>(rb) * nkb ? 0 : 1);
+__device__ __forceinline__ int SlotOf(int b, int rb, int nkb, int64_t L, int G) {
+  return 2 * b + (RunStart(b, L, G) >= static_cast<int64_t>(rb) * nkb ? 0 : 1);
 }
 
 // The copy engine's side (sm_90): a stage's copies complete on its `full` barrier, which the
@@ -101,24 +101,17 @@ __device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t by
 #endif
 }
 
-// Grid G persistent blocks; block kThreads; dynamic shared memory SharedBytes(NT). The matrix is
-// cut into R >= G runs; with R == G block b streams run b, otherwise every block takes runs from
-// the counter runs_taken (first come, first served) until none is left, so that an SM the memory
-// system serves faster takes more of them. Which SM streams a run never changes a bit: the runs
-// and the order their partial tiles are added in are fixed by R.
+// Grid G (<= kFp8DecodeMaxBlocks); block kThreads; dynamic shared memory SharedBytes(NT).
 // wmap: the weights [M][K] in boxes of 128 x 128; xmap: the activations [T][K] in boxes of
-// 8 NT x 128 (rows past T read as zeros). partial: [2 R][T][128] f32 (slot 2r: run r's first row
-// block, 2r + 1: its last); counters: one per row block, zero between products; runs_taken: zero
-// between products (the block that takes the last number resets it).
+// 8 NT x 128 (rows past T read as zeros). partial: [2 G][T][128] f32 (slot 2b: block b's first
+// row block, 2b + 1: its last); counters: one per row block, zero between products.
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8StreamKernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
-                    const Fp8DecodeArgs a, int R, float* __restrict__ partial, int* __restrict__ counters,
-                    int* __restrict__ runs_taken) {
+                    const Fp8DecodeArgs a, float* __restrict__ partial, int* __restrict__ counters) {
 #if DS_WGMMA
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ uint64_t full[kStages], empty[kStages];
-  __shared__ int stage_run[kStages];  // the run a stage's tile belongs to; -1: no run left
   __shared__ int last[2];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* const smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
@@ -127,6 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x;
   const int K = a.K, T = a.T, nkb = K / kBlock, G = gridDim.x;
   const int64_t L = static_cast<int64_t>(a.M / kBlock) * nkb;
+  const int64_t f0 = RunStart(blockIdx.x, L, G), f1 = RunStart(blockIdx.x + 1, L, G);
   const int ldws = (nkb + 3) / 4 * 4;
   const int t4 = (T + 3) & ~3;
 
@@ -134,6 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = tid; i < kStages * N; i += kThreads)
     if (i % N >= t4) reinterpret_cast<float*>(smem + (i / N) * StageBytes(NT) + XsOffset(NT))[i % N] = 0.f;
   if (tid == 0) {
+    last[0] = last[1] = -1;
     for (int s = 0; s < kStages; ++s) {
       MbarInit(&full[s], 1);
       MbarInit(&empty[s], kConsumers);
@@ -145,80 +140,47 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid >= kConsumers) {  // the producer warp
     if (tid == kConsumers) {
       const uint32_t bytes = kWeightTileBytes + N * kBlock + 4 * t4 + 16;
-      const int group = a.group > 0 ? a.group : kGroup;
-      int j = 0;  // tiles issued so far, over all this block's runs: the ring's position
-      for (int taken = 0;; ++taken) {
-        int run;
-        if (R == G) {
-          run = taken == 0 ? static_cast<int>(blockIdx.x) : R;
-        } else {
-          run = atomicAdd(runs_taken, 1);
-          // Every block takes numbers until one is past the runs: R + G numbers in all, and the
-          // block holding the last one resets the counter for the next product.
-          if (run == R + G - 1) atomicExch(runs_taken, 0);
-        }
-        if (run >= R) {  // none left: tell the consumers through the next stage
+      // Groups of kGroup consecutive K blocks are asked for back to back, so that each row's
+      // 128-byte pieces reach the memory controllers together (kGroup x 128 contiguous bytes).
+      const int n = static_cast<int>(f1 - f0), group = a.group > 0 ? a.group : kGroup;
+      int rb = static_cast<int>(f0 / nkb), kb = static_cast<int>(f0 - static_cast<int64_t>(rb) * nkb);
+      for (int j0 = 0; j0 < n; j0 += group) {
+        const int cnt = min(group, n - j0);
+        for (int j = j0; j < j0 + cnt; ++j)
+          if (j >= kStages) MbarrierWait(&empty[j % kStages], ((j / kStages) - 1) & 1);
+        for (int j = j0; j < j0 + cnt; ++j) {
           const int s = j % kStages;
-          if (j >= kStages) MbarrierWait(&empty[s], ((j / kStages) - 1) & 1);
-          stage_run[s] = -1;
-          MbarArrive(&full[s]);
-          break;
-        }
-        const int64_t f0 = RunStart(run, L, R), f1 = RunStart(run + 1, L, R);
-        // Groups of kGroup consecutive K blocks are asked for back to back, so that each row's
-        // 128-byte pieces reach the memory controllers together (kGroup x 128 contiguous bytes).
-        const int n = static_cast<int>(f1 - f0);
-        int rb = static_cast<int>(f0 / nkb), kb = static_cast<int>(f0 - static_cast<int64_t>(rb) * nkb);
-        for (int i0 = 0; i0 < n; i0 += group) {
-          const int cnt = min(group, n - i0);
-          for (int i = 0; i < cnt; ++i)
-            if (j + i >= kStages) MbarrierWait(&empty[(j + i) % kStages], (((j + i) / kStages) - 1) & 1);
-          for (int i = 0; i < cnt; ++i, ++j) {
-            const int s = j % kStages;
-            uint8_t* st = smem + s * StageBytes(NT);
-            stage_run[s] = run;
-            MbarExpectBytes(&full[s], bytes);
-            if (a.w_tiled)
-              BulkLoad(st, a.w + (static_cast<int64_t>(rb) * nkb + kb) * kWeightTileBytes, kWeightTileBytes, &full[s]);
-            else
-              TmaLoad2D(st, &wmap, kb * kBlock, rb * kBlock, &full[s]);
-            if (a.x_tiled)
-              BulkLoad(st + kWeightTileBytes, a.x + static_cast<int64_t>(kb) * N * kBlock, N * kBlock, &full[s]);
-            else
-              TmaLoad2D(st + kWeightTileBytes, &xmap, kb * kBlock, 0, &full[s]);
-            BulkLoad(st + XsOffset(NT), a.xs + static_cast<int64_t>(kb) * a.ld_xs, 4 * t4, &full[s]);
-            BulkLoad(st + WsOffset(NT), a.ws + static_cast<int64_t>(rb) * ldws + (kb & ~3), 16, &full[s]);
-            if (++kb == nkb) kb = 0, ++rb;
-          }
+          uint8_t* st = smem + s * StageBytes(NT);
+          MbarExpectBytes(&full[s], bytes);
+          if (a.w_tiled)
+            BulkLoad(st, a.w + (static_cast<int64_t>(rb) * nkb + kb) * kWeightTileBytes, kWeightTileBytes, &full[s]);
+          else
+            TmaLoad2D(st, &wmap, kb * kBlock, rb * kBlock, &full[s]);
+          if (a.x_tiled)
+            BulkLoad(st + kWeightTileBytes, a.x + static_cast<int64_t>(kb) * N * kBlock, N * kBlock, &full[s]);
+          else
+            TmaLoad2D(st + kWeightTileBytes, &xmap, kb * kBlock, 0, &full[s]);
+          BulkLoad(st + XsOffset(NT), a.xs + static_cast<int64_t>(kb) * a.ld_xs, 4 * t4, &full[s]);
+          BulkLoad(st + WsOffset(NT), a.ws + static_cast<int64_t>(rb) * ldws + (kb & ~3), 16, &full[s]);
+          if (++kb == nkb) kb = 0, ++rb;
         }
       }
     }
-    return;
-  }
-
-  // The consumer warpgroups: warpgroup wg multiplies rows 64 wg.. of every stage.
-  const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
-  // Descriptors of stage 0's tiles; a stage's are StageBytes / 16 on, a k32 step's 2 on (the
-  // start address field, bits 0..13, never carries: shared addresses are < 256 KiB).
-  const uint64_t desc_a = WgmmaDesc(smem_addr + wg * (kWeightTileBytes / 2));
-  const uint64_t desc_b = WgmmaDesc(smem_addr + kWeightTileBytes);
-  float acc[4 * NT];
+  } else {  // the consumer warpgroups: warpgroup wg multiplies rows 64 wg.. of every stage
+    const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    float acc[4 * NT];
 #pragma unroll
-  for (int i = 0; i < 4 * NT; ++i) acc[i] = 0.f;
-  int s = 0;
-  uint32_t phase = 0;
-  for (;;) {
-    // The next run: the one the producer put in the next stage (waiting for a stage's bytes
-    // twice is harmless: it cannot be refilled before this warpgroup releases it).
-    MbarrierWait(&full[s], phase);
-    const int run = *static_cast<volatile int*>(&stage_run[s]);
-    if (run < 0) break;
-    if (tid == 0) last[0] = last[1] = -1;
-    const int64_t f0 = RunStart(run, L, R), f1 = RunStart(run + 1, L, R);
+    for (int i = 0; i < 4 * NT; ++i) acc[i] = 0.f;
     const int n = static_cast<int>(f1 - f0);
     int rb = static_cast<int>(f0 / nkb), kb = static_cast<int>(f0 - static_cast<int64_t>(rb) * nkb);
     int seg_kb = kb;          // the K block this run's part of row block rb started at
     bool first_seg = true;    // rb is this run's first row block
+    // Descriptors of stage 0's tiles; a stage's are StageBytes / 16 on, a k32 step's 2 on (the
+    // start address field, bits 0..13, never carries: shared addresses are < 256 KiB).
+    const uint64_t desc_a = WgmmaDesc(smem_addr + wg * (kWeightTileBytes / 2));
+    const uint64_t desc_b = WgmmaDesc(smem_addr + kWeightTileBytes);
+    int s = 0;
+    uint32_t phase = 0;
     for (int j = 0; j < n; ++j) {
       MbarrierWait(&full[s], phase);
       const uint8_t* st = smem + s * StageBytes(NT);
@@ -256,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         continue;
       }
       const bool whole = seg_kb == 0 && row_end;
-      float* const slot = partial + static_cast<int64_t>(2 * run + (first_seg ? 0 : 1)) * kSlotFloats;
+      float* const slot = partial + static_cast<int64_t>(2 * blockIdx.x + (first_seg ? 0 : 1)) * kSlotFloats;
       // Accumulator element 4 nt + e: row 64 wg + 16 warp + g + 8 (e / 2) of the row block,
       // token 8 nt + 2q + (e & 1).
 #pragma unroll
@@ -279,76 +241,73 @@ __global__ void __launch_bounds__(kThreads, 1)
         // ring keeps streaming (their last row block ends their runs, so this is rarely the last).
         __threadfence();
         asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
-        if (tid == 0 && atomicAdd(&counters[rb], 1) == RunsOf(rb, nkb, L, R) - 1) last[0] = rb;
+        if (tid == 0 && atomicAdd(&counters[rb], 1) == RunsOf(rb, nkb, L, G) - 1) last[0] = rb;
       }
       first_seg = false;
       kb = seg_kb = 0;
       ++rb;
     }
+  }
 
-    // The split row blocks: the run's first (counted in above if the run went on past it) and
-    // its last. The last run to count a row block in adds every run's tile in run order, while
-    // the producer already streams this block's next run into the ring.
-    const int rb_first = static_cast<int>(f0 / nkb), rb_last = static_cast<int>((f1 - 1) / nkb);
-    const bool single_split = rb_first == rb_last && (f0 % nkb != 0 || f1 % nkb != 0);
-    const bool tail_split = rb_last != rb_first && f1 % nkb != 0;
-    if (single_split || tail_split) __threadfence();
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
-    if (tid == 0 && (single_split || tail_split) &&
-        atomicAdd(&counters[rb_last], 1) == RunsOf(rb_last, nkb, L, R) - 1)
-      last[1] = rb_last;
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
-    for (int w = 0; w < 2; ++w) {
-      const int rb = last[w];
-      if (rb < 0) continue;
-      __threadfence();
-      const int64_t row0 = static_cast<int64_t>(rb) * nkb;
-      const int r_first = RunOf(row0, L, R), r_last = RunOf(row0 + nkb - 1, L, R);
-      // T x 128 sums, 4 rows per float4: every consumer thread 2 float4 of up to 8 runs' tiles
-      // in flight at once, added in run order.
-      constexpr int kU = 2, kC = 8;
-      for (int v0 = 0; v0 < T * 32; v0 += kU * kConsumers) {
-        float4 sum[kU];
+  // The split row blocks: the run's first (counted in above if the run went on past it) and its
+  // last. The last run to count a row block in adds every run's tile in run order.
+  const int rb_first = static_cast<int>(f0 / nkb), rb_last = static_cast<int>((f1 - 1) / nkb);
+  const bool single_split = rb_first == rb_last && (f0 % nkb != 0 || f1 % nkb != 0);
+  const bool tail_split = rb_last != rb_first && f1 % nkb != 0;
+  if (single_split || tail_split) __threadfence();
+  __syncthreads();
+  if (tid == 0 && (single_split || tail_split) &&
+      atomicAdd(&counters[rb_last], 1) == RunsOf(rb_last, nkb, L, G) - 1)
+    last[1] = rb_last;
+  __syncthreads();
+  for (int w = 0; w < 2; ++w) {
+    const int rb = last[w];
+    if (rb < 0) continue;
+    __threadfence();
+    const int64_t row0 = static_cast<int64_t>(rb) * nkb;
+    const int b_first = BlockOf(row0, L, G), b_last = BlockOf(row0 + nkb - 1, L, G);
+    // T x 128 sums, 4 rows per float4: every thread (the producer warp's too) 2 float4 of up to
+    // 8 runs' tiles in flight at once, added in run order.
+    constexpr int kU = 2, kC = 8;
+    for (int v0 = 0; v0 < T * 32; v0 += kU * kThreads) {
+      float4 sum[kU];
 #pragma unroll
-        for (int u = 0; u < kU; ++u) sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int r0 = r_first; r0 <= r_last; r0 += kC) {
-          float4 p[kC][kU];
+      for (int u = 0; u < kU; ++u) sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int b0 = b_first; b0 <= b_last; b0 += kC) {
+        float4 p[kC][kU];
 #pragma unroll
-          for (int c = 0; c < kC; ++c) {
-            const float4* src = reinterpret_cast<const float4*>(
-                partial + static_cast<int64_t>(SlotOf(r0 + c, rb, nkb, L, R)) * kSlotFloats);
+        for (int c = 0; c < kC; ++c) {
+          const float4* src = reinterpret_cast<const float4*>(
+              partial + static_cast<int64_t>(SlotOf(b0 + c, rb, nkb, L, G)) * kSlotFloats);
 #pragma unroll
-            for (int u = 0; u < kU; ++u) {
-              const int v = v0 + tid + kConsumers * u;
-              p[c][u] = r0 + c <= r_last && v < T * 32 ? __ldcg(src + v) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+          for (int u = 0; u < kU; ++u) {
+            const int v = v0 + tid + kThreads * u;
+            p[c][u] = b0 + c <= b_last && v < T * 32 ? __ldcg(src + v) : make_float4(0.f, 0.f, 0.f, 0.f);
           }
-#pragma unroll
-          for (int c = 0; c < kC; ++c)
-#pragma unroll
-            for (int u = 0; u < kU; ++u)
-              if (r0 + c <= r_last) {
-                sum[u].x += p[c][u].x;
-                sum[u].y += p[c][u].y;
-                sum[u].z += p[c][u].z;
-                sum[u].w += p[c][u].w;
-              }
         }
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int v = v0 + tid + kConsumers * u;
-          if (v >= T * 32) continue;
-          const int t = v >> 5, r = 4 * (v & 31);
-          float* yp = a.y + static_cast<int64_t>(t) * a.ldy + rb * kBlock + r;
-          const float o[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+        for (int c = 0; c < kC; ++c)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) yp[i] = a.accumulate ? yp[i] + o[i] : o[i];
-        }
+          for (int u = 0; u < kU; ++u)
+            if (b0 + c <= b_last) {
+              sum[u].x += p[c][u].x;
+              sum[u].y += p[c][u].y;
+              sum[u].z += p[c][u].z;
+              sum[u].w += p[c][u].w;
+            }
       }
-      if (tid == 0) counters[rb] = 0;  // for the next product (stream order)
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int v = v0 + tid + kThreads * u;
+        if (v >= T * 32) continue;
+        const int t = v >> 5, r = 4 * (v & 31);
+        float* yp = a.y + static_cast<int64_t>(t) * a.ldy + rb * kBlock + r;
+        const float o[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) yp[i] = a.accumulate ? yp[i] + o[i] : o[i];
+      }
     }
-    // last[] is read above by every consumer before thread 0 resets it for the next run.
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+    if (tid == 0) counters[rb] = 0;  // for the next product (stream order)
   }
 #endif
 }
@@ -435,10 +394,25 @@ absl::Status CachedRows(CUtensorMap* map, const uint8_t* p, int rows, int K, int
   return absl::OkStatus();
 }
 
-int64_t PartialFloats() { return 2LL * kFp8DecodeMaxRuns * kSlotFloats; }
-int64_t RowCounters(int max_m) { return std::max(1, max_m / kBlock); }
+int64_t PartialFloats() { return 2LL * kFp8DecodeMaxBlocks * kSlotFloats; }
 
-int SmCount() {
+}  // namespace
+
+uint64_t Fp8DecodeScratchBytes(int max_m) {
+  return static_cast<uint64_t>(PartialFloats()) * 4 + static_cast<uint64_t>(std::max(1, max_m / kBlock)) * 4;
+}
+
+absl::Status Fp8DecodeScratchInit(void* scratch, int max_m, cudaStream_t stream) {
+  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(static_cast<float*>(scratch) + PartialFloats(), 0,
+                                          static_cast<size_t>(std::max(1, max_m / kBlock)) * 4, stream));
+  return absl::OkStatus();
+}
+
+bool Fp8DecodeTakes(int M, int K, int T) {
+  return M > 0 && M % kBlock == 0 && K > 0 && K % kBlock == 0 && T >= 1 && T <= kFp8DecodeMaxTokens;
+}
+
+int Fp8DecodeBlocks(int M, int K) {
   static std::atomic<int> sms_of[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) dev = 0;
@@ -448,29 +422,8 @@ int SmCount() {
       sms = 1;
     sms_of[dev].store(sms, std::memory_order_relaxed);
   }
-  return sms;
-}
-
-}  // namespace
-
-uint64_t Fp8DecodeScratchBytes(int max_m) {
-  return static_cast<uint64_t>(PartialFloats() + RowCounters(max_m) + 1) * 4;
-}
-
-absl::Status Fp8DecodeScratchInit(void* scratch, int max_m, cudaStream_t stream) {
-  DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(static_cast<float*>(scratch) + PartialFloats(), 0,
-                                          static_cast<size_t>(RowCounters(max_m) + 1) * 4, stream));
-  return absl::OkStatus();
-}
-
-bool Fp8DecodeTakes(int M, int K, int T) {
-  return M > 0 && M % kBlock == 0 && K > 0 && K % kBlock == 0 && T >= 1 && T <= kFp8DecodeMaxTokens;
-}
-
-int Fp8DecodeRuns(int M, int K) {
   const int64_t blocks = static_cast<int64_t>(std::max(1, M / kBlock)) * std::max(1, K / kBlock);
-  return static_cast<int>(
-      std::min<int64_t>({static_cast<int64_t>(kFp8DecodeRunsPerSm) * SmCount(), kFp8DecodeMaxRuns, blocks}));
+  return static_cast<int>(std::min<int64_t>({sms, kFp8DecodeMaxBlocks, blocks}));
 }
 
 absl::Status Fp8TileWeights(const uint8_t* w, int M, int K, uint8_t* tiled, cudaStream_t stream) {
@@ -494,18 +447,15 @@ bool Fp8DecodeAvailable() { return WgmmaAvailable() && EncodeTiled() != nullptr;
 
 absl::Status Fp8DecodeGemm(const Fp8DecodeArgs& a, void* scratch, int max_m, cudaStream_t stream) {
   if (!Fp8DecodeTakes(a.M, a.K, a.T) || a.M > max_m || a.ldy < a.M || a.ld_xs < a.T ||
-      a.ld_xs % 4 != 0 || a.blocks < 0 || a.runs < 0 || a.group < 0 || (a.group > 0 && kStages % a.group != 0))
+      a.ld_xs % 4 != 0 || a.blocks < 0 || a.group < 0 || (a.group > 0 && kStages % a.group != 0))
     return absl::InvalidArgumentError(absl::StrCat(
         "Fp8DecodeGemm: M ", a.M, " (a multiple of 128, at most ", max_m, "), K ", a.K,
         " (a multiple of 128), T ", a.T, " (1..", kFp8DecodeMaxTokens, "), ldy ", a.ldy, ", ld_xs ",
-        a.ld_xs, " (>= T, a multiple of 4), blocks ", a.blocks, ", runs ", a.runs));
+        a.ld_xs, " (>= T, a multiple of 4), blocks ", a.blocks));
   const int64_t L = static_cast<int64_t>(a.M / kBlock) * (a.K / kBlock);
-  const int R = a.runs > 0 ? a.runs : Fp8DecodeRuns(a.M, a.K);
-  const int G = a.blocks > 0 ? a.blocks : std::min(R, SmCount());
-  if (R > kFp8DecodeMaxRuns || R > L || G > R)
-    return absl::InvalidArgumentError(absl::StrCat("Fp8DecodeGemm: ", R, " runs on ", G, " blocks for ", L,
-                                                   " weight blocks (at most ", kFp8DecodeMaxRuns,
-                                                   " runs, at least as many as blocks)"));
+  if (a.blocks > kFp8DecodeMaxBlocks || a.blocks > L)
+    return absl::InvalidArgumentError(absl::StrCat("Fp8DecodeGemm: ", a.blocks, " blocks for ", L,
+                                                   " weight blocks (at most ", kFp8DecodeMaxBlocks, ")"));
   for (const void* p : {static_cast<const void*>(a.w), static_cast<const void*>(a.x),
                         static_cast<const void*>(a.xs), static_cast<const void*>(a.ws)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
@@ -513,17 +463,16 @@ absl::Status Fp8DecodeGemm(const Fp8DecodeArgs& a, void* scratch, int max_m, cud
   if (!Fp8DecodeAvailable())
     return absl::FailedPreconditionError(
         "Fp8DecodeGemm: needs Hopper's wgmma and tensor copies (compute capability 9.0, sm_90a code)");
+  const int G = a.blocks > 0 ? a.blocks : Fp8DecodeBlocks(a.M, a.K);
   float* partial = static_cast<float*>(scratch);
   int* counters = reinterpret_cast<int*>(partial + PartialFloats());
-  int* runs_taken = counters + RowCounters(max_m);
   CUtensorMap wmap, xmap;
   DS_RETURN_IF_ERROR(CachedRows(&wmap, a.w, a.M, a.K, kBlock));
   DS_RETURN_IF_ERROR(CachedRows(&xmap, a.x, a.T, a.K, Fp8DecodeWidth(a.T)));
   DispatchTiles(a.T, [&](auto tag) {
     constexpr int NT = decltype(tag)::value;
     AllowSharedBytes<Fp8StreamKernel<NT>>(SharedBytes(NT));
-    Fp8StreamKernel<NT><<<G, kThreads, SharedBytes(NT), stream>>>(wmap, xmap, a, R, partial, counters,
-                                                                          runs_taken);
+    Fp8StreamKernel<NT><<<G, kThreads, SharedBytes(NT), stream>>>(wmap, xmap, a, partial, counters);
   });
   return LastLaunchStatus("Fp8DecodeGemm");
 }

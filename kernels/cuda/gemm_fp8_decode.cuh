@@ -32,10 +32,8 @@ namespace ds::cuda {
 
 // Token counts this product takes.
 inline constexpr int kFp8DecodeMaxTokens = 64;
-// Runs a product is cut into at most: what the scratch has partial tiles for.
-inline constexpr int kFp8DecodeMaxRuns = 640;
-// Runs per SM by default: more than one lets the SMs that finish first take the rest.
-inline constexpr int kFp8DecodeRunsPerSm = 1;
+// Blocks (persistent, one per SM) a product runs at most: what the scratch has partial tiles for.
+inline constexpr int kFp8DecodeMaxBlocks = 256;
 
 struct Fp8DecodeArgs {
   const uint8_t* w = nullptr;  // [M, K] e4m3, 16-byte aligned rows
@@ -47,10 +45,7 @@ struct Fp8DecodeArgs {
   int64_t ldy = 0;
   int M = 0, K = 0, T = 0;
   bool accumulate = false;
-  // The runs the weight blocks are cut into (0: Fp8DecodeRuns) and the persistent blocks that
-  // take them (0: one per SM, at most the runs); both set for tests and benchmarks. The bits
-  // depend on the runs only.
-  int runs = 0;
+  // 0: one block per SM (at most kFp8DecodeMaxBlocks); else that many (tests and benchmarks).
   int blocks = 0;
   // 0: the default; else the K blocks the copy engine is asked for at once (1, 2, 4 or 8), for
   // the benchmark's comparison.
@@ -81,8 +76,8 @@ absl::Status Fp8DecodeScratchInit(void* scratch, int max_m, cudaStream_t stream)
 // 1 <= T <= kFp8DecodeMaxTokens.
 bool Fp8DecodeTakes(int M, int K, int T);
 
-// The runs a product of M x K is cut into on the current device (args.runs == 0).
-int Fp8DecodeRuns(int M, int K);
+// The blocks a product of M x K runs on the current device (args.blocks == 0).
+int Fp8DecodeBlocks(int M, int K);
 
 // Fp8DecodeTakes(M, K, T), M <= the scratch's max_m. Needs Hopper's wgmma (sm_90a code on a
 // compute capability 9.0 device: Fp8DecodeAvailable); an error otherwise.

@@ -209,15 +209,11 @@ TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndRunSplit) {
                           {256, 3072, 48}, {384, 896, 49},  {1024, 1024, 64}, {128, 1664, 63}};
   for (const Shape& sh : shapes) {
     const int weight_blocks = sh.M / 128 * (sh.K / 128);
-    // (runs, blocks): the defaults; one run per block; runs taken from the counter by fewer
-    // blocks (one block taking every run, a few blocks taking many).
-    const std::pair<int, int> splits[] = {{0, 0}, {1, 1}, {2, 2}, {3, 3}, {7, 7}, {weight_blocks, weight_blocks},
-                                          {2, 1}, {7, 3}, {weight_blocks, 1}, {weight_blocks, 5}};
-    for (const auto& [runs, blocks] : splits) {
-      if (runs > weight_blocks || runs > kFp8DecodeMaxRuns || blocks > runs) continue;
+    for (int blocks : {0, 1, 2, 3, 7, weight_blocks}) {
+      if (blocks > weight_blocks || blocks > kFp8DecodeMaxBlocks) continue;
       for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "M " << sh.M << " K " << sh.K << " T " << sh.T << " runs "
-                                        << runs << " blocks " << blocks << (accumulate ? " accumulate" : ""));
+        SCOPED_TRACE(testing::Message() << "M " << sh.M << " K " << sh.K << " T " << sh.T
+                                        << " blocks " << blocks << (accumulate ? " accumulate" : ""));
         ASSERT_TRUE(Fp8DecodeTakes(sh.M, sh.K, sh.T));
         const int64_t ldy = sh.M + 8;
         const Fp8Case c(sh.M, sh.K, sh.T, ldy, accumulate);
@@ -240,7 +236,6 @@ TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndRunSplit) {
         a.K = sh.K;
         a.T = sh.T;
         a.accumulate = accumulate;
-        a.runs = runs;
         a.blocks = blocks;
         ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
         const std::vector<float> got = dy.Down();
@@ -248,14 +243,7 @@ TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndRunSplit) {
         CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
         ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
         EXPECT_EQ(dy.Down(), got) << "not the same bits again";
-        if (runs > 1 && blocks > 0 && blocks < runs) {  // the same runs, each on its own block
-          a.blocks = runs;
-          CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
-          ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-          EXPECT_EQ(dy.Down(), got) << "runs taken from the counter differ from one run per block";
-          a.blocks = blocks;
-        }
-        if (runs == 0) {  // the tiled images: the same shared-memory tiles, the same bits
+        if (blocks == 0) {  // the tiled images: the same shared-memory tiles, the same bits
           Dev<uint8_t> wt(c.wq.size()), xt(static_cast<size_t>(Fp8DecodeWidth(sh.T)) * sh.K);
           ASSERT_OK(Fp8TileWeights(dw.p, sh.M, sh.K, wt.p, nullptr));
           ASSERT_OK(Fp8TileActivations(dx.p, sh.T, sh.K, xt.p, nullptr));
@@ -296,12 +284,9 @@ TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndRunSplit) {
   EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // > max_m
   a.M = 256;
   a.ldy = 256;
-  a.runs = 5;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // more runs than weight blocks
-  a.runs = 2;
-  a.blocks = 3;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // more blocks than runs
-  a.runs = a.blocks = 0;
+  a.blocks = 5;
+  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // more blocks than weight blocks
+  a.blocks = 0;
   a.w = w.p + 8;
   EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // unaligned
   EXPECT_FALSE(Fp8DecodeTakes(128, 100, 4));
@@ -409,7 +394,7 @@ TEST(Fp8Timing, DISABLED_DecodeKernel27B) {
   auto fp8 = MakeGemm(64, 17408, 17408);
   if (!fp8) GTEST_SKIP() << Fp8Gemm::Create(64, 17408, 17408).status().ToString();
   if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no wgmma on this device or build";
-  std::printf("%-12s %3s %6s %11s %10s %8s %9s %7s\n", "matrix", "T", "runs", "cublasLt us",
+  std::printf("%-12s %3s %6s %11s %10s %8s %9s %7s\n", "matrix", "T", "blocks", "cublasLt us",
               "kernel us", "Lt GB/s", "kern GB/s", "speedup");
   constexpr int kWidths[] = {8, 16, 32, 48, 64};
   constexpr int kN = sizeof(kWidths) / sizeof(kWidths[0]);
@@ -441,7 +426,7 @@ TEST(Fp8Timing, DISABLED_DecodeKernel27B) {
       sum_lt[ti] += lt;
       sum_k[ti] += k;
       std::printf("%-12s %3d %6d %11.1f %10.1f %8.0f %9.0f %6.2fx\n", m.name, T,
-                  Fp8DecodeRuns(m.M, m.K), lt, k, static_cast<double>(w.q.n) / lt * 1e-3,
+                  Fp8DecodeBlocks(m.M, m.K), lt, k, static_cast<double>(w.q.n) / lt * 1e-3,
                   static_cast<double>(w.q.n) / k * 1e-3, lt / k);
     }
   }
@@ -449,76 +434,6 @@ TEST(Fp8Timing, DISABLED_DecodeKernel27B) {
     std::printf("all, T %d: cuBLASLt %.1f us (%.0f GB/s), kernel %.1f us (%.0f GB/s), %.2fx\n",
                 kWidths[i], sum_lt[i], bytes / sum_lt[i] * 1e-3, sum_k[i], bytes / sum_k[i] * 1e-3,
                 sum_lt[i] / sum_k[i]);
-}
-
-// Benchmark (prints only): the decode kernel alone on the 27B's matrices with 1..4 runs per SM
-// (taken from the counter by one block per SM where there are more runs than SMs) against
-// cuBLASLt's product, summed over the six matrices per width: the default runs by measurement.
-TEST(Fp8Timing, DISABLED_DecodeKernelRuns27B) {
-  auto fp8 = MakeGemm(64, 17408, 17408);
-  if (!fp8) GTEST_SKIP() << Fp8Gemm::Create(64, 17408, 17408).status().ToString();
-  if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no wgmma on this device or build";
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int max_m = 17408;
-  Dev<uint8_t> scratch(Fp8DecodeScratchBytes(max_m));
-  ASSERT_OK(Fp8DecodeScratchInit(scratch.p, max_m, nullptr));
-  constexpr int kWidths[] = {8, 16, 32, 64};
-  constexpr int kPerSm[] = {1, 2, 3, 4};
-  double sum_lt[4] = {}, sum_k[4][4] = {}, bytes = 0;
-  for (const Matrix& m : kMatrices27B) {
-    const double matrix_bytes = static_cast<double>(m.M) * m.K;
-    std::vector<std::unique_ptr<Fp8Weights>> copies;
-    for (int i = 0; i < std::max(2, static_cast<int>(200e6 / matrix_bytes) + 1); ++i)
-      copies.push_back(std::make_unique<Fp8Weights>(m));
-    bytes += matrix_bytes;
-    const int weight_blocks = m.M / 128 * (m.K / 128);
-    for (int ti = 0; ti < 4; ++ti) {
-      const int T = kWidths[ti];
-      Dev<float> xf(RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f));
-      Dev<uint8_t> xq(static_cast<size_t>(T) * m.K);
-      Dev<float> xs(static_cast<size_t>(m.K / 128) * ((T + 3) / 4 * 4)), y(static_cast<size_t>(T) * m.M);
-      const int ld_xs = (T + 3) / 4 * 4;
-      ASSERT_OK(QuantizeTokensFp8(xf.p, T, m.K, xq.p, xs.p, ld_xs, nullptr));
-      ASSERT_OK(fp8->SetActivations(xf.p, T, m.K, nullptr));
-      fp8->set_decode_kernel(false);
-      size_t turn = 0;
-      const double lt = MeanLaunchUs(3, 30, [&] {
-        const Fp8Weights& c = *copies[turn++ % copies.size()];
-        return fp8->Multiply(c.q.p, c.s.p, y.p, m.M, m.M, false, nullptr);
-      });
-      sum_lt[ti] += lt;
-      std::printf("%-12s T %2d: cuBLASLt %.1f us", m.name, T, lt);
-      Fp8DecodeArgs a;
-      a.x = xq.p;
-      a.xs = xs.p;
-      a.ld_xs = ld_xs;
-      a.y = y.p;
-      a.ldy = m.M;
-      a.M = m.M;
-      a.K = m.K;
-      a.T = T;
-      for (int pi = 0; pi < 4; ++pi) {
-        a.runs = std::min({kPerSm[pi] * sms, weight_blocks, kFp8DecodeMaxRuns});
-        a.blocks = std::min(a.runs, sms);
-        const double us = MeanLaunchUs(3, 30, [&] {
-          const Fp8Weights& c = *copies[turn++ % copies.size()];
-          a.w = c.q.p;
-          a.ws = c.s.p;
-          return Fp8DecodeGemm(a, scratch.p, max_m, nullptr);
-        });
-        sum_k[ti][pi] += us;
-        std::printf("  %d/SM %.1f", kPerSm[pi], us);
-      }
-      std::printf("\n");
-    }
-  }
-  for (int ti = 0; ti < 4; ++ti) {
-    std::printf("all, T %2d: cuBLASLt %.1f us (%.0f GB/s)", kWidths[ti], sum_lt[ti], bytes / sum_lt[ti] * 1e-3);
-    for (int pi = 0; pi < 4; ++pi)
-      std::printf("  %d/SM %.1f (%.2fx)", kPerSm[pi], sum_k[ti][pi], sum_lt[ti] / sum_k[ti][pi]);
-    std::printf("\n");
-  }
 }
 
 // Benchmark (prints only): the decode kernel alone on the 27B's matrices at 16 and 64 tokens with
