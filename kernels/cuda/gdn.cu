@@ -590,6 +590,22 @@ int WarpRound(int n) { return (n + 31) / 32 * 32; }
 
 __global__ void BulkCopyProbeKernel(int* out) { *out = DS_BULK_COPY; }
 
+// Lets Kernel take up to `bytes` of dynamic shared memory (above the 48 KiB default), once per
+// device (callers pass the kernel's largest need, whatever this launch's shape). Called before
+// every launch, so after the first one per device it is a device query and an atomic load.
+template <auto Kernel>
+void AllowSharedBytes(size_t bytes) {
+  static std::atomic<uint64_t> done_on{0};  // bit d: device d done (devices 0..63)
+  int dev = 0;
+  if (bytes <= 48 * 1024 || cudaGetDevice(&dev) != cudaSuccess) return;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit & done_on.load(std::memory_order_acquire)) return;
+  // Setting it twice from two threads is harmless; a device past 63 sets it at every launch.
+  if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)) == cudaSuccess)
+    done_on.fetch_or(bit, std::memory_order_release);
+}
+
 // Launches of at least this many decode blocks (heads x sequences) take the batched forms of
 // GdnDecodeKernel (two per SM, or three with bulk_state): about two blocks for every SM of a
 // large GPU.

@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/gemm_fp8_decode.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -184,11 +183,6 @@ absl::StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::Create(int max_tokens, int max
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->xs_, nb * (static_cast<int64_t>(max_tokens) + 4) * 4));
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->xs_tail_, nb * 4 * 4));
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->y_tail_, static_cast<int64_t>(max_m) * kFp8PadTokens * 4));
-  if (Fp8DecodeAvailable()) {
-    DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->decode_scratch_, Fp8DecodeScratchBytes(max_m)));
-    DS_RETURN_IF_ERROR(Fp8DecodeScratchInit(g->decode_scratch_, max_m, nullptr));
-    DS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  }
   // Whether this cuBLASLt has the product at all: a plan for the smallest shape.
   DS_RETURN_IF_ERROR(g->PlanFor(kFp8Block, kFp8Block, 4, kFp8Block).status());
   return g;
@@ -198,14 +192,14 @@ uint64_t Fp8Gemm::ScratchBytes(int max_tokens, int max_k, int max_m) {
   const uint64_t nb = static_cast<uint64_t>(max_k) / kFp8Block;
   return kWorkspaceBytes + (static_cast<uint64_t>(max_tokens) + 4) * max_k +
          nb * (static_cast<uint64_t>(max_tokens) + 4) * 4 + nb * 16 +
-         static_cast<uint64_t>(max_m) * kFp8PadTokens * 4 + Fp8DecodeScratchBytes(max_m);
+         static_cast<uint64_t>(max_m) * kFp8PadTokens * 4;
 }
 
 Fp8Gemm::~Fp8Gemm() {
   plans_.clear();
   if (lt_) cublasLtDestroy(lt_);
   for (void* p : {static_cast<void*>(xq_), static_cast<void*>(xs_), static_cast<void*>(xs_tail_),
-                  static_cast<void*>(y_tail_), workspace_, decode_scratch_})
+                  static_cast<void*>(y_tail_), workspace_})
     if (p) cudaFree(p);
 }
 
@@ -317,21 +311,6 @@ absl::Status Fp8Gemm::Multiply(const uint8_t* w, const float* ws, float* y, int 
   if (reinterpret_cast<uintptr_t>(w) % 16 != 0)
     return absl::InvalidArgumentError("Fp8Gemm::Multiply: weights must be 16-byte aligned");
   const int main = T_ & ~3, tail = T_ - main;
-  if (decode_kernel_ && decode_scratch_ && Fp8DecodeTakes(M, K_, T_)) {
-    Fp8DecodeArgs d;
-    d.w = w;
-    d.ws = ws;
-    d.x = xq_;
-    d.xs = xs_;
-    d.ld_xs = padded_ ? main + 4 : T_;  // SetActivations' layout of the scales
-    d.y = y;
-    d.ldy = ldy;
-    d.M = M;
-    d.K = K_;
-    d.T = T_;
-    d.accumulate = accumulate;
-    return Fp8DecodeGemm(d, decode_scratch_, max_m_, stream);
-  }
   if (padded_) {
     DS_RETURN_IF_ERROR(Product(w, ws, xq_, xs_, y_tail_, M, K_, main + 4, M, false, stream));
     const int64_t n = static_cast<int64_t>(T_) * M;

@@ -67,10 +67,6 @@ class Fp8Gemm {
   // scales ws (QuantizeBlocksFp8). M % 128 == 0, M <= max_m, ldy >= M.
   absl::Status Multiply(const uint8_t* w, const float* ws, float* y, int M, int64_t ldy,
                         bool accumulate, cudaStream_t stream);
-  // Products of 1..kFp8DecodeMaxTokens tokens on this project's decode-width kernel
-  // (gemm_fp8_decode.cuh) where the device has it (on by default), or on cuBLASLt (off; its
-  // kernels read the weights at ~2 TB/s at these widths). Both sum the same terms.
-  void set_decode_kernel(bool on) { decode_kernel_ = on; }
 
   // Measurement (Fp8Timing's decode table): the algorithms cuBLASLt's heuristic offers, best-ranked
   // first (at most `max`), for the product of the activations last set (a multiple of 4 tokens)
@@ -96,8 +92,6 @@ class Fp8Gemm {
   float* y_tail_ = nullptr;     // [kFp8PadTokens, max_m]: the padded products' rows
   int T_ = 0, K_ = 0;           // what SetActivations last quantized
   bool padded_ = false;         // T_ % 4 != 0 and T_ <= kFp8PadTokens: one padded product
-  bool decode_kernel_ = true;   // set_decode_kernel
-  void* decode_scratch_ = nullptr;  // Fp8DecodeScratchBytes(max_m_), where Fp8DecodeAvailable
   std::map<std::tuple<int, int, int, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 

@@ -1,6 +1,6 @@
 // Worker flags that select device paths (issue #19: --portable on|off; issue #22:
 // --dense-weights on|off|auto, --early-launch on|off, --gdn-state f32|bf16, --tiled-f16-formats
-// on|off, --prefill-fp8 on|off, --fp8-decode-rows N, --fp8-decode-kernel on|off; issue #15: --coarse-draft-head on|off):
+// on|off, --prefill-fp8 on|off, --fp8-decode-rows N; issue #15: --coarse-draft-head on|off):
 // parsed into WorkerOptions, bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
@@ -75,10 +75,6 @@ TEST(WorkerFlags, PrefillFp8OnOff) {
   ExpectOnOffFlag("--prefill-fp8", &DeviceTuning::prefill_fp8, false);
 }
 
-TEST(WorkerFlags, Fp8DecodeKernelOnOff) {
-  ExpectOnOffFlag("--fp8-decode-kernel", &DeviceTuning::fp8_decode_kernel, true);
-}
-
 // --fp8-decode-rows N: the default (33, measured) and counts (0: never); not a count refused
 // naming the flag.
 TEST(WorkerFlags, Fp8DecodeRows) {
@@ -139,8 +135,7 @@ TEST(WorkerFlags, DeviceTuningArgsParseBackToTheSameSwitches) {
       [](DeviceTuning& t) { t.deferred_drafts = !t.deferred_drafts; },
       [](DeviceTuning& t) { t.gdn_state_bf16 = !t.gdn_state_bf16; },
       [](DeviceTuning& t) { t.prefill_fp8 = !t.prefill_fp8; },
-      [](DeviceTuning& t) { t.fp8_decode_rows = 16; },
-      [](DeviceTuning& t) { t.fp8_decode_kernel = !t.fp8_decode_kernel; }};
+      [](DeviceTuning& t) { t.fp8_decode_rows = 16; }};
   for (size_t i = 0; i < changes.size(); ++i)
     for (size_t j = i; j < changes.size(); ++j) {
       DeviceTuning want;
@@ -170,7 +165,6 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   EXPECT_EQ(def.gdn_state_bf16, plain.gdn_state_bf16);
   EXPECT_EQ(def.prefill_fp8, plain.prefill_fp8);
   EXPECT_EQ(def.fp8_decode_rows, plain.fp8_decode_rows);
-  EXPECT_EQ(def.fp8_decode_kernel, plain.fp8_decode_kernel);
   DeviceTuning t;
   t.portable = !t.portable;
   t.dense_weights = DenseWeights::kOff;
@@ -180,7 +174,6 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   t.gdn_state_bf16 = !t.gdn_state_bf16;
   t.prefill_fp8 = !t.prefill_fp8;
   t.fp8_decode_rows = 33;
-  t.fp8_decode_kernel = !t.fp8_decode_kernel;
   BackendOptions bo;
   ApplyDeviceTuning(t, &bo);
   EXPECT_EQ(bo.portable, t.portable);
@@ -191,7 +184,6 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   EXPECT_EQ(bo.gdn_state_bf16, t.gdn_state_bf16);
   EXPECT_EQ(bo.prefill_fp8, t.prefill_fp8);
   EXPECT_EQ(bo.fp8_decode_rows, 33);
-  EXPECT_EQ(bo.fp8_decode_kernel, t.fp8_decode_kernel);
 }
 
 }  // namespace

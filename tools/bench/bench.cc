@@ -330,7 +330,6 @@ int RunBench(const BenchOptions& o) {
     co.f16_cluster_split = o.f16_cluster;
     co.f16_wgmma = o.f16_wgmma;
     co.prefill_fp8 = o.prefill_fp8;
-    co.fp8_decode_kernel = o.fp8_decode_kernel;
     co.fuse_allreduce_norm = o.fuse_norm;
     if (o.overlap >= 0) co.overlap_allreduce = o.overlap == 1;
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
@@ -687,8 +686,7 @@ int BenchMain(int argc, char** argv) {
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
              a == "--gdn-scan-mma" || a == "--f16-cluster" || a == "--gdn-bulk" || a == "--tiled-f16-formats" ||
              a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft" ||
-             a == "--gemv-six" || a == "--f16-wgmma" || a == "--prefill-fp8" ||
-             a == "--fp8-decode-kernel") {
+             a == "--gemv-six" || a == "--f16-wgmma" || a == "--prefill-fp8") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
@@ -714,7 +712,6 @@ int BenchMain(int argc, char** argv) {
                     : a == "--gemv-six"        ? o.gemv_six
                     : a == "--f16-wgmma"       ? o.f16_wgmma
                     : a == "--prefill-fp8"     ? o.prefill_fp8
-                    : a == "--fp8-decode-kernel" ? o.fp8_decode_kernel
                                                : o.fuse_norm;
       field = v == "on";
     }
@@ -759,7 +756,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--fp8-decode-kernel on|off] [--gdn-bulk on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--gdn-bulk on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -38,7 +38,6 @@ struct BenchOptions {
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
   bool f16_wgmma = true;                     // --f16-wgmma off: the mma.sync f16 matmul (A/B)
   bool prefill_fp8 = false;                  // --prefill-fp8 on: CudaBackendOptions::prefill_fp8
-  bool fp8_decode_kernel = true;  // --fp8-decode-kernel off: CudaBackendOptions::fp8_decode_kernel
   bool fuse_norm = false;                    // --fuse-norm on: TP all-reduce fused with the RMSNorm
   // --overlap on|off: TP all-reduces of large (prefill) steps overlapped with the projection
   // GEMMs (CudaBackendOptions::overlap_allreduce); -1 = that option's default.

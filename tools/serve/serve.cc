@@ -111,8 +111,6 @@ void Usage(FILE* out) {
                "tok/s; default off; docs/quality.md)\n"
                "  [--fp8-decode-rows N]  with --prefill-fp8 on, decode steps of N or more "
                "sequences on FP8 too (default 33: H100 x40-x64 +10%%, x16-x32 behind; 0: never)\n"
-               "  [--fp8-decode-kernel on|off]  with --prefill-fp8 on, FP8 products of up to 64 "
-               "sequences on deltaserve's decode-width kernel (default on; off: cuBLASLt's)\n"
                "  [--coarse-draft-head on|off]  with --mtp, drafts through a 4-bit copy of a "
                "Q6_K lm_head (default on; the outputs are the verified ones either way)\n"
                "  [--gdn-state f32|bf16]  the workers store the GDN recurrent state in bf16 "

@@ -36,7 +36,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (!opts.f16_wgmma) co.f16_wgmma = false;
   if (opts.prefill_fp8) co.prefill_fp8 = true;
   if (opts.fp8_decode_rows != BackendOptions{}.fp8_decode_rows) co.fp8_decode_rows = opts.fp8_decode_rows;
-  if (!opts.fp8_decode_kernel) co.fp8_decode_kernel = false;
   if (!opts.coarse_draft_head) co.coarse_draft_head = false;
   if (!opts.fused_draft_chain) co.fused_draft_chain = false;
   if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;

@@ -506,7 +506,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const uint64_t fp8_bytes = dp->dense ? fp8_scratch : 0;
   if (fp8_bytes > 0) {
     DS_ASSIGN_OR_RETURN(fp8_, Fp8Gemm::Create(std::max(1, copts_.max_step_tokens), max_k_, fp8_max_m));
-    fp8_->set_decode_kernel(copts_.fp8_decode_kernel);
   }
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&weights_mem_, plan_.weights - fp8_bytes));
   Arena wa{static_cast<uint8_t*>(weights_mem_), plan_.weights - fp8_bytes, 0};

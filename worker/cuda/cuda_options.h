@@ -155,11 +155,6 @@ struct CudaBackendOptions {
   // never: decode keeps its kernels at any batch. Only where the copies are made and the trunk
   // is tiled.
   int fp8_decode_rows = 33;
-  // With prefill_fp8: FP8 products of 1..64 tokens (the decode steps from fp8_decode_rows) on
-  // this project's decode-width kernel (kernels/cuda/gemm_fp8_decode.cuh, Hopper) instead of
-  // cuBLASLt's, whose kernels read the weights at ~2 TB/s at those widths. The same terms summed
-  // in another order. --fp8-decode-kernel off for cuBLASLt.
-  bool fp8_decode_kernel = true;
   // Prefill pieces of at least this many tokens run the chunked GDN form (0 = always, a huge value
   // = never), shorter ones the per-token recurrence.
   int gdn_chunk_min = 16;

@@ -284,10 +284,6 @@ struct BackendOptions {
   // fp8_decode_rows, --fp8-decode-rows N; 33 by default, 0 = never); the CPU backend's
   // emulation follows it.
   int fp8_decode_rows = 33;
-  // CUDA, with prefill_fp8: FP8 products of up to 64 tokens on the project's decode-width kernel
-  // (CudaBackendOptions::fp8_decode_kernel, --fp8-decode-kernel off for cuBLASLt's); the CPU
-  // backend's emulation sums in double either way.
-  bool fp8_decode_kernel = true;
   // CUDA: MTP drafts through a coarse copy of a tiled Q6_K head (CudaBackendOptions::
   // coarse_draft_head, --coarse-draft-head off to keep the full head); the CPU backend ignores it.
   bool coarse_draft_head = true;

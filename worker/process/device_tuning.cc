@@ -20,7 +20,6 @@ constexpr OnOffSwitch kOnOff[] = {
     {"--tiled-f16-formats", &DeviceTuning::tiled_f16_formats},
     {"--f16-wgmma", &DeviceTuning::f16_wgmma},
     {"--prefill-fp8", &DeviceTuning::prefill_fp8},
-    {"--fp8-decode-kernel", &DeviceTuning::fp8_decode_kernel},
     {"--coarse-draft-head", &DeviceTuning::coarse_draft_head},
     {"--deferred-drafts", &DeviceTuning::deferred_drafts},
 };
@@ -81,7 +80,6 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->f16_wgmma = t.f16_wgmma;
   bo->prefill_fp8 = t.prefill_fp8;
   bo->fp8_decode_rows = t.fp8_decode_rows;
-  bo->fp8_decode_kernel = t.fp8_decode_kernel;
   bo->coarse_draft_head = t.coarse_draft_head;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
 }

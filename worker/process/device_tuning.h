@@ -29,7 +29,6 @@ struct DeviceTuning {
   bool f16_wgmma = BackendDefaults().f16_wgmma;                  // --f16-wgmma on|off
   bool prefill_fp8 = BackendDefaults().prefill_fp8;              // --prefill-fp8 on|off
   int fp8_decode_rows = BackendDefaults().fp8_decode_rows;       // --fp8-decode-rows N (33; 0: never)
-  bool fp8_decode_kernel = BackendDefaults().fp8_decode_kernel;  // --fp8-decode-kernel on|off
   bool coarse_draft_head = BackendDefaults().coarse_draft_head;  // --coarse-draft-head on|off
   bool gdn_state_bf16 = BackendDefaults().gdn_state_bf16;        // --gdn-state f32|bf16
   // --deferred-drafts on|off: draft chains leave their drafts on the device for the slot's next

@@ -1,18 +1,14 @@
 // The block-scaled FP8 prefill matmul (kernels/cuda/gemm_fp8.cuh) against its CPU reference
 // (kernels/cpu/fp8_ref.h): both quantizers bit for bit, and the cuBLASLt product within a bound
 // of the reference's exact sum at tile-edge shapes, with and without accumulation.
-// The decode-width kernel (kernels/cuda/gemm_fp8_decode.cuh) likewise, alone at every token
-// count and K split it takes, and inside Fp8Gemm. Fp8Timing.* (disabled:
-// --gtest_also_run_disabled_tests) are the benchmarks against cuBLAS bf16 and cuBLASLt.
+// Fp8Timing.* (disabled: --gtest_also_run_disabled_tests) is the benchmark against cuBLAS bf16.
 #include "kernels/cuda/gemm_fp8.cuh"
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,7 +16,6 @@
 #include "common/util/half.h"
 #include "kernels/cpu/fp8_ref.h"
 #include "kernels/cuda/gemm.cuh"
-#include "kernels/cuda/gemm_fp8_decode.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace ds::cuda {
@@ -72,6 +67,7 @@ TEST(Fp8Quantize, SameBitsAsCpu) {
   ASSERT_OK(QuantizeTokensFp8(dx.p, tokens, K, dq.p, ds.p, ld, nullptr));
   EXPECT_EQ(dq.Down(), q_ref);
   EXPECT_EQ(ds.Down(), s_ref);
+
   // Weights from bf16 rows (as the upload makes them) and from f32.
   const int rows = 256;
   std::vector<float> wf = RandVec(Rng(), static_cast<size_t>(rows) * K, -0.05f, 0.05f);
@@ -106,62 +102,9 @@ struct Shape {
   int M, K, T;
 };
 
-// The products of e4m3 values are exact; Hopper's FP8 tensor cores add them with a
-// narrower-than-f32 accumulator inside a 128-block (cuBLASLt and the decode kernel promote to f32
-// between blocks): within 4e-3 of sum |terms| of the exact sum (measured: printed). Rows past M
-// untouched. Returns the worst |gpu - ref| / sum |terms|.
-double ExpectWithinTheReference(const std::vector<float>& got, const std::vector<float>& ref,
-                                const std::vector<double>& mag, const std::vector<float>& y0,
-                                int M, int T, int64_t ldy) {
-  int bad = 0;
-  double worst = 0;
-  for (int t = 0; t < T; ++t) {
-    for (int64_t r = 0; r < ldy; ++r) {
-      const size_t i = static_cast<size_t>(t) * ldy + r;
-      if (r >= M) {
-        if (std::memcmp(&got[i], &y0[i], 4) != 0 && bad++ < 5) ADD_FAILURE() << "wrote " << i;
-        continue;
-      }
-      const double err = std::fabs(got[i] - ref[i]);
-      const double bound = 4e-3 * mag[i] + 1e-6 * std::fabs(ref[i]) + 1e-30;
-      worst = std::max(worst, err / (mag[i] + 1e-30));
-      if (!(err <= bound) && bad++ < 5)
-        ADD_FAILURE() << "t " << t << " r " << r << ": " << got[i] << " vs " << ref[i]
-                      << " (sum |terms| " << mag[i] << ")";
-    }
-  }
-  EXPECT_EQ(bad, 0) << "worst " << worst;
-  return worst;
-}
-
-// One product's inputs in e4m3 and the CPU reference's answer.
-struct Fp8Case {
-  Fp8Case(int M, int K, int T, int64_t ldy, bool accumulate) {
-    const std::vector<float> wf = Weights(M, K);
-    xf = Activations(T, K);
-    wq.resize(wf.size());
-    xq.resize(xf.size());
-    ws.resize(Fp8BlockScaleFloats(M, K));
-    xs.resize(static_cast<size_t>(K / 128) * T);
-    cpu::QuantizeBlocksFp8(wf.data(), M, K, wq.data(), ws.data());
-    cpu::QuantizeTokensFp8(xf.data(), T, K, xq.data(), xs.data(), T);
-    y0 = RandVec(Rng(), static_cast<size_t>(T) * ldy, -1.f, 1.f);
-    ref = y0;
-    mag.assign(ref.size(), 0.);
-    cpu::GemmFp8Ref(wq.data(), ws.data(), xq.data(), xs.data(), T, ref.data(), M, K, T, ldy,
-                    accumulate, mag.data());
-  }
-  std::vector<float> xf, ws, xs, y0, ref;
-  std::vector<uint8_t> wq, xq;
-  std::vector<double> mag;
-};
-
 TEST(Fp8Gemm, WithinTheReference) {
   auto gemm = MakeGemm(512, 1024, 1024);
   if (!gemm) GTEST_SKIP() << Fp8Gemm::Create(512, 1024, 1024).status().ToString();
-  // Both paths of the decode widths: the decode kernel (where the device has it) and cuBLASLt.
-  for (bool decode_kernel : {true, false}) {
-  gemm->set_decode_kernel(decode_kernel);
   // Token counts past whole groups of 4: over kFp8PadTokens (the tail's second product: 130, 77,
   // 65) and up to it (one padded product: 1, 3, 33, 63); a single token, wide K.
   const Shape shapes[] = {{128, 128, 128}, {256, 384, 256}, {384, 1024, 384}, {256, 384, 130},
@@ -173,17 +116,46 @@ TEST(Fp8Gemm, WithinTheReference) {
       SCOPED_TRACE(testing::Message() << "M " << sh.M << " K " << sh.K << " T " << sh.T
                                       << (accumulate ? " accumulate" : ""));
       const int64_t ldy = sh.M + 16;
-      const Fp8Case c(sh.M, sh.K, sh.T, ldy, accumulate);
-      Dev<uint8_t> dw(c.wq);
-      Dev<float> dws(c.ws), dx(c.xf), dy(c.y0);
+      const std::vector<float> wf = Weights(sh.M, sh.K);
+      const std::vector<float> xf = Activations(sh.T, sh.K);
+      std::vector<uint8_t> wq(wf.size()), xq(xf.size());
+      std::vector<float> ws(Fp8BlockScaleFloats(sh.M, sh.K)), xs(static_cast<size_t>(sh.K / 128) * sh.T);
+      cpu::QuantizeBlocksFp8(wf.data(), sh.M, sh.K, wq.data(), ws.data());
+      cpu::QuantizeTokensFp8(xf.data(), sh.T, sh.K, xq.data(), xs.data(), sh.T);
+      const std::vector<float> y0 = RandVec(Rng(), static_cast<size_t>(sh.T) * ldy, -1.f, 1.f);
+      std::vector<float> ref = y0;
+      std::vector<double> mag(ref.size(), 0.);
+      cpu::GemmFp8Ref(wq.data(), ws.data(), xq.data(), xs.data(), sh.T, ref.data(), sh.M, sh.K,
+                      sh.T, ldy, accumulate, mag.data());
+      Dev<uint8_t> dw(wq);
+      Dev<float> dws(ws), dx(xf), dy(y0);
       ASSERT_OK(gemm->SetActivations(dx.p, sh.T, sh.K, nullptr));
       ASSERT_OK(gemm->Multiply(dw.p, dws.p, dy.p, sh.M, ldy, accumulate, nullptr));
-      const double worst = ExpectWithinTheReference(dy.Down(), c.ref, c.mag, c.y0, sh.M, sh.T, ldy);
-      std::printf("M %d K %d T %d%s%s: worst |gpu - ref| / sum |terms| = %.2e\n", sh.M, sh.K, sh.T,
-                  accumulate ? " (accumulate)" : "",
-                  decode_kernel && Fp8DecodeTakes(sh.M, sh.K, sh.T) ? " (decode kernel)" : "", worst);
+      const std::vector<float> got = dy.Down();
+      int bad = 0;
+      double worst = 0;
+      for (int t = 0; t < sh.T; ++t) {
+        for (int64_t r = 0; r < ldy; ++r) {
+          const size_t i = static_cast<size_t>(t) * ldy + r;
+          if (r >= sh.M) {  // past M: untouched
+            if (std::memcmp(&got[i], &y0[i], 4) != 0 && bad++ < 5) ADD_FAILURE() << "wrote " << i;
+            continue;
+          }
+          // The products of e4m3 values are exact; Hopper's FP8 tensor cores add them with a
+          // narrower-than-f32 accumulator inside a 128-block (cuBLASLt promotes to f32 between
+          // blocks): within 4e-3 of sum |terms| of the exact sum (measured: printed below).
+          const double err = std::fabs(got[i] - ref[i]);
+          const double bound = 4e-3 * mag[i] + 1e-6 * std::fabs(ref[i]) + 1e-30;
+          worst = std::max(worst, err / (mag[i] + 1e-30));
+          if (err > bound && bad++ < 5)
+            ADD_FAILURE() << "t " << t << " r " << r << ": " << got[i] << " vs " << ref[i]
+                          << " (sum |terms| " << mag[i] << ")";
+        }
+      }
+      EXPECT_EQ(bad, 0) << "worst " << worst;
+      std::printf("M %d K %d T %d%s: worst |gpu - ref| / sum |terms| = %.2e\n", sh.M, sh.K, sh.T,
+                  accumulate ? " (accumulate)" : "", worst);
     }
-  }
   }
   Dev<uint8_t> w(256 * 128);
   Dev<float> s(256), y(256 * 256), x(128 * 4);
@@ -192,105 +164,6 @@ TEST(Fp8Gemm, WithinTheReference) {
   EXPECT_FALSE(gemm->Multiply(w.p + 1, s.p, y.p, 256, 256, false, nullptr).ok());
   EXPECT_FALSE(gemm->Multiply(w.p, s.p, y.p, 2048, 2048, false, nullptr).ok());  // > max_m
   EXPECT_FALSE(gemm->SetActivations(x.p, 513, 128, nullptr).ok());  // > max_tokens
-}
-
-// The decode kernel alone: every width it instantiates (T = 1..64, partial tiles), one K block to
-// many, runs from one block for everything to one weight block per block (row blocks split
-// between 2..many runs, their partial tiles added by the last), with and without accumulation;
-// the same bits when run again (the runs' order is fixed).
-TEST(Fp8DecodeGemm, WithinTheReferenceAtEveryWidthAndRunSplit) {
-  if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no wgmma on this device or build";
-  const int max_m = 1024;
-  Dev<uint8_t> scratch(Fp8DecodeScratchBytes(max_m));
-  ASSERT_OK(Fp8DecodeScratchInit(scratch.p, max_m, nullptr));
-  const Shape shapes[] = {{128, 128, 1},  {256, 640, 5},   {384, 1024, 8},  {128, 2048, 9},
-                          {512, 768, 16}, {256, 1280, 17}, {1024, 512, 24}, {128, 4096, 31},
-                          {384, 2304, 32}, {128, 128, 33}, {256, 256, 2},   {640, 1152, 47},
-                          {256, 3072, 48}, {384, 896, 49},  {1024, 1024, 64}, {128, 1664, 63}};
-  for (const Shape& sh : shapes) {
-    const int weight_blocks = sh.M / 128 * (sh.K / 128);
-    for (int blocks : {0, 1, 2, 3, 7, weight_blocks}) {
-      if (blocks > weight_blocks || blocks > kFp8DecodeMaxBlocks) continue;
-      for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "M " << sh.M << " K " << sh.K << " T " << sh.T
-                                        << " blocks " << blocks << (accumulate ? " accumulate" : ""));
-        ASSERT_TRUE(Fp8DecodeTakes(sh.M, sh.K, sh.T));
-        const int64_t ldy = sh.M + 8;
-        const Fp8Case c(sh.M, sh.K, sh.T, ldy, accumulate);
-        // The token scales in rows of a multiple of 4 (what the kernel copies), zeros past T.
-        const int ld_xs = (sh.T + 3) / 4 * 4;
-        std::vector<float> xs(static_cast<size_t>(sh.K / 128) * ld_xs, 0.f);
-        for (int b = 0; b < sh.K / 128; ++b)
-          for (int t = 0; t < sh.T; ++t) xs[static_cast<size_t>(b) * ld_xs + t] = c.xs[static_cast<size_t>(b) * sh.T + t];
-        Dev<uint8_t> dw(c.wq), dx(c.xq);
-        Dev<float> dws(c.ws), dxs(xs), dy(c.y0);
-        Fp8DecodeArgs a;
-        a.w = dw.p;
-        a.ws = dws.p;
-        a.x = dx.p;
-        a.xs = dxs.p;
-        a.ld_xs = ld_xs;
-        a.y = dy.p;
-        a.ldy = ldy;
-        a.M = sh.M;
-        a.K = sh.K;
-        a.T = sh.T;
-        a.accumulate = accumulate;
-        a.blocks = blocks;
-        ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-        const std::vector<float> got = dy.Down();
-        ExpectWithinTheReference(got, c.ref, c.mag, c.y0, sh.M, sh.T, ldy);
-        CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
-        ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-        EXPECT_EQ(dy.Down(), got) << "not the same bits again";
-        if (blocks == 0) {  // the tiled images: the same shared-memory tiles, the same bits
-          Dev<uint8_t> wt(c.wq.size()), xt(static_cast<size_t>(Fp8DecodeWidth(sh.T)) * sh.K);
-          ASSERT_OK(Fp8TileWeights(dw.p, sh.M, sh.K, wt.p, nullptr));
-          ASSERT_OK(Fp8TileActivations(dx.p, sh.T, sh.K, xt.p, nullptr));
-          a.w = wt.p;
-          a.w_tiled = true;
-          a.x = xt.p;
-          a.x_tiled = true;
-          CK(cudaMemcpy(dy.p, c.y0.data(), c.y0.size() * 4, cudaMemcpyHostToDevice));
-          ASSERT_OK(Fp8DecodeGemm(a, scratch.p, max_m, nullptr));
-          EXPECT_EQ(dy.Down(), got) << "tiled images";
-        }
-      }
-    }
-  }
-  // What it does not take: an error, nothing written.
-  Fp8DecodeArgs a;
-  Dev<uint8_t> w(256 * 256), x(80 * 256);
-  Dev<float> s(80 * 2), y(80 * 256);
-  a.w = w.p;
-  a.ws = s.p;
-  a.x = x.p;
-  a.xs = s.p;
-  a.ld_xs = 68;
-  a.y = y.p;
-  a.ldy = 256;
-  a.M = 256;
-  a.K = 256;
-  a.T = 65;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // > 64 tokens
-  a.T = 4;
-  a.ld_xs = 6;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // ld_xs % 4
-  a.ld_xs = 4;
-  a.M = 200;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // M % 128
-  a.M = 2048;
-  a.ldy = 2048;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // > max_m
-  a.M = 256;
-  a.ldy = 256;
-  a.blocks = 5;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // more blocks than weight blocks
-  a.blocks = 0;
-  a.w = w.p + 8;
-  EXPECT_FALSE(Fp8DecodeGemm(a, scratch.p, max_m, nullptr).ok());  // unaligned
-  EXPECT_FALSE(Fp8DecodeTakes(128, 100, 4));
-  EXPECT_FALSE(Fp8DecodeTakes(128, 128, 0));
 }
 
 // The 27B's matrix shapes the timing benchmarks multiply.
@@ -383,111 +256,6 @@ TEST(Fp8Timing, DISABLED_DecodeCandidates27B) {
       }
       std::printf("%-12s %3d best %.1f us vs #0 %.1f (%.2fx)\n", m.name, T, best, t0, t0 / best);
       ASSERT_OK(fp8->UseAlgorithm(m.M, m.M, 0));
-    }
-  }
-}
-
-// Benchmark (prints only): the 27B's matrices at decode widths, the decode kernel against
-// cuBLASLt's first algorithm (what Multiply takes with set_decode_kernel(false)), with the rate
-// each reads the weights at.
-TEST(Fp8Timing, DISABLED_DecodeKernel27B) {
-  auto fp8 = MakeGemm(64, 17408, 17408);
-  if (!fp8) GTEST_SKIP() << Fp8Gemm::Create(64, 17408, 17408).status().ToString();
-  if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no wgmma on this device or build";
-  std::printf("%-12s %3s %6s %11s %10s %8s %9s %7s\n", "matrix", "T", "blocks", "cublasLt us",
-              "kernel us", "Lt GB/s", "kern GB/s", "speedup");
-  constexpr int kWidths[] = {8, 16, 32, 48, 64};
-  constexpr int kN = sizeof(kWidths) / sizeof(kWidths[0]);
-  double sum_lt[kN] = {}, sum_k[kN] = {}, bytes = 0;
-  for (const Matrix& m : kMatrices27B) {
-    // Copies enough to exceed L2 (~50-60 MB), taken in turn: every product reads from memory,
-    // as in a model's step.
-    const double matrix_bytes = static_cast<double>(m.M) * m.K;
-    std::vector<std::unique_ptr<Fp8Weights>> copies;
-    for (int i = 0; i < std::max(2, static_cast<int>(200e6 / matrix_bytes) + 1); ++i)
-      copies.push_back(std::make_unique<Fp8Weights>(m));
-    const Fp8Weights& w = *copies[0];
-    bytes += matrix_bytes;
-    for (int ti = 0; ti < kN; ++ti) {
-      const int T = kWidths[ti];
-      const std::vector<float> x = RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f);
-      Dev<float> xf(x);
-      Dev<float> y(static_cast<size_t>(T) * m.M);
-      ASSERT_OK(fp8->SetActivations(xf.p, T, m.K, nullptr));
-      auto run = [&](bool kernel) {
-        fp8->set_decode_kernel(kernel);
-        size_t turn = 0;
-        return MeanLaunchUs(3, 30, [&] {
-          const Fp8Weights& c = *copies[turn++ % copies.size()];
-          return fp8->Multiply(c.q.p, c.s.p, y.p, m.M, m.M, false, nullptr);
-        });
-      };
-      const double lt = run(false), k = run(true);
-      sum_lt[ti] += lt;
-      sum_k[ti] += k;
-      std::printf("%-12s %3d %6d %11.1f %10.1f %8.0f %9.0f %6.2fx\n", m.name, T,
-                  Fp8DecodeBlocks(m.M, m.K), lt, k, static_cast<double>(w.q.n) / lt * 1e-3,
-                  static_cast<double>(w.q.n) / k * 1e-3, lt / k);
-    }
-  }
-  for (int i = 0; i < kN; ++i)
-    std::printf("all, T %d: cuBLASLt %.1f us (%.0f GB/s), kernel %.1f us (%.0f GB/s), %.2fx\n",
-                kWidths[i], sum_lt[i], bytes / sum_lt[i] * 1e-3, sum_k[i], bytes / sum_k[i] * 1e-3,
-                sum_lt[i] / sum_k[i]);
-}
-
-// Benchmark (prints only): the decode kernel alone on the 27B's matrices at 16 and 64 tokens with
-// each number of K blocks asked for at once (Fp8DecodeArgs::group), to check the default by
-// measurement.
-TEST(Fp8Timing, DISABLED_DecodeKernelGroups27B) {
-  if (!Fp8DecodeAvailable()) GTEST_SKIP() << "no wgmma on this device or build";
-  const int max_m = 17408;
-  Dev<uint8_t> scratch(Fp8DecodeScratchBytes(max_m));
-  ASSERT_OK(Fp8DecodeScratchInit(scratch.p, max_m, nullptr));
-  for (const Matrix& m : kMatrices27B) {
-    const double matrix_bytes = static_cast<double>(m.M) * m.K;
-    std::vector<std::unique_ptr<Fp8Weights>> copies;
-    for (int i = 0; i < std::max(2, static_cast<int>(200e6 / matrix_bytes) + 1); ++i)
-      copies.push_back(std::make_unique<Fp8Weights>(m));
-    for (int T : {16, 64}) {
-      Dev<float> xf(RandVec(Rng(), static_cast<size_t>(T) * m.K, -1.f, 1.f));
-      Dev<uint8_t> xq(static_cast<size_t>(T) * m.K);
-      Dev<float> xs(static_cast<size_t>(m.K / 128) * T), y(static_cast<size_t>(T) * m.M);
-      ASSERT_OK(QuantizeTokensFp8(xf.p, T, m.K, xq.p, xs.p, T, nullptr));
-      Fp8DecodeArgs a;
-      a.x = xq.p;
-      a.xs = xs.p;
-      a.ld_xs = T;
-      a.y = y.p;
-      a.ldy = m.M;
-      a.M = m.M;
-      a.K = m.K;
-      a.T = T;
-      std::vector<std::unique_ptr<Dev<uint8_t>>> tiled;
-      for (const auto& c : copies) {
-        tiled.push_back(std::make_unique<Dev<uint8_t>>(c->q.n));
-        ASSERT_OK(Fp8TileWeights(c->q.p, m.M, m.K, tiled.back()->p, nullptr));
-      }
-      Dev<uint8_t> xt(static_cast<size_t>(Fp8DecodeWidth(T)) * m.K);
-      ASSERT_OK(Fp8TileActivations(xq.p, T, m.K, xt.p, nullptr));
-      std::printf("%-12s T %2d:", m.name, T);
-      for (int variant = 0; variant < 6; ++variant) {
-        // 0-3: row-major, K blocks asked for 1 / 2 / 4 / 8 at once; 4: tiled weights; 5: both tiled.
-        a.group = variant < 4 ? 1 << variant : 0;
-        a.w_tiled = variant >= 4;
-        a.x_tiled = variant == 5;
-        a.x = a.x_tiled ? xt.p : xq.p;
-        size_t turn = 0;
-        const double us = MeanLaunchUs(3, 30, [&] {
-          const size_t i = turn++ % copies.size();
-          a.w = a.w_tiled ? tiled[i]->p : copies[i]->q.p;
-          a.ws = copies[i]->s.p;
-          return Fp8DecodeGemm(a, scratch.p, max_m, nullptr);
-        });
-        static const char* const kNames[] = {"group 1", "group 2", "group 4", "group 8", "w tiled", "w+x tiled"};
-        std::printf("  %s: %.1f us (%.0f GB/s)", kNames[variant], us, matrix_bytes / us * 1e-3);
-      }
-      std::printf("\n");
     }
   }
 }
