@@ -81,6 +81,9 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
   const GemvArgs& a = L.seg[si];
   const int blk = blockIdx.x - (si > 0 ? L.blk_end[si - 1] : 0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Float weights past NC columns: column group blockIdx.y takes columns c0.. (LaunchUnit);
+  // every column's sums are the same operations whichever block computes it.
+  const int c0 = static_cast<int>(blockIdx.y) * NC, ncb = min(NC, a.nc - c0);
   const int row0 = blk * (kPair ? 1 : R);
   const int nu = a.K / kUnitElems;
   const int64_t rb = static_cast<int64_t>(nu) * UB;
@@ -104,7 +107,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
       for (int r = 0; r < NR; ++r) DecodeFloat8<T>(rows[r] + u * UB, lane, w[r]);
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
-        const int ce = min(c, a.nc - 1);
+        const int ce = c0 + min(c, ncb - 1);
         const float4* xp =
             reinterpret_cast<const float4*>(a.x + static_cast<int64_t>(ce) * a.K + u * 256 + 8 * lane);
         const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
@@ -142,23 +145,23 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
   const int t = threadIdx.x;
   const int64_t ldy = a.ldy ? a.ldy : a.M;
   if constexpr (kPair) {
-    if (t < NC && t < a.nc) {
+    if (t < NC && t < ncb) {
       float g = 0.f, up = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
         g += red[w][0][t];
         up += red[w][1][t];
       }
-      a.y[t * ldy + row0] = Silu(g) * up;
+      a.y[(c0 + t) * ldy + row0] = Silu(g) * up;
     }
   } else {
     if (t < NR * NC) {
       const int r = t / NC, c = t % NC;
-      if (row0 + r < a.M && c < a.nc) {
+      if (row0 + r < a.M && c < ncb) {
         float v = 0.f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) v += red[w][r][c];
-        float* dst = a.y + c * ldy + row0 + r;
+        float* dst = a.y + (c0 + c) * ldy + row0 + r;
         *dst = a.epilogue == GemvEpilogue::kAccumulate ? *dst + v : v;
       }
     }
@@ -208,6 +211,10 @@ __global__ void __launch_bounds__(kWarps * 32) GemvElemKernel(const GemvArgs a) 
 template <int NC>
 constexpr int RowsFor() { return NC >= 4 ? 4 : 2; }
 
+// Float weights take up to kGemvFloatMaxCols columns in one launch: groups of NC columns on the
+// grid's second dimension, so a small matrix (the 27B's ssm_alpha / ssm_beta: 48 rows) at 16-64
+// columns runs on 2-8x the blocks of one NC-column pass instead of one launch per 16 columns
+// (docs/perf/h200.md, "Small float matrices at decode widths").
 template <GgmlType T, int NC>
 void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
   const bool pair = L.seg[0].epilogue == GemvEpilogue::kSiluMul;
@@ -217,11 +224,12 @@ void LaunchUnit(GemvLaunch& L, cudaStream_t s) {
     end += CeilDiv(L.seg[i].M, pair ? 1 : R);
     L.blk_end[i] = end;
   }
+  const dim3 grid(end, CeilDiv(L.seg[0].nc, NC));
   const bool early = L.seg[0].early_launch;
   if (pair)
-    LaunchMaybeEarly(GemvUnitKernel<T, NC, true, R>, end, kWarps * 32, 0, s, early, L);
+    LaunchMaybeEarly(GemvUnitKernel<T, NC, true, R>, grid, kWarps * 32, 0, s, early, L);
   else
-    LaunchMaybeEarly(GemvUnitKernel<T, NC, false, R>, end, kWarps * 32, 0, s, early, L);
+    LaunchMaybeEarly(GemvUnitKernel<T, NC, false, R>, grid, kWarps * 32, 0, s, early, L);
 }
 
 }  // namespace
@@ -237,6 +245,8 @@ absl::Status QuantizeActivations(const float* x, int nc, int K, int8_t* xq, floa
 
 bool GemvSupported(GgmlType t) { return UnitBytes(t) != 0; }
 
+int GemvMaxCols(GgmlType t) { return IsFloatType(t) ? kGemvFloatMaxCols : kGemvMaxCols; }
+
 bool GemvWantsQuantizedX(GgmlType t, int K) {
   return !IsFloatType(t) && UnitBytes(t) != 0 && K % kUnitElems == 0;
 }
@@ -245,8 +255,8 @@ namespace {
 absl::Status CheckArgs(const GemvArgs& a) {
   if (!GemvSupported(a.type))
     return absl::UnimplementedError(absl::StrCat("Gemv: type ", std::string(GgmlInfo(a.type).name), " not supported on CUDA"));
-  if (a.nc < 1 || a.nc > kGemvMaxCols)
-    return absl::InvalidArgumentError(absl::StrCat("Gemv: nc=", a.nc, " outside [1, ", kGemvMaxCols, "]"));
+  if (const int max_cols = GemvMaxCols(a.type); a.nc < 1 || a.nc > max_cols)
+    return absl::InvalidArgumentError(absl::StrCat("Gemv: nc=", a.nc, " outside [1, ", max_cols, "]"));
   if (a.M <= 0 || a.K <= 0 || a.K % BlockElems(a.type) != 0)
     return absl::InvalidArgumentError(absl::StrCat("Gemv: bad shape M=", a.M, " K=", a.K, " for ", std::string(GgmlInfo(a.type).name)));
   if (a.epilogue == GemvEpilogue::kSiluMul && a.w2 == nullptr)
@@ -276,10 +286,18 @@ absl::Status GemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream) {
   const bool unit = a.K % kUnitElems == 0;
   if (!unit) {
     for (int i = 0; i < n_segs; ++i)
-      DispatchType(a.type, [&](auto tag) {
-        constexpr GgmlType T = decltype(tag)::value;
-        GemvElemKernel<T><<<CeilDiv(segs[i].M, kWarps), kWarps * 32, 0, stream>>>(segs[i]);
-      });
+      for (int c0 = 0; c0 < a.nc; c0 += kGemvMaxCols) {  // the kernel's columns at a time
+        GemvArgs part = segs[i];
+        const int64_t ldy = part.ldy ? part.ldy : part.M;
+        part.nc = std::min(kGemvMaxCols, a.nc - c0);
+        part.x += static_cast<int64_t>(c0) * part.K;
+        part.y += static_cast<int64_t>(c0) * ldy;
+        part.ldy = ldy;
+        DispatchType(a.type, [&](auto tag) {
+          constexpr GgmlType T = decltype(tag)::value;
+          GemvElemKernel<T><<<CeilDiv(part.M, kWarps), kWarps * 32, 0, stream>>>(part);
+        });
+      }
     return LastLaunchStatus("Gemv(elem)");
   }
   GemvLaunch L{};
@@ -292,8 +310,8 @@ absl::Status GemvMulti(const GemvArgs* segs, int n_segs, cudaStream_t stream) {
     else if (a.nc <= 4) LaunchUnit<T, 4>(L, stream);
     else if (IsFloatType(T) && a.six_columns && a.nc <= 6) {
       if constexpr (IsFloatType(T)) LaunchUnit<T, 6>(L, stream);  // compiled for floats only
-    } else if (a.nc <= 8) LaunchUnit<T, 8>(L, stream);
-    else LaunchUnit<T, 16>(L, stream);
+    } else if (a.nc <= 8 || IsFloatType(T)) LaunchUnit<T, 8>(L, stream);
+    else if constexpr (!IsFloatType(T)) LaunchUnit<T, 16>(L, stream);
   });
   return LastLaunchStatus("Gemv");
 }

@@ -1,4 +1,5 @@
-// Quantized matrix-vector products for decode: y[c, M] = W[M, K] · x[c, K] for c < nc <= 16.
+// Quantized matrix-vector products for decode: y[c, M] = W[M, K] · x[c, K] for c < nc <= 16
+// (float weights: nc <= 64).
 //
 // W stays in its GGUF block format on the GPU. Quantized formats take int8 activations
 // (QuantizeActivations: per 32-element block, scale = amax/127, as ggml's q8_1) and use dp4a;
@@ -15,6 +16,8 @@
 namespace ds::cuda {
 
 constexpr int kGemvMaxCols = 16;
+// Float weights (F32 / F16 / BF16): columns past 8 run as column groups of one launch.
+constexpr int kGemvFloatMaxCols = 64;
 constexpr int kGemvMaxSegs = 4;
 
 // x: [nc, K] f32 -> xq: [nc, K] int8, xd: [nc, K/32] f32 scales. K % 32 == 0. With `xsum`
@@ -34,7 +37,7 @@ struct GemvArgs {
   const void* w = nullptr;     // [M, K] raw GGUF rows
   const void* w2 = nullptr;    // [M, K] second matrix for kSiluMul
   int M = 0, K = 0;
-  int nc = 1;                  // columns (activation vectors), 1..kGemvMaxCols
+  int nc = 1;                  // columns (activation vectors), 1..GemvMaxCols(type)
   const float* x = nullptr;    // [nc, K] f32 (float formats and the fallback path)
   const int8_t* xq = nullptr;  // [nc, K] int8 (quantized formats)
   const float* xd = nullptr;   // [nc, K/32]
@@ -64,6 +67,9 @@ struct GemvArgs {
 
 // True when Gemv can run this format (any K that is a multiple of the block size).
 bool GemvSupported(GgmlType t);
+// The most columns one Gemv call takes for this format: kGemvFloatMaxCols for float weights,
+// else kGemvMaxCols.
+int GemvMaxCols(GgmlType t);
 // True when the format needs xq/xd (quantized activations) rather than x.
 bool GemvWantsQuantizedX(GgmlType t, int K);
 

@@ -248,8 +248,19 @@ class CudaDevice final : public Device {
   int QuantRows() const { return std::max(copts_.gemv_max_rows, tiled_max_rows_); }
   // Rows up to which a matmul on `w` takes the column kernels (tiled mma or v2 GEMV) rather than
   // dequantization + cuBLAS.
-  int ColumnRows(const DMat& w) const {
-    return Fp8Family(w) ? fp8_column_rows_ : w.tiled ? tiled_max_rows_ : copts_.gemv_max_rows;
+  int ColumnRows(const DMat& w) const { return FamilyCap(Family(w)); }
+  // The column rows of family f (Family): the GEMV's, the tiled kernels', the FP8 family's, the
+  // small float matrices'.
+  int FamilyCap(int f) const {
+    return f == 3 ? std::max(copts_.gemv_max_rows, copts_.small_float_max_rows)
+                  : f == 2 ? fp8_column_rows_ : f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
+  }
+  // Float matrices small enough that the GEMV's column groups re-read them from L2
+  // (CudaBackendOptions::small_float_max_rows).
+  static constexpr uint64_t kSmallFloatBytes = 2ull << 20;
+  static bool SmallFloat(const DMat& w) {
+    const uint64_t elem = w.type == GgmlType::F32 ? 4 : w.type == GgmlType::F16 || w.type == GgmlType::BF16 ? 2 : 0;
+    return !w.tiled && elem > 0 && static_cast<uint64_t>(w.rows) * w.cols * elem <= kSmallFloatBytes;
   }
   // CudaBackendOptions::fp8_decode_rows: the trunk's matrices with dense copies (e4m3 or, for the
   // few matrices of partial 128 x 128 blocks, 16-bit) keep the column kernels only up to
@@ -257,7 +268,8 @@ class CudaDevice final : public Device {
   bool Fp8Family(const DMat& w) const {
     return fp8_column_rows_ >= 0 && (w.dense_fp8 != nullptr || w.dense != nullptr);
   }
-  int Family(const DMat& w) const { return Fp8Family(w) ? 2 : w.tiled ? 1 : 0; }
+  int Family(const DMat& w) const { return Fp8Family(w) ? 2 : w.tiled ? 1 : SmallFloat(w) ? 3 : 0; }
+  static constexpr int kFamilies = 4;
   bool ColumnPath(const DMat& w, int R) const { return R <= ColumnRows(w); }
   // A piece of the step's rows and the kernels its matmuls take.
   struct RowSegment {
@@ -270,7 +282,8 @@ class CudaDevice final : public Device {
   };
   // Cuts the prepared step's rows into segments for weights of each flavour (see
   // CudaBackendOptions::batch_invariant): segs_[1] for tiled matrices, segs_[0] for the others,
-  // segs_[2] for the FP8 decode family (Fp8Family) when fp8_decode_rows is in force.
+  // segs_[2] for the FP8 decode family (Fp8Family) when fp8_decode_rows is in force, segs_[3]
+  // for small float matrices (SmallFloat).
   void PlanRowSegments(const MicroStep& step);
   // The step's segments for one weight flavour, the column and the cuBLAS ones apart (each in
   // row order), split once per micro-step rather than in every matmul.
@@ -512,10 +525,10 @@ class CudaDevice final : public Device {
     int n = 0;
   };
   std::vector<DecodeWave> waves_;
-  StepSegments segs_[3];
+  StepSegments segs_[kFamilies];
   // TP overlap: segs_[f].gemm with every segment of >= overlap_min_rows rows cut into chunks
   // and the all-reduce pieces (PlanRowSegments), their progress, and the comm stream + events.
-  std::vector<RowSegment> overlap_gemm_[3];
+  std::vector<RowSegment> overlap_gemm_[kFamilies];
   std::vector<std::pair<int, int>> reduce_pieces_;  // [row0, n) all-reduced together, in order
   std::vector<uint8_t> row_done_;                   // rows the current projection has written
   size_t next_piece_ = 0;                           // first piece not yet enqueued on comm_

@@ -55,6 +55,12 @@ struct CudaBackendOptions {
   // kernels are tested and benchmarked there (worker / serve / bench / generate --portable).
   bool portable = false;
   int gemv_max_rows = 32;      // up to this many rows per matmul use GEMV (in groups of 8)
+  // Small float matrices (F32 / F16 / BF16 of at most kSmallFloatBytes: the 27B's ssm_alpha and
+  // ssm_beta, a small model's layers) take the GEMV up to this many rows, as column groups of
+  // one launch, instead of gemv_max_rows; cuBLAS above. Their rows are then batch-invariant to
+  // there. At 64 the 27B's pair costs ~4-5 us per layer at every decode width instead of 10.5
+  // us at 16 rows, 21 at 32 and ~24 through cuBLAS from 33 (docs/perf/h200.md).
+  int small_float_max_rows = 64;
   // KV cache element type (worker/model/kv_type.h): F16, Q8_0 (8.5 bits) or Q4_0 (4.5 bits) per
   // element. Per token and attention layer: 2 x n_kv x GgmlRowBytes(kv_type, hd), i.e. at
   // n_kv 4, hd 256: 4096 / 2176 / 1152 bytes.

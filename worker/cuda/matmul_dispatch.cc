@@ -110,7 +110,7 @@ absl::Status CudaDevice::GemmFp8Rows(const DMat& w, const float* x, int row0, in
                         w.rows, w.rows, accumulate, stream_);
 }
 
-// The GEMV path for R <= gemv_max_rows rows: kGemvMaxCols activation columns per weight read.
+// The GEMV path for R <= ColumnRows(w) rows: GemvMaxCols(type) activation columns per launch.
 // `w2` is the second matrix of a kSiluMul pair (same type and shape as w), else nullptr.
 absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float* x, int R,
                                       float* y, GemvEpilogue epilogue) {
@@ -118,7 +118,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
   const bool qx = !f16 && (w.tiled || GemvWantsQuantizedX(w.type, w.cols));
   if (f16) DS_RETURN_IF_ERROR(EnsureHalfColumns(x, R, w.cols));
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, w.cols));
-  const int max_cols = w.tiled ? kTiledMaxCols : kGemvMaxCols;
+  const int max_cols = w.tiled ? kTiledMaxCols : GemvMaxCols(w.type);
   for (int c0 = 0; c0 < R; c0 += max_cols) {
     GemvArgs a;
     a.type = w.type;
@@ -153,13 +153,13 @@ void CudaDevice::PlanRowSegments(const MicroStep& step) {
   const bool f16_on = xf_ != nullptr && copts_.f16_mma;
   const int exact_cap = ExactCap();
   step_exact_ = false;
-  for (int f = 0; f < 3; ++f) {
-    if (f == 2 && fp8_column_rows_ < 0) break;
-    const int cap = f == 2 ? fp8_column_rows_ : f == 1 ? tiled_max_rows_ : copts_.gemv_max_rows;
+  for (int f = 0; f < kFamilies; ++f) {
+    if (f == 2 && fp8_column_rows_ < 0) continue;
+    const int cap = FamilyCap(f);
     // Prefill pieces keep the column kernels only up to the tiled kernel's own width (not the
     // int8 MMQ widths, which are for decode rows): their numbers stay those of dequantization +
     // cuBLAS above it, as before MMQ (gpu_vs_cpu_test's prefill bounds and tiled-vs-raw check).
-    const int prefill_cap = f >= 1 ? std::min(cap, PrefillColumnRows()) : cap;
+    const int prefill_cap = f == 1 || f == 2 ? std::min(cap, PrefillColumnRows()) : cap;
     std::vector<RowSegment>& out = plan_scratch_;
     out.clear();
     if (!copts_.batch_invariant) {
@@ -458,7 +458,7 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
   const bool qx = !f16 && (m0.tiled || GemvWantsQuantizedX(m0.type, m0.cols));
   if (f16) DS_RETURN_IF_ERROR(EnsureHalfColumns(x, R, m0.cols));
   if (qx) DS_RETURN_IF_ERROR(EnsureQuantized(x, R, m0.cols));
-  const int max_cols = m0.tiled ? kTiledMaxCols : kGemvMaxCols;
+  const int max_cols = m0.tiled ? kTiledMaxCols : GemvMaxCols(m0.type);
   for (int c0 = 0; c0 < R; c0 += max_cols) {
     GemvArgs segs_args[kGemvMaxSegs];
     int n = 0;

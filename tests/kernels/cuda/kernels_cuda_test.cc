@@ -173,12 +173,34 @@ TEST(Gemv, AllTypesOddShapes) {
     for (int nc : {1, 2, 3, 5, 8, 11, 16}) RunGemvCase({t, 37, 768, nc, GemvEpilogue::kStore});
 }
 
+// Float weights take up to 64 columns in one call (column groups on the grid's second
+// dimension): every epilogue, and K not a multiple of 256 (the per-element kernel, 16 columns at
+// a time).
+TEST(Gemv, FloatWeightsUpTo64Columns) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    for (int nc : {17, 33, 64}) RunGemvCase({t, 37, 768, nc, GemvEpilogue::kStore});
+    RunGemvCase({t, 48, 1280, 40, GemvEpilogue::kAccumulate});
+    RunGemvCase({t, 21, 512, 24, GemvEpilogue::kSiluMul});
+    RunGemvCase({t, 19, 100, 35, GemvEpilogue::kStore});
+  }
+  GemvArgs a;
+  a.type = GgmlType::Q8_0;
+  a.M = 32;
+  a.K = 256;
+  a.nc = kGemvMaxCols + 1;
+  EXPECT_EQ(Gemv(a, nullptr).code(), absl::StatusCode::kInvalidArgument);  // quantized: 16 at most
+  a.type = GgmlType::F32;
+  a.nc = kGemvFloatMaxCols + 1;
+  EXPECT_EQ(Gemv(a, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Float weights: a column's products do not depend on the kernel's column width (the 6-column
-// kernel of GemvArgs::six_columns, the 8-column one, or the column alone): an MTP verify's rows
-// must equal the plain decode steps' bit for bit.
+// kernel of GemvArgs::six_columns, the 8-column one, column groups past 8, or the column alone):
+// an MTP verify's rows must equal the plain decode steps' bit for bit, and a decode row's numbers
+// must not depend on how many rows share its step (batch invariance to small_float_max_rows).
 TEST(Gemv, FloatColumnsIndependentOfTheKernelWidth) {
   for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
-    for (int nc : {5, 6}) {
+    for (int nc : {5, 6, 9, 16, 33, 64}) {
       SCOPED_TRACE(::testing::Message() << GgmlInfo(t).name << " nc=" << nc);
       const int M = 37, K = 768;
       const auto x = RandVec(static_cast<size_t>(nc) * K, -2.f, 2.f);
@@ -193,6 +215,7 @@ TEST(Gemv, FloatColumnsIndependentOfTheKernelWidth) {
         CK(cudaDeviceSynchronize());
         return dy.Down();
       };
+      // Up to 8 columns one launch of the 6- or 8-column kernel; past 8 column groups of 8.
       const auto six = run(0, nc, true), eight = run(0, nc, false);
       ASSERT_EQ(six.size(), eight.size());
       EXPECT_EQ(std::memcmp(six.data(), eight.data(), six.size() * sizeof(float)), 0);
@@ -265,6 +288,60 @@ TEST(Gemv, ModelShapes27B) {
   RunGemvCase({GgmlType::Q6_K, 10240, 5120, 8, GemvEpilogue::kStore});
   RunGemvCase({GgmlType::Q4_K, 48, 5120, 1, GemvEpilogue::kStore});
   RunGemvCase({GgmlType::Q8_0, 17408, 5120, 2, GemvEpilogue::kSiluMul});
+}
+
+// Benchmark (prints only): the 27B's ssm_beta + ssm_alpha (F32, 48 x 5120 each, one launch
+// sharing the input) at decode widths: the GEMV in one launch of column groups (the backend's
+// form to small_float_max_rows), the form before (launches of up to 16 columns to 32 rows) and
+// cuBLAS's f32 product per matrix (above 32 rows before).
+TEST(GemvTiming, DISABLED_SmallF32Pair27B) {
+  const int M = 48, K = 5120;
+  Dev<uint8_t> wa(RandomWeights(GgmlType::F32, M, K)), wb(RandomWeights(GgmlType::F32, M, K));
+  Dev<float> x(RandVec(static_cast<size_t>(64) * K, -1.f, 1.f));
+  Dev<float> ya(static_cast<size_t>(64) * M), yb(static_cast<size_t>(64) * M);
+  auto gemm = CublasGemm::Create();
+  ASSERT_TRUE(gemm.ok());
+  for (int nc : {1, 4, 8, 16, 24, 32, 33, 48, 64}) {
+    double gemv = -1, lt = -1;  // -1: not run
+    double grouped = MeanLaunchUs(3, 50, [&]() -> absl::Status {
+      GemvArgs s[2];
+      for (int i = 0; i < 2; ++i) {
+        s[i].type = GgmlType::F32;
+        s[i].w = i == 0 ? wb.p : wa.p;
+        s[i].M = M;
+        s[i].K = K;
+        s[i].nc = nc;
+        s[i].x = x.p;
+        s[i].y = i == 0 ? yb.p : ya.p;
+      }
+      return GemvMulti(s, 2, nullptr);
+    });
+    if (nc <= 32) {  // the backend's form before: launches of 16 columns to 32 rows
+      gemv = MeanLaunchUs(3, 50, [&]() -> absl::Status {
+        for (int c0 = 0; c0 < nc; c0 += kGemvMaxCols) {
+          GemvArgs s[2];
+          for (int i = 0; i < 2; ++i) {
+            s[i].type = GgmlType::F32;
+            s[i].w = i == 0 ? wb.p : wa.p;
+            s[i].M = M;
+            s[i].K = K;
+            s[i].nc = std::min(kGemvMaxCols, nc - c0);
+            s[i].x = x.p + static_cast<int64_t>(c0) * K;
+            s[i].y = (i == 0 ? yb.p : ya.p) + static_cast<int64_t>(c0) * M;
+          }
+          DS_RETURN_IF_ERROR(GemvMulti(s, 2, nullptr));
+        }
+        return absl::OkStatus();
+      });
+    }
+    lt = MeanLaunchUs(3, 50, [&]() -> absl::Status {
+      DS_RETURN_IF_ERROR((*gemm)->RunF32(reinterpret_cast<const float*>(wb.p), x.p, yb.p, M, K, nc, M, 0.f, nullptr));
+      return (*gemm)->RunF32(reinterpret_cast<const float*>(wa.p), x.p, ya.p, M, K, nc, M, 0.f, nullptr);
+    });
+    std::printf("ssm_beta+ssm_alpha F32 %d x %d, %2d columns: one GEMV launch %6.1f us, launches of 16 %6.1f us, "
+                "cuBLAS f32 x2 %6.1f us\n", M, K, nc, grouped, gemv, lt);
+  }
+  delete *gemm;
 }
 
 // ---------------------------------------------------------------------------------------------
