@@ -73,17 +73,6 @@ constexpr int kWgGroup = 2;
 // order; from 9 columns) each warpgroup's four warps give their A fragments to one wgmma per step
 // that reads B from the staged tile itself. Up to 8 columns the warpgroup order keeps mma.sync,
 // which measured faster there (the same bits either way).
-// Whether the codec's 64-column wgmma form streams its next tile-unit through a shared-memory
-// slot per warp (Codec::kSmemAhead, Codec::LoadShared): that form has no registers for a unit in
-// flight, so without it each unit's weight loads wait out their latency after the barrier.
-template <class Codec, int NT, bool kWgmma>
-constexpr bool WeightsAhead() {
-  if constexpr (requires { Codec::kSmemAhead; })
-    return Codec::kSmemAhead && kWgmma && NT == 8 && NT > Codec::kPrefetchMaxNt;
-  else
-    return false;
-}
-
 template <class Codec, int NT, bool kPair, bool kCluster, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_constant__ F16Launch L) {
   constexpr bool kTc = kWgmma && NT >= 2;  // the wgmma instruction (else mma.sync)
@@ -168,23 +157,6 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   typename Codec::Unit next;
   if (kPrefetch && loads && u0 < u1)
     Codec::Load(next, wt + static_cast<int64_t>(u0) * Codec::kUnitBytes, lane);
-  // WeightsAhead: the warp's slot behind the stages; unit u + 1 is copied into it while unit u
-  // multiplies, read into registers (`ahead`) after, and unit u + 2 asked for then. Copy groups
-  // in commit order: the slot's unit u0 + 1, the activations of u0, then per round u the
-  // activations of u + 1 (top) and the slot's unit u + 2 (end).
-  constexpr bool kAhead = WeightsAhead<Codec, NT, kWgmma>();
-  uint8_t* const wslot = stages + 2 * kStage + (Codec::kMins ? 2 * kSumsStage : 0) +
-                         (kAhead ? warp * Codec::kUnitBytes : 0);
-  auto stage_weights = [&](int u) {
-    const uint8_t* src = wt + static_cast<int64_t>(u) * Codec::kUnitBytes;
-    for (int i = lane; i < Codec::kUnitBytes / 16; i += 32) CpAsync16(wslot + 16 * i, src + 16 * i);
-  };
-  typename Codec::Unit ahead;
-  if constexpr (kAhead) {
-    if (loads && u0 < u1) Codec::Load(ahead, wt + static_cast<int64_t>(u0) * Codec::kUnitBytes, lane);
-    if (loads && u0 + 1 < u1) stage_weights(u0 + 1);
-    CpAsyncCommit();
-  }
   // Launched early (GemvArgs::early_launch): only the weights above before the kernel ahead is
   // done; the activations, their scales and the outputs after.
   WaitForPrerequisiteGrids();
@@ -197,17 +169,12 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       tu = next;
       if (loads && u + 1 < u1)
         Codec::Load(next, wt + static_cast<int64_t>(u + 1) * Codec::kUnitBytes, lane);
-    } else if constexpr (kAhead) {
-      tu = ahead;
     } else if (loads) {
       Codec::Load(tu, wt + static_cast<int64_t>(u) * Codec::kUnitBytes, lane);
     }
     if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
-    if (!kAhead || u == u0)
-      CpAsyncWait<1>();  // every group but the activations of u + 1
-    else
-      CpAsyncWait<2>();  // also the slot's unit u + 1, asked for at the end of the last round
+    CpAsyncWait<1>();
     if constexpr (kTc) FenceProxyAsyncShared();  // this thread's copies, before wgmma reads them
     __syncthreads();
 #if DS_WGMMA
@@ -301,16 +268,6 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
           acc[j][3] = fmaf(dm.y, cm[3], acc[j][3]);
         }
       }
-    }
-    if constexpr (kAhead) {
-      if (u + 1 < u1) {
-        CpAsyncWait<1>();  // the slot's unit u + 1 (only the activations of u + 1 may be pending)
-        __syncwarp();
-        if (loads) Codec::LoadShared(ahead, wslot, lane);
-        __syncwarp();
-        if (loads && u + 2 < u1) stage_weights(u + 2);
-      }
-      CpAsyncCommit();
     }
     __syncthreads();  // buffer b is restaged by the next round's copy
   }
@@ -484,8 +441,7 @@ bool ClustersAvailable() {
 template <class Codec, int NT, bool kWgmma>
 constexpr int StageBytes() {
   constexpr int mins = Codec::kMins ? 2 * NT * 8 * 16 : 0;
-  constexpr int slots = WeightsAhead<Codec, NT, kWgmma>() ? kWarps * Codec::kUnitBytes : 0;
-  constexpr int bytes = kWgmma && NT >= 2 ? 1024 + 2 * NT * 8 * 2 * kUnitElems + mins + slots
+  constexpr int bytes = kWgmma && NT >= 2 ? 1024 + 2 * NT * 8 * 2 * kUnitElems + mins
                         : kWgmma          ? 2 * NT * 8 * kXColWg + mins
                                           : 2 * NT * 8 * kXCol + mins;
   static_assert(bytes >= kWarps / 2 * kTiledRows * NT * 8 * 4,
@@ -591,28 +547,20 @@ absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t
               : LaunchOne<Codec, NT, false, false, kWgmma>(L, blocks, stream);
 }
 
-// A codec's form without the shared-memory weight slots (TiledF16Scratch::weights_ahead off).
-template <class C>
-struct WithoutWeightsAhead : C {
-  static constexpr bool kSmemAhead = false;
-};
-
 // The launch for nc columns: 8-column n-tiles, NT of them.
 template <class Codec, bool kWgmma>
-absl::Status LaunchCodecForm(const F16Launch& L, int nc, int blocks, bool cluster, bool ahead,
+absl::Status LaunchCodecForm(const F16Launch& L, int nc, int blocks, bool cluster,
                              cudaStream_t stream) {
   if (nc <= 8) return LaunchNt<Codec, 1, kWgmma>(L, blocks, cluster, stream);
   if (nc <= 16) return LaunchNt<Codec, 2, kWgmma>(L, blocks, cluster, stream);
   if (nc <= 32) return LaunchNt<Codec, 4, kWgmma>(L, blocks, cluster, stream);
-  if constexpr (WeightsAhead<Codec, 8, kWgmma>())
-    if (!ahead) return LaunchNt<WithoutWeightsAhead<Codec>, 8, kWgmma>(L, blocks, cluster, stream);
   return LaunchNt<Codec, 8, kWgmma>(L, blocks, cluster, stream);
 }
 template <class Codec>
 absl::Status LaunchCodec(const F16Launch& L, int nc, int blocks, bool cluster, bool wgmma,
-                         bool ahead, cudaStream_t stream) {
-  return wgmma ? LaunchCodecForm<Codec, true>(L, nc, blocks, cluster, ahead, stream)
-               : LaunchCodecForm<Codec, false>(L, nc, blocks, cluster, ahead, stream);
+                         cudaStream_t stream) {
+  return wgmma ? LaunchCodecForm<Codec, true>(L, nc, blocks, cluster, stream)
+               : LaunchCodecForm<Codec, false>(L, nc, blocks, cluster, stream);
 }
 
 __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
@@ -764,14 +712,13 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   if (wg && !TiledF16WgmmaAvailable())
     return absl::FailedPreconditionError(
         "TiledF16Multi: the warpgroup order needs the wgmma kernel (sm_90a code on an sm_90 GPU)");
-  const bool ahead = scratch.weights_ahead;
   switch (b.type) {
-    case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, wg, ahead, stream);
-    case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, wg, ahead, stream);
-    case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, wg, ahead, stream);
-    case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, wg, ahead, stream);
-    case GgmlType::IQ4_NL: return LaunchCodec<Iq4NlCodec>(L, b.nc, end, cluster, wg, ahead, stream);
-    default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, wg, ahead, stream);
+    case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::IQ4_NL: return LaunchCodec<Iq4NlCodec>(L, b.nc, end, cluster, wg, stream);
+    default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, wg, stream);
   }
 }
 

@@ -64,10 +64,6 @@ struct TiledF16Scratch {
   // columns mma.sync reads that order, which measured faster there. The same operands, sums of
   // exact products in f32 per 256-element unit: the same bits (tiled_f16_cuda_test).
   bool warpgroup_order = false;
-  // The 64-column wgmma form of tiled Q6_K copies each warp's next tile-unit into a shared-memory
-  // slot while the current one multiplies (that form has no registers to hold it); false loads
-  // it at the top of its unit, as before (A/B runs; the same bits).
-  bool weights_ahead = true;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;
 // WgmmaAvailable(), wgmma.cuh).

@@ -46,23 +46,9 @@ struct Q6kCodec {
   static constexpr bool kMins = false;
   static constexpr int kUnitBytes = kTileUnitBytes;
   static constexpr int kPrefetchMaxNt = 4;  // the next unit in registers up to 32 columns
-  // Past that (64 columns) the next unit is copied into a shared-memory slot per warp a unit
-  // ahead (LoadShared reads it from there), no registers held.
-  static constexpr bool kSmemAhead = true;
   using Unit = TileUnit;
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
     LoadTileUnit(t, p, lane);
-  }
-  // Load's registers from a copy of the tile-unit in shared memory.
-  __device__ __forceinline__ static void LoadShared(Unit& t, const uint8_t* p, int lane) {
-    const int g = lane >> 2;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) t.ql[i] = *reinterpret_cast<const uint4*>(p + 512 * i + 16 * lane);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) t.qh[i] = *reinterpret_cast<const uint4*>(p + kOffQh + 512 * i + 16 * lane);
-    t.sc0 = *reinterpret_cast<const uint4*>(p + kOffSc + 16 * g);
-    t.sc1 = *reinterpret_cast<const uint4*>(p + kOffSc + 16 * (g + 8));
-    t.d = *reinterpret_cast<const uint32_t*>(p + kOffD + 4 * g);
   }
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tu.qh[0] = Xor4(tu.qh[0], 0xAAAAAAAAu);  // t ^ 32 = q, the unsigned quant

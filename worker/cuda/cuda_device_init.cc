@@ -709,7 +709,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     f16_scratch_.n_tickets = TiledF16Tickets();
     f16_scratch_.cluster_split = copts_.f16_cluster_split;
     f16_scratch_.warpgroup_order = copts_.f16_wgmma && TiledF16WgmmaAvailable();
-    f16_scratch_.weights_ahead = copts_.f16_weights_ahead;
     DS_CUDA_RETURN_IF_ERROR(cudaMemset(f16_scratch_.tickets, 0, TiledF16Tickets() * 4ull));
   }
   // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a

@@ -184,10 +184,6 @@ struct CudaBackendOptions {
   // x32 1,592-1,595 -> 1,658-1,661, x8 / x16 the same (docs/perf/h200.md). `bench --f16-wgmma off`
   // for A/B.
   bool f16_wgmma = true;
-  // The 64-column wgmma form on tiled Q6_K streams each warp's next tile-unit through a
-  // shared-memory slot while the current one multiplies (TiledF16Scratch::weights_ahead); the
-  // same bits either way (`bench --f16-ahead off` for A/B).
-  bool f16_weights_ahead = true;
   // Speculative verify (MTP, issue #15; SeqStep::speculative): spec_tokens tokens per sequence
   // (k drafts + 1) for up to spec_seqs sequences of one Forward (0 = min(n_slots, 8)). Each
   // token's recurrent state (every GDN layer's conv ring + delta-rule state: ~150 MiB on the 27B)

@@ -269,19 +269,15 @@ TEST(TiledF16Wgmma, SameBitsAsMmaSync) {
     for (int nc : {1, 8, 9, 16, 24, 33, 64}) {
       std::vector<float> y0(static_cast<size_t>(nc) * M);
       for (size_t i = 0; i < y0.size(); ++i) y0[i] = 0.001f * static_cast<float>(i % 977);
-      // mma.sync; wgmma with clusters; wgmma, scratch; wgmma without the 64-column form's
-      // shared-memory weight slots (TiledF16Scratch::weights_ahead).
-      std::vector<float> got[4];
-      for (int form = 0; form < 4; ++form) {
+      std::vector<float> got[3];
+      for (int form = 0; form < 3; ++form) {  // mma.sync; wgmma with clusters; wgmma, scratch
         Dev<float> y(y0);
         GemvArgs a = F16Args(t.p, t2.p, M, K, nc, h, y.p, ep);
         if (form > 0) a.xh = xh_wg.p;
-        TiledF16Scratch ts = s.get(form != 2, form > 0);
-        ts.weights_ahead = form != 3;
-        ASSERT_OK(TiledF16Multi(&a, 1, ts, nullptr));
+        ASSERT_OK(TiledF16Multi(&a, 1, s.get(form != 2, form > 0), nullptr));
         got[form] = y.Down();
       }
-      for (int form = 1; form < 4; ++form)
+      for (int form = 1; form < 3; ++form)
         EXPECT_EQ(0, std::memcmp(got[form].data(), got[0].data(), got[0].size() * 4))
             << "M=" << M << " K=" << K << " nc=" << nc << " form " << form;
     }
@@ -463,8 +459,8 @@ TEST(TiledF16Timing, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch scratch;
   const MmqShape mmq_shapes[] = {{2, 2, 0}, {4, 2, 0}, {2, 2, 32}};
-  std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best",
-              "f16", "f16 scr.", "wgmma", "wg scr.", "wg inline", "convert", "GB/s best");
+  std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best",
+              "f16", "f16 scr.", "wgmma", "wg scr.", "convert", "GB/s best");
   for (const Matrix27B& m : k27BMatrices) {
     const RotatingTiled w(Rng(), m);
     const auto x = RandomActs(64, m.K);
@@ -503,15 +499,8 @@ TEST(TiledF16Timing, Table27B) {
         const GemvArgs a = args(rep);
         return TiledF16Multi(&a, 1, scratch.get(false), nullptr);
       });
-      double twg = 0, twgs = 0, twgi = 0;  // twgi: weights_ahead off (loaded at the unit's top)
+      double twg = 0, twgs = 0;
       if (HaveWgmma()) {
-        twgi = MedianLaunchUs([&](int rep) {
-          GemvArgs a = args(rep);
-          a.xh = xh_wg.p;
-          TiledF16Scratch ts = scratch.get(true, true);
-          ts.weights_ahead = false;
-          return TiledF16Multi(&a, 1, ts, nullptr);
-        });
         twg = MedianLaunchUs([&](int rep) {
           GemvArgs a = args(rep);
           a.xh = xh_wg.p;
@@ -526,8 +515,8 @@ TEST(TiledF16Timing, Table27B) {
       const double tc = MedianLaunchUs(
           [&](int) { return HalfActivations(dx.p, nc, m.K, h.xh.p, h.xs.p, nullptr); });
       const double best = std::min(tf, twg > 0 ? twg : tf);
-      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt,
-                  mmq, tf, tscr, twg, twgs, twgi, tc, w.tb * (w.pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
+      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt,
+                  mmq, tf, tscr, twg, twgs, tc, w.tb * (w.pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
     }
   }
 }
