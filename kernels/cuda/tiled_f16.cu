@@ -563,18 +563,38 @@ absl::Status LaunchCodec(const F16Launch& L, int nc, int blocks, bool cluster, b
                : LaunchCodecForm<Codec, false>(L, nc, blocks, cluster, stream);
 }
 
-__global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16_t* __restrict__ xh,
-                                      float* __restrict__ xs, uint16_t* __restrict__ sums,
-                                      bool warpgroup_order) {
+// One block per row. kPer > 0: the row's float4s stay in registers between the max and the
+// conversion (at most kPer per thread, blockDim.x threads: HalfActivationsThreads); 0: the row is
+// read twice, for rows longer than that. Either way the same scale and the same f16 values: the
+// row's max does not depend on the order it is taken in.
+template <int kPer>
+__global__ void __launch_bounds__(1024) HalfActivationsKernel(const float* __restrict__ x, int K,
+                                                              uint16_t* __restrict__ xh,
+                                                              float* __restrict__ xs,
+                                                              uint16_t* __restrict__ sums,
+                                                              bool warpgroup_order) {
   __shared__ float scratch[32];
   WaitForPrerequisiteGrids();  // launched early: nothing before this
   AllowDependentLaunch();
   const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * K);
   uint16_t* hr = xh + static_cast<int64_t>(blockIdx.x) * K;
+  const int n4 = K / 4, nt = blockDim.x;
   float m = 0.f;
-  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
-    const float4 v = xr[i];
-    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  float4 held[kPer > 0 ? kPer : 1];
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = j * nt + threadIdx.x;
+      held[j] = i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(held[j].x), fabsf(held[j].y)), fmaxf(fabsf(held[j].z), fabsf(held[j].w))));
+  } else {
+    for (int i = threadIdx.x; i < n4; i += nt) {
+      const float4 v = xr[i];
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
   }
   m = BlockMax(m, scratch);
   const int ex = HalfRowExponent(m);
@@ -582,19 +602,38 @@ __global__ void HalfActivationsKernel(const float* __restrict__ x, int K, uint16
   if (threadIdx.x == 0) xs[blockIdx.x] = ldexpf(1.f, ex - 14);
   // Uniform trip count: with sums, every lane takes part in the shuffles (a 32-element sub-block
   // is 8 neighbouring lanes).
-  for (int base = 0; base < K / 4; base += blockDim.x) {
-    const int i = base + threadIdx.x;
-    const bool ok = i < K / 4;
+  auto convert = [&](int i, float4 v) {
+    const bool ok = i < n4;
     uint2 h = make_uint2(0u, 0u);
     if (ok) {
-      h = HalfScaled4(xr[i], scale);
+      h = HalfScaled4(v, scale);
       StoreHalf4(hr, i, h, warpgroup_order);
     }
     if (sums != nullptr) {
       const double sum = LaneGroupSum<8>(HalfSum4(h));
       if (ok && (i & 7) == 0) sums[static_cast<int64_t>(blockIdx.x) * (K / 32) + i / 8] = SubBlockSumBits(sum);
     }
+  };
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (j * nt < n4) convert(j * nt + threadIdx.x, held[j]);
+  } else {
+    for (int base = 0; base < n4; base += nt) {
+      const int i = base + threadIdx.x;
+      convert(i, i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f));
+    }
   }
+}
+
+// HalfActivationsKernel<kHalfPer>'s threads for a row of K: about two float4 per thread (enough
+// loads in flight for a row read once), at most 1024; 0 where the row does not fit kHalfPer
+// float4 per thread (the two-read form with 256 threads).
+constexpr int kHalfPer = 5;
+int HalfActivationsThreads(int K) {
+  const int n4 = K / 4;
+  const int t = std::min(1024, std::max(128, (n4 / 2 + 31) / 32 * 32));
+  return n4 <= kHalfPer * t ? t : 0;
 }
 
 // The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
@@ -629,15 +668,19 @@ int TiledF16Tickets() { return kMaxTickets; }
 
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
                              cudaStream_t stream, bool early, uint16_t* sums,
-                             bool warpgroup_order) {
+                             bool warpgroup_order, bool rows_in_registers) {
   if (R <= 0 || K <= 0 || K % (sums ? 32 : warpgroup_order ? 16 : 4) != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("HalfActivations: R=", R, " K=", K, sums ? " (sums need K % 32 == 0)" : "",
                      warpgroup_order ? " (the warpgroup order needs K % 16 == 0)" : ""));
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(xh) % 8 != 0)
     return absl::InvalidArgumentError("HalfActivations: x / xh misaligned");
-  LaunchMaybeEarly(HalfActivationsKernel, R, 256, 0, stream, early, x, K, xh, xs, sums,
-                   warpgroup_order);
+  if (const int t = rows_in_registers ? HalfActivationsThreads(K) : 0; t > 0)
+    LaunchMaybeEarly(HalfActivationsKernel<kHalfPer>, R, t, 0, stream, early, x, K, xh, xs, sums,
+                     warpgroup_order);
+  else
+    LaunchMaybeEarly(HalfActivationsKernel<0>, R, 256, 0, stream, early, x, K, xh, xs, sums,
+                     warpgroup_order);
   return LastLaunchStatus("HalfActivationsKernel");
 }
 

@@ -41,9 +41,12 @@ constexpr int kTiledF16MaxCols = kTiledMaxCols;
 // Q4_K / Q5_K need), exactly cpu::HalfSubBlockSums. `warpgroup_order` (K % 16 == 0): xh in the
 // order the wgmma kernel reads (TiledF16Scratch::warpgroup_order; half_rows.cuh, StoreHalf4):
 // the same values, permuted within each 16-element group; xs and the sums are unchanged.
+// `rows_in_registers`: rows of up to 20,480 take up to 1,024 threads each and are read once
+// (held in registers between the row's max and the conversion); false: 256 threads per row
+// reading it twice (the form before, for A/B runs). The same bits either way.
 absl::Status HalfActivations(const float* x, int R, int K, uint16_t* xh, float* xs,
                              cudaStream_t stream, bool early = false, uint16_t* sums = nullptr,
-                             bool warpgroup_order = false);
+                             bool warpgroup_order = false, bool rows_in_registers = true);
 
 // Device scratch of the launches that split K over blocks (the narrow matrices): partial sums
 // and one ticket per 128-row block (zero at allocation; each launch leaves them zero).

@@ -184,6 +184,10 @@ struct CudaBackendOptions {
   // x32 1,592-1,595 -> 1,658-1,661, x8 / x16 the same (docs/perf/h200.md). `bench --f16-wgmma off`
   // for A/B.
   bool f16_wgmma = true;
+  // The f16 kernel's activation copies (HalfActivations: ssm_out's and ffn_down's inputs at
+  // 9..64 rows) with a row held in the registers of up to 1,024 threads instead of read twice
+  // by 256; the same bits (`bench --half-regs off` for A/B).
+  bool half_rows_in_registers = true;
   // Speculative verify (MTP, issue #15; SeqStep::speculative): spec_tokens tokens per sequence
   // (k drafts + 1) for up to spec_seqs sequences of one Forward (0 = min(n_slots, 8)). Each
   // token's recurrent state (every GDN layer's conv ring + delta-rule state: ~150 MiB on the 27B)

@@ -81,7 +81,7 @@ absl::Status CudaDevice::EnsureHalfColumns(const float* x, int R, int K) {
   if (xf_src_ == x && xf_rows_ == R) return absl::OkStatus();
   DS_RETURN_IF_ERROR(HalfActivations(x, R, K, xf_, xf_scale_, stream_, early_launch_,
                                      kq_tiled_ ? xf_sums_ : nullptr,
-                                     f16_scratch_.warpgroup_order));
+                                     f16_scratch_.warpgroup_order, copts_.half_rows_in_registers));
   xf_src_ = x;
   xf_rows_ = R;
   return absl::OkStatus();

@@ -62,32 +62,42 @@ GemvArgs F16Args(const void* w, const void* w2, int M, int K, int nc, const Half
   return F16LaunchArgs(GgmlType::Q6_K, w, w2, M, K, nc, h.xh.p, h.xs.p, nullptr, y, ep);
 }
 
+// Rows held in registers (K up to 20,480: 128..1024 threads) and rows read twice (longer).
 TEST(TiledF16, HalfActivationsMatchCpu) {
-  const int K = 1280;
-  auto x = RandomActs(9, K);
-  x[2 * K + 5] = 1e30f;                                   // a huge row: scaled down
-  std::fill_n(x.begin() + 3 * K, K, 0.f);                 // all zero: scale 1
-  std::fill_n(x.begin() + 4 * K, K, 1e-40f);              // subnormal floats: scaled up, capped
-  x[5 * K + 7] = std::numeric_limits<float>::infinity();  // non-finite: scale 1
-  const int nc = 9;
-  HalfActs h = Convert(x, nc, K);
-  std::vector<uint16_t> want(x.size());
-  std::vector<float> want_s(nc);
-  for (int c = 0; c < nc; ++c)
-    cpu::HalfActivationsRow(x.data() + static_cast<size_t>(c) * K, K,
-                            want.data() + static_cast<size_t>(c) * K, &want_s[c]);
-  EXPECT_EQ(h.xh.Down(), want);
-  EXPECT_EQ(h.xs.Down(), want_s);
-  // Every finite row's largest value lands in [2^13, 2^14) (the zero, capped and inf rows aside).
-  for (int c : {0, 1, 2, 6, 7, 8}) {
-    float m = 0.f;
-    for (int k = 0; k < K; ++k)
-      m = std::max(m, std::fabs(F16ToF32(want[static_cast<size_t>(c) * K + k])));
-    EXPECT_GE(m, 8192.f) << c;
-    EXPECT_LE(m, 16384.f) << c;
+  for (int K : {1280, 512, 6144, 17408, 24576}) {
+    SCOPED_TRACE(::testing::Message() << "K=" << K);
+    auto x = RandomActs(9, K);
+    x[2 * K + 5] = 1e30f;                                   // a huge row: scaled down
+    std::fill_n(x.begin() + 3 * K, K, 0.f);                 // all zero: scale 1
+    std::fill_n(x.begin() + 4 * K, K, 1e-40f);              // subnormal floats: scaled up, capped
+    x[5 * K + 7] = std::numeric_limits<float>::infinity();  // non-finite: scale 1
+    const int nc = 9;
+    HalfActs h = Convert(x, nc, K);
+    {  // the two-read form (rows_in_registers off) gives the same bits
+      HalfActs h2 = Convert(x, nc, K);
+      Dev<float> dx(x);
+      ASSERT_OK(HalfActivations(dx.p, nc, K, h2.xh.p, h2.xs.p, nullptr, false, nullptr, false, false));
+      EXPECT_EQ(h2.xh.Down(), h.xh.Down());
+      EXPECT_EQ(h2.xs.Down(), h.xs.Down());
+    }
+    std::vector<uint16_t> want(x.size());
+    std::vector<float> want_s(nc);
+    for (int c = 0; c < nc; ++c)
+      cpu::HalfActivationsRow(x.data() + static_cast<size_t>(c) * K, K,
+                              want.data() + static_cast<size_t>(c) * K, &want_s[c]);
+    EXPECT_EQ(h.xh.Down(), want);
+    EXPECT_EQ(h.xs.Down(), want_s);
+    // Every finite row's largest value lands in [2^13, 2^14) (the zero, capped and inf rows aside).
+    for (int c : {0, 1, 2, 6, 7, 8}) {
+      float m = 0.f;
+      for (int k = 0; k < K; ++k)
+        m = std::max(m, std::fabs(F16ToF32(want[static_cast<size_t>(c) * K + k])));
+      EXPECT_GE(m, 8192.f) << c;
+      EXPECT_LE(m, 16384.f) << c;
+    }
+    EXPECT_EQ(want_s[3], 1.f);
+    EXPECT_EQ(want_s[5], 1.f);
   }
-  EXPECT_EQ(want_s[3], 1.f);
-  EXPECT_EQ(want_s[5], 1.f);
 }
 
 // The fused norm's f16 copy is HalfActivations' of the normed rows, bit for bit, and its f32
@@ -459,8 +469,8 @@ TEST(TiledF16Timing, Table27B) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch scratch;
   const MmqShape mmq_shapes[] = {{2, 2, 0}, {4, 2, 0}, {2, 2, 32}};
-  std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best",
-              "f16", "f16 scr.", "wgmma", "wg scr.", "convert", "GB/s best");
+  std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "matrix", "nc", "tiled", "mmq best",
+              "f16", "f16 scr.", "wgmma", "wg scr.", "convert", "2-read", "GB/s best");
   for (const Matrix27B& m : k27BMatrices) {
     const RotatingTiled w(Rng(), m);
     const auto x = RandomActs(64, m.K);
@@ -514,9 +524,12 @@ TEST(TiledF16Timing, Table27B) {
       }
       const double tc = MedianLaunchUs(
           [&](int) { return HalfActivations(dx.p, nc, m.K, h.xh.p, h.xs.p, nullptr); });
+      const double tc2 = MedianLaunchUs([&](int) {
+        return HalfActivations(dx.p, nc, m.K, h.xh.p, h.xs.p, nullptr, false, nullptr, false, false);
+      });
       const double best = std::min(tf, twg > 0 ? twg : tf);
-      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt,
-                  mmq, tf, tscr, twg, twgs, tc, w.tb * (w.pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
+      std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt,
+                  mmq, tf, tscr, twg, twgs, tc, tc2, w.tb * (w.pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
     }
   }
 }
