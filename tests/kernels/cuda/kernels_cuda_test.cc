@@ -292,8 +292,8 @@ TEST(Gemv, ModelShapes27B) {
 
 // Benchmark (prints only): the 27B's ssm_beta + ssm_alpha (F32, 48 x 5120 each, one launch
 // sharing the input) at decode widths: the GEMV in one launch of column groups (the backend's
-// form to small_float_max_rows), the form before (launches of up to 16 columns to 32 rows) and
-// cuBLAS's f32 product per matrix (above 32 rows before).
+// form to small_float_max_rows), the same in launches of up to 16 columns (how the backend
+// called it to 32 rows before) and cuBLAS's f32 product per matrix (above 32 rows before).
 TEST(GemvTiming, DISABLED_SmallF32Pair27B) {
   const int M = 48, K = 5120;
   Dev<uint8_t> wa(RandomWeights(GgmlType::F32, M, K)), wb(RandomWeights(GgmlType::F32, M, K));
@@ -301,45 +301,35 @@ TEST(GemvTiming, DISABLED_SmallF32Pair27B) {
   Dev<float> ya(static_cast<size_t>(64) * M), yb(static_cast<size_t>(64) * M);
   auto gemm = CublasGemm::Create();
   ASSERT_TRUE(gemm.ok());
+  // Columns [c0, c0 + n) of both matrices in one GemvMulti.
+  auto pair = [&](int c0, int n) {
+    GemvArgs s[2];
+    for (int i = 0; i < 2; ++i) {
+      s[i].type = GgmlType::F32;
+      s[i].w = i == 0 ? wb.p : wa.p;
+      s[i].M = M;
+      s[i].K = K;
+      s[i].nc = n;
+      s[i].x = x.p + static_cast<int64_t>(c0) * K;
+      s[i].y = (i == 0 ? yb.p : ya.p) + static_cast<int64_t>(c0) * M;
+    }
+    return GemvMulti(s, 2, nullptr);
+  };
   for (int nc : {1, 4, 8, 16, 24, 32, 33, 48, 64}) {
-    double gemv = -1, lt = -1;  // -1: not run
-    double grouped = MeanLaunchUs(3, 50, [&]() -> absl::Status {
-      GemvArgs s[2];
-      for (int i = 0; i < 2; ++i) {
-        s[i].type = GgmlType::F32;
-        s[i].w = i == 0 ? wb.p : wa.p;
-        s[i].M = M;
-        s[i].K = K;
-        s[i].nc = nc;
-        s[i].x = x.p;
-        s[i].y = i == 0 ? yb.p : ya.p;
-      }
-      return GemvMulti(s, 2, nullptr);
-    });
-    if (nc <= 32) {  // the backend's form before: launches of 16 columns to 32 rows
-      gemv = MeanLaunchUs(3, 50, [&]() -> absl::Status {
-        for (int c0 = 0; c0 < nc; c0 += kGemvMaxCols) {
-          GemvArgs s[2];
-          for (int i = 0; i < 2; ++i) {
-            s[i].type = GgmlType::F32;
-            s[i].w = i == 0 ? wb.p : wa.p;
-            s[i].M = M;
-            s[i].K = K;
-            s[i].nc = std::min(kGemvMaxCols, nc - c0);
-            s[i].x = x.p + static_cast<int64_t>(c0) * K;
-            s[i].y = (i == 0 ? yb.p : ya.p) + static_cast<int64_t>(c0) * M;
-          }
-          DS_RETURN_IF_ERROR(GemvMulti(s, 2, nullptr));
-        }
+    const double grouped = MeanLaunchUs(3, 50, [&] { return pair(0, nc); });
+    double by16 = -1;  // -1: not run (the backend took cuBLAS there)
+    if (nc <= 32) {
+      by16 = MeanLaunchUs(3, 50, [&]() -> absl::Status {
+        for (int c0 = 0; c0 < nc; c0 += kGemvMaxCols) DS_RETURN_IF_ERROR(pair(c0, std::min(kGemvMaxCols, nc - c0)));
         return absl::OkStatus();
       });
     }
-    lt = MeanLaunchUs(3, 50, [&]() -> absl::Status {
+    const double lt = MeanLaunchUs(3, 50, [&]() -> absl::Status {
       DS_RETURN_IF_ERROR((*gemm)->RunF32(reinterpret_cast<const float*>(wb.p), x.p, yb.p, M, K, nc, M, 0.f, nullptr));
       return (*gemm)->RunF32(reinterpret_cast<const float*>(wa.p), x.p, ya.p, M, K, nc, M, 0.f, nullptr);
     });
     std::printf("ssm_beta+ssm_alpha F32 %d x %d, %2d columns: one GEMV launch %6.1f us, launches of 16 %6.1f us, "
-                "cuBLAS f32 x2 %6.1f us\n", M, K, nc, grouped, gemv, lt);
+                "cuBLAS f32 x2 %6.1f us\n", M, K, nc, grouped, by16, lt);
   }
   delete *gemm;
 }
