@@ -259,8 +259,8 @@ class CudaDevice final : public Device {
   // (CudaBackendOptions::small_float_max_rows).
   static constexpr uint64_t kSmallFloatBytes = 2ull << 20;
   static bool SmallFloat(const DMat& w) {
-    const uint64_t elem = w.type == GgmlType::F32 ? 4 : w.type == GgmlType::F16 || w.type == GgmlType::BF16 ? 2 : 0;
-    return !w.tiled && elem > 0 && static_cast<uint64_t>(w.rows) * w.cols * elem <= kSmallFloatBytes;
+    const bool float_type = w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16;
+    return !w.tiled && float_type && GgmlRowBytes(w.type, w.cols) * w.rows <= kSmallFloatBytes;
   }
   // CudaBackendOptions::fp8_decode_rows: the trunk's matrices with dense copies (e4m3 or, for the
   // few matrices of partial 128 x 128 blocks, 16-bit) keep the column kernels only up to
