@@ -641,9 +641,9 @@ int HalfActivationsThreads(int K) {
 // sums' traffic, 2 x 4 bytes per output and split against ~0.82 bytes per weight (half of it:
 // the partials mostly stay in L2). Depends on the launch's matrices and the device only, never
 // on the column count.
-int SplitFor(int rb, int K, double traffic_weight) {
+int SplitFor(int rb, int K) {
   const int nu = K / kUnitElems;
-  const double per_split = traffic_weight * 0.5 * 8.0 * kTiledF16MaxCols / (0.82 * K);
+  const double per_split = 0.5 * 8.0 * kTiledF16MaxCols / (0.82 * K);
   int best = 1;
   double best_t = std::ceil(static_cast<double>(rb) / Slots());
   for (int s = 2; s <= std::min(kMaxSplit, nu / 2) && rb * s <= kSplitBlocks; ++s) {
@@ -726,7 +726,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
   // at every column count, as long as its matrix is launched with the same others every time
   // (CudaDevice::LinearMulti groups them so in every step).
-  const int split = SplitFor(rb_total, b.K, scratch.split_traffic_weight);
+  const int split = SplitFor(rb_total, b.K);
   L.split = split;
   int end = 0, tickets = 0;
   int64_t floats = 0;

@@ -67,11 +67,6 @@ struct TiledF16Scratch {
   // columns mma.sync reads that order, which measured faster there. The same operands, sums of
   // exact products in f32 per 256-element unit: the same bits (tiled_f16_cuda_test).
   bool warpgroup_order = false;
-  // Weight of the partial sums' traffic in the K split's cost model (SplitFor; 1 = two 4-byte
-  // partials per output and split at 64 columns, half of them assumed to stay in L2). Lower
-  // values choose finer splits; the split never depends on the column count, so every value
-  // keeps a column's bits the same at every column count (a different value, different bits).
-  double split_traffic_weight = 1.0;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;
 // WgmmaAvailable(), wgmma.cuh).

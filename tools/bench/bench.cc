@@ -336,7 +336,6 @@ int RunBench(const BenchOptions& o) {
     if (o.f16_min_cols > 0) co.f16_mma_min_cols = o.f16_min_cols;
     if (o.fp8_decode_rows >= 0) co.fp8_decode_rows = o.fp8_decode_rows;
     if (o.small_float_rows >= 0) co.small_float_max_rows = o.small_float_rows;
-    if (o.f16_split_weight >= 0) co.f16_split_traffic_weight = o.f16_split_weight;
     co.early_launch = o.early_launch;
     co.coarse_draft_head = o.coarse_draft_head;
     co.fused_draft_chain = o.fused_draft;

@@ -45,7 +45,6 @@ struct BenchOptions {
   int overlap = -1;
   int f16_min_cols = 0;  // --f16-min-cols N: CudaBackendOptions::f16_mma_min_cols (0: its default)
   int fp8_decode_rows = -1;  // --fp8-decode-rows N: CudaBackendOptions::fp8_decode_rows (-1: its default)
-  double f16_split_weight = -1;  // --f16-split-weight X: CudaBackendOptions::f16_split_traffic_weight (< 0: its default)
   int small_float_rows = -1;  // --small-float-rows N: CudaBackendOptions::small_float_max_rows (-1: its default)
   bool early_launch = true;  // --early-launch off: CudaBackendOptions::early_launch (A/B)
   // --coarse-draft-head off: CudaBackendOptions::coarse_draft_head (A/B of the MTP rows)

@@ -172,9 +172,6 @@ struct CudaBackendOptions {
   // through thread-block clusters on sm_90+ instead of a global scratch with tickets; the same
   // bits either way (`bench --f16-cluster off` for A/B; kernels/cuda/tiled_f16.cuh).
   bool f16_cluster_split = true;
-  // The f16 matmul's K-split cost model: weight of the partial sums' traffic
-  // (TiledF16Scratch::split_traffic_weight; `bench --f16-split-weight X` for A/B).
-  double f16_split_traffic_weight = 1.0;
   // The f16 tensor-core matmul on Hopper's warpgroup instruction (wgmma; sm_90a builds on sm_90
   // GPUs, else ignored): each warpgroup's four 16-row weight fragments go to one wgmma per
   // 16-element step that reads the staged activations from shared memory itself, instead of a
