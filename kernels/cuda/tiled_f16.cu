@@ -547,14 +547,26 @@ absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t
               : LaunchOne<Codec, NT, false, false, kWgmma>(L, blocks, stream);
 }
 
+// The codec of a column form: Q6_K's up to 32 columns takes its scales interleaved by row pairs
+// (Q6kCodecT<true>: fewer decode instructions per step, the same bits); at 64 columns that form
+// spilled more, so the per-row one stays there.
+template <class Codec, int NT>
+struct FormCodec {
+  using type = Codec;
+};
+template <int NT>
+struct FormCodec<Q6kCodec, NT> {
+  using type = Q6kCodecT<(NT <= 4)>;
+};
+
 // The launch for nc columns: 8-column n-tiles, NT of them.
 template <class Codec, bool kWgmma>
 absl::Status LaunchCodecForm(const F16Launch& L, int nc, int blocks, bool cluster,
                              cudaStream_t stream) {
-  if (nc <= 8) return LaunchNt<Codec, 1, kWgmma>(L, blocks, cluster, stream);
-  if (nc <= 16) return LaunchNt<Codec, 2, kWgmma>(L, blocks, cluster, stream);
-  if (nc <= 32) return LaunchNt<Codec, 4, kWgmma>(L, blocks, cluster, stream);
-  return LaunchNt<Codec, 8, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 8) return LaunchNt<typename FormCodec<Codec, 1>::type, 1, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 16) return LaunchNt<typename FormCodec<Codec, 2>::type, 2, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 32) return LaunchNt<typename FormCodec<Codec, 4>::type, 4, kWgmma>(L, blocks, cluster, stream);
+  return LaunchNt<typename FormCodec<Codec, 8>::type, 8, kWgmma>(L, blocks, cluster, stream);
 }
 template <class Codec>
 absl::Status LaunchCodec(const F16Launch& L, int nc, int blocks, bool cluster, bool wgmma,

@@ -42,7 +42,10 @@ __device__ __forceinline__ uint32_t WeightPair(uint32_t a, uint32_t sel, __half2
 // (MinOperands: sub-blocks 2q, 2q + 1) and -64 dmin (Dmin), which the kernel multiplies with the
 // activations' sub-block sums (xhs, 2^-6 scaled). kPrefetchMaxNt: up to which column form the
 // next unit is loaded a unit ahead (into a second Unit's registers).
-struct Q6kCodec {
+// kPairedScales: Prepare interleaves the two rows' scale bytes (below); the 64-column forms keep
+// the per-row form (the interleaved one spilled 88-136 more bytes there).
+template <bool kPairedScales>
+struct Q6kCodecT {
   static constexpr bool kMins = false;
   static constexpr int kUnitBytes = kTileUnitBytes;
   static constexpr int kPrefetchMaxNt = 4;  // the next unit in registers up to 32 columns
@@ -50,16 +53,44 @@ struct Q6kCodec {
   __device__ __forceinline__ static void Load(Unit& t, const uint8_t* p, int lane) {
     LoadTileUnit(t, p, lane);
   }
+  // With kPairedScales, Prepare also interleaves the two rows' scale bytes (sc + 128) by step
+  // pairs: word j of (sc0, sc1) then holds (g: step 2j, g + 8: step 2j, g: step 2j + 1, g + 8:
+  // step 2j + 1), so that one PRMT and one HSUB2 per step make both rows' scales (RowScales) and
+  // each HMUL2 takes its row's half by an operand swizzle: per unit 8 PRMT instead of 16 PRMT and
+  // 16 HSUB2. The same f16 scales, so the same bits.
   __device__ __forceinline__ static void Prepare(Unit& tu) {
     tu.qh[0] = Xor4(tu.qh[0], 0xAAAAAAAAu);  // t ^ 32 = q, the unsigned quant
     tu.qh[1] = Xor4(tu.qh[1], 0xAAAAAAAAu);
-    tu.sc0 = Xor4(tu.sc0, 0x80808080u);
-    tu.sc1 = Xor4(tu.sc1, 0x80808080u);
+    const uint4 g0 = Xor4(tu.sc0, 0x80808080u), g8 = Xor4(tu.sc1, 0x80808080u);
+    if constexpr (kPairedScales) {
+      tu.sc0 = make_uint4(__byte_perm(g0.x, g8.x, 0x5140), __byte_perm(g0.x, g8.x, 0x7362),
+                          __byte_perm(g0.y, g8.y, 0x5140), __byte_perm(g0.y, g8.y, 0x7362));
+      tu.sc1 = make_uint4(__byte_perm(g0.z, g8.z, 0x5140), __byte_perm(g0.z, g8.z, 0x7362),
+                          __byte_perm(g0.w, g8.w, 0x5140), __byte_perm(g0.w, g8.w, 0x7362));
+    } else {
+      tu.sc0 = g0;
+      tu.sc1 = g8;
+    }
+  }
+  // kPairedScales: (sc of row g, sc of row g + 8) at step s, from Prepare's interleaved words;
+  // 0x64 above each byte is 1152 + sc exactly, minus 1152.
+  __device__ __forceinline__ static __half2 RowScales(const Unit& tu, int s) {
+    const uint32_t w = Word(s < 8 ? tu.sc0 : tu.sc1, (s >> 1) & 3);
+    const uint32_t sel = (s & 1) ? 0x4342u : 0x4140u;
+    return __hsub2(Half2(__byte_perm(w, 0x64646464u, sel)), __float2half2_rn(1152.f));
   }
   __device__ __forceinline__ static void Operands(const Unit& tu, int s, uint32_t (&A)[4]) {
     uint32_t a0, a1;  // rows g and g + 8, k = 16s + 4q .. +3, unsigned
     DecodeStepUnsigned(Word(tu.ql[s >> 2], s & 3), Word(tu.qh[s >> 3], (s & 7) >> 1), s & 1, a0, a1);
-    const __half2 s0 = ScalePair(tu.sc0, s), s1 = ScalePair(tu.sc1, s);
+    __half2 s0, s1;
+    if constexpr (kPairedScales) {
+      const __half2 sp = RowScales(tu, s);
+      s0 = __low2half2(sp);
+      s1 = __high2half2(sp);
+    } else {
+      s0 = ScalePair(tu.sc0, s);
+      s1 = ScalePair(tu.sc1, s);
+    }
     A[0] = WeightPair(a0, 0x4140, s0);
     A[1] = WeightPair(a1, 0x4140, s1);
     A[2] = WeightPair(a0, 0x4342, s0);
@@ -69,6 +100,8 @@ struct Q6kCodec {
     return make_float2(HalfBitsToF32(tu.d & 0xFFFF), HalfBitsToF32(tu.d >> 16));
   }
 };
+
+using Q6kCodec = Q6kCodecT<false>;
 
 // Q4_K / Q5_K (kernels/cpu/tiled_kquant_layout.h): (1024 + quant) from the packed nibbles (and
 // the 5th bit) by a mask, minus 1024, times (sc, sc): sc * quant exactly (at most 31 * 63 = 1953
