@@ -327,6 +327,7 @@ int RunBench(const BenchOptions& o) {
     co.gdn_bulk_state = o.gdn_bulk;
     co.tiled_f16_formats = o.tiled_f16_formats;
     co.f16_cluster_split = o.f16_cluster;
+    co.f16_tail_split = o.f16_tail_split;
     co.half_rows_in_registers = o.half_regs;
     co.f16_wgmma = o.f16_wgmma;
     co.prefill_fp8 = o.prefill_fp8;

@@ -306,7 +306,9 @@ TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
   Scratch s;
   for (const Shape& sh :
        {Shape{40, 1024, GemvEpilogue::kStore}, Shape{2000, 2048, GemvEpilogue::kStore},
-        Shape{100, 512, GemvEpilogue::kSiluMul}, Shape{300, 2048, GemvEpilogue::kSiluMul}}) {
+        Shape{100, 512, GemvEpilogue::kSiluMul}, Shape{300, 2048, GemvEpilogue::kSiluMul},
+        // The 27B pair: its last row blocks split K twice as finely (tail_split, 132 SMs).
+        Shape{17408, 5120, GemvEpilogue::kSiluMul}}) {
     Dev<uint8_t> raw(RandomQ6K(sh.M, sh.K)), raw2(RandomQ6K(sh.M, sh.K));
     Dev<uint8_t> t = Tile(raw, sh.M, sh.K), t2 = Tile(raw2, sh.M, sh.K);
     const auto x = RandomActs(64, sh.K);
@@ -325,6 +327,48 @@ TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
           << "M=" << sh.M << " nc=" << nc;
     }
   }
+}
+
+// The tail split (TiledF16Scratch::tail_split) changes only the last row blocks' K ranges: with
+// it on and off the 27B pair's outputs are within the CPU reference (RunCase), the rows before
+// the tail are the same bits, and the tail's rows differ only by rounding (the same terms summed
+// in other groups).
+TEST(TiledF16, TailSplitChangesOnlyTheTailRows) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  const int M = 17408, K = 5120;
+  Dev<uint8_t> raw(RandomQ6K(M, K)), raw2(RandomQ6K(M, K));
+  Dev<uint8_t> t = Tile(raw, M, K), t2 = Tile(raw2, M, K);
+  for (int nc : {9, 16, 64}) {
+    const auto x = RandomActs(nc, K);
+    HalfActs h = Convert(x, nc, K);
+    std::vector<float> got[2];
+    for (int tail : {0, 1}) {
+      Dev<float> y(static_cast<size_t>(nc) * M);
+      const GemvArgs a = F16Args(t.p, t2.p, M, K, nc, h, y.p, GemvEpilogue::kSiluMul);
+      ASSERT_OK(TiledF16Multi(&a, 1, s.get(true, false, tail == 1), nullptr));
+      got[tail] = y.Down();
+    }
+    float top = 0.f;
+    for (const float v : got[0]) top = std::max(top, std::fabs(v));
+    int differ = 0, first = M;
+    for (int c = 0; c < nc; ++c)
+      for (int r = 0; r < M; ++r) {
+        const float a = got[0][static_cast<size_t>(c) * M + r], b = got[1][static_cast<size_t>(c) * M + r];
+        if (std::memcmp(&a, &b, 4) != 0) {
+          ++differ;
+          first = std::min(first, r);
+          ASSERT_NEAR(a, b, 1e-4f * top) << "row " << r << " column " << c;
+        }
+      }
+    // Where the device has the 27B pair's wave shape (132 SMs), the tail is its last row blocks
+    // (a multiple of 64 rows); elsewhere it may be empty.
+    if (differ > 0) {
+      EXPECT_EQ(0, first % 64) << "nc=" << nc;
+    }
+    std::printf("nc=%d: %d outputs differ, from row %d\n", nc, differ, first);
+  }
+  RunCase({17408, 5120, 16, GemvEpilogue::kSiluMul, 5}, s);
 }
 
 // On sm_90 the K split's partial sums meet in distributed shared memory (clusters); below, in
@@ -531,6 +575,38 @@ TEST(TiledF16Timing, Table27B) {
       std::printf("%-12s %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.0f\n", m.name, nc, tt,
                   mmq, tf, tscr, twg, twgs, tc, tc2, w.tb * (w.pair ? 2.0 : 1.0) / (best * 1e-6) / 1e9);
     }
+  }
+}
+
+// Benchmark (prints only): the gate+up pair's time per row as its row count crosses the
+// grid's slots (2 blocks of 64 row-pairs per SM). The 27B's 17,408 rows are 272 row blocks,
+// just over 2 x 132: the K split then decides how full the launch's last round is. Rows that
+// fill the slots exactly (M = 64 x 2 x SMs) against the 27B's and past it.
+TEST(TiledF16Timing, DISABLED_PairRowScan) {
+  if (!HaveTiled() || !HaveWgmma()) GTEST_SKIP() << "needs the wgmma form (sm_90a)";
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  Scratch scratch;
+  std::printf("%6s %5s %5s %5s %9s %12s\n", "M", "rb", "nc", "split", "us", "ns per row");
+  for (const int M : {64 * sms, 64 * 2 * sms - 128, 64 * 2 * sms, 17408, 64 * 3 * sms}) {
+    const Matrix27B m{"pair", M, 5120, GemvEpilogue::kSiluMul};
+    const RotatingTiled w(Rng(), m);
+    const auto x = RandomActs(64, m.K);
+    HalfActs h = Convert(x, 64, m.K);
+    Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
+    Dev<float> y(static_cast<size_t>(64) * m.M);
+    for (int nc : {16, 64})
+      for (int tail : {0, 1}) {
+        const double us = MedianLaunchUs([&](int rep) {
+          GemvArgs a = w.Args(m, rep, nc, y.p);
+          a.xh = xh_wg.p;
+          a.xs = h.xs.p;
+          return TiledF16Multi(&a, 1, scratch.get(true, true, tail == 1), nullptr);
+        });
+        std::printf("%6d %5d %5d %5s %9.1f %12.2f\n", M, M / 64, nc, tail ? "tail" : "-", us,
+                    1e3 * us / M);
+      }
   }
 }
 
