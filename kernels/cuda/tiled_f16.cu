@@ -55,7 +55,8 @@ struct F16Launch {
   int split;
   // Row blocks from rb_head on (one-segment launches only; else rb_head = all) split K into
   // split_tail ranges instead (a multiple of split: SplitTail), so that the launch's last round
-  // is filled by smaller blocks; they add through the scratch also in a cluster launch.
+  // is filled by smaller blocks. Such a launch adds through the scratch (the same sums as the
+  // clusters), so that the cluster forms keep no second reduction path (registers).
   int rb_head;
   int split_tail;
   float* partial;
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     }
   };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (kCluster && !tail) {
+  if constexpr (kCluster) {  // never a tail block: LaunchNt takes the scratch form then
     // K split on sm_90: the row block's `split` blocks are one thread-block cluster. Each leaves
     // its sums in its own shared memory ([mats][column][row]; the loop ended on a barrier, so the
     // stage buffers are free), and after the cluster barrier every block reduces a slice of the
@@ -555,7 +556,8 @@ absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t
     const int fit = pair ? ActiveClusters<Codec, NT, true, kWgmma>(L.split)
                          : ActiveClusters<Codec, NT, false, kWgmma>(L.split);
     const int waves = CeilDiv(blocks, Slots());
-    cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4);
+    cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4) &&
+              L.split_tail == L.split;
   }
   if (cluster)
     return pair ? LaunchOne<Codec, NT, true, true, kWgmma>(L, blocks, stream)
