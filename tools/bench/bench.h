@@ -35,8 +35,8 @@ struct BenchOptions {
   bool gdn_scan_mma = true;                  // --gdn-scan-mma off: the f32 CUDA-core chunk scan
   bool tiled_f16_formats = true;   // --tiled-f16-formats off: CudaBackendOptions::tiled_f16_formats
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
-  bool f16_cluster = true;
-  bool f16_tail_split = false;  // --f16-tail-split on: a K-split f16 launch's last row blocks split K twice as finely                   // --f16-cluster off: f16 matmul K split via scratch
+  bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
+  bool f16_tail_split = false;  // --f16-tail-split on: a K-split f16 launch's last row blocks split K twice as finely
   bool half_regs = true;  // --half-regs off: CudaBackendOptions::half_rows_in_registers (A/B)
   bool f16_wgmma = true;                     // --f16-wgmma off: the mma.sync f16 matmul (A/B)
   bool prefill_fp8 = false;                  // --prefill-fp8 on: CudaBackendOptions::prefill_fp8
