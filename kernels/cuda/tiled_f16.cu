@@ -5,11 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <map>
-#include <mutex>
-#include <queue>
-#include <tuple>
-#include <vector>
 
 #include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/common.cuh"
@@ -19,6 +14,7 @@
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
 #include "kernels/cuda/tiled_f16_codecs.cuh"
+#include "kernels/cuda/tiled_f16_split.cuh"
 #include "kernels/cuda/tiled_q6k.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -31,12 +27,7 @@ using namespace f16_codecs;  // NOLINT: the formats' codecs (tiled_f16_codecs.cu
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlockRows = kWarps * kTiledRows;  // rows of a single matrix per block
-// K split: a launch whose grid would leave much of its last wave idle (the 5120-row matrices:
-// 40 row blocks; the 27B ffn pair: 272 blocks, a wave and 8 blocks at 2 per SM) cuts K into up
-// to kMaxSplit ranges (>= 2 units each), chosen by a cost model of waves and partial-sum
-// traffic (SplitFor); split x row blocks stays <= kSplitBlocks, which bounds the scratch.
-constexpr int kMaxSplit = 8;
-constexpr int kSplitBlocks = 1024;
+// The K split (kMaxSplit ranges at most, kSplitBlocks blocks at most): tiled_f16_split.cuh.
 constexpr int kMaxTickets = kSplitBlocks;
 // One column's unit of f16 activations (512 bytes) padded by 32: the 8-byte B loads of lanes
 // g = 0..3 (one half-warp) then start 8 banks apart and never conflict.
@@ -54,9 +45,9 @@ struct F16Launch {
   int n_segs;
   int split;
   // Row blocks from rb_head on (one-segment launches only; else rb_head = all) split K into
-  // split_tail ranges instead (a multiple of split: SplitTail), so that the launch's last round
-  // is filled by smaller blocks. Such a launch adds through the scratch (the same sums as the
-  // clusters), so that the cluster forms keep no second reduction path (registers).
+  // split_tail ranges instead (a multiple of split: TiledF16SplitTail), so that the launch's
+  // last round is filled by smaller blocks. Such a launch adds through the scratch (the same
+  // sums as the clusters), so that the cluster forms keep no second reduction path (registers).
   int rb_head;
   int split_tail;
   float* partial;
@@ -429,19 +420,6 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays included)
 }
 
-// Blocks the device runs at once (two per SM: every form needs <= 128 registers x 256 threads).
-int Slots() {
-  static const int slots = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms <= 0)
-      sms = 132;
-    return 2 * sms;
-  }();
-  return slots;
-}
-
 // Whether this device runs thread-block clusters (sm_90+), queried once.
 bool ClustersAvailable() {
   static const bool yes = [] {
@@ -555,7 +533,7 @@ absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t
   if (cluster) {
     const int fit = pair ? ActiveClusters<Codec, NT, true, kWgmma>(L.split)
                          : ActiveClusters<Codec, NT, false, kWgmma>(L.split);
-    const int waves = CeilDiv(blocks, Slots());
+    const int waves = CeilDiv(blocks, TiledF16Slots());
     cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4) &&
               L.split_tail == L.split;
   }
@@ -577,15 +555,19 @@ template <int NT>
 struct FormCodec<Q6kCodec, NT> {
   using type = Q6kCodecT<(NT <= 4)>;
 };
+template <class Codec, int NT, bool kWgmma>
+absl::Status LaunchForm(const F16Launch& L, int blocks, bool cluster, cudaStream_t stream) {
+  return LaunchNt<typename FormCodec<Codec, NT>::type, NT, kWgmma>(L, blocks, cluster, stream);
+}
 
 // The launch for nc columns: 8-column n-tiles, NT of them.
 template <class Codec, bool kWgmma>
 absl::Status LaunchCodecForm(const F16Launch& L, int nc, int blocks, bool cluster,
                              cudaStream_t stream) {
-  if (nc <= 8) return LaunchNt<typename FormCodec<Codec, 1>::type, 1, kWgmma>(L, blocks, cluster, stream);
-  if (nc <= 16) return LaunchNt<typename FormCodec<Codec, 2>::type, 2, kWgmma>(L, blocks, cluster, stream);
-  if (nc <= 32) return LaunchNt<typename FormCodec<Codec, 4>::type, 4, kWgmma>(L, blocks, cluster, stream);
-  return LaunchNt<typename FormCodec<Codec, 8>::type, 8, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 8) return LaunchForm<Codec, 1, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 16) return LaunchForm<Codec, 2, kWgmma>(L, blocks, cluster, stream);
+  if (nc <= 32) return LaunchForm<Codec, 4, kWgmma>(L, blocks, cluster, stream);
+  return LaunchForm<Codec, 8, kWgmma>(L, blocks, cluster, stream);
 }
 template <class Codec>
 absl::Status LaunchCodec(const F16Launch& L, int nc, int blocks, bool cluster, bool wgmma,
@@ -667,80 +649,6 @@ int HalfActivationsThreads(int K) {
   return n4 <= kHalfPer * t ? t : 0;
 }
 
-// The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
-// (waves of rb * s blocks) / s, the time of the launch in full-K block times, plus the partial
-// sums' traffic, 2 x 4 bytes per output and split against ~0.82 bytes per weight (half of it:
-// the partials mostly stay in L2). Depends on the launch's matrices and the device only, never
-// on the column count.
-int SplitFor(int rb, int K) {
-  const int nu = K / kUnitElems;
-  const double per_split = 0.5 * 8.0 * kTiledF16MaxCols / (0.82 * K);
-  int best = 1;
-  double best_t = std::ceil(static_cast<double>(rb) / Slots());
-  for (int s = 2; s <= std::min(kMaxSplit, nu / 2) && rb * s <= kSplitBlocks; ++s) {
-    const double t = std::ceil(static_cast<double>(rb) * s / Slots()) / s + s * per_split;
-    if (t < best_t - 1e-9) {
-      best = s;
-      best_t = t;
-    }
-  }
-  return best;
-}
-
-// Where a K-split launch's last round would be mostly idle (the 27B's ffn pair: 272 row blocks
-// of split 3 = 816 blocks, 3.09 rounds of the 264 slots of an H100 / H200), its last row blocks
-// split K twice as finely, so that their smaller blocks fill that round: the row blocks (from
-// the end) and their split that minimise the makespan of the blocks handed out in order to the
-// first free slot, each taking its share of K (a greedy schedule, the block scheduler's). Only a
-// gain of over 3% changes anything. Like SplitFor, a function of the launch's shape and the
-// device, never of the column count.
-struct TailSplit {
-  int row_blocks = 0;
-  int split = 1;
-};
-TailSplit SplitTailUncached(int rb, int K, int split) {
-  const int st = 2 * split, nu = K / kUnitElems, slots = Slots();
-  TailSplit best;
-  if (st > kMaxSplit || nu / st < 2) return best;
-  auto makespan = [&](int tail) {
-    std::vector<double> slot(slots, 0.0);
-    std::priority_queue<double, std::vector<double>, std::greater<double>> free(slot.begin(),
-                                                                              slot.end());
-    auto run = [&](int n, double t) {
-      for (int i = 0; i < n; ++i) {
-        const double s0 = free.top();
-        free.pop();
-        free.push(s0 + t);
-      }
-    };
-    run((rb - tail) * split, 1.0 / split);
-    run(tail * st, 1.0 / st);
-    double end = 0;
-    for (; !free.empty(); free.pop()) end = std::max(end, free.top());
-    return end;
-  };
-  double best_t = makespan(0) * 0.97;
-  for (int tail = 1; tail <= rb && (rb - tail) * split + tail * st <= kSplitBlocks; ++tail) {
-    const double t = makespan(tail);
-    if (t < best_t - 1e-9) {
-      best_t = t;
-      best = {tail, st};
-    }
-  }
-  return best;
-}
-// SplitTailUncached once per launch shape (its schedule takes milliseconds; a decode step has
-// a few shapes and hundreds of launches).
-TailSplit SplitTail(int rb, int K, int split) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, TailSplit> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(rb, K, split);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, SplitTailUncached(rb, K, split)).first;
-  return it->second;
-}
-
 }  // namespace
 
 bool TiledF16WgmmaAvailable() { return WgmmaAvailable(); }
@@ -811,12 +719,12 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
   // at every column count, as long as its matrix is launched with the same others every time
   // (CudaDevice::LinearMulti groups them so in every step).
-  const int split = SplitFor(rb_total, b.K);
+  const int split = TiledF16SplitFor(rb_total, b.K);
   L.split = split;
   L.rb_head = rb_total;
   L.split_tail = split;
   if (n_segs == 1 && split > 1 && scratch.tail_split) {
-    const TailSplit t = SplitTail(rb_total, b.K, split);
+    const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K, split);
     if (t.row_blocks > 0) {
       L.rb_head = rb_total - t.row_blocks;
       L.split_tail = t.split;

@@ -45,7 +45,8 @@ struct F16Scratch {
   Dev<int> tickets{static_cast<size_t>(TiledF16Tickets())};
   F16Scratch() { CK(cudaMemset(tickets.p, 0, tickets.n * 4)); }
   // warpgroup: the wgmma form, which reads activations in its own order (ToWarpgroupOrder).
-  // tail_split: TiledF16Scratch::tail_split.
+  // tail_split: TiledF16Scratch::tail_split, on here so that the tests cover that path (the
+  // library's default is off until measured).
   TiledF16Scratch get(bool cluster_split = true, bool warpgroup = false, bool tail_split = true) const {
     return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
             cluster_split, warpgroup, tail_split};
