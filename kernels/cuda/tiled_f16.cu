@@ -44,12 +44,6 @@ struct F16Launch {
   int ticket_off[kGemvMaxSegs];    // its row blocks' tickets
   int n_segs;
   int split;
-  // Row blocks from rb_head on (one-segment launches only; else rb_head = all) split K into
-  // split_tail ranges instead (a multiple of split: TiledF16SplitTail), so that the launch's
-  // last round is filled by smaller blocks. Such a launch adds through the scratch (the same
-  // sums as the clusters), so that the cluster forms keep no second reduction path (registers).
-  int rb_head;
-  int split_tail;
   float* partial;
   int* tickets;
 };
@@ -105,10 +99,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     if (i < L.n_segs && static_cast<int>(blockIdx.x) >= L.blk_end[i - 1]) si = i;
   const GemvArgs& a = L.seg[si];
   const int local = blockIdx.x - (si > 0 ? L.blk_end[si - 1] : 0);
-  const bool tail = local >= L.rb_head * L.split;
-  const int split = tail ? L.split_tail : L.split;
-  const int rel = tail ? local - L.rb_head * L.split : local;
-  const int rb = (tail ? L.rb_head : 0) + rel / split, ks = rel % split;
+  const int split = L.split, rb = local / split, ks = local % split;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   const int mat = kPair ? (warp & 1) : 0;
   const int n_tiles = (a.M + kTiledRows - 1) / kTiledRows;
@@ -336,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     }
   };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kCluster) {  // never a tail block: LaunchNt takes the scratch form then
+  if constexpr (kCluster) {
     // K split on sm_90: the row block's `split` blocks are one thread-block cluster. Each leaves
     // its sums in its own shared memory ([mats][column][row]; the loop ended on a barrier, so the
     // stage buffers are free), and after the cluster barrier every block reduces a slice of the
@@ -371,15 +362,11 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // [split][mats][nc][M]; the row block's last block to finish adds them in split order, so the
   // result does not depend on which block came last. Offsets in 32 bits: the scratch holds at
   // most kSplitBlocks x kBlockRows x 64 floats.
-  // The tail's row blocks: their own [split_tail][mats][nc][rows from rb_head on] after the
-  // head's partial sums.
-  const int row0 = tail ? L.rb_head * kRows : 0, rows = a.M - row0;
-  float* part = L.partial + L.part_off[si] +
-                (tail ? static_cast<int64_t>(L.split) * kMats * nc * a.M : 0);
-  const int m_stride = nc * rows, k_stride = kMats * m_stride;
+  float* part = L.partial + L.part_off[si];
+  const int m_stride = nc * a.M, k_stride = kMats * m_stride;
   if (active) {
     float* mine = part + ks * k_stride + mat * m_stride;
-    for_outputs([&](float v, int c, int row) { mine[c * rows + row - row0] = v; });
+    for_outputs([&](float v, int c, int row) { mine[c * a.M + row] = v; });
   }
   __threadfence();
   __syncthreads();
@@ -403,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     for (int i = 0; i < kOut; ++i) {
       const int o = o0 + i * kThreads, row = rb * kRows + o % kRows, c = o / kRows;
       ok[i] = o < n_out && row < a.M;
-      off[i] = c * rows + row - row0;
+      off[i] = c * a.M + row;
 #pragma unroll
       for (int m = 0; m < kMats; ++m)
 #pragma unroll
@@ -534,8 +521,7 @@ absl::Status LaunchNt(const F16Launch& L, int blocks, bool cluster, cudaStream_t
     const int fit = pair ? ActiveClusters<Codec, NT, true, kWgmma>(L.split)
                          : ActiveClusters<Codec, NT, false, kWgmma>(L.split);
     const int waves = CeilDiv(blocks, TiledF16Slots());
-    cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4) &&
-              L.split_tail == L.split;
+    cluster = fit > 0 && CeilDiv(blocks / L.split, fit) <= waves && (waves == 1 || NT >= 4);
   }
   if (cluster)
     return pair ? LaunchOne<Codec, NT, true, true, kWgmma>(L, blocks, stream)
@@ -649,6 +635,54 @@ int HalfActivationsThreads(int K) {
   return n4 <= kHalfPer * t ? t : 0;
 }
 
+// One launch of `segs` (validated by TiledF16Multi) at K split `split`.
+absl::Status LaunchSplit(const GemvArgs* segs, int n_segs, int split,
+                         const TiledF16Scratch& scratch, cudaStream_t stream) {
+  const GemvArgs& b = segs[0];
+  const bool pair = b.epilogue == GemvEpilogue::kSiluMul;
+  F16Launch L{};
+  L.n_segs = n_segs;
+  const int tpb = pair ? kWarps / 2 : kWarps;
+  for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
+  L.split = split;
+  int end = 0, tickets = 0;
+  int64_t floats = 0;
+  for (int i = 0; i < n_segs; ++i) {
+    const int rb = CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
+    end += rb * split;
+    L.blk_end[i] = end;
+    L.part_off[i] = floats;
+    L.ticket_off[i] = tickets;
+    if (split > 1) {
+      const int mats = pair ? 2 : 1;
+      floats += static_cast<int64_t>(split) * mats * b.nc * segs[i].M;
+      tickets += rb;
+    }
+  }
+  if (split > 1) {
+    if (scratch.partial == nullptr || scratch.tickets == nullptr ||
+        floats > scratch.partial_floats || tickets > scratch.n_tickets)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "TiledF16Multi: split ", split, " needs ", floats, " partial floats and ", tickets,
+          " tickets; the scratch has ", scratch.partial_floats, " and ", scratch.n_tickets));
+    L.partial = scratch.partial;
+    L.tickets = scratch.tickets;
+  }
+  const bool cluster = split > 1 && scratch.cluster_split && ClustersAvailable();
+  const bool wg = scratch.warpgroup_order;
+  if (wg && !TiledF16WgmmaAvailable())
+    return absl::FailedPreconditionError(
+        "TiledF16Multi: the warpgroup order needs the wgmma kernel (sm_90a code on an sm_90 GPU)");
+  switch (b.type) {
+    case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, wg, stream);
+    case GgmlType::IQ4_NL: return LaunchCodec<Iq4NlCodec>(L, b.nc, end, cluster, wg, stream);
+    default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, wg, stream);
+  }
+}
+
 }  // namespace
 
 bool TiledF16WgmmaAvailable() { return WgmmaAvailable(); }
@@ -708,68 +742,35 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     return absl::InvalidArgumentError(absl::StrCat(
         "TiledF16Multi: tiled ", std::string(GgmlInfo(b.type).name),
         " needs the activations' sub-block sums (xhs, 16-byte aligned; HalfActivations)"));
-  F16Launch L{};
-  L.n_segs = n_segs;
   const int tpb = pair ? kWarps / 2 : kWarps;
   int rb_total = 0;
-  for (int i = 0; i < n_segs; ++i) {
-    L.seg[i] = segs[i];
-    rb_total += CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
-  }
+  for (int i = 0; i < n_segs; ++i) rb_total += CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
   // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
   // at every column count, as long as its matrix is launched with the same others every time
   // (CudaDevice::LinearMulti groups them so in every step).
   const int split = TiledF16SplitFor(rb_total, b.K);
-  L.split = split;
-  L.rb_head = rb_total;
-  L.split_tail = split;
   if (n_segs == 1 && split > 1 && scratch.tail_split) {
     const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K, split);
     if (t.row_blocks > 0) {
-      L.rb_head = rb_total - t.row_blocks;
-      L.split_tail = t.split;
+      // Two launches: the head's whole rounds, then the last row blocks at the finer split,
+      // launched early so that their weights load while the head ends (their activations and
+      // outputs wait for it: WaitForPrerequisiteGrids). Disjoint rows, so the same sums as one
+      // launch of either split would give them.
+      const int head_rows = (rb_total - t.row_blocks) * tpb * kTiledRows;
+      GemvArgs head = b, tail = b;
+      head.M = head_rows;
+      head.ldy = tail.ldy = b.ldy != 0 ? b.ldy : b.M;
+      const uint64_t skip = TiledBytes(b.type, head_rows, b.K);
+      tail.w = static_cast<const uint8_t*>(b.w) + skip;
+      if (pair) tail.w2 = static_cast<const uint8_t*>(b.w2) + skip;
+      tail.y = b.y + head_rows;
+      tail.M = b.M - head_rows;
+      tail.early_launch = ClustersAvailable();  // sm_90+: programmatic dependent launch
+      DS_RETURN_IF_ERROR(LaunchSplit(&head, 1, split, scratch, stream));
+      return LaunchSplit(&tail, 1, t.split, scratch, stream);
     }
   }
-  int end = 0, tickets = 0;
-  int64_t floats = 0;
-  for (int i = 0; i < n_segs; ++i) {
-    const int rb = CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
-    const int head = std::min(rb, L.rb_head);
-    end += head * split + (rb - head) * L.split_tail;
-    L.blk_end[i] = end;
-    L.part_off[i] = floats;
-    L.ticket_off[i] = tickets;
-    if (split > 1) {
-      const int mats = pair ? 2 : 1;
-      floats += static_cast<int64_t>(split) * mats * b.nc * segs[i].M;
-      if (rb > head)
-        floats += static_cast<int64_t>(L.split_tail) * mats * b.nc *
-                  (segs[i].M - head * tpb * kTiledRows);
-      tickets += rb;
-    }
-  }
-  if (split > 1) {
-    if (scratch.partial == nullptr || scratch.tickets == nullptr ||
-        floats > scratch.partial_floats || tickets > scratch.n_tickets)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "TiledF16Multi: split ", split, " needs ", floats, " partial floats and ", tickets,
-          " tickets; the scratch has ", scratch.partial_floats, " and ", scratch.n_tickets));
-    L.partial = scratch.partial;
-    L.tickets = scratch.tickets;
-  }
-  const bool cluster = split > 1 && scratch.cluster_split && ClustersAvailable();
-  const bool wg = scratch.warpgroup_order;
-  if (wg && !TiledF16WgmmaAvailable())
-    return absl::FailedPreconditionError(
-        "TiledF16Multi: the warpgroup order needs the wgmma kernel (sm_90a code on an sm_90 GPU)");
-  switch (b.type) {
-    case GgmlType::Q4_K: return LaunchCodec<KquantCodec<false>>(L, b.nc, end, cluster, wg, stream);
-    case GgmlType::Q5_K: return LaunchCodec<KquantCodec<true>>(L, b.nc, end, cluster, wg, stream);
-    case GgmlType::Q8_0: return LaunchCodec<Q8Codec>(L, b.nc, end, cluster, wg, stream);
-    case GgmlType::IQ4_XS: return LaunchCodec<Iq4XsCodec>(L, b.nc, end, cluster, wg, stream);
-    case GgmlType::IQ4_NL: return LaunchCodec<Iq4NlCodec>(L, b.nc, end, cluster, wg, stream);
-    default: return LaunchCodec<Q6kCodec>(L, b.nc, end, cluster, wg, stream);
-  }
+  return LaunchSplit(segs, n_segs, split, scratch, stream);
 }
 
 }  // namespace ds::cuda

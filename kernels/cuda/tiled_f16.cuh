@@ -67,10 +67,10 @@ struct TiledF16Scratch {
   // columns mma.sync reads that order, which measured faster there. The same operands, sums of
   // exact products in f32 per 256-element unit: the same bits (tiled_f16_cuda_test).
   bool warpgroup_order = false;
-  // One-matrix K-split launches whose last round would be mostly idle split the K of their last
-  // row blocks twice as finely (TiledF16Multi decides from the shape and the device, never the
-  // column count, so batch invariance holds; those rows' sums differ from the uniform split's).
-  // false: every row block takes the launch's split (the default until measured on a GPU).
+  // One-matrix K-split launches of whole rounds plus a nearly idle last one run the last
+  // round's row blocks as a second launch at a finer K split (TiledF16SplitTail; TiledF16Multi
+  // decides from the shape and the device, never the column count, so batch invariance holds;
+  // those rows' sums differ from the uniform split's). false: one launch at the uniform split.
   bool tail_split = false;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;

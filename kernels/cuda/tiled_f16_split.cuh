@@ -21,12 +21,12 @@ int TiledF16Slots();
 // the partials mostly stay in L2).
 int TiledF16SplitFor(int rb, int K);
 
-// Where a K-split launch's last round would still be mostly idle (the 27B's ffn pair: 272 row
-// blocks of split 3 = 816 blocks, 3.09 rounds of the 264 slots of an H100 / H200), its last
-// `row_blocks` row blocks split K `split` (twice the launch's) ways, so that their smaller blocks
-// fill that round: chosen by the makespan of the blocks handed out in order to the first free
-// slot (a greedy schedule, the block scheduler's), only where that gains over 3%;
-// row_blocks = 0: none. Computed once per shape (milliseconds), then cached.
+// Where a K-split launch is whole rounds of the device's slots plus a last round at most a
+// quarter full (the 27B's ffn pair: 272 row blocks of split 3 = 816 blocks, 3.09 rounds of the
+// 264 slots of an H100 / H200), its last `row_blocks` row blocks (the last round's) go into a
+// second launch at the finest split that still fits one round (`split`, <= kMaxSplit, >= 2
+// units per range): that launch's blocks are short, so it ends soon after the head's whole
+// rounds. row_blocks = 0: one launch. Computed once per shape, then cached.
 struct TiledF16TailSplit {
   int row_blocks = 0;
   int split = 1;

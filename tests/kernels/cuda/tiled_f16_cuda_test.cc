@@ -329,10 +329,10 @@ TEST(TiledF16, ColumnCountDoesNotChangeAColumn) {
   }
 }
 
-// The tail split (TiledF16Scratch::tail_split) changes only the last row blocks' K ranges: with
-// it on and off the 27B pair's outputs are within the CPU reference (RunCase), the rows before
-// the tail are the same bits, and the tail's rows differ only by rounding (the same terms summed
-// in other groups).
+// The tail split (TiledF16Scratch::tail_split: the last round's row blocks in a second launch at
+// a finer K split) changes only those row blocks' K ranges: with it on and off the 27B pair's
+// outputs are within the CPU reference (RunCase), the rows before the tail are the same bits,
+// and the tail's rows differ only by rounding (the same terms summed in other groups).
 TEST(TiledF16, TailSplitChangesOnlyTheTailRows) {
   if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
   Scratch s;
@@ -364,8 +364,8 @@ TEST(TiledF16, TailSplitChangesOnlyTheTailRows) {
           ASSERT_NEAR(a, b, 1e-4f * top) << "row " << r << " column " << c;
         }
       }
-    // On a 132-SM card (H100 / H200) the tail is the last 8 row blocks of 64 rows (TiledF16SplitTail's
-    // model); elsewhere it may be empty or longer, but starts at a row block.
+    // On a 132-SM card (H100 / H200) the tail is the last 8 row blocks of 64 rows (272 = 3 x 88
+    // + 8 at split 3); elsewhere it may be empty or longer, but starts at a row block.
     if (sms == 132) {
       EXPECT_GT(differ, 0) << "nc=" << nc;
       EXPECT_GE(first, (272 - 8) * 64) << "nc=" << nc;
@@ -614,6 +614,74 @@ TEST(TiledF16Timing, DISABLED_PairRowScan) {
         std::printf("%6d %5d %5d %5s %9.1f %12.2f\n", M, M / 64, nc, tail ? "tail" : "-", us,
                     1e3 * us / M);
       }
+  }
+}
+
+// Where the 27B pair's time goes past 264 row blocks (benchmark): the one launch through
+// clusters and through the scratch, and the same rows as two launches, the first 264 row blocks
+// (whole rounds) and then the last 8, each alone and back to back.
+TEST(TiledF16Timing, DISABLED_PairTwoLaunches) {
+  if (!HaveTiled() || !HaveWgmma()) GTEST_SKIP() << "needs the wgmma form (sm_90a)";
+  Scratch scratch;
+  const int M = 17408, K = 5120, head = 16896;
+  const Matrix27B m{"pair", M, K, GemvEpilogue::kSiluMul};
+  const RotatingTiled w(Rng(), m);
+  const auto x = RandomActs(64, K);
+  HalfActs h = Convert(x, 64, K);
+  Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
+  Dev<float> y(static_cast<size_t>(64) * M);
+  const uint64_t off = TiledBytes(GgmlType::Q6_K, head, K);
+  auto part = [&](int rep, int nc, int r0, int rows) {
+    GemvArgs a = w.Args(m, rep, nc, y.p + r0);
+    a.w = static_cast<const uint8_t*>(a.w) + (r0 ? off : 0);
+    a.w2 = static_cast<const uint8_t*>(a.w2) + (r0 ? off : 0);
+    a.M = rows;
+    a.ldy = M;
+    a.xh = xh_wg.p;
+    a.xs = h.xs.p;
+    return a;
+  };
+  std::printf("%5s %28s %9s\n", "nc", "launches", "us");
+  for (int nc : {16, 64}) {
+    auto row = [&](const char* name, auto&& body) {
+      std::printf("%5d %28s %9.1f\n", nc, name, MedianLaunchUs(body));
+    };
+    row("one, clusters", [&](int rep) {
+      const GemvArgs a = part(rep, nc, 0, M);
+      return TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
+    });
+    row("one, scratch", [&](int rep) {
+      const GemvArgs a = part(rep, nc, 0, M);
+      return TiledF16Multi(&a, 1, scratch.get(false, true, false), nullptr);
+    });
+    row("one call, tail launch", [&](int rep) {
+      const GemvArgs a = part(rep, nc, 0, M);
+      return TiledF16Multi(&a, 1, scratch.get(true, true, true), nullptr);
+    });
+    row("head 264 rb alone", [&](int rep) {
+      const GemvArgs a = part(rep, nc, 0, head);
+      return TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
+    });
+    row("tail 8 rb alone", [&](int rep) {
+      const GemvArgs a = part(rep, nc, head, M - head);
+      return TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
+    });
+    row("head then tail", [&](int rep) {
+      const GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
+      absl::Status st = TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
+      return st.ok() ? TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr) : st;
+    });
+    row("head then tail (early)", [&](int rep) {
+      GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
+      b.early_launch = true;
+      absl::Status st = TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
+      return st.ok() ? TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr) : st;
+    });
+    row("tail then head", [&](int rep) {
+      const GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
+      absl::Status st = TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr);
+      return st.ok() ? TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr) : st;
+    });
   }
 }
 
