@@ -24,9 +24,9 @@ int TiledF16SplitFor(int rb, int K);
 // Where a K-split launch is whole rounds of the device's slots plus a last round at most a
 // quarter full (the 27B's ffn pair: 272 row blocks of split 3 = 816 blocks, 3.09 rounds of the
 // 264 slots of an H100 / H200), its last `row_blocks` row blocks (the last round's) go into a
-// second launch at the finest split that still fits one round (`split`, <= kMaxSplit, >= 2
-// units per range): that launch's blocks are short, so it ends soon after the head's whole
-// rounds. row_blocks = 0: one launch. Computed once per shape, then cached.
+// second launch at the split TiledF16SplitFor gives them alone (`split`; the pair's 8: 4),
+// launched early, so that it ends soon after the head's whole rounds instead of adding a
+// round of full-size blocks. row_blocks = 0: one launch. Computed once per shape, then cached.
 struct TiledF16TailSplit {
   int row_blocks = 0;
   int split = 1;
