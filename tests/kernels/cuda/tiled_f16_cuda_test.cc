@@ -677,6 +677,12 @@ TEST(TiledF16Timing, DISABLED_PairTwoLaunches) {
       absl::Status st = TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
       return st.ok() ? TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr) : st;
     });
+    row("head then tail (early, scratch)", [&](int rep) {
+      GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
+      b.early_launch = true;
+      absl::Status st = TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
+      return st.ok() ? TiledF16Multi(&b, 1, scratch.get(false, true, false), nullptr) : st;
+    });
     row("tail then head", [&](int rep) {
       const GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
       absl::Status st = TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr);
