@@ -749,14 +749,14 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   // at every column count, as long as its matrix is launched with the same others every time
   // (CudaDevice::LinearMulti groups them so in every step).
   const int split = TiledF16SplitFor(rb_total, b.K);
-  if (n_segs == 1 && split > 1 && scratch.tail_split) {
-    const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K, split);
+  if (n_segs == 1 && scratch.tail_split) {
+    const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K);
     if (t.row_blocks > 0) {
-      // Two launches: the head's whole rounds, then the last row blocks at the finer split,
-      // launched early so that their weights load while the head ends (their activations and
-      // outputs wait for it: WaitForPrerequisiteGrids). Disjoint rows, so the same sums as one
-      // launch of either split would give them.
-      const int head_rows = (rb_total - t.row_blocks) * tpb * kTiledRows;
+      // Two launches, each at its own rows' split: the head's whole rounds, then the last row
+      // blocks, launched early so that their weights load while the head ends (their
+      // activations and outputs wait for it: WaitForPrerequisiteGrids). Disjoint rows: each
+      // row's sums are those of a launch of its part alone.
+      const int head_rb = rb_total - t.row_blocks, head_rows = head_rb * tpb * kTiledRows;
       GemvArgs head = b, tail = b;
       head.M = head_rows;
       head.ldy = tail.ldy = b.ldy != 0 ? b.ldy : b.M;
@@ -766,7 +766,8 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
       tail.y = b.y + head_rows;
       tail.M = b.M - head_rows;
       tail.early_launch = ClustersAvailable();  // sm_90+: programmatic dependent launch
-      DS_RETURN_IF_ERROR(LaunchSplit(&head, 1, split, scratch, stream));
+      DS_RETURN_IF_ERROR(
+          LaunchSplit(&head, 1, TiledF16SplitFor(head_rb, b.K), scratch, stream));
       return LaunchSplit(&tail, 1, t.split, scratch, stream);
     }
   }

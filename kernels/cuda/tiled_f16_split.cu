@@ -7,7 +7,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
-#include <tuple>
+#include <utility>
 
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
@@ -15,15 +15,15 @@
 namespace ds::cuda {
 namespace {
 
-TiledF16TailSplit SplitTailUncached(int rb, int K, int split) {
-  const int slots = TiledF16Slots(), per_round = slots / split;
+TiledF16TailSplit SplitTailUncached(int rb, int K) {
+  const int slots = TiledF16Slots(), tail = rb % slots;
   TiledF16TailSplit best;
-  const int tail = rb % per_round;
-  // Only a launch of whole rounds plus a last one at most a quarter full.
-  if (rb < per_round || tail == 0 || 4 * tail * split > slots) return best;
-  // The tail's own split, as for a launch of its row blocks alone: on an H100 the 27B pair's 8
-  // tail row blocks at split 4 (SplitFor's) took 16.2 us alone and 68.6 us after the head
-  // (launched early) against 74.7 for the one launch; at split 8 the two launches took 79.7.
+  // Only a launch of whole rounds of full-K blocks plus a last round at most a quarter full.
+  // Each launch then takes SplitFor's split for its own row blocks (the head's whole rounds:
+  // 1): on an H100 the 27B pair's 264 head row blocks took 57.6 us at split 1, then its 8 tail
+  // row blocks at split 4 launched early 66.0 us in all, against 73.2 for the one launch at
+  // split 3 (16 columns; 116.5 against 124.1 at 64); the head at the one launch's split 3, 79.4.
+  if (rb <= slots || tail == 0 || 4 * tail > slots) return best;
   best = {tail, TiledF16SplitFor(tail, K)};
   return best;
 }
@@ -57,13 +57,13 @@ int TiledF16SplitFor(int rb, int K) {
   return best;
 }
 
-TiledF16TailSplit TiledF16SplitTail(int rb, int K, int split) {
+TiledF16TailSplit TiledF16SplitTail(int rb, int K) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, TiledF16TailSplit> cache;
+  static std::map<std::pair<int, int>, TiledF16TailSplit> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(rb, K, split);
+  const auto key = std::make_pair(rb, K);
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, SplitTailUncached(rb, K, split)).first;
+  if (it == cache.end()) it = cache.emplace(key, SplitTailUncached(rb, K)).first;
   return it->second;
 }
 

@@ -21,16 +21,16 @@ int TiledF16Slots();
 // the partials mostly stay in L2).
 int TiledF16SplitFor(int rb, int K);
 
-// Where a K-split launch is whole rounds of the device's slots plus a last round at most a
-// quarter full (the 27B's ffn pair: 272 row blocks of split 3 = 816 blocks, 3.09 rounds of the
-// 264 slots of an H100 / H200), its last `row_blocks` row blocks (the last round's) go into a
-// second launch at the split TiledF16SplitFor gives them alone (`split`; the pair's 8: 4),
-// launched early, so that it ends soon after the head's whole rounds instead of adding a
-// round of full-size blocks. row_blocks = 0: one launch. Computed once per shape, then cached.
+// Where a launch of `rb` row blocks is whole rounds of the device's slots plus a last round at
+// most a quarter full (the 27B's ffn pair: 272 row blocks for the 264 slots of an H100 / H200),
+// its last `row_blocks` row blocks go into a second launch, launched early, and each launch
+// takes TiledF16SplitFor's split for its own row blocks (the pair: 264 at 1, then 8 at `split`
+// 4), instead of the one launch's split for all (3: 816 blocks, a fourth round nearly idle).
+// row_blocks = 0: one launch. Computed once per shape, then cached.
 struct TiledF16TailSplit {
   int row_blocks = 0;
   int split = 1;
 };
-TiledF16TailSplit TiledF16SplitTail(int rb, int K, int split);
+TiledF16TailSplit TiledF16SplitTail(int rb, int K);
 
 }  // namespace ds::cuda

@@ -172,9 +172,10 @@ struct CudaBackendOptions {
   // through thread-block clusters on sm_90+ instead of a global scratch with tickets; the same
   // bits either way (`bench --f16-cluster off` for A/B; kernels/cuda/tiled_f16.cuh).
   bool f16_cluster_split = true;
-  // One-matrix K-split launches of the f16 matmul whose last round would be mostly idle (the
-  // 27B's ffn pair) split the K of their last row blocks twice as finely
-  // (TiledF16Scratch::tail_split; `bench --f16-tail-split on` for A/B; off until measured).
+  // One-matrix f16 matmul launches of whole rounds plus a nearly idle last one (the 27B's ffn
+  // pair on a 132-SM card) run the last round's row blocks as a second launch, each launch at
+  // its own rows' K split (TiledF16Scratch::tail_split; `bench --f16-tail-split on` for A/B;
+  // off until the model bench has measured this form).
   bool f16_tail_split = false;
   // The f16 tensor-core matmul on Hopper's warpgroup instruction (wgmma; sm_90a builds on sm_90
   // GPUs, else ignored): each warpgroup's four 16-row weight fragments go to one wgmma per
