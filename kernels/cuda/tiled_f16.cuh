@@ -70,7 +70,8 @@ struct TiledF16Scratch {
   // One-matrix K-split launches of whole rounds plus a nearly idle last one run the last
   // round's row blocks as a second launch at a finer K split (TiledF16SplitTail; TiledF16Multi
   // decides from the shape and the device, never the column count, so batch invariance holds;
-  // those rows' sums differ from the uniform split's). false: one launch at the uniform split.
+  // those rows' sums differ from the uniform split's). false: one launch at the uniform split
+  // (the library's default; the worker turns it on: CudaBackendOptions::f16_tail_split).
   bool tail_split = false;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;

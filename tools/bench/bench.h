@@ -36,7 +36,7 @@ struct BenchOptions {
   bool tiled_f16_formats = true;   // --tiled-f16-formats off: CudaBackendOptions::tiled_f16_formats
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
-  bool f16_tail_split = false;  // --f16-tail-split on: a launch's last round as a second launch at its own split
+  bool f16_tail_split = true;  // --f16-tail-split off: the f16 matmul's last round in the same launch
   bool half_regs = true;  // --half-regs off: CudaBackendOptions::half_rows_in_registers (A/B)
   bool f16_wgmma = true;                     // --f16-wgmma off: the mma.sync f16 matmul (A/B)
   bool prefill_fp8 = false;                  // --prefill-fp8 on: CudaBackendOptions::prefill_fp8

@@ -174,9 +174,9 @@ struct CudaBackendOptions {
   bool f16_cluster_split = true;
   // One-matrix f16 matmul launches of whole rounds plus a nearly idle last one (the 27B's ffn
   // pair on a 132-SM card) run the last round's row blocks as a second launch, each launch at
-  // its own rows' K split (TiledF16Scratch::tail_split; `bench --f16-tail-split on` for A/B;
-  // off until the model bench has measured this form).
-  bool f16_tail_split = false;
+  // its own rows' K split (TiledF16Scratch::tail_split; `bench --f16-tail-split off` for A/B;
+  // H100, 27B: x16 / x32 / x64 +2 / +4 / +2%, docs/perf/h200.md).
+  bool f16_tail_split = true;
   // The f16 tensor-core matmul on Hopper's warpgroup instruction (wgmma; sm_90a builds on sm_90
   // GPUs, else ignored): each warpgroup's four 16-row weight fragments go to one wgmma per
   // 16-element step that reads the staged activations from shared memory itself, instead of a
