@@ -644,54 +644,43 @@ TEST(TiledF16Timing, DISABLED_PairTwoLaunches) {
     a.xs = h.xs.p;
     return a;
   };
-  std::printf("%5s %28s %9s\n", "nc", "launches", "us");
-  for (int nc : {16, 64}) {
-    auto row = [&](const char* name, auto&& body) {
-      std::printf("%5d %28s %9.1f\n", nc, name, MedianLaunchUs(body));
-    };
-    row("one, clusters", [&](int rep) {
-      const GemvArgs a = part(rep, nc, 0, M);
-      return TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
-    });
-    row("one, scratch", [&](int rep) {
-      const GemvArgs a = part(rep, nc, 0, M);
-      return TiledF16Multi(&a, 1, scratch.get(false, true, false), nullptr);
-    });
-    row("one call, tail launch", [&](int rep) {
-      const GemvArgs a = part(rep, nc, 0, M);
-      return TiledF16Multi(&a, 1, scratch.get(true, true, true), nullptr);
-    });
-    row("head 264 rb alone", [&](int rep) {
-      const GemvArgs a = part(rep, nc, 0, head);
-      return TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
-    });
-    row("tail 8 rb alone", [&](int rep) {
-      const GemvArgs a = part(rep, nc, head, M - head);
-      return TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
-    });
-    row("head then tail", [&](int rep) {
-      const GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
-      absl::Status st = TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
-      return st.ok() ? TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr) : st;
-    });
-    row("head then tail (early)", [&](int rep) {
-      GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
-      b.early_launch = true;
-      absl::Status st = TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
-      return st.ok() ? TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr) : st;
-    });
-    row("head then tail (early, scratch)", [&](int rep) {
-      GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
-      b.early_launch = true;
-      absl::Status st = TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
-      return st.ok() ? TiledF16Multi(&b, 1, scratch.get(false, true, false), nullptr) : st;
-    });
-    row("tail then head", [&](int rep) {
-      const GemvArgs a = part(rep, nc, 0, head), b = part(rep, nc, head, M - head);
-      absl::Status st = TiledF16Multi(&b, 1, scratch.get(true, true, false), nullptr);
-      return st.ok() ? TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr) : st;
-    });
-  }
+  // A timed unit: up to two launches, each of rows [r0, r0 + rows) with its scratch options.
+  struct Launch {
+    int r0, rows;
+    bool cluster, tail_split, early;
+  };
+  struct Plan {
+    const char* name;
+    std::vector<Launch> launches;
+  };
+  const int tail = M - head;
+  const Plan plans[] = {
+      {"one, clusters", {{0, M, true, false, false}}},
+      {"one, scratch", {{0, M, false, false, false}}},
+      {"one call, tail launch", {{0, M, true, true, false}}},
+      {"head 264 rb alone", {{0, head, true, false, false}}},
+      {"tail 8 rb alone", {{head, tail, true, false, false}}},
+      {"head then tail", {{0, head, true, false, false}, {head, tail, true, false, false}}},
+      {"head then tail (early)", {{0, head, true, false, false}, {head, tail, true, false, true}}},
+      {"head then tail (early, scratch)",
+       {{0, head, true, false, false}, {head, tail, false, false, true}}},
+      {"tail then head", {{head, tail, true, false, false}, {0, head, true, false, false}}},
+  };
+  std::printf("%5s %32s %9s\n", "nc", "launches", "us");
+  for (int nc : {16, 64})
+    for (const Plan& plan : plans) {
+      const double us = MedianLaunchUs([&](int rep) {
+        for (const Launch& l : plan.launches) {
+          GemvArgs a = part(rep, nc, l.r0, l.rows);
+          a.early_launch = l.early;
+          const absl::Status st =
+              TiledF16Multi(&a, 1, scratch.get(l.cluster, true, l.tail_split), nullptr);
+          if (!st.ok()) return st;
+        }
+        return absl::OkStatus();
+      });
+      std::printf("%5d %32s %9.1f\n", nc, plan.name, us);
+    }
 }
 
 }  // namespace
