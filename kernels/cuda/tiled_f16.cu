@@ -748,8 +748,13 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
   // at every column count, as long as its matrix is launched with the same others every time
   // (CudaDevice::LinearMulti groups them so in every step).
-  const int split = TiledF16SplitFor(rb_total, b.K);
-  if (n_segs == 1 && scratch.tail_split) {
+  const int split = scratch.split_override > 0 ? scratch.split_override
+                                               : TiledF16SplitFor(rb_total, b.K);
+  if (split > 1 && (split > kMaxSplit || 2 * split > b.K / kUnitElems ||
+                    rb_total * split > kSplitBlocks))
+    return absl::InvalidArgumentError(absl::StrCat("TiledF16Multi: split ", split, " of ",
+                                                   rb_total, " row blocks over K=", b.K));
+  if (n_segs == 1 && scratch.tail_split && scratch.split_override == 0) {
     const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K);
     if (t.row_blocks > 0) {
       // Two launches, each at its own rows' split: the head's whole rounds, then the last row

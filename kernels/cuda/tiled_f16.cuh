@@ -73,6 +73,10 @@ struct TiledF16Scratch {
   // those rows' sums differ from the uniform split's). false: one launch at the uniform split
   // (the library's default; the worker turns it on: CudaBackendOptions::f16_tail_split).
   bool tail_split = false;
+  // > 0: every launch at this K split instead of TiledF16SplitFor's (and no tail launch), for
+  // the benchmark that calibrates SplitFor (TiledF16Timing.DISABLED_SplitScan); a split past
+  // kMaxSplit, past half the launch's 256-element units or past the scratch is refused.
+  int split_override = 0;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;
 // WgmmaAvailable(), wgmma.cuh).

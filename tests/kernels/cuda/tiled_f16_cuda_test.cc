@@ -22,6 +22,7 @@
 #include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/tiled_f16.cuh"
+#include "kernels/cuda/tiled_f16_split.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/kernels/cuda/tiled_f16_test_util.h"
 #include "tests/kernels/cuda/tiled_test_util.h"
@@ -381,6 +382,30 @@ TEST(TiledF16, TailSplitIsTheTwoPartsAlone) {
   RunCase({17408, 5120, 16, GemvEpilogue::kSiluMul, 5}, s);
 }
 
+// A forced K split (TiledF16Scratch::split_override, for the calibration benchmark) keeps every
+// output within the CPU reference, for single matrices and the pair, through clusters and the
+// scratch; splits the launch cannot take are refused.
+TEST(TiledF16, SplitOverrideWithinTheReference) {
+  if (!HaveTiled()) GTEST_SKIP() << "needs sm_80+";
+  Scratch s;
+  for (int split : {1, 2, 3, 5, 8}) {
+    SCOPED_TRACE(::testing::Message() << "split=" << split);
+    s.split_override = split;
+    RunCase({300, 4096, 16, GemvEpilogue::kStore}, s);
+    RunCase({300, 4096, 64, GemvEpilogue::kSiluMul}, s);
+  }
+  Dev<uint8_t> raw(RandomQ6K(300, 4096));
+  Dev<uint8_t> t = Tile(raw, 300, 4096);
+  HalfActs h = Convert(RandomActs(16, 4096), 16, 4096);
+  Dev<float> y(16 * 300);
+  const GemvArgs a = F16Args(t.p, nullptr, 300, 4096, 16, h, y.p, GemvEpilogue::kStore);
+  for (int split : {9, 16}) {  // past kMaxSplit, then past half of the 16 units
+    s.split_override = split;
+    EXPECT_EQ(TiledF16Multi(&a, 1, s.get(), nullptr).code(), absl::StatusCode::kInvalidArgument)
+        << "split=" << split;
+  }
+}
+
 // On sm_90 the K split's partial sums meet in distributed shared memory (clusters); below, in
 // the global scratch. Both add them in split order: the same bits, for single matrices, the
 // pair, several segments, every column-count form. (TiledF16Multi still takes the scratch where
@@ -681,6 +706,38 @@ TEST(TiledF16Timing, DISABLED_PairTwoLaunches) {
       });
       std::printf("%5d %32s %9.1f\n", nc, plan.name, us);
     }
+}
+
+// Benchmark (prints only): each 27B matrix at every K split the launch can take, 16 and 64
+// columns (the wgmma form, clusters where LaunchNt takes them), against TiledF16SplitFor's
+// choice (*): the figures to calibrate SplitFor's cost model by. On an H100 (2026-12-06) the
+// pair's 264 head row blocks ran 57.6 us unsplit where the one launch's split 3 cost ~10 more.
+TEST(TiledF16Timing, DISABLED_SplitScan) {
+  if (!HaveTiled() || !HaveWgmma()) GTEST_SKIP() << "needs the wgmma form (sm_90a)";
+  Scratch scratch;
+  std::printf("%-12s %3s %5s %9s\n", "matrix", "nc", "split", "us");
+  for (const Matrix27B& m : k27BMatrices) {
+    const RotatingTiled w(Rng(), m);
+    const auto x = RandomActs(64, m.K);
+    HalfActs h = Convert(x, 64, m.K);
+    Dev<uint16_t> xh_wg = ToWarpgroupOrder(h.xh);
+    Dev<float> y(static_cast<size_t>(64) * m.M);
+    const int rb = (m.M + 127) / 128 * (m.ep == GemvEpilogue::kSiluMul ? 2 : 1);
+    const int chosen = TiledF16SplitFor(rb, m.K);
+    for (int nc : {16, 64})
+      for (int split = 1; split <= kMaxSplit; ++split) {
+        if (split > 1 && (2 * split > m.K / 256 || rb * split > kSplitBlocks)) break;
+        scratch.split_override = split;
+        const double us = MedianLaunchUs([&](int rep) {
+          GemvArgs a = w.Args(m, rep, nc, y.p);
+          a.xh = xh_wg.p;
+          a.xs = h.xs.p;
+          return TiledF16Multi(&a, 1, scratch.get(true, true, false), nullptr);
+        });
+        std::printf("%-12s %3d %4d%s %9.1f\n", m.name, nc, split, split == chosen ? "*" : " ",
+                    us);
+      }
+  }
 }
 
 }  // namespace

@@ -45,12 +45,13 @@ struct F16Scratch {
   Dev<int> tickets{static_cast<size_t>(TiledF16Tickets())};
   F16Scratch() { CK(cudaMemset(tickets.p, 0, tickets.n * 4)); }
   // warpgroup: the wgmma form, which reads activations in its own order (ToWarpgroupOrder).
-  // tail_split: TiledF16Scratch::tail_split, on here so that the tests cover that path (the
-  // library's default is off until measured).
+  // tail_split: TiledF16Scratch::tail_split, on here as in the worker (CudaBackendOptions::
+  // f16_tail_split), so that the tests cover that path.
   TiledF16Scratch get(bool cluster_split = true, bool warpgroup = false, bool tail_split = true) const {
-    return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
-            cluster_split, warpgroup, tail_split};
+    return {partial.p,     static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
+            cluster_split, warpgroup,                       tail_split, split_override};
   }
+  int split_override = 0;  // TiledF16Scratch::split_override
 };
 
 // Whether the wgmma form runs here (sm_90a code on an sm_90 GPU).
