@@ -635,20 +635,31 @@ int HalfActivationsThreads(int K) {
   return n4 <= kHalfPer * t ? t : 0;
 }
 
-// One launch of `segs` (validated by TiledF16Multi) at K split `split`.
+// Row blocks of a segment: 16-row tiles, one per warp (one per warp pair for the pair).
+int RowBlocks(const GemvArgs& a) {
+  const int tiles_per_block = a.epilogue == GemvEpilogue::kSiluMul ? kWarps / 2 : kWarps;
+  return CeilDiv(CeilDiv(a.M, kTiledRows), tiles_per_block);
+}
+
+// One launch of `segs` (otherwise validated by TiledF16Multi) at K split `split`.
 absl::Status LaunchSplit(const GemvArgs* segs, int n_segs, int split,
                          const TiledF16Scratch& scratch, cudaStream_t stream) {
   const GemvArgs& b = segs[0];
   const bool pair = b.epilogue == GemvEpilogue::kSiluMul;
+  int rb_total = 0;
+  for (int i = 0; i < n_segs; ++i) rb_total += RowBlocks(segs[i]);
+  if (split > 1 && (split > kMaxSplit || 2 * split > b.K / kUnitElems ||
+                    rb_total * split > kSplitBlocks))
+    return absl::InvalidArgumentError(absl::StrCat("TiledF16Multi: split ", split, " of ",
+                                                   rb_total, " row blocks over K=", b.K));
   F16Launch L{};
   L.n_segs = n_segs;
-  const int tpb = pair ? kWarps / 2 : kWarps;
   for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
   L.split = split;
   int end = 0, tickets = 0;
   int64_t floats = 0;
   for (int i = 0; i < n_segs; ++i) {
-    const int rb = CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
+    const int rb = RowBlocks(segs[i]);
     end += rb * split;
     L.blk_end[i] = end;
     L.part_off[i] = floats;
@@ -742,26 +753,23 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
     return absl::InvalidArgumentError(absl::StrCat(
         "TiledF16Multi: tiled ", std::string(GgmlInfo(b.type).name),
         " needs the activations' sub-block sums (xhs, 16-byte aligned; HalfActivations)"));
-  const int tpb = pair ? kWarps / 2 : kWarps;
   int rb_total = 0;
-  for (int i = 0; i < n_segs; ++i) rb_total += CeilDiv(CeilDiv(segs[i].M, kTiledRows), tpb);
+  for (int i = 0; i < n_segs; ++i) rb_total += RowBlocks(segs[i]);
   // The split depends on the launch's matrices only (never on nc): a row's numbers are the same
   // at every column count, as long as its matrix is launched with the same others every time
   // (CudaDevice::LinearMulti groups them so in every step).
-  const int split = scratch.split_override > 0 ? scratch.split_override
-                                               : TiledF16SplitFor(rb_total, b.K);
-  if (split > 1 && (split > kMaxSplit || 2 * split > b.K / kUnitElems ||
-                    rb_total * split > kSplitBlocks))
-    return absl::InvalidArgumentError(absl::StrCat("TiledF16Multi: split ", split, " of ",
-                                                   rb_total, " row blocks over K=", b.K));
-  if (n_segs == 1 && scratch.tail_split && scratch.split_override == 0) {
+  if (scratch.split_override > 0)
+    return LaunchSplit(segs, n_segs, scratch.split_override, scratch, stream);
+  if (n_segs == 1 && scratch.tail_split) {
     const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K);
     if (t.row_blocks > 0) {
       // Two launches, each at its own rows' split: the head's whole rounds, then the last row
-      // blocks, launched early so that their weights load while the head ends (their
-      // activations and outputs wait for it: WaitForPrerequisiteGrids). Disjoint rows: each
-      // row's sums are those of a launch of its part alone.
-      const int head_rb = rb_total - t.row_blocks, head_rows = head_rb * tpb * kTiledRows;
+      // blocks, launched early where the caller launches early (the worker's decode steps on
+      // sm_90+), so that their weights load while the head ends (their activations and outputs
+      // wait for it: WaitForPrerequisiteGrids). Disjoint rows: each row's sums are those of a
+      // launch of its part alone.
+      const int head_rb = rb_total - t.row_blocks;
+      const int head_rows = head_rb * (pair ? kWarps / 2 : kWarps) * kTiledRows;
       GemvArgs head = b, tail = b;
       head.M = head_rows;
       head.ldy = tail.ldy = b.ldy != 0 ? b.ldy : b.M;
@@ -770,13 +778,12 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
       if (pair) tail.w2 = static_cast<const uint8_t*>(b.w2) + skip;
       tail.y = b.y + head_rows;
       tail.M = b.M - head_rows;
-      tail.early_launch = ClustersAvailable();  // sm_90+: programmatic dependent launch
       DS_RETURN_IF_ERROR(
           LaunchSplit(&head, 1, TiledF16SplitFor(head_rb, b.K), scratch, stream));
       return LaunchSplit(&tail, 1, t.split, scratch, stream);
     }
   }
-  return LaunchSplit(segs, n_segs, split, scratch, stream);
+  return LaunchSplit(segs, n_segs, TiledF16SplitFor(rb_total, b.K), scratch, stream);
 }
 
 }  // namespace ds::cuda

@@ -67,11 +67,11 @@ struct TiledF16Scratch {
   // columns mma.sync reads that order, which measured faster there. The same operands, sums of
   // exact products in f32 per 256-element unit: the same bits (tiled_f16_cuda_test).
   bool warpgroup_order = false;
-  // One-matrix K-split launches of whole rounds plus a nearly idle last one run the last
-  // round's row blocks as a second launch at a finer K split (TiledF16SplitTail; TiledF16Multi
-  // decides from the shape and the device, never the column count, so batch invariance holds;
-  // those rows' sums differ from the uniform split's). false: one launch at the uniform split
-  // (the library's default; the worker turns it on: CudaBackendOptions::f16_tail_split).
+  // One-matrix launches of whole rounds plus a nearly idle last one run the last round's row
+  // blocks as a second launch (early where the first is), each launch at its own rows' K split
+  // (TiledF16SplitTail; TiledF16Multi decides from the shape and the device, never the column
+  // count, so batch invariance holds; the rows' sums differ from the one launch's). false: one
+  // launch (the library's default; the worker turns it on: CudaBackendOptions::f16_tail_split).
   bool tail_split = false;
   // > 0: every launch at this K split instead of TiledF16SplitFor's (and no tail launch), for
   // the benchmark that calibrates SplitFor (TiledF16Timing.DISABLED_SplitScan); a split past

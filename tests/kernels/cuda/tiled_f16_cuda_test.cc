@@ -682,7 +682,7 @@ TEST(TiledF16Timing, DISABLED_PairTwoLaunches) {
   const Plan plans[] = {
       {"one, clusters", {{0, M, true, false, false}}},
       {"one, scratch", {{0, M, false, false, false}}},
-      {"one call, tail launch", {{0, M, true, true, false}}},
+      {"one call, tail launch", {{0, M, true, true, true}}},  // early, as the worker's steps
       {"head 264 rb alone", {{0, head, true, false, false}}},
       {"tail 8 rb alone", {{head, tail, true, false, false}}},
       {"head then tail", {{0, head, true, false, false}, {head, tail, true, false, false}}},

@@ -48,8 +48,8 @@ struct F16Scratch {
   // tail_split: TiledF16Scratch::tail_split, on here as in the worker (CudaBackendOptions::
   // f16_tail_split), so that the tests cover that path.
   TiledF16Scratch get(bool cluster_split = true, bool warpgroup = false, bool tail_split = true) const {
-    return {partial.p,     static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
-            cluster_split, warpgroup,                       tail_split, split_override};
+    return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
+            cluster_split, warpgroup, tail_split, split_override};
   }
   int split_override = 0;  // TiledF16Scratch::split_override
 };
