@@ -17,6 +17,7 @@ TARGETS=(${*:-deltaserve kernels_cuda_test tiled_cuda_test gdn_cuda_test kv_quan
   batch_invariance_test mtp_gpu_test checkpoint_gpu_test portable_gpu_test paged_kv_gpu_test
   prefix_cache_gpu_test worker_mtp_tp_gpu_test tp_custom_allreduce_test})
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=90a \
+  -DDS_CUDA_KERNELS_SHARED="${DS_PACK_SHARED:-ON}" \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
 cmake --build "$BUILD" -j"${DS_JOBS:-2}" --target "${TARGETS[@]}" ds_tp_rank
 raw_mb() { du -m "$(find "$BUILD" -type f -name "$1" -perm -u+x | head -1)" | cut -f1; }

@@ -7,7 +7,10 @@ cd "$(dirname "$0")/../.."
 TARGETS=${*:-deltaserve kernels_cuda_test}
 BUILD=${DS_PACK_BUILD:-build-dev}
 OUT=${DS_PACK_OUT:-.devcarry}
+# The kernels as one shared library (DS_CUDA_KERNELS_SHARED): packed once, not once per binary,
+# so deltaserve and every GPU test binary fit one archive (~28 MB, 2026-12-06) and one call.
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=90a \
+  -DDS_CUDA_KERNELS_SHARED="${DS_PACK_SHARED:-ON}" \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
 cmake --build "$BUILD" -j"${DS_JOBS:-2}" --target $TARGETS
 rm -rf "$OUT" && mkdir -p "$OUT/bin" "$OUT/lib"

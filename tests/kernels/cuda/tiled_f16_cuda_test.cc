@@ -715,8 +715,13 @@ TEST(TiledF16Timing, DISABLED_PairTwoLaunches) {
 TEST(TiledF16Timing, DISABLED_SplitScan) {
   if (!HaveTiled() || !HaveWgmma()) GTEST_SKIP() << "needs the wgmma form (sm_90a)";
   Scratch scratch;
+  // The table's matrices, then two of the worker's launches as one matrix of their rows (the
+  // same row blocks and K): the GDN layer's qkv and z, the attention layer's q+gate, k and v.
+  std::vector<Matrix27B> shapes(std::begin(k27BMatrices), std::end(k27BMatrices));
+  shapes.push_back({"gdn_qkv+z", 16384, 5120, GemvEpilogue::kStore});
+  shapes.push_back({"attn_q+g+k+v", 14336, 5120, GemvEpilogue::kStore});
   std::printf("%-12s %3s %5s %9s\n", "matrix", "nc", "split", "us");
-  for (const Matrix27B& m : k27BMatrices) {
+  for (const Matrix27B& m : shapes) {
     const RotatingTiled w(Rng(), m);
     const auto x = RandomActs(64, m.K);
     HalfActs h = Convert(x, 64, m.K);
@@ -724,7 +729,7 @@ TEST(TiledF16Timing, DISABLED_SplitScan) {
     Dev<float> y(static_cast<size_t>(64) * m.M);
     const int rb = (m.M + 127) / 128 * (m.ep == GemvEpilogue::kSiluMul ? 2 : 1);
     const int chosen = TiledF16SplitFor(rb, m.K);
-    for (int nc : {16, 64})
+    for (int nc : {16, 32, 64})
       for (int split = 1; split <= kMaxSplit; ++split) {
         if (split > 1 && (2 * split > m.K / 256 || rb * split > kSplitBlocks)) break;
         scratch.split_override = split;
