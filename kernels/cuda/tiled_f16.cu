@@ -761,7 +761,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
   if (scratch.split_override > 0)
     return LaunchSplit(segs, n_segs, scratch.split_override, scratch, stream);
   if (n_segs == 1 && scratch.tail_split) {
-    const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K);
+    const TiledF16TailSplit t = TiledF16SplitTail(rb_total, b.K, scratch.split_cost);
     if (t.row_blocks > 0) {
       // Two launches, each at its own rows' split: the head's whole rounds, then the last row
       // blocks, launched early where the caller launches early (the worker's decode steps on
@@ -779,11 +779,13 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
       tail.y = b.y + head_rows;
       tail.M = b.M - head_rows;
       DS_RETURN_IF_ERROR(
-          LaunchSplit(&head, 1, TiledF16SplitFor(head_rb, b.K), scratch, stream));
+          LaunchSplit(&head, 1, TiledF16SplitFor(head_rb, b.K, scratch.split_cost), scratch,
+                      stream));
       return LaunchSplit(&tail, 1, t.split, scratch, stream);
     }
   }
-  return LaunchSplit(segs, n_segs, TiledF16SplitFor(rb_total, b.K), scratch, stream);
+  return LaunchSplit(segs, n_segs, TiledF16SplitFor(rb_total, b.K, scratch.split_cost), scratch,
+                     stream);
 }
 
 }  // namespace ds::cuda

@@ -28,6 +28,7 @@
 #include "common/util/status.h"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/gemv_tiled.cuh"
+#include "kernels/cuda/tiled_f16_split.cuh"
 
 namespace ds::cuda {
 
@@ -77,6 +78,9 @@ struct TiledF16Scratch {
   // the benchmark that calibrates SplitFor (TiledF16Timing.DISABLED_SplitScan); a split past
   // kMaxSplit, past half the launch's 256-element units or past the scratch is refused.
   int split_override = 0;
+  // The split planning's charge for partial sums (TiledF16SplitFor's `cost`; the default is the
+  // measured kSplitCost; CudaBackendOptions::f16_split_cost, `bench --f16-split-cost` for A/B).
+  double split_cost = kSplitCost;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;
 // WgmmaAvailable(), wgmma.cuh).

@@ -23,10 +23,12 @@ int TiledF16Slots() {
   return slots;
 }
 
-int TiledF16SplitFor(int rb, int K) { return TiledF16SplitForSlots(rb, K, TiledF16Slots()); }
+int TiledF16SplitFor(int rb, int K, double cost) {
+  return TiledF16SplitForSlots(rb, K, TiledF16Slots(), cost);
+}
 
-TiledF16TailSplit TiledF16SplitTail(int rb, int K) {
-  return TiledF16SplitTailForSlots(rb, K, TiledF16Slots());
+TiledF16TailSplit TiledF16SplitTail(int rb, int K, double cost) {
+  return TiledF16SplitTailForSlots(rb, K, TiledF16Slots(), cost);
 }
 
 }  // namespace ds::cuda

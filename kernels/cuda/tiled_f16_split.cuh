@@ -26,12 +26,15 @@ int TiledF16Slots();
 
 // The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
 // (rounds of rb * s blocks) / s, the time of the launch in full-K block times, plus the partial
-// sums' traffic, 2 x 4 bytes per output and split against ~0.82 bytes per weight (half of it:
-// the partials mostly stay in L2).
-int TiledF16SplitFor(int rb, int K);
-inline int TiledF16SplitForSlots(int rb, int K, int slots) {
+// sums' traffic, 2 x 4 bytes per output and split against ~0.82 bytes per weight, times
+// `cost`: kSplitCost, what a per-split scan of the 27B's launches measured on an H100 (half
+// charged that, 0.5, chose split 4 for the 40 row blocks x 24 units of ssm_out where 5 ran 9-10%
+// faster at 16 / 32 / 64 columns; TiledF16Timing.DISABLED_SplitScan, docs/perf/h200.md).
+constexpr double kSplitCost = 0.4;
+int TiledF16SplitFor(int rb, int K, double cost = kSplitCost);
+inline int TiledF16SplitForSlots(int rb, int K, int slots, double cost = kSplitCost) {
   const int nu = K / kSplitUnitElems;
-  const double per_split = 0.5 * 8.0 * kSplitMaxCols / (0.82 * K);
+  const double per_split = cost * 8.0 * kSplitMaxCols / (0.82 * K);
   int best = 1;
   double best_t = std::ceil(static_cast<double>(rb) / slots);
   for (int s = 2; s <= std::min(kMaxSplit, nu / 2) && rb * s <= kSplitBlocks; ++s) {
@@ -54,15 +57,16 @@ struct TiledF16TailSplit {
   int row_blocks = 0;
   int split = 1;
 };
-TiledF16TailSplit TiledF16SplitTail(int rb, int K);
+TiledF16TailSplit TiledF16SplitTail(int rb, int K, double cost = kSplitCost);
 // Only a launch of whole rounds of full-K blocks plus a last round at most a quarter full. On
 // an H100 the 27B pair's 264 head row blocks took 57.6 us at split 1, then its 8 tail row
 // blocks at split 4 launched early 66.0 us in all, against 73.2 for the one launch at split 3
 // (16 columns; 116.5 against 124.1 at 64); with the head at the one launch's split 3, 79.4.
-inline TiledF16TailSplit TiledF16SplitTailForSlots(int rb, int K, int slots) {
+inline TiledF16TailSplit TiledF16SplitTailForSlots(int rb, int K, int slots,
+                                                   double cost = kSplitCost) {
   const int tail = rb % slots;
   if (rb <= slots || tail == 0 || 4 * tail > slots) return {};
-  return {tail, TiledF16SplitForSlots(tail, K, slots)};
+  return {tail, TiledF16SplitForSlots(tail, K, slots, cost)};
 }
 
 }  // namespace ds::cuda

@@ -328,6 +328,7 @@ int RunBench(const BenchOptions& o) {
     co.tiled_f16_formats = o.tiled_f16_formats;
     co.f16_cluster_split = o.f16_cluster;
     co.f16_tail_split = o.f16_tail_split;
+    if (o.f16_split_cost >= 0) co.f16_split_cost = o.f16_split_cost;
     co.half_rows_in_registers = o.half_regs;
     co.f16_wgmma = o.f16_wgmma;
     co.prefill_fp8 = o.prefill_fp8;

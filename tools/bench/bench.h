@@ -37,6 +37,7 @@ struct BenchOptions {
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
   bool f16_tail_split = true;  // --f16-tail-split off: the f16 matmul's last round in the same launch
+  double f16_split_cost = -1;  // --f16-split-cost X: CudaBackendOptions::f16_split_cost (< 0: default)
   bool half_regs = true;  // --half-regs off: CudaBackendOptions::half_rows_in_registers (A/B)
   bool f16_wgmma = true;                     // --f16-wgmma off: the mma.sync f16 matmul (A/B)
   bool prefill_fp8 = false;                  // --prefill-fp8 on: CudaBackendOptions::prefill_fp8

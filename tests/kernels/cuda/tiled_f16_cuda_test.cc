@@ -198,7 +198,7 @@ TEST(TiledF16, EpiloguesSplitAndLongK) {
   for (int nc : {1, 9, 17, 33, 64}) RunCase({21, 512, nc, GemvEpilogue::kSiluMul}, s);
   for (int nc : {5, 16, 40, 64}) RunCase({50, 1280, nc, GemvEpilogue::kAccumulate}, s);
   // K splits (TiledF16SplitFor on a 132-SM H200): 6 row blocks x 4 ranges of 17 units; the pair's 5 row
-  // blocks x 2 ranges of 8 units (its gate and up partials both go through the scratch).
+  // blocks x 3 ranges of its 8 units (its gate and up partials both go through the scratch).
   RunCase({700, 4352, 24, GemvEpilogue::kStore, 3}, s);
   for (int nc : {17, 40}) RunCase({300, 2048, nc, GemvEpilogue::kSiluMul, 7}, s);
 }
