@@ -27,10 +27,12 @@ int TiledF16Slots();
 // The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
 // (rounds of rb * s blocks) / s, the time of the launch in full-K block times, plus the partial
 // sums' traffic, 2 x 4 bytes per output and split against ~0.82 bytes per weight, times
-// `cost`: kSplitCost, what a per-split scan of the 27B's launches measured on an H100 (half
-// charged that, 0.5, chose split 4 for the 40 row blocks x 24 units of ssm_out where 5 ran 9-10%
-// faster at 16 / 32 / 64 columns; TiledF16Timing.DISABLED_SplitScan, docs/perf/h200.md).
-constexpr double kSplitCost = 0.4;
+// `cost` (kSplitCost: half of it, the partials mostly staying in L2). The per-split scan of the
+// 27B's launches on an H100 (TiledF16Timing.DISABLED_SplitScan, docs/perf/h200.md) found 0.4
+// better for one shape: ssm_out / attn_output (40 row blocks x 24 units) at split 5, 9-10%
+// faster per launch than this charge's 4 at 16 / 32 / 64 columns, every other 27B launch
+// unchanged; the model A/B (`bench --f16-split-cost 0.4`) is not yet run, so the default stays.
+constexpr double kSplitCost = 0.5;
 int TiledF16SplitFor(int rb, int K, double cost = kSplitCost);
 inline int TiledF16SplitForSlots(int rb, int K, int slots, double cost = kSplitCost) {
   const int nu = K / kSplitUnitElems;

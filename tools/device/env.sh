@@ -57,4 +57,11 @@ ab_setup() {
   for t in ${TESTS:-}; do run_gtest "$t"; done
   A=/tmp/ab_a/deltaserve
   mkdir -p /tmp/ab_a && xz -dc "${A_XZ:?}" > "$A" && chmod +x "$A"
+  # Binary A runs with B's shared libraries: a build whose kernels are a shared library (pack.sh's
+  # default since 2026-12-06) would run B's kernels, so A must come from a static build
+  # (DS_PACK_SHARED=OFF), or the A/B measures B twice.
+  if ldd "$A" | grep -q libds_kernels_cuda; then
+    fail "ab_setup: binary A loads libds_kernels_cuda.so (B's); build A with DS_PACK_SHARED=OFF"
+    exit 1
+  fi
 }
