@@ -49,9 +49,10 @@ struct F16Scratch {
   // f16_tail_split), so that the tests cover that path.
   TiledF16Scratch get(bool cluster_split = true, bool warpgroup = false, bool tail_split = true) const {
     return {partial.p, static_cast<int64_t>(partial.n), tickets.p, static_cast<int>(tickets.n),
-            cluster_split, warpgroup, tail_split, split_override};
+            cluster_split, warpgroup, tail_split, split_override, split_cost};
   }
-  int split_override = 0;  // TiledF16Scratch::split_override
+  int split_override = 0;          // TiledF16Scratch::split_override
+  double split_cost = kSplitCost;  // TiledF16Scratch::split_cost
 };
 
 // Whether the wgmma form runs here (sm_90a code on an sm_90 GPU).
