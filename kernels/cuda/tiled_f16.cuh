@@ -78,8 +78,8 @@ struct TiledF16Scratch {
   // the benchmark that calibrates SplitFor (TiledF16Timing.DISABLED_SplitScan); a split past
   // kMaxSplit, past half the launch's 256-element units or past the scratch is refused.
   int split_override = 0;
-  // The split planning's charge for partial sums (TiledF16SplitFor's `cost`; the default is the
-  // measured kSplitCost; CudaBackendOptions::f16_split_cost, `bench --f16-split-cost` for A/B).
+  // The split planning's charge for partial sums (TiledF16SplitFor's `cost`, kSplitCost unless
+  // set; CudaBackendOptions::f16_split_cost, `bench --f16-split-cost` for A/B). >= 0.
   double split_cost = kSplitCost;
 };
 // Whether this build and device run the wgmma form (sm_90a code on an sm_90 device;

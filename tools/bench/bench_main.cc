@@ -52,7 +52,15 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--f16-min-cols") o.f16_min_cols = std::atoi(next());
     else if (a == "--fp8-decode-rows") o.fp8_decode_rows = std::atoi(next());
     else if (a == "--small-float-rows") o.small_float_rows = std::atoi(next());
-    else if (a == "--f16-split-cost") o.f16_split_cost = std::atof(next());
+    else if (a == "--f16-split-cost") {
+      const char* v = next();
+      char* end = nullptr;
+      o.f16_split_cost = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(o.f16_split_cost >= 0 && o.f16_split_cost <= 100)) {
+        std::fprintf(stderr, "bench: --f16-split-cost expects a number >= 0, got '%s'\n", v);
+        return 2;
+      }
+    }
     else if (a == "--fused-draft-blocks") o.fused_draft_blocks = std::atoi(next());
     else if (a == "--no-profile") o.profile = false;
     else if (a == "--mtp") o.mtp = ints(next());
