@@ -635,23 +635,17 @@ int HalfActivationsThreads(int K) {
   return n4 <= kHalfPer * t ? t : 0;
 }
 
-// Row blocks of a segment: 16-row tiles, one per warp (one per warp pair for the pair).
-int RowBlocks(const GemvArgs& a) {
-  const int tiles_per_block = a.epilogue == GemvEpilogue::kSiluMul ? kWarps / 2 : kWarps;
-  return CeilDiv(CeilDiv(a.M, kTiledRows), tiles_per_block);
+// Rows of one matrix per block: 16-row tiles, one per warp (one per warp pair for the pair).
+int RowsPerBlock(const GemvArgs& a) {
+  return (a.epilogue == GemvEpilogue::kSiluMul ? kWarps / 2 : kWarps) * kTiledRows;
 }
+int RowBlocks(const GemvArgs& a) { return CeilDiv(a.M, RowsPerBlock(a)); }
 
 // One launch of `segs` (otherwise validated by TiledF16Multi) at K split `split`.
 absl::Status LaunchSplit(const GemvArgs* segs, int n_segs, int split,
                          const TiledF16Scratch& scratch, cudaStream_t stream) {
   const GemvArgs& b = segs[0];
   const bool pair = b.epilogue == GemvEpilogue::kSiluMul;
-  int rb_total = 0;
-  for (int i = 0; i < n_segs; ++i) rb_total += RowBlocks(segs[i]);
-  if (split > 1 && (split > kMaxSplit || 2 * split > b.K / kUnitElems ||
-                    rb_total * split > kSplitBlocks))
-    return absl::InvalidArgumentError(absl::StrCat("TiledF16Multi: split ", split, " of ",
-                                                   rb_total, " row blocks over K=", b.K));
   F16Launch L{};
   L.n_segs = n_segs;
   for (int i = 0; i < n_segs; ++i) L.seg[i] = segs[i];
@@ -670,6 +664,10 @@ absl::Status LaunchSplit(const GemvArgs* segs, int n_segs, int split,
       tickets += rb;
     }
   }
+  // end = row blocks x split: the blocks of the launch.
+  if (split > 1 && (split > kMaxSplit || 2 * split > b.K / kUnitElems || end > kSplitBlocks))
+    return absl::InvalidArgumentError(absl::StrCat("TiledF16Multi: split ", split, " of ",
+                                                   end / split, " row blocks over K=", b.K));
   if (split > 1) {
     if (scratch.partial == nullptr || scratch.tickets == nullptr ||
         floats > scratch.partial_floats || tickets > scratch.n_tickets)
@@ -769,7 +767,7 @@ absl::Status TiledF16Multi(const GemvArgs* segs, int n_segs, const TiledF16Scrat
       // wait for it: WaitForPrerequisiteGrids). Disjoint rows: each row's sums are those of a
       // launch of its part alone.
       const int head_rb = rb_total - t.row_blocks;
-      const int head_rows = head_rb * (pair ? kWarps / 2 : kWarps) * kTiledRows;
+      const int head_rows = head_rb * RowsPerBlock(b);
       GemvArgs head = b, tail = b;
       head.M = head_rows;
       head.ldy = tail.ldy = b.ldy != 0 ? b.ldy : b.M;

@@ -57,7 +57,7 @@ int BenchMain(int argc, char** argv) {
       char* end = nullptr;
       o.f16_split_cost = std::strtod(v, &end);
       if (end == v || *end != '\0' || !(o.f16_split_cost >= 0 && o.f16_split_cost <= 100)) {
-        std::fprintf(stderr, "bench: --f16-split-cost expects a number >= 0, got '%s'\n", v);
+        std::fprintf(stderr, "bench: --f16-split-cost expects a number in [0, 100], got '%s'\n", v);
         return 2;
       }
     }

@@ -717,8 +717,8 @@ TEST(TiledF16Timing, DISABLED_PairTwoLaunches) {
     }
 }
 
-// Benchmark (prints only): each 27B matrix at every K split the launch can take, 16 and 64
-// columns (the wgmma form, clusters where LaunchNt takes them), against TiledF16SplitFor's
+// Benchmark (prints only): each 27B launch shape at every K split the launch can take, 16, 32
+// and 64 columns (the wgmma form, clusters where LaunchNt takes them), against TiledF16SplitFor's
 // choice (*): the figures to calibrate SplitFor's cost model by. On an H100 (2026-12-06) the
 // pair's 264 head row blocks ran 57.6 us unsplit where the one launch's split 3 cost ~10 more.
 TEST(TiledF16Timing, DISABLED_SplitScan) {
