@@ -51,17 +51,6 @@ __device__ __forceinline__ void BulkCopyToShared(void* dst, const void* src, uin
 #endif
 }
 
-// Every thread that read or wrote a buffer with ordinary loads and stores, before the barrier
-// after which one thread refills it by BulkCopyToShared: the copy engine is another proxy, and
-// this orders the thread's accesses before the copy's writes.
-__device__ __forceinline__ void FenceSharedBeforeBulkCopy() {
-#if DS_BULK_COPY
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
 // Every thread that reads the copied bytes: returns once the barrier's phase `parity` completed
 // (the first copy on a fresh barrier is phase 0). The completed phase makes the bytes visible.
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {

@@ -1,7 +1,6 @@
 // Gated DeltaNet kernels (see gdn.cuh). Thread j of a block owns value column j of one head's
 // state S[h] (dk x dv), so the delta rule needs no cross-thread reduction: only q/k l2norm and the
 // gated RMSNorm reduce over the block.
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -49,21 +48,18 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // warps adding zeros. The bulk form keeps the prologue in group 0: its state copy is in flight
 // meanwhile and the split gained nothing there (kernels/cuda/README.md "The prologue over three
 // groups" has the figures).
-//
-// The body is GdnDecodeItem (one head h of one entry i, a token or a run): GdnDecodeKernel runs
-// one item per block; GdnDecodeRingKernel (kRing) several per block, its state copies issued
-// ahead by the ring: the item then neither initializes the barrier nor asks for its own copy,
-// and calls after_read() once its state buffer is read (after the second pass of its last token).
-template <int DK, typename TS, bool kBulk, bool kRing, typename AfterRead>
-__device__ __forceinline__ void GdnDecodeItem(const GdnDecodeArgs& a, int h, int i,
-                                              unsigned char* state_smem, uint64_t* state_bar,
-                                              uint32_t parity, AfterRead&& after_read) {
+template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
+__global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr bool kSpread = !kBulk;
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
+  __shared__ uint64_t state_bar;  // kBulk: the state copy's barrier
+  extern __shared__ __align__(128) unsigned char state_smem[];  // kBulk: [DK][dv] of TS
+  WaitForPrerequisiteGrids();  // launched early: nothing before this
+  AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
   const GdnShape& d = a.shape;
   const int dvr = blockDim.x / NG;  // dv rounded up to a warp
-  const int tid = threadIdx.x;
+  const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
   const int grp = tid / dvr, j = tid % dvr;
   const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
   const int kh = h % d.k_heads;
@@ -80,10 +76,10 @@ __device__ __forceinline__ void GdnDecodeItem(const GdnDecodeArgs& a, int h, int
   float st[kBulk ? 1 : KPT];
   TS* const ss = reinterpret_cast<TS*>(state_smem) + j;  // kBulk: element [k][j] at ss[k * dv]
   if constexpr (kBulk) {
-    if (!kRing && tid == 0) {
-      MbarrierInitForBulkCopy(state_bar);
+    if (tid == 0) {
+      MbarrierInitForBulkCopy(&state_bar);
       BulkCopyToShared(state_smem, S_in - j, static_cast<uint32_t>(DK * dv * sizeof(TS)),
-                       state_bar);
+                       &state_bar);
     }
   } else if (jv) {
 #pragma unroll
@@ -158,7 +154,7 @@ __device__ __forceinline__ void GdnDecodeItem(const GdnDecodeArgs& a, int h, int
     // The barrier's first phase (the bulk copy) is waited for once; later tokens of a run read
     // what this thread stored back.
     if constexpr (kBulk) {
-      if (t == 0) MbarrierWait(state_bar, parity);
+      if (t == 0) MbarrierWait(&state_bar, 0);
     }
 
     float u = 0.f;
@@ -191,9 +187,7 @@ __device__ __forceinline__ void GdnDecodeItem(const GdnDecodeArgs& a, int h, int
           const float x = fmaf(ks[grp * KPT + k], delta, LoadState(e) * decay);
           o = fmaf(x, qs[grp * KPT + k], o);
           StoreState(S + (grp * KPT + k) * dv, x);
-          // The stored value, which a run's next token reads (the ring refills the buffer
-          // after the item's last token instead).
-          if (!kRing || t + 1 < n_tok) StoreState(e, x);
+          StoreState(e, x);  // the stored value, which a run's next token reads
         } else {
           st[k] = fmaf(ks[grp * KPT + k], delta, st[k]);
           o = fmaf(st[k], qs[grp * KPT + k], o);
@@ -202,14 +196,7 @@ __device__ __forceinline__ void GdnDecodeItem(const GdnDecodeArgs& a, int h, int
         }
       }
     }
-    if constexpr (kRing) {
-      // This thread's reads and writes of the buffer, ordered before the copy that refills it.
-      if (t + 1 == n_tok) FenceSharedBeforeBulkCopy();
-    }
     __syncthreads();  // every thread has read red[][j] (u) before it is reused for o
-    if constexpr (kRing) {
-      if (t + 1 == n_tok) after_read();
-    }
     if (jv) red[grp][j] = o;
     __syncthreads();
     o = 0.f;
@@ -227,61 +214,6 @@ __device__ __forceinline__ void GdnDecodeItem(const GdnDecodeArgs& a, int h, int
         QuantizeBlock32(y, j & 31, a.xq + 32 * blk, a.xd + blk, a.xsum ? a.xsum + 2 * blk : nullptr);
       }
     }
-  }
-}
-
-template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
-__global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
-  __shared__ uint64_t state_bar;                                // kBulk: the state copy's barrier
-  extern __shared__ __align__(128) unsigned char state_smem[];  // kBulk: [DK][dv] of TS
-  WaitForPrerequisiteGrids();  // launched early: nothing before this
-  AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
-  GdnDecodeItem<DK, TS, kBulk, false>(a, blockIdx.x, blockIdx.y, state_smem, &state_bar, 0, [] {});
-}
-
-// GdnDecodeArgs::state_ring (sm_90, with bulk_state; one block per SM): the block walks items
-// (head n % Hv, entry n / Hv) n = blockIdx.x, + gridDim.x, ... of the Hv x n_seqs with kRing
-// state buffers in shared memory: the copies of its first kRing items are issued at once, and
-// each buffer is refilled with the item kRing further on as soon as the item has read it, so the
-// SM has state copies in flight all along, where one-item blocks ask for theirs in bursts at
-// their starts (~2.9 of ~4.3 TB/s at 64 sequences, H200). Each item runs the bulk form's body:
-// the same bits.
-template <int DK, typename TS, int kRing>
-__global__ void __launch_bounds__(512, 1) GdnDecodeRingKernel(const GdnDecodeArgs a) {
-  __shared__ uint64_t state_bar[kRing];
-  extern __shared__ __align__(128) unsigned char state_smem[];  // kRing x [DK][dv] of TS
-  WaitForPrerequisiteGrids();  // launched early: nothing before this
-  AllowDependentLaunch();
-  const int Hv = a.shape.v_heads, n_items = Hv * a.n_seqs, stride = gridDim.x;
-  const uint32_t bytes = static_cast<uint32_t>(DK * a.shape.v_dim * sizeof(TS));
-  // Item n's input state (value column 0).
-  auto state_of = [&](int n) {
-    const int e = a.run_first ? a.run_first[n / Hv] : n / Hv;
-    const int in = a.in_slots ? a.in_slots[e] : a.slots[e];
-    return static_cast<const TS*>(a.state) +
-           (static_cast<int64_t>(in) * Hv + n % Hv) * DK * a.shape.v_dim;
-  };
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int b = 0; b < kRing; ++b) {
-      const int n = blockIdx.x + b * stride;
-      if (n < n_items) {
-        MbarrierInitForBulkCopy(&state_bar[b]);
-        BulkCopyToShared(state_smem + b * bytes, state_of(n), bytes, &state_bar[b]);
-      }
-    }
-  }
-  int round = 0;
-  for (int n = blockIdx.x; n < n_items; n += stride, ++round) {
-    if (round > 0) __syncthreads();  // the previous item's shared arrays are read by now
-    const int b = round % kRing;
-    unsigned char* const buf = state_smem + b * bytes;
-    GdnDecodeItem<DK, TS, true, true>(
-        a, n % Hv, n / Hv, buf, &state_bar[b], static_cast<uint32_t>(round / kRing) & 1u, [&] {
-          const int next = n + kRing * stride;
-          if (threadIdx.x == 0 && next < n_items)
-            BulkCopyToShared(buf, state_of(next), bytes, &state_bar[b]);
-        });
   }
 }
 
@@ -674,18 +606,6 @@ void AllowSharedBytes(size_t bytes) {
     done_on.fetch_or(bit, std::memory_order_release);
 }
 
-// The device's SM count (the state ring's grid: one block per SM).
-int SmCount() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-      n = 132;
-    return n;
-  }();
-  return sms;
-}
-
 // Launches of at least this many decode blocks (heads x sequences) take the batched forms of
 // GdnDecodeKernel (two per SM, or three with bulk_state): about two blocks for every SM of a
 // large GPU.
@@ -740,14 +660,7 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
     const int threads = NG * WarpRound(a.shape.v_dim);
     DispatchState(a.state_bf16, [&](auto st) {
       using TS = decltype(st);
-      if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state && a.state_ring) {
-        constexpr int kRing = 3;
-        const size_t bytes = static_cast<size_t>(kRing) * DK * a.shape.v_dim * sizeof(TS);
-        constexpr auto kernel = GdnDecodeRingKernel<DK, TS, kRing>;
-        AllowSharedBytes<kernel>(static_cast<size_t>(kRing) * DK * 128 * sizeof(TS));  // dv <= 128
-        const int blocks = std::min<int>(grid.x * grid.y, SmCount());
-        LaunchMaybeEarly(kernel, dim3(blocks), threads, bytes, stream, a.early, a);
-      } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
+      if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
         const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
         constexpr auto kernel = GdnDecodeKernel<DK, 3, TS, true>;
         AllowSharedBytes<kernel>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128

@@ -74,11 +74,6 @@ struct GdnDecodeArgs {
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.
   bool bulk_state = false;
-  // With bulk_state, those launches as one block per SM that walks the (head, sequence) pairs
-  // through a ring of three state buffers in shared memory: the next pairs' copies in flight
-  // while it updates one (kernels/cuda/README.md "Gated DeltaNet", "The state ring"). The same
-  // bits.
-  bool state_ring = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a

@@ -91,45 +91,43 @@ int BenchMain(int argc, char** argv) {
         return 2;
       }
       o.overlap = v == "on" ? 1 : 0;
-    } else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" ||
-               a == "--batch-invariant" || a == "--fuse-norm" || a == "--gdn-runs" ||
-               a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
-               a == "--gdn-scan-mma" || a == "--f16-cluster" || a == "--f16-tail-split" ||
-               a == "--half-regs" || a == "--gdn-bulk" || a == "--gdn-ring" ||
-               a == "--tiled-f16-formats" || a == "--early-launch" || a == "--coarse-draft-head" ||
-               a == "--fused-draft" || a == "--gemv-six" || a == "--f16-wgmma" ||
-               a == "--prefill-fp8") {
+    }
+    else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
+             a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
+             a == "--gdn-scan-mma" || a == "--f16-cluster" || a == "--f16-tail-split" || a == "--half-regs" || a == "--gdn-bulk" || a == "--tiled-f16-formats" ||
+             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft" ||
+             a == "--gemv-six" || a == "--f16-wgmma" || a == "--prefill-fp8") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
         std::fprintf(stderr, "bench: %s expects on or off, got '%s'\n", a.c_str(), v.c_str());
         return 2;
       }
-      bool& field = a == "--portable"            ? o.portable
+      bool& field = a == "--portable"          ? o.portable
                     : a == "--tiled"             ? o.tiled
-                    : a == "--mmq"               ? o.mmq
-                    : a == "--f16-mma"           ? o.f16_mma
-                    : a == "--batch-invariant"   ? o.batch_invariant
-                    : a == "--gdn-runs"          ? o.gdn_runs
-                    : a == "--fuse-gdn"          ? o.fuse_gdn
-                    : a == "--attn-mma"          ? o.attn_mma
-                    : a == "--attn-wgmma"        ? o.attn_wgmma
-                    : a == "--gdn-scan-mma"      ? o.gdn_scan_mma
-                    : a == "--f16-cluster"       ? o.f16_cluster
-                    : a == "--f16-tail-split"    ? o.f16_tail_split
-                    : a == "--half-regs"         ? o.half_regs
-                    : a == "--gdn-bulk"          ? o.gdn_bulk
-                    : a == "--gdn-ring"          ? o.gdn_ring
+                    : a == "--mmq"             ? o.mmq
+                    : a == "--f16-mma"         ? o.f16_mma
+                    : a == "--batch-invariant" ? o.batch_invariant
+                    : a == "--gdn-runs"        ? o.gdn_runs
+                    : a == "--fuse-gdn"        ? o.fuse_gdn
+                    : a == "--attn-mma"        ? o.attn_mma
+                    : a == "--attn-wgmma"      ? o.attn_wgmma
+                    : a == "--gdn-scan-mma"    ? o.gdn_scan_mma
+                    : a == "--f16-cluster"     ? o.f16_cluster
+                    : a == "--f16-tail-split"  ? o.f16_tail_split
+                    : a == "--half-regs"       ? o.half_regs
+                    : a == "--gdn-bulk"        ? o.gdn_bulk
                     : a == "--tiled-f16-formats" ? o.tiled_f16_formats
-                    : a == "--early-launch"      ? o.early_launch
+                    : a == "--early-launch"    ? o.early_launch
                     : a == "--coarse-draft-head" ? o.coarse_draft_head
-                    : a == "--fused-draft"       ? o.fused_draft
-                    : a == "--gemv-six"          ? o.gemv_six
-                    : a == "--f16-wgmma"         ? o.f16_wgmma
-                    : a == "--prefill-fp8"       ? o.prefill_fp8
-                                                 : o.fuse_norm;
+                    : a == "--fused-draft"     ? o.fused_draft
+                    : a == "--gemv-six"        ? o.gemv_six
+                    : a == "--f16-wgmma"       ? o.f16_wgmma
+                    : a == "--prefill-fp8"     ? o.prefill_fp8
+                                               : o.fuse_norm;
       field = v == "on";
-    } else if (a == "--gdn-state") {
+    }
+    else if (a == "--gdn-state") {
       const std::string v = next();
       const auto s = ParseGdnState(v);
       if (!s.ok()) {
@@ -137,7 +135,8 @@ int BenchMain(int argc, char** argv) {
         return 2;
       }
       o.gdn_state_bf16 = *s;
-    } else if (a == "--dense-weights") {
+    }
+    else if (a == "--dense-weights") {
       const std::string v = next();
       const auto d = DenseWeightsFromName(v);
       if (!d) {
@@ -146,7 +145,8 @@ int BenchMain(int argc, char** argv) {
         return 2;
       }
       o.dense = *d;
-    } else if (a == "--sample") {
+    }
+    else if (a == "--sample") {
       const std::string v = next();
       float t = 0, p = 1;
       int k = 0;
@@ -157,36 +157,27 @@ int BenchMain(int argc, char** argv) {
       o.sample_temperature = t;
       o.sample_top_k = k;
       o.sample_top_p = p;
-    } else if (a == "--quick") {
+    }
+    else if (a == "--quick") {
       o.prefill = {512};
       o.decode_tokens = 32;
       o.depth = 4096;
       o.concurrency = {1, 4};
       o.conc_gen = 16;
     } else if (a == "--help" || a == "-h") {
-      std::printf(
-          "usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
-          "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
-          "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-          "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] "
-          "[--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] "
-          "[--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] "
-          "[--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] "
-          "[--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] "
-          "[--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-tail-split "
-          "on|off] [--f16-split-cost X] [--half-regs on|off] [--f16-wgmma on|off] [--prefill-fp8 "
-          "on|off] [--fp8-decode-rows N] [--small-float-rows N] [--gdn-bulk on|off] [--gdn-ring "
-          "on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] "
-          "[--overlap-chunks 4]\n"
-          "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
-          "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
-          "all-reduce latency and its share of a decode step\n"
-          "  --mtp K[,K..] [--mtp-accept R1,R2,..] [--mtp-conc 1,16] [--mtp-depth 512] "
-          "[--mtp-iters 20]: only the MTP cost rows (issue #15): decode step, verify of "
-          "K+1 tokens, drafts, and the tok/s they give at 75%% acceptance per position and "
-          "at the given per-position rates\n"
-          "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
-          "head_dim, dequantized in the attention kernels)\n");
+      std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
+                  "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
+                  "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows N] [--gdn-bulk on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
+                  "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
+                  "all-reduce latency and its share of a decode step\n"
+                  "  --mtp K[,K..] [--mtp-accept R1,R2,..] [--mtp-conc 1,16] [--mtp-depth 512] "
+                  "[--mtp-iters 20]: only the MTP cost rows (issue #15): decode step, verify of "
+                  "K+1 tokens, drafts, and the tok/s they give at 75%% acceptance per position and "
+                  "at the given per-position rates\n"
+                  "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
+                  "head_dim, dequantized in the attention kernels)\n");
       return 0;
     } else {
       std::fprintf(stderr, "bench: unknown argument %s\n", a.c_str());

@@ -365,7 +365,6 @@ class CudaDevice final : public Device {
   bool attn_prefill_wgmma_ = false;
   bool gdn_scan_mma_ = false;  // copts_.gdn_scan_mma on sm_80+, off the portable path
   bool gdn_bulk_state_ = false;  // copts_.gdn_bulk_state where GdnBulkStateAvailable()
-  bool gdn_state_ring_ = false;  // copts_.gdn_state_ring with gdn_bulk_state_
   float* xh_scale_ = nullptr;  // [2] xh_'s f16 range scaling (dequant.cuh), portable path only
   const float* XhScale() const { return bf16_ ? nullptr : xh_scale_; }
   CudaMemoryPlan plan_;

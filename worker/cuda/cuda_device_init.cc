@@ -134,7 +134,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       copts_.attn_tensor_cores && !portable_ && AttnPrefillMmaSupports(attn_shape_);
   gdn_scan_mma_ = copts_.gdn_scan_mma && !portable_;  // portable_ covers compute capability < 8.0
   gdn_bulk_state_ = copts_.gdn_bulk_state && !portable_ && GdnBulkStateAvailable();
-  gdn_state_ring_ = gdn_bulk_state_ && copts_.gdn_state_ring;
   attn_prefill_wgmma_ = copts_.attn_tensor_cores && copts_.attn_prefill_wgmma && !portable_ &&
                         c.n_attention() > 0 && AttnPrefillWgmmaSupports(attn_shape_) &&
                         AttnPrefillWgmmaAvailable();

@@ -243,7 +243,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.out = mix_out_;
   d.early = early_launch_;
   d.bulk_state = gdn_bulk_state_;
-  d.state_ring = gdn_state_ring_;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

@@ -126,22 +126,16 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOneBf16State) {
 // as one-token rows and as runs of 3 tokens (an MTP verify at 8 streams: speculative entries,
 // the state carried from token to token in shared memory), f32 and bf16 state; for the 27B's
 // shape and a dk = 64 one (the register form's prologue split over the groups differently).
-// With StateForm::kRing the same against GdnDecodeArgs::state_ring (one block per SM walking the
-// pairs through a ring of three state buffers), at kSeqs sequences (the 27B at 32: 1,536 pairs, ~12
-// per block on 132 SMs, so every buffer is refilled several times, both barrier phases).
-enum class StateForm { kBulk, kRing };
-void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s,
-                             StateForm form = StateForm::kBulk, int n_seqs = 8) {
-  SCOPED_TRACE(::testing::Message()
-               << (bf16 ? "bf16" : "f32") << " state, runs of " << run_len << ", dk " << s.k_dim
-               << ", " << n_seqs << " sequences" << (form == StateForm::kRing ? ", ring" : ""));
+void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s) {
+  SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "f32") << " state, runs of " << run_len
+                                    << ", dk " << s.k_dim);
   std::mt19937 rng(79 + run_len);
   auto rand = [&](size_t n, float lo, float hi) { return RandVec(rng, n, lo, hi); };
-  constexpr int K = 4;
-  const int T = n_seqs * run_len, C = s.channels(), Vw = s.v_heads * s.v_dim;
+  constexpr int kSeqs = 8, K = 4;
+  const int T = kSeqs * run_len, C = s.channels(), Vw = s.v_heads * s.v_dim;
   const RandomGdnLayer layer(rng, s);
-  // Sequence i: slot i, its run's tokens write speculative entries n_seqs + i * run_len + t.
-  const int n_states = n_seqs * (1 + run_len);
+  // Sequence i: slot i, its run's tokens write speculative entries kSeqs + i * run_len + t.
+  const int n_states = kSeqs * (1 + run_len);
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(Vw) * s.k_dim;
   const auto start_state = StateBytes(rand(n_states * st1, -0.5f, 0.5f), bf16);
   const auto start_ring = rand(n_states * ring1, -1.f, 1.f);
@@ -149,13 +143,13 @@ void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s,
       dz(rand(static_cast<size_t>(T) * Vw, -3.f, 3.f)),
       db(rand(static_cast<size_t>(T) * s.v_heads, -4.f, 4.f)),
       dal(rand(static_cast<size_t>(T) * s.v_heads, -6.f, 3.f));
-  std::vector<int32_t> rows(T), slots(T), in_slots(T), pos(T), first(n_seqs), len(n_seqs, run_len);
-  for (int i = 0; i < n_seqs; ++i) {
+  std::vector<int32_t> rows(T), slots(T), in_slots(T), pos(T), first(kSeqs), len(kSeqs, run_len);
+  for (int i = 0; i < kSeqs; ++i) {
     first[i] = i * run_len;
     for (int t = 0; t < run_len; ++t) {
       const int e = i * run_len + t;
       rows[e] = e;
-      slots[e] = run_len == 1 ? i : n_seqs + e;
+      slots[e] = run_len == 1 ? i : kSeqs + e;
       in_slots[e] = t == 0 ? i : slots[e - 1];
       pos[e] = 7 + 3 * i + t;
     }
@@ -172,8 +166,8 @@ void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s,
         xd(static_cast<size_t>(T) * Vw / 32);
     Dev<uint8_t> state(start_state);
     Dev<int8_t> xq(static_cast<size_t>(T) * Vw);
-    GdnDecodeArgs a = DecodeArgs(s, layer.p, n_seqs, d_rows.p, d_slots.p, d_pos.p, dm, dz, db, dal,
-                                 ring.p, state.p, out.p);
+    GdnDecodeArgs a = DecodeArgs(s, layer.p, kSeqs, d_rows.p, d_slots.p, d_pos.p, dm, dz, db,
+                                 dal, ring.p, state.p, out.p);
     a.in_slots = run_len == 1 ? nullptr : d_in.p;
     if (run_len > 1) {
       a.run_first = d_first.p;
@@ -183,7 +177,6 @@ void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s,
     a.xq = xq.p;
     a.xd = xd.p;
     a.bulk_state = bulk;
-    a.state_ring = bulk && form == StateForm::kRing;
     const absl::Status st = GdnDecode(a, nullptr);  // >= 256 blocks: the batched forms
     EXPECT_TRUE(st.ok()) << st;
     return Result{out.Down(), ring.Down(), xd.Down(), state.Down(), xq.Down()};
@@ -208,17 +201,6 @@ TEST(GdnLaunch, BulkStateEqualsRegisterState) {
   for (const GdnShape& s : {GdnShape{16, 48, 128, 128, 4}, GdnShape{8, 64, 64, 64, 4}})
     for (const bool bf16 : {false, true})
       for (const int run_len : {1, 3}) RunBulkAgainstRegisters(bf16, run_len, s);
-}
-
-TEST(GdnLaunch, StateRingEqualsRegisterState) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
-  if (!GdnBulkStateAvailable()) GTEST_SKIP() << "no sm_90 bulk copies on this device / build";
-  for (const GdnShape& s : {GdnShape{16, 48, 128, 128, 4}, GdnShape{8, 64, 64, 64, 4}})
-    for (const bool bf16 : {false, true})
-      for (const int run_len : {1, 3})
-        for (const int seqs : {8, 32})
-          RunBulkAgainstRegisters(bf16, run_len, s, StateForm::kRing, seqs);
 }
 
 TEST(GdnLaunch, BulkStateIsRefusedWhereItCannotRun) {
@@ -258,17 +240,13 @@ TEST(GdnLaunchTiming, DISABLED_Batched27B) {
     Dev<int32_t> d_idx(idx), d_pos(pos);
     GdnDecodeArgs a = DecodeArgs(s, layer.p, n, d_idx.p, d_idx.p, d_pos.p, dm, dz, db, dal,
                                  ring.p, state.p, out.p);
-    for (const int form : {0, 1, 2}) {  // registers, bulk copy, the state ring
-      if (form > 0 && !GdnBulkStateAvailable()) continue;
-      a.bulk_state = form > 0;
-      a.state_ring = form == 2;
+    for (const bool bulk : {false, true}) {
+      if (bulk && !GdnBulkStateAvailable()) continue;
+      a.bulk_state = bulk;
       const double us = MeanLaunchUs(3, 20, [&] { return GdnDecode(a, nullptr); });
       const double bytes = 2.0 * n * st1 * 4;
       std::printf("GDN decode, 27B layer, %2d sequences, %s: %7.1f us, %6.0f GB/s of state\n", n,
-                  form == 0   ? "registers"
-                  : form == 1 ? "bulk copy"
-                              : "state ring",
-                  us, bytes / us * 1e-3);
+                  bulk ? "bulk copy" : "registers", us, bytes / us * 1e-3);
     }
   }
 }
