@@ -27,12 +27,14 @@ int TiledF16Slots();
 // The K split of a launch of `rb` row blocks over K (units of 256): the split s that minimises
 // (rounds of rb * s blocks) / s, the time of the launch in full-K block times, plus the partial
 // sums' traffic, 2 x 4 bytes per output and split against ~0.82 bytes per weight, times
-// `cost` (kSplitCost: half of it, the partials mostly staying in L2). The per-split scan of the
-// 27B's launches on an H100 (TiledF16Timing.DISABLED_SplitScan, docs/perf/h200.md) found 0.4
-// better for one shape: ssm_out / attn_output (40 row blocks x 24 units) at split 5, 9-10%
-// faster per launch than this charge's 4 at 16 / 32 / 64 columns, every other 27B launch
-// unchanged; the model A/B (`bench --f16-split-cost 0.4`) is not yet run, so the default stays.
-constexpr double kSplitCost = 0.5;
+// `cost` (kSplitCost). The per-split scan of the 27B's launches on an H100
+// (TiledF16Timing.DISABLED_SplitScan, docs/perf/h200.md) found 0.4 better than the 0.5 before
+// for one shape: ssm_out / attn_output (40 row blocks x 24 units) at split 5, 9-10% faster per
+// launch than 0.5's 4 at 16 / 32 / 64 columns (the pair's tail launch also goes 4 -> 5), every
+// other 27B launch unchanged. The model, same H100 call, alternated: x16 1,165.6-1,166.5 ->
+// 1,180.9-1,182.7 tok/s (+1.4%), x64 2,279.3-2,282.1 -> 2,264.5-2,273.2 (-0.4%), one stream
+// unchanged (`bench --f16-split-cost 0.5|0.4`).
+constexpr double kSplitCost = 0.4;
 int TiledF16SplitFor(int rb, int K, double cost = kSplitCost);
 inline int TiledF16SplitForSlots(int rb, int K, int slots, double cost = kSplitCost) {
   const int nu = K / kSplitUnitElems;

@@ -16,19 +16,19 @@ TEST(TiledF16Split, The27BPairOn132Sms) {
   EXPECT_EQ(3, TiledF16SplitForSlots(kPair27B, 5120, slots));  // the one launch: 816 blocks
   const TiledF16TailSplit t = TiledF16SplitTailForSlots(kPair27B, 5120, slots);
   EXPECT_EQ(8, t.row_blocks);
-  EXPECT_EQ(4, t.split);
-  EXPECT_EQ(5, TiledF16SplitTailForSlots(kPair27B, 5120, slots, 0.4).split);  // the candidate
+  EXPECT_EQ(5, t.split);  // 4 units per block
+  EXPECT_EQ(4, TiledF16SplitTailForSlots(kPair27B, 5120, slots, 0.5).split);  // the charge before
   EXPECT_EQ(1, TiledF16SplitForSlots(kPair27B - t.row_blocks, 5120, slots));  // one whole round
 }
 
-// The per-split scan (H100, us at 16 / 32 / 64 columns): ssm_out's 40 row blocks x 24 units at
-// split 4 24.1 / 26.3 / 35.1, at 5 21.8 / 24.0 / 31.6; the charge 0.4 (the candidate for
-// kSplitCost) takes 5 there and leaves the other 27B launches as they are.
+// The per-split scan that set kSplitCost to 0.4 (H100, us at 16 / 32 / 64 columns): ssm_out's 40
+// row blocks x 24 units at split 4 24.1 / 26.3 / 35.1, at 5 21.8 / 24.0 / 31.6; 0.4 takes 5
+// there (0.5, the charge before, took 4) and leaves the other 27B launches as they were.
 TEST(TiledF16Split, The27BLaunchesOn132Sms) {
   const int slots = 2 * 132;
-  EXPECT_EQ(4, TiledF16SplitForSlots(5120 / 128, 6144, slots));       // ssm_out, attn_output
-  EXPECT_EQ(5, TiledF16SplitForSlots(5120 / 128, 6144, slots, 0.4));  // the candidate
-  for (const double cost : {kSplitCost, 0.4}) {
+  EXPECT_EQ(5, TiledF16SplitForSlots(5120 / 128, 6144, slots));       // ssm_out, attn_output
+  EXPECT_EQ(4, TiledF16SplitForSlots(5120 / 128, 6144, slots, 0.5));  // the charge before
+  for (const double cost : {kSplitCost, 0.5}) {
     EXPECT_EQ(6, TiledF16SplitForSlots(kDown27B, 17408, slots, cost));
     EXPECT_EQ(3, TiledF16SplitForSlots(kQkv27B, 5120, slots, cost));
     EXPECT_EQ(2, TiledF16SplitForSlots(16384 / 128, 5120, slots, cost));  // GDN qkv + z
