@@ -3,6 +3,7 @@
 // gated RMSNorm reduce over the block.
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
@@ -48,15 +49,19 @@ constexpr int KPerThread() { return DK < 32 ? DK : 32; }
 // warps adding zeros. The bulk form keeps the prologue in group 0: its state copy is in flight
 // meanwhile and the split gained nothing there (kernels/cuda/README.md "The prologue over three
 // groups" has the figures).
-template <int DK, int kMinBlocks, typename TS, bool kBulk = false>
+template <int DK, int kMinBlocks, typename TS, bool kBulk = false, bool kStateEarly = false>
 __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDecodeArgs a) {
   constexpr bool kSpread = !kBulk;
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[DK], ks[DK], vs[128], scratch[32], scratch2[2][32], red[NG][128];
   __shared__ uint64_t state_bar;  // kBulk: the state copy's barrier
   extern __shared__ __align__(128) unsigned char state_smem[];  // kBulk: [DK][dv] of TS
-  WaitForPrerequisiteGrids();  // launched early: nothing before this
-  AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
+  // Launched early: nothing before this, or with kStateEarly (GdnDecodeArgs::state_early) only
+  // the state's loads (or copy) and the index arrays they need.
+  if constexpr (!kStateEarly) {
+    WaitForPrerequisiteGrids();
+    AllowDependentLaunch();  // ssm_out's column kernel may start loading its weights
+  }
   const GdnShape& d = a.shape;
   const int dvr = blockDim.x / NG;  // dv rounded up to a warp
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
@@ -84,6 +89,10 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
   } else if (jv) {
 #pragma unroll
     for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
+  }
+  if constexpr (kStateEarly) {
+    WaitForPrerequisiteGrids();
+    AllowDependentLaunch();
   }
   // The conv history (pre-conv values of positions p-3..p-1) of the channels this thread
   // convolves, from the input ring; later tokens of a run shift their own values in.
@@ -233,13 +242,17 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
 // bytes) and cost x16 / x64 3-4%. (The conv and output code is the same as GdnDecodeKernel's,
 // not shared through helpers: that refactor changed ptxas's register allocation of the other
 // kernel and could not be measured on the device in this session.)
-template <int DK, typename TS, int CH>
+template <int DK, typename TS, int CH, bool kStateEarly = false>
 __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][128], scratch2[2 * CH][32], red[2][NG][128],
       red_o[CH][NG][128];
-  WaitForPrerequisiteGrids();  // launched early: nothing before this
-  AllowDependentLaunch();      // ssm_out's column kernel may start loading its weights
+  // Launched early: nothing before this, or with kStateEarly (GdnDecodeArgs::state_early) only
+  // the state's loads and the index arrays they need.
+  if constexpr (!kStateEarly) {
+    WaitForPrerequisiteGrids();
+    AllowDependentLaunch();  // ssm_out's column kernel may start loading its weights
+  }
   const GdnShape& d = a.shape;
   const int dvr = blockDim.x / NG;  // dv rounded up to a warp
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
@@ -260,6 +273,10 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
   if (jv) {
 #pragma unroll
     for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
+  }
+  if constexpr (kStateEarly) {
+    WaitForPrerequisiteGrids();
+    AllowDependentLaunch();
   }
   // The conv history (pre-conv values of positions p-3..p-1) of the channels this thread
   // convolves, from the input ring; later tokens of a run shift their own values in.
@@ -660,15 +677,27 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
     const int threads = NG * WarpRound(a.shape.v_dim);
     DispatchState(a.state_bf16, [&](auto st) {
       using TS = decltype(st);
-      if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
-        const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
-        constexpr auto kernel = GdnDecodeKernel<DK, 3, TS, true>;
-        AllowSharedBytes<kernel>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
-        LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
-      } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
-        LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS>, grid, threads, 0, stream, a.early, a);
+      // The kernels whose state loads may come before the wait (state_early) are builds of
+      // their own: the flag as a runtime branch cost the default builds registers (the bulk
+      // form 28 -> 40 bytes spilled).
+      auto launch = [&](auto early_tag) {
+        constexpr bool kEarly = decltype(early_tag)::value;
+        if (grid.x * grid.y >= kGdnTwoPerSmBlocks && a.bulk_state) {
+          const size_t bytes = static_cast<size_t>(DK) * a.shape.v_dim * sizeof(TS);
+          constexpr auto kernel = GdnDecodeKernel<DK, 3, TS, true, kEarly>;
+          AllowSharedBytes<kernel>(static_cast<size_t>(DK) * 128 * sizeof(TS));  // dv <= 128
+          LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
+        } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
+          LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
+                           a.early, a);
+        else
+          LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly>, grid, threads, 0, stream, a.early,
+                           a);
+      };
+      if (a.state_early)
+        launch(std::true_type{});
       else
-        LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4>, grid, threads, 0, stream, a.early, a);
+        launch(std::false_type{});
     });
   });
   return LastLaunchStatus("GdnDecode");

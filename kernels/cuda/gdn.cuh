@@ -70,6 +70,13 @@ struct GdnDecodeArgs {
   const int32_t* run_first = nullptr;
   const int32_t* run_len = nullptr;
   bool early = false;  // launched early (common.cuh, LaunchMaybeEarly; decode steps on sm_90+)
+  // Launched early, the blocks ask for their state (and read the index arrays it takes: rows,
+  // slots, in_slots, pos, run_first / run_len) before waiting for the kernel ahead, so the
+  // first blocks' state reads overlap its tail. Only for callers where no kernel of the step
+  // between the last completed one and this launch writes those states or index arrays (the
+  // worker: the layer's projections run between; the states are written by this layer's GDN
+  // launches alone). Everything else is read after the wait, as without it. Same bits.
+  bool state_early = false;
   // Launches of many blocks (heads x sequences >= 256) bring each head's state into shared
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.

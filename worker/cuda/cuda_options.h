@@ -35,6 +35,9 @@ struct CudaBackendOptions {
   // compute capability 9.0+, off the portable path). The same bits; on the H200 the 27B's x64
   // decode 2,039 -> 2,144 tok/s (A/B: `bench --gdn-bulk off`, docs/perf/h200.md).
   bool gdn_bulk_state = true;
+  // The GDN decode launch asks for its state before waiting for the kernel ahead (with early
+  // launch; GdnDecodeArgs::state_early). Off until measured (A/B: `bench --gdn-state-early on`).
+  bool gdn_state_early = false;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

@@ -243,6 +243,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.out = mix_out_;
   d.early = early_launch_;
   d.bulk_state = gdn_bulk_state_;
+  d.state_early = early_launch_ && copts_.gdn_state_early;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

@@ -99,6 +99,7 @@ void RunManyInOneLaunch(bool bf16) {
       one.conv_ring = ring_one.p;
       one.state = state_one.p;
       one.out = out_one.p;
+      one.state_early = i % 2 == 1;               // the state's loads before the (here empty) wait
       ASSERT_TRUE(GdnDecode(one, nullptr).ok());  // 48 blocks: the unspilled form
     }
     CK(cudaDeviceSynchronize());
@@ -161,7 +162,7 @@ void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s) {
     std::vector<uint8_t> state;
     std::vector<int8_t> xq;
   };
-  auto run = [&](bool bulk) {
+  auto run = [&](bool bulk, bool state_early) {
     Dev<float> ring(start_ring), out(static_cast<size_t>(T) * Vw),
         xd(static_cast<size_t>(T) * Vw / 32);
     Dev<uint8_t> state(start_state);
@@ -177,16 +178,20 @@ void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s) {
     a.xq = xq.p;
     a.xd = xd.p;
     a.bulk_state = bulk;
+    a.state_early = state_early;
     const absl::Status st = GdnDecode(a, nullptr);  // >= 256 blocks: the batched forms
     EXPECT_TRUE(st.ok()) << st;
     return Result{out.Down(), ring.Down(), xd.Down(), state.Down(), xq.Down()};
   };
-  const Result reg = run(false), bulk = run(true);
-  EXPECT_EQ(Differing(bulk.out, reg.out), 0u) << "outputs";
-  EXPECT_TRUE(bulk.state == reg.state) << "states";
-  EXPECT_EQ(Differing(bulk.ring, reg.ring), 0u) << "conv rows";
-  EXPECT_EQ(bulk.xq, reg.xq) << "int8 copies";
-  EXPECT_EQ(Differing(bulk.xd, reg.xd), 0u) << "int8 scales";
+  const Result reg = run(false, false), bulk = run(true, false), early = run(true, true);
+  for (const Result* r : {&bulk, &early}) {
+    SCOPED_TRACE(r == &early ? "bulk, the state copy asked for before the wait" : "bulk");
+    EXPECT_EQ(Differing(r->out, reg.out), 0u) << "outputs";
+    EXPECT_TRUE(r->state == reg.state) << "states";
+    EXPECT_EQ(Differing(r->ring, reg.ring), 0u) << "conv rows";
+    EXPECT_EQ(r->xq, reg.xq) << "int8 copies";
+    EXPECT_EQ(Differing(r->xd, reg.xd), 0u) << "int8 scales";
+  }
   // Not a vacuous comparison: the launch wrote the outputs (they start as Dev's NaN poison).
   size_t written = 0;
   for (float v : bulk.out) written += std::isfinite(v) && v != 0.f;
