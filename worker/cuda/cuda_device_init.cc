@@ -709,8 +709,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     f16_scratch_.n_tickets = TiledF16Tickets();
     f16_scratch_.cluster_split = copts_.f16_cluster_split;
     f16_scratch_.tail_split = copts_.f16_tail_split;
-    static_assert(CudaBackendOptions{}.f16_split_cost == kSplitCost,
-                  "CudaBackendOptions' default is the kernels' own charge");
     f16_scratch_.split_cost = copts_.f16_split_cost;
     f16_scratch_.warpgroup_order = copts_.f16_wgmma && TiledF16WgmmaAvailable();
     DS_CUDA_RETURN_IF_ERROR(cudaMemset(f16_scratch_.tickets, 0, TiledF16Tickets() * 4ull));

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/gguf/ggml_types.h"
+#include "kernels/cuda/tiled_f16_split.cuh"  // kSplitCost (plain C++, no CUDA types)
 #include "worker/model/backend.h"
 #include "worker/runner/memory_planner.h"
 
@@ -183,7 +184,7 @@ struct CudaBackendOptions {
   // The f16 matmul's K-split planning charge for partial sums (TiledF16Scratch::split_cost;
   // `bench --f16-split-cost X` for A/B; 0.5 before 2026-12-06: x16 +1.4%, x64 -0.4% on an H100,
   // docs/perf/h200.md).
-  double f16_split_cost = 0.4;  // ds::cuda::kSplitCost (static_assert in cuda_device_init.cc)
+  double f16_split_cost = ds::cuda::kSplitCost;
   // The f16 tensor-core matmul on Hopper's warpgroup instruction (wgmma; sm_90a builds on sm_90
   // GPUs, else ignored): each warpgroup's four 16-row weight fragments go to one wgmma per
   // 16-element step that reads the staged activations from shared memory itself, instead of a

@@ -389,7 +389,6 @@ TEST(TiledF16, TailSplitIsTheTwoPartsAlone) {
   RunCase({5120, 6144, 33, GemvEpilogue::kAccumulate, 89}, s);  // ssm_out at split 5
   s.split_cost = 0.5;
   RunCase({17408, 5120, 16, GemvEpilogue::kSiluMul, 5}, s);
-  s.split_cost = kSplitCost;
 }
 
 // A forced K split (TiledF16Scratch::split_override, for the calibration benchmark) keeps every
