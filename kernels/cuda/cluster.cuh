@@ -30,6 +30,11 @@ __device__ __forceinline__ float LoadCluster(uint32_t addr) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
+// One 32-bit word into a distributed-shared-memory address (MapSharedRank's); the cluster
+// barrier's release / acquire makes it visible to that block.
+__device__ __forceinline__ void StoreCluster(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 #endif
 
 }  // namespace ds::cuda

@@ -39,15 +39,27 @@ __device__ __forceinline__ void StageSync() {
 #endif
 }
 
-// 8 consecutive weights of a row (element 8 * i8 on) as floats.
-template <GgmlType WT>
+// 8 consecutive weights of a row (element 8 * i8 on) as floats. G: the row may be in shared
+// memory (the resident form), so a generic load instead of the read-only path.
+template <GgmlType WT, bool G = false>
 __device__ __forceinline__ void Load8(const void* row, int i8, float (&w)[8]) {
   if constexpr (WT == GgmlType::F32) {
     const float4* p = static_cast<const float4*>(row) + 2 * i8;
-    const float4 a = __ldg(p), b = __ldg(p + 1);
+    float4 a, b;
+    if constexpr (G) {
+      a = p[0], b = p[1];
+    } else {
+      a = __ldg(p), b = __ldg(p + 1);
+    }
     w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
   } else {
-    const uint4 r = __ldg(static_cast<const uint4*>(row) + i8);
+    const uint4* p = static_cast<const uint4*>(row) + i8;
+    uint4 r;
+    if constexpr (G) {
+      r = *p;
+    } else {
+      r = __ldg(p);
+    }
     const uint32_t x[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -76,8 +88,22 @@ __device__ __forceinline__ const void* Row(const MtpChainMatrix& m, int row) {
   return static_cast<const uint8_t*>(m.d) + static_cast<int64_t>(row) * m.cols * kBytes;
 }
 
+// Where a row's weights are read from: in the resident form, this block's copy in shared memory
+// (`wsm`, the weights region) when the row is one of the block's (row % B == block) and among the
+// first m.res of them; otherwise the matrix in global memory.
+template <GgmlType WT, bool RES>
+__device__ __forceinline__ const void* RowAt(const MtpChainMatrix& m, int row, const uint8_t* wsm) {
+  if constexpr (RES) {
+    constexpr int kBytes = WT == GgmlType::F32 ? 4 : 2;
+    const int li = row / static_cast<int>(gridDim.x);
+    if (row - li * static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x) && li < m.res)
+      return wsm + m.res_off + static_cast<uint32_t>(li) * m.cols * kBytes;
+  }
+  return Row<WT>(m, row);
+}
+
 // acc[c] = row · x[c * ldx ..] for c < r (x in shared memory), every lane gets the sums.
-template <GgmlType WT, int MAXR>
+template <GgmlType WT, int MAXR, bool G = false>
 __device__ __forceinline__ void WarpDots(const void* row, int K, const float* x, int ldx, int r,
                                          float (&acc)[MAXR]) {
   const int lane = threadIdx.x & 31;
@@ -85,7 +111,7 @@ __device__ __forceinline__ void WarpDots(const void* row, int K, const float* x,
   for (int c = 0; c < MAXR; ++c) acc[c] = 0.f;
   for (int i8 = lane; i8 < K / 8; i8 += 32) {
     float w[8];
-    Load8<WT>(row, i8, w);
+    Load8<WT, G>(row, i8, w);
 #pragma unroll
     for (int c = 0; c < MAXR; ++c) {
       if (c >= r) break;
@@ -111,9 +137,10 @@ __device__ __forceinline__ void WarpDots(const void* row, int K, const float* x,
 // Rows gw, gw + GW, ... of m times x (K values in shared memory): f(row, value) on every lane
 // (values are whole-warp sums). Eight rows at a time, their loads issued together: a warp's
 // rows are a dependent chain of L2 round trips otherwise (the head: 16 rows per warp).
-template <GgmlType WT, typename F>
+template <GgmlType WT, bool RES, typename F>
 __device__ __forceinline__ void RowsTimesVector(const MtpChainMatrix& m, int n_rows, int K,
-                                                const float* x, int gw, int GW, F&& f) {
+                                                const float* x, int gw, int GW, const uint8_t* wsm,
+                                                F&& f) {
   constexpr int U = 8;
   const int lane = threadIdx.x & 31;
   for (int row0 = gw; row0 < n_rows; row0 += U * GW) {
@@ -126,7 +153,7 @@ __device__ __forceinline__ void RowsTimesVector(const MtpChainMatrix& m, int n_r
       for (int u = 0; u < U; ++u) {
         const int row = row0 + u * GW;
         if (row < n_rows) {
-          Load8<WT>(Row<WT>(m, row), i8, w[u]);
+          Load8<WT, RES>(RowAt<WT, RES>(m, row, wsm), i8, w[u]);
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) w[u][e] = 0.f;
@@ -251,17 +278,58 @@ __device__ __forceinline__ void AttendSplit(const KvCacheView& kv, const AttnIte
   }
 }
 
+// A value other blocks wrote during the launch: this block's copy in shared memory (the resident
+// form) or the global scratch, through L2.
+template <bool RES>
+__device__ __forceinline__ float Rd(const float* p) {
+  if constexpr (RES)
+    return *p;
+  else
+    return Coh(p);
+}
+
+// Hands a value to the next stage: in the resident form lanes 0..B-1 store it into that rank's
+// copy of *p (p: this block's shared memory), otherwise lane 0 stores it to the global scratch.
+// Every lane of the warp holds v.
+template <bool RES>
+__device__ __forceinline__ void Pub(float* p, float v) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (RES) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (lane < static_cast<int>(gridDim.x))
+      StoreCluster(MapSharedRank(p, lane), __float_as_uint(v));
+#endif
+  } else if (lane == 0) {
+    *p = v;
+  }
+}
+
+// Pub for a value one thread holds: into every rank's copy (resident form) or the global scratch.
+template <bool RES>
+__device__ __forceinline__ void PubAll(float* p, float v) {
+  if constexpr (RES) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int b = 0; b < static_cast<int>(gridDim.x); ++b)
+      StoreCluster(MapSharedRank(p, b), __float_as_uint(v));
+#endif
+  } else {
+    *p = v;
+  }
+}
+
 // dst = w ⊙ rmsnorm(u) for the H values of u, which other blocks wrote (warp 0 of the block;
 // the caller syncs the block after it).
+template <bool RES>
 __device__ __forceinline__ void NormToShared(float* dst, const float* u, const float* w, int H,
                                              float eps) {
   if ((threadIdx.x >> 5) != 0) return;
-  for (int e = threadIdx.x; e < H; e += 32) dst[e] = Coh(u + e);
+  for (int e = threadIdx.x; e < H; e += 32) dst[e] = Rd<RES>(u + e);
   __syncwarp();
   WarpRmsNorm(dst, dst, w, H, eps);
 }
 
-// Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | best | tok.
+// Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | best | tok; then, in
+// the resident form, this block's copies of the stage vectors (ResFloats) and its weights.
 struct Smem {
   float* xs;
   float* hs;
@@ -269,6 +337,10 @@ struct Smem {
   float* best_v;
   int* best_i;
   int* tok;
+  // Resident form: u [kMtpChainMaxRows, H] | qg [n_head * 2 hd] | k, v [kMtpChainMaxRows, kvw] |
+  // q [n_head * hd] | ff [2 n_ff] | the blocks' bests (values, then indices as float bits).
+  float *u, *qg, *k, *v, *q, *ff, *bests;
+  uint8_t* w;  // the weights region (16-byte aligned)
 };
 __host__ __device__ inline int XsFloats(const MtpChainArgs& a) {
   int x = kMtpChainMaxRows * 2 * a.H;
@@ -276,13 +348,25 @@ __host__ __device__ inline int XsFloats(const MtpChainArgs& a) {
   const int o = a.shape.n_head * a.shape.hd;
   return x > o ? x : o;
 }
+__host__ __device__ inline int BaseFloats(const MtpChainArgs& a) {
+  // rounded to 16 bytes: the resident form's vectors and weights follow
+  return (XsFloats(a) + a.H + kWarps * a.shape.hd + 2 * kWarps + 4 + 3) / 4 * 4;
+}
 __host__ __device__ inline size_t SmemBytes(const MtpChainArgs& a) {
-  return sizeof(float) * (XsFloats(a) + a.H + kWarps * a.shape.hd + 2 * kWarps + 4);
+  return sizeof(float) * BaseFloats(a);
+}
+__host__ __device__ inline int ResFloats(const MtpChainArgs& a) {
+  const int kvw = a.shape.n_kv * a.shape.hd;
+  const int f = kMtpChainMaxRows * a.H + a.shape.n_head * 2 * a.shape.hd +
+                2 * kMtpChainMaxRows * kvw + a.shape.n_head * a.shape.hd + 2 * a.n_ff +
+                2 * kMtpChainMaxCluster;
+  return (f + 3) / 4 * 4;
 }
 
-template <GgmlType WT>
+template <GgmlType WT, bool RES>
 __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChainArgs a) {
-  extern __shared__ float smem_raw[];
+  extern __shared__ float4 smem_raw4[];
+  float* smem_raw = reinterpret_cast<float*>(smem_raw4);
   Smem sm;
   sm.xs = smem_raw;
   sm.hs = sm.xs + XsFloats(a);
@@ -292,13 +376,54 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   sm.tok = sm.best_i + kWarps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // Grid warp numbers go across the blocks first, so that a stage with few items (the q/k norms,
-  // the attention's splits) spreads them over the cluster's SMs instead of filling one.
+  // the attention's splits) spreads them over the cluster's SMs instead of filling one; block b's
+  // rows of a matrix are then b, b + B, ... (what the resident form keeps).
   const int gw = warp * gridDim.x + blockIdx.x, GW = gridDim.x * kWarps;
   const int H = a.H;
   const AttnShape& s = a.shape;
   const int hd = s.hd, qrows = s.n_head * 2 * hd, kvw = s.n_kv * hd;
+  // Where the stage vectors live: every block's own copies (resident) or the global scratch.
+  float *U = a.u, *QG = a.qg, *KB = a.k, *VB = a.v, *Q = a.q, *FF = a.ff;
   float* best_v = reinterpret_cast<float*>(a.best);
-  int32_t* best_i = a.best + kMtpChainMaxCluster;
+  float* best_i = reinterpret_cast<float*>(a.best + kMtpChainMaxCluster);  // ints as float bits
+  const uint8_t* wsm = nullptr;
+  if constexpr (RES) {
+    sm.u = smem_raw + BaseFloats(a);
+    sm.qg = sm.u + kMtpChainMaxRows * H;
+    sm.k = sm.qg + qrows;
+    sm.v = sm.k + kMtpChainMaxRows * kvw;
+    sm.q = sm.v + kMtpChainMaxRows * kvw;
+    sm.ff = sm.q + s.n_head * hd;
+    sm.bests = sm.ff + 2 * a.n_ff;
+    sm.w = reinterpret_cast<uint8_t*>(smem_raw + BaseFloats(a) + ResFloats(a));
+    U = sm.u, QG = sm.qg, KB = sm.k, VB = sm.v, Q = sm.q, FF = sm.ff;
+    best_v = sm.bests;
+    best_i = sm.bests + kMtpChainMaxCluster;
+    wsm = sm.w;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // This block's rows of every matrix into shared memory, asynchronously: the first pass's
+    // S0 waits for them before its product (the mask and the normed inputs go first).
+    const MtpChainMatrix* mats[9] = {&a.eh,   &a.wq, &a.wk,   &a.wv,  &a.wo,
+                                     &a.gate, &a.up, &a.down, &a.head};
+    constexpr int kBytes = WT == GgmlType::F32 ? 4 : 2;
+    for (const MtpChainMatrix* m : mats) {
+      const int row_chunks = m->cols * kBytes / 16;
+      const int owned = (m->rows - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+      const int n = min(m->res, owned) * row_chunks;
+      for (int c = threadIdx.x; c < n; c += blockDim.x) {
+        const int li = c / row_chunks, ch = c - li * row_chunks;
+        const uint8_t* src =
+            static_cast<const uint8_t*>(Row<WT>(*m, blockIdx.x + li * gridDim.x)) + 16 * ch;
+        const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(
+            sm.w + m->res_off + (static_cast<uint32_t>(li) * row_chunks + ch) * 16));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+                     "l"(__cvta_generic_to_global(src))
+                     : "memory");
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+  }
 
   for (int j = 0; j < a.passes; ++j) {
     const int32_t* blk = a.ints + static_cast<int64_t>(j) * a.block_ints;
@@ -328,43 +453,46 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         WarpRmsNorm(dst, dst, a.hnorm, H, a.eps);
       }
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (RES && j == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
     __syncthreads();
     for (int row = gw; row < H; row += GW) {
       float acc[kMtpChainMaxRows];
-      WarpDots<WT, kMtpChainMaxRows>(Row<WT>(a.eh, row), 2 * H, sm.xs, 2 * H, r, acc);
-      if (lane == 0)
-        for (int c = 0; c < r; ++c) a.u[c * H + row] = acc[c];
+      WarpDots<WT, kMtpChainMaxRows, RES>(RowAt<WT, RES>(a.eh, row, wsm), 2 * H, sm.xs, 2 * H, r,
+                                          acc);
+      for (int c = 0; c < r; ++c) Pub<RES>(U + c * H + row, acc[c]);
     }
     StageSync();
 
     // ---- S1: attn_norm(u) per row; k, v of every row, q (with its gate) of the last ----
     for (int i = warp; i < r; i += kWarps) {
       float* dst = sm.xs + i * H;
-      for (int e = lane; e < H; e += 32) dst[e] = Coh(a.u + i * H + e);
+      for (int e = lane; e < H; e += 32) dst[e] = Rd<RES>(U + i * H + e);
       __syncwarp();
       WarpRmsNorm(dst, dst, a.attn_norm, H, a.eps);
     }
     __syncthreads();
-    RowsTimesVector<WT>(a.wq, qrows, H, sm.xs + (r - 1) * H, gw, GW, [&](int row, float d) {
-      if (lane == 0) a.qg[row] = d;
-    });
+    RowsTimesVector<WT, RES>(a.wq, qrows, H, sm.xs + (r - 1) * H, gw, GW, wsm,
+                             [&](int row, float d) { Pub<RES>(QG + row, d); });
     if (r == 1) {  // every pass but the first: k and v of one row, eight rows per warp at once
-      const int gk = (gw + GW - qrows % GW) % GW;  // the warps the q rows left idle first
-      RowsTimesVector<WT>(a.wk, kvw, H, sm.xs, gk, GW, [&](int row, float d) {
-        if (lane == 0) a.k[row] = d;
-      });
-      RowsTimesVector<WT>(a.wv, kvw, H, sm.xs, (gk + kvw) % GW, GW, [&](int row, float d) {
-        if (lane == 0) a.v[row] = d;
-      });
+      // The global form starts k and v on the warps the q rows left idle; the resident form on
+      // the warps whose blocks hold their rows.
+      const int gk = RES ? gw : (gw + GW - qrows % GW) % GW;
+      const int gv = RES ? gw : (gk + kvw) % GW;
+      RowsTimesVector<WT, RES>(a.wk, kvw, H, sm.xs, gk, GW, wsm,
+                               [&](int row, float d) { Pub<RES>(KB + row, d); });
+      RowsTimesVector<WT, RES>(a.wv, kvw, H, sm.xs, gv, GW, wsm,
+                               [&](int row, float d) { Pub<RES>(VB + row, d); });
     } else {
       for (int idx = gw; idx < 2 * kvw; idx += GW) {
         const bool is_k = idx < kvw;
         const int rr = idx - (is_k ? 0 : kvw);
         float acc[kMtpChainMaxRows];
-        WarpDots<WT, kMtpChainMaxRows>(Row<WT>(is_k ? a.wk : a.wv, rr), H, sm.xs, H, r, acc);
-        float* out = is_k ? a.k : a.v;
-        if (lane == 0)
-          for (int c = 0; c < r; ++c) out[c * kvw + rr] = acc[c];
+        WarpDots<WT, kMtpChainMaxRows, RES>(RowAt<WT, RES>(is_k ? a.wk : a.wv, rr, wsm), H, sm.xs,
+                                            H, r, acc);
+        float* out = is_k ? KB : VB;
+        for (int c = 0; c < r; ++c) Pub<RES>(out + c * kvw + rr, acc[c]);
       }
     }
     StageSync();
@@ -387,17 +515,17 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         const float* src;
         const float* nw = nullptr;
         if (head < s.n_head) {
-          src = a.qg + head * 2 * hd;
+          src = QG + head * 2 * hd;
           nw = a.q_norm;
         } else if (head < s.n_head + s.n_kv) {
-          src = a.k + c * kvw + (head - s.n_head) * hd;
+          src = KB + c * kvw + (head - s.n_head) * hd;
           nw = a.k_norm;
         } else {
-          src = a.v + c * kvw + (head - s.n_head - s.n_kv) * hd;
+          src = VB + c * kvw + (head - s.n_head - s.n_kv) * hd;
         }
         float ss = 0.f;
         for (int e = lane; e < hd; e += 32) {
-          const float x = Coh(src + e);
+          const float x = Rd<RES>(src + e);
           stage[e] = x;
           ss += x * x;
         }
@@ -419,7 +547,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
             else val = stage[e - half] * sn + stage[e] * cs;
           }
           if (head < s.n_head) {
-            a.q[head * hd + e] = val;
+            PubAll<RES>(Q + head * hd + e, val);
           } else {
             const bool is_k = head < s.n_head + s.n_kv;
             const int64_t hrow = kvrow + head - s.n_head - (is_k ? 0 : s.n_kv);
@@ -441,8 +569,12 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     const int per = (chunks + splits - 1) / splits * 32;  // positions per split
     splits = (n_pos + per - 1) / per;
     {
-      for (int e = threadIdx.x; e < s.n_head * hd; e += blockDim.x) sm.xs[e] = Coh(a.q + e);
-      __syncthreads();
+      const float* qv = Q;
+      if constexpr (!RES) {
+        for (int e = threadIdx.x; e < s.n_head * hd; e += blockDim.x) sm.xs[e] = Coh(a.q + e);
+        __syncthreads();
+        qv = sm.xs;
+      }
       const uint8_t* vmask = a.valid + qslot * a.valid_ld;
       const int group = s.n_head / s.n_kv;
       const float scale = rsqrtf(static_cast<float>(hd));
@@ -450,7 +582,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         const int h = item / splits, sp = item % splits;
         const int j0 = sp * per, j1 = min(n_pos, j0 + per);
         float* part = a.parts + (static_cast<int64_t>(h) * a.max_parts + sp) * (hd + 2);
-        const AttnItem it{sm.xs + h * hd, vmask, qslot, h / group, j0, j1, scale, part};
+        const AttnItem it{qv + h * hd, vmask, qslot, h / group, j0, j1, scale, part};
         switch (hd) {  // MtpChainSupported: 32, 64, 128 or 256
           case 32: AttendSplit<1>(a.kv, it); break;
           case 64: AttendSplit<2>(a.kv, it); break;
@@ -462,7 +594,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     StageSync();
 
     // ---- S4: merge the splits (every block, all heads), gate, u += o_proj · o ----
-    float* u_last = a.u + (r - 1) * H;
+    float* u_last = U + (r - 1) * H;
     for (int e = threadIdx.x; e < s.n_head * hd; e += blockDim.x) {
       const int h = e / hd, d = e % hd;
       const float* part = a.parts + static_cast<int64_t>(h) * a.max_parts * (hd + 2);
@@ -477,43 +609,40 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         L += Coh(part + sp * (hd + 2) + hd + 1) * w;
       }
       const float o = L > 0.f ? vsum / L : 0.f;
-      sm.xs[e] = o * Sigmoid(Coh(a.qg + h * 2 * hd + hd + d));
+      sm.xs[e] = o * Sigmoid(Rd<RES>(QG + h * 2 * hd + hd + d));
     }
     __syncthreads();
-    auto add_to_u = [&](int row, float d) {  // the residual: u += W x, row by row
-      if (lane == 0) u_last[row] = Coh(u_last + row) + d;
-    };
-    RowsTimesVector<WT>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, add_to_u);
+    // The residual: u += W x, row by row (only the row's owner reads it in this stage).
+    auto add_to_u = [&](int row, float d) { Pub<RES>(u_last + row, Rd<RES>(u_last + row) + d); };
+    RowsTimesVector<WT, RES>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, wsm, add_to_u);
     StageSync();
 
     // ---- S5: ff = silu(gate · post_norm(u)) * (up · post_norm(u)) ----
-    NormToShared(sm.xs, u_last, a.post_norm, H, a.eps);
+    NormToShared<RES>(sm.xs, u_last, a.post_norm, H, a.eps);
     __syncthreads();
     // gate rows into ff[0, n_ff), up rows into ff[n_ff, 2 n_ff); S6 multiplies them.
-    RowsTimesVector<WT>(a.gate, a.n_ff, H, sm.xs, gw, GW, [&](int row, float d) {
-      if (lane == 0) a.ff[row] = d;
-    });
-    RowsTimesVector<WT>(a.up, a.n_ff, H, sm.xs, gw, GW, [&](int row, float d) {
-      if (lane == 0) a.ff[a.n_ff + row] = d;
-    });
+    RowsTimesVector<WT, RES>(a.gate, a.n_ff, H, sm.xs, gw, GW, wsm,
+                             [&](int row, float d) { Pub<RES>(FF + row, d); });
+    RowsTimesVector<WT, RES>(a.up, a.n_ff, H, sm.xs, gw, GW, wsm,
+                             [&](int row, float d) { Pub<RES>(FF + a.n_ff + row, d); });
     StageSync();
 
     // ---- S6: u += down · ff ----
     for (int e = threadIdx.x; e < a.n_ff; e += blockDim.x)
-      sm.xs[e] = Silu(Coh(a.ff + e)) * Coh(a.ff + a.n_ff + e);
+      sm.xs[e] = Silu(Rd<RES>(FF + e)) * Rd<RES>(FF + a.n_ff + e);
     __syncthreads();
-    RowsTimesVector<WT>(a.down, H, a.n_ff, sm.xs, gw, GW, add_to_u);
+    RowsTimesVector<WT, RES>(a.down, H, a.n_ff, sm.xs, gw, GW, wsm, add_to_u);
     StageSync();
 
     // ---- S7: h' = shared_head_norm(u); logits = head · h'; each block's best ----
-    NormToShared(sm.hs, u_last, a.head_norm, H, a.eps);
+    NormToShared<RES>(sm.hs, u_last, a.head_norm, H, a.eps);
     __syncthreads();
     if (blockIdx.x == 0 && j == a.passes - 1)
       for (int e = threadIdx.x; e < H; e += blockDim.x) a.hid_out[e] = sm.hs[e];
     {
       float bv = -INFINITY;
       int bi = INT32_MAX;
-      RowsTimesVector<WT>(a.head, a.n_vocab, H, sm.hs, gw, GW, [&](int row, float d) {
+      RowsTimesVector<WT, RES>(a.head, a.n_vocab, H, sm.hs, gw, GW, wsm, [&](int row, float d) {
         if (lane == 0) a.logits[row] = d;
         Better(bv, bi, d, row);
       });
@@ -524,8 +653,8 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       __syncthreads();
       if (threadIdx.x == 0) {
         for (int w = 1; w < kWarps; ++w) Better(bv, bi, sm.best_v[w], sm.best_i[w]);
-        best_v[blockIdx.x] = bv;
-        best_i[blockIdx.x] = bi;
+        PubAll<RES>(best_v + blockIdx.x, bv);
+        PubAll<RES>(best_i + blockIdx.x, __int_as_float(bi));
       }
     }
     StageSync();
@@ -534,7 +663,8 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     if (warp == 0) {
       float bv = -INFINITY;
       int bi = INT32_MAX;
-      for (int b = lane; b < gridDim.x; b += 32) Better(bv, bi, Coh(best_v + b), Coh(best_i + b));
+      for (int b = lane; b < gridDim.x; b += 32)
+        Better(bv, bi, Rd<RES>(best_v + b), __float_as_int(Rd<RES>(best_i + b)));
       WarpBest(bv, bi);
       if (lane == 0) {
         *sm.tok = bi;
@@ -545,11 +675,24 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   }
 }
 
-void (*Kernel(GgmlType t))(const MtpChainArgs) {
+void (*Kernel(GgmlType t, bool resident))(const MtpChainArgs) {
+  if (resident) {
+    switch (t) {
+      case GgmlType::F32:
+        return MtpChainKernel<GgmlType::F32, true>;
+      case GgmlType::BF16:
+        return MtpChainKernel<GgmlType::BF16, true>;
+      default:
+        return MtpChainKernel<GgmlType::F16, true>;
+    }
+  }
   switch (t) {
-    case GgmlType::F32: return MtpChainKernel<GgmlType::F32>;
-    case GgmlType::BF16: return MtpChainKernel<GgmlType::BF16>;
-    default: return MtpChainKernel<GgmlType::F16>;
+    case GgmlType::F32:
+      return MtpChainKernel<GgmlType::F32, false>;
+    case GgmlType::BF16:
+      return MtpChainKernel<GgmlType::BF16, false>;
+    default:
+      return MtpChainKernel<GgmlType::F16, false>;
   }
 }
 
@@ -594,7 +737,7 @@ cudaLaunchConfig_t LaunchConfig(const MtpChainArgs& a, cudaStream_t stream,
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(a.blocks);
   cfg.blockDim = dim3(kMtpChainThreads);
-  cfg.dynamicSmemBytes = SmemBytes(a);
+  cfg.dynamicSmemBytes = a.smem_bytes > 0 ? a.smem_bytes : SmemBytes(a);
   cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = a.blocks;
@@ -606,12 +749,37 @@ cudaLaunchConfig_t LaunchConfig(const MtpChainArgs& a, cudaStream_t stream,
 }
 }  // namespace
 
-absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want) {
+// The resident form's plan for a cluster of b blocks within `smem_max` bytes of shared memory
+// per block: the matrices in stage order, each block's rows of each (ceil(rows / b)) as many as
+// fit, the LM head last (the largest; rows that do not fit are read from global memory as in the
+// global form). Sets the matrices' res / res_off and a->smem_bytes.
+void PlanResident(MtpChainArgs* a, int b, size_t smem_max) {
+  const size_t fixed = SmemBytes(*a) + sizeof(float) * ResFloats(*a);
+  size_t left = smem_max > fixed ? smem_max - fixed : 0, off = 0;
+  const size_t elem = a->type == GgmlType::F32 ? 4 : 2;
+  for (MtpChainMatrix* m :
+       {&a->eh, &a->wq, &a->wk, &a->wv, &a->wo, &a->gate, &a->up, &a->down, &a->head}) {
+    const size_t row_bytes = elem * m->cols;  // a multiple of 16: widths are multiples of 8
+    const size_t owned = (m->rows + b - 1) / b;
+    const size_t n = std::min(owned, left / row_bytes);
+    m->res = static_cast<int>(n);
+    m->res_off = static_cast<uint32_t>(off);
+    off += n * row_bytes;
+    left -= n * row_bytes;
+  }
+  a->smem_bytes = static_cast<int>(fixed + off);
+}
+
+absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resident) {
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
     return absl::InternalError("fused MTP chain: no device attributes");
   if (major < 9) return absl::UnimplementedError("fused MTP chain: thread-block clusters need sm_90");
-  auto kernel = Kernel(a->type);
+  auto kernel = Kernel(a->type, resident);
+  int smem_optin = 0;
+  if (resident && cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                         device) != cudaSuccess)
+    return absl::InternalError("fused MTP chain: no device attributes");
   // The kernel's barrier exists in code compiled for sm_90+ only (a build for older targets run
   // on an H100 through PTX carries the trap in its place).
   cudaFuncAttributes fa{};
@@ -625,11 +793,21 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want) {
   for (int b = want > 0 ? std::min(want, kMtpChainMaxCluster) : kMtpChainMaxCluster; b >= 1; b /= 2) {
     MtpChainArgs t = *a;
     t.blocks = b;
+    t.resident = resident;
+    t.smem_bytes = 0;
+    if (resident) {
+      PlanResident(&t, b, static_cast<size_t>(smem_optin));
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, t.smem_bytes) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();
+        continue;
+      }
+    }
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = LaunchConfig(t, nullptr, attr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) {
-      a->blocks = b;
+      *a = t;
       return absl::OkStatus();
     }
     (void)cudaGetLastError();
@@ -642,7 +820,7 @@ absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError("fused MTP chain: bad launch arguments");
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel(a.type), a);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel(a.type, a.resident), a);
   if (e != cudaSuccess)
     return absl::InternalError(absl::StrCat("fused MTP chain launch: ", cudaGetErrorString(e)));
   return LastLaunchStatus("fused MTP chain");

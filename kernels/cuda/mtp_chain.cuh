@@ -36,6 +36,11 @@ constexpr int kMtpChainMaxCluster = 16;  // blocks: one thread-block cluster
 struct MtpChainMatrix {
   const void* d = nullptr;  // [rows, cols] row-major, every row 16-byte aligned
   int rows = 0, cols = 0;
+  // The resident form (MtpChainArgs::resident): block b multiplies rows b, b + B, b + 2B, ...;
+  // the first `res` of them are copied into its shared memory at the launch's start, at byte
+  // `res_off` of the weights region (MtpChainConfigure plans them).
+  int res = 0;
+  uint32_t res_off = 0;
 };
 
 struct MtpChainArgs {
@@ -68,6 +73,14 @@ struct MtpChainArgs {
   int max_parts = 1;
   int32_t* best = nullptr;
   int blocks = 0;                 // the grid, one cluster (MtpChainConfigure)
+  // The resident form (MtpChainConfigure's `resident`): the vectors a stage hands to the next go
+  // from block to block through distributed shared memory (every block keeps a copy of u, q, k,
+  // v, the MLP's rows and the blocks' bests), and each block keeps its rows of the matrices in
+  // its shared memory for the whole chain, as many as fit (the LM head last), so a stage is a
+  // barrier and local reads instead of two or three L2 round trips. The same arithmetic in the
+  // same order as the global form: the same drafts bit for bit.
+  bool resident = false;
+  int smem_bytes = 0;  // dynamic shared memory of the launch (MtpChainConfigure)
 };
 
 // Ints of MtpChainArgs::best: the blocks' argmax partials (values as float bits, then indices).
@@ -76,11 +89,12 @@ constexpr int MtpChainBestInts() { return 2 * kMtpChainMaxCluster; }
 // OK when the launch can take these shapes; otherwise why not.
 absl::Status MtpChainSupported(const MtpChainArgs& a);
 // Sets a->blocks: one thread-block cluster of up to kMtpChainMaxCluster blocks (`want` if set,
-// rounded down to a power of two the device places), whose hardware barrier separates the stages.
+// rounded down to a power of two the device places), whose hardware barrier separates the stages;
+// with `resident`, the resident form and its weight plan (a->resident, the matrices' res rows).
 // Unimplemented below sm_90. (A cooperative grid of one block per SM with a barrier of atomics in
 // global memory was measured first: ~2-3 us a stage on the H200, no faster than the per-kernel
 // chain's launches in a graph; kernels/cuda/README.md.)
-absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want);
+absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resident = false);
 // The chain (a cluster launch, capturable in a CUDA graph).
 absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream);
 

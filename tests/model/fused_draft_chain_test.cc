@@ -30,12 +30,15 @@ std::shared_ptr<const gguf::File> OpenChainModel(bool demo, const Model& m) {
   return f.ok() ? std::shared_ptr<const gguf::File>(std::move(*f)) : nullptr;
 }
 
-// A CUDA backend with room for one verify of up to 6 tokens, the chain fused or not.
-std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused) {
+// A CUDA backend with room for one verify of up to 6 tokens, the chain fused (in its resident
+// form or not) or not.
+std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused,
+                                      bool resident = true) {
   CudaBackendOptions co;
   co.spec_tokens = 6;
   co.spec_seqs = 1;
   co.fused_draft_chain = fused;
+  co.draft_chain_resident = resident;
   auto b = CreateCudaBackend(std::move(file), Opts(), co);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
@@ -86,7 +89,9 @@ struct DraftRound {
 // model. Against the per-kernel chain every draft must match; against the CPU (other kernels,
 // other rounding) a draft is compared where the CPU's top two logits are at least 1e-3 of the
 // largest |logit| apart, and a round stops at its first near-tie (both sides then continue from
-// different drafts). The test also checks that the fused kernel ran (FusedDraftChains).
+// different drafts). The fused kernel runs in both its forms (resident, the default, and global),
+// which must give the same drafts bit for bit; the test also checks that each ran
+// (FusedDraftChains, FusedDraftChainResident).
 TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -102,11 +107,13 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     SCOPED_TRACE(c.name);
     std::shared_ptr<const gguf::File> file = OpenChainModel(c.demo, Model{c.name, c.type, 0});
     ASSERT_TRUE(file);
-    std::unique_ptr<Backend> be[3];  // fused, per kernel, CPU
+    std::unique_ptr<Backend> be[4];  // fused (resident), per kernel, CPU, fused (global)
     for (int i = 0; i < 2; ++i) {
       be[i] = ChainBackend(file, /*fused=*/i == 0);
       ASSERT_TRUE(be[i]);
     }
+    be[3] = ChainBackend(file, /*fused=*/true, /*resident=*/false);
+    ASSERT_TRUE(be[3]);
     {
       auto b = CreateCpuBackend(file, Opts());
       ASSERT_TRUE(b.ok()) << b.status();
@@ -126,9 +133,9 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
       const int n_rows = d.n_rows(), n_drafts = d.n_drafts;
       const int32_t pos0 = d.pos0;
       const std::vector<int32_t>& catchup = d.catchup;
-      std::vector<int32_t> drafts[2];
-      for (int i = 0; i < 3; ++i) {
-        if (i < 2) {
+      std::vector<int32_t> drafts[4];
+      for (int i = 0; i < 4; ++i) {
+        if (i != 2) {
           const absl::Status st = d.VerifyThenChain(*be[i], &drafts[i]);
           ASSERT_TRUE(st.ok()) << st;
           continue;
@@ -156,6 +163,7 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
         }
       }
       EXPECT_EQ(drafts[0], drafts[1]);
+      EXPECT_EQ(drafts[0], drafts[3]);
       compared += static_cast<int64_t>(drafts[0].size());
       toks.insert(toks.end(), catchup.begin(), catchup.end());
     }
@@ -165,9 +173,14 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
                 static_cast<long long>(cpu_compared));
     auto* fused = dynamic_cast<cuda::CudaBackend*>(be[0].get());
     auto* plain = dynamic_cast<cuda::CudaBackend*>(be[1].get());
-    ASSERT_TRUE(fused && plain);
+    auto* global = dynamic_cast<cuda::CudaBackend*>(be[3].get());
+    ASSERT_TRUE(fused && plain && global);
     // The portable path (the sm_70 kernels forced on this GPU) has no clusters: no fused chain.
-    EXPECT_EQ(fused->FusedDraftChains(), ds::testing::ForcePortable() ? 0 : 12);
+    const bool clusters = !ds::testing::ForcePortable();
+    EXPECT_EQ(fused->FusedDraftChains(), clusters ? 12 : 0);
+    EXPECT_EQ(fused->FusedDraftChainResident(), clusters);
+    EXPECT_EQ(global->FusedDraftChains(), clusters ? 12 : 0);
+    EXPECT_FALSE(global->FusedDraftChainResident());
     EXPECT_EQ(plain->FusedDraftChains(), 0);
   }
 }

@@ -95,7 +95,7 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
              a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
              a == "--gdn-scan-mma" || a == "--f16-cluster" || a == "--f16-tail-split" || a == "--half-regs" || a == "--gdn-bulk" || a == "--gdn-state-early" || a == "--tiled-f16-formats" ||
-             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft" ||
+             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft" || a == "--draft-resident" ||
              a == "--gemv-six" || a == "--f16-wgmma" || a == "--prefill-fp8") {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
@@ -122,6 +122,7 @@ int BenchMain(int argc, char** argv) {
                     : a == "--early-launch"    ? o.early_launch
                     : a == "--coarse-draft-head" ? o.coarse_draft_head
                     : a == "--fused-draft"     ? o.fused_draft
+                    : a == "--draft-resident"  ? o.draft_resident
                     : a == "--gemv-six"        ? o.gemv_six
                     : a == "--f16-wgmma"       ? o.f16_wgmma
                     : a == "--prefill-fp8"     ? o.prefill_fp8
@@ -169,7 +170,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--draft-resident on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

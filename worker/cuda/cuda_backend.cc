@@ -57,6 +57,7 @@ void CudaBackend::SetProfiling(bool on) { cuda_->SetProfiling(on); }
 void CudaBackend::ResetProfile() { cuda_->ResetProfile(); }
 int64_t CudaBackend::OverlappedAllReduces() const { return cuda_->overlapped_allreduces(); }
 int64_t CudaBackend::FusedDraftChains() const { return cuda_->fused_draft_chains(); }
+bool CudaBackend::FusedDraftChainResident() const { return cuda_->fused_draft_chain_resident(); }
 std::vector<std::pair<std::string, double>> CudaBackend::ProfileTotals() const {
   return cuda_->ProfileTotals();
 }

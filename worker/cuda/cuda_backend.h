@@ -46,6 +46,8 @@ class CudaBackend final : public StepRunner {
   int64_t OverlappedAllReduces() const;
   // Greedy draft chains run by the fused kernel (CudaBackendOptions::fused_draft_chain).
   int64_t FusedDraftChains() const;
+  // Whether the fused chain runs in its resident form (CudaBackendOptions::draft_chain_resident).
+  bool FusedDraftChainResident() const;
 
  private:
   CudaBackend(std::unique_ptr<CudaDevice> device, std::shared_ptr<const gguf::File> file,

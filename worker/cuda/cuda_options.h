@@ -37,8 +37,9 @@ struct CudaBackendOptions {
   // decode 2,039 -> 2,144 tok/s (A/B: `bench --gdn-bulk off`, docs/perf/h200.md).
   bool gdn_bulk_state = true;
   // The GDN decode launch asks for its state before waiting for the kernel ahead (with early
-  // launch; GdnDecodeArgs::state_early). Off until measured (A/B: `bench --gdn-state-early on`).
-  bool gdn_state_early = false;
+  // launch; GdnDecodeArgs::state_early). On the H100, 27B Q6_K, x1 / x16 / x32 / x64 +0.3 / +0.7 /
+  // +0.4 / +0.4% (docs/perf/h200.md; A/B: `bench --gdn-state-early off`).
+  bool gdn_state_early = true;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on
@@ -124,6 +125,10 @@ struct CudaBackendOptions {
   // (the most the device places; a power of two).
   bool fused_draft_chain = true;
   int fused_draft_blocks = 0;
+  // The fused chain's resident form (MtpChainArgs::resident): stage vectors through distributed
+  // shared memory and each block's weight rows kept in its shared memory; the same drafts bit
+  // for bit. Off: the global form (`bench --draft-resident off` for A/B).
+  bool draft_chain_resident = true;
   // The GDN delta-rule state ([n_states, Hv, dk, dv] per layer: 151 MB per sequence on the 27B in
   // f32) stored in bf16 between steps, rounded to nearest even; every kernel loads it into f32
   // and does all its arithmetic in f32 (kernels/cuda/gdn.cuh: a decode step rounds after each

@@ -112,7 +112,8 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
   a.best = mtp_chain_best_;
   a.n = 1;
   a.passes = 1;
-  if (!MtpChainSupported(a).ok() || !MtpChainConfigure(&a, device_, copts_.fused_draft_blocks).ok())
+  if (!MtpChainSupported(a).ok() ||
+      !MtpChainConfigure(&a, device_, copts_.fused_draft_blocks, copts_.draft_chain_resident).ok())
     return absl::OkStatus();  // the per-kernel chain
   mtp_chain_ = a;
   return absl::OkStatus();
