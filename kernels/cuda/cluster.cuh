@@ -15,6 +15,16 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
                    : "memory");
 }
+// The barrier in two halves, so that work goes between them: every thread arrives (relaxed: no
+// ordering of its memory accesses), then waits for the cluster. Before a block's first access to
+// another block's shared memory: that block has then started (the CUDA guide's rule for
+// distributed shared memory).
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
 // The distributed-shared-memory address of `p` (this block's shared memory) in block `rank` of
 // the cluster.
 __device__ __forceinline__ uint32_t MapSharedRank(const void* p, int rank) {

@@ -422,6 +422,9 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
+    // Every block of the cluster must have started before another stores into its shared
+    // memory: the first pass's S0 waits for this arrival before its first store.
+    ClusterArriveRelaxed();
 #endif
   }
 
@@ -454,7 +457,10 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (RES && j == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+    if (RES && j == 0) {
+      asm volatile("cp.async.wait_all;" ::: "memory");
+      ClusterWait();
+    }
 #endif
     __syncthreads();
     for (int row = gw; row < H; row += GW) {
