@@ -5,7 +5,7 @@
 # in the bench with the resident form and the global one (`--draft-resident off`), alternated.
 #   1. TESTS (default: mtp_gpu_test batch_invariance_test gpu_vs_cpu_test gdn_launch_cuda_test);
 #   2. `deltaserve generate --model demo --backend cuda --max-tokens 256 --mtp off|4`, ROUNDS rounds;
-#   3. `deltaserve bench --model demo --quick --mtp 3,4 --mtp-conc 1 --mtp-depth 64 --no-profile
+#   3. `deltaserve bench --model demo --quick --mtp BENCH_K (3,4) --mtp-conc 1 --mtp-depth 64 --no-profile
 #      [--draft-resident off]`, ROUNDS rounds.
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-res bash tools/device/pack.sh
@@ -42,7 +42,7 @@ PY
 for rep in $(seq 1 "${ROUNDS:-2}"); do
   for fd in "--draft-resident off" "--draft-resident on"; do
     echo "== bench $fd (round $rep)"
-    timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp 3,4 --mtp-conc 1 \
+    timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${BENCH_K:-3,4} --mtp-conc 1 \
       --mtp-depth 64 --no-profile $fd 2>&1 | tee "$L/bench_${fd// /_}_$rep.log" |
       grep -E "decode|^ k streams|^ [0-9] +[0-9]+ " | head -8
   done
