@@ -89,7 +89,7 @@ struct DraftRound {
 // model. Against the per-kernel chain every draft must match; against the CPU (other kernels,
 // other rounding) a draft is compared where the CPU's top two logits are at least 1e-3 of the
 // largest |logit| apart, and a round stops at its first near-tie (both sides then continue from
-// different drafts). The fused kernel runs in both its forms (resident, the default, and global),
+// different drafts). The fused kernel runs in both its forms (resident and global, the default),
 // which must give the same drafts bit for bit; the test also checks that each ran
 // (FusedDraftChains, FusedDraftChainResident).
 TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {

@@ -184,6 +184,7 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
   auto& be = **be_or;
   std::printf("loaded in %.1f s with speculative room %d tokens x %d sequences; memory plan: %s\n",
               Since(tl), k_max + 1, b_max, be.memory_plan().ToString().c_str());
+  std::printf("greedy draft chain: %s\n", be.DraftChainForm().c_str());
   const std::vector<double> r75 = {0.75};
   std::string acc;
   for (double r : o.mtp_accept) {

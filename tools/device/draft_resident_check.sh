@@ -44,7 +44,7 @@ for rep in $(seq 1 "${ROUNDS:-2}"); do
     echo "== bench $fd (round $rep)"
     timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${BENCH_K:-3,4} --mtp-conc 1 \
       --mtp-depth 64 --no-profile $fd 2>&1 | tee "$L/bench_${fd// /_}_$rep.log" |
-      grep -E "decode|^ k streams|^ [0-9] +[0-9]+ " | head -8
+      grep -E "greedy draft chain|decode|^ k streams|^ [0-9] +[0-9]+ " | head -9
   done
 done
 exit $rc

@@ -48,6 +48,9 @@ class CudaBackend final : public StepRunner {
   int64_t FusedDraftChains() const;
   // Whether the fused chain runs in its resident form (CudaBackendOptions::draft_chain_resident).
   bool FusedDraftChainResident() const;
+  // The greedy draft chain's form, for the bench's MTP section: "per kernel", or "fused, global
+  // form, B blocks" / "fused, resident form, B blocks, N KiB of shared memory each".
+  std::string DraftChainForm() const;
 
  private:
   CudaBackend(std::unique_ptr<CudaDevice> device, std::shared_ptr<const gguf::File> file,

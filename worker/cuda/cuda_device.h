@@ -157,6 +157,7 @@ class CudaDevice final : public Device {
   // Draft chains run by the fused kernel (kernels/cuda/mtp_chain.cuh) since start.
   int64_t fused_draft_chains() const { return fused_chains_; }
   bool fused_draft_chain_resident() const { return mtp_chain_.blocks > 0 && mtp_chain_.resident; }
+  std::string draft_chain_form() const;  // CudaBackend::DraftChainForm
   // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
   uint64_t StepWeightBytes() const { return step_weight_bytes_; }
   // Profiling pass: when on, graphs are off and every op class is bracketed by CUDA events;

@@ -127,8 +127,8 @@ struct CudaBackendOptions {
   int fused_draft_blocks = 0;
   // The fused chain's resident form (MtpChainArgs::resident): stage vectors through distributed
   // shared memory and each block's weight rows kept in its shared memory; the same drafts bit
-  // for bit. Off: the global form (`bench --draft-resident off` for A/B).
-  bool draft_chain_resident = true;
+  // for bit. Off until measured on a GPU (`bench --draft-resident on` for A/B).
+  bool draft_chain_resident = false;
   // The GDN delta-rule state ([n_states, Hv, dk, dv] per layer: 151 MB per sequence on the 27B in
   // f32) stored in bf16 between steps, rounded to nearest even; every kernel loads it into f32
   // and does all its arithmetic in f32 (kernels/cuda/gdn.cuh: a decode step rounds after each

@@ -119,6 +119,14 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
   return absl::OkStatus();
 }
 
+std::string CudaDevice::draft_chain_form() const {
+  if (mtp_chain_.blocks == 0) return "per kernel";
+  if (!mtp_chain_.resident)
+    return absl::StrCat("fused, global form, ", mtp_chain_.blocks, " blocks");
+  return absl::StrCat("fused, resident form, ", mtp_chain_.blocks, " blocks, ",
+                      mtp_chain_.smem_bytes / 1024, " KiB of shared memory each");
+}
+
 KvCacheView CudaDevice::MtpKvView() const {
   KvCacheView kv = kv_base_;
   kv.k = mtp_layer_.kc;
