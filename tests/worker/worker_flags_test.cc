@@ -1,6 +1,7 @@
 // Worker flags that select device paths (issue #19: --portable on|off; issue #22:
 // --dense-weights on|off|auto, --early-launch on|off, --gdn-state f32|bf16, --tiled-f16-formats
-// on|off, --prefill-fp8 on|off, --fp8-decode-rows N; issue #15: --coarse-draft-head on|off):
+// on|off, --prefill-fp8 on|off, --fp8-decode-rows N; issue #15: --coarse-draft-head on|off,
+// --draft-resident on|off):
 // parsed into WorkerOptions, bad values refused with a message naming the flag.
 #include <gtest/gtest.h>
 
@@ -99,6 +100,10 @@ TEST(WorkerFlags, CoarseDraftHeadOnOff) {
   ExpectOnOffFlag("--coarse-draft-head", &DeviceTuning::coarse_draft_head, true);
 }
 
+TEST(WorkerFlags, DraftResidentOnOff) {
+  ExpectOnOffFlag("--draft-resident", &DeviceTuning::draft_chain_resident, false);
+}
+
 TEST(WorkerFlags, DeferredDraftsOnOff) {
   ExpectOnOffFlag("--deferred-drafts", &DeviceTuning::deferred_drafts, true);
 }
@@ -132,6 +137,7 @@ TEST(WorkerFlags, DeviceTuningArgsParseBackToTheSameSwitches) {
       [](DeviceTuning& t) { t.early_launch = !t.early_launch; },
       [](DeviceTuning& t) { t.tiled_f16_formats = !t.tiled_f16_formats; },
       [](DeviceTuning& t) { t.coarse_draft_head = !t.coarse_draft_head; },
+      [](DeviceTuning& t) { t.draft_chain_resident = !t.draft_chain_resident; },
       [](DeviceTuning& t) { t.deferred_drafts = !t.deferred_drafts; },
       [](DeviceTuning& t) { t.gdn_state_bf16 = !t.gdn_state_bf16; },
       [](DeviceTuning& t) { t.prefill_fp8 = !t.prefill_fp8; },
@@ -162,6 +168,7 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   EXPECT_EQ(def.early_launch, plain.early_launch);
   EXPECT_EQ(def.tiled_f16_formats, plain.tiled_f16_formats);
   EXPECT_EQ(def.coarse_draft_head, plain.coarse_draft_head);
+  EXPECT_EQ(def.draft_chain_resident, plain.draft_chain_resident);
   EXPECT_EQ(def.gdn_state_bf16, plain.gdn_state_bf16);
   EXPECT_EQ(def.prefill_fp8, plain.prefill_fp8);
   EXPECT_EQ(def.fp8_decode_rows, plain.fp8_decode_rows);
@@ -171,6 +178,7 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   t.early_launch = !t.early_launch;
   t.tiled_f16_formats = !t.tiled_f16_formats;
   t.coarse_draft_head = !t.coarse_draft_head;
+  t.draft_chain_resident = !t.draft_chain_resident;
   t.gdn_state_bf16 = !t.gdn_state_bf16;
   t.prefill_fp8 = !t.prefill_fp8;
   t.fp8_decode_rows = 33;
@@ -181,6 +189,7 @@ TEST(WorkerFlags, ApplyDeviceTuningSetsEachBackendOption) {
   EXPECT_EQ(bo.early_launch, t.early_launch);
   EXPECT_EQ(bo.tiled_f16_formats, t.tiled_f16_formats);
   EXPECT_EQ(bo.coarse_draft_head, t.coarse_draft_head);
+  EXPECT_EQ(bo.draft_chain_resident, t.draft_chain_resident);
   EXPECT_EQ(bo.gdn_state_bf16, t.gdn_state_bf16);
   EXPECT_EQ(bo.prefill_fp8, t.prefill_fp8);
   EXPECT_EQ(bo.fp8_decode_rows, 33);

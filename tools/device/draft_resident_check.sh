@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The fused draft chain's resident form (kernels/cuda/mtp_chain.cuh, MtpChainArgs::resident; issue
 # #15's demo row): the tests, then the trained demo model end to end (`generate --mtp off | 4`,
-# the resident form by default, `--fused-draft off` for the per-kernel chain) and the chain cycle
-# in the bench with the resident form and the global one (`--draft-resident off`), alternated.
+# the global form by default, `--draft-resident on` for the resident one, `--fused-draft off` for
+# the per-kernel chain) and the chain cycle in the bench with both forms, alternated.
 #   1. TESTS (default: mtp_gpu_test batch_invariance_test gpu_vs_cpu_test gdn_launch_cuda_test);
-#   2. `deltaserve generate --model demo --backend cuda --max-tokens 256 --mtp off|4`, ROUNDS rounds;
+#   2. `deltaserve generate --model demo --backend cuda --max-tokens 256 --mtp off|4
+#      [--draft-resident on | --fused-draft off]`, ROUNDS rounds;
 #   3. `deltaserve bench --model demo --quick --mtp BENCH_K (3,4) --mtp-conc 1 --mtp-depth 64 --no-profile
-#      [--draft-resident off]`, ROUNDS rounds.
+#      --draft-resident off|on`, ROUNDS rounds.
 # Usage (device, repo root, after
 #   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-res bash tools/device/pack.sh
 #   deltaserve mtp_gpu_test batch_invariance_test gpu_vs_cpu_test gdn_launch_cuda_test):
@@ -22,7 +23,7 @@ for t in ${TESTS-mtp_gpu_test batch_invariance_test gpu_vs_cpu_test gdn_launch_c
   run_gtest "$t"
 done
 for rep in $(seq 1 "${ROUNDS:-2}"); do
-  for run in "off" "4" "4 --fused-draft off"; do
+  for run in "off" "4" "4 --draft-resident on" "4 --fused-draft off"; do
     tag=${run// /_}
     timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
       --prompt "$PROMPT" --json --mtp $run >"$L/gen_${tag}_$rep.json" 2>"$L/gen_${tag}_$rep.err"

@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.fp8_decode_rows != BackendOptions{}.fp8_decode_rows) co.fp8_decode_rows = opts.fp8_decode_rows;
   if (!opts.coarse_draft_head) co.coarse_draft_head = false;
   if (!opts.fused_draft_chain) co.fused_draft_chain = false;
+  if (opts.draft_chain_resident) co.draft_chain_resident = true;
   if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;
   if (opts.prefix_cache_bytes > 0) {
     co.prefix_cache_bytes = opts.prefix_cache_bytes;

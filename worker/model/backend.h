@@ -290,6 +290,9 @@ struct BackendOptions {
   // CUDA: the greedy draft chain in one kernel where the MTP block takes it
   // (CudaBackendOptions::fused_draft_chain, --fused-draft off for A/B); the CPU backend ignores it.
   bool fused_draft_chain = true;
+  // CUDA: that kernel's resident form (CudaBackendOptions::draft_chain_resident, --draft-resident
+  // on; off until measured); the CPU backend ignores it.
+  bool draft_chain_resident = false;
   // The GDN recurrent state stored in bf16 between steps (worker/model/gdn_state.h,
   // `--gdn-state bf16`; issue #22, docs/quality.md). CUDA: CudaBackendOptions::gdn_state_bf16
   // (bf16 storage). CPU: an emulation, the f32 state rounded to bf16 after every step

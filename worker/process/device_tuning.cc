@@ -21,6 +21,7 @@ constexpr OnOffSwitch kOnOff[] = {
     {"--f16-wgmma", &DeviceTuning::f16_wgmma},
     {"--prefill-fp8", &DeviceTuning::prefill_fp8},
     {"--coarse-draft-head", &DeviceTuning::coarse_draft_head},
+    {"--draft-resident", &DeviceTuning::draft_chain_resident},
     {"--deferred-drafts", &DeviceTuning::deferred_drafts},
 };
 
@@ -81,6 +82,7 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->prefill_fp8 = t.prefill_fp8;
   bo->fp8_decode_rows = t.fp8_decode_rows;
   bo->coarse_draft_head = t.coarse_draft_head;
+  bo->draft_chain_resident = t.draft_chain_resident;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
 }
 

@@ -30,6 +30,7 @@ struct DeviceTuning {
   bool prefill_fp8 = BackendDefaults().prefill_fp8;              // --prefill-fp8 on|off
   int fp8_decode_rows = BackendDefaults().fp8_decode_rows;       // --fp8-decode-rows N (33; 0: never)
   bool coarse_draft_head = BackendDefaults().coarse_draft_head;  // --coarse-draft-head on|off
+  bool draft_chain_resident = BackendDefaults().draft_chain_resident;  // --draft-resident on|off
   bool gdn_state_bf16 = BackendDefaults().gdn_state_bf16;        // --gdn-state f32|bf16
   // --deferred-drafts on|off: draft chains leave their drafts on the device for the slot's next
   // verify (StepExecutor::SetDeferredDrafts; the same tokens). On by default: served demo MTP
