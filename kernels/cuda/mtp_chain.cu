@@ -403,24 +403,34 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // This block's rows of every matrix into shared memory, asynchronously: the first pass's
     // S0 waits for them before its product (the mask and the normed inputs go first).
-    const MtpChainMatrix* mats[9] = {&a.eh,   &a.wq, &a.wk,   &a.wv,  &a.wo,
-                                     &a.gate, &a.up, &a.down, &a.head};
+    // (Matrix by matrix, each by value: an array of pointers into the kernel's parameters would
+    // copy all of them to local memory, 744 bytes of stack read for every argument after.)
     constexpr int kBytes = WT == GgmlType::F32 ? 4 : 2;
-    for (const MtpChainMatrix* m : mats) {
-      const int row_chunks = m->cols * kBytes / 16;
-      const int owned = (m->rows - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
-      const int n = min(m->res, owned) * row_chunks;
+    auto load = [&](const MtpChainMatrix m) {
+      const int row_chunks = m.cols * kBytes / 16;
+      const int owned = (m.rows - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                        static_cast<int>(gridDim.x);
+      const int n = min(m.res, owned) * row_chunks;
       for (int c = threadIdx.x; c < n; c += blockDim.x) {
         const int li = c / row_chunks, ch = c - li * row_chunks;
         const uint8_t* src =
-            static_cast<const uint8_t*>(Row<WT>(*m, blockIdx.x + li * gridDim.x)) + 16 * ch;
+            static_cast<const uint8_t*>(Row<WT>(m, blockIdx.x + li * gridDim.x)) + 16 * ch;
         const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(
-            sm.w + m->res_off + (static_cast<uint32_t>(li) * row_chunks + ch) * 16));
+            sm.w + m.res_off + (static_cast<uint32_t>(li) * row_chunks + ch) * 16));
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
                      "l"(__cvta_generic_to_global(src))
                      : "memory");
       }
-    }
+    };
+    load(a.eh);
+    load(a.wq);
+    load(a.wk);
+    load(a.wv);
+    load(a.wo);
+    load(a.gate);
+    load(a.up);
+    load(a.down);
+    load(a.head);
     asm volatile("cp.async.commit_group;" ::: "memory");
     // Every block of the cluster must have started before another stores into its shared
     // memory: the first pass's S0 waits for this arrival before its first store.
