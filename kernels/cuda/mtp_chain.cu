@@ -18,6 +18,7 @@
 #include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mtp_chain.cuh"
+#include "kernels/cuda/mtp_chain_plan.h"
 
 namespace ds::cuda {
 namespace {
@@ -766,24 +767,21 @@ cudaLaunchConfig_t LaunchConfig(const MtpChainArgs& a, cudaStream_t stream,
 }  // namespace
 
 // The resident form's plan for a cluster of b blocks within `smem_max` bytes of shared memory
-// per block: the matrices in stage order, each block's rows of each (ceil(rows / b)) as many as
-// fit, the LM head last (the largest; rows that do not fit are read from global memory as in the
-// global form). Sets the matrices' res / res_off and a->smem_bytes.
+// per block (mtp_chain_plan.h: the matrices in stage order, the LM head last): sets the
+// matrices' res / res_off and a->smem_bytes.
 void PlanResident(MtpChainArgs* a, int b, size_t smem_max) {
   const size_t fixed = SmemBytes(*a) + sizeof(float) * ResFloats(*a);
-  size_t left = smem_max > fixed ? smem_max - fixed : 0, off = 0;
-  const size_t elem = a->type == GgmlType::F32 ? 4 : 2;
-  for (MtpChainMatrix* m :
-       {&a->eh, &a->wq, &a->wk, &a->wv, &a->wo, &a->gate, &a->up, &a->down, &a->head}) {
-    const size_t row_bytes = elem * m->cols;  // a multiple of 16: widths are multiples of 8
-    const size_t owned = (m->rows + b - 1) / b;
-    const size_t n = std::min(owned, left / row_bytes);
-    m->res = static_cast<int>(n);
-    m->res_off = static_cast<uint32_t>(off);
-    off += n * row_bytes;
-    left -= n * row_bytes;
+  MtpChainMatrix* mats[kMtpChainResidentMats] = {&a->eh,   &a->wq, &a->wk,   &a->wv,  &a->wo,
+                                                 &a->gate, &a->up, &a->down, &a->head};
+  std::array<MtpChainMatShape, kMtpChainResidentMats> shapes;
+  for (int m = 0; m < kMtpChainResidentMats; ++m) shapes[m] = {mats[m]->rows, mats[m]->cols};
+  const MtpChainResidentPlan p = PlanMtpChainResident(
+      shapes, a->type == GgmlType::F32 ? 4 : 2, b, smem_max > fixed ? smem_max - fixed : 0);
+  for (int m = 0; m < kMtpChainResidentMats; ++m) {
+    mats[m]->res = p.rows[m];
+    mats[m]->res_off = p.offset[m];
   }
-  a->smem_bytes = static_cast<int>(fixed + off);
+  a->smem_bytes = static_cast<int>(fixed + p.bytes);
 }
 
 absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resident) {
