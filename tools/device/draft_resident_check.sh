@@ -9,37 +9,19 @@
 #   3. `deltaserve bench --model demo --quick --mtp BENCH_K (3,4) --mtp-conc 1 --mtp-depth 64 --no-profile
 #      --draft-resident off|on`, ROUNDS rounds.
 # Usage (device, repo root, after
-#   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-res bash tools/device/pack.sh
+#   DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-next bash tools/device/pack.sh
 #   deltaserve mtp_gpu_test batch_invariance_test gpu_vs_cpu_test gdn_launch_cuda_test):
-#   DS_CARRY=.devcarry-res bash tools/device/draft_resident_check.sh
+#   DS_CARRY=.devcarry-next bash tools/device/draft_resident_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
 O=${OUT:-/tmp/out}
 L=$O/logs
 mkdir -p "$L"
-PROMPT="The jury said that"
 for t in ${TESTS-mtp_gpu_test batch_invariance_test gpu_vs_cpu_test gdn_launch_cuda_test}; do
   run_gtest "$t"
 done
-for rep in $(seq 1 "${ROUNDS:-2}"); do
-  for run in "off" "4" "4 --draft-resident on" "4 --fused-draft off"; do
-    tag=${run// /_}
-    timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
-      --prompt "$PROMPT" --json --mtp $run >"$L/gen_${tag}_$rep.json" 2>"$L/gen_${tag}_$rep.err"
-    r=$?
-    echo "generate --mtp $run (run $rep): rc=$r $(gen_summary "$L/gen_${tag}_$rep.json")"
-    [ $r = 0 ] && pass "generate mtp $run" || { fail "generate mtp $run"; tail -3 "$L/gen_${tag}_$rep.err"; }
-  done
-done
-python3 - "$L" <<'PY'
-import json, sys, glob
-texts = {}
-for f in sorted(glob.glob(sys.argv[1] + "/gen_*.json")):
-    try: texts[f] = json.load(open(f)).get("text")
-    except Exception as e: texts[f] = "unreadable: %s" % e
-print("greedy texts identical across runs:", len(set(texts.values())) == 1, "(%d runs)" % len(texts))
-PY
+demo_generate_rounds "${ROUNDS:-2}" "off" "4" "4 --draft-resident on" "4 --fused-draft off"
 for rep in $(seq 1 "${ROUNDS:-2}"); do
   for fd in "--draft-resident off" "--draft-resident on"; do
     echo "== bench $fd (round $rep)"

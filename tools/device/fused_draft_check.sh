@@ -16,27 +16,9 @@ source tools/device/env.sh
 O=${OUT:-/tmp/out}
 L=$O/logs
 mkdir -p "$L"
-PROMPT="The jury said that"
 [ "${TESTS:-1}" = 1 ] && run_gtest mtp_gpu_test
-for rep in 1 2; do
-  for run in "off" "3 --fused-draft off" "3" "4 --fused-draft off" "4"; do
-    tag=${run// /_}
-    timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
-      --prompt "$PROMPT" --json --mtp $run >"$L/gen_${tag}_$rep.json" 2>"$L/gen_${tag}_$rep.err"
-    r=$?
-    echo "generate --mtp $run (run $rep): rc=$r $(gen_summary "$L/gen_${tag}_$rep.json")"
-    [ $r = 0 ] && pass "generate mtp $run" || { fail "generate mtp $run"; tail -3 "$L/gen_${tag}_$rep.err"; }
-  done
-done
 # Greedy text is the same with and without MTP, fused or not.
-python3 - "$L" <<'PY'
-import json, sys, glob
-texts = {}
-for f in sorted(glob.glob(sys.argv[1] + "/gen_*.json")):
-    try: texts[f] = json.load(open(f)).get("text")
-    except Exception as e: texts[f] = "unreadable: %s" % e
-print("greedy texts identical across runs:", len(set(texts.values())) == 1, "(%d runs)" % len(texts))
-PY
+demo_generate_rounds 2 "off" "3 --fused-draft off" "3" "4 --fused-draft off" "4"
 for fd in "--fused-draft off" "" ${BLOCKS:-32 64}; do
   case "$fd" in [0-9]*) fd="--fused-draft-blocks $fd" ;; esac
   echo "== bench $fd"
