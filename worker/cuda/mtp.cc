@@ -112,10 +112,15 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
   a.best = mtp_chain_best_;
   a.n = 1;
   a.passes = 1;
-  if (!MtpChainSupported(a).ok() ||
-      !MtpChainConfigure(&a, device_, copts_.fused_draft_blocks, copts_.draft_chain_resident).ok())
-    return absl::OkStatus();  // the per-kernel chain
-  mtp_chain_ = a;
+  if (!MtpChainSupported(a).ok()) return absl::OkStatus();  // the per-kernel chain
+  // The resident form where asked for and placeable, else the global form, else per kernel.
+  MtpChainArgs placed = a;
+  if (!copts_.draft_chain_resident ||
+      !MtpChainConfigure(&placed, device_, copts_.fused_draft_blocks, /*resident=*/true).ok()) {
+    placed = a;
+    if (!MtpChainConfigure(&placed, device_, copts_.fused_draft_blocks).ok()) return absl::OkStatus();
+  }
+  mtp_chain_ = placed;
   return absl::OkStatus();
 }
 
