@@ -630,7 +630,12 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     }
     __syncthreads();
     // The residual: u += W x, row by row (only the row's owner reads it in this stage).
-    auto add_to_u = [&](int row, float d) { Pub<RES>(u_last + row, Rd<RES>(u_last + row) + d); };
+    auto add_to_u = [&](int row, float d) {
+      if constexpr (RES)
+        Pub<true>(u_last + row, u_last[row] + d);  // every block's copy
+      else if (lane == 0)
+        u_last[row] = Coh(u_last + row) + d;  // one lane reads and writes the scratch
+    };
     RowsTimesVector<WT, RES>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, wsm, add_to_u);
     StageSync();
 
@@ -692,25 +697,20 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   }
 }
 
-void (*Kernel(GgmlType t, bool resident))(const MtpChainArgs) {
-  if (resident) {
-    switch (t) {
-      case GgmlType::F32:
-        return MtpChainKernel<GgmlType::F32, true>;
-      case GgmlType::BF16:
-        return MtpChainKernel<GgmlType::BF16, true>;
-      default:
-        return MtpChainKernel<GgmlType::F16, true>;
-    }
-  }
+template <bool RES>
+void (*KernelOf(GgmlType t))(const MtpChainArgs) {
   switch (t) {
     case GgmlType::F32:
-      return MtpChainKernel<GgmlType::F32, false>;
+      return MtpChainKernel<GgmlType::F32, RES>;
     case GgmlType::BF16:
-      return MtpChainKernel<GgmlType::BF16, false>;
+      return MtpChainKernel<GgmlType::BF16, RES>;
     default:
-      return MtpChainKernel<GgmlType::F16, false>;
+      return MtpChainKernel<GgmlType::F16, RES>;
   }
+}
+
+void (*Kernel(GgmlType t, bool resident))(const MtpChainArgs) {
+  return resident ? KernelOf<true>(t) : KernelOf<false>(t);
 }
 
 }  // namespace
