@@ -12,6 +12,47 @@
 
 namespace ds {
 
+namespace {
+
+// The on|off switches of CudaBackendOptions (bench.h), one row each: flag, field.
+struct OnOffSwitch {
+  const char* flag;
+  bool BenchOptions::*field;
+};
+constexpr OnOffSwitch kOnOff[] = {
+    {"--portable", &BenchOptions::portable},
+    {"--tiled", &BenchOptions::tiled},
+    {"--mmq", &BenchOptions::mmq},
+    {"--f16-mma", &BenchOptions::f16_mma},
+    {"--batch-invariant", &BenchOptions::batch_invariant},
+    {"--fuse-norm", &BenchOptions::fuse_norm},
+    {"--gdn-runs", &BenchOptions::gdn_runs},
+    {"--attn-mma", &BenchOptions::attn_mma},
+    {"--attn-wgmma", &BenchOptions::attn_wgmma},
+    {"--fuse-gdn", &BenchOptions::fuse_gdn},
+    {"--gdn-scan-mma", &BenchOptions::gdn_scan_mma},
+    {"--f16-cluster", &BenchOptions::f16_cluster},
+    {"--f16-tail-split", &BenchOptions::f16_tail_split},
+    {"--half-regs", &BenchOptions::half_regs},
+    {"--gdn-bulk", &BenchOptions::gdn_bulk},
+    {"--gdn-state-early", &BenchOptions::gdn_state_early},
+    {"--tiled-f16-formats", &BenchOptions::tiled_f16_formats},
+    {"--early-launch", &BenchOptions::early_launch},
+    {"--coarse-draft-head", &BenchOptions::coarse_draft_head},
+    {"--fused-draft", &BenchOptions::fused_draft},
+    {"--draft-resident", &BenchOptions::draft_resident},
+    {"--gemv-six", &BenchOptions::gemv_six},
+    {"--f16-wgmma", &BenchOptions::f16_wgmma},
+    {"--prefill-fp8", &BenchOptions::prefill_fp8},
+};
+bool BenchOptions::*OnOffField(const std::string& flag) {
+  for (const OnOffSwitch& s : kOnOff)
+    if (flag == s.flag) return s.field;
+  return nullptr;
+}
+
+}  // namespace
+
 // argv holds only the subcommand's flags (no program name).
 int BenchMain(int argc, char** argv) {
   BenchOptions o;
@@ -92,42 +133,14 @@ int BenchMain(int argc, char** argv) {
       }
       o.overlap = v == "on" ? 1 : 0;
     }
-    else if (a == "--portable" || a == "--tiled" || a == "--mmq" || a == "--f16-mma" || a == "--batch-invariant" ||
-             a == "--fuse-norm" || a == "--gdn-runs" || a == "--attn-mma" || a == "--attn-wgmma" || a == "--fuse-gdn" ||
-             a == "--gdn-scan-mma" || a == "--f16-cluster" || a == "--f16-tail-split" || a == "--half-regs" || a == "--gdn-bulk" || a == "--gdn-state-early" || a == "--tiled-f16-formats" ||
-             a == "--early-launch" || a == "--coarse-draft-head" || a == "--fused-draft" || a == "--draft-resident" ||
-             a == "--gemv-six" || a == "--f16-wgmma" || a == "--prefill-fp8") {
+    else if (bool BenchOptions::*field = OnOffField(a)) {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {
         std::fprintf(stderr, "bench: %s expects on or off, got '%s'\n", a.c_str(), v.c_str());
         return 2;
       }
-      bool& field = a == "--portable"          ? o.portable
-                    : a == "--tiled"             ? o.tiled
-                    : a == "--mmq"             ? o.mmq
-                    : a == "--f16-mma"         ? o.f16_mma
-                    : a == "--batch-invariant" ? o.batch_invariant
-                    : a == "--gdn-runs"        ? o.gdn_runs
-                    : a == "--fuse-gdn"        ? o.fuse_gdn
-                    : a == "--attn-mma"        ? o.attn_mma
-                    : a == "--attn-wgmma"      ? o.attn_wgmma
-                    : a == "--gdn-scan-mma"    ? o.gdn_scan_mma
-                    : a == "--f16-cluster"     ? o.f16_cluster
-                    : a == "--f16-tail-split"  ? o.f16_tail_split
-                    : a == "--half-regs"       ? o.half_regs
-                    : a == "--gdn-bulk"        ? o.gdn_bulk
-                    : a == "--gdn-state-early" ? o.gdn_state_early
-                    : a == "--tiled-f16-formats" ? o.tiled_f16_formats
-                    : a == "--early-launch"    ? o.early_launch
-                    : a == "--coarse-draft-head" ? o.coarse_draft_head
-                    : a == "--fused-draft"     ? o.fused_draft
-                    : a == "--draft-resident"  ? o.draft_resident
-                    : a == "--gemv-six"        ? o.gemv_six
-                    : a == "--f16-wgmma"       ? o.f16_wgmma
-                    : a == "--prefill-fp8"     ? o.prefill_fp8
-                                               : o.fuse_norm;
-      field = v == "on";
+      o.*field = v == "on";
     }
     else if (a == "--gdn-state") {
       const std::string v = next();
