@@ -22,17 +22,7 @@ synth=$!
 for t in ${TESTS:-gdn_launch_cuda_test batch_invariance_test}; do
   run_gtest $t
 done
-for rep in 1 2; do
-  for run in "4" "4 --deferred-drafts off"; do
-    tag="${run// /_}_$rep"
-    timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
-      --prompt "The jury said that" --json --mtp $run >"$L/gen_$tag.json" 2>"$L/gen_$tag.err"
-    r=$?
-    echo "generate --mtp $run (run $rep): rc=$r $(gen_summary "$L/gen_$tag.json")"
-    [ $r = 0 ] && pass "generate --mtp $run" || fail "generate --mtp $run"
-  done
-done
-python3 -c 'import json,glob,sys; t={json.load(open(f)).get("text") for f in glob.glob(sys.argv[1]+"/gen_*.json")}; print("texts identical:", len(t) == 1)' "$L"
+demo_generate_rounds 2 "4" "4 --deferred-drafts off"
 TAG=defaults MTPS="off 4" ROUNDS=1 LOAD=0 bash tools/device/demo_served_mtp.sh
 wait $synth
 for f in on off; do

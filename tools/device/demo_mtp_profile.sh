@@ -22,21 +22,8 @@ MTP_K=${MTP_K:-3 4}
 BENCH_K=${BENCH_K:-$MTP_K}
 PROMPT="The jury said that"
 for t in ${TESTS:-}; do run_gtest "$t"; done
-for rep in 1 2; do
-  for k in off $MTP_K; do
-    timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
-      --prompt "$PROMPT" --json --mtp $k ${GEN_ARGS:-} >"$L/gen_${k}_$rep.json" 2>"$L/gen_${k}_$rep.err"
-    r=$?
-    echo "generate --mtp $k (run $rep): rc=$r $(gen_summary "$L/gen_${k}_$rep.json")"
-    [ $r = 0 ] && pass "generate mtp $k" || { fail "generate mtp $k"; tail -3 "$L/gen_${k}_$rep.err"; }
-  done
-done
 # The same text with and without MTP (greedy, or sampled with one --seed in GEN_ARGS).
-python3 - "$L" <<'PY'
-import json, sys, glob
-texts = {f: json.load(open(f)).get("text") for f in sorted(glob.glob(sys.argv[1] + "/gen_*.json"))}
-print("texts identical across runs:", len(set(texts.values())) == 1, "(%d runs)" % len(texts))
-PY
+demo_generate_rounds 2 off $MTP_K
 NOPROF=--no-profile
 [ "${PROFILE:-0}" = 1 ] && NOPROF=
 timeout 120 "$BIN/deltaserve" bench --model demo --quick --mtp ${BENCH_K// /,} --mtp-conc 1 \

@@ -36,10 +36,11 @@ synth_27b() {
 gen_summary() {
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d.get("mtp") or {}; print("gen tok/s %.1f tokens %d tokens/verify %s acceptance %s" % (d["generation_tokens_per_second"], d["generated_tokens"], m.get("mean_accepted_length"), m.get("acceptance")))' "$1" 2>&1 | tail -1
 }
-# `deltaserve generate` on the demo model (256 tokens, "The jury said that", greedy), $1 rounds of
-# each run given after it (the flags after --mtp: "off", "4 --fused-draft off", ...), outputs in
-# $L/gen_<run>_<round>.json, one summary line and a PASS/FAIL line each; then whether every
-# output's text is the same (greedy text does not depend on MTP or its kernels).
+# `deltaserve generate` on the demo model (256 tokens, "The jury said that", greedy unless GEN_ARGS
+# sets sampling with one --seed), $1 rounds of each run given after it (the flags after --mtp:
+# "off", "4 --fused-draft off", ...), outputs in $L/gen_<run>_<round>.json, one summary line and
+# a PASS/FAIL line each; then whether every output's text is the same (it does not depend on MTP
+# or its kernels).
 demo_generate_rounds() {
   local rounds=$1 rep run tag r
   shift
@@ -47,7 +48,8 @@ demo_generate_rounds() {
     for run in "$@"; do
       tag=${run// /_}
       timeout 60 "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
-        --prompt "The jury said that" --json --mtp $run >"$L/gen_${tag}_$rep.json" 2>"$L/gen_${tag}_$rep.err"
+        --prompt "The jury said that" --json --mtp $run ${GEN_ARGS:-} >"$L/gen_${tag}_$rep.json" \
+        2>"$L/gen_${tag}_$rep.err"
       r=$?
       echo "generate --mtp $run (run $rep): rc=$r $(gen_summary "$L/gen_${tag}_$rep.json")"
       [ $r = 0 ] && pass "generate mtp $run" || { fail "generate mtp $run"; tail -3 "$L/gen_${tag}_$rep.err"; }
@@ -59,7 +61,7 @@ texts = {}
 for f in sorted(glob.glob(sys.argv[1] + "/gen_*.json")):
     try: texts[f] = json.load(open(f)).get("text")
     except Exception as e: texts[f] = "unreadable: %s" % e
-print("greedy texts identical across runs:", len(set(texts.values())) == 1, "(%d runs)" % len(texts))
+print("texts identical across runs:", len(set(texts.values())) == 1, "(%d runs)" % len(texts))
 PY
 }
 # Runs the packed gtest binary $1 (its arguments after it) under a 240 s limit, its log in
