@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config/on_off_switch.h"
 #include "common/util/model_alias.h"
 #include "tools/bench/bench.h"
 #include "tools/bench/bench_tp.h"
@@ -15,11 +16,7 @@ namespace ds {
 namespace {
 
 // The on|off switches of CudaBackendOptions (bench.h), one row each: flag, field.
-struct OnOffSwitch {
-  const char* flag;
-  bool BenchOptions::*field;
-};
-constexpr OnOffSwitch kOnOff[] = {
+constexpr OnOffSwitch<BenchOptions> kOnOff[] = {
     {"--portable", &BenchOptions::portable},
     {"--tiled", &BenchOptions::tiled},
     {"--mmq", &BenchOptions::mmq},
@@ -45,11 +42,6 @@ constexpr OnOffSwitch kOnOff[] = {
     {"--f16-wgmma", &BenchOptions::f16_wgmma},
     {"--prefill-fp8", &BenchOptions::prefill_fp8},
 };
-bool BenchOptions::*OnOffField(const std::string& flag) {
-  for (const OnOffSwitch& s : kOnOff)
-    if (flag == s.flag) return s.field;
-  return nullptr;
-}
 
 }  // namespace
 
@@ -133,7 +125,7 @@ int BenchMain(int argc, char** argv) {
       }
       o.overlap = v == "on" ? 1 : 0;
     }
-    else if (bool BenchOptions::*field = OnOffField(a)) {
+    else if (bool BenchOptions::*field = OnOffFieldOf(kOnOff, a)) {
       // The on|off switches of CudaBackendOptions, for A/B runs.
       const std::string v = next();
       if (v != "on" && v != "off") {

@@ -3,6 +3,7 @@
 
 #include "absl/strings/numbers.h"
 #include "common/config/config_file.h"
+#include "common/config/on_off_switch.h"
 #include "common/util/status.h"
 #include "worker/model/gdn_state.h"
 
@@ -10,11 +11,7 @@ namespace ds {
 namespace {
 
 // The on|off switches, one row each: the flag names, the parser and the writer all read it.
-struct OnOffSwitch {
-  const char* flag;
-  bool DeviceTuning::*field;
-};
-constexpr OnOffSwitch kOnOff[] = {
+constexpr OnOffSwitch<DeviceTuning> kOnOff[] = {
     {"--portable", &DeviceTuning::portable},
     {"--early-launch", &DeviceTuning::early_launch},
     {"--tiled-f16-formats", &DeviceTuning::tiled_f16_formats},
@@ -30,7 +27,7 @@ constexpr OnOffSwitch kOnOff[] = {
 const std::vector<std::string>& DeviceTuningFlagNames() {
   static const std::vector<std::string> kNames = [] {
     std::vector<std::string> n = {"--dense-weights", "--gdn-state", "--fp8-decode-rows"};
-    for (const OnOffSwitch& s : kOnOff) n.emplace_back(s.flag);
+    for (const OnOffSwitch<DeviceTuning>& s : kOnOff) n.emplace_back(s.flag);
     return n;
   }();
   return kNames;
@@ -44,7 +41,7 @@ absl::Status ParseDeviceTuning(const std::map<std::string, std::string>& flags, 
                                         it->second + "'");
     t->dense_weights = *d;
   }
-  for (const OnOffSwitch& s : kOnOff)
+  for (const OnOffSwitch<DeviceTuning>& s : kOnOff)
     DS_RETURN_IF_ERROR(config::OnOffFlag(flags, s.flag, &(t->*s.field)));
   if (auto it = flags.find("--gdn-state"); it != flags.end()) {
     DS_ASSIGN_OR_RETURN(t->gdn_state_bf16, ParseGdnState(it->second));
@@ -64,7 +61,7 @@ std::vector<std::string> DeviceTuningArgs(const DeviceTuning& t) {
   std::vector<std::string> a;
   if (t.dense_weights != def.dense_weights)
     a.insert(a.end(), {"--dense-weights", DenseWeightsName(t.dense_weights)});
-  for (const OnOffSwitch& s : kOnOff)
+  for (const OnOffSwitch<DeviceTuning>& s : kOnOff)
     if (t.*s.field != def.*s.field) a.insert(a.end(), {s.flag, t.*s.field ? "on" : "off"});
   if (t.gdn_state_bf16 != def.gdn_state_bf16)
     a.insert(a.end(), {"--gdn-state", GdnStateName(t.gdn_state_bf16)});
