@@ -57,6 +57,10 @@ struct Case {
   // CudaBackendOptions::tiled_f16_formats: Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL matrices tiled, on the f16 kernel at every
   // column count (its column-count invariance is then the whole story).
   bool tiled_f16_formats = false;
+  // CudaBackendOptions::gdn_state_early (off by default): the GDN decode's state loads before the
+  // early-launch wait, which only the layer's first decode launch of a step may take (a
+  // decode_path run's later waves read the states the wave before them writes).
+  bool gdn_state_early = false;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -80,6 +84,8 @@ constexpr Case kCases[] = {
     {"Q8_0_tiled", GgmlType::Q8_0, false, 0, true},
     {"IQ4_XS_tiled", GgmlType::IQ4_XS, false, 0, true},
     {"IQ4_NL_tiled", GgmlType::IQ4_NL, false, 0, true},
+    {"F32_gdn_state_early", GgmlType::F32, false, 0, false, true},
+    {"Q6_K_27b_width_gdn_state_early", GgmlType::Q6_K, true, 0, false, true},
 };
 
 bool HaveGpu() {
@@ -160,6 +166,7 @@ TEST_P(BatchInvariance, DecodeRowsAndDecodePathRunsEqualDecodingAlone) {
   CudaBackendOptions co;
   if (c.f16_min_cols > 0) co.f16_mma_min_cols = c.f16_min_cols;
   co.tiled_f16_formats = c.tiled_f16_formats;
+  co.gdn_state_early = c.gdn_state_early;
   auto made = cuda::CreateCudaBackendApi(path, bo, co);
   std::filesystem::remove(path);
   ASSERT_TRUE(made.ok()) << made.status();

@@ -243,6 +243,10 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.out = mix_out_;
   d.early = early_launch_;
   d.bulk_state = gdn_bulk_state_;
+  // Only the layer's first decode launch may ask for its states before the wait: the kernel
+  // ahead of it (the beta / alpha projection) writes none, but each later launch (the next wave
+  // of a decode_path run) reads the states the launch just before it is still writing.
+  // batch_invariance_test's replay rows 1.. caught that on an H100 (2026-12-07).
   d.state_early = early_launch_ && copts_.gdn_state_early;
   if (quant_in_kernel) {
     d.xq = xq_;
@@ -259,6 +263,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.in_slots = GdnIn();
     a.pos = DecodePositions();
     DS_RETURN_IF_ERROR(GdnDecode(a, stream_));
+    d.state_early = false;
   }
   for (const DecodeWave& wave : waves_) {
     GdnDecodeArgs a = d;
@@ -268,6 +273,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
     a.in_slots = spec_step_ ? GdnIn() + wave.first : nullptr;
     a.pos = DecodePositions() + wave.first;
     DS_RETURN_IF_ERROR(GdnDecode(a, stream_));
+    d.state_early = false;
   }
   for (const RowRun& p : prefill_) {
     GdnPrefillArgs a;
