@@ -75,7 +75,9 @@ struct GdnDecodeArgs {
   // first blocks' state reads overlap its tail. Only for callers where no kernel of the step
   // between the last completed one and this launch writes those states or index arrays (the
   // worker: the layer's projections run between; the states are written by this layer's GDN
-  // launches alone). Everything else is read after the wait, as without it. Same bits.
+  // launches alone, so only its first GDN launch of a step qualifies: a decode_path run's next
+  // wave reads the states the wave just before it writes). Everything else is read after the
+  // wait, as without it. Same bits.
   bool state_early = false;
   // Launches of many blocks (heads x sequences >= 256) bring each head's state into shared
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
