@@ -57,9 +57,8 @@ struct Case {
   // CudaBackendOptions::tiled_f16_formats: Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL matrices tiled, on the f16 kernel at every
   // column count (its column-count invariance is then the whole story).
   bool tiled_f16_formats = false;
-  // CudaBackendOptions::gdn_state_early (off by default): the GDN decode's state loads before the
-  // early-launch wait, which only the layer's first decode launch of a step may take (a
-  // decode_path run's later waves read the states the wave before them writes).
+  // CudaBackendOptions::gdn_state_early (off by default; CudaDevice::GdnMixer has the rule it
+  // must keep, which the replay's decode_path waves test).
   bool gdn_state_early = false;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
