@@ -57,9 +57,9 @@ struct Case {
   // CudaBackendOptions::tiled_f16_formats: Q4_K / Q5_K / Q8_0 / IQ4_XS / IQ4_NL matrices tiled, on the f16 kernel at every
   // column count (its column-count invariance is then the whole story).
   bool tiled_f16_formats = false;
-  // CudaBackendOptions::gdn_state_early (off by default; CudaDevice::GdnMixer has the rule it
-  // must keep, which the replay's decode_path waves test).
-  bool gdn_state_early = false;
+  // CudaBackendOptions::gdn_state_early (on by default; CudaDevice::GdnMixer has the rule it
+  // must keep, which the replay's decode_path waves test): false for the cases that read late.
+  bool gdn_state_early = true;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -83,8 +83,8 @@ constexpr Case kCases[] = {
     {"Q8_0_tiled", GgmlType::Q8_0, false, 0, true},
     {"IQ4_XS_tiled", GgmlType::IQ4_XS, false, 0, true},
     {"IQ4_NL_tiled", GgmlType::IQ4_NL, false, 0, true},
-    {"F32_gdn_state_early", GgmlType::F32, false, 0, false, true},
-    {"Q6_K_27b_width_gdn_state_early", GgmlType::Q6_K, true, 0, false, true},
+    {"F32_gdn_state_late", GgmlType::F32, false, 0, false, false},
+    {"Q6_K_27b_width_gdn_state_late", GgmlType::Q6_K, true, 0, false, false},
 };
 
 bool HaveGpu() {

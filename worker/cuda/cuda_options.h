@@ -38,11 +38,12 @@ struct CudaBackendOptions {
   bool gdn_bulk_state = true;
   // The GDN decode launch asks for its state before waiting for the kernel ahead (with early
   // launch; GdnDecodeArgs::state_early; only a layer's first decode launch of the step, see
-  // CudaDevice::GdnMixer). On the H100, 27B Q6_K, x1 / x16 / x32 / x64 +0.3 / +0.7 / +0.4 / +0.4%
-  // (docs/perf/h200.md; `bench --gdn-state-early on`). Off again since 2026-12-07: on by default
-  // it let every wave of a decode_path run read its states early, and batch_invariance_test's
-  // replay rows failed on an H100; the fixed form has not run the model tests on a GPU yet.
-  bool gdn_state_early = false;
+  // CudaDevice::GdnMixer). On the H100, 27B Q6_K, x1 / x16 / x64 +0.5-0.8 / +0.7 / +0.3%
+  // (2026-12-07, two alternated rounds; `bench --gdn-state-early off` for A/B, docs/perf/h200.md).
+  // Off for a day after its first default let every wave of a decode_path run read its states
+  // early (batch_invariance_test's replay rows failed on an H100); on again since the fixed form
+  // passed the whole GPU suite (batch_invariance_test with a case each way) on 2026-12-07.
+  bool gdn_state_early = true;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on
