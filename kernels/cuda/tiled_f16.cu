@@ -58,9 +58,6 @@ __device__ __forceinline__ void WgmmaColumns(float (&d)[NT * 4], const uint32_t 
   if constexpr (NT == 8) WgmmaM64N64K16RS(d, a, desc, accumulate);
 }
 
-// Stage buffers of a form (the wgmma instruction's: three; TiledF16Kernel says why).
-constexpr int F16Stages(bool wgmma_instruction) { return wgmma_instruction ? 3 : 2; }
-
 // Steps per commit group of the wgmma form: a group's A fragments stay in registers until the
 // group after it was issued (double-buffered), so 2 x kWgGroup x 4 registers hold them.
 constexpr int kWgGroup = 2;
@@ -88,11 +85,6 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   // bytes (64 k each), 1024-aligned.
   constexpr int kStage = kTc ? NCB * 2 * kUnitElems : NCB * kXc;
   constexpr int kSumsStage = NCB * 16;  // kMins: a column's 8 sub-block sums of the unit
-  // Stage buffers (StageBytes): the wgmma form keeps three, so that unit u + 1's copy goes to the
-  // buffer unit u - 2 read and no barrier is needed at the end of a unit (every warp has passed
-  // unit u - 1's barrier, after its own wait for unit u - 2's wgmma reads, before it copies); the
-  // mma.sync form two, with that barrier.
-  constexpr int kNStages = F16Stages(kTc);
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last_block;
   // The stages (and the sums after them) start at the first 1024-aligned shared address; the
@@ -133,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
       CpAsync16(dst, a.xh + static_cast<int64_t>(min(c, nc - 1)) * a.K + u * kUnitElems + 8 * k8);
     }
     if constexpr (Codec::kMins) {
-      uint8_t* ms = stages + kNStages * kStage + b * kSumsStage;
+      uint8_t* ms = stages + 2 * kStage + b * kSumsStage;
       for (int c = tid; c < NCB; c += kThreads)
         CpAsync16(ms + 16 * c, a.xhs + static_cast<int64_t>(min(c, nc - 1)) * (a.K / 32) + 8 * u);
     }
@@ -166,7 +158,8 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
   WaitForPrerequisiteGrids();
   if (u0 < u1) stage(u0, 0);
   CpAsyncCommit();
-  for (int u = u0, b = 0; u < u1; ++u, b = b + 1 == kNStages ? 0 : b + 1) {
+  for (int u = u0; u < u1; ++u) {
+    const int b = (u - u0) & 1;
     typename Codec::Unit tu;
     if constexpr (kPrefetch) {
       tu = next;
@@ -175,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
     } else if (loads) {
       Codec::Load(tu, wt + static_cast<int64_t>(u) * Codec::kUnitBytes, lane);
     }
-    if (u + 1 < u1) stage(u + 1, b + 1 == kNStages ? 0 : b + 1);
+    if (u + 1 < u1) stage(u + 1, b ^ 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
     if constexpr (kTc) FenceProxyAsyncShared();  // this thread's copies, before wgmma reads them
@@ -259,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         // columns x 16 bytes: 32 banks.
         uint32_t am[2];
         Codec::MinOperands(tu, q, am);
-        const uint8_t* ms = stages + kNStages * kStage + b * kSumsStage + g * 16 + 4 * q;
+        const uint8_t* ms = stages + 2 * kStage + b * kSumsStage + g * 16 + 4 * q;
         const float2 dm = Codec::Dmin(tu);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -272,10 +265,8 @@ __global__ void __launch_bounds__(kThreads, 2) TiledF16Kernel(const __grid_const
         }
       }
     }
-    if constexpr (kNStages == 2) __syncthreads();  // buffer b is restaged by the next copy
+    __syncthreads();  // buffer b is restaged by the next round's copy
   }
-  // The epilogues below reuse the stages: every warp's last wgmma reads come first.
-  if constexpr (kNStages == 3) __syncthreads();
   AllowDependentLaunch();  // the next kernel may be scheduled during the epilogue
 
   const int64_t ldy = a.ldy ? a.ldy : a.M;
@@ -427,14 +418,13 @@ bool ClustersAvailable() {
   return yes;
 }
 
-// Dynamic shared memory of the NT form: two stages (the wgmma instruction's forms: three) of
-// every column's unit of activations (also the pair's hand-over and the cluster's sums after the
-// loop); the wgmma form's stages unpadded behind up to 1024 bytes of alignment slack.
+// Dynamic shared memory of the NT form: two stages of every column's unit of activations (also
+// the pair's hand-over and the cluster's sums after the loop); the wgmma form's stages unpadded
+// behind up to 1024 bytes of alignment slack.
 template <class Codec, int NT, bool kWgmma>
 constexpr int StageBytes() {
-  constexpr int n = F16Stages(kWgmma && NT >= 2);
-  constexpr int mins = Codec::kMins ? n * NT * 8 * 16 : 0;
-  constexpr int bytes = kWgmma && NT >= 2 ? 1024 + n * NT * 8 * 2 * kUnitElems + mins
+  constexpr int mins = Codec::kMins ? 2 * NT * 8 * 16 : 0;
+  constexpr int bytes = kWgmma && NT >= 2 ? 1024 + 2 * NT * 8 * 2 * kUnitElems + mins
                         : kWgmma          ? 2 * NT * 8 * kXColWg + mins
                                           : 2 * NT * 8 * kXCol + mins;
   static_assert(bytes >= kWarps / 2 * kTiledRows * NT * 8 * 4,
