@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Same-call A/B of a kernel-library change: B is the carried build ($DS_CARRY, packed by pack.sh),
+# A the same binaries with another build's libds_kernels_cuda.so ($A_DIR/libds_kernels_cuda.so.xz,
+# xz-packed alone: the host binaries did not change, only the kernels). First B's tests ($TESTS),
+# then TiledF16Timing.Table27B of both (A's test binary: $A_DIR/tiled_f16_cuda_test.xz, when
+# there), then `deltaserve bench $BENCH` alternated A, B for $ROUNDS rounds on the 27B Q6_K synth.
+# Two carries seldom fit one call (64 MiB with the tree): then a first call runs B's tests with
+# KEEP=/tmp/Bc (B's unpacked carry copied there; ROUNDS=0 TABLE=0), and a second call on the same
+# warm machine carries only A_DIR and passes B_KEPT=/tmp/Bc.
+# Usage (device, repo root): DS_CARRY=.devcarry-b A_DIR=.devcarry-a [TESTS="..."] [ROUNDS=2]
+#   [BENCH="..."] [KEEP=/tmp/Bc | B_KEPT=/tmp/Bc] bash tools/device/ab_two_carries.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [ -n "${B_KEPT:-}" ]; then
+  export LD_LIBRARY_PATH="$B_KEPT/lib:/usr/local/cuda/lib64"
+  export NCCL_NVLS_ENABLE=0
+  BIN=$B_KEPT/bin
+fi
+source tools/device/env.sh
+[ -n "${KEEP:-}" ] && rm -rf "$KEEP" && cp -r "$PWD/$DS_CARRY" "$KEEP"
+A_DIR=${A_DIR:-}
+mkdir -p /tmp/alib
+[ -n "$A_DIR" ] && xz -dc "$A_DIR/libds_kernels_cuda.so.xz" >/tmp/alib/libds_kernels_cuda.so
+[ -n "$A_DIR" ] && [ -f "$A_DIR/tiled_f16_cuda_test.xz" ] && xz -dc "$A_DIR/tiled_f16_cuda_test.xz" >/tmp/alib/tiled_f16_cuda_test && chmod +x /tmp/alib/tiled_f16_cuda_test
+ALIB="/tmp/alib:$LD_LIBRARY_PATH"
+[ -n "$A_DIR" ] && echo "A's kernels: $(LD_LIBRARY_PATH=$ALIB ldd "$BIN/deltaserve" | grep ds_kernels)"
+M=${MODEL:-/tmp/m.gguf}
+synth_27b "$M" &
+for t in ${TESTS:-}; do
+  timeout 200 "$BIN/$t" --gtest_color=no >"/tmp/$t.log" 2>&1
+  r=$?
+  echo "B $t: rc=$r $(grep -E '^\[  (PASSED|FAILED)' "/tmp/$t.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]" "/tmp/$t.log" | head -5
+  [ $r = 0 ] && pass "$t" || fail "$t"
+done
+if [ "${TABLE:-1}" = 1 ]; then
+  for side in A B; do
+    echo "== $side TiledF16Timing.Table27B"
+    if [ $side = A ]; then
+      [ -n "$A_DIR" ] && [ -x /tmp/alib/tiled_f16_cuda_test ] || continue
+      LD_LIBRARY_PATH=$ALIB timeout 150 /tmp/alib/tiled_f16_cuda_test --gtest_also_run_disabled_tests \
+        --gtest_filter='TiledF16Timing.Table27B' --gtest_color=no 2>&1 | grep -vE "^\[|^$|^Note"
+    else
+      timeout 150 "$BIN/tiled_f16_cuda_test" --gtest_also_run_disabled_tests \
+        --gtest_filter='TiledF16Timing.Table27B' --gtest_color=no 2>&1 | grep -vE "^\[|^$|^Note"
+    fi
+  done
+fi
+wait
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for side in A B; do
+    [ $side = A ] && [ -z "$A_DIR" ] && continue
+    echo "== $side round $r: bench ${BENCH:-default}"
+    lp=$LD_LIBRARY_PATH
+    [ $side = A ] && lp=$ALIB
+    LD_LIBRARY_PATH=$lp timeout 150 "$BIN/deltaserve" bench --model "$M" \
+      ${BENCH:---prefill 512 --decode 32 --depth 0 --conc 1,16,32,64 --conc-gen 32 --no-profile} 2>&1 |
+      grep -E "^(decode tg|aggregate)" | sort -u
+  done
+done
+exit $rc
