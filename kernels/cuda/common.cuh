@@ -32,16 +32,6 @@ __device__ __forceinline__ void WaitForPrerequisiteGrids() {
 #endif
 }
 
-// The shared-memory carveout (percent of the SM's unified L1 / shared memory) that every kernel
-// launched early asks for, or -1: the driver's choice per kernel (the default). An SM takes blocks
-// of a kernel with another carveout only once it is idle, so kernels of different carveouts cannot
-// overlap there under programmatic dependent launch; one carveout for all of a step's early
-// launches lets them (CudaBackendOptions::early_launch_carveout; an experiment, issue #22).
-// Process-wide: the last value set applies to every device.
-void SetEarlyLaunchCarveout(int percent);
-// Sets the carveout of SetEarlyLaunchCarveout on `kernel`, once per kernel and value (no-op at -1).
-void ApplyEarlyLaunchCarveout(const void* kernel);
-
 // Launches kernel<<<grid, block, smem, stream>>>(args...); `early`: with programmatic stream
 // serialization (the kernel must call WaitForPrerequisiteGrids before it reads or writes anything
 // another kernel touches). Errors surface through cudaGetLastError as for <<<>>>. (.cu files
@@ -52,7 +42,6 @@ void LaunchMaybeEarly(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
                       cudaStream_t stream, bool early, Args&&... args) {
 #if CUDART_VERSION >= 12000
   if (early) {
-    ApplyEarlyLaunchCarveout(reinterpret_cast<const void*>(kernel));
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;

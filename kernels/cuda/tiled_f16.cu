@@ -476,7 +476,6 @@ absl::Status LaunchOne(const F16Launch& L, int blocks, cudaStream_t stream) {
     cudaLaunchAttribute at[2];
     const cudaLaunchConfig_t cfg =
         ClusterLaunch<Codec, NT, kWgmma>(blocks, L.split, L.seg[0].early_launch, stream, at);
-    if (L.seg[0].early_launch) ApplyEarlyLaunchCarveout(reinterpret_cast<const void*>(kernel));
     (void)cudaLaunchKernelEx(&cfg, kernel, L);
   } else {
     LaunchMaybeEarly(kernel, blocks, kThreads, StageBytes<Codec, NT, kWgmma>(), stream,

@@ -339,7 +339,6 @@ int RunBench(const BenchOptions& o) {
     if (o.overlap_chunks > 0) co.overlap_chunks = o.overlap_chunks;
     if (o.f16_min_cols > 0) co.f16_mma_min_cols = o.f16_min_cols;
     if (o.fp8_decode_rows >= 0) co.fp8_decode_rows = o.fp8_decode_rows;
-    co.early_launch_carveout = o.carveout;
     if (o.small_float_rows >= 0) co.small_float_max_rows = o.small_float_rows;
     co.early_launch = o.early_launch;
     co.coarse_draft_head = o.coarse_draft_head;

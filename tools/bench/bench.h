@@ -47,7 +47,6 @@ struct BenchOptions {
   // GEMMs (CudaBackendOptions::overlap_allreduce); -1 = that option's default.
   int overlap = -1;
   int f16_min_cols = 0;  // --f16-min-cols N: CudaBackendOptions::f16_mma_min_cols (0: its default)
-  int carveout = -1;  // --carveout N: CudaBackendOptions::early_launch_carveout (-1: none)
   int fp8_decode_rows = -1;  // --fp8-decode-rows N: CudaBackendOptions::fp8_decode_rows (-1: its default)
   int small_float_rows = -1;  // --small-float-rows N: CudaBackendOptions::small_float_max_rows (-1: its default)
   bool early_launch = true;  // --early-launch off: CudaBackendOptions::early_launch (A/B)

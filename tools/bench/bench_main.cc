@@ -84,7 +84,6 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--overlap-chunks") o.overlap_chunks = std::atoi(next());
     else if (a == "--f16-min-cols") o.f16_min_cols = std::atoi(next());
     else if (a == "--fp8-decode-rows") o.fp8_decode_rows = std::atoi(next());
-    else if (a == "--carveout") o.carveout = std::atoi(next());
     else if (a == "--small-float-rows") o.small_float_rows = std::atoi(next());
     else if (a == "--f16-split-cost") {
       const char* v = next();
@@ -176,7 +175,7 @@ int BenchMain(int argc, char** argv) {
       std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
                   "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
                   "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--draft-resident on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--carveout N] [--small-float-rows N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
+                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--draft-resident on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
                   "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
                   "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
                   "all-reduce latency and its share of a decode step\n"

@@ -195,7 +195,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   uint64_t max_mat_elems = 0;
   tiled_ = copts_.tiled && !portable_ && TiledAvailable(device_);
   early_launch_ = tiled_ && copts_.early_launch && prop.major >= 9;
-  SetEarlyLaunchCarveout(early_launch_ ? copts_.early_launch_carveout : -1);
   // With dense weights on (not auto), steps past tiled_max_rows rows take the 16-bit GEMM, not
   // MMQ or the f16 kernel.
   const bool dense_on = copts_.dense_weights == DenseWeights::kOn;

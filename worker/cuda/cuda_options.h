@@ -116,11 +116,6 @@ struct CudaBackendOptions {
   // load their first weights, and those kernels start while the one before them finishes; each
   // waits for its predecessor before touching activations. The same arithmetic (bit for bit).
   bool early_launch = true;
-  // With early launch: the shared-memory carveout (percent) every early-launched kernel asks for,
-  // so that a step's kernels share one L1 / shared-memory split and may overlap on an SM
-  // (kernels/cuda/common.cuh SetEarlyLaunchCarveout); -1: the driver's choice per kernel.
-  // Process-wide. `bench --carveout N` (an experiment, issue #22).
-  int early_launch_carveout = -1;
   // MTP drafts through a coarse copy of a tiled Q6_K head (kernels/cuda/draft_head.cuh: 4-bit
   // codes with a bf16 scale per 16 values, 0.76x the head's bytes, made at load): drafts only
   // propose tokens, so greedy and sampled outputs stay exactly those of the full head's
