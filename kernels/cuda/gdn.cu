@@ -242,17 +242,9 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
 // bytes) and cost x16 / x64 3-4%. (The conv and output code is the same as GdnDecodeKernel's,
 // not shared through helpers: that refactor changed ptxas's register allocation of the other
 // kernel and could not be measured on the device in this session.)
-//
-// kColumns (GdnDecodeArgs::columns): one thread per value column holding all of its DK state rows
-// (the NG groups of KPT rows one after another in its registers), a block of WarpRound(dv)
-// threads. Each group's partial sums are the same fmaf chains, added in the same order, so the
-// bits are those of the grouped form; but u and o need no shared memory and no barrier, which
-// in the grouped form every token of a run waits on.
-template <int DK, typename TS, int CH, bool kStateEarly = false, bool kColumns = false>
-__global__ void __launch_bounds__(kColumns ? 128 : 512, 1)
-    GdnDecodeRunKernel(const GdnDecodeArgs a) {
+template <int DK, typename TS, int CH, bool kStateEarly = false>
+__global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
-  constexpr int NGT = kColumns ? NG : 1;  // the groups a thread holds
   __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][128], scratch2[2 * CH][32], red[2][NG][128],
       red_o[CH][NG][128];
   // Launched early: nothing before this, or with kStateEarly (GdnDecodeArgs::state_early) only
@@ -262,7 +254,7 @@ __global__ void __launch_bounds__(kColumns ? 128 : 512, 1)
     AllowDependentLaunch();  // ssm_out's column kernel may start loading its weights
   }
   const GdnShape& d = a.shape;
-  const int dvr = kColumns ? blockDim.x : blockDim.x / NG;  // dv rounded up to a warp
+  const int dvr = blockDim.x / NG;  // dv rounded up to a warp
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
   const int grp = tid / dvr, j = tid % dvr;
   const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
@@ -276,15 +268,11 @@ __global__ void __launch_bounds__(kColumns ? 128 : 512, 1)
   const TS* S_in =
       static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
 
-  // Issue the state loads first: they do not depend on the prologue. st[t][k]: row
-  // (g * KPT + k) of column j, g = the thread's group (kColumns: t itself).
-  float st[NGT][KPT];
+  // Issue the state loads first: they do not depend on the prologue.
+  float st[KPT];
   if (jv) {
 #pragma unroll
-    for (int t = 0; t < NGT; ++t)
-#pragma unroll
-      for (int k = 0; k < KPT; ++k)
-        st[t][k] = LoadState(S_in + ((kColumns ? t : grp) * KPT + k) * dv);
+    for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
   }
   if constexpr (kStateEarly) {
     WaitForPrerequisiteGrids();
@@ -409,56 +397,18 @@ __global__ void __launch_bounds__(kColumns ? 128 : 512, 1)
     __syncthreads();
 
     // ---- the state update, token by token ----
-    float o_col[CH];  // kColumns: the chunk's outputs of column j
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
-      o_col[c] = 0.f;
       if (c >= nc) break;
       TS* S = static_cast<TS*>(a.state) + (static_cast<int64_t>(slots[c]) * Hv + h) * DK * dv + j;
-      if constexpr (kColumns) {
-        // The grouped form's sums, group by group, in this thread: no barrier.
-        if (jv) {
-          float p[NG];
-#pragma unroll
-          for (int g2 = 0; g2 < NG; ++g2) {
-            p[g2] = 0.f;
-#pragma unroll
-            for (int k = 0; k < KPT; ++k) {
-              st[g2][k] *= decay[c];
-              p[g2] = fmaf(st[g2][k], ks[c][g2 * KPT + k], p[g2]);
-            }
-          }
-          float u = 0.f;
-#pragma unroll
-          for (int g2 = 0; g2 < NG; ++g2) u += p[g2];
-          const float delta = beta[c] * (vs[c][j] - u);
-          float po[NG];
-#pragma unroll
-          for (int g2 = 0; g2 < NG; ++g2) {
-            po[g2] = 0.f;
-#pragma unroll
-            for (int k = 0; k < KPT; ++k) {
-              st[g2][k] = fmaf(ks[c][g2 * KPT + k], delta, st[g2][k]);
-              po[g2] = fmaf(st[g2][k], qs[c][g2 * KPT + k], po[g2]);
-              StoreState(S + (g2 * KPT + k) * dv, st[g2][k]);
-              st[g2][k] = AsStored<TS>(st[g2][k]);  // a run's next token reads the stored state
-            }
-          }
-          float o = 0.f;
-#pragma unroll
-          for (int g2 = 0; g2 < NG; ++g2) o += po[g2];
-          o_col[c] = o;
-        }
-        continue;
-      }
       // red[c & 1]: the next token writes the other half, so one barrier per token suffices
       // (the one after it orders this token's reads before the token after next writes here).
       float u = 0.f;
       if (jv) {
 #pragma unroll
         for (int k = 0; k < KPT; ++k) {
-          st[0][k] *= decay[c];
-          u = fmaf(st[0][k], ks[c][grp * KPT + k], u);
+          st[k] *= decay[c];
+          u = fmaf(st[k], ks[c][grp * KPT + k], u);
         }
         red[c & 1][grp][j] = u;
       }
@@ -471,10 +421,10 @@ __global__ void __launch_bounds__(kColumns ? 128 : 512, 1)
         float o = 0.f;
 #pragma unroll
         for (int k = 0; k < KPT; ++k) {
-          st[0][k] = fmaf(ks[c][grp * KPT + k], delta, st[0][k]);
-          o = fmaf(st[0][k], qs[c][grp * KPT + k], o);
-          StoreState(S + (grp * KPT + k) * dv, st[0][k]);
-          st[0][k] = AsStored<TS>(st[0][k]);  // a run's next token reads the stored state
+          st[k] = fmaf(ks[c][grp * KPT + k], delta, st[k]);
+          o = fmaf(st[k], qs[c][grp * KPT + k], o);
+          StoreState(S + (grp * KPT + k) * dv, st[k]);
+          st[k] = AsStored<TS>(st[k]);  // a run's next token reads the stored state
         }
         red_o[c][grp][j] = o;
       }
@@ -487,12 +437,8 @@ __global__ void __launch_bounds__(kColumns ? 128 : 512, 1)
     for (int c = 0; c < CH; ++c) {
       o[c] = 0.f;
       if (c < nc && grp == 0 && jv) {
-        if constexpr (kColumns) {
-          o[c] = o_col[c];
-        } else {
 #pragma unroll
-          for (int g2 = 0; g2 < NG; ++g2) o[c] += red_o[c][g2][j];
-        }
+        for (int g2 = 0; g2 < NG; ++g2) o[c] += red_o[c][g2][j];
       }
       oss[c] = o[c] * o[c];
     }
@@ -744,21 +690,9 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
           LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
                            a.early, a);
-        else {
-          // GdnDecodeArgs::columns up to dk = 64: a column of 128 rows (the 27B) is more than a
-          // thread's registers hold (2.4 KB spilled).
-          bool launched = false;
-          if constexpr (DK <= 64) {
-            if (a.columns) {
-              LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly, true>, grid,
-                               WarpRound(a.shape.v_dim), 0, stream, a.early, a);
-              launched = true;
-            }
-          }
-          if (!launched)
-            LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly>, grid, threads, 0, stream,
-                             a.early, a);
-        }
+        else
+          LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly>, grid, threads, 0, stream, a.early,
+                           a);
       };
       if (a.state_early)
         launch(std::true_type{});

@@ -83,10 +83,6 @@ struct GdnDecodeArgs {
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.
   bool bulk_state = false;
-  // The launches below that many blocks (one stream's decode, runs of a verify or a replay) with
-  // one thread per value column holding the column's whole state (GdnDecodeRunKernel's kColumns:
-  // no barrier per token), for dk <= 64 (ignored above: the registers). The same bits.
-  bool columns = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a

@@ -326,7 +326,6 @@ int RunBench(const BenchOptions& o) {
     co.attn_prefill_wgmma = o.attn_wgmma;
     co.gdn_scan_mma = o.gdn_scan_mma;
     co.gdn_bulk_state = o.gdn_bulk;
-    co.gdn_columns = o.gdn_columns;
     co.gdn_state_early = o.gdn_state_early;
     co.tiled_f16_formats = o.tiled_f16_formats;
     co.f16_cluster_split = o.f16_cluster;

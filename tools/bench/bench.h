@@ -34,7 +34,6 @@ struct BenchOptions {
   bool attn_wgmma = true;                    // --attn-wgmma off: the mma.sync prefill flash kernel
   bool gdn_scan_mma = true;                  // --gdn-scan-mma off: the f32 CUDA-core chunk scan
   bool tiled_f16_formats = true;   // --tiled-f16-formats off: CudaBackendOptions::tiled_f16_formats
-  bool gdn_columns = true;         // --gdn-columns off: CudaBackendOptions::gdn_columns
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
   bool gdn_state_early = true;  // --gdn-state-early off: CudaBackendOptions::gdn_state_early
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch

@@ -36,11 +36,6 @@ struct CudaBackendOptions {
   // compute capability 9.0+, off the portable path). The same bits; on the H200 the 27B's x64
   // decode 2,039 -> 2,144 tok/s (A/B: `bench --gdn-bulk off`, docs/perf/h200.md).
   bool gdn_bulk_state = true;
-  // The GDN decode launches of fewer blocks (one stream's decode, an MTP verify's runs,
-  // replays) with one thread per value column holding its whole state, no barrier per token
-  // (GdnDecodeArgs::columns; dk <= 64, e.g. the demo model). The same bits. `bench --gdn-columns
-  // off` for A/B (issue #15).
-  bool gdn_columns = true;
   // The GDN decode launch asks for its state before waiting for the kernel ahead (with early
   // launch; GdnDecodeArgs::state_early; only a layer's first decode launch of the step, see
   // CudaDevice::GdnMixer). On the H100, 27B Q6_K, x1 / x16 / x64 +0.5-0.8 / +0.7 / +0.3%

@@ -243,7 +243,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   d.out = mix_out_;
   d.early = early_launch_;
   d.bulk_state = gdn_bulk_state_;
-  d.columns = copts_.gdn_columns;
   // Only the layer's first decode launch may ask for its states before the wait: the kernel
   // ahead of it (the beta / alpha projection) writes none, but each later launch (the next wave
   // of a decode_path run) reads the states the launch just before it is still writing.

@@ -127,17 +127,12 @@ TEST(GdnLaunch, ManySequencesInOneLaunchEqualOneByOneBf16State) {
 // as one-token rows and as runs of 3 tokens (an MTP verify at 8 streams: speculative entries,
 // the state carried from token to token in shared memory), f32 and bf16 state; for the 27B's
 // shape and a dk = 64 one (the register form's prologue split over the groups differently).
-// Launches of fewer blocks (`seqs` x heads < 256: one stream's decode, a verify's runs) compare
-// GdnDecodeArgs::columns (one thread per value column, no barrier per token) with the grouped
-// run kernel instead, the same way.
-void RunFormsAgainstRegisters(bool bf16, int run_len, const GdnShape& s, int seqs = 8) {
+void RunBulkAgainstRegisters(bool bf16, int run_len, const GdnShape& s) {
   SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "f32") << " state, runs of " << run_len
-                                    << ", dk " << s.k_dim << ", " << seqs << " sequences");
+                                    << ", dk " << s.k_dim);
   std::mt19937 rng(79 + run_len);
   auto rand = [&](size_t n, float lo, float hi) { return RandVec(rng, n, lo, hi); };
-  const int kSeqs = seqs;
-  constexpr int K = 4;
-  const bool batched = seqs * s.v_heads >= 256;
+  constexpr int kSeqs = 8, K = 4;
   const int T = kSeqs * run_len, C = s.channels(), Vw = s.v_heads * s.v_dim;
   const RandomGdnLayer layer(rng, s);
   // Sequence i: slot i, its run's tokens write speculative entries kSeqs + i * run_len + t.
@@ -167,7 +162,7 @@ void RunFormsAgainstRegisters(bool bf16, int run_len, const GdnShape& s, int seq
     std::vector<uint8_t> state;
     std::vector<int8_t> xq;
   };
-  auto run = [&](bool bulk, bool state_early, bool columns) {
+  auto run = [&](bool bulk, bool state_early) {
     Dev<float> ring(start_ring), out(static_cast<size_t>(T) * Vw),
         xd(static_cast<size_t>(T) * Vw / 32);
     Dev<uint8_t> state(start_state);
@@ -184,17 +179,13 @@ void RunFormsAgainstRegisters(bool bf16, int run_len, const GdnShape& s, int seq
     a.xd = xd.p;
     a.bulk_state = bulk;
     a.state_early = state_early;
-    a.columns = columns;
-    const absl::Status st = GdnDecode(a, nullptr);
+    const absl::Status st = GdnDecode(a, nullptr);  // >= 256 blocks: the batched forms
     EXPECT_TRUE(st.ok()) << st;
     return Result{out.Down(), ring.Down(), xd.Down(), state.Down(), xq.Down()};
   };
-  const Result reg = run(false, false, false), bulk = run(batched, false, !batched),
-               early = run(batched, true, !batched);
+  const Result reg = run(false, false), bulk = run(true, false), early = run(true, true);
   for (const Result* r : {&bulk, &early}) {
-    SCOPED_TRACE(::testing::Message()
-                 << (batched ? "bulk" : "columns")
-                 << (r == &early ? ", the state asked for before the wait" : ""));
+    SCOPED_TRACE(r == &early ? "bulk, the state copy asked for before the wait" : "bulk");
     EXPECT_EQ(Differing(r->out, reg.out), 0u) << "outputs";
     EXPECT_TRUE(r->state == reg.state) << "states";
     EXPECT_EQ(Differing(r->ring, reg.ring), 0u) << "conv rows";
@@ -214,20 +205,7 @@ TEST(GdnLaunch, BulkStateEqualsRegisterState) {
   // The 27B's GDN shape (48 heads x 8 = 384 blocks) and a dk = 64 one (64 heads: 512 blocks).
   for (const GdnShape& s : {GdnShape{16, 48, 128, 128, 4}, GdnShape{8, 64, 64, 64, 4}})
     for (const bool bf16 : {false, true})
-      for (const int run_len : {1, 3}) RunFormsAgainstRegisters(bf16, run_len, s);
-}
-
-// GdnDecodeArgs::columns against the grouped run kernel: one sequence (one stream's decode, an
-// MTP verify's run of 5) of the demo model's shape (dk = dv = 64, 4 value heads: 2 groups per
-// column) and of the 27B's (48 blocks; dk = 128, where the flag is ignored), 2 sequences of the
-// demo shape in runs of 3.
-TEST(GdnLaunch, ColumnThreadsEqualTheGroupedRunKernel) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
-  for (const GdnShape& s : {GdnShape{16, 48, 128, 128, 4}, GdnShape{2, 4, 64, 64, 4}})
-    for (const bool bf16 : {false, true})
-      for (const int run_len : {1, 5}) RunFormsAgainstRegisters(bf16, run_len, s, 1);
-  RunFormsAgainstRegisters(false, 3, GdnShape{2, 4, 64, 64, 4}, 2);
+      for (const int run_len : {1, 3}) RunBulkAgainstRegisters(bf16, run_len, s);
 }
 
 TEST(GdnLaunch, BulkStateIsRefusedWhereItCannotRun) {
