@@ -20,14 +20,15 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/gguf/gguf.h"
+#include "common/sampling/sampling_params.h"
 #include "kernels/cuda/argmax.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/gdn.cuh"
@@ -617,8 +618,10 @@ class CudaDevice final : public Device {
   // slots, positions). The last row only: qg, q, o, ff [2 n_ff], hid [H], logits [n_vocab],
   // attention partials.
   int mtp_rows_max_ = 0;
-  // Passes of one draft chain at most (MtpDraftGreedy: drafts per call).
-  static constexpr int kMtpChainMax = 8;
+  // Passes of one draft chain at most (MtpDraftGreedy: drafts per call): every draft count a
+  // request or `--mtp K` may ask for (it was 8, and `generate --mtp 10` failed at its first draft
+  // chain: "MtpDraftGreedy: ... 10 drafts", found on an H100 on 2026-12-07).
+  static constexpr int kMtpChainMax = sampling::kMaxMtpDrafts;
   // mtp_ints_ (and its pinned mirror h_mtp_ints_): kMtpChainMax pass blocks of MtpBlockInts()
   // (tokens [R], slots [R], positions [R], mask args [4]: slot, pos0, n, old length), then the
   // chain's hidden row indices [R] and its drafts [kMtpChainMax]. MtpRows uses block 0.
