@@ -7,7 +7,7 @@ namespace ds::spec {
 
 absl::StatusOr<MtpSetting> ParseMtpSetting(std::string_view text) {
   if (text == "off" || text == "0") return MtpSetting{};
-  if (text == "auto") return MtpSetting{3, true};
+  if (text == "auto") return MtpSetting{4, true};  // at most DraftsForBatch(*, 1)
   int k = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), k);
   if (ec != std::errc() || end != text.data() + text.size() || k < 1 || k > 15)
@@ -18,7 +18,7 @@ absl::StatusOr<MtpSetting> ParseMtpSetting(std::string_view text) {
 
 int DraftsForBatch(const MtpSetting& s, int batch) {
   if (!s.automatic) return s.drafts;
-  if (batch <= 2) return 3;
+  if (batch <= 2) return 4;
   if (batch <= 4) return 2;
   if (batch <= 8) return 1;
   return 0;
