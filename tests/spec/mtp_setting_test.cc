@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "common/sampling/sampling_params.h"
 
 namespace ds::spec {
