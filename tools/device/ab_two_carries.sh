@@ -2,8 +2,8 @@
 # Same-call A/B of a kernel-library change: B is the carried build ($DS_CARRY, packed by pack.sh),
 # A the same binaries with another build's libds_kernels_cuda.so ($A_DIR/libds_kernels_cuda.so.xz,
 # xz-packed alone: the host binaries did not change, only the kernels). First B's tests ($TESTS),
-# then TiledF16Timing.Table27B of both (A's test binary: $A_DIR/tiled_f16_cuda_test.xz, when
-# there), then `deltaserve bench $BENCH` alternated A, B for $ROUNDS rounds on the 27B Q6_K synth.
+# then a per-launch table with each library ($TABLE_BIN, $TABLE_FILTER; TABLE=0: none), then
+# `deltaserve bench $BENCH` alternated A, B for $ROUNDS rounds on the 27B Q6_K synth.
 # Two carries seldom fit one call (64 MiB with the tree): then a first call runs B's tests with
 # KEEP=/tmp/Bc (B's unpacked carry copied there; ROUNDS=0 TABLE=0), and a second call on the same
 # warm machine carries only A_DIR and passes B_KEPT=/tmp/Bc.
@@ -21,7 +21,6 @@ source tools/device/env.sh
 A_DIR=${A_DIR:-}
 mkdir -p /tmp/alib
 [ -n "$A_DIR" ] && xz -dc "$A_DIR/libds_kernels_cuda.so.xz" >/tmp/alib/libds_kernels_cuda.so
-[ -n "$A_DIR" ] && [ -f "$A_DIR/tiled_f16_cuda_test.xz" ] && xz -dc "$A_DIR/tiled_f16_cuda_test.xz" >/tmp/alib/tiled_f16_cuda_test && chmod +x /tmp/alib/tiled_f16_cuda_test
 ALIB="/tmp/alib:$LD_LIBRARY_PATH"
 [ -n "$A_DIR" ] && echo "A's kernels: $(LD_LIBRARY_PATH=$ALIB ldd "$BIN/deltaserve" | grep ds_kernels)"
 M=${MODEL:-/tmp/m.gguf}
@@ -33,17 +32,18 @@ for t in ${TESTS:-}; do
   grep -E "^\[  FAILED  \]" "/tmp/$t.log" | head -5
   [ $r = 0 ] && pass "$t" || fail "$t"
 done
-if [ "${TABLE:-1}" = 1 ]; then
+# The per-launch table: B's test binary $TABLE_BIN (default tiled_f16_cuda_test) with B's and
+# with A's kernel library (the host code is the same), filter $TABLE_FILTER.
+TB=${TABLE_BIN:-tiled_f16_cuda_test}
+TF=${TABLE_FILTER:-TiledF16Timing.Table27B}
+if [ "${TABLE:-1}" = 1 ] && [ -x "$BIN/$TB" ]; then
   for side in A B; do
-    echo "== $side TiledF16Timing.Table27B"
-    if [ $side = A ]; then
-      [ -n "$A_DIR" ] && [ -x /tmp/alib/tiled_f16_cuda_test ] || continue
-      LD_LIBRARY_PATH=$ALIB timeout 150 /tmp/alib/tiled_f16_cuda_test --gtest_also_run_disabled_tests \
-        --gtest_filter='TiledF16Timing.Table27B' --gtest_color=no 2>&1 | grep -vE "^\[|^$|^Note"
-    else
-      timeout 150 "$BIN/tiled_f16_cuda_test" --gtest_also_run_disabled_tests \
-        --gtest_filter='TiledF16Timing.Table27B' --gtest_color=no 2>&1 | grep -vE "^\[|^$|^Note"
-    fi
+    [ $side = A ] && [ -z "$A_DIR" ] && continue
+    echo "== $side $TB $TF"
+    lp=$LD_LIBRARY_PATH
+    [ $side = A ] && lp=$ALIB
+    LD_LIBRARY_PATH=$lp timeout 150 "$BIN/$TB" --gtest_also_run_disabled_tests \
+      --gtest_filter="$TF" --gtest_color=no 2>&1 | grep -vE "^\[|^$|^Note|^Running main"
   done
 fi
 wait
