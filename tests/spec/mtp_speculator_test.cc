@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "common/sampling/sampling_params.h"
 #include "common/util/model_alias.h"
 #include "tests/model/test_util.h"
 #include "worker/model/cpu_backend.h"
@@ -137,6 +138,13 @@ TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheTinyModel) {
 
 TEST(MtpSpeculator, GreedyEqualsPlainGreedyOnTheDemoModelAndAccepts) {
   ExpectGreedyEqual(ResolveModelAlias("demo"), 3, 48, true);
+}
+
+// The most drafts a request or `--mtp` may ask for (sampling::kMaxMtpDrafts): the CUDA draft
+// chain held fewer until 2026-12-07 and `generate --mtp 10` failed there; here the speculator's
+// whole path at that count.
+TEST(MtpSpeculator, GreedyEqualsPlainGreedyAtTheMostDrafts) {
+  ExpectGreedyEqual(ResolveModelAlias("demo"), sampling::kMaxMtpDrafts, 48, true);
 }
 
 // `--mtp auto` (generate's path): the drafts per step follow each sequence's acceptance and, for a
