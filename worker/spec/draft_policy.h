@@ -6,13 +6,15 @@
 #pragma once
 #include <array>
 
+#include "common/sampling/sampling_params.h"
+
 namespace ds::spec {
 
 class DraftPolicy {
  public:
   // Most drafts a verify takes (the deepest position estimated); the estimate starts at
   // kPriorRate per position, so a new sequence drafts the cap until it has been seen.
-  static constexpr int kMaxDrafts = 15;
+  static constexpr int kMaxDrafts = sampling::kMaxMtpDrafts;
   static constexpr double kPriorRate = 0.6;
   // Weight of the newest verify in a position's moving average: about the last 10 verifies count.
   static constexpr double kWeight = 0.2;

@@ -14,6 +14,10 @@ struct MtpSetting {
 // "off" / "0", "1".."15", or "auto". InvalidArgument names the accepted forms.
 absl::StatusOr<MtpSetting> ParseMtpSetting(std::string_view text);
 
+// `auto`'s most drafts per sequence (DraftsForBatch at one or two sequences; its MtpSetting's
+// `drafts`, the speculative room a worker reserves).
+inline constexpr int kAutoMostDrafts = 4;
+
 // Drafts per sequence for a batch of `batch` decoding sequences. A verify step of k drafts costs
 // about k + 1 decode rows of compute; at one stream the card is bound by reading the weights, so
 // drafts are nearly free, while a large batch is already compute-bound and drafts only add rows
