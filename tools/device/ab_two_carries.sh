@@ -25,13 +25,9 @@ ALIB="/tmp/alib:$LD_LIBRARY_PATH"
 [ -n "$A_DIR" ] && echo "A's kernels: $(LD_LIBRARY_PATH=$ALIB ldd "$BIN/deltaserve" | grep ds_kernels)"
 M=${MODEL:-/tmp/m.gguf}
 synth_27b "$M" &
-for t in ${TESTS:-}; do
-  timeout 200 "$BIN/$t" --gtest_color=no >"/tmp/$t.log" 2>&1
-  r=$?
-  echo "B $t: rc=$r $(grep -E '^\[  (PASSED|FAILED)' "/tmp/$t.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \]" "/tmp/$t.log" | head -5
-  [ $r = 0 ] && pass "$t" || fail "$t"
-done
+L=${OUT:-/tmp/out}/logs
+mkdir -p "$L"
+for t in ${TESTS:-}; do run_gtest "$t"; done  # B's tests
 # The per-launch table: B's test binary $TABLE_BIN (default tiled_f16_cuda_test) with B's and
 # with A's kernel library (the host code is the same), filter $TABLE_FILTER.
 TB=${TABLE_BIN:-tiled_f16_cuda_test}
