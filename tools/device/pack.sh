@@ -15,7 +15,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_CUDA_ARCHS=90a \
 cmake --build "$BUILD" -j"${DS_JOBS:-2}" --target $TARGETS
 rm -rf "$OUT" && mkdir -p "$OUT/bin" "$OUT/lib"
 for t in $TARGETS; do
-  f=$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)
+  # An executable, or a shared library target (lib<target>.so, e.g. ds_kernel_timeline).
+  f=$(find "$BUILD" -type f \( -name "$t" -o -name "lib$t.so" \) -perm -u+x | head -1)
   [ -n "$f" ] || { echo "pack: target $t not built" >&2; exit 1; }
   cp "$f" "$OUT/bin/"
   ldd "$f" | awk '/=> \//{print $3}' | while read -r lib; do
