@@ -22,7 +22,15 @@ KernelRecord Kernel(const std::string& name, uint64_t start_us, uint64_t end_us,
 
 // One replay of a three-node graph at `t` (us): A [t, t+10], B starts early (as with
 // programmatic dependent launch) at t+2 and ends at t+10+b, C [t+12+b, t+15+b].
+// Before it, outside the graph: an upload on the device [t-6, t-4] and the host's launch call
+// [t-3, t-1].
 void AddReplay(std::vector<KernelRecord>& out, uint32_t graph, uint64_t t, uint64_t b) {
+  KernelRecord upload = Kernel("memcpy HtoD", t - 6, t - 4, 0, 0);
+  upload.kind = ActivityKind::kMemcpy;
+  out.push_back(upload);
+  KernelRecord launch = Kernel("cudaGraphLaunch", t - 3, t - 1, 0, 0);
+  launch.kind = ActivityKind::kRuntime;
+  out.push_back(launch);
   out.push_back(Kernel("void ds::cuda::(anonymous namespace)::NormKernel<256>(ds::Args)", t, t + 10,
                        graph, 7));
   out.push_back(
@@ -68,6 +76,14 @@ TEST(TimelineSummary, MediansOfAddedTimeAndSpanPerGraph) {
   for (const NameSummary& n : g.by_name) sum += n.added_us;
   EXPECT_DOUBLE_EQ(sum, g.span_us);
   EXPECT_EQ(g.by_name[0].nodes + g.by_name[1].nodes, 3);
+  // Between replays: the upload and the launch call, 2 us each, once per window (the loose
+  // kernel ran before the first window counted).
+  ASSERT_EQ(g.between.size(), 2u);
+  for (const BetweenSummary& b : g.between) {
+    EXPECT_DOUBLE_EQ(b.median_us, 2.0) << b.name;
+    EXPECT_DOUBLE_EQ(b.median_count, 1.0) << b.name;
+    EXPECT_EQ(b.on_host, b.name == "cudaGraphLaunch") << b.name;
+  }
 }
 
 TEST(TimelineSummary, GraphsWithTooFewReplaysAreLeftOut) {

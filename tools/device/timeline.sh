@@ -15,30 +15,35 @@ TL=$PWD/$BIN/libds_kernel_timeline.so
 K=${MTP_K:-4}
 M=${MODEL:-/tmp/m.gguf}
 [ "${BIG:-1}" = 1 ] && { synth_27b "$M" & }
-# traced <name> <command...>: the command with the timeline library injected.
+# traced <name> <command...>: the command with the timeline library injected, its output in
+# $L/<name>.out, the summary in $L/tl_<name>.txt; prints the summary's graph lines.
 traced() {
   local name=$1
   shift
-  CUDA_INJECTION64_PATH=$TL DS_TIMELINE_OUT=$L/tl_$name.txt DS_TIMELINE_NODES=${NODES:-1} "$@"
-  echo "== $name: $(head -1 "$L/tl_$name.txt" 2>/dev/null)"
+  CUDA_INJECTION64_PATH=$TL DS_TIMELINE_OUT=$L/tl_$name.txt DS_TIMELINE_NODES=${NODES:-1} "$@" \
+    >"$L/$name.out" 2>&1
+  echo "== $name traced: $(head -1 "$L/tl_$name.txt" 2>/dev/null)"
   grep -E "^graph " "$L/tl_$name.txt" | head -12
 }
 demo_bench=("$BIN/deltaserve" bench --model demo --quick --mtp "$K" --mtp-conc 1 --mtp-depth 64 --no-profile)
 gen=("$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 --prompt "The jury said that" --json)
 echo "== demo bench --mtp $K, untraced then traced"
-"${demo_bench[@]}" 2>&1 | grep -E "decode|verify|cycle" | head -8
-traced demo_bench "${demo_bench[@]}" 2>&1 | grep -E "decode|verify|cycle|==|^graph" | head -30
+"${demo_bench[@]}" 2>&1 | tail -2
+traced demo_bench "${demo_bench[@]}"
+tail -2 "$L/demo_bench.out"
 for m in off "$K"; do
   "${gen[@]}" --mtp "$m" >"$L/gen_$m.json" 2>/dev/null
   echo "generate --mtp $m untraced: $(gen_summary "$L/gen_$m.json")"
-  traced "gen_$m" "${gen[@]}" --mtp "$m" >"$L/gen_${m}_t.json" 2>/dev/null
+  traced "gen_$m" "${gen[@]}" --mtp "$m"
+  grep -v "^cuda backend\|^kernel timeline" "$L/gen_$m.out" >"$L/gen_${m}_t.json"
   echo "generate --mtp $m traced: $(gen_summary "$L/gen_${m}_t.json")"
 done
 if [ "${BIG:-1}" = 1 ]; then
   wait
-  big=("$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 32 --depth 0 --conc 1,16,64 --conc-gen 32 --no-profile)
+  big=("$BIN/deltaserve" bench --model "$M" --prefill 512 --decode 32 --depth 0 --conc ${BIG_CONC:-1,16,64} --conc-gen 32 --no-profile)
   echo "== 27B bench, untraced then traced"
-  "${big[@]}" 2>&1 | grep -E "^(decode tg|aggregate)"
-  NODES=0 traced big "${big[@]}" 2>&1 | grep -E "^(decode tg|aggregate)|==|^graph"
+  "${big[@]}" 2>&1 | grep -E "^(decode tg|aggregate)" | sort -u
+  traced big "${big[@]}"
+  grep -E "^(decode tg|aggregate)" "$L/big.out" | sort -u
 fi
 exit $rc

@@ -1,5 +1,6 @@
-// One kernel execution as the timeline tool records it (from CUPTI's kernel activity records,
-// or built by hand in tests). Times are the device's nanoseconds.
+// One activity as the timeline tool records it (from CUPTI's activity records, or built by hand
+// in tests): a kernel, a copy or a memset on the device, or a CUDA runtime call on the host.
+// Times are nanoseconds of CUPTI's one timebase (device and host activities comparable).
 #pragma once
 
 #include <cstdint>
@@ -7,8 +8,11 @@
 
 namespace ds::timeline {
 
+enum class ActivityKind { kKernel, kMemcpy, kMemset, kRuntime };
+
 struct KernelRecord {
-  std::string name;  // demangled where possible
+  ActivityKind kind = ActivityKind::kKernel;
+  std::string name;  // demangled where possible; "memcpy HtoD", "cudaGraphLaunch", ...
   uint64_t start_ns = 0;
   uint64_t end_ns = 0;
   // 0 for a kernel launched outside a CUDA graph; else the graph's id and this node's id in it

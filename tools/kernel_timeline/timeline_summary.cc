@@ -43,13 +43,51 @@ int MostCommonSize(const std::vector<Replay>& replays) {
   return static_cast<int>(best);
 }
 
+// Per name, the median over the windows between replays of the time its activities outside
+// graphs spend inside the window. `loose` is sorted by start.
+std::vector<BetweenSummary> SummarizeBetween(
+    const std::vector<std::pair<uint64_t, uint64_t>>& windows,
+    const std::vector<const KernelRecord*>& loose) {
+  std::map<std::string, std::vector<double>> times, counts;
+  std::map<std::string, bool> on_host;
+  uint64_t longest = 0;
+  for (const KernelRecord* r : loose) longest = std::max(longest, r->end_ns - r->start_ns);
+  for (size_t w = 0; w < windows.size(); ++w) {
+    const auto [lo, hi] = windows[w];
+    // Activities starting before lo - longest cannot reach into the window.
+    auto it = std::lower_bound(loose.begin(), loose.end(), lo > longest ? lo - longest : 0,
+                               [](const KernelRecord* r, uint64_t t) { return r->start_ns < t; });
+    for (; it != loose.end() && (*it)->start_ns < hi; ++it) {
+      const KernelRecord& r = **it;
+      const uint64_t a = std::max(r.start_ns, lo), b = std::min(r.end_ns, hi);
+      if (b <= a && !(r.start_ns >= lo && r.start_ns < hi)) continue;
+      auto& t = times[r.name];
+      auto& c = counts[r.name];
+      t.resize(windows.size(), 0.0);
+      c.resize(windows.size(), 0.0);
+      t[w] += b > a ? (b - a) * 1e-3 : 0.0;
+      c[w] += 1;
+      on_host[r.name] = r.kind == ActivityKind::kRuntime;
+    }
+  }
+  std::vector<BetweenSummary> out;
+  for (auto& [name, t] : times)
+    out.push_back({name, on_host[name], Median(t), Median(counts[name])});
+  std::stable_sort(out.begin(), out.end(), [](const BetweenSummary& a, const BetweenSummary& b) {
+    return a.median_us > b.median_us;
+  });
+  return out;
+}
+
 GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
-                          const SummaryOptions& options) {
+                          const SummaryOptions& options,
+                          const std::vector<const KernelRecord*>& loose) {
   GraphSummary g;
   g.graph_id = graph_id;
   const size_t size = static_cast<size_t>(MostCommonSize(all));
   std::vector<const Replay*> kept;
   std::vector<double> gaps;
+  std::vector<std::pair<uint64_t, uint64_t>> windows;
   for (size_t i = 0; i < all.size(); ++i) {
     if (static_cast<int>(i) < options.skip_replays || all[i].size() != size) continue;
     kept.push_back(&all[i]);
@@ -58,11 +96,13 @@ GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
       for (const KernelRecord* r : all[i - 1]) prev_end = std::max(prev_end, r->end_ns);
       const uint64_t first = all[i].front()->start_ns;
       gaps.push_back(first >= prev_end ? (first - prev_end) * 1e-3 : 0.0);
+      if (first > prev_end) windows.emplace_back(prev_end, first);
     }
   }
   g.replays = static_cast<int>(kept.size());
   if (kept.empty()) return g;
   g.gap_us = Median(gaps);
+  g.between = SummarizeBetween(windows, loose);
   std::vector<double> spans;
   std::vector<std::vector<double>> durations(size), added(size), starts(size);
   for (const Replay* replay : kept) {
@@ -102,15 +142,23 @@ GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
 std::vector<GraphSummary> SummarizeGraphs(std::vector<KernelRecord> records,
                                           const SummaryOptions& options) {
   std::map<uint32_t, std::vector<const KernelRecord*>> per_graph;
+  std::vector<const KernelRecord*> loose;  // outside every graph
   for (const KernelRecord& r : records) {
-    if (r.graph_id != 0) per_graph[r.graph_id].push_back(&r);
+    if (r.graph_id != 0 && r.kind == ActivityKind::kKernel) {
+      per_graph[r.graph_id].push_back(&r);
+    } else if (r.graph_id == 0) {
+      loose.push_back(&r);
+    }
   }
+  std::stable_sort(loose.begin(), loose.end(), [](const KernelRecord* a, const KernelRecord* b) {
+    return a->start_ns < b->start_ns;
+  });
   std::vector<GraphSummary> out;
   for (auto& [id, list] : per_graph) {
     std::stable_sort(list.begin(), list.end(), [](const KernelRecord* a, const KernelRecord* b) {
       return a->start_ns < b->start_ns;
     });
-    GraphSummary g = SummarizeOne(id, SplitReplays(list), options);
+    GraphSummary g = SummarizeOne(id, SplitReplays(list), options, loose);
     if (g.replays >= options.min_replays) out.push_back(std::move(g));
   }
   return out;
@@ -154,6 +202,16 @@ std::string FormatSummaries(const std::vector<GraphSummary>& graphs, bool with_n
       std::snprintf(line, sizeof line, "  %-40.40s %5d %10.1f %10.1f\n", n.name.c_str(), n.nodes,
                     n.added_us, n.duration_us);
       out += line;
+    }
+    if (!g.between.empty()) {
+      std::snprintf(line, sizeof line, "  between replays (median per window):%s\n", "");
+      out += line;
+      for (size_t i = 0; i < g.between.size() && i < 16; ++i) {
+        const BetweenSummary& b = g.between[i];
+        std::snprintf(line, sizeof line, "    %-4s %-34.34s %7.1f us  x%.0f\n",
+                      b.on_host ? "host" : "dev", b.name.c_str(), b.median_us, b.median_count);
+        out += line;
+      }
     }
     if (!with_nodes) continue;
     std::snprintf(line, sizeof line, "  %4s %-40s %14s %9s %9s %9s\n", "#", "node", "grid",

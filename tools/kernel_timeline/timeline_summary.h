@@ -29,6 +29,16 @@ struct NameSummary {
   double duration_us = 0;  // sum of their median durations
 };
 
+// What happens between two replays of a graph (from the end of one to the start of the next):
+// per activity outside any graph (kernels, copies, memsets on the device; runtime calls on the
+// host), the median over those windows of its time inside the window.
+struct BetweenSummary {
+  std::string name;
+  bool on_host = false;     // a runtime call
+  double median_us = 0;     // median time inside a window (0 in windows without it)
+  double median_count = 0;  // median number of such activities per window
+};
+
 struct GraphSummary {
   uint32_t graph_id = 0;
   int replays = 0;     // replays summarized (complete ones after the skipped first)
@@ -36,6 +46,7 @@ struct GraphSummary {
   double gap_us = 0;   // median of (this replay's first start - the previous replay's last end)
   std::vector<NodeSummary> nodes;
   std::vector<NameSummary> by_name;  // most added time first
+  std::vector<BetweenSummary> between;  // most time first
 };
 
 struct SummaryOptions {
@@ -43,9 +54,10 @@ struct SummaryOptions {
   int min_replays = 3;   // graphs with fewer replays left are not listed
 };
 
-// Groups `records` (any order) into the replays of each graph: a replay is the records of one
-// graph id between two appearances of the same node id (sorted by start). Replays whose node
-// count differs from the graph's most common count (cut by the end of the trace) are left out.
+// Groups the kernel records of `records` (any order) into the replays of each graph: a replay is
+// the records of one graph id between two appearances of the same node id (sorted by start).
+// Replays whose node count differs from the graph's most common count (cut by the end of the trace)
+// are left out.
 std::vector<GraphSummary> SummarizeGraphs(std::vector<KernelRecord> records,
                                           const SummaryOptions& options);
 
