@@ -690,7 +690,14 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       WarpBest(bv, bi);
       if (lane == 0) {
         *sm.tok = bi;
-        if (blockIdx.x == 0) a.drafts[j] = bi;
+        if (blockIdx.x == 0) {
+          a.drafts[j] = bi;
+          if (a.slot_drafts != nullptr) {
+            const int64_t at = static_cast<int64_t>(a.ints[a.mask_at]) * a.slot_drafts_ld + j;
+            a.slot_drafts[at] = bi;
+            a.slot_drafts_host[at] = bi;
+          }
+        }
       }
     }
     __syncthreads();
@@ -830,7 +837,8 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resid
 }
 
 absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
-  if (a.blocks < 1 || a.blocks > kMtpChainMaxCluster || !a.best || !a.drafts)
+  if (a.blocks < 1 || a.blocks > kMtpChainMaxCluster || !a.best || !a.drafts ||
+      (a.slot_drafts != nullptr && (a.slot_drafts_host == nullptr || a.slot_drafts_ld < a.passes)))
     return absl::InvalidArgumentError("fused MTP chain: bad launch arguments");
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);

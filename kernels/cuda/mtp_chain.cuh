@@ -64,6 +64,13 @@ struct MtpChainArgs {
   const float* hid0 = nullptr;    // pass 0's hidden rows: hid0 + hid_rows[i] * H
   const int32_t* hid_rows = nullptr;
   int32_t* drafts = nullptr;      // [passes] out
+  // Optional: each draft also into the chain's slot's row (the slot of pass 0's mask
+  // arguments) of these [n_slots, slot_drafts_ld] buffers, one on the device and one in pinned
+  // host memory (device-visible), where the next verify and the host take the drafts of a
+  // deferred chain without two more small copies after it (CudaDevice::MtpDraftGreedy).
+  int32_t* slot_drafts = nullptr;
+  int32_t* slot_drafts_host = nullptr;
+  int slot_drafts_ld = 0;
   float* hid_out = nullptr;       // [H] out: the last pass's h'
   float* logits = nullptr;        // [n_vocab] out: the last pass's logits
   // Scratch (device): u [n, H], qg [n_head * 2 * hd], k / v [n, n_kv * hd], q [n_head * hd],

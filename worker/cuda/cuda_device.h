@@ -422,17 +422,22 @@ class CudaDevice final : public Device {
   // CudaBackendOptions::fp8_decode_rows in force (FP8 copies made, the trunk tiled): the FP8
   // family's column rows (fp8_decode_rows - 1, at most tiled_max_rows_); -1 = no such family.
   int fp8_column_rows_ = -1;
-  int32_t* d_ints_ = nullptr;  // [6, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos
+  // [kIntRows, T_max]: ids, tok_slot, tok_pos, dec_rows, dec_slots, dec_pos, the GDN state
+  // indices (out, in) and runs (first, length) of a speculative step, the logit rows; Prepare
+  // uploads them in one copy from h_ints_, the same layout.
+  static constexpr int kIntRows = 11;
+  static constexpr int kLogitRowsRow = 10;
+  int32_t* d_ints_ = nullptr;
   // The prepared step's arrays in d_ints_ (kernel arguments): per token row, then per decode run.
   const int32_t* TokenSlots() const { return d_ints_ + T_max_; }
   const int32_t* TokenPositions() const { return d_ints_ + 2 * T_max_; }
   const int32_t* DecodeRows() const { return d_ints_ + 3 * T_max_; }
   const int32_t* DecodeSlots() const { return d_ints_ + 4 * T_max_; }
   const int32_t* DecodePositions() const { return d_ints_ + 5 * T_max_; }
-  int32_t* d_logit_rows_ = nullptr;  // [T_max]
+  int32_t* d_logit_rows_ = nullptr;  // [T_max]: row kLogitRowsRow of d_ints_
   int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
   ArgmaxScratch argmax_scratch_;     // ArgmaxSplitRows over logit_rows_max rows (work arena)
-  int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ + d_logit_rows_
+  int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ (the same rows)
   float* h_ = nullptr;      // [T, H] residual stream
   float* a_ = nullptr;      // [T, H] normed
   float* mixed_ = nullptr;  // [T, C]   (also attention qg [T, 2*n_head*hd])

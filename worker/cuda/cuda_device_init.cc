@@ -360,8 +360,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   const bool f16_cols =
       tiled_ && copts_.f16_mma && (tiled_max_rows_ >= copts_.f16_mma_min_cols || f16_only_tiled_);
   std::vector<Buf> bufs = {
-      {reinterpret_cast<void**>(&d_ints_), 10 * T * 4},
-      {reinterpret_cast<void**>(&d_logit_rows_), T * 4},
+      {reinterpret_cast<void**>(&d_ints_), kIntRows * T * 4},
       {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
       {reinterpret_cast<void**>(&argmax_scratch_.value), LR * kArgmaxParts * 4},
       {reinterpret_cast<void**>(&argmax_scratch_.index), LR * kArgmaxParts * 4},
@@ -375,7 +374,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&gy_), T * C * 4},
       {reinterpret_cast<void**>(&gg_), T * gdn_v * 4ull},
       {reinterpret_cast<void**>(&gbeta_), T * gdn_v * 4ull},
-      {reinterpret_cast<void**>(&gwy_), C > 0 ? static_cast<uint64_t>(GdnChunkScratchFloats(gdn_shape_, static_cast<int>(T))) * 4 : 0},
+      {reinterpret_cast<void**>(&gwy_),
+       C > 0 ? static_cast<uint64_t>(GdnChunkScratchFloats(gdn_shape_, static_cast<int>(T))) * 4
+             : 0},
       {reinterpret_cast<void**>(&mix_out_), T * std::max(Vw, ow) * 4},
       {reinterpret_cast<void**>(&kx_), T * kvw * 4},
       {reinterpret_cast<void**>(&vx_), T * kvw * 4},
@@ -387,9 +388,11 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&xd_), static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 4 + 4},
       {reinterpret_cast<void**>(&xsum_), static_cast<uint64_t>(max_k_) / 16 * 4},
       {reinterpret_cast<void**>(&xh_), T * max_k_ * 2},
-      {reinterpret_cast<void**>(&xf_), f16_cols ? static_cast<uint64_t>(QuantRows()) * max_k_ * 2 : 0},
+      {reinterpret_cast<void**>(&xf_),
+       f16_cols ? static_cast<uint64_t>(QuantRows()) * max_k_ * 2 : 0},
       {reinterpret_cast<void**>(&xf_scale_), f16_cols ? static_cast<uint64_t>(QuantRows()) * 4 : 0},
-      {reinterpret_cast<void**>(&xf_sums_), kq_tiled_ ? static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 2 : 0},
+      {reinterpret_cast<void**>(&xf_sums_),
+       kq_tiled_ ? static_cast<uint64_t>(QuantRows()) * max_k_ / 32 * 2 : 0},
       {reinterpret_cast<void**>(&f16_scratch_.partial),
        f16_cols ? static_cast<uint64_t>(TiledF16PartialFloats(kTiledF16MaxCols)) * 4 : 0},
       {reinterpret_cast<void**>(&f16_scratch_.tickets), f16_cols ? TiledF16Tickets() * 4ull : 0},
@@ -397,7 +400,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&wh_), wh_elems_ * 2},
       {reinterpret_cast<void**>(&kt_), static_cast<uint64_t>(slot_ctx_) * kvw * 2},
       // The wgmma prefill's transposed V: rows padded to whole 64-key tiles.
-      {reinterpret_cast<void**>(&vt_), static_cast<uint64_t>(AttnPrefillVtElems(attn_shape_, slot_ctx_)) * 2},
+      {reinterpret_cast<void**>(&vt_),
+       static_cast<uint64_t>(AttnPrefillVtElems(attn_shape_, slot_ctx_)) * 2},
       {reinterpret_cast<void**>(&scores_), static_cast<uint64_t>(G) * attn_tq_ * score_ctx * 4},
       {reinterpret_cast<void**>(&probs_), static_cast<uint64_t>(G) * attn_tq_ * score_ctx * 2},
       {reinterpret_cast<void**>(&partials_), static_cast<uint64_t>(partial_floats_) * 4},
@@ -702,6 +706,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&work_mem_, work_bytes));
   Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
+  d_logit_rows_ = d_ints_ + kLogitRowsRow * T;
   argmax_scratch_.max_rows = logit_rows_max_;
   DS_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_scratch_.tickets, 0, LR * 4));
   if (f16_cols) {
@@ -713,14 +718,13 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     f16_scratch_.warpgroup_order = copts_.f16_wgmma && TiledF16WgmmaAvailable();
     DS_CUDA_RETURN_IF_ERROR(cudaMemset(f16_scratch_.tickets, 0, TiledF16Tickets() * 4ull));
   }
-  // Host mirror: the 6 token / decode arrays, the logit rows, the 2 GDN state-index arrays of a
-  // speculative step (device rows 6 and 7), then MtpRows' tokens, slots and positions, then (at
+  // Host mirror: d_ints_'s kIntRows rows, then MtpRows' tokens, slots and positions, then (at
   // a 16-byte boundary) its hidden rows in and its hidden state and logits out.
-  const uint64_t int_bytes = (11 * T + (has_mtp_ ? MtpIntsTotal() : 0)) * 4ull;
+  const uint64_t int_bytes = (kIntRows * T + (has_mtp_ ? MtpIntsTotal() : 0)) * 4ull;
   const uint64_t mtp_f_floats = has_mtp_ ? MR * H + H + c.n_vocab : 0;
   DS_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(&h_ints_, (int_bytes + 15) / 16 * 16 + mtp_f_floats * 4 + 16));
-  h_mtp_ints_ = h_ints_ + 11 * T;
+  h_mtp_ints_ = h_ints_ + kIntRows * T;
   if (has_mtp_) {
     DS_CUDA_RETURN_IF_ERROR(
         cudaMallocHost(&h_chain_ints_, static_cast<size_t>(kChainMirrors) * MtpIntsTotal() * 4));

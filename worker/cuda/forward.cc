@@ -24,14 +24,15 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA micro-step of ", rows_, " rows / ",
                                                    n_logit_rows_, " logit rows exceeds ", T_max_,
                                                    " / ", logit_rows_max_));
-  // Host index arrays (pinned): token rows, then the decode rows wave by wave.
+  // Host index arrays (pinned), row for row the layout of d_ints_ (cuda_device.h): token rows,
+  // then the decode rows wave by wave, the GDN state indices and runs, the logit rows.
   int32_t* ids = h_ints_;
   int32_t* tslot = h_ints_ + T_max_;
   int32_t* tpos = h_ints_ + 2 * T_max_;
   int32_t* drow = h_ints_ + 3 * T_max_;
   int32_t* dslot = h_ints_ + 4 * T_max_;
   int32_t* dpos = h_ints_ + 5 * T_max_;
-  int32_t* lrows = h_ints_ + 6 * T_max_;
+  int32_t* lrows = h_ints_ + kLogitRowsRow * T_max_;
   std::copy(step.ids.begin(), step.ids.end(), ids);
   std::copy(step.slots.begin(), step.slots.end(), tslot);
   std::copy(step.positions.begin(), step.positions.end(), tpos);
@@ -49,9 +50,9 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
     }
   }
   // Speculative runs (RowRun::spec_entry): the GDN state indices each decode row reads and
-  // writes (cuda_device.h), host rows 7 and 8 of h_ints_ (device rows 6 and 7).
-  int32_t* gdn_out = h_ints_ + 7 * T_max_;
-  int32_t* gdn_in = h_ints_ + 8 * T_max_;
+  // writes (cuda_device.h), rows 6 and 7.
+  int32_t* gdn_out = h_ints_ + 6 * T_max_;
+  int32_t* gdn_in = h_ints_ + 7 * T_max_;
   spec_step_ = false;
   for (const RowRun& r : step.runs) {
     if (r.spec_entry < 0) continue;
@@ -91,8 +92,8 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
     if (r.decode_like() && r.n > 1 && r.spec_entry < 0) gdn_runs_ = false;
   n_gdn_runs_ = 0;
   if (gdn_runs_) {
-    int32_t* run_first = h_ints_ + 9 * T_max_;
-    int32_t* run_len = h_ints_ + 10 * T_max_;
+    int32_t* run_first = h_ints_ + 8 * T_max_;
+    int32_t* run_len = h_ints_ + 9 * T_max_;
     for (const RowRun& r : step.runs) {
       if (!r.decode_like()) continue;
       run_first[n_gdn_runs_] = n_dec_;
@@ -123,29 +124,24 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   n_splits_ = copts_.batch_invariant ? AttnSplits(1) : AttnSplits(std::max(1, dec_runs));
   PlanRowSegments(step);
   residual_reduced_ = false;
-  DS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_ints_, h_ints_, 6ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
-  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_logit_rows_, lrows,
-                                          static_cast<size_t>(std::max(n_logit_rows_, 1)) * 4,
-                                          cudaMemcpyHostToDevice, stream_));
-  if (spec_step_)
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_ + 6 * T_max_, gdn_out, 2ull * T_max_ * 4,
-                                            cudaMemcpyHostToDevice, stream_));
-  if (gdn_runs_)
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_ + 8 * T_max_, h_ints_ + 9 * T_max_,
-                                            2ull * T_max_ * 4, cudaMemcpyHostToDevice, stream_));
-  // Deferred drafts (SeqStep::chain_drafts): their ids from where the chain left them, over the
-  // placeholders just uploaded; the chain ran earlier in this stream.
+  // Deferred drafts (SeqStep::chain_drafts): their rows' ids name where the chain left them
+  // (EmbedRows' chain_ids reads chain_drafts_ at run time) over the placeholders of the step.
   for (const MicroStep::ChainTokens& c : step.chain_tokens) {
     if (!has_mtp_ || c.slot < 0 || c.slot >= n_slots_ || c.first < 0 || c.n < 1 ||
         c.first + c.n > kMtpChainMax || c.row < 0 || c.row + c.n > rows_)
       return absl::InternalError(absl::StrCat("CUDA micro-step: chain tokens at row ", c.row,
                                               " (slot ", c.slot, ", drafts ", c.first, "+", c.n,
                                               ")"));
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        d_ints_ + c.row, chain_drafts_ + static_cast<size_t>(c.slot) * kMtpChainMax + c.first,
-        static_cast<size_t>(c.n) * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream_));
+    for (int i = 0; i < c.n; ++i) ids[c.row + i] = -(1 + c.slot * kMtpChainMax + c.first + i);
   }
+  // Every index array in one copy: the used head of each of the kIntRows rows (one 2-D copy,
+  // not one per array: on the demo model's MTP cycle each small copy cost ~3-7 us of the
+  // device's time between the draft chain and the verify, docs/perf/h200.md). Rows this step
+  // does not use (the GDN indices of a plain step) go along stale and are not read.
+  const int width = std::max({rows_, n_dec_, n_logit_rows_, n_gdn_runs_, 1});
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(d_ints_, T_max_ * 4ull, h_ints_, T_max_ * 4ull,
+                                            width * 4ull, kIntRows, cudaMemcpyHostToDevice,
+                                            stream_));
   return absl::OkStatus();
 }
 
@@ -201,7 +197,7 @@ absl::Status CudaDevice::Embed() {
   InvalidateX();
   ProfBegin("embed");
   DS_RETURN_IF_ERROR(EmbedRows(token_embd_.type, token_embd_.d, cfg_.n_embd, d_ints_, rows_, h_,
-                               stream_, embd_v0_, embd_v1_));
+                               stream_, embd_v0_, embd_v1_, has_mtp_ ? chain_drafts_ : nullptr));
   ProfEnd();
   // Vocab-parallel under TP: other ranks' tokens came out as zero rows; the all-reduce (inside
   // the decode graph like the layers' two) gives every rank the whole embedding, exactly.

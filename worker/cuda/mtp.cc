@@ -507,6 +507,11 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
       a.passes = passes;
       a.hid_rows = d_rows;
       a.drafts = d_drafts;
+      // The drafts also where a deferred chain's consumers read them (the next verify's
+      // embedding, DeferredDrafts): no copies after the chain.
+      a.slot_drafts = chain_drafts_;
+      a.slot_drafts_host = h_chain_drafts_;
+      a.slot_drafts_ld = kMtpChainMax;
       return MtpChain(a, stream_);
     }
     for (int j = 0; j < passes; ++j) {
@@ -526,6 +531,7 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   DS_RETURN_IF_ERROR(chain_graphs_.Run(chain_key_, chain));
   if (fused) ++fused_chains_;
   if (n_drafts == 0) return absl::OkStatus();
+  if (!drafts && fused) return absl::OkStatus();  // the kernel wrote the slot's rows itself
   if (!drafts) {  // deferred: the slot's row on the device, its host copy behind it, no wait
     int32_t* row = chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row, d_drafts, n_drafts * sizeof(int32_t),

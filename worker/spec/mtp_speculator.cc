@@ -218,18 +218,22 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
         device_sample
             ? MtpDrafter::AcceptTokens(std::span<const int32_t>(out_.tokens).subspan(row, rows),
                                        s.drafts, &s.tokens, &stats_)
-            : drafter_.Accept(*s.sampler,
-                              std::span<const float>(out_.logits.data() + row * n_vocab_,
-                                                     rows * n_vocab_),
-                              s.drafts, &s.tokens, &stats_);
-    if (batch_[i].speculative) DS_RETURN_IF_ERROR(be_->CommitSpeculative(s.slot, kept + 1));
+            : drafter_.Accept(
+                  *s.sampler,
+                  std::span<const float>(out_.logits.data() + row * n_vocab_, rows * n_vocab_),
+                  s.drafts, &s.tokens, &stats_);
     Judged(s, static_cast<int>(rows) - 1, kept);
     const int32_t p0 = batch_[i].pos0;
     const int n = DraftsFor(s);
-    // Deferred: the next verify reads the drafts where they are made.
+    // Deferred: the next verify reads the drafts where they are made. The chain is queued
+    // before the rollback's state copies: it reads no recurrent state, and the device then
+    // starts it without waiting for the host to issue those copies (on the demo model ~12 us
+    // of the ~45 us between a verify and its chain, docs/perf/h200.md); the copies run during
+    // or after it, before the next verify.
     DS_RETURN_IF_ERROR(MtpDrafter::DraftChain(
         *be_, s.slot, p0, std::span<const int32_t>(s.tokens).subspan(p0 + 1, kept + 1),
         static_cast<int>(row), n, deferred_drafts_, &s.drafts));
+    if (batch_[i].speculative) DS_RETURN_IF_ERROR(be_->CommitSpeculative(s.slot, kept + 1));
     row += rows;
   }
   return absl::OkStatus();

@@ -487,6 +487,43 @@ TEST(Ops, EmbedRows) {
   }
 }
 
+// Ids below zero name their token in chain_ids (an MTP verify's drafts where the draft chain
+// left them): the same rows as the resolved ids, both kernels (n % 256), and a shard.
+TEST(Ops, EmbedRowsChainIds) {
+  for (GgmlType t : {GgmlType::Q6_K, GgmlType::F16, GgmlType::F32}) {
+    for (int n : {512, 96}) {
+      if (n % 256 != 0 && t == GgmlType::Q6_K) continue;
+      const int vocab = 77;
+      auto w = RandomWeights(t, vocab, n);
+      const std::vector<int32_t> chain = {5, 60, 33, 76, 0, 18};
+      const std::vector<int32_t> ids = {12, -3, -1, 40, -6, -4};
+      std::vector<int32_t> resolved;
+      for (int32_t id : ids) resolved.push_back(id < 0 ? chain[-id - 1] : id);
+      Dev<uint8_t> dw(w);
+      Dev<int32_t> did(ids), dchain(chain);
+      const auto W = DequantAll(t, w, vocab, n);
+      for (auto [v0, v1] : {std::pair<int, int>{0, -1}, {30, 70}}) {
+        const uint64_t rb = GgmlRowBytes(t, n);
+        std::vector<uint8_t> shard =
+            v1 < 0 ? w : std::vector<uint8_t>(w.begin() + v0 * rb, w.begin() + v1 * rb);
+        Dev<uint8_t> ds(shard);
+        Dev<float> out(ids.size() * n);
+        ASSERT_OK(EmbedRows(t, ds.p, n, did.p, static_cast<int>(ids.size()), out.p, nullptr, v0, v1,
+                            dchain.p));
+        const auto got = out.Down();
+        for (size_t i = 0; i < ids.size(); ++i) {
+          const bool mine = v1 < 0 || (resolved[i] >= v0 && resolved[i] < v1);
+          for (int j = 0; j < n; ++j) {
+            const float want = mine ? W[static_cast<size_t>(resolved[i]) * n + j] : 0.f;
+            ASSERT_NEAR(got[i * n + j], want, 1e-6f * (1 + std::fabs(want)))
+                << GgmlInfo(t).name << " n " << n << " id " << ids[i] << " shard " << v0;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Vocab-parallel shard: the table holds rows [v0, v1) only; other ids give zero rows (the TP
 // all-reduce adds the owner's row to them), both the unit and the element kernels (n % 256).
 TEST(Ops, EmbedRowsVocabShard) {
