@@ -435,7 +435,6 @@ class CudaDevice final : public Device {
   const int32_t* DecodeSlots() const { return d_ints_ + 4 * T_max_; }
   const int32_t* DecodePositions() const { return d_ints_ + 5 * T_max_; }
   int32_t* d_logit_rows_ = nullptr;  // [T_max]: row kLogitRowsRow of d_ints_
-  int32_t* d_argmax_ = nullptr;      // [logit_rows_max]
   ArgmaxScratch argmax_scratch_;     // ArgmaxSplitRows over logit_rows_max rows (work arena)
   int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ (the same rows)
   float* h_ = nullptr;      // [T, H] residual stream
@@ -498,12 +497,10 @@ class CudaDevice final : public Device {
   // ~64 B per row plus 8 B per penalty pair).
   struct SampleBuffers {
     SampleRowParams* params = nullptr;  // [logit_rows_max]
-    int32_t* tokens = nullptr;          // [logit_rows_max]
     PenaltyPair* pairs = nullptr;       // [pairs_cap]
     size_t pairs_cap = 0;
     ~SampleBuffers() {
       cudaFree(params);
-      cudaFree(tokens);
       cudaFree(pairs);
     }
   } sample_;
@@ -655,6 +652,21 @@ class CudaDevice final : public Device {
   // pinned host copy (DeferredDrafts), [n_slots][kMtpChainMax] each.
   int32_t* chain_drafts_ = nullptr;
   int32_t* h_chain_drafts_ = nullptr;
+  // Sampled tokens leave the device through this pinned buffer, which the sampling kernels
+  // write themselves (UVA: no device-to-host copy, whose own latency was ~5-6 us between a demo
+  // verify and its draft chain); Finish hands them to the caller's destinations after its
+  // wait. [kTokensOutMax].
+  static constexpr int kTokensOutMax = 4096;
+  int32_t* h_tokens_ = nullptr;
+  struct PendingTokens {
+    int32_t* dst;
+    int at, n;
+  };
+  std::vector<PendingTokens> pending_tokens_;
+  int tokens_used_ = 0;
+  // Where the next n sampled tokens go on the device side (in h_tokens_), `dst` on the host
+  // after Finish.
+  absl::StatusOr<int32_t*> TokensOut(int32_t* dst, int n);
   float* h_mtp_f_ = nullptr;  // pinned [mtp_rows_max_ * H + H + n_vocab]: hidden in, hidden / logits out
   // The fused draft chain (kernels/cuda/mtp_chain.cuh; CudaBackendOptions::fused_draft_chain):
   // its arguments but the per-call ones, set at load when the MTP block's shapes and types take

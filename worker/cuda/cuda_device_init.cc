@@ -59,6 +59,7 @@ CudaDevice::~CudaDevice() {
   if (h_ints_) cudaFreeHost(h_ints_);
   if (h_chain_ints_) cudaFreeHost(h_chain_ints_);
   if (h_chain_drafts_) cudaFreeHost(h_chain_drafts_);
+  if (h_tokens_) cudaFreeHost(h_tokens_);
   for (cudaEvent_t e : chain_mirror_read_)
     if (e) cudaEventDestroy(e);
   cudaFree(weights_mem_);
@@ -361,7 +362,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       tiled_ && copts_.f16_mma && (tiled_max_rows_ >= copts_.f16_mma_min_cols || f16_only_tiled_);
   std::vector<Buf> bufs = {
       {reinterpret_cast<void**>(&d_ints_), kIntRows * T * 4},
-      {reinterpret_cast<void**>(&d_argmax_), 64 * 4ull},
       {reinterpret_cast<void**>(&argmax_scratch_.value), LR * kArgmaxParts * 4},
       {reinterpret_cast<void**>(&argmax_scratch_.index), LR * kArgmaxParts * 4},
       {reinterpret_cast<void**>(&argmax_scratch_.tickets), LR * 4},
@@ -725,6 +725,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(&h_ints_, (int_bytes + 15) / 16 * 16 + mtp_f_floats * 4 + 16));
   h_mtp_ints_ = h_ints_ + kIntRows * T;
+  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_tokens_, kTokensOutMax * sizeof(int32_t)));
   if (has_mtp_) {
     DS_CUDA_RETURN_IF_ERROR(
         cudaMallocHost(&h_chain_ints_, static_cast<size_t>(kChainMirrors) * MtpIntsTotal() * 4));

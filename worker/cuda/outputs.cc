@@ -34,18 +34,32 @@ absl::Status CudaDevice::ReadHidden(int n, float* dst) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int32_t*> CudaDevice::TokensOut(int32_t* dst, int n) {
+  if (n < 0 || n > kTokensOutMax)
+    return absl::InternalError(absl::StrCat("CUDA device: ", n, " sampled tokens in one call"));
+  if (tokens_used_ + n > kTokensOutMax)
+    DS_RETURN_IF_ERROR(Finish());  // hands the earlier ones over
+  pending_tokens_.push_back({dst, tokens_used_, n});
+  int32_t* out = h_tokens_ + tokens_used_;
+  tokens_used_ += n;
+  return out;
+}
+
 absl::Status CudaDevice::Argmax(int n, int32_t* tokens) {
+  DS_ASSIGN_OR_RETURN(int32_t * out, TokensOut(tokens, n));
   ProfBegin("sample");
-  DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, n, cfg_.n_vocab, argmax_scratch_,
-                                     d_argmax_, stream_, early_launch_));
+  DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, n, cfg_.n_vocab, argmax_scratch_, out,
+                                     stream_, early_launch_));
   ProfEnd();
-  DS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(tokens, d_argmax_, n * 4ull, cudaMemcpyDeviceToHost, stream_));
   return absl::OkStatus();
 }
 
 absl::Status CudaDevice::Finish() {
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (const PendingTokens& p : pending_tokens_)
+    std::copy(h_tokens_ + p.at, h_tokens_ + p.at + p.n, p.dst);
+  pending_tokens_.clear();
+  tokens_used_ = 0;
   return FlushProfile();
 }
 
@@ -68,7 +82,6 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
   }
   if (sample_.params == nullptr) {
     DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&sample_.params, logit_rows_max_ * sizeof(SampleRowParams)));
-    DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&sample_.tokens, logit_rows_max_ * sizeof(int32_t)));
   }
   // Plain greedy rows only (every decode of greedy requests, an MTP verify's rows): the split
   // argmax, the same token as SampleRows' greedy path (the CPU sampler's), with every row spread
@@ -77,11 +90,10 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
   for (const SampleRowParams& p : h_sample_rows_) plain_greedy &= p.mode == kSampleGreedy;
   if (plain_greedy) {
     ProfBegin("sample");
+    DS_ASSIGN_OR_RETURN(int32_t * out, TokensOut(tokens, nl));
     DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, argmax_scratch_,
-                                       sample_.tokens, stream_, early_launch_));
+                                       out, stream_, early_launch_));
     ProfEnd();
-    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, sample_.tokens, nl * sizeof(int32_t),
-                                            cudaMemcpyDeviceToHost, stream_));
     return absl::OkStatus();
   }
   if (h_sample_pairs_.size() > sample_.pairs_cap) {
@@ -102,12 +114,11 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_.pairs, h_sample_pairs_.data(),
                                             h_sample_pairs_.size() * sizeof(PenaltyPair),
                                             cudaMemcpyHostToDevice, stream_));
+  DS_ASSIGN_OR_RETURN(int32_t * out, TokensOut(tokens, nl));
   ProfBegin("sample");
   DS_RETURN_IF_ERROR(SampleRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, sample_.params,
-                                sample_.pairs, sample_.tokens, stream_));
+                                sample_.pairs, out, stream_));
   ProfEnd();
-  DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, sample_.tokens, nl * sizeof(int32_t),
-                                          cudaMemcpyDeviceToHost, stream_));
   return absl::OkStatus();
 }
 
