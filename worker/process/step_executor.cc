@@ -539,6 +539,13 @@ StepResult StepExecutor::RunResolved(const Step& step) {
                     std::span<const float>(out.logits.data() + static_cast<size_t>(row0) * n_vocab,
                                            static_cast<size_t>(n_out) * n_vocab),
                     slot.drafts, &slot.known, stats);
+      // The next drafts first, then the rollback's state copies (they read no recurrent state,
+      // and the device starts the chain without waiting for the host to issue the copies:
+      // worker/spec/README.md).
+      slot.policy.Record(offered, kept);
+      single_offered = offered;
+      DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
+                 kept + 1, n_mtp_slots, alone);
       if (absl::Status cs = backend_->CommitSpeculative(static_cast<int>(w.slot), kept + 1);
           !cs.ok()) {
         result.tokens.clear();
@@ -554,10 +561,6 @@ StepResult StepExecutor::RunResolved(const Step& step) {
         verify_tokens_.push_back(kept + 1);
         result.drafts_offered.push_back(static_cast<uint32_t>(offered));
       }
-      slot.policy.Record(offered, kept);
-      single_offered = offered;
-      DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
-                 kept + 1, n_mtp_slots, alone);
       continue;
     }
     sampling::SampleResult r;
