@@ -670,9 +670,6 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         a.shape.v_dim, ")"));
   if (a.xsum && (a.n_seqs != 1 || a.run_first))
     return absl::InvalidArgumentError("GdnDecode: 16-element sums are for one-row steps");
-  if (a.run_chunk != 4 && a.run_chunk != 6)
-    return absl::InvalidArgumentError(
-        absl::StrCat("GdnDecode: run_chunk ", a.run_chunk, " (4 or 6 tokens per chunk)"));
   DispatchDk(a.shape.k_dim, [&](auto tag) {
     constexpr int DK = decltype(tag)::value;
     constexpr int NG = DK / KPerThread<DK>();
@@ -693,9 +690,6 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
           LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
                            a.early, a);
-        else if (a.run_chunk == 6)
-          LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 6, kEarly>, grid, threads, 0, stream, a.early,
-                           a);
         else
           LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly>, grid, threads, 0, stream, a.early,
                            a);

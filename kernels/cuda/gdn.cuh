@@ -84,10 +84,6 @@ struct GdnDecodeArgs {
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.
   bool bulk_state = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
-  // Tokens per chunk of the one-per-SM run kernel (GdnDecodeRunKernel's CH): 4, or 6 so that an
-  // MTP verify of 4 drafts (runs of 5) takes one chunk, one prologue and one epilogue, instead
-  // of two. The same bits.
-  int run_chunk = 4;
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a
   const float* b = nullptr;        // [T, Hv]    W_beta·a

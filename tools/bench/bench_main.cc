@@ -75,8 +75,6 @@ int BenchMain(int argc, char** argv) {
     else if (a == "--device") o.device = std::atoi(next());
     else if (a == "--prefill") o.prefill = ints(next());
     else if (a == "--decode") o.decode_tokens = std::atoi(next());
-    else if (a == "--gdn-run-chunk")
-      o.gdn_run_chunk = std::atoi(next());
     else if (a == "--depth") o.depth = std::atoi(next());
     else if (a == "--conc") o.concurrency = ints(next());
     else if (a == "--conc-prompt") o.conc_prompt = std::atoi(next());

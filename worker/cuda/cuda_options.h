@@ -25,9 +25,6 @@ struct CudaBackendOptions {
   // An MTP verify's GDN rows in runs (GdnDecodeArgs::run_first): the k + 1 tokens of a sequence
   // in one launch, the state read once; false = one launch per token index (A/B).
   bool gdn_decode_runs = true;
-  // GdnDecodeArgs::run_chunk of the one-per-SM GDN decode launches (4 or 6; A/B: `bench
-  // --gdn-run-chunk 6`).
-  int gdn_run_chunk = 4;
   // Float-weight matmuls of 5-6 columns in a 6-column kernel (GemvArgs::six_columns; A/B:
   // `bench --gemv-six off`).
   bool gemv_six_columns = true;

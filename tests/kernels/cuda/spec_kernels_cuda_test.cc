@@ -59,11 +59,10 @@ struct SpecCase {
 // bf16: the state stored in bf16; the CPU state is set to the GPU's input state before each
 // token (exactly representable), so each token's state is checked for its own rounding
 // (ExpectBf16StateMatches) and its output as tightly as in f32.
-// run_chunk: GdnDecodeArgs::run_chunk of the run form (tokens per chunk, 4 or 6).
-void RunSpecChain(const SpecCase& sc, bool bf16 = false, int run_chunk = 4) {
-  SCOPED_TRACE(::testing::Message() << "Hk=" << sc.hk << " Hv=" << sc.hv << " dk=" << sc.dk
-                                    << " dv=" << sc.dv << " warm=" << sc.warm << " k=" << sc.k
-                                    << (bf16 ? " state bf16" : "") << " run chunk " << run_chunk);
+void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
+  SCOPED_TRACE(::testing::Message()
+               << "Hk=" << sc.hk << " Hv=" << sc.hv << " dk=" << sc.dk << " dv=" << sc.dv
+               << " warm=" << sc.warm << " k=" << sc.k << (bf16 ? " state bf16" : ""));
   GdnShape s{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   cpu::GdnDims cd{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   const int C = s.channels(), Vw = sc.hv * sc.dv, K = 4;
@@ -187,7 +186,6 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false, int run_chunk = 4) {
   a.shape = s; a.p = p; a.n_seqs = 1; a.run_first = first.p; a.run_len = len.p; a.rows = drows.p;
   a.slots = douts.p; a.in_slots = dins.p; a.pos = dposs.p; a.mixed = dm.p; a.z = dz.p; a.b = db.p;
   a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.state_bf16 = bf16; a.out = o.p;
-  a.run_chunk = run_chunk;
   ASSERT_TRUE(GdnDecode(a, nullptr).ok());
   const auto run_out = o.Down();
   EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
@@ -212,16 +210,6 @@ TEST(GdnSpec, ChainMatchesCpuAndInPlace) {
   RunSpecChain({2, 4, 64, 64, 6, 8});      // the demo model's shape, runs of two chunks
   RunSpecChain({16, 48, 128, 128, 3, 4});  // the 27B shape
   RunSpecChain({16, 48, 128, 128, 2, 5});  // a k = 4 verify's runs: a chunk of 4 and one of 1
-}
-
-// Runs in chunks of 6 (GdnDecodeArgs::run_chunk): a k = 4 verify's run of 5 in one chunk, and
-// runs of 8 in two; the same bits as the chain.
-TEST(GdnSpec, RunChunksOfSix) {
-  RunSpecChain({2, 4, 64, 64, 6, 5}, false, 6);  // the demo model's shape
-  RunSpecChain({2, 4, 64, 64, 6, 8}, false, 6);
-  RunSpecChain({16, 48, 128, 128, 2, 5}, false, 6);  // the 27B shape
-  RunSpecChain({2, 6, 16, 16, 5, 4}, true, 6);
-  RunSpecChain({16, 48, 128, 128, 2, 5}, true, 6);
 }
 
 // The state stored in bf16: the chain against the CPU's emulation, in place and as one run
