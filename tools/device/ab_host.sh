@@ -33,7 +33,8 @@ gen() {  # gen <binary> <mtp>: one line, tok/s and tokens per verify
   LD_LIBRARY_PATH=$lp "$1" generate --model demo --backend cuda --max-tokens 256 --prompt "The jury said that" \
     --json --mtp "$2" >"$L/g.json" 2>"$L/g.err" || { fail "generate $1 --mtp $2"; tail -2 "$L/g.err"; }
   gen_summary "$L/g.json"
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"])' "$L/g.json" >>"$L/texts_$2.txt"
+  # One line per run (the text JSON-quoted: it has newlines of its own).
+  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["text"]))' "$L/g.json" >>"$L/texts_$2.txt"
 }
 for r in $(seq 1 "${ROUNDS:-3}"); do
   for side in A B; do
