@@ -54,7 +54,7 @@ n=$(cat "$L"/texts_*.txt 2>/dev/null | sort -u | wc -l)
 [ "$n" -le 1 ] && pass "MTP on and off give the same text" || fail "MTP on / off texts differ"
 if [ -f "$BIN/libds_kernel_timeline.so" ]; then
   for m in off "$K"; do
-    CUDA_INJECTION64_PATH=$PWD/$BIN/libds_kernel_timeline.so DS_TIMELINE_OUT=${OUT:-/tmp/out}/tl_B_$m.txt \
+    CUDA_INJECTION64_PATH=$(realpath "$BIN/libds_kernel_timeline.so") DS_TIMELINE_OUT=${OUT:-/tmp/out}/tl_B_$m.txt \
       "$BIN/deltaserve" generate --model demo --backend cuda --max-tokens 256 \
       --prompt "The jury said that" --json --mtp "$m" >/dev/null 2>&1
     grep -E "^graph|^    (dev|host)" "${OUT:-/tmp/out}/tl_B_$m.txt" | head -12

@@ -14,7 +14,7 @@ source tools/device/env.sh
 L=/tmp/tl_logs
 S=${OUT:-/tmp/out}
 mkdir -p "$L" "$S"
-TL=$PWD/$BIN/libds_kernel_timeline.so
+TL=$(realpath "$BIN/libds_kernel_timeline.so")
 K=${MTP_K:-4}
 M=${MODEL:-/tmp/m.gguf}
 [ "${BIG:-1}" = 1 ] && { synth_27b "$M" & }
