@@ -94,4 +94,35 @@ double MeanLaunchUs(int warm, int iters, F&& launch) {
   return 1e3 * ms / iters;
 }
 
+// Mean us of `launch` with a cold L2: before each launch, 128 MiB are written (more than any
+// sm_90 L2 holds), then `rewarm` runs (e.g. a read of the activations, which a decode step has
+// just written), and only the launch is between the two events. A decode step streams gigabytes
+// of weights, so a small matrix it reads comes from HBM, not from the L2 that MeanLaunchUs's
+// back-to-back launches leave warm.
+template <typename F, typename W>
+double MeanColdLaunchUs(int iters, F&& launch, W&& rewarm) {
+  constexpr size_t kFlushBytes = size_t{128} << 20;
+  void* flush = nullptr;
+  CK(cudaMalloc(&flush, kFlushBytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  double total_ms = 0;
+  for (int i = 0; i <= iters; ++i) {  // i = 0: a warm-up launch, not counted
+    CK(cudaMemset(flush, i & 0xff, kFlushBytes));
+    rewarm();
+    CK(cudaEventRecord(e0));
+    EXPECT_TRUE(launch().ok());
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) total_ms += ms;
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFree(flush));
+  return 1e3 * total_ms / iters;
+}
+
 }  // namespace ds::cuda
