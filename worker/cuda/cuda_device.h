@@ -655,8 +655,9 @@ class CudaDevice final : public Device {
   // Sampled tokens leave the device through this pinned buffer, which the sampling kernels
   // write themselves (UVA: no device-to-host copy, whose own latency was ~5-6 us between a demo
   // verify and its draft chain); Finish hands them to the caller's destinations after its
-  // wait. [kTokensOutMax].
-  static constexpr int kTokensOutMax = 4096;
+  // wait. [tokens_out_max_]: at least kTokensOutMin and a micro-step's logit rows.
+  static constexpr int kTokensOutMin = 4096;
+  int tokens_out_max_ = 0;
   int32_t* h_tokens_ = nullptr;
   struct PendingTokens {
     int32_t* dst;

@@ -725,7 +725,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(&h_ints_, (int_bytes + 15) / 16 * 16 + mtp_f_floats * 4 + 16));
   h_mtp_ints_ = h_ints_ + kIntRows * T;
-  DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_tokens_, kTokensOutMax * sizeof(int32_t)));
+  tokens_out_max_ = std::max(kTokensOutMin, logit_rows_max_);
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(&h_tokens_, static_cast<size_t>(tokens_out_max_) * sizeof(int32_t)));
   if (has_mtp_) {
     DS_CUDA_RETURN_IF_ERROR(
         cudaMallocHost(&h_chain_ints_, static_cast<size_t>(kChainMirrors) * MtpIntsTotal() * 4));

@@ -35,9 +35,9 @@ absl::Status CudaDevice::ReadHidden(int n, float* dst) {
 }
 
 absl::StatusOr<int32_t*> CudaDevice::TokensOut(int32_t* dst, int n) {
-  if (n < 0 || n > kTokensOutMax)
+  if (n < 0 || n > tokens_out_max_)
     return absl::InternalError(absl::StrCat("CUDA device: ", n, " sampled tokens in one call"));
-  if (tokens_used_ + n > kTokensOutMax)
+  if (tokens_used_ + n > tokens_out_max_)
     DS_RETURN_IF_ERROR(Finish());  // hands the earlier ones over
   pending_tokens_.push_back({dst, tokens_used_, n});
   int32_t* out = h_tokens_ + tokens_used_;
