@@ -434,7 +434,7 @@ class CudaDevice final : public Device {
   const int32_t* DecodeRows() const { return d_ints_ + 3 * T_max_; }
   const int32_t* DecodeSlots() const { return d_ints_ + 4 * T_max_; }
   const int32_t* DecodePositions() const { return d_ints_ + 5 * T_max_; }
-  int32_t* d_logit_rows_ = nullptr;  // [T_max]: row kLogitRowsRow of d_ints_
+  const int32_t* LogitRows() const { return d_ints_ + kLogitRowsRow * T_max_; }
   ArgmaxScratch argmax_scratch_;     // ArgmaxSplitRows over logit_rows_max rows (work arena)
   int32_t* h_ints_ = nullptr;        // pinned mirror of d_ints_ (the same rows)
   float* h_ = nullptr;      // [T, H] residual stream

@@ -706,7 +706,6 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(&work_mem_, work_bytes));
   Arena ka{static_cast<uint8_t*>(work_mem_), work_bytes, 0};
   for (auto& b : bufs) *b.p = ka.Take<uint8_t>(b.bytes);
-  d_logit_rows_ = d_ints_ + kLogitRowsRow * T;
   argmax_scratch_.max_rows = logit_rows_max_;
   DS_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_scratch_.tickets, 0, LR * 4));
   if (f16_cols) {

@@ -490,7 +490,7 @@ absl::Status CudaDevice::Head() {
   // is an invalid configuration).
   if (n_logit_rows_ == 0) return absl::OkStatus();
   ProfBegin("lm_head");
-  DS_RETURN_IF_ERROR(RmsNormRows(h_, cfg_.n_embd, d_logit_rows_, output_norm_, hn_, n_logit_rows_,
+  DS_RETURN_IF_ERROR(RmsNormRows(h_, cfg_.n_embd, LogitRows(), output_norm_, hn_, n_logit_rows_,
                                  cfg_.n_embd, cfg_.rms_eps, stream_, early_launch_));
   InvalidateX();
   // Under TP with the lm_head on rank 0 only, the other ranks hold no rows of it.
