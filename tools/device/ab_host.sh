@@ -12,12 +12,7 @@
 #   [KEEP=/tmp/Bc | B_KEPT=/tmp/Bc] bash tools/device/ab_host.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ -n "${B_KEPT:-}" ]; then
-  export LD_LIBRARY_PATH="$B_KEPT/lib:/usr/local/cuda/lib64"
-  BIN=$B_KEPT/bin
-fi
-source tools/device/env.sh
-[ -n "${KEEP:-}" ] && rm -rf "$KEEP" && cp -r "$PWD/$DS_CARRY" "$KEEP"
+source tools/device/env.sh  # KEEP / B_KEPT: the kept carry (env.sh)
 L=${OUT:-/tmp/out}/logs
 mkdir -p "$L" /tmp/abh
 A_LP=$LD_LIBRARY_PATH

@@ -11,13 +11,7 @@
 #   [BENCH="..."] [KEEP=/tmp/Bc | B_KEPT=/tmp/Bc] bash tools/device/ab_two_carries.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ -n "${B_KEPT:-}" ]; then
-  export LD_LIBRARY_PATH="$B_KEPT/lib:/usr/local/cuda/lib64"
-  export NCCL_NVLS_ENABLE=0
-  BIN=$B_KEPT/bin
-fi
-source tools/device/env.sh
-[ -n "${KEEP:-}" ] && rm -rf "$KEEP" && cp -r "$PWD/$DS_CARRY" "$KEEP"
+source tools/device/env.sh  # KEEP / B_KEPT: the kept carry (env.sh)
 A_DIR=${A_DIR:-}
 mkdir -p /tmp/alib
 [ -n "$A_DIR" ] && xz -dc "$A_DIR/libds_kernels_cuda.so.xz" >/tmp/alib/libds_kernels_cuda.so

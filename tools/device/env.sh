@@ -3,11 +3,20 @@
 # .devcarry; DS_PACK_OUT when packing) when that was not done yet, points the loader at the carried
 # shared libraries and the image's CUDA toolkit, keeps NCCL off NVLink multicast (the device
 # machine's rule), sets BIN (default $DS_CARRY/bin) and the PASS/FAIL helpers.
+# Two carries seldom fit one call: KEEP=dir copies this call's unpacked carry to dir on the
+# machine, and a later call on the same warm machine passes B_KEPT=dir to run from that copy
+# (its binaries and libraries) while it carries something else (ab_two_carries.sh, ab_host.sh).
 DS_CARRY=${DS_CARRY:-.devcarry}
-if [ -z "${BIN:-}" ] && [ -f "$DS_CARRY/dc.tar.xz" ] && [ ! -d "$DS_CARRY/bin" ]; then
-  _x=$(mktemp -d) && tar -C "$_x" -xJf "$DS_CARRY/dc.tar.xz" && rm -rf "$DS_CARRY" && mv "$_x/dc" "$DS_CARRY"
+if [ -n "${B_KEPT:-}" ]; then
+  BIN=$B_KEPT/bin
+  export LD_LIBRARY_PATH="$B_KEPT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+else
+  if [ -z "${BIN:-}" ] && [ -f "$DS_CARRY/dc.tar.xz" ] && [ ! -d "$DS_CARRY/bin" ]; then
+    _x=$(mktemp -d) && tar -C "$_x" -xJf "$DS_CARRY/dc.tar.xz" && rm -rf "$DS_CARRY" && mv "$_x/dc" "$DS_CARRY"
+  fi
+  export LD_LIBRARY_PATH="$PWD/$DS_CARRY/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  [ -n "${KEEP:-}" ] && rm -rf "$KEEP" && cp -r "$PWD/$DS_CARRY" "$KEEP"
 fi
-export LD_LIBRARY_PATH="$PWD/$DS_CARRY/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 BIN=${BIN:-$DS_CARRY/bin}
 # The check scripts' result lines: one PASS/FAIL line per check, any FAIL makes `exit $rc` fail.
