@@ -8,9 +8,9 @@
 namespace ds::timeline {
 namespace {
 
-KernelRecord Kernel(const std::string& name, uint64_t start_us, uint64_t end_us, uint32_t graph,
-                    uint64_t node) {
-  KernelRecord r;
+ActivityRecord Kernel(const std::string& name, uint64_t start_us, uint64_t end_us, uint32_t graph,
+                      uint64_t node) {
+  ActivityRecord r;
   r.name = name;
   r.start_ns = start_us * 1000;
   r.end_ns = end_us * 1000;
@@ -24,11 +24,11 @@ KernelRecord Kernel(const std::string& name, uint64_t start_us, uint64_t end_us,
 // programmatic dependent launch) at t+2 and ends at t+10+b, C [t+12+b, t+15+b].
 // Before it, outside the graph: an upload on the device [t-6, t-4] and the host's launch call
 // [t-3, t-1].
-void AddReplay(std::vector<KernelRecord>& out, uint32_t graph, uint64_t t, uint64_t b) {
-  KernelRecord upload = Kernel("memcpy HtoD", t - 6, t - 4, 0, 0);
+void AddReplay(std::vector<ActivityRecord>& out, uint32_t graph, uint64_t t, uint64_t b) {
+  ActivityRecord upload = Kernel("memcpy HtoD", t - 6, t - 4, 0, 0);
   upload.kind = ActivityKind::kMemcpy;
   out.push_back(upload);
-  KernelRecord launch = Kernel("cudaGraphLaunch", t - 3, t - 1, 0, 0);
+  ActivityRecord launch = Kernel("cudaGraphLaunch", t - 3, t - 1, 0, 0);
   launch.kind = ActivityKind::kRuntime;
   out.push_back(launch);
   out.push_back(Kernel("void ds::cuda::(anonymous namespace)::NormKernel<256>(ds::Args)", t, t + 10,
@@ -39,7 +39,7 @@ void AddReplay(std::vector<KernelRecord>& out, uint32_t graph, uint64_t t, uint6
 }
 
 TEST(TimelineSummary, MediansOfAddedTimeAndSpanPerGraph) {
-  std::vector<KernelRecord> records;
+  std::vector<ActivityRecord> records;
   // Graph 5: two warm-up replays (slow), then replays with B adding 4, 6, 5 us.
   AddReplay(records, 5, 0, 100);
   AddReplay(records, 5, 200, 100);
@@ -87,7 +87,7 @@ TEST(TimelineSummary, MediansOfAddedTimeAndSpanPerGraph) {
 }
 
 TEST(TimelineSummary, GraphsWithTooFewReplaysAreLeftOut) {
-  std::vector<KernelRecord> records;
+  std::vector<ActivityRecord> records;
   for (int i = 0; i < 4; ++i) AddReplay(records, 1, 100 * i, 3);
   for (int i = 0; i < 6; ++i) AddReplay(records, 2, 1000 + 100 * i, 3);
   SummaryOptions options;

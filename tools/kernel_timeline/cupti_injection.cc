@@ -30,7 +30,7 @@ constexpr size_t kBufferBytes = 8u << 20;
 constexpr size_t kAlign = 8;
 
 std::mutex g_mutex;
-std::vector<KernelRecord>* g_records = nullptr;  // leaked on purpose: used from atexit
+std::vector<ActivityRecord>* g_records = nullptr;  // leaked on purpose: used from atexit
 size_t g_max_records = 4'000'000;
 std::atomic<uint64_t> g_dropped{0};
 
@@ -78,10 +78,10 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
 }
 
 void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
-  std::vector<KernelRecord> batch;
+  std::vector<ActivityRecord> batch;
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-    KernelRecord r;
+    ActivityRecord r;
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
@@ -123,7 +123,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   }
   std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (KernelRecord& r : batch) {
+  for (ActivityRecord& r : batch) {
     if (g_records->size() < g_max_records) {
       g_records->push_back(std::move(r));
     } else {
@@ -132,7 +132,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   }
 }
 
-void WriteCsv(const char* path, const std::vector<KernelRecord>& records) {
+void WriteCsv(const char* path, const std::vector<ActivityRecord>& records) {
   FILE* f = std::fopen(path, "w");
   if (f == nullptr) {
     std::fprintf(stderr, "kernel timeline: cannot write %s\n", path);
@@ -140,7 +140,7 @@ void WriteCsv(const char* path, const std::vector<KernelRecord>& records) {
   }
   std::fprintf(f,
                "kind,name,start_ns,end_ns,graph_id,graph_node_id,grid_x,grid_y,grid_z,block_x\n");
-  for (const KernelRecord& r : records) {
+  for (const ActivityRecord& r : records) {
     std::fprintf(f, "%d,\"%s\",%llu,%llu,%u,%llu,%d,%d,%d,%d\n", static_cast<int>(r.kind),
                  ShortKernelName(r.name).c_str(), static_cast<unsigned long long>(r.start_ns),
                  static_cast<unsigned long long>(r.end_ns), r.graph_id,
@@ -152,7 +152,7 @@ void WriteCsv(const char* path, const std::vector<KernelRecord>& records) {
 
 void AtExit() {
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  std::vector<KernelRecord> records;
+  std::vector<ActivityRecord> records;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     records.swap(*g_records);
@@ -181,7 +181,7 @@ void AtExit() {
 // Called by the CUDA driver at cuInit when CUDA_INJECTION64_PATH names this library.
 extern "C" int InitializeInjection(void) {
   using namespace ds::timeline;
-  g_records = new std::vector<KernelRecord>();
+  g_records = new std::vector<ActivityRecord>();
   if (const char* max = std::getenv("DS_TIMELINE_MAX"))
     g_max_records = std::strtoull(max, nullptr, 10);
   if (cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted) != CUPTI_SUCCESS ||

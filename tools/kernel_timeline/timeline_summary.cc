@@ -15,13 +15,13 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-using Replay = std::vector<const KernelRecord*>;  // one graph replay, by start
+using Replay = std::vector<const ActivityRecord*>;  // one graph replay, by start
 
 // Splits one graph's records (sorted by start) into replays.
-std::vector<Replay> SplitReplays(const std::vector<const KernelRecord*>& sorted) {
+std::vector<Replay> SplitReplays(const std::vector<const ActivityRecord*>& sorted) {
   std::vector<Replay> replays;
   std::set<uint64_t> seen;
-  for (const KernelRecord* r : sorted) {
+  for (const ActivityRecord* r : sorted) {
     if (replays.empty() || seen.count(r->graph_node_id) != 0) {
       replays.emplace_back();
       seen.clear();
@@ -47,18 +47,18 @@ int MostCommonSize(const std::vector<Replay>& replays) {
 // graphs spend inside the window. `loose` is sorted by start.
 std::vector<BetweenSummary> SummarizeBetween(
     const std::vector<std::pair<uint64_t, uint64_t>>& windows,
-    const std::vector<const KernelRecord*>& loose) {
+    const std::vector<const ActivityRecord*>& loose) {
   std::map<std::string, std::vector<double>> times, counts;
   std::map<std::string, bool> on_host;
   uint64_t longest = 0;
-  for (const KernelRecord* r : loose) longest = std::max(longest, r->end_ns - r->start_ns);
+  for (const ActivityRecord* r : loose) longest = std::max(longest, r->end_ns - r->start_ns);
   for (size_t w = 0; w < windows.size(); ++w) {
     const auto [lo, hi] = windows[w];
     // Activities starting before lo - longest cannot reach into the window.
     auto it = std::lower_bound(loose.begin(), loose.end(), lo > longest ? lo - longest : 0,
-                               [](const KernelRecord* r, uint64_t t) { return r->start_ns < t; });
+                               [](const ActivityRecord* r, uint64_t t) { return r->start_ns < t; });
     for (; it != loose.end() && (*it)->start_ns < hi; ++it) {
-      const KernelRecord& r = **it;
+      const ActivityRecord& r = **it;
       const uint64_t a = std::max(r.start_ns, lo), b = std::min(r.end_ns, hi);
       if (b <= a && !(r.start_ns >= lo && r.start_ns < hi)) continue;
       auto& t = times[r.name];
@@ -81,7 +81,7 @@ std::vector<BetweenSummary> SummarizeBetween(
 
 GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
                           const SummaryOptions& options,
-                          const std::vector<const KernelRecord*>& loose) {
+                          const std::vector<const ActivityRecord*>& loose) {
   GraphSummary g;
   g.graph_id = graph_id;
   const size_t size = static_cast<size_t>(MostCommonSize(all));
@@ -93,7 +93,7 @@ GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
     kept.push_back(&all[i]);
     if (i > 0) {
       uint64_t prev_end = 0;
-      for (const KernelRecord* r : all[i - 1]) prev_end = std::max(prev_end, r->end_ns);
+      for (const ActivityRecord* r : all[i - 1]) prev_end = std::max(prev_end, r->end_ns);
       const uint64_t first = all[i].front()->start_ns;
       gaps.push_back(first >= prev_end ? (first - prev_end) * 1e-3 : 0.0);
       if (first > prev_end) windows.emplace_back(prev_end, first);
@@ -109,7 +109,7 @@ GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
     const uint64_t first = replay->front()->start_ns;
     uint64_t latest_end = first;
     for (size_t k = 0; k < size; ++k) {
-      const KernelRecord& r = *(*replay)[k];
+      const ActivityRecord& r = *(*replay)[k];
       durations[k].push_back((r.end_ns - r.start_ns) * 1e-3);
       starts[k].push_back((r.start_ns - first) * 1e-3);
       added[k].push_back(r.end_ns > latest_end ? (r.end_ns - latest_end) * 1e-3 : 0.0);
@@ -120,7 +120,7 @@ GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
   g.span_us = Median(spans);
   std::map<std::string, NameSummary> by_name;
   for (size_t k = 0; k < size; ++k) {
-    const KernelRecord& r = *(*kept.front())[k];
+    const ActivityRecord& r = *(*kept.front())[k];
     NodeSummary node{ShortKernelName(r.name), r.grid_x,         r.grid_y,         r.grid_z,
                      Median(durations[k]),    Median(added[k]), Median(starts[k])};
     NameSummary& n = by_name[node.name];
@@ -139,25 +139,25 @@ GraphSummary SummarizeOne(uint32_t graph_id, const std::vector<Replay>& all,
 
 }  // namespace
 
-std::vector<GraphSummary> SummarizeGraphs(std::vector<KernelRecord> records,
+std::vector<GraphSummary> SummarizeGraphs(std::vector<ActivityRecord> records,
                                           const SummaryOptions& options) {
-  std::map<uint32_t, std::vector<const KernelRecord*>> per_graph;
-  std::vector<const KernelRecord*> loose;  // outside every graph
-  for (const KernelRecord& r : records) {
+  std::map<uint32_t, std::vector<const ActivityRecord*>> per_graph;
+  std::vector<const ActivityRecord*> loose;  // outside every graph
+  for (const ActivityRecord& r : records) {
     if (r.graph_id != 0 && r.kind == ActivityKind::kKernel) {
       per_graph[r.graph_id].push_back(&r);
     } else if (r.graph_id == 0) {
       loose.push_back(&r);
     }
   }
-  std::stable_sort(loose.begin(), loose.end(), [](const KernelRecord* a, const KernelRecord* b) {
-    return a->start_ns < b->start_ns;
-  });
+  std::stable_sort(
+      loose.begin(), loose.end(),
+      [](const ActivityRecord* a, const ActivityRecord* b) { return a->start_ns < b->start_ns; });
   std::vector<GraphSummary> out;
   for (auto& [id, list] : per_graph) {
-    std::stable_sort(list.begin(), list.end(), [](const KernelRecord* a, const KernelRecord* b) {
-      return a->start_ns < b->start_ns;
-    });
+    std::stable_sort(
+        list.begin(), list.end(),
+        [](const ActivityRecord* a, const ActivityRecord* b) { return a->start_ns < b->start_ns; });
     GraphSummary g = SummarizeOne(id, SplitReplays(list), options, loose);
     if (g.replays >= options.min_replays) out.push_back(std::move(g));
   }

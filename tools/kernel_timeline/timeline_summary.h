@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/kernel_timeline/kernel_record.h"
+#include "tools/kernel_timeline/activity_record.h"
 
 namespace ds::timeline {
 
@@ -58,7 +58,7 @@ struct SummaryOptions {
 // the records of one graph id between two appearances of the same node id (sorted by start).
 // Replays whose node count differs from the graph's most common count (cut by the end of the trace)
 // are left out.
-std::vector<GraphSummary> SummarizeGraphs(std::vector<KernelRecord> records,
+std::vector<GraphSummary> SummarizeGraphs(std::vector<ActivityRecord> records,
                                           const SummaryOptions& options);
 
 // A short kernel name for tables: the demangled name without its return type, namespaces,

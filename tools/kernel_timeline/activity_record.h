@@ -10,7 +10,7 @@ namespace ds::timeline {
 
 enum class ActivityKind { kKernel, kMemcpy, kMemset, kRuntime };
 
-struct KernelRecord {
+struct ActivityRecord {
   ActivityKind kind = ActivityKind::kKernel;
   std::string name;  // demangled where possible; "memcpy HtoD", "cudaGraphLaunch", ...
   uint64_t start_ns = 0;
