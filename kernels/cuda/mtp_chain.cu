@@ -440,13 +440,15 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   }
 
   for (int j = 0; j < a.passes; ++j) {
-    const int32_t* blk = a.ints + static_cast<int64_t>(j) * a.block_ints;
     const int r = j == 0 ? a.n : 1;
+    // The pass's rows (MtpChainCall): the slot's, at positions pass_pos + c.
+    const int pass_pos = j == 0 ? a.call.pos0 : a.call.pos0 + a.n - 1 + j;
     // ---- S0: the mask, cat = [enorm(embed[token]) | hnorm(h)] per row, u = eh_proj · cat ----
     {
-      const int mslot = blk[a.mask_at], pos0 = blk[a.mask_at + 1], cnt = blk[a.mask_at + 2];
-      const int end = max(pos0 + cnt, blk[a.mask_at + 3]);
-      uint8_t* vrow = a.valid + mslot * a.valid_ld;
+      const int pos0 = pass_pos, cnt = r;
+      // The old length: the call's before pass 0, the pass before's end after it.
+      const int end = max(pos0 + cnt, j == 0 ? a.call.len0 : pass_pos);
+      uint8_t* vrow = a.valid + a.call.slot * a.valid_ld;
       for (int p = pos0 + blockIdx.x * blockDim.x + threadIdx.x; p < end;
            p += gridDim.x * blockDim.x)
         vrow[p] = p < pos0 + cnt ? 1 : 0;
@@ -455,13 +457,20 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       const int i = item >> 1;
       float* dst = sm.xs + i * 2 * H + (item & 1) * H;
       if ((item & 1) == 0) {
-        const int tok = j == 0 ? blk[i] : *sm.tok;
+        int tok = j == 0 ? 0 : *sm.tok;
+        if (j == 0) {
+          // Constant indices only: a dynamic index into the parameters would copy them to
+          // local memory.
+#pragma unroll
+          for (int t = 0; t < kMtpChainMaxRows; ++t)
+            if (t == i) tok = a.call.tokens[t];
+        }
         const void* er = Row<WT>(a.embed, tok);
         for (int e = lane; e < H; e += 32) dst[e] = LoadOne<WT>(er, e);
         __syncwarp();
         WarpRmsNorm(dst, dst, a.enorm, H, a.eps);
       } else {
-        const float* hsrc = j == 0 ? a.hid0 + static_cast<int64_t>(a.hid_rows[i]) * H : sm.hs;
+        const float* hsrc = j == 0 ? a.hid0 + static_cast<int64_t>(a.call.hid_row0 + i) * H : sm.hs;
         for (int e = lane; e < H; e += 32) dst[e] = hsrc[e];
         __syncwarp();
         WarpRmsNorm(dst, dst, a.hnorm, H, a.eps);
@@ -528,7 +537,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
           c = r - 1;
           head = item - r * 2 * s.n_kv;
         }
-        const int pos = blk[2 * a.R + c], slot = blk[a.R + c];
+        const int pos = pass_pos + c, slot = a.call.slot;
         const float* src;
         const float* nw = nullptr;
         if (head < s.n_head) {
@@ -578,7 +587,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     StageSync();
 
     // ---- S3: the last row's masked attention over [0, pos], one warp per (head, split) ----
-    const int qslot = blk[a.R + r - 1], qpos = blk[2 * a.R + r - 1];
+    const int qslot = a.call.slot, qpos = pass_pos + r - 1;
     const int n_pos = qpos + 1;
     const int chunks = (n_pos + 31) / 32;
     int splits = min(a.max_parts, max(1, GW / s.n_head));
@@ -693,7 +702,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         if (blockIdx.x == 0) {
           a.drafts[j] = bi;
           if (a.slot_drafts != nullptr) {
-            const int64_t at = static_cast<int64_t>(a.ints[a.mask_at]) * a.slot_drafts_ld + j;
+            const int64_t at = static_cast<int64_t>(a.call.slot) * a.slot_drafts_ld + j;
             a.slot_drafts[at] = bi;
             a.slot_drafts_host[at] = bi;
           }

@@ -43,6 +43,17 @@ struct MtpChainMatrix {
   uint32_t res_off = 0;
 };
 
+// A chain's per-call values, passed in the launch itself: nothing to upload before the chain, so
+// it starts as soon as it is launched. Pass 0 has MtpChainArgs::n rows at positions pos0.. with
+// `tokens` and hidden rows hid_row0..; pass j >= 1 one row at pos0 + n - 1 + j; every row is
+// `slot`'s; the slot's MTP rows before pass 0 end at len0 (the mask update's old length; each
+// later pass's is the pass before's end). The per-kernel chain's index blocks hold the same
+// values (CudaDevice::MtpDraftGreedy).
+struct MtpChainCall {
+  int slot = 0, pos0 = 0, len0 = 0, hid_row0 = 0;
+  int32_t tokens[kMtpChainMaxRows] = {};
+};
+
 struct MtpChainArgs {
   GgmlType type = GgmlType::F16;  // of every matrix below and of the embedding
   int H = 0, n_ff = 0, n_vocab = 0;
@@ -54,20 +65,15 @@ struct MtpChainArgs {
   KvCacheView kv;                 // the MTP plane, F16
   uint8_t* valid = nullptr;       // [n_slots, valid_ld] row mask (mtp_attention.cuh)
   int64_t valid_ld = 0;
-  // The chain's ints on the device, as MtpDraftGreedy lays them out: pass j's block at
-  // ints + j * block_ints holds tokens [R], slots [R], positions [R], then the mask arguments
-  // (slot, pos0, n, old length) at mask_at.
-  const int32_t* ints = nullptr;
-  int block_ints = 0, R = 0, mask_at = 0;
+  MtpChainCall call;
   int n = 0;                      // rows of pass 0 (1..kMtpChainMaxRows)
   int passes = 0;                 // drafts: one per pass
-  const float* hid0 = nullptr;    // pass 0's hidden rows: hid0 + hid_rows[i] * H
-  const int32_t* hid_rows = nullptr;
+  const float* hid0 = nullptr;    // pass 0's hidden rows: hid0 + (call.hid_row0 + i) * H
   int32_t* drafts = nullptr;      // [passes] out
-  // Optional: each draft also into the chain's slot's row (the slot of pass 0's mask
-  // arguments) of these [n_slots, slot_drafts_ld] buffers, one on the device and one in pinned
-  // host memory (device-visible), where the next verify and the host take the drafts of a
-  // deferred chain without two more small copies after it (CudaDevice::MtpDraftGreedy).
+  // Optional: each draft also into the chain's slot's row (call.slot) of these [n_slots,
+  // slot_drafts_ld] buffers, one on the device and one in pinned host memory (device-visible),
+  // where the next verify and the host take the drafts of a deferred chain without two more small
+  // copies after it (CudaDevice::MtpDraftGreedy).
   int32_t* slot_drafts = nullptr;
   int32_t* slot_drafts_host = nullptr;
   int slot_drafts_ld = 0;

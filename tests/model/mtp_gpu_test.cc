@@ -743,6 +743,81 @@ TEST(MtpDeferred, SameTokensAndAcceptanceAsWaitedForDrafts) {
   EXPECT_GT(kept, 0);
 }
 
+// CudaBackendOptions::side_copies: after a deferred chain the rollback's state copies and the
+// next verify's index upload run on a second stream beside the chain. Greedy and sampled
+// speculation on the demo model, two sequences, k = 4, with and without: the same tokens and
+// acceptance, and the side stream really used (only) when on.
+TEST(MtpDeferred, SideCopiesSameTokens) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto opened = gguf::File::Open(ResolveModelAlias("demo"));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::shared_ptr<const gguf::File> file(std::move(*opened));
+  constexpr int kNew = 64;
+  std::vector<int32_t> tokens[2][2][2];  // [temperature > 0][side copies][sequence]
+  spec::SpecStats stats[2][2];
+  for (const bool side : {false, true}) {
+    CudaBackendOptions c;
+    c.spec_tokens = 5;
+    c.spec_seqs = 2;
+    c.side_copies = side;
+    auto b = CreateCudaBackend(file, Opts(), c);
+    ASSERT_TRUE(b.ok()) << b.status();
+    Backend& gpu = **b;
+    const int V = gpu.config().n_vocab;
+    const std::vector<std::vector<int32_t>> prompts = {Prompt(24, V), Prompt(31, V)};
+    for (const int sampled : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "side copies " << side << " sampled " << sampled);
+      spec::MtpSpeculatorOptions so;
+      so.k = 4;
+      so.deferred_drafts = true;
+      auto sp = spec::MtpSpeculator::Create(&gpu, so);
+      ASSERT_TRUE(sp.ok()) << sp.status();
+      std::vector<sampling::Sampler> samplers;
+      for (int i = 0; i < 2; ++i) {
+        sampling::SamplingParams p;
+        p.temperature = sampled ? 0.8f : 0.0f;
+        p.top_k = 40;
+        p.seed = 11 + i;
+        samplers.emplace_back(p);
+      }
+      std::vector<spec::SpecSequence> seqs(2);
+      std::vector<spec::SpecSequence*> ptrs;
+      for (int i = 0; i < 2; ++i) {
+        gpu.ResetSlot(i);
+        seqs[i].slot = i;
+        seqs[i].tokens = prompts[i];
+        seqs[i].sampler = &samplers[i];
+        seqs[i].max_new = kNew;
+        ptrs.push_back(&seqs[i]);
+      }
+      ASSERT_TRUE(sp->Start(ptrs).ok());
+      while (seqs[0].n_generated() < kNew || seqs[1].n_generated() < kNew) {
+        std::vector<spec::SpecSequence*> live;
+        for (spec::SpecSequence* s : ptrs)
+          if (s->n_generated() < kNew) live.push_back(s);
+        const absl::Status st = sp->Step(live);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      for (int i = 0; i < 2; ++i) tokens[sampled][side][i] = seqs[i].tokens;
+      stats[sampled][side] = sp->stats();
+    }
+    const auto* cb = dynamic_cast<const cuda::CudaBackend*>(&gpu);
+    ASSERT_NE(cb, nullptr);
+    if (side)
+      EXPECT_GT(cb->SideCopyBatches(), 0);
+    else
+      EXPECT_EQ(cb->SideCopyBatches(), 0);
+  }
+  for (int sampled : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "sampled " << sampled);
+    EXPECT_EQ(tokens[sampled][0][0], tokens[sampled][1][0]);
+    EXPECT_EQ(tokens[sampled][0][1], tokens[sampled][1][1]);
+    EXPECT_EQ(stats[sampled][0].accepted, stats[sampled][1].accepted);
+    EXPECT_EQ(stats[sampled][0].steps, stats[sampled][1].steps);
+    EXPECT_GT(stats[sampled][1].steps, 0);
+  }
+}
+
 // Without spec_tokens the device holds no speculative entries nor MTP block: speculative steps
 // and MtpStep are refused with clear errors, and nothing changes.
 TEST(MtpOff, RefusedWithoutSpecTokens) {

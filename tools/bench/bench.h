@@ -36,6 +36,7 @@ struct BenchOptions {
   bool tiled_f16_formats = true;   // --tiled-f16-formats off: CudaBackendOptions::tiled_f16_formats
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
   bool gdn_state_early = true;  // --gdn-state-early off: CudaBackendOptions::gdn_state_early
+  bool side_copies = true;      // --side-copies off: CudaBackendOptions::side_copies (A/B)
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
   bool f16_tail_split = true;  // --f16-tail-split off: the f16 matmul's last round in the same launch
   double f16_split_cost = -1;  // --f16-split-cost X: CudaBackendOptions::f16_split_cost (< 0: default)

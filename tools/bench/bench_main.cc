@@ -33,6 +33,7 @@ constexpr OnOffSwitch<BenchOptions> kOnOff[] = {
     {"--half-regs", &BenchOptions::half_regs},
     {"--gdn-bulk", &BenchOptions::gdn_bulk},
     {"--gdn-state-early", &BenchOptions::gdn_state_early},
+    {"--side-copies", &BenchOptions::side_copies},
     {"--tiled-f16-formats", &BenchOptions::tiled_f16_formats},
     {"--early-launch", &BenchOptions::early_launch},
     {"--coarse-draft-head", &BenchOptions::coarse_draft_head},
@@ -172,19 +173,30 @@ int BenchMain(int argc, char** argv) {
       o.concurrency = {1, 4};
       o.conc_gen = 16;
     } else if (a == "--help" || a == "-h") {
-      std::printf("usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
-                  "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
-                  "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
-                  "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] [--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] [--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] [--draft-resident on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] [--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] [--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks 4]\n"
-                  "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
-                  "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
-                  "all-reduce latency and its share of a decode step\n"
-                  "  --mtp K[,K..] [--mtp-accept R1,R2,..] [--mtp-conc 1,16] [--mtp-depth 512] "
-                  "[--mtp-iters 20]: only the MTP cost rows (issue #15): decode step, verify of "
-                  "K+1 tokens, drafts, and the tok/s they give at 75%% acceptance per position and "
-                  "at the given per-position rates\n"
-                  "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
-                  "head_dim, dequantized in the attention kernels)\n");
+      std::printf(
+          "usage: deltaserve bench --model PATH [--device N] [--prefill 512,2048,8192] "
+          "[--decode 128] [--depth 32768] [--conc 1,4,16,64] [--conc-prompt 512] "
+          "[--conc-gen 128] [--max-step-tokens 4096] [--kv-type f16|q8_0|q4_0] "
+          "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] "
+          "[--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] "
+          "[--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] "
+          "[--draft-resident on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] "
+          "[--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] "
+          "[--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster "
+          "on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] "
+          "[--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows "
+          "N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--side-copies on|off] "
+          "[--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks "
+          "4]\n"
+          "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "
+          "processes (rank r on GPU r or gpus[r]), every row at TP = N plus the "
+          "all-reduce latency and its share of a decode step\n"
+          "  --mtp K[,K..] [--mtp-accept R1,R2,..] [--mtp-conc 1,16] [--mtp-depth 512] "
+          "[--mtp-iters 20]: only the MTP cost rows (issue #15): decode step, verify of "
+          "K+1 tokens, drafts, and the tok/s they give at 75%% acceptance per position and "
+          "at the given per-position rates\n"
+          "  --kv-type: KV cache element type (q8_0 / q4_0: GGML blocks of 32 along "
+          "head_dim, dequantized in the attention kernels)\n");
       return 0;
     } else {
       std::fprintf(stderr, "bench: unknown argument %s\n", a.c_str());

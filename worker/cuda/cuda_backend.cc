@@ -58,6 +58,7 @@ void CudaBackend::SetProfiling(bool on) { cuda_->SetProfiling(on); }
 void CudaBackend::ResetProfile() { cuda_->ResetProfile(); }
 int64_t CudaBackend::OverlappedAllReduces() const { return cuda_->overlapped_allreduces(); }
 int64_t CudaBackend::FusedDraftChains() const { return cuda_->fused_draft_chains(); }
+int64_t CudaBackend::SideCopyBatches() const { return cuda_->side_copy_batches(); }
 bool CudaBackend::FusedDraftChainResident() const { return cuda_->fused_draft_chain_resident(); }
 std::string CudaBackend::DraftChainForm() const { return cuda_->draft_chain_form(); }
 std::vector<std::pair<std::string, double>> CudaBackend::ProfileTotals() const {

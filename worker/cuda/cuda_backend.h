@@ -46,6 +46,8 @@ class CudaBackend final : public StepRunner {
   int64_t OverlappedAllReduces() const;
   // Greedy draft chains run by the fused kernel (CudaBackendOptions::fused_draft_chain).
   int64_t FusedDraftChains() const;
+  // Batches of copies run beside the device stream (CudaBackendOptions::side_copies).
+  int64_t SideCopyBatches() const;
   // Whether the fused chain runs in its resident form (CudaBackendOptions::draft_chain_resident).
   bool FusedDraftChainResident() const;
   // The greedy draft chain's form, for the bench's MTP section: "per kernel", or "fused, global

@@ -157,6 +157,8 @@ class CudaDevice final : public Device {
   int64_t overlapped_allreduces() const { return overlap_pieces_; }
   // Draft chains run by the fused kernel (kernels/cuda/mtp_chain.cuh) since start.
   int64_t fused_draft_chains() const { return fused_chains_; }
+  // Batches of copies queued on the side stream (CudaBackendOptions::side_copies) since start.
+  int64_t side_copy_batches() const { return side_copy_batches_; }
   bool fused_draft_chain_resident() const { return mtp_chain_.blocks > 0 && mtp_chain_.resident; }
   std::string draft_chain_form() const;  // CudaBackend::DraftChainForm
   // Bytes of weight matrices one forward step reads (every layer matrix + the LM head).
@@ -551,6 +553,34 @@ class CudaDevice final : public Device {
       if (join) cudaEventDestroy(join);
     }
   } comm_;
+  // Copies that need only the finished micro-steps (CudaBackendOptions::side_copies): the
+  // MTP rollback's state copies and the next micro-step's index upload go on `s` while stream_
+  // runs what was queued after the last Finish (a draft chain), and stream_ waits for `done`
+  // before its next work. Created at first use.
+  struct SideCopies {
+    cudaStream_t s = nullptr;
+    cudaEvent_t done = nullptr;
+    ~SideCopies() {
+      if (s) {
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      }
+      if (done) cudaEventDestroy(done);
+    }
+  } side_;
+  // A micro-step was prepared and not yet finished: its kernels may still read d_ints_ and
+  // write recurrent state, so copies keep to stream_.
+  bool step_in_flight_ = false;
+  // Since the last Finish stream_ was given work the copies may run beside: a draft chain that
+  // returned without waiting. Without such work a second stream would only add an event wait.
+  bool stream_tail_ = false;
+  int64_t side_copy_batches_ = 0;  // copies that went on side_.s (tests: the path really ran)
+  // The stream for copies that depend only on finished micro-steps: side_.s when no micro-step
+  // is in flight and stream_ has a tail to overlap (the runner finishes each micro-step before it
+  // prepares the next, and nothing queued after a Finish but a micro-step writes recurrent state
+  // or d_ints_), else stream_. EndSideCopies makes stream_ wait for what was queued on it.
+  absl::StatusOr<cudaStream_t> BeginSideCopies();
+  absl::Status EndSideCopies(cudaStream_t s);
   std::vector<RowSegment> plan_scratch_;  // PlanRowSegments' working list (kept: no allocation per step)
 
   // CUDA graphs by shape: run a body eagerly the first time a key is seen, capture it the

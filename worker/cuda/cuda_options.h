@@ -44,6 +44,12 @@ struct CudaBackendOptions {
   // early (batch_invariance_test's replay rows failed on an H100); on again since the fixed form
   // passed the whole GPU suite (batch_invariance_test with a case each way) on 2026-12-07.
   bool gdn_state_early = true;
+  // Copies that need only finished micro-steps (the MTP rollback's state copies,
+  // CommitSpeculative, and the next micro-step's index upload, Prepare), queued after a deferred
+  // draft chain, run on a second stream beside that chain, and the device's stream waits for them:
+  // on the demo model's MTP cycle they ran one after another between the chain and the next
+  // verify (A/B: `bench --side-copies off`). The same work in the same order for every kernel.
+  bool side_copies = true;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

@@ -138,11 +138,14 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
   // not one per array: on the demo model's MTP cycle each small copy cost ~3-7 us of the
   // device's time between the draft chain and the verify, docs/perf/h200.md). Rows this step
   // does not use (the GDN indices of a plain step) go along stale and are not read.
+  // After a Finish and a deferred draft chain it goes beside that chain (which reads none of
+  // these arrays): the verify after it then starts when the chain ends (BeginSideCopies).
   const int width = std::max({rows_, n_dec_, n_logit_rows_, n_gdn_runs_, 1});
+  DS_ASSIGN_OR_RETURN(cudaStream_t s, BeginSideCopies());
+  step_in_flight_ = true;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(d_ints_, T_max_ * 4ull, h_ints_, T_max_ * 4ull,
-                                            width * 4ull, kIntRows, cudaMemcpyHostToDevice,
-                                            stream_));
-  return absl::OkStatus();
+                                            width * 4ull, kIntRows, cudaMemcpyHostToDevice, s));
+  return EndSideCopies(s);
 }
 
 absl::Status CudaDevice::RunCaptured(const MicroStep& step,

@@ -32,6 +32,9 @@ absl::Status CudaDevice::CommitSpeculative(int slot, int entry) {
   spec_last_pos_[slot] = -1;
   if (n_gdn_ == 0) return absl::OkStatus();
   // One strided copy per state kind: layer l's index `from` to its index `slot`, all layers.
+  // After the verify's Finish and a deferred draft chain they go beside that chain (it reads no
+  // recurrent state); stream_ waits for them before its next work (BeginSideCopies).
+  DS_ASSIGN_OR_RETURN(cudaStream_t s, BeginSideCopies());
   const size_t from = static_cast<size_t>(n_slots_) + entry;
   const size_t ring1 = 4ull * gdn_shape_.channels() * sizeof(float);
   const size_t st1 = SlotRecurrentBytes(gdn_shape_, copts_.gdn_state_bf16).state;
@@ -40,22 +43,23 @@ absl::Status CudaDevice::CommitSpeculative(int slot, int entry) {
     auto* b = reinterpret_cast<uint8_t*>(base);
     if (pitch <= static_cast<uint64_t>(INT32_MAX)) {
       DS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(b + slot * bytes, pitch, b + from * bytes, pitch,
-                                                bytes, n_gdn_, cudaMemcpyDeviceToDevice, stream_));
+                                                bytes, n_gdn_, cudaMemcpyDeviceToDevice, s));
       return absl::OkStatus();
     }
     for (int l = 0; l < n_gdn_; ++l)  // a pitch past what 2-D copies take: layer by layer
       DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b + l * pitch + slot * bytes,
                                               b + l * pitch + from * bytes, bytes,
-                                              cudaMemcpyDeviceToDevice, stream_));
+                                              cudaMemcpyDeviceToDevice, s));
     return absl::OkStatus();
   };
   DS_RETURN_IF_ERROR(copy(rings_, ring_pitch_, ring1));
-  return copy(states_, state_pitch_, st1);
+  DS_RETURN_IF_ERROR(copy(states_, state_pitch_, st1));
+  return EndSideCopies(s);
 }
 
 // The fused chain's fixed arguments, when this device's MTP block takes it (mtp_chain.cuh:
 // one rank, the full head, F32 / F16 / BF16 rows of one type); otherwise the chain keeps one
-// kernel per op. Per call MtpDraftGreedy sets the rows, passes and pointers into mtp_ints_.
+// kernel per op. Per call MtpDraftGreedy sets the call (MtpChainCall), the passes and the outputs.
 absl::Status CudaDevice::SetUpFusedDraftChain() {
   mtp_chain_ = MtpChainArgs{};
   // Not on the portable path either: it stands for the sm_70 kernels, which have no clusters.
@@ -95,9 +99,6 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
   a.kv = MtpKvView();
   a.valid = mtp_valid_;
   a.valid_ld = slot_ctx_;
-  a.R = mtp_rows_max_;
-  a.block_ints = MtpBlockInts();
-  a.mask_at = MtpMaskArgs();
   a.hid0 = hn_;
   a.hid_out = mtp_hid_;
   a.logits = mtp_logits_;
@@ -445,9 +446,11 @@ absl::Status CudaDevice::MtpFill(const RowRun& run, int32_t next) {
 
 // The greedy draft chain on the device (Device::MtpDraftGreedy): pass 0 is MtpRows over the n
 // catch-up rows with their hidden states taken from the last micro-step's hn_ rows; pass j >= 1
-// is one MtpStep whose token is pass j-1's argmax and whose hidden state is pass j-1's h'. Each
-// pass has its own block of the MTP ints, all uploaded at once before the chain; the chain is
-// captured once per (n, n_drafts) and replayed, and the drafts come back in one copy.
+// is one MtpStep whose token is pass j-1's argmax and whose hidden state is pass j-1's h'.
+// The fused chain (one kernel) takes its per-call values in its launch (MtpChainCall) and is
+// launched directly. The per-kernel chain gives each pass its own block of the MTP ints, all
+// uploaded at once before the chain, and is captured once per (n, n_drafts) and replayed. The
+// drafts come back in one copy (or stay on the device when deferred).
 absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const int32_t> tokens,
                                         int hidden_row0, int n_logit_rows, int64_t n_embd,
                                         int n_drafts, int32_t* drafts) {
@@ -461,6 +464,39 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
                                             " drafts"));
   const int B = MtpBlockInts();
   const int passes = std::max(1, n_drafts);
+  int32_t* d_rows = mtp_ints_ + static_cast<size_t>(kMtpChainMax) * B;
+  int32_t* d_drafts = d_rows + R;
+  const int32_t len0 = mtp_len_[slot];
+  // Pass j's rows start at p_j (pos0, then pos0 + n - 1 + j); the slot's MTP rows end where the
+  // last pass's end.
+  mtp_len_[slot] = n_drafts > 1 ? pos0 + n - 1 + passes : pos0 + n;
+  const bool fused = mtp_chain_.blocks > 0 && n_drafts > 0 && n <= kMtpChainMaxRows;
+  if (fused) {  // every pass in one launch (kernels/cuda/mtp_chain.cuh), nothing uploaded
+    MtpChainArgs a = mtp_chain_;
+    a.call.slot = slot;
+    a.call.pos0 = pos0;
+    a.call.len0 = len0;
+    a.call.hid_row0 = hidden_row0;
+    std::copy(tokens.begin(), tokens.end(), a.call.tokens);
+    a.n = n;
+    a.passes = passes;
+    a.drafts = d_drafts;
+    // The drafts also where a deferred chain's consumers read them (the next verify's
+    // embedding, DeferredDrafts): no copies after the chain.
+    a.slot_drafts = chain_drafts_;
+    a.slot_drafts_host = h_chain_drafts_;
+    a.slot_drafts_ld = kMtpChainMax;
+    DS_RETURN_IF_ERROR(MtpChain(a, stream_));
+    ++fused_chains_;
+    if (!drafts) {  // deferred: the kernel wrote the slot's rows itself
+      stream_tail_ = true;
+      return absl::OkStatus();
+    }
+    int32_t* h_drafts = h_chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    std::copy(h_drafts, h_drafts + n_drafts, drafts);
+    return absl::OkStatus();
+  }
   // The next pinned mirror, once a queued copy that last read it has run (usually long ago).
   const int mirror = chain_mirror_next_;
   chain_mirror_next_ = (chain_mirror_next_ + 1) % kChainMirrors;
@@ -471,7 +507,7 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   int32_t* h = h_chain_ints_ + static_cast<size_t>(mirror) * MtpIntsTotal();
   // Block j: tokens [R], slots [R], positions [R], mask args [4]; then the hidden rows [R] and
   // the drafts [kMtpChainMax] after the last block.
-  int32_t len = mtp_len_[slot];
+  int32_t len = len0;
   for (int j = 0; j < passes; ++j) {
     int32_t* blk = h + static_cast<size_t>(j) * B;
     const int rows = j == 0 ? n : 1;
@@ -487,33 +523,15 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
     blk[MtpMaskArgs() + 3] = len;
     len = p + rows;
   }
-  mtp_len_[slot] = len;
   int32_t* h_rows = h + static_cast<size_t>(kMtpChainMax) * B;
   for (int i = 0; i < n; ++i) h_rows[i] = hidden_row0 + i;
-  int32_t* d_rows = mtp_ints_ + static_cast<size_t>(kMtpChainMax) * B;
-  int32_t* d_drafts = d_rows + R;
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_ints_, h, MtpIntsTotal() * sizeof(int32_t),
                                           cudaMemcpyHostToDevice, stream_));
   if (n_drafts == 0 || !drafts) {  // the call returns without waiting: the upload may be queued
     DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(chain_mirror_read_[mirror], stream_));
     chain_mirror_pending_[mirror] = true;
   }
-  const bool fused = mtp_chain_.blocks > 0 && n_drafts > 0 && n <= kMtpChainMaxRows;
   auto chain = [&]() -> absl::Status {
-    if (fused) {  // every pass in one launch (kernels/cuda/mtp_chain.cuh)
-      MtpChainArgs a = mtp_chain_;
-      a.ints = mtp_ints_;
-      a.n = n;
-      a.passes = passes;
-      a.hid_rows = d_rows;
-      a.drafts = d_drafts;
-      // The drafts also where a deferred chain's consumers read them (the next verify's
-      // embedding, DeferredDrafts): no copies after the chain.
-      a.slot_drafts = chain_drafts_;
-      a.slot_drafts_host = h_chain_drafts_;
-      a.slot_drafts_ld = kMtpChainMax;
-      return MtpChain(a, stream_);
-    }
     for (int j = 0; j < passes; ++j) {
       const int32_t* blk = mtp_ints_ + static_cast<size_t>(j) * B;
       DS_RETURN_IF_ERROR(
@@ -529,10 +547,9 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   };
   chain_key_.assign({n, n_drafts});  // a member: no allocation per draft chain
   DS_RETURN_IF_ERROR(chain_graphs_.Run(chain_key_, chain));
-  if (fused) ++fused_chains_;
   if (n_drafts == 0) return absl::OkStatus();
-  if (!drafts && fused) return absl::OkStatus();  // the kernel wrote the slot's rows itself
   if (!drafts) {  // deferred: the slot's row on the device, its host copy behind it, no wait
+    stream_tail_ = true;
     int32_t* row = chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row, d_drafts, n_drafts * sizeof(int32_t),
                                             cudaMemcpyDeviceToDevice, stream_));

@@ -45,6 +45,23 @@ absl::StatusOr<int32_t*> CudaDevice::TokensOut(int32_t* dst, int n) {
   return out;
 }
 
+absl::StatusOr<cudaStream_t> CudaDevice::BeginSideCopies() {
+  if (step_in_flight_ || !stream_tail_ || !copts_.side_copies) return stream_;
+  if (!side_.s) {
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side_.s, cudaStreamNonBlocking));
+    DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side_.done, cudaEventDisableTiming));
+  }
+  return side_.s;
+}
+
+absl::Status CudaDevice::EndSideCopies(cudaStream_t s) {
+  if (s == stream_) return absl::OkStatus();
+  DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(side_.done, s));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, side_.done, 0));
+  ++side_copy_batches_;
+  return absl::OkStatus();
+}
+
 absl::Status CudaDevice::Argmax(int n, int32_t* tokens) {
   DS_ASSIGN_OR_RETURN(int32_t * out, TokensOut(tokens, n));
   ProfBegin("sample");
@@ -56,6 +73,8 @@ absl::Status CudaDevice::Argmax(int n, int32_t* tokens) {
 
 absl::Status CudaDevice::Finish() {
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  step_in_flight_ = false;
+  stream_tail_ = false;
   for (const PendingTokens& p : pending_tokens_)
     std::copy(h_tokens_ + p.at, h_tokens_ + p.at + p.n, p.dst);
   pending_tokens_.clear();
