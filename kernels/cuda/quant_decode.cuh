@@ -215,17 +215,41 @@ struct UnitCodec<GgmlType::IQ4_XS> {
   }
 };
 
-// Float formats: the lane's 8 weights as f32 (elements [8L, 8L+8) of the unit).
+// Float formats: the lane's 8 weights of a unit (elements [8L, 8L+8)) as loaded, 32 bytes for
+// F32 and 16 for F16 / BF16 (the second half unused), and as f32. Split so that a kernel can issue
+// the loads early and decode later (GemvUnitKernel's weights before its wait); DecodeFloat8 is
+// the two in a row.
+struct RawFloat8 {
+  uint4 a, b;
+};
+
 template <GgmlType T>
-__device__ __forceinline__ void DecodeFloat8(const uint8_t* u, int lane, float (&w)[8]) {
+__device__ __forceinline__ RawFloat8 LoadFloat8(const uint8_t* u, int lane) {
+  RawFloat8 r;
   if constexpr (T == GgmlType::F32) {
-    const float4* p = reinterpret_cast<const float4*>(u + 32 * lane);
-    const float4 a = p[0], b = p[1];
-    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    const uint4* p = reinterpret_cast<const uint4*>(u + 32 * lane);
+    r.a = p[0];
+    r.b = p[1];
   } else {
-    const uint4 v = *reinterpret_cast<const uint4*>(u + 16 * lane);
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    r.a = *reinterpret_cast<const uint4*>(u + 16 * lane);
+    r.b = make_uint4(0, 0, 0, 0);
+  }
+  return r;
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void DecodeFloat8(const RawFloat8& r, float (&w)[8]) {
+  if constexpr (T == GgmlType::F32) {
+    w[0] = __uint_as_float(r.a.x);
+    w[1] = __uint_as_float(r.a.y);
+    w[2] = __uint_as_float(r.a.z);
+    w[3] = __uint_as_float(r.a.w);
+    w[4] = __uint_as_float(r.b.x);
+    w[5] = __uint_as_float(r.b.y);
+    w[6] = __uint_as_float(r.b.z);
+    w[7] = __uint_as_float(r.b.w);
+  } else {
+    const uint32_t words[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if constexpr (T == GgmlType::F16) {
@@ -237,6 +261,11 @@ __device__ __forceinline__ void DecodeFloat8(const uint8_t* u, int lane, float (
       }
     }
   }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void DecodeFloat8(const uint8_t* u, int lane, float (&w)[8]) {
+  DecodeFloat8<T>(LoadFloat8<T>(u, lane), w);
 }
 
 // Lane's 8 weights as f32 for any supported format (used by the dequant-to-bf16 kernel).
