@@ -73,8 +73,9 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
   constexpr int UB = UnitBytes(T);
   __shared__ float red[kWarps][NR][NC];
   // Launched early: quantized weights wait here (nothing before this); float weights first
-  // request their first kFloatEarlyUnits units per warp below (see there).
-  if constexpr (!IsFloatType(T)) {
+  // request their first kFloatEarlyUnits units per warp below (see there), unless asked not to.
+  const bool early_weights = IsFloatType(T) && L.seg[0].early_weights;
+  if (!early_weights) {
     WaitForPrerequisiteGrids();
     AllowDependentLaunch();
   }
@@ -120,8 +121,10 @@ __global__ void __launch_bounds__(kWarps * 32) GemvUnitKernel(const __grid_const
       for (int r = 0; r < NR; ++r)
         if (u < nu) early[p][r] = LoadFloat8<T>(rows[r] + u * UB, lane);
     }
-    WaitForPrerequisiteGrids();
-    AllowDependentLaunch();
+    if (early_weights) {
+      WaitForPrerequisiteGrids();
+      AllowDependentLaunch();
+    }
     // Unit u's products with the block's columns, in the order of every unit.
     auto multiply = [&](int u, const float(&w)[NR][8]) {
 #pragma unroll

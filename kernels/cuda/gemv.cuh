@@ -63,6 +63,10 @@ struct GemvArgs {
   // every column of the template). Each column's sums are the same either way. false: the
   // 8-column kernel (A/B runs, `bench --gemv-six off`).
   bool six_columns = true;
+  // With early_launch: the unit GEMV of float weights requests each warp's first two units of
+  // weights before it waits for the kernel ahead (the weights are constants). Same arithmetic.
+  // false: it waits first (A/B runs, `bench --gemv-early-weights off`).
+  bool early_weights = true;
 };
 
 // True when Gemv can run this format (any K that is a multiple of the block size).

@@ -321,6 +321,7 @@ int RunBench(const BenchOptions& o) {
     co.batch_invariant = o.batch_invariant;
     co.gdn_decode_runs = o.gdn_runs;
     co.gemv_six_columns = o.gemv_six;
+    co.gemv_early_weights = o.gemv_early_weights;
     co.fuse_gdn_decode = o.fuse_gdn;
     co.attn_tensor_cores = o.attn_mma;
     co.attn_prefill_wgmma = o.attn_wgmma;

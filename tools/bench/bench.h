@@ -29,6 +29,8 @@ struct BenchOptions {
   bool batch_invariant = true;               // --batch-invariant off: CudaBackendOptions (A/B)
   bool gdn_runs = true;                      // --gdn-runs off: MTP verify GDN rows in waves (A/B)
   bool gemv_six = true;  // --gemv-six off: CudaBackendOptions::gemv_six_columns (A/B)
+  bool gemv_early_weights =
+      true;  // --gemv-early-weights off: CudaBackendOptions::gemv_early_weights
   bool fuse_gdn = true;                      // --fuse-gdn off: the GDN output's int8 copy by a launch of its own (A/B)
   bool attn_mma = true;                      // --attn-mma off: the f32 SIMT decode attention (A/B)
   bool attn_wgmma = true;                    // --attn-wgmma off: the mma.sync prefill flash kernel

@@ -40,6 +40,7 @@ constexpr OnOffSwitch<BenchOptions> kOnOff[] = {
     {"--fused-draft", &BenchOptions::fused_draft},
     {"--draft-resident", &BenchOptions::draft_resident},
     {"--gemv-six", &BenchOptions::gemv_six},
+    {"--gemv-early-weights", &BenchOptions::gemv_early_weights},
     {"--f16-wgmma", &BenchOptions::f16_wgmma},
     {"--prefill-fp8", &BenchOptions::prefill_fp8},
 };
@@ -181,7 +182,8 @@ int BenchMain(int argc, char** argv) {
           "[--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] "
           "[--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] "
           "[--draft-resident on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] "
-          "[--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] [--fuse-gdn on|off] "
+          "[--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] "
+          "[--gemv-early-weights on|off] [--fuse-gdn on|off] "
           "[--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster "
           "on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] "
           "[--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows "

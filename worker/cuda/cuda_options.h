@@ -28,6 +28,9 @@ struct CudaBackendOptions {
   // Float-weight matmuls of 5-6 columns in a 6-column kernel (GemvArgs::six_columns; A/B:
   // `bench --gemv-six off`).
   bool gemv_six_columns = true;
+  // The float-weight GEMV asks for its first weights before waiting for the kernel ahead
+  // (GemvArgs::early_weights; with early launch). A/B: `bench --gemv-early-weights off`.
+  bool gemv_early_weights = true;
   // The GDN decode kernel writes the int8 copy of its output for ssm_out (GdnDecodeArgs::xq):
   // one launch per GDN layer fewer in decode-only steps (A/B: `bench --fuse-gdn off`).
   bool fuse_gdn_decode = true;

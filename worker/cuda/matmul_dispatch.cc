@@ -142,6 +142,7 @@ absl::Status CudaDevice::GemvColumns(const DMat& w, const DMat* w2, const float*
     a.epilogue = epilogue;
     a.early_launch = early_launch_;
     a.six_columns = copts_.gemv_six_columns;
+    a.early_weights = copts_.gemv_early_weights;
     DS_RETURN_IF_ERROR(w.tiled ? TiledColumns(&a, 1, f16) : Gemv(a, stream_));
   }
   return absl::OkStatus();
@@ -484,6 +485,7 @@ absl::Status CudaDevice::ColumnsMulti(std::initializer_list<std::pair<const DMat
       a.epilogue = GemvEpilogue::kStore;
       a.early_launch = early_launch_;
       a.six_columns = copts_.gemv_six_columns;
+      a.early_weights = copts_.gemv_early_weights;
     }
     DS_RETURN_IF_ERROR(m0.tiled ? TiledColumns(segs_args, n, f16) : GemvMulti(segs_args, n, stream_));
   }
