@@ -27,5 +27,5 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
 done
 "$BIN/deltaserve" bench --model demo --quick --mtp "$K" --mtp-conc 1 --mtp-depth 64 --no-profile 2>&1 |
   grep -E "cycle|chain|verify" | head -8
-ROUNDS=${ROUNDS:-3} bash tools/device/ab_host.sh || rc=1
+ROUNDS=${GEN_ROUNDS:-${ROUNDS:-3}} bash tools/device/ab_host.sh || rc=1
 exit $rc
