@@ -629,6 +629,46 @@ TEST(MtpCoarseHead, DraftLogitsNearTheFullHeadsHiddenEqual) {
   std::printf("coarse draft head: logits RMS difference %.4f of the full head's\n", rel);
 }
 
+// Two sequences (slots 0 and 1, prompts[i], sampler seed seed + i, top-k 40) speculated with k
+// drafts to max_new tokens each by MtpSpeculator: their tokens and the acceptance.
+void Speculate(Backend& gpu, const std::vector<std::vector<int32_t>>& prompts, int k, bool deferred,
+               float temperature, uint64_t seed, int max_new, std::vector<int32_t> (&tokens)[2],
+               spec::SpecStats* stats) {
+  spec::MtpSpeculatorOptions so;
+  so.k = k;
+  so.deferred_drafts = deferred;
+  auto sp = spec::MtpSpeculator::Create(&gpu, so);
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  std::vector<sampling::Sampler> samplers;
+  for (int i = 0; i < 2; ++i) {
+    sampling::SamplingParams p;
+    p.temperature = temperature;
+    p.top_k = 40;
+    p.seed = seed + i;
+    samplers.emplace_back(p);
+  }
+  std::vector<spec::SpecSequence> seqs(2);
+  std::vector<spec::SpecSequence*> ptrs;
+  for (int i = 0; i < 2; ++i) {
+    gpu.ResetSlot(i);
+    seqs[i].slot = i;
+    seqs[i].tokens = prompts[i];
+    seqs[i].sampler = &samplers[i];
+    seqs[i].max_new = max_new;
+    ptrs.push_back(&seqs[i]);
+  }
+  ASSERT_TRUE(sp->Start(ptrs).ok());
+  while (seqs[0].n_generated() < max_new || seqs[1].n_generated() < max_new) {
+    std::vector<spec::SpecSequence*> live;
+    for (spec::SpecSequence* s : ptrs)
+      if (s->n_generated() < max_new) live.push_back(s);
+    const absl::Status st = sp->Step(live);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  for (int i = 0; i < 2; ++i) tokens[i] = seqs[i].tokens;
+  *stats = sp->stats();
+}
+
 // Deferred drafts on the device (MtpSpeculatorOptions::deferred_drafts): the chain leaves its
 // drafts in the slot's row of the device's draft buffer, the verify's ids are copied from there
 // (CudaDevice::Prepare) and the host reads them only after the verify. On the trained demo model
@@ -658,41 +698,9 @@ TEST(MtpDeferred, SameTokensAndAcceptanceAsWaitedForDrafts) {
                                           << " k " << k);
         std::vector<int32_t> tokens[2][2];
         spec::SpecStats stats[2];
-        for (int deferred = 0; deferred < 2; ++deferred) {
-          spec::MtpSpeculatorOptions so;
-          so.k = k;
-          so.deferred_drafts = deferred == 1;
-          auto sp = spec::MtpSpeculator::Create(&gpu, so);
-          ASSERT_TRUE(sp.ok()) << sp.status();
-          std::vector<sampling::Sampler> samplers;
-          std::vector<spec::SpecSequence> seqs(2);
-          std::vector<spec::SpecSequence*> ptrs;
-          for (int i = 0; i < 2; ++i) {
-            sampling::SamplingParams p;
-            p.temperature = temperature;
-            p.top_k = 40;
-            p.seed = 7 + i;
-            samplers.emplace_back(p);
-          }
-          for (int i = 0; i < 2; ++i) {
-            gpu.ResetSlot(i);
-            seqs[i].slot = i;
-            seqs[i].tokens = prompts[i];
-            seqs[i].sampler = &samplers[i];
-            seqs[i].max_new = 48;
-            ptrs.push_back(&seqs[i]);
-          }
-          ASSERT_TRUE(sp->Start(ptrs).ok());
-          while (seqs[0].n_generated() < 48 || seqs[1].n_generated() < 48) {
-            std::vector<spec::SpecSequence*> live;
-            for (spec::SpecSequence* s : ptrs)
-              if (s->n_generated() < 48) live.push_back(s);
-            const absl::Status st = sp->Step(live);
-            ASSERT_TRUE(st.ok()) << st;
-          }
-          for (int i = 0; i < 2; ++i) tokens[deferred][i] = seqs[i].tokens;
-          stats[deferred] = sp->stats();
-        }
+        for (int deferred = 0; deferred < 2; ++deferred)
+          ASSERT_NO_FATAL_FAILURE(Speculate(gpu, prompts, k, deferred == 1, temperature, 7, 48,
+                                            tokens[deferred], &stats[deferred]));
         EXPECT_EQ(tokens[0][0], tokens[1][0]);
         EXPECT_EQ(tokens[0][1], tokens[1][1]);
         EXPECT_EQ(stats[0].steps, stats[1].steps);
@@ -767,39 +775,8 @@ TEST(MtpDeferred, SideCopiesSameTokens) {
     const std::vector<std::vector<int32_t>> prompts = {Prompt(24, V), Prompt(31, V)};
     for (const int sampled : {0, 1}) {
       SCOPED_TRACE(::testing::Message() << "side copies " << side << " sampled " << sampled);
-      spec::MtpSpeculatorOptions so;
-      so.k = 4;
-      so.deferred_drafts = true;
-      auto sp = spec::MtpSpeculator::Create(&gpu, so);
-      ASSERT_TRUE(sp.ok()) << sp.status();
-      std::vector<sampling::Sampler> samplers;
-      for (int i = 0; i < 2; ++i) {
-        sampling::SamplingParams p;
-        p.temperature = sampled ? 0.8f : 0.0f;
-        p.top_k = 40;
-        p.seed = 11 + i;
-        samplers.emplace_back(p);
-      }
-      std::vector<spec::SpecSequence> seqs(2);
-      std::vector<spec::SpecSequence*> ptrs;
-      for (int i = 0; i < 2; ++i) {
-        gpu.ResetSlot(i);
-        seqs[i].slot = i;
-        seqs[i].tokens = prompts[i];
-        seqs[i].sampler = &samplers[i];
-        seqs[i].max_new = kNew;
-        ptrs.push_back(&seqs[i]);
-      }
-      ASSERT_TRUE(sp->Start(ptrs).ok());
-      while (seqs[0].n_generated() < kNew || seqs[1].n_generated() < kNew) {
-        std::vector<spec::SpecSequence*> live;
-        for (spec::SpecSequence* s : ptrs)
-          if (s->n_generated() < kNew) live.push_back(s);
-        const absl::Status st = sp->Step(live);
-        ASSERT_TRUE(st.ok()) << st;
-      }
-      for (int i = 0; i < 2; ++i) tokens[sampled][side][i] = seqs[i].tokens;
-      stats[sampled][side] = sp->stats();
+      ASSERT_NO_FATAL_FAILURE(Speculate(gpu, prompts, 4, /*deferred=*/true, sampled ? 0.8f : 0.0f,
+                                        11, kNew, tokens[sampled][side], &stats[sampled][side]));
     }
     const auto* cb = dynamic_cast<const cuda::CudaBackend*>(&gpu);
     ASSERT_NE(cb, nullptr);
