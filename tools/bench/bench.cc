@@ -234,12 +234,13 @@ int RunMtpSection(const BenchOptions& o, MakeBackend& make_backend) {
                      c.status().ToString().c_str());
         return 1;
       }
-      std::printf("%2d %7d %8.2f %7.2f (%.2fx) %7.2f (%.2fx) %9.2f %9.2f %8.2f %9.1f %10.1f %10.2f",
+      // Milliseconds to the microsecond: the demo model's cycle changes by tens of them.
+      std::printf("%2d %7d %8.3f %7.3f (%.2fx) %7.3f (%.2fx) %9.3f %9.3f %8.3f %9.1f %10.1f %10.2f",
                   k, B, c->decode_ms, c->verify_dev_ms, c->verify_dev_ms / c->decode_ms,
                   c->verify_host_ms, c->verify_host_ms / c->decode_ms, c->rows1_ms, c->rows_k1_ms,
                   c->step_ms, B * 1e3 / c->decode_ms, MtpProjectedTokS(*c, mo, r75),
                   MtpTokensPerStep(k, r75));
-      std::printf(" %6.2f %8.1f %8.2f", c->cycle_ms, MtpChainProjectedTokS(*c, mo, r75),
+      std::printf(" %6.3f %8.1f %8.3f", c->cycle_ms, MtpChainProjectedTokS(*c, mo, r75),
                   c->cycle_deferred_ms);
       if (!o.mtp_accept.empty())
         std::printf("  %.1f (%.2f tok/step; chain %.1f)", MtpProjectedTokS(*c, mo, o.mtp_accept),
