@@ -541,10 +541,12 @@ class CudaDevice final : public Device {
   size_t next_piece_ = 0;                           // first piece not yet enqueued on comm_
   bool residual_reduced_ = false;  // h_ was reduced on comm_ by the last ProjectToResidual
   int64_t overlap_pieces_ = 0;     // all-reduces run on comm_ (tests: the path really ran)
-  struct CommStream {
+  // A second stream beside stream_, created at first use: `s` waits for stream_ at `fork`,
+  // stream_ for `s` at `join`; synchronized before it is destroyed.
+  struct AuxStream {
     cudaStream_t s = nullptr;
     cudaEvent_t fork = nullptr, join = nullptr;
-    ~CommStream() {
+    ~AuxStream() {
       if (s) {
         cudaStreamSynchronize(s);
         cudaStreamDestroy(s);
@@ -552,22 +554,13 @@ class CudaDevice final : public Device {
       if (fork) cudaEventDestroy(fork);
       if (join) cudaEventDestroy(join);
     }
-  } comm_;
+  };
+  AuxStream comm_;  // the TP overlap's all-reduces
   // Copies that need only the finished micro-steps (CudaBackendOptions::side_copies): the
-  // MTP rollback's state copies and the next micro-step's index upload go on `s` while stream_
-  // runs what was queued after the last Finish (a draft chain), and stream_ waits for `done`
-  // before its next work. Created at first use.
-  struct SideCopies {
-    cudaStream_t s = nullptr;
-    cudaEvent_t done = nullptr;
-    ~SideCopies() {
-      if (s) {
-        cudaStreamSynchronize(s);
-        cudaStreamDestroy(s);
-      }
-      if (done) cudaEventDestroy(done);
-    }
-  } side_;
+  // MTP rollback's state copies and the next micro-step's index upload go on side_.s while
+  // stream_ runs what was queued after the last Finish (a draft chain), and stream_ waits for
+  // side_.join before its next work (no fork: they wait for nothing on stream_).
+  AuxStream side_;
   // A micro-step was prepared and not yet finished: its kernels may still read d_ints_ and
   // write recurrent state, so copies keep to stream_.
   bool step_in_flight_ = false;

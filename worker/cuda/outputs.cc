@@ -49,15 +49,15 @@ absl::StatusOr<cudaStream_t> CudaDevice::BeginSideCopies() {
   if (step_in_flight_ || !stream_tail_ || !copts_.side_copies) return stream_;
   if (!side_.s) {
     DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side_.s, cudaStreamNonBlocking));
-    DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side_.done, cudaEventDisableTiming));
+    DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side_.join, cudaEventDisableTiming));
   }
   return side_.s;
 }
 
 absl::Status CudaDevice::EndSideCopies(cudaStream_t s) {
   if (s == stream_) return absl::OkStatus();
-  DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(side_.done, s));
-  DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, side_.done, 0));
+  DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(side_.join, s));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, side_.join, 0));
   ++side_copy_batches_;
   return absl::OkStatus();
 }
