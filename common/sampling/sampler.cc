@@ -312,6 +312,13 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
   return res;
 }
 
+int32_t Sampler::TokenWith(std::span<const float> logits, std::span<const int32_t> history,
+                           double u) {
+  if (logits.empty()) return -1;
+  const int32_t tok = Filter(Load(logits), history);
+  return tok >= 0 ? tok : Draw(u);
+}
+
 int32_t Sampler::Argmax(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) return -1;
   const float raw_max = Load(logits);

@@ -78,6 +78,11 @@ class Sampler {
     return sampling::UniformAt(params_.seed, static_cast<uint64_t>(position));
   }
 
+  // Sample()'s token with the uniform u instead of UniformAt(history.size()): a device sampler's
+  // row, which draws with the uniform of its own position (DeviceSampleRow::uniform) whatever the
+  // history it is given (the rows of a speculative verify share one).
+  int32_t TokenWith(std::span<const float> logits, std::span<const int32_t> history, double u);
+
   // The token a temperature-0 Sample() would return under these penalties (argmax of the
   // penalized logits, lowest id on ties), whatever the temperature: a speculative draft.
   int32_t Argmax(std::span<const float> logits, std::span<const int32_t> history);

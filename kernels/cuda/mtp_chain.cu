@@ -364,7 +364,10 @@ __host__ __device__ inline int ResFloats(const MtpChainArgs& a) {
   return (f + 3) / 4 * 4;
 }
 
-template <GgmlType WT, bool RES>
+// JUDGED: pass 0's rows judged on the device (MtpChainCall::sampled), a build of its own: the
+// default build keeps its register allocation (reading pass 0's tokens and count from shared
+// memory in every build made ptxas spill 44 / 128 bytes in the global form).
+template <GgmlType WT, bool RES, bool JUDGED = false>
 __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChainArgs a) {
   extern __shared__ float4 smem_raw4[];
   float* smem_raw = reinterpret_cast<float*>(smem_raw4);
@@ -439,10 +442,31 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
 #endif
   }
 
+  // JUDGED: pass 0's tokens and row count judged from the verify's tokens into shared memory.
+  // Every block judges for itself (the same values, the same answer) before its first cluster
+  // barrier; the loads go out together (y crosses from pinned host memory: one round trip).
+  __shared__ int pass0_n, pass0_tok[kMtpChainMaxRows], judged_y[kMtpChainMaxRows];
+  if constexpr (JUDGED) {
+    const int k = a.call.n_offered;
+    if (static_cast<int>(threadIdx.x) <= k) {
+      judged_y[threadIdx.x] = a.call.sampled[threadIdx.x];
+      if (static_cast<int>(threadIdx.x) < k) pass0_tok[threadIdx.x] = a.call.offered[threadIdx.x];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int kept = 0;
+      while (kept < k && pass0_tok[kept] == judged_y[kept]) ++kept;
+      pass0_tok[kept] = judged_y[kept];
+      pass0_n = kept + 1;
+    }
+    __syncthreads();
+  }
+
   for (int j = 0; j < a.passes; ++j) {
-    const int r = j == 0 ? a.n : 1;
+    const int n0 = JUDGED ? pass0_n : a.n;
+    const int r = j == 0 ? n0 : 1;
     // The pass's rows (MtpChainCall): the slot's, at positions pass_pos + c.
-    const int pass_pos = j == 0 ? a.call.pos0 : a.call.pos0 + a.n - 1 + j;
+    const int pass_pos = j == 0 ? a.call.pos0 : a.call.pos0 + n0 - 1 + j;
     // ---- S0: the mask, cat = [enorm(embed[token]) | hnorm(h)] per row, u = eh_proj · cat ----
     {
       const int pos0 = pass_pos, cnt = r;
@@ -458,7 +482,9 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       float* dst = sm.xs + i * 2 * H + (item & 1) * H;
       if ((item & 1) == 0) {
         int tok = j == 0 ? 0 : *sm.tok;
-        if (j == 0) {
+        if (j == 0 && JUDGED) {
+          tok = pass0_tok[i];
+        } else if (j == 0) {
           // Constant indices only: a dynamic index into the parameters would copy them to
           // local memory.
 #pragma unroll
@@ -700,7 +726,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       if (lane == 0) {
         *sm.tok = bi;
         if (blockIdx.x == 0) {
-          a.drafts[j] = bi;
+          if constexpr (!JUDGED) a.drafts[j] = bi;
           if (a.slot_drafts != nullptr) {
             const int64_t at = static_cast<int64_t>(a.call.slot) * a.slot_drafts_ld + j;
             a.slot_drafts[at] = bi;
@@ -713,20 +739,22 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   }
 }
 
-template <bool RES>
+template <bool RES, bool JUDGED>
 void (*KernelOf(GgmlType t))(const MtpChainArgs) {
   switch (t) {
     case GgmlType::F32:
-      return MtpChainKernel<GgmlType::F32, RES>;
+      return MtpChainKernel<GgmlType::F32, RES, JUDGED>;
     case GgmlType::BF16:
-      return MtpChainKernel<GgmlType::BF16, RES>;
+      return MtpChainKernel<GgmlType::BF16, RES, JUDGED>;
     default:
-      return MtpChainKernel<GgmlType::F16, RES>;
+      return MtpChainKernel<GgmlType::F16, RES, JUDGED>;
   }
 }
 
-void (*Kernel(GgmlType t, bool resident))(const MtpChainArgs) {
-  return resident ? KernelOf<true>(t) : KernelOf<false>(t);
+// The judged build exists for the global form only (MtpChain refuses it with the resident one).
+void (*Kernel(GgmlType t, bool resident, bool judged = false))(const MtpChainArgs) {
+  if (resident) return KernelOf<true, false>(t);
+  return judged ? KernelOf<false, true>(t) : KernelOf<false, false>(t);
 }
 
 }  // namespace
@@ -820,6 +848,9 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resid
   // The largest cluster up to `want` (default kMtpChainMaxCluster) the device can place (16 needs
   // the non-portable opt-in).
   (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (!resident)  // the judged build launches in the same configuration
+    (void)cudaFuncSetAttribute(Kernel(a->type, false, true),
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   for (int b = want > 0 ? std::min(want, kMtpChainMaxCluster) : kMtpChainMaxCluster; b >= 1; b /= 2) {
     MtpChainArgs t = *a;
     t.blocks = b;
@@ -847,11 +878,16 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resid
 
 absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
   if (a.blocks < 1 || a.blocks > kMtpChainMaxCluster || !a.best || !a.drafts ||
-      (a.slot_drafts != nullptr && (a.slot_drafts_host == nullptr || a.slot_drafts_ld < a.passes)))
+      (a.slot_drafts != nullptr &&
+       (a.slot_drafts_host == nullptr || a.slot_drafts_ld < a.passes)) ||
+      (a.call.sampled != nullptr &&
+       (a.resident || a.call.n_offered < 0 || a.call.n_offered >= kMtpChainMaxRows ||
+        a.n != a.call.n_offered + 1 || (a.call.n_offered > 0 && a.call.offered == nullptr))))
     return absl::InvalidArgumentError("fused MTP chain: bad launch arguments");
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel(a.type, a.resident), a);
+  const cudaError_t e =
+      cudaLaunchKernelEx(&cfg, Kernel(a.type, a.resident, a.call.sampled != nullptr), a);
   if (e != cudaSuccess)
     return absl::InternalError(absl::StrCat("fused MTP chain launch: ", cudaGetErrorString(e)));
   return LastLaunchStatus("fused MTP chain");

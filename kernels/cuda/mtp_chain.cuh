@@ -49,9 +49,19 @@ struct MtpChainMatrix {
 // `slot`'s; the slot's MTP rows before pass 0 end at len0 (the mask update's old length; each
 // later pass's is the pass before's end). The per-kernel chain's index blocks hold the same
 // values (CudaDevice::MtpDraftGreedy).
+//
+// Judged on the device (`sampled` set; CudaDevice::QueueChainAfterVerify): the chain runs right
+// behind a speculative verify's sampling, before the host has seen its tokens. Every block reads
+// the verify's sampled tokens y_0..y_k and the drafts d_1..d_k it ran with, keeps the drafts
+// while d_i == y_(i-1) (kept of them), and takes kept + 1 rows [d_1..d_kept, y_kept] as pass 0's
+// tokens (`tokens` and MtpChainArgs::n are then ignored): the catch-up the host would have asked
+// for after judging them itself (worker/spec/README.md).
 struct MtpChainCall {
   int slot = 0, pos0 = 0, len0 = 0, hid_row0 = 0;
   int32_t tokens[kMtpChainMaxRows] = {};
+  const int32_t* sampled = nullptr;  // [n_offered + 1], device-visible (pinned host memory)
+  const int32_t* offered = nullptr;  // [n_offered] on the device
+  int n_offered = 0;  // < kMtpChainMaxRows; MtpChainArgs::n = n_offered + 1 (the most rows)
 };
 
 struct MtpChainArgs {

@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -751,48 +752,64 @@ TEST(MtpDeferred, SameTokensAndAcceptanceAsWaitedForDrafts) {
   EXPECT_GT(kept, 0);
 }
 
-// CudaBackendOptions::side_copies: after a deferred chain the rollback's state copies and the
-// next verify's index upload run on a second stream beside the chain. Greedy and sampled
-// speculation on the demo model, two sequences, k = 4, with and without: the same tokens and
-// acceptance, and the side stream really used (only) when on.
-TEST(MtpDeferred, SideCopiesSameTokens) {
+// Greedy and sampled speculation on the demo model, two sequences, k = 4, deferred, on a backend
+// built with a path off and on (`toggle`): the same tokens and acceptance, and the path really
+// used (its counter `used`) only when on.
+void SameTokensWithPathOffAndOn(const std::function<void(CudaBackendOptions&, bool)>& toggle,
+                                const std::function<int64_t(const cuda::CudaBackend&)>& used) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto opened = gguf::File::Open(ResolveModelAlias("demo"));
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<const gguf::File> file(std::move(*opened));
   constexpr int kNew = 64;
-  std::vector<int32_t> tokens[2][2][2];  // [temperature > 0][side copies][sequence]
+  std::vector<int32_t> tokens[2][2][2];  // [temperature > 0][path on][sequence]
   spec::SpecStats stats[2][2];
-  for (const bool side : {false, true}) {
+  for (const bool on : {false, true}) {
     CudaBackendOptions c;
     c.spec_tokens = 5;
     c.spec_seqs = 2;
-    c.side_copies = side;
+    toggle(c, on);
     auto b = CreateCudaBackend(file, Opts(), c);
     ASSERT_TRUE(b.ok()) << b.status();
     Backend& gpu = **b;
     const int V = gpu.config().n_vocab;
     const std::vector<std::vector<int32_t>> prompts = {Prompt(24, V), Prompt(31, V)};
     for (const int sampled : {0, 1}) {
-      SCOPED_TRACE(::testing::Message() << "side copies " << side << " sampled " << sampled);
+      SCOPED_TRACE(::testing::Message() << "path on " << on << " sampled " << sampled);
       ASSERT_NO_FATAL_FAILURE(Speculate(gpu, prompts, 4, /*deferred=*/true, sampled ? 0.8f : 0.0f,
-                                        11, kNew, tokens[sampled][side], &stats[sampled][side]));
+                                        11, kNew, tokens[sampled][on], &stats[sampled][on]));
     }
     const auto* cb = dynamic_cast<const cuda::CudaBackend*>(&gpu);
     ASSERT_NE(cb, nullptr);
-    if (side)
-      EXPECT_GT(cb->SideCopyBatches(), 0);
+    if (on)
+      EXPECT_GT(used(*cb), 0);
     else
-      EXPECT_EQ(cb->SideCopyBatches(), 0);
+      EXPECT_EQ(used(*cb), 0);
   }
   for (int sampled : {0, 1}) {
     SCOPED_TRACE(::testing::Message() << "sampled " << sampled);
     EXPECT_EQ(tokens[sampled][0][0], tokens[sampled][1][0]);
     EXPECT_EQ(tokens[sampled][0][1], tokens[sampled][1][1]);
+    EXPECT_EQ(stats[sampled][0].offered, stats[sampled][1].offered);
     EXPECT_EQ(stats[sampled][0].accepted, stats[sampled][1].accepted);
     EXPECT_EQ(stats[sampled][0].steps, stats[sampled][1].steps);
     EXPECT_GT(stats[sampled][1].steps, 0);
   }
+}
+
+// CudaBackendOptions::side_copies: after a deferred chain the rollback's state copies and the
+// next verify's index upload run on a second stream beside the chain.
+TEST(MtpDeferred, SideCopiesSameTokens) {
+  SameTokensWithPathOffAndOn([](CudaBackendOptions& c, bool on) { c.side_copies = on; },
+                             [](const cuda::CudaBackend& b) { return b.SideCopyBatches(); });
+}
+
+// CudaBackendOptions::judged_chains: the fused chain queued right behind the verify's sampling
+// judges the verify's drafts on the device (StepOptions::chain_after), two sequences' chains in
+// one Forward, each from its own rows; off, the runner queues the chains after the verify.
+TEST(MtpDeferred, JudgedChainsSameTokens) {
+  SameTokensWithPathOffAndOn([](CudaBackendOptions& c, bool on) { c.judged_chains = on; },
+                             [](const cuda::CudaBackend& b) { return b.JudgedDraftChains(); });
 }
 
 // Without spec_tokens the device holds no speculative entries nor MTP block: speculative steps

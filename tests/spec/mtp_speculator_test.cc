@@ -70,7 +70,8 @@ std::vector<std::vector<int32_t>> SpecDecode(Backend& be, int k,
                                              const std::vector<std::vector<int32_t>>& prompts,
                                              int n_new, std::vector<sampling::Sampler>& samplers,
                                              SpecStats* stats = nullptr, bool draft_chain = true,
-                                             bool automatic = false, bool deferred = false) {
+                                             bool automatic = false, bool deferred = false,
+                                             int64_t* chains_after_verify = nullptr) {
   MtpSpeculatorOptions o;
   o.k = k;
   o.draft_chain = draft_chain;
@@ -99,6 +100,7 @@ std::vector<std::vector<int32_t>> SpecDecode(Backend& be, int k,
     EXPECT_TRUE(st.ok()) << st;
   }
   if (stats) *stats = sp->stats();
+  if (chains_after_verify) *chains_after_verify = sp->chains_after_verify();
   std::vector<std::vector<int32_t>> out;
   for (const SpecSequence& s : seqs) out.push_back(s.tokens);
   return out;
@@ -275,6 +277,90 @@ TEST(MtpSpeculator, DeferredDraftsGiveTheSameTokensAndDrafts) {
     }
   }
   EXPECT_GT(kept, 0);
+}
+
+// Chains after the verify (StepOptions::chain_after): with the verify's rows sampled where the
+// logits are (here the CPU twin of device sampling, CpuDevice::Sample) and a fixed k, the
+// verify's Forward queues each sequence's next draft chain itself (on a GPU the device judges the
+// drafts behind the sampling, mtp_gpu_test; on the CPU the runner judges them after the step).
+// The tokens and the acceptance at every position are those of chains queued by the speculator
+// after the verify, greedy and sampled; near max_new, where the draft count depends on the
+// verdict, the speculator queues them itself.
+TEST(MtpSpeculator, ChainsAfterTheVerifyGiveTheSameTokensAndDrafts) {
+  const std::string path = ResolveModelAlias("demo");
+  auto plain = Make(path, 2, 512), twin = Make(path, 2, 512);
+  ASSERT_TRUE(plain && twin);
+  twin->set_device_sampling(true);
+  ASSERT_TRUE(twin->SupportsChainAfterVerify());
+  ASSERT_FALSE(plain->SupportsChainAfterVerify());
+  const int V = plain->config().n_vocab;
+  const std::vector<std::vector<int32_t>> prompts = {Tokens(9, V, 27), Tokens(15, V, 28)};
+  int64_t kept = 0;
+  for (const sampling::SamplingParams& p : {Params(0, 0, 1), Params(0.8f, 40, 3)}) {
+    SCOPED_TRACE(::testing::Message() << "temperature " << p.temperature);
+    SpecStats host, after;
+    int64_t chains_host = -1, chains_after = -1;
+    std::vector<sampling::Sampler> s1(2, sampling::Sampler(p)), s2(2, sampling::Sampler(p));
+    const auto a = SpecDecode(*plain, 3, prompts, 37, s1, &host, true, false, true, &chains_host);
+    const auto b = SpecDecode(*twin, 3, prompts, 37, s2, &after, true, false, true, &chains_after);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(host.steps, after.steps);
+    EXPECT_EQ(host.offered, after.offered);
+    EXPECT_EQ(host.accepted, after.accepted);
+    EXPECT_EQ(chains_host, 0);
+    // Every verify but those near max_new (a few per sequence) queued its chain itself.
+    EXPECT_GE(chains_after, after.steps * 2 / 3) << "of " << after.steps << " verify steps";
+    for (int64_t x : after.accepted) kept += x;
+  }
+  EXPECT_GT(kept, 0);
+}
+
+// StepOptions::chain_after is refused before anything runs where it cannot be honoured: without
+// device sampling, for a sequence out of range, twice for one sequence, without drafts to make,
+// or over rows that are not sampled on the device.
+TEST(MtpSpeculator, ChainAfterVerifyRefusesWhatItCannotDo) {
+  const std::string path = ResolveModelAlias("demo");
+  auto be = Make(path, 1, 128);
+  ASSERT_TRUE(be);
+  const int V = be->config().n_vocab;
+  const std::vector<int32_t> prompt = Tokens(10, V, 31);
+  SeqStep s;
+  s.slot = 0;
+  s.tokens = prompt;
+  StepOutput out;
+  ASSERT_TRUE(be->Forward({&s, 1}, {}, &out).ok());
+  const sampling::SamplingParams greedy = Params(0, 0, 1);
+  SeqStep v;
+  v.slot = 0;
+  v.pos0 = static_cast<int32_t>(prompt.size());
+  v.tokens = {5, 6, 7};
+  v.all_logits = true;
+  v.speculative = true;
+  v.decode_path = true;
+  std::vector<DeviceSampleRow> rows(3);
+  for (DeviceSampleRow& r : rows) {
+    r.mode = DeviceSampleRow::Mode::kSample;
+    r.params = &greedy;
+    r.history = prompt;
+  }
+  auto forward = [&](std::vector<ChainAfterVerify> chains) {
+    StepOptions o;
+    o.device_sample = rows;
+    o.chain_after = chains;
+    return be->Forward({&v, 1}, o, &out).code();
+  };
+  // No device sampling on this backend.
+  EXPECT_EQ(forward({{0, 2}}), absl::StatusCode::kInvalidArgument);
+  be->set_device_sampling(true);
+  EXPECT_EQ(forward({{1, 2}}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward({{0, 2}, {0, 2}}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward({{0, 0}}), absl::StatusCode::kInvalidArgument);
+  rows[1].mode = DeviceSampleRow::Mode::kLogits;
+  EXPECT_EQ(forward({{0, 2}}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->SlotLength(0), static_cast<int32_t>(prompt.size()));
+  rows[1].mode = DeviceSampleRow::Mode::kSample;
+  ASSERT_EQ(forward({{0, 2}}), absl::StatusCode::kOk);
+  ASSERT_TRUE(be->CommitSpeculative(0, 1).ok());
 }
 
 // The runner's side of deferred drafts (StepRunner::MtpDraftDeferred, SeqStep::chain_drafts): the

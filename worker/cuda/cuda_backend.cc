@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.fp8_decode_rows != BackendOptions{}.fp8_decode_rows) co.fp8_decode_rows = opts.fp8_decode_rows;
   if (!opts.coarse_draft_head) co.coarse_draft_head = false;
   if (!opts.fused_draft_chain) co.fused_draft_chain = false;
+  if (!opts.judged_chains) co.judged_chains = false;
   if (opts.draft_chain_resident) co.draft_chain_resident = true;
   if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;
   if (opts.prefix_cache_bytes > 0) {
@@ -59,6 +60,7 @@ void CudaBackend::ResetProfile() { cuda_->ResetProfile(); }
 int64_t CudaBackend::OverlappedAllReduces() const { return cuda_->overlapped_allreduces(); }
 int64_t CudaBackend::FusedDraftChains() const { return cuda_->fused_draft_chains(); }
 int64_t CudaBackend::SideCopyBatches() const { return cuda_->side_copy_batches(); }
+int64_t CudaBackend::JudgedDraftChains() const { return cuda_->judged_draft_chains(); }
 bool CudaBackend::FusedDraftChainResident() const { return cuda_->fused_draft_chain_resident(); }
 std::string CudaBackend::DraftChainForm() const { return cuda_->draft_chain_form(); }
 std::vector<std::pair<std::string, double>> CudaBackend::ProfileTotals() const {

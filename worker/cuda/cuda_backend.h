@@ -48,6 +48,8 @@ class CudaBackend final : public StepRunner {
   int64_t FusedDraftChains() const;
   // Batches of copies run beside the device stream (CudaBackendOptions::side_copies).
   int64_t SideCopyBatches() const;
+  // Draft chains judged on the device behind a verify (CudaBackendOptions::judged_chains).
+  int64_t JudgedDraftChains() const;
   // Whether the fused chain runs in its resident form (CudaBackendOptions::draft_chain_resident).
   bool FusedDraftChainResident() const;
   // The greedy draft chain's form, for the bench's MTP section: "per kernel", or "fused, global

@@ -136,6 +136,14 @@ class CudaDevice final : public Device {
                               int32_t* drafts) override;
   bool KeepsDeferredDrafts() const override { return has_mtp_; }
   absl::Status DeferredDrafts(int slot, int n, int32_t* out) override;
+  // The fused chain judges the verify's drafts itself (MtpChainCall::sampled): it reads the
+  // sampled tokens where the sampling kernels wrote them (h_tokens_) and the drafts from the half
+  // of chain_drafts_ the verify embedded, and writes its own to the other half. Finish then waits
+  // for an event recorded before it. False where the fused chain is off or the verify's drafts
+  // came from the host.
+  absl::StatusOr<bool> QueueChainAfterVerify(int slot, int32_t pos0, int row, int n_rows,
+                                             bool chain_drafts, int n_drafts) override;
+  void ChainAfterVerifyKept(int slot, int32_t pos0, int kept, int n_drafts) override;
 
   KvPaging kv_paging() const override { return {copts_.kv_page_size, n_pages_, max_pages_}; }
   absl::Status MapPages(int slot, int first, std::span<const int32_t> pages) override;
@@ -157,6 +165,8 @@ class CudaDevice final : public Device {
   int64_t overlapped_allreduces() const { return overlap_pieces_; }
   // Draft chains run by the fused kernel (kernels/cuda/mtp_chain.cuh) since start.
   int64_t fused_draft_chains() const { return fused_chains_; }
+  // Of those, chains queued behind a verify's sampling, judged on the device (tests: the path ran).
+  int64_t judged_draft_chains() const { return judged_chains_; }
   // Batches of copies queued on the side stream (CudaBackendOptions::side_copies) since start.
   int64_t side_copy_batches() const { return side_copy_batches_; }
   bool fused_draft_chain_resident() const { return mtp_chain_.blocks > 0 && mtp_chain_.resident; }
@@ -673,8 +683,23 @@ class CudaDevice final : public Device {
   // Deferred drafts (Device::KeepsDeferredDrafts): per device slot, the last deferred chain's
   // drafts on the device (Prepare copies them into the ids of MicroStep::chain_tokens) and their
   // pinned host copy (DeferredDrafts), [n_slots][kMtpChainMax] each.
+  //
+  // Two halves, [2][n_slots][kMtpChainMax] each: a chain writes the half its slot's last chain
+  // did not (chain_half_ then names it), so a chain judged on the device (QueueChainAfterVerify)
+  // reads the drafts its verify ran with (verify_half_, set by Prepare) while it writes the next
+  // ones, and the host reads the verify's after its wait while that chain may still run.
   int32_t* chain_drafts_ = nullptr;
   int32_t* h_chain_drafts_ = nullptr;
+  std::vector<uint8_t> chain_half_;   // [n_slots] the half of the slot's last chain's drafts
+  std::vector<uint8_t> verify_half_;  // [n_slots] the half the slot's last verify embedded
+  int64_t ChainRow(int slot, int half) const {
+    return (static_cast<int64_t>(half) * n_slots_ + slot) * kMtpChainMax;
+  }
+  // Chains judged on the device were queued after this micro-step's sampling (`sampled_`
+  // recorded before them): Finish waits for the event, not the stream.
+  cudaEvent_t sampled_ = nullptr;
+  bool chains_after_ = false;
+  int32_t* last_sample_out_ = nullptr;  // where the last Sample's kernels write its tokens
   // Sampled tokens leave the device through this pinned buffer, which the sampling kernels
   // write themselves (UVA: no device-to-host copy, whose own latency was ~5-6 us between a demo
   // verify and its draft chain); Finish hands them to the caller's destinations after its
@@ -698,6 +723,7 @@ class CudaDevice final : public Device {
   MtpChainArgs mtp_chain_;
   int32_t* mtp_chain_best_ = nullptr;
   int64_t fused_chains_ = 0;
+  int64_t judged_chains_ = 0;
   absl::Status SetUpFusedDraftChain();
   int MtpAttnSplits() const;  // most position splits of the MTP attention (partials' size)
   KvCacheView MtpKvView() const;  // the MTP layer's f16 K/V plane of the paged pool

@@ -59,6 +59,7 @@ CudaDevice::~CudaDevice() {
   if (h_ints_) cudaFreeHost(h_ints_);
   if (h_chain_ints_) cudaFreeHost(h_chain_ints_);
   if (h_chain_drafts_) cudaFreeHost(h_chain_drafts_);
+  if (sampled_) cudaEventDestroy(sampled_);
   if (h_tokens_) cudaFreeHost(h_tokens_);
   for (cudaEvent_t e : chain_mirror_read_)
     if (e) cudaEventDestroy(e);
@@ -427,7 +428,7 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
       {reinterpret_cast<void**>(&mtp_ints_), has_mtp_ ? MtpIntsTotal() * 4ull : 0},
       {reinterpret_cast<void**>(&mtp_chain_best_), has_mtp_ ? MtpChainBestInts() * 4ull : 0},
       {reinterpret_cast<void**>(&chain_drafts_),
-       has_mtp_ ? static_cast<uint64_t>(n_slots_) * kMtpChainMax * 4ull : 0},
+       has_mtp_ ? 2ull * n_slots_ * kMtpChainMax * 4ull : 0},
   };
   for (auto& b : bufs) plan_.workspace += AlignUp(b.bytes);
   plan_.workspace += 64ull << 20;  // cuBLAS workspace and CUDA context slack
@@ -698,6 +699,8 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
     mtp_valid_ = sa.Take<uint8_t>(mtp_valid_bytes);  // zeroed with the arena: nothing written
   }
   mtp_len_.assign(n_slots_, 0);
+  chain_half_.assign(n_slots_, 0);
+  verify_half_.assign(n_slots_, 0);
   spec_last_.assign(n_slots_, -1);
   spec_last_pos_.assign(n_slots_, -1);
 
@@ -730,8 +733,9 @@ absl::Status CudaDevice::Init(const gguf::File& file, const ModelConfig& cfg,
   if (has_mtp_) {
     DS_CUDA_RETURN_IF_ERROR(
         cudaMallocHost(&h_chain_ints_, static_cast<size_t>(kChainMirrors) * MtpIntsTotal() * 4));
-    DS_CUDA_RETURN_IF_ERROR(cudaMallocHost(
-        &h_chain_drafts_, static_cast<size_t>(n_slots_) * kMtpChainMax * sizeof(int32_t)));
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaMallocHost(&h_chain_drafts_, 2ull * n_slots_ * kMtpChainMax * sizeof(int32_t)));
+    DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&sampled_, cudaEventDisableTiming));
     for (cudaEvent_t& e : chain_mirror_read_)
       DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }

@@ -53,6 +53,12 @@ struct CudaBackendOptions {
   // on the demo model's MTP cycle they ran one after another between the chain and the next
   // verify (A/B: `bench --side-copies off`). The same work in the same order for every kernel.
   bool side_copies = true;
+  // Deferred draft chains judged on the device (StepOptions::chain_after, QueueChainAfterVerify):
+  // the fused chain is queued right behind a verify's sampling and judges its drafts itself, so
+  // it runs while the host judges the same tokens and queues the next verify; off, the runner
+  // queues the chain after the verify's wait, as before (A/B: `generate --judged-chains off`).
+  // The same tokens either way.
+  bool judged_chains = true;
   // Attention on f16 tensor cores (sm_80+, not on the portable path). Decode
   // (kernels/cuda/attention_mma.cu): ~10x fewer instructions per cached token than the f32 SIMT
   // kernel, which bounds decode at long contexts; P and K rounded to f16 (~1e-4..1e-3 relative on

@@ -132,7 +132,9 @@ absl::Status CudaDevice::Prepare(const MicroStep& step) {
       return absl::InternalError(absl::StrCat("CUDA micro-step: chain tokens at row ", c.row,
                                               " (slot ", c.slot, ", drafts ", c.first, "+", c.n,
                                               ")"));
-    for (int i = 0; i < c.n; ++i) ids[c.row + i] = -(1 + c.slot * kMtpChainMax + c.first + i);
+    verify_half_[c.slot] = chain_half_[c.slot];
+    const int64_t at = ChainRow(c.slot, chain_half_[c.slot]) + c.first;
+    for (int i = 0; i < c.n; ++i) ids[c.row + i] = -static_cast<int32_t>(1 + at + i);
   }
   // Every index array in one copy: the used head of each of the kIntRows rows (one 2-D copy,
   // not one per array: on the demo model's MTP cycle each small copy cost ~3-7 us of the

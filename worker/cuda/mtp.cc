@@ -471,6 +471,9 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   // last pass's end.
   mtp_len_[slot] = n_drafts > 1 ? pos0 + n - 1 + passes : pos0 + n;
   const bool fused = mtp_chain_.blocks > 0 && n_drafts > 0 && n <= kMtpChainMaxRows;
+  // The drafts go to the half of the slot's rows its last chain did not write (chain_drafts_).
+  const int half = 1 - chain_half_[slot];
+  chain_half_[slot] = static_cast<uint8_t>(half);
   if (fused) {  // every pass in one launch (kernels/cuda/mtp_chain.cuh), nothing uploaded
     MtpChainArgs a = mtp_chain_;
     a.call.slot = slot;
@@ -483,8 +486,8 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
     a.drafts = d_drafts;
     // The drafts also where a deferred chain's consumers read them (the next verify's
     // embedding, DeferredDrafts): no copies after the chain.
-    a.slot_drafts = chain_drafts_;
-    a.slot_drafts_host = h_chain_drafts_;
+    a.slot_drafts = chain_drafts_ + ChainRow(0, half);
+    a.slot_drafts_host = h_chain_drafts_ + ChainRow(0, half);
     a.slot_drafts_ld = kMtpChainMax;
     DS_RETURN_IF_ERROR(MtpChain(a, stream_));
     ++fused_chains_;
@@ -492,7 +495,7 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
       stream_tail_ = true;
       return absl::OkStatus();
     }
-    int32_t* h_drafts = h_chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
+    int32_t* h_drafts = h_chain_drafts_ + ChainRow(slot, half);
     DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     std::copy(h_drafts, h_drafts + n_drafts, drafts);
     return absl::OkStatus();
@@ -550,12 +553,12 @@ absl::Status CudaDevice::MtpDraftGreedy(int slot, int32_t pos0, std::span<const 
   if (n_drafts == 0) return absl::OkStatus();
   if (!drafts) {  // deferred: the slot's row on the device, its host copy behind it, no wait
     stream_tail_ = true;
-    int32_t* row = chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
+    int32_t* row = chain_drafts_ + ChainRow(slot, half);
     DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row, d_drafts, n_drafts * sizeof(int32_t),
                                             cudaMemcpyDeviceToDevice, stream_));
-    DS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(h_chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax, row,
-                        n_drafts * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_chain_drafts_ + ChainRow(slot, half), row,
+                                            n_drafts * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                            stream_));
     return absl::OkStatus();
   }
   int32_t* h_drafts = h_rows + R;
@@ -570,10 +573,56 @@ absl::Status CudaDevice::DeferredDrafts(int slot, int n, int32_t* out) {
   if (!has_mtp_ || slot < 0 || slot >= n_slots_ || n < 0 || n > kMtpChainMax)
     return absl::InternalError(absl::StrCat("DeferredDrafts: slot ", slot, ", ", n, " drafts"));
   // The copy was queued behind the chain, before the step that read the drafts; the runner asks
-  // after that step's Finish, so it has landed.
-  const int32_t* h = h_chain_drafts_ + static_cast<size_t>(slot) * kMtpChainMax;
+  // after that step's Finish, so it has landed. The half that step embedded (a chain judged on
+  // the device may be writing the other one now).
+  const int32_t* h = h_chain_drafts_ + ChainRow(slot, verify_half_[slot]);
   std::copy(h, h + n, out);
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CudaDevice::QueueChainAfterVerify(int slot, int32_t pos0, int row, int n_rows,
+                                                       bool chain_drafts, int n_drafts) {
+  const int offered = n_rows - 1;
+  // The fused chain only (the per-kernel chain's index blocks are uploaded from the host), with
+  // the verify's drafts where the device holds them and its tokens sampled by this micro-step.
+  if (!copts_.judged_chains || mtp_chain_.blocks == 0 || mtp_chain_.resident || n_rows < 1 ||
+      n_rows > kMtpChainMaxRows || n_drafts < 1 || n_drafts > kMtpChainMax ||
+      (offered > 0 && !chain_drafts) || last_sample_out_ == nullptr)
+    return false;
+  DS_RETURN_IF_ERROR(CheckMtp(slot, pos0, n_rows + n_drafts - 1));
+  if (row < 0 || row + n_rows > logit_rows_max_)
+    return absl::InternalError(absl::StrCat("QueueChainAfterVerify: rows [", row, ", ",
+                                            row + n_rows, ") of a micro-step"));
+  if (!chains_after_) {
+    DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(sampled_, stream_));
+    chains_after_ = true;
+  }
+  const int half = 1 - chain_half_[slot];
+  MtpChainArgs a = mtp_chain_;
+  a.call.slot = slot;
+  a.call.pos0 = pos0;
+  a.call.len0 = mtp_len_[slot];
+  a.call.hid_row0 = row;
+  a.call.sampled = last_sample_out_ + row;
+  a.call.offered = offered > 0 ? chain_drafts_ + ChainRow(slot, verify_half_[slot]) : nullptr;
+  a.call.n_offered = offered;
+  a.n = n_rows;
+  a.passes = n_drafts;
+  a.drafts = mtp_ints_ + static_cast<size_t>(kMtpChainMax) * MtpBlockInts() + mtp_rows_max_;
+  a.slot_drafts = chain_drafts_ + ChainRow(0, half);
+  a.slot_drafts_host = h_chain_drafts_ + ChainRow(0, half);
+  a.slot_drafts_ld = kMtpChainMax;
+  DS_RETURN_IF_ERROR(MtpChain(a, stream_));
+  chain_half_[slot] = static_cast<uint8_t>(half);
+  ++fused_chains_;
+  ++judged_chains_;
+  return true;
+}
+
+void CudaDevice::ChainAfterVerifyKept(int slot, int32_t pos0, int kept, int n_drafts) {
+  // As MtpDraftGreedy sets it for n = kept + 1 catch-up rows.
+  const int32_t n = kept + 1;
+  mtp_len_[slot] = n_drafts > 1 ? pos0 + n - 1 + n_drafts : pos0 + n;
 }
 
 }  // namespace ds::cuda

@@ -72,9 +72,17 @@ absl::Status CudaDevice::Argmax(int n, int32_t* tokens) {
 }
 
 absl::Status CudaDevice::Finish() {
-  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (chains_after_) {
+    // Draft chains judged on the device run on behind the micro-step (QueueChainAfterVerify):
+    // wait for the micro-step and its sampling only; later copies may go beside the chains.
+    DS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(sampled_));
+  } else {
+    DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  }
   step_in_flight_ = false;
-  stream_tail_ = false;
+  stream_tail_ = chains_after_;
+  chains_after_ = false;
+  last_sample_out_ = nullptr;
   for (const PendingTokens& p : pending_tokens_)
     std::copy(h_tokens_ + p.at, h_tokens_ + p.at + p.n, p.dst);
   pending_tokens_.clear();
@@ -84,6 +92,7 @@ absl::Status CudaDevice::Finish() {
 
 absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* tokens) {
   const int nl = static_cast<int>(rows.size());
+  last_sample_out_ = nullptr;
   h_sample_rows_.clear();
   h_sample_pairs_.clear();
   bool any = false;
@@ -113,6 +122,7 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
     DS_RETURN_IF_ERROR(ArgmaxSplitRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, argmax_scratch_,
                                        out, stream_, early_launch_));
     ProfEnd();
+    last_sample_out_ = out;
     return absl::OkStatus();
   }
   if (h_sample_pairs_.size() > sample_.pairs_cap) {
@@ -138,6 +148,7 @@ absl::Status CudaDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* 
   DS_RETURN_IF_ERROR(SampleRows(logits_, cfg_.n_vocab, nl, cfg_.n_vocab, sample_.params,
                                 sample_.pairs, out, stream_));
   ProfEnd();
+  last_sample_out_ = out;
   return absl::OkStatus();
 }
 

@@ -86,8 +86,24 @@ struct StepOutput {
   double comm_seconds = 0;       // of which inside TP collectives (0 without TP)
 };
 
+// A deferred MTP draft chain that follows a speculative verify inside its Forward (issue #15;
+// StepOptions::chain_after). For batch[seq], whose every row is sampled on the device (kSample),
+// the Forward does what the caller would do after it: keep the drafts while each equals the
+// token sampled at the row before it (kept of them), then MtpDraftDeferred(slot, pos0,
+// [d_1..d_kept, y_kept], the sequence's first output row, n_drafts). A device that judges the
+// drafts itself queues the chain right behind the sampling, before the step's wait, so the chain
+// runs while the host judges the same tokens and queues the next step (one host turnaround off
+// the cycle's critical path); elsewhere the runner queues it after the wait: the same tokens.
+struct ChainAfterVerify {
+  int seq = 0;       // index into the Forward's batch
+  int n_drafts = 0;  // >= 1
+};
+
 struct StepOptions {
   bool want_hidden = false;
+  // Draft chains after the verify (ChainAfterVerify), at most one per sequence; only where
+  // Backend::SupportsChainAfterVerify().
+  std::span<const ChainAfterVerify> chain_after = {};
   // [n_rows] (StepOutput row order) or empty. Only for a backend whose SupportsDeviceSampling():
   // kSample rows are sampled where the logits are (the CPU sampler's pipeline and tokens given the
   // same uniform, kernels/cuda/sampling.cuh) and only kLogits rows' logits are copied back.
@@ -238,6 +254,8 @@ class Backend {
                                         int out_row0, int n_drafts) {
     return absl::UnimplementedError("deferred MTP drafts are not implemented by backend " + name());
   }
+  // True when Forward honours StepOptions::chain_after.
+  virtual bool SupportsChainAfterVerify() const { return false; }
 };
 
 struct BackendOptions {
@@ -290,6 +308,10 @@ struct BackendOptions {
   // CUDA: the greedy draft chain in one kernel where the MTP block takes it
   // (CudaBackendOptions::fused_draft_chain, --fused-draft off for A/B); the CPU backend ignores it.
   bool fused_draft_chain = true;
+  // CUDA: deferred draft chains judged on the device, queued behind the verify's sampling
+  // (CudaBackendOptions::judged_chains, --judged-chains off for A/B); the CPU backend queues
+  // them after the verify either way (the same tokens).
+  bool judged_chains = true;
   // CUDA: that kernel's resident form (CudaBackendOptions::draft_chain_resident, --draft-resident
   // on; off until measured); the CPU backend ignores it.
   bool draft_chain_resident = false;

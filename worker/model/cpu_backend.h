@@ -29,6 +29,13 @@ class CpuBackend final : public StepRunner {
     limits.max_logit_rows = max_logit_rows;
     cpu_->set_limits(limits);
   }
+  // The CPU twin of device sampling (CpuDevice::Sample), off by default; tests of the paths that
+  // need it (StepOptions::device_sample, chain_after).
+  void set_device_sampling(bool on) {
+    DeviceLimits limits = cpu_->limits();
+    limits.device_sampling = on;
+    cpu_->set_limits(limits);
+  }
   const ModelWeights& weights() const { return cpu_->weights(); }
 
  private:

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling/sampler.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/ops.h"
@@ -375,6 +376,20 @@ absl::Status CpuDevice::ReadLogits(int n, float* dst) {
 
 absl::Status CpuDevice::ReadHidden(int n, float* dst) {
   std::memcpy(dst, hn_.data(), static_cast<size_t>(n) * cfg_.n_embd * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Sample(std::span<const DeviceSampleRow> rows, int32_t* tokens) {
+  const int64_t V = cfg_.n_vocab;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const DeviceSampleRow& d = rows[r];
+    tokens[r] = -1;
+    if (d.mode != DeviceSampleRow::Mode::kSample || d.params == nullptr) continue;
+    sampling::Sampler sampler(*d.params);
+    tokens[r] =
+        sampler.TokenWith(std::span<const float>(logits_.data() + static_cast<int64_t>(r) * V, V),
+                          d.history, d.uniform);
+  }
   return absl::OkStatus();
 }
 

@@ -60,6 +60,10 @@ class CpuDevice final : public Device {
   absl::Status ReadLogits(int n, float* dst) override;
   absl::Status ReadHidden(int n, float* dst) override;
   absl::Status Argmax(int n, int32_t* tokens) override;
+  // The CPU twin of device sampling (limits().device_sampling, off by default; tests turn it on
+  // through CpuBackend::set_device_sampling): each kSample row's token as the sampler draws it
+  // with the row's uniform (sampling::Sampler::TokenWith), -1 elsewhere.
+  absl::Status Sample(std::span<const DeviceSampleRow> rows, int32_t* tokens) override;
   absl::Status Finish() override { return absl::OkStatus(); }
   double TakeCommSeconds() override;
 

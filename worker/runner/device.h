@@ -257,6 +257,22 @@ class Device {
   virtual absl::Status DeferredDrafts(int slot, int n, int32_t* out) {
     return absl::UnimplementedError("deferred drafts are not kept by device " + name());
   }
+  // A deferred draft chain judged on the device (StepOptions::chain_after): called after the
+  // micro-step's Sample, before its Finish, for a speculative run of n_rows rows at pos0 whose
+  // output rows are [row, row + n_rows) of this micro-step, every one sampled on the device, and
+  // whose drafts came from the slot's last deferred chain (SeqStep::chain_drafts) when
+  // chain_drafts, else there were none (n_rows == 1). Queues the chain MtpDraftGreedy(slot, pos0,
+  // [d_1..d_kept, y_kept], row, ..., n_drafts, nullptr) would run, with kept judged on the device
+  // from the sampled tokens, so that it runs while the host judges them too and queues the next
+  // step; Finish then waits for the micro-step only. False (nothing queued): not here (the
+  // runner queues the chain after the Forward instead).
+  virtual absl::StatusOr<bool> QueueChainAfterVerify(int slot, int32_t pos0, int row, int n_rows,
+                                                     bool chain_drafts, int n_drafts) {
+    return false;
+  }
+  // After the Finish of that micro-step: the host's kept (the same as the device's: the same
+  // tokens), so the device knows how far the chain wrote the slot's MTP rows.
+  virtual void ChainAfterVerifyKept(int slot, int32_t pos0, int kept, int n_drafts) {}
 };
 
 }  // namespace ds

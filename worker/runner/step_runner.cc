@@ -381,12 +381,15 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
   out->n_rows = 0;
   gather_seconds_ = 0;
   dev_->TakeCommSeconds();
+  DS_RETURN_IF_ERROR(CheckChainsAfter(batch, opts));
   const std::span<const SeqStep> filled = FillChainDrafts(batch);
   absl::Status run = RunMicroSteps(filled, [&](int nl) -> absl::Status {
     if (nl > 0) {
       if (!sample.empty())
         DS_RETURN_IF_ERROR(dev_->Sample(sample.subspan(out->n_rows, nl),
                                         out->tokens.data() + out->n_rows));
+      if (!opts.chain_after.empty())
+        DS_RETURN_IF_ERROR(QueueChainsAfter(batch, opts, out->n_rows, nl));
       if (host_logits && HasLogits()) {
         const size_t old = out->logits.size();
         out->logits.resize(old + static_cast<size_t>(nl) * cfg_.n_vocab);
@@ -405,6 +408,7 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
   absl::Status taken = TakeChainDrafts(batch, &out->chain_drafts);
   DS_RETURN_IF_ERROR(run);
   DS_RETURN_IF_ERROR(taken);
+  if (!opts.chain_after.empty()) DS_RETURN_IF_ERROR(FinishChainsAfter(batch, opts, *out));
   out->comm_seconds = dev_->TakeCommSeconds() + gather_seconds_;
   out->forward_seconds = SecondsSince(t0);
   return absl::OkStatus();
@@ -648,6 +652,95 @@ absl::Status StepRunner::MtpDraftDeferred(int slot, int32_t pos0, std::span<cons
                                           last_out_rows_, cfg_.n_embd, n_drafts,
                                           on_device ? nullptr : d.host.data()));
   d.n = n_drafts;
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::CheckChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts) {
+  if (opts.chain_after.empty()) return absl::OkStatus();
+  if (!SupportsChainAfterVerify())
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward: chain_after needs draft chains and device sampling (", name(), ")"));
+  out_row_of_.assign(batch.size(), 0);
+  for (size_t i = 0, row = 0; i < batch.size(); ++i) {
+    out_row_of_[i] = static_cast<int32_t>(row);
+    row += batch[i].all_logits ? batch[i].tokens.size() : 1;
+  }
+  chain_queued_.assign(batch.size(), 0);
+  std::vector<uint8_t> seen(batch.size(), 0);
+  for (const ChainAfterVerify& c : opts.chain_after) {
+    if (c.seq < 0 || c.seq >= static_cast<int>(batch.size()) || seen[c.seq] || c.n_drafts < 1)
+      return absl::InvalidArgumentError(absl::StrCat("Forward: chain_after for sequence ", c.seq,
+                                                     " of ", batch.size(), " with ", c.n_drafts,
+                                                     " drafts (one per sequence, at least one)"));
+    seen[c.seq] = 1;
+    const SeqStep& s = batch[c.seq];
+    if (!s.all_logits || (!s.speculative && s.tokens.size() != 1) || Dev(s.slot) < 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Forward: chain_after for sequence ", c.seq,
+          ", which is not a verify (all_logits, speculative unless one token) of a held slot"));
+    for (size_t r = 0; r < s.tokens.size(); ++r) {
+      const size_t row = out_row_of_[c.seq] + r;
+      if (row >= opts.device_sample.size() ||
+          opts.device_sample[row].mode != DeviceSampleRow::Mode::kSample)
+        return absl::InvalidArgumentError(absl::StrCat("Forward: chain_after for sequence ", c.seq,
+                                                       ", whose row ", r,
+                                                       " is not sampled on the device"));
+    }
+    // The most rows the chain writes: every draft kept.
+    const int64_t end = static_cast<int64_t>(s.pos0) + s.tokens.size() + c.n_drafts - 1;
+    if (end > slot_ctx_)
+      return absl::OutOfRangeError(absl::StrCat("Forward: chain_after for sequence ", c.seq,
+                                                " would write MTP rows up to ", end,
+                                                " past the slot's ", slot_ctx_));
+    DS_RETURN_IF_ERROR(GrowPagesTo(Dev(s.slot), end));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::QueueChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
+                                          int row0, int n_rows) {
+  for (const ChainAfterVerify& c : opts.chain_after) {
+    const SeqStep& s = batch[c.seq];
+    const int first = out_row_of_[c.seq], n = static_cast<int>(s.tokens.size());
+    if (first < row0 || first + n > row0 + n_rows) continue;  // another micro-step's rows
+    DS_ASSIGN_OR_RETURN(const bool queued,
+                        dev_->QueueChainAfterVerify(Dev(s.slot), s.pos0, first - row0, n,
+                                                    s.chain_drafts, c.n_drafts));
+    chain_queued_[c.seq] = queued;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::FinishChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
+                                           const StepOutput& out) {
+  // Where each chain_drafts sequence's drafts start in out.chain_drafts (TakeChainDrafts' order).
+  std::vector<int32_t> drafts_at(batch.size(), -1);
+  for (size_t i = 0, at = 0; i < batch.size(); ++i)
+    if (batch[i].chain_drafts) {
+      drafts_at[i] = static_cast<int32_t>(at);
+      at += batch[i].tokens.size() - 1;
+    }
+  std::vector<int32_t> catch_up;
+  for (const ChainAfterVerify& c : opts.chain_after) {
+    const SeqStep& s = batch[c.seq];
+    const int first = out_row_of_[c.seq], offered = static_cast<int>(s.tokens.size()) - 1;
+    auto draft = [&](int i) {  // d_(i+1), as the step ran it
+      return s.chain_drafts ? out.chain_drafts[drafts_at[c.seq] + i] : s.tokens[1 + i];
+    };
+    int kept = 0;
+    while (kept < offered && draft(kept) == out.tokens[first + kept]) ++kept;
+    if (chain_queued_[c.seq]) {
+      dev_->ChainAfterVerifyKept(Dev(s.slot), s.pos0, kept, c.n_drafts);
+      DeferredDrafts& d = deferred_[s.slot];
+      d.n = c.n_drafts;
+      d.host.clear();
+      continue;
+    }
+    catch_up.clear();
+    for (int i = 0; i < kept; ++i) catch_up.push_back(draft(i));
+    catch_up.push_back(out.tokens[first + kept]);
+    DS_RETURN_IF_ERROR(MtpDraftDeferred(s.slot, s.pos0, catch_up, first, c.n_drafts));
+  }
   return absl::OkStatus();
 }
 

@@ -118,6 +118,11 @@ class StepRunner : public Backend {
   // the runner waits for them here and puts them into the next Forward's rows itself.
   absl::Status MtpDraftDeferred(int slot, int32_t pos0, std::span<const int32_t> tokens,
                                 int out_row0, int n_drafts) override;
+  // StepOptions::chain_after: queued by the device behind the verify's sampling where it judges
+  // the drafts itself (Device::QueueChainAfterVerify), otherwise by the runner after the wait.
+  bool SupportsChainAfterVerify() const override {
+    return SupportsDraftChain() && SupportsDeviceSampling();
+  }
   int max_speculative_tokens() const override { return dev_->limits().max_spec_tokens; }
   int max_speculative_seqs() const override;
   absl::Status CommitSpeculative(int slot, int32_t n_keep) override;
@@ -144,6 +149,15 @@ class StepRunner : public Backend {
   // After a Forward: the drafts its chain_drafts sequences ran with (StepOutput::chain_drafts);
   // every slot of the batch drops its deferred drafts.
   absl::Status TakeChainDrafts(std::span<const SeqStep> batch, std::vector<int32_t>* out);
+  // StepOptions::chain_after: the checks and page mapping before the step (CheckChainsAfter),
+  // the device's queueing inside the micro-step that holds a sequence's rows (QueueChainsAfter,
+  // between its Sample and its Finish), and after the Forward the host's judgement: the device's
+  // bookkeeping, or the chain itself where the device did not queue it (FinishChainsAfter).
+  absl::Status CheckChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts);
+  absl::Status QueueChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts, int row0,
+                                int n_rows);
+  absl::Status FinishChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
+                                 const StepOutput& out);
   // Prepare + Embed + layers + Head (+ the vocab-parallel gather) for micro_.
   absl::Status RunMicroStep();
   // Every micro-step of a validated batch: runs it, lets `read_outputs(n_logit_rows)` queue the
@@ -211,6 +225,10 @@ class StepRunner : public Backend {
   };
   std::vector<DeferredDrafts> deferred_;  // [n_slots]
   std::vector<SeqStep> batch_filled_;     // FillChainDrafts' copy
+  // Per Forward, [batch]: each sequence's first output row, and whether the device queued its
+  // chain (StepOptions::chain_after).
+  std::vector<int32_t> out_row_of_;
+  std::vector<uint8_t> chain_queued_;
   // Output rows of the last Forward's last micro-step: [last_out_row0_, + last_out_rows_), whose
   // final-normed states the device still holds (MtpDraftGreedy); -1 = none.
   int last_out_row0_ = -1, last_out_rows_ = 0;

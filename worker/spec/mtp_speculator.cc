@@ -80,9 +80,13 @@ absl::Status MtpDrafter::DraftChain(Backend& be, int slot, int32_t p0,
   out->clear();
   if (!deferred) return be.MtpDraftGreedy(slot, p0, catch_up, out_row0, n, &out->tokens);
   DS_RETURN_IF_ERROR(be.MtpDraftDeferred(slot, p0, catch_up, out_row0, n));
+  ChainQueued(n, out);
+  return absl::OkStatus();
+}
+
+void MtpDrafter::ChainQueued(int n, Drafts* out) {
   out->tokens.assign(static_cast<size_t>(n), -1);
   out->on_device = n > 0;
-  return absl::OkStatus();
 }
 
 bool MtpDrafter::TakeChainDrafts(std::span<const int32_t> chain_drafts, size_t* at, Drafts* d) {
@@ -122,6 +126,27 @@ MtpSpeculator::MtpSpeculator(Backend* backend, const MtpSpeculatorOptions& o)
       n_embd_(backend->config().n_embd),
       drafter_(backend->config()) {
   stats_.Resize(o.k);
+}
+
+int MtpSpeculator::DraftsAfter(const SpecSequence& s, int kept) const {
+  // The verify appends kept + 1 tokens (DraftsFor's arguments after it).
+  return DraftBudget(k_, s.n_generated() + kept + 1, s.max_new,
+                     static_cast<int32_t>(s.tokens.size()) + kept + 1, be_->slot_ctx());
+}
+
+void MtpSpeculator::PlanChainsAfter(std::span<SpecSequence* const> seqs) {
+  chain_after_.clear();
+  chain_planned_.assign(seqs.size(), -1);
+  if (!deferred_drafts_ || automatic_ || !be_->SupportsChainAfterVerify() ||
+      !be_->SupportsDeviceSampling())
+    return;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SpecSequence& s = *seqs[i];
+    const int n = DraftsAfter(s, 0);
+    if (n < 1 || DraftsAfter(s, static_cast<int>(s.drafts.tokens.size())) != n) continue;
+    chain_after_.push_back({static_cast<int>(i), n});
+    chain_planned_[i] = n;
+  }
 }
 
 int MtpSpeculator::DraftsFor(SpecSequence& s) {
@@ -207,6 +232,11 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
       }
     }
     opts.device_sample = sample_rows_;
+    // Chains the Forward queues behind the verify's sampling (judged on the device where it can).
+    PlanChainsAfter(seqs);
+    opts.chain_after = chain_after_;
+  } else {
+    chain_planned_.assign(seqs.size(), -1);
   }
   DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));
   DS_RETURN_IF_ERROR(ReadChainDrafts(seqs));
@@ -225,6 +255,16 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
     Judged(s, static_cast<int>(rows) - 1, kept);
     const int32_t p0 = batch_[i].pos0;
     const int n = DraftsFor(s);
+    if (chain_planned_[i] >= 0) {  // the Forward queued it (StepOptions::chain_after)
+      if (n != chain_planned_[i])
+        return absl::InternalError(absl::StrCat("MTP: ", n, " drafts after the verify, ",
+                                                chain_planned_[i], " queued with it"));
+      MtpDrafter::ChainQueued(n, &s.drafts);
+      ++chains_after_verify_;
+      if (batch_[i].speculative) DS_RETURN_IF_ERROR(be_->CommitSpeculative(s.slot, kept + 1));
+      row += rows;
+      continue;
+    }
     // Deferred: the next verify reads the drafts where they are made. The chain is queued
     // before the rollback's state copies: it reads no recurrent state, and the device then
     // starts it without waiting for the host to issue those copies (on the demo model ~12 us

@@ -106,6 +106,9 @@ class MtpDrafter {
   // After a verify: d's share of StepOutput::chain_drafts, from *at on (advanced), when d was
   // deferred. False when the verify returned fewer than d ran with.
   static bool TakeChainDrafts(std::span<const int32_t> chain_drafts, size_t* at, Drafts* d);
+  // A chain queued with its n drafts left on the backend (MtpDraftDeferred, or the Forward's
+  // StepOptions::chain_after): n placeholders in *out.
+  static void ChainQueued(int n, Drafts* out);
 
  private:
   int n_vocab_ = 0, n_embd_ = 0;
@@ -163,6 +166,8 @@ class MtpSpeculator {
   absl::Status Step(std::span<SpecSequence* const> seqs);
 
   const SpecStats& stats() const { return stats_; }
+  // Draft chains the verify's Forward queued itself (StepOptions::chain_after), since Create.
+  int64_t chains_after_verify() const { return chains_after_verify_; }
   int k() const { return k_; }
 
  private:
@@ -179,6 +184,13 @@ class MtpSpeculator {
   bool UseDraftChain(std::span<SpecSequence* const> seqs) const;
   absl::Status StepOnDevice(std::span<SpecSequence* const> seqs);
   absl::Status StepBatch(std::span<SpecSequence* const> seqs);  // Step without the timing
+  // The drafts s takes after a verify that keeps `kept` of its drafts (DraftsFor after it).
+  int DraftsAfter(const SpecSequence& s, int kept) const;
+  // StepOnDevice's chains that the verify's Forward queues itself (StepOptions::chain_after):
+  // deferred drafts, a fixed k (not `auto`, whose choice follows the verdict) and a draft count
+  // the verdict cannot change (DraftsAfter the same for every kept). chain_after_ lists them,
+  // chain_planned_[i] their draft counts (-1: the sequence's chain is queued after the Forward).
+  void PlanChainsAfter(std::span<SpecSequence* const> seqs);
   // After a verify: the deferred drafts it ran with (StepOutput::chain_drafts) into each
   // sequence's Drafts, so that acceptance judges their values.
   absl::Status ReadChainDrafts(std::span<SpecSequence* const> seqs);
@@ -196,6 +208,9 @@ class MtpSpeculator {
   std::vector<SeqStep> batch_;
   StepOutput out_;
   std::vector<DeviceSampleRow> sample_rows_;
+  std::vector<ChainAfterVerify> chain_after_;
+  std::vector<int> chain_planned_;
+  int64_t chains_after_verify_ = 0;
 };
 
 }  // namespace ds::spec
