@@ -386,10 +386,8 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
   absl::Status run = RunMicroSteps(filled, [&](int nl) -> absl::Status {
     if (nl > 0) {
       if (!sample.empty())
-        DS_RETURN_IF_ERROR(dev_->Sample(sample.subspan(out->n_rows, nl),
-                                        out->tokens.data() + out->n_rows));
-      if (!opts.chain_after.empty())
-        DS_RETURN_IF_ERROR(QueueChainsAfter(batch, opts, out->n_rows, nl));
+        DS_RETURN_IF_ERROR(
+            dev_->Sample(sample.subspan(out->n_rows, nl), out->tokens.data() + out->n_rows));
       if (host_logits && HasLogits()) {
         const size_t old = out->logits.size();
         out->logits.resize(old + static_cast<size_t>(nl) * cfg_.n_vocab);
@@ -400,6 +398,9 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
         out->hidden.resize(old + static_cast<size_t>(nl) * cfg_.n_embd);
         DS_RETURN_IF_ERROR(dev_->ReadHidden(nl, out->hidden.data() + old));
       }
+      // Last: the device's Finish then waits for everything queued before the chains.
+      if (!opts.chain_after.empty())
+        DS_RETURN_IF_ERROR(QueueChainsAfter(batch, opts, out->n_rows, nl));
     }
     out->n_rows += nl;
     return absl::OkStatus();
@@ -699,6 +700,11 @@ absl::Status StepRunner::CheckChainsAfter(std::span<const SeqStep> batch, const 
 
 absl::Status StepRunner::QueueChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
                                           int row0, int n_rows) {
+  // The device's Finish waits only for what was queued before its chains, so nothing the host
+  // needs may follow them: a step that also fills MTP rows (FillMtp, after this, uploads from a
+  // pinned buffer the host rewrites after the wait) leaves its chains to the runner.
+  for (const SeqStep& s : batch)
+    if (s.fill_mtp) return absl::OkStatus();
   for (const ChainAfterVerify& c : opts.chain_after) {
     const SeqStep& s = batch[c.seq];
     const int first = out_row_of_[c.seq], n = static_cast<int>(s.tokens.size());
