@@ -14,7 +14,7 @@ if [ -x "$BIN/deltaserve" ] && [ "${BENCH:-1}" = 1 ]; then
 fi
 for f in "$BIN"/*; do
   t=$(basename "$f")
-  case "$t" in deltaserve|ds_tp_rank|deltactl) continue ;; esac
+  case "$t" in deltaserve|ds_tp_rank|deltactl|*.so) continue ;; esac
   # ONLY="a b": just those binaries of the carry; SKIP="a b": all but those.
   [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $t "* ]] && continue
   [[ " ${SKIP:-} " == *" $t "* ]] && continue
