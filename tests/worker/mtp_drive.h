@@ -13,6 +13,7 @@
 
 #include "common/util/model_alias.h"
 #include "worker/backend_factory.h"
+#include "worker/model/cpu_backend.h"
 #include "worker/process/step_executor.h"
 
 namespace ds::worker::mtp_test {
@@ -91,8 +92,12 @@ inline Outcome DriveSteps(StepExecutor& ex, int n_vocab, float temperature, bool
 
 // The schedule on one CPU backend (`model`: "demo" or a file) with --mtp mtp_drafts (0: off).
 // deferred: StepExecutor::SetDeferredDrafts (the drafts left on the backend for the next verify).
+// device_sampling: the CPU twin of device sampling (CpuBackend::set_device_sampling), with which
+// verifies queue their next chains in their own Forward (StepOptions::chain_after); *chains_after
+// counts them.
 inline Outcome DriveOneRank(int mtp_drafts, float temperature, const std::string& model = "demo",
-                            bool automatic = false, bool follows = false, bool deferred = false) {
+                            bool automatic = false, bool follows = false, bool deferred = false,
+                            bool device_sampling = false, int64_t* chains_after = nullptr) {
   BackendOptions bo;
   bo.n_slots = 3;
   bo.slot_ctx = 256;
@@ -101,10 +106,17 @@ inline Outcome DriveOneRank(int mtp_drafts, float temperature, const std::string
                           SpeculativeRoom{mtp_drafts + 1, 3});
   EXPECT_TRUE(be.ok()) << be.status();
   if (!be.ok()) return {};
+  if (device_sampling) {
+    auto* cpu = dynamic_cast<CpuBackend*>(be->get());
+    EXPECT_NE(cpu, nullptr);
+    if (cpu) cpu->set_device_sampling(true);
+  }
   StepExecutor ex(be->get(), 3);
   EXPECT_TRUE(ex.SetMtp(spec::MtpSetting{mtp_drafts, automatic}).ok());
   ex.SetDeferredDrafts(deferred);
-  return DriveSteps(ex, (*be)->config().n_vocab, temperature, follows);
+  Outcome o = DriveSteps(ex, (*be)->config().n_vocab, temperature, follows);
+  if (chains_after) *chains_after = ex.chains_after_verify();
+  return o;
 }
 
 }  // namespace ds::worker::mtp_test

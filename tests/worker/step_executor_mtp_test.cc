@@ -56,6 +56,31 @@ TEST(StepExecutorMtp, DeferredDraftsGiveTheSameTokensStepsAndAcceptance) {
   }
 }
 
+// Chains after the verify (StepOptions::chain_after): with the verify rows sampled where the
+// logits are (the CPU twin of device sampling) and deferred drafts, each verify's Forward queues
+// the slot's next chain itself, except near max_new (the draft count then depends on the
+// verdict) and where a step's micro-steps leave the rows elsewhere; the tokens, steps and
+// acceptance are those of chains queued after the Forward, greedy and sampled.
+TEST(StepExecutorMtp, ChainsAfterTheVerifyGiveTheSameTokensStepsAndAcceptance) {
+  for (const float temperature : {0.0f, 0.8f}) {
+    SCOPED_TRACE(::testing::Message() << "temperature " << temperature);
+    int64_t none = -1, queued = -1;
+    const Outcome after = DriveOneRank(3, temperature, "demo", false, true, true, false, &none);
+    const Outcome in_forward =
+        DriveOneRank(3, temperature, "demo", false, true, true, true, &queued);
+    ASSERT_EQ(after.generated.size(), 3u);
+    EXPECT_EQ(in_forward.generated, after.generated);
+    EXPECT_EQ(in_forward.steps, after.steps);
+    EXPECT_EQ(in_forward.stats.offered, after.stats.offered);
+    EXPECT_EQ(in_forward.stats.accepted, after.stats.accepted);
+    EXPECT_GT(in_forward.stats.accepted[0], 0);
+    EXPECT_EQ(none, 0);
+    int64_t verifies = 0;
+    for (int64_t x : in_forward.stats.offered) verifies = std::max(verifies, x);
+    EXPECT_GE(queued, verifies / 2) << "of " << verifies << " verifies";
+  }
+}
+
 // `--mtp auto` (worker/spec/draft_policy.h): on the tiny random-weight model, whose drafts are
 // rejected, sequences soon stop drafting (far fewer verifies offer a draft than with a fixed K);
 // on the trained demo model they keep drafting and accepting. Tokens equal plain steps on both.

@@ -81,6 +81,10 @@ struct StepOutput {
   // The drafts SeqStep::chain_drafts sequences ran with (tokens[1..] as the device had them), in
   // batch order, those sequences only.
   std::vector<int32_t> chain_drafts;
+  // [StepOptions::chain_after] 1 where that chain was queued (its drafts deferred, as after
+  // MtpDraftDeferred); 0 where it could not be (its sequence's rows were not in the step's last
+  // micro-step and the device did not take it): the caller drafts after the step as before.
+  std::vector<uint8_t> chains_after;
   int n_rows = 0;
   double forward_seconds = 0;    // measured by the backend
   double comm_seconds = 0;       // of which inside TP collectives (0 without TP)
@@ -94,6 +98,7 @@ struct StepOutput {
 // drafts itself queues the chain right behind the sampling, before the step's wait, so the chain
 // runs while the host judges the same tokens and queues the next step (one host turnaround off
 // the cycle's critical path); elsewhere the runner queues it after the wait: the same tokens.
+// StepOutput::chains_after says which were queued.
 struct ChainAfterVerify {
   int seq = 0;       // index into the Forward's batch
   int n_drafts = 0;  // >= 1

@@ -54,6 +54,14 @@ absl::Status StepExecutor::SetMtp(const spec::MtpSetting& setting) {
   return absl::OkStatus();
 }
 
+int StepExecutor::FixedDraftsAfter(int slot_index, int kept, int n_mtp_slots) const {
+  const SlotState& slot = slots_[slot_index];
+  int k = spec::DraftsForBatch(mtp_, n_mtp_slots);
+  if (slot.mtp_cap > 0) k = std::min(k, slot.mtp_cap);
+  const int known = static_cast<int>(slot.known.size()) + kept + 1;  // after the verify
+  return spec::DraftBudget(k, known - slot.n_prompt, slot.max_new, known, backend_->slot_ctx());
+}
+
 void StepExecutor::DraftAfter(int slot_index, int32_t p0, int out_row0,
                               std::span<const float> hidden, int n_rows, int n_mtp_slots,
                               bool alone) {
@@ -403,6 +411,8 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   const bool device = group_ == nullptr && backend_->SupportsDeviceSampling();
   StepOptions opts;
   opts.want_hidden = want_hidden;
+  chain_after_.clear();
+  chain_planned_.assign(step.work.size(), -1);
   if (device) {
     dev_rows_.assign(static_cast<size_t>(n_rows), DeviceSampleRow{});
     for (int i = 0; i < n_work; ++i) {
@@ -423,6 +433,17 @@ StepResult StepExecutor::RunResolved(const Step& step) {
           v.history = slot.known;  // no penalties: the history does not change the token
           v.uniform = draws ? slot.sampler->UniformAt(slot.known.size() + (r - out_row_[i])) : 0.0;
         }
+        // The verify's Forward queues the next chain itself (judged on the device where it can)
+        // when the draft count does not depend on how many drafts it keeps (not `auto`).
+        if (on_device && batch_[i].speculative && deferred_drafts_ && !mtp_.automatic &&
+            backend_->SupportsChainAfterVerify()) {
+          const int offered = static_cast<int>(slot.drafts.tokens.size());
+          const int n = FixedDraftsAfter(static_cast<int>(w.slot), 0, n_mtp_slots);
+          if (n >= 1 && FixedDraftsAfter(static_cast<int>(w.slot), offered, n_mtp_slots) == n) {
+            chain_after_.push_back({i, n});
+            chain_planned_[i] = n;
+          }
+        }
         continue;
       }
       if (slot.want_logprob || slot.sampler->params().n_logprobs > 0 || slot.json) {
@@ -435,6 +456,7 @@ StepResult StepExecutor::RunResolved(const Step& step) {
       d.uniform = d.params->temperature > 0.0f ? slot.sampler->UniformAt(slot.known.size()) : 0.0;
     }
     opts.device_sample = dev_rows_;
+    opts.chain_after = chain_after_;
   }
   StepOutput& out = out_;
   const bool alone = n_work == 1 && drafter_ && mtp_.automatic && group_ == nullptr;
@@ -443,6 +465,10 @@ StepResult StepExecutor::RunResolved(const Step& step) {
   absl::Status fs = backend_->Forward(batch_, opts, &out);
   const double t1 = SteadySeconds();
   result.forward_seconds = t1 - t0;
+  // A chain the Forward could not queue is made after it (DraftAfter), as without chain_after.
+  for (size_t j = 0; fs.ok() && j < chain_after_.size(); ++j)
+    if (j >= out.chains_after.size() || !out.chains_after[j])
+      chain_planned_[chain_after_[j].seq] = -1;
   // Validation errors are found before any collective, identically on every rank; anything else
   // under TP may have left the ranks at different collectives.
   if (!fs.ok()) {
@@ -544,8 +570,13 @@ StepResult StepExecutor::RunResolved(const Step& step) {
       // worker/spec/README.md).
       slot.policy.Record(offered, kept);
       single_offered = offered;
-      DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
-                 kept + 1, n_mtp_slots, alone);
+      if (chain_planned_[i] >= 0) {  // the Forward queued the chain (StepOptions::chain_after)
+        spec::MtpDrafter::ChainQueued(chain_planned_[i], &slot.drafts);
+        ++chains_after_verify_;
+      } else {
+        DraftAfter(static_cast<int>(w.slot), batch_[i].pos0, row0, hidden_rows(row0, kept + 1),
+                   kept + 1, n_mtp_slots, alone);
+      }
       if (absl::Status cs = backend_->CommitSpeculative(static_cast<int>(w.slot), kept + 1);
           !cs.ok()) {
         result.tokens.clear();

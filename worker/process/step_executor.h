@@ -61,6 +61,10 @@ class StepExecutor {
   // next verify takes them there (SeqStep::chain_drafts): no host wait per slot for its drafts,
   // which come back with the verify (`worker --deferred-drafts on`). The same tokens either way.
   void SetDeferredDrafts(bool on) { deferred_drafts_ = on; }
+  // Verifies whose next draft chain their own Forward queued (StepOptions::chain_after: deferred
+  // drafts, device sampling, a fixed K whose draft count the verdict cannot change; on CUDA the
+  // chain judges the drafts on the device behind the sampling), since construction.
+  int64_t chains_after_verify() const { return chains_after_verify_; }
   const spec::SpecStats& mtp_stats() const { return mtp_stats_; }
   // The last Run's share of mtp_stats() and the tokens each of its verify steps kept (1 +
   // accepted drafts), for metrics.
@@ -157,6 +161,14 @@ class StepExecutor {
   spec::DraftCostEstimator draft_cost_;
   spec::SpecStats step_stats_;  // the last Run's
   std::vector<int> out_row_;      // [work + 1] first output row of each work item
+  // Chains the Forward queues after a verify (StepOptions::chain_after) and, per work item, the
+  // draft count of its queued chain (-1: none; DraftAfter runs it after the Forward).
+  std::vector<ChainAfterVerify> chain_after_;
+  std::vector<int> chain_planned_;
+  int64_t chains_after_verify_ = 0;
+  // The drafts DraftAfter gives slot_index's next step after a verify that keeps `kept` of the
+  // `offered` drafts (k for the batch and the request's cap, then the budget: not `auto`).
+  int FixedDraftsAfter(int slot_index, int kept, int n_mtp_slots) const;
   std::vector<int> verify_tokens_;  // [verify steps of the last Run] tokens kept
   JsonVocabLoader json_loader_;
   std::shared_ptr<sampling::JsonVocab> json_vocab_;  // loaded on first use

@@ -377,6 +377,7 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
   out->logits.clear();
   out->hidden.clear();
   out->chain_drafts.clear();
+  out->chains_after.assign(opts.chain_after.size(), 0);
   out->tokens.assign(sample.size(), -1);
   out->n_rows = 0;
   gather_seconds_ = 0;
@@ -409,7 +410,7 @@ absl::Status StepRunner::Forward(std::span<const SeqStep> batch, const StepOptio
   absl::Status taken = TakeChainDrafts(batch, &out->chain_drafts);
   DS_RETURN_IF_ERROR(run);
   DS_RETURN_IF_ERROR(taken);
-  if (!opts.chain_after.empty()) DS_RETURN_IF_ERROR(FinishChainsAfter(batch, opts, *out));
+  if (!opts.chain_after.empty()) DS_RETURN_IF_ERROR(FinishChainsAfter(batch, opts, out));
   out->comm_seconds = dev_->TakeCommSeconds() + gather_seconds_;
   out->forward_seconds = SecondsSince(t0);
   return absl::OkStatus();
@@ -718,7 +719,8 @@ absl::Status StepRunner::QueueChainsAfter(std::span<const SeqStep> batch, const 
 }
 
 absl::Status StepRunner::FinishChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
-                                           const StepOutput& out) {
+                                           StepOutput* step_out) {
+  const StepOutput& out = *step_out;
   // Where each chain_drafts sequence's drafts start in out.chain_drafts (TakeChainDrafts' order).
   std::vector<int32_t> drafts_at(batch.size(), -1);
   for (size_t i = 0, at = 0; i < batch.size(); ++i)
@@ -727,7 +729,8 @@ absl::Status StepRunner::FinishChainsAfter(std::span<const SeqStep> batch, const
       at += batch[i].tokens.size() - 1;
     }
   std::vector<int32_t> catch_up;
-  for (const ChainAfterVerify& c : opts.chain_after) {
+  for (size_t j = 0; j < opts.chain_after.size(); ++j) {
+    const ChainAfterVerify& c = opts.chain_after[j];
     const SeqStep& s = batch[c.seq];
     const int first = out_row_of_[c.seq], offered = static_cast<int>(s.tokens.size()) - 1;
     auto draft = [&](int i) {  // d_(i+1), as the step ran it
@@ -740,12 +743,16 @@ absl::Status StepRunner::FinishChainsAfter(std::span<const SeqStep> batch, const
       DeferredDrafts& d = deferred_[s.slot];
       d.n = c.n_drafts;
       d.host.clear();
+      step_out->chains_after[j] = 1;
       continue;
     }
+    // The chain reads the hidden rows the device still holds: the last micro-step's only.
+    if (first < last_out_row0_ || first + kept + 1 > last_out_row0_ + last_out_rows_) continue;
     catch_up.clear();
     for (int i = 0; i < kept; ++i) catch_up.push_back(draft(i));
     catch_up.push_back(out.tokens[first + kept]);
     DS_RETURN_IF_ERROR(MtpDraftDeferred(s.slot, s.pos0, catch_up, first, c.n_drafts));
+    step_out->chains_after[j] = 1;
   }
   return absl::OkStatus();
 }

@@ -157,7 +157,7 @@ class StepRunner : public Backend {
   absl::Status QueueChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts, int row0,
                                 int n_rows);
   absl::Status FinishChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
-                                 const StepOutput& out);
+                                 StepOutput* out);
   // Prepare + Embed + layers + Head (+ the vocab-parallel gather) for micro_.
   absl::Status RunMicroStep();
   // Every micro-step of a validated batch: runs it, lets `read_outputs(n_logit_rows)` queue the

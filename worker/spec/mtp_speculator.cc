@@ -240,6 +240,10 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
   }
   DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));
   DS_RETURN_IF_ERROR(ReadChainDrafts(seqs));
+  // A chain the Forward could not queue is made below as without chain_after.
+  for (size_t j = 0; j < chain_after_.size(); ++j)
+    if (j >= out_.chains_after.size() || !out_.chains_after[j])
+      chain_planned_[chain_after_[j].seq] = -1;
   size_t row = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     SpecSequence& s = *seqs[i];
