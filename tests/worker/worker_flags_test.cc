@@ -108,6 +108,10 @@ TEST(WorkerFlags, DeferredDraftsOnOff) {
   ExpectOnOffFlag("--deferred-drafts", &DeviceTuning::deferred_drafts, true);
 }
 
+TEST(WorkerFlags, JudgedChainsOnOff) {
+  ExpectOnOffFlag("--judged-chains", &DeviceTuning::judged_chains, true);
+}
+
 TEST(WorkerFlags, GdnStateF32Bf16) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();

@@ -122,8 +122,7 @@ int CmdGenerate(int argc, char** argv) {
   std::set<std::string> valued = {"--model",          "--prompt",  "--prompt-ids", "--max-tokens",
                                   "--temperature",    "--top-k",   "--top-p",      "--min-p",
                                   "--repeat-penalty", "--seed",    "--ctx",        "--backend",
-                                  "--threads",        "--kv-type", "--mtp",        "--fused-draft",
-                                  "--judged-chains"};
+                                  "--threads",        "--kv-type", "--mtp",        "--fused-draft"};
   // The worker's device switches (worker/process/device_tuning.h: --dense-weights, --early-launch,
   // --tiled-f16-formats, --gdn-state, ...), but --portable, a bare switch here as before.
   std::vector<std::string> tuning_names;
@@ -215,10 +214,6 @@ int CmdGenerate(int argc, char** argv) {
   auto fused_draft = args->OnOff("--fused-draft", true);
   if (!fused_draft.ok()) return Fail(fused_draft.status());
   bo.fused_draft_chain = *fused_draft;
-  // CUDA: deferred chains judged on the device behind the verify (off: queued after its wait).
-  auto judged = args->OnOff("--judged-chains", true);
-  if (!judged.ok()) return Fail(judged.status());
-  bo.judged_chains = *judged;
   // With --mtp the device keeps room for one sequence's verify step of k + 1 tokens.
   const SpeculativeRoom room{mtp_k > 0 ? mtp_k + 1 : 0, mtp_k > 0 ? 1 : 0};
   auto be_or = CreateBackend(args->Str("--backend", "auto"), *model, bo, room);

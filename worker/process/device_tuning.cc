@@ -20,6 +20,7 @@ constexpr OnOffSwitch<DeviceTuning> kOnOff[] = {
     {"--coarse-draft-head", &DeviceTuning::coarse_draft_head},
     {"--draft-resident", &DeviceTuning::draft_chain_resident},
     {"--deferred-drafts", &DeviceTuning::deferred_drafts},
+    {"--judged-chains", &DeviceTuning::judged_chains},
 };
 
 }  // namespace
@@ -81,6 +82,7 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->coarse_draft_head = t.coarse_draft_head;
   bo->draft_chain_resident = t.draft_chain_resident;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
+  bo->judged_chains = t.judged_chains;
 }
 
 }  // namespace ds

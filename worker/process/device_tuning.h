@@ -32,6 +32,7 @@ struct DeviceTuning {
   bool coarse_draft_head = BackendDefaults().coarse_draft_head;  // --coarse-draft-head on|off
   bool draft_chain_resident = BackendDefaults().draft_chain_resident;  // --draft-resident on|off
   bool gdn_state_bf16 = BackendDefaults().gdn_state_bf16;        // --gdn-state f32|bf16
+  bool judged_chains = BackendDefaults().judged_chains;          // --judged-chains on|off
   // --deferred-drafts on|off: draft chains leave their drafts on the device for the slot's next
   // verify (StepExecutor::SetDeferredDrafts; the same tokens). On by default: served demo MTP
   // +4-30% in 9 of 9 prompt pairs on the H200, `generate` unchanged (docs/perf/h200.md).

@@ -658,18 +658,23 @@ int RunWorkerProcess(int argc, char** argv) {
                                               : absl::StatusOr<WorkerOptions>(role.status());
   if (role.ok() && !o.ok()) o = role->args.Explain(o.status());
   if (!o.ok()) {
-    std::fprintf(stderr,
-                 "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
-                 "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
-                 "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
-                 "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights on|off|auto] [--early-launch on|off] [--tiled-f16-formats on|off] [--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--coarse-draft-head on|off] [--deferred-drafts on|off] [--gdn-state f32|bf16] [--kv-pool-tokens N] [--kv-page N] "
-                 "[--memory-fraction F] [--max-step-tokens N] "
-                 "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
-                 "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "
-                 "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
-                 "[--tp-collective auto|gloo|nccl|custom]] [--scheduler-key-file F] [--scheduler-ca F "
-                 "[--scheduler-tls-name N]]\n",
-                 std::string(o.status().message()).c_str());
+    std::fprintf(
+        stderr,
+        "deltaserve worker: %s\nusage: deltaserve worker --scheduler HOST:PORT --model FILE "
+        "[--backend cpu|cuda|auto] [--worker-id ID] [--threads N] [--device N] "
+        "[--connect-timeout S] [--metrics-listen HOST:PORT] [--nvml-device N|off] "
+        "[--port-file F] [--kv-type f16|q8_0|q4_0] [--portable on|off] [--dense-weights "
+        "on|off|auto] [--early-launch on|off] [--tiled-f16-formats on|off] [--f16-wgmma on|off] "
+        "[--prefill-fp8 on|off] [--fp8-decode-rows N] [--coarse-draft-head on|off] "
+        "[--deferred-drafts on|off] [--judged-chains on|off] [--gdn-state f32|bf16] "
+        "[--kv-pool-tokens N] [--kv-page N] "
+        "[--memory-fraction F] [--max-step-tokens N] "
+        "[--prefix-cache on|off] [--prefix-cache-mb N] [--prefix-cache-tier auto|host|device] "
+        "[--log-level L] [--config FILE] [--tp-rank R --tp-world W "
+        "[--tp-group NAME] [--split 1,2|mem] [--tp-iface IF | --tp-addr ADDR] "
+        "[--tp-collective auto|gloo|nccl|custom]] [--scheduler-key-file F] [--scheduler-ca F "
+        "[--scheduler-tls-name N]]\n",
+        std::string(o.status().message()).c_str());
     return 2;
   }
   log::Init("worker", {{"worker", o->worker_id}});
