@@ -242,11 +242,8 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
 // bytes) and cost x16 / x64 3-4%. (The conv and output code is the same as GdnDecodeKernel's,
 // not shared through helpers: that refactor changed ptxas's register allocation of the other
 // kernel and could not be measured on the device in this session.)
-// kWideRegs (GdnDecodeArgs::narrow_run_form, narrow heads only: <= 256 threads a block): the
-// registers of 256 threads instead of 512.
-template <int DK, typename TS, int CH, bool kStateEarly = false, bool kWideRegs = false>
-__global__ void __launch_bounds__(kWideRegs ? 256 : 512, 1)
-    GdnDecodeRunKernel(const GdnDecodeArgs a) {
+template <int DK, typename TS, int CH, bool kStateEarly = false>
+__global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][128], scratch2[2 * CH][32], red[2][NG][128],
       red_o[CH][NG][128];
@@ -673,9 +670,6 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         a.shape.v_dim, ")"));
   if (a.xsum && (a.n_seqs != 1 || a.run_first))
     return absl::InvalidArgumentError("GdnDecode: 16-element sums are for one-row steps");
-  if (a.narrow_run_form < 0 || a.narrow_run_form > 2)
-    return absl::InvalidArgumentError(
-        absl::StrCat("GdnDecode: narrow_run_form ", a.narrow_run_form, " not 0, 1 or 2"));
   DispatchDk(a.shape.k_dim, [&](auto tag) {
     constexpr int DK = decltype(tag)::value;
     constexpr int NG = DK / KPerThread<DK>();
@@ -696,17 +690,9 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
           LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
                            a.early, a);
-        else if (DK > 64 || a.narrow_run_form == 0)
+        else
           LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly>, grid, threads, 0, stream, a.early,
                            a);
-        else if constexpr (DK <= 64) {  // narrow heads' other forms (a block of <= 256 threads)
-          if (a.narrow_run_form == 1)
-            LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly, true>, grid, threads, 0, stream,
-                             a.early, a);
-          else
-            LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 8, kEarly, true>, grid, threads, 0, stream,
-                             a.early, a);
-        }
       };
       if (a.state_early)
         launch(std::true_type{});

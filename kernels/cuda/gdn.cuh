@@ -79,11 +79,6 @@ struct GdnDecodeArgs {
   // wave reads the states the wave just before it writes). Everything else is read after the
   // wait, as without it. Same bits.
   bool state_early = false;
-  // The run kernel's form for narrow heads (k_dim <= 64: the demo model), an experiment of issue
-  // #15 (its GDN runs are latency-bound, one warp per scheduler): 0 = as for every head width
-  // (chunks of 4 tokens, <= 128 registers), 1 = up to 255 registers per thread (a block of <= 256
-  // threads), 2 = that and chunks of 8 tokens (a k <= 7 verify in one chunk). The same bits.
-  int narrow_run_form = 0;
   // Launches of many blocks (heads x sequences >= 256) bring each head's state into shared
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.

@@ -37,7 +37,6 @@ struct BenchOptions {
   bool gdn_scan_mma = true;                  // --gdn-scan-mma off: the f32 CUDA-core chunk scan
   bool tiled_f16_formats = true;   // --tiled-f16-formats off: CudaBackendOptions::tiled_f16_formats
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
-  int gdn_narrow_run = 0;       // --gdn-narrow-run 0|1|2: CudaBackendOptions::gdn_narrow_run
   bool gdn_state_early = true;  // --gdn-state-early off: CudaBackendOptions::gdn_state_early
   bool side_copies = true;      // --side-copies off: CudaBackendOptions::side_copies (A/B)
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch

@@ -97,8 +97,6 @@ int BenchMain(int argc, char** argv) {
       }
     }
     else if (a == "--fused-draft-blocks") o.fused_draft_blocks = std::atoi(next());
-    else if (a == "--gdn-narrow-run")
-      o.gdn_narrow_run = std::atoi(next());
     else if (a == "--no-profile") o.profile = false;
     else if (a == "--mtp") o.mtp = ints(next());
     else if (a == "--mtp-conc") o.mtp_streams = ints(next());
@@ -189,8 +187,7 @@ int BenchMain(int argc, char** argv) {
           "[--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster "
           "on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] "
           "[--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows "
-          "N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--gdn-narrow-run 0|1|2] "
-          "[--side-copies on|off] "
+          "N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--side-copies on|off] "
           "[--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks "
           "4]\n"
           "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "

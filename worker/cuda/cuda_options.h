@@ -47,9 +47,6 @@ struct CudaBackendOptions {
   // early (batch_invariance_test's replay rows failed on an H100); on again since the fixed form
   // passed the whole GPU suite (batch_invariance_test with a case each way) on 2026-12-07.
   bool gdn_state_early = true;
-  // GdnDecodeArgs::narrow_run_form for the GDN run kernel of narrow heads (the demo model's
-  // verify runs; `bench --gdn-narrow-run 0|1|2`): 0 as before; an experiment until measured.
-  int gdn_narrow_run = 0;
   // Copies that need only finished micro-steps (the MTP rollback's state copies,
   // CommitSpeculative, and the next micro-step's index upload, Prepare), queued after a deferred
   // draft chain, run on a second stream beside that chain, and the device's stream waits for them:

@@ -249,7 +249,6 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   // of a decode_path run) reads the states the launch just before it is still writing.
   // batch_invariance_test's replay rows 1.. caught that on an H100 (2026-12-07).
   d.state_early = early_launch_ && copts_.gdn_state_early;
-  d.narrow_run_form = copts_.gdn_narrow_run;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

@@ -186,32 +186,19 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   a.shape = s; a.p = p; a.n_seqs = 1; a.run_first = first.p; a.run_len = len.p; a.rows = drows.p;
   a.slots = douts.p; a.in_slots = dins.p; a.pos = dposs.p; a.mixed = dm.p; a.z = dz.p; a.b = db.p;
   a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.state_bf16 = bf16; a.out = o.p;
-  // Every form of the run kernel for narrow heads (GdnDecodeArgs::narrow_run_form; wider heads
-  // take the one form whatever it says), each rewriting the run's entries.
-  for (int form = 0; form <= 2; ++form) {
-    SCOPED_TRACE(::testing::Message() << "narrow_run_form " << form);
-    a.narrow_run_form = form;
-    // The run's outputs, states and conv rows poisoned again: each form must write them all.
-    o.Poison();
-    CK(cudaMemset(state.p + (2 + sc.k) * stb, 0xFF, sc.k * stb));
-    CK(cudaMemset(ring.p + (2 + sc.k) * ring1, 0xFF, sc.k * ring1 * sizeof(float)));
-    ASSERT_TRUE(GdnDecode(a, nullptr).ok());
-    const auto run_out = o.Down();
-    EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
-    const auto all_st = state.Down();
-    const auto all_ring = ring.Down();
-    for (int i = 0; i < sc.k; ++i) {
-      EXPECT_EQ(
-          std::memcmp(all_st.data() + (2 + sc.k + i) * stb, all_st.data() + (2 + i) * stb, stb), 0)
-          << "run state after token " << i;
-      EXPECT_EQ(std::memcmp(all_ring.data() + (2 + sc.k + i) * ring1,
-                            all_ring.data() + (2 + i) * ring1, ring1 * 4),
-                0)
-          << "run conv rows after token " << i;
-    }
+  ASSERT_TRUE(GdnDecode(a, nullptr).ok());
+  const auto run_out = o.Down();
+  EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
+  const auto all_st = state.Down();
+  const auto all_ring = ring.Down();
+  for (int i = 0; i < sc.k; ++i) {
+    EXPECT_EQ(std::memcmp(all_st.data() + (2 + sc.k + i) * stb, all_st.data() + (2 + i) * stb, stb),
+              0)
+        << "run state after token " << i;
+    EXPECT_EQ(std::memcmp(all_ring.data() + (2 + sc.k + i) * ring1,
+                          all_ring.data() + (2 + i) * ring1, ring1 * 4), 0)
+        << "run conv rows after token " << i;
   }
-  a.narrow_run_form = 3;
-  EXPECT_EQ(GdnDecode(a, nullptr).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ring.Down(ring1), ring0);
   EXPECT_EQ(state.Down(stb), state0);
 }
