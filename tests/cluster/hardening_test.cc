@@ -144,6 +144,31 @@ TEST(Cli, GenerateTakesTheWorkerDeviceSwitches) {
   EXPECT_EQ(a["tokens"], b["tokens"]);
 }
 
+// `deltaserve generate --mtp K`: plain greedy decoding's tokens, exactly --max-tokens of them,
+// whether the last verifies keep all K drafts past --max-tokens (--mtp-full-tail on, the default:
+// the surplus is not printed) or shrink them to what is left (off); a bad value is refused.
+TEST(Cli, GenerateWithMtpGivesThePlainTokensUpToMaxTokens) {
+  const std::string base =
+      kBin +
+      " generate --model demo --prompt-ids 5,6,7,8 --max-tokens 21 --backend cpu"
+      " --threads 1 --json --ignore-eos";
+  const CommandResult plain = RunCommand(base + " --mtp off 2>/dev/null");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto want = nlohmann::json::parse(plain.output, nullptr, false);
+  ASSERT_TRUE(want.contains("tokens")) << plain.output;
+  ASSERT_EQ(want["tokens"].size(), 21u);
+  for (const std::string flags : {"--mtp 3", "--mtp 3 --mtp-full-tail off", "--mtp 4"}) {
+    const CommandResult r = RunCommand(base + " " + flags + " 2>/dev/null");
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.output;
+    const auto got = nlohmann::json::parse(r.output, nullptr, false);
+    ASSERT_TRUE(got.contains("tokens")) << flags << ": " << r.output;
+    EXPECT_EQ(got["tokens"], want["tokens"]) << flags;
+  }
+  const CommandResult bad = RunCommand(base + " --mtp 3 --mtp-full-tail sometimes 2>&1");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_TRUE(Contains(bad.output, "--mtp-full-tail")) << bad.output;
+}
+
 // ---- 3. health follows drain ----
 
 v1::ClusterStatus Drain(const std::string& admin_addr, bool resume) {

@@ -122,7 +122,8 @@ int CmdGenerate(int argc, char** argv) {
   std::set<std::string> valued = {"--model",          "--prompt",  "--prompt-ids", "--max-tokens",
                                   "--temperature",    "--top-k",   "--top-p",      "--min-p",
                                   "--repeat-penalty", "--seed",    "--ctx",        "--backend",
-                                  "--threads",        "--kv-type", "--mtp",        "--fused-draft"};
+                                  "--threads",        "--kv-type", "--mtp",        "--fused-draft",
+                                  "--mtp-full-tail"};
   // The worker's device switches (worker/process/device_tuning.h: --dense-weights, --early-launch,
   // --tiled-f16-formats, --gdn-state, ...), but --portable, a bare switch here as before.
   std::vector<std::string> tuning_names;
@@ -211,6 +212,12 @@ int CmdGenerate(int argc, char** argv) {
   bo.kv_type = *kv_type;  // q8_0 / q4_0: CUDA only (the CPU backend refuses them)
   ApplyDeviceTuning(tuning, &bo);  // CUDA switches; the CPU backend emulates --gdn-state bf16 and --prefill-fp8
   // CUDA: the draft chain in one kernel where the MTP block takes it (off: one kernel per op).
+  // --mtp: the last verifies keep all k drafts past --max-tokens (the surplus tokens are not
+  // printed): a verify of fewer drafts is a shape the device has not captured as a graph and
+  // runs eagerly (~69 launches on the demo model), while surplus rows in the captured shape
+  // cost nothing. Off: the drafts shrink to what --max-tokens leaves (A/B).
+  auto full_tail = args->OnOff("--mtp-full-tail", true);
+  if (!full_tail.ok()) return Fail(full_tail.status());
   auto fused_draft = args->OnOff("--fused-draft", true);
   if (!fused_draft.ok()) return Fail(fused_draft.status());
   bo.fused_draft_chain = *fused_draft;
@@ -254,7 +261,7 @@ int CmdGenerate(int argc, char** argv) {
     speculator.emplace(std::move(*sp));
     seq.tokens = prompt;
     seq.sampler = &sampler;
-    seq.max_new = static_cast<int>(*max_tokens);
+    seq.max_new = static_cast<int>(*max_tokens) + (*full_tail ? so.k : 0);
     spec::SpecSequence* one = &seq;
     if (auto s = speculator->Start({&one, 1}); !s.ok()) return Fail(s);
     ready.assign(seq.tokens.begin() + prompt.size(), seq.tokens.end());
