@@ -37,6 +37,17 @@ TEST(StepExecutorMtp, WorkThatFollowsContinuesFromThePendingToken) {
   EXPECT_GT(follows.stats.accepted[0], 0);
 }
 
+// Two routes to the same drafts: the same tokens, steps and acceptance at every position, and
+// drafts that were kept.
+void ExpectSameOutcome(const Outcome& got, const Outcome& want) {
+  ASSERT_EQ(want.generated.size(), 3u);
+  EXPECT_EQ(got.generated, want.generated);
+  EXPECT_EQ(got.steps, want.steps);
+  EXPECT_EQ(got.stats.offered, want.stats.offered);
+  EXPECT_EQ(got.stats.accepted, want.stats.accepted);
+  EXPECT_GT(got.stats.accepted[0], 0);
+}
+
 // Deferred drafts (StepExecutor::SetDeferredDrafts): each slot's drafts stay on the backend until
 // its next verify, which takes them there; the tokens, the steps and the acceptance at every
 // position are those of drafts waited for, greedy and sampled, with positions and sent ahead.
@@ -46,12 +57,7 @@ TEST(StepExecutorMtp, DeferredDraftsGiveTheSameTokensStepsAndAcceptance) {
       SCOPED_TRACE(::testing::Message() << "temperature " << temperature << " follows " << follows);
       const Outcome waited = DriveOneRank(3, temperature, "demo", false, follows, false);
       const Outcome deferred = DriveOneRank(3, temperature, "demo", false, follows, true);
-      ASSERT_EQ(waited.generated.size(), 3u);
-      EXPECT_EQ(deferred.generated, waited.generated);
-      EXPECT_EQ(deferred.steps, waited.steps);
-      EXPECT_EQ(deferred.stats.offered, waited.stats.offered);
-      EXPECT_EQ(deferred.stats.accepted, waited.stats.accepted);
-      EXPECT_GT(deferred.stats.accepted[0], 0);
+      ExpectSameOutcome(deferred, waited);
     }
   }
 }
@@ -68,12 +74,7 @@ TEST(StepExecutorMtp, ChainsAfterTheVerifyGiveTheSameTokensStepsAndAcceptance) {
     const Outcome after = DriveOneRank(3, temperature, "demo", false, true, true, false, &none);
     const Outcome in_forward =
         DriveOneRank(3, temperature, "demo", false, true, true, true, &queued);
-    ASSERT_EQ(after.generated.size(), 3u);
-    EXPECT_EQ(in_forward.generated, after.generated);
-    EXPECT_EQ(in_forward.steps, after.steps);
-    EXPECT_EQ(in_forward.stats.offered, after.stats.offered);
-    EXPECT_EQ(in_forward.stats.accepted, after.stats.accepted);
-    EXPECT_GT(in_forward.stats.accepted[0], 0);
+    ExpectSameOutcome(in_forward, after);
     EXPECT_EQ(none, 0);
     int64_t verifies = 0;
     for (int64_t x : in_forward.stats.offered) verifies = std::max(verifies, x);
