@@ -688,13 +688,10 @@ absl::Status StepRunner::CheckChainsAfter(std::span<const SeqStep> batch, const 
                                                        ", whose row ", r,
                                                        " is not sampled on the device"));
     }
-    // The most rows the chain writes: every draft kept.
-    const int64_t end = static_cast<int64_t>(s.pos0) + s.tokens.size() + c.n_drafts - 1;
-    if (end > slot_ctx_)
+    if (ChainAfterEnd(s, c) > slot_ctx_)
       return absl::OutOfRangeError(absl::StrCat("Forward: chain_after for sequence ", c.seq,
-                                                " would write MTP rows up to ", end,
+                                                " would write MTP rows up to ", ChainAfterEnd(s, c),
                                                 " past the slot's ", slot_ctx_));
-    DS_RETURN_IF_ERROR(GrowPagesTo(Dev(s.slot), end));
   }
   return absl::OkStatus();
 }
@@ -710,6 +707,13 @@ absl::Status StepRunner::QueueChainsAfter(std::span<const SeqStep> batch, const 
     const SeqStep& s = batch[c.seq];
     const int first = out_row_of_[c.seq], n = static_cast<int>(s.tokens.size());
     if (first < row0 || first + n > row0 + n_rows) continue;  // another micro-step's rows
+    // The chain's pages after the step's own (as after the step without chain_after): where the
+    // pool has none left, the runner's route below meets the same refusal and the caller drafts
+    // as it would have (StepOutput::chains_after 0).
+    if (absl::Status g = GrowPagesTo(Dev(s.slot), ChainAfterEnd(s, c)); !g.ok()) {
+      if (absl::IsResourceExhausted(g)) continue;
+      return g;
+    }
     DS_ASSIGN_OR_RETURN(const bool queued,
                         dev_->QueueChainAfterVerify(Dev(s.slot), s.pos0, first - row0, n,
                                                     s.chain_drafts, c.n_drafts));
@@ -751,7 +755,10 @@ absl::Status StepRunner::FinishChainsAfter(std::span<const SeqStep> batch, const
     catch_up.clear();
     for (int i = 0; i < kept; ++i) catch_up.push_back(draft(i));
     catch_up.push_back(out.tokens[first + kept]);
-    DS_RETURN_IF_ERROR(MtpDraftDeferred(s.slot, s.pos0, catch_up, first, c.n_drafts));
+    if (absl::Status st = MtpDraftDeferred(s.slot, s.pos0, catch_up, first, c.n_drafts); !st.ok()) {
+      if (absl::IsResourceExhausted(st)) continue;  // no pages for it: the caller's to decide
+      return st;
+    }
     step_out->chains_after[j] = 1;
   }
   return absl::OkStatus();

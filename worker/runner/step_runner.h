@@ -154,6 +154,10 @@ class StepRunner : public Backend {
   // between its Sample and its Finish), and after the Forward the host's judgement: the device's
   // bookkeeping, or the chain itself where the device did not queue it (FinishChainsAfter).
   absl::Status CheckChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts);
+  // The end of the MTP rows c's chain writes when every draft is kept.
+  static int64_t ChainAfterEnd(const SeqStep& s, const ChainAfterVerify& c) {
+    return static_cast<int64_t>(s.pos0) + static_cast<int64_t>(s.tokens.size()) + c.n_drafts - 1;
+  }
   absl::Status QueueChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts, int row0,
                                 int n_rows);
   absl::Status FinishChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
