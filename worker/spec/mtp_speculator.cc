@@ -236,6 +236,7 @@ absl::Status MtpSpeculator::StepOnDevice(std::span<SpecSequence* const> seqs) {
     PlanChainsAfter(seqs);
     opts.chain_after = chain_after_;
   } else {
+    chain_after_.clear();
     chain_planned_.assign(seqs.size(), -1);
   }
   DS_RETURN_IF_ERROR(be_->Forward(batch_, opts, &out_));
