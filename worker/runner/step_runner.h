@@ -159,7 +159,7 @@ class StepRunner : public Backend {
     return static_cast<int64_t>(s.pos0) + static_cast<int64_t>(s.tokens.size()) + c.n_drafts - 1;
   }
   absl::Status QueueChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts, int row0,
-                                int n_rows);
+                                int n_rows, StepOutput* out);
   absl::Status FinishChainsAfter(std::span<const SeqStep> batch, const StepOptions& opts,
                                  StepOutput* out);
   // Prepare + Embed + layers + Head (+ the vocab-parallel gather) for micro_.
@@ -229,10 +229,10 @@ class StepRunner : public Backend {
   };
   std::vector<DeferredDrafts> deferred_;  // [n_slots]
   std::vector<SeqStep> batch_filled_;     // FillChainDrafts' copy
-  // Per Forward, [batch]: each sequence's first output row, and whether the device queued its
-  // chain (StepOptions::chain_after).
+  // Per Forward with StepOptions::chain_after, [batch]: each sequence's first output row; and the
+  // catch-up tokens of a chain the runner queues itself (kept: no allocation per step).
   std::vector<int32_t> out_row_of_;
-  std::vector<uint8_t> chain_queued_;
+  std::vector<int32_t> catch_up_;
   // Output rows of the last Forward's last micro-step: [last_out_row0_, + last_out_rows_), whose
   // final-normed states the device still holds (MtpDraftGreedy); -1 = none.
   int last_out_row0_ = -1, last_out_rows_ = 0;
