@@ -242,7 +242,16 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
 // bytes) and cost x16 / x64 3-4%. (The conv and output code is the same as GdnDecodeKernel's,
 // not shared through helpers: that refactor changed ptxas's register allocation of the other
 // kernel and could not be measured on the device in this session.)
-template <int DK, typename TS, int CH, bool kStateEarly = false>
+//
+// kSpreadTokens (GdnDecodeArgs::spread_run_tokens): token c of a chunk has its prologue (conv, q/k
+// norms, v) and its epilogue (o sums, gated norm, output) in group c % NG instead of group 0,
+// which otherwise ran every token's while the other groups waited at the next barrier (ncu, the
+// demo's verify run: ~1,400 instructions a token in group 0's warps against ~300 in group 1's,
+// 2026-12-07). Every group keeps the conv history of every token (it shifts each token's input
+// in) and computes only its own tokens. The same bits: the q/k and output sums of a token have
+// their non-zero warp partials in one aligned group of warps either way, and BlockSums' xor
+// butterfly adds the other warps' zeros exactly.
+template <int DK, typename TS, int CH, bool kStateEarly = false, bool kSpreadTokens = false>
 __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs a) {
   constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
   __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][128], scratch2[2 * CH][32], red[2][NG][128],
@@ -281,7 +290,11 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
   // The conv history (pre-conv values of positions p-3..p-1) of the channels this thread
   // convolves, from the input ring; later tokens of a run shift their own values in.
   const int cq = kh * DK + j, ck = Kw + kh * DK + j, cv = 2 * Kw + h * dv + j;
-  const bool qk_thread = grp == 0 && j < DK, v_thread = grp == 0 && jv;
+  // The lanes that keep q/k and v channels' histories: group 0's, or every group's (kSpreadTokens).
+  const bool qk_thread = (kSpreadTokens || grp == 0) && j < DK,
+             v_thread = (kSpreadTokens || grp == 0) && jv;
+  // Whether this thread's group runs token c's prologue and epilogue (c: its place in a chunk).
+  auto mine = [&](int c) { return kSpreadTokens ? c % NG == grp : grp == 0; };
   float hq[kConvK - 1], hk[kConvK - 1], hv[kConvK - 1];
   {
     const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
@@ -303,7 +316,7 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
     wv[tap] = v_thread ? a.p.conv_w[static_cast<int64_t>(cv) * kConvK + tap] : 0.f;
   }
   const float ssm_a = a.p.ssm_a[h], dt_bias = a.p.dt_bias[h];
-  const float norm_w = grp == 0 && jv ? a.p.norm_w[j] : 0.f;
+  const float norm_w = (kSpreadTokens || grp == 0) && jv ? a.p.norm_w[j] : 0.f;
   int last_slot = 0;  // the slot of the previous chunk's last token
 
   for (int t0 = 0; t0 < n_tok; t0 += CH) {
@@ -335,7 +348,7 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
       if (c < nc) {
         const float* m = a.mixed + static_cast<int64_t>(rows[c]) * C;
         // The output gate of this thread's column, read now: the epilogue's stores come first.
-        if (grp == 0 && jv) zs[c] = a.z[static_cast<int64_t>(rows[c]) * Hv * dv + h * dv + j];
+        if (mine(c) && jv) zs[c] = a.z[static_cast<int64_t>(rows[c]) * Hv * dv + h * dv + j];
         if (qk_thread) {
           mq[c] = m[cq];
           mk[c] = m[ck];
@@ -357,27 +370,34 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
         // Causal conv over the history (rows p-3..p-1) plus the current pre-conv value; the
         // owner block stores the current value into ring row p % K (and, when the output is
         // another state index, the K-1 rows it read, so that the output ring is complete).
-        // Group 0 does the prologue.
+        // The token's group (mine) convolves; with kSpreadTokens the others only shift it in.
+        const bool own = !kSpreadTokens || mine(c);  // the default: group 0 alone gets here
         auto conv = [&](int ch, float cur, const float* w, float* hist, bool owner) {
-          float acc = w[kConvK - 1] * cur;
+          float acc = 0.f;
+          if (own) {
+            acc = w[kConvK - 1] * cur;
 #pragma unroll
-          for (int tap = 0; tap < kConvK - 1; ++tap) {
-            const float prev = hist[tap];
-            acc += w[tap] * prev;
-            if (owner && in != slot) ring[Mod(p - (kConvK - 1) + tap, kConvK) * C + ch] = prev;
+            for (int tap = 0; tap < kConvK - 1; ++tap) {
+              const float prev = hist[tap];
+              acc += w[tap] * prev;
+              if (owner && in != slot) ring[Mod(p - (kConvK - 1) + tap, kConvK) * C + ch] = prev;
+            }
+            if (owner) ring[cur_row * C + ch] = cur;
           }
-          if (owner) ring[cur_row * C + ch] = cur;
 #pragma unroll
           for (int tap = 0; tap < kConvK - 2; ++tap) hist[tap] = hist[tap + 1];
           hist[kConvK - 2] = cur;
-          return Silu(acc);
+          return own ? Silu(acc) : 0.f;
         };
         if (qk_thread) {
           const bool owner = h < d.k_heads;  // one block per key head writes its q/k channels
           qv[c] = conv(cq, mq[c], wq, hq, owner);
           kv[c] = conv(ck, mk[c], wk, hk, owner);
         }
-        if (v_thread) vs[c][j] = conv(cv, mv[c], wv, hv, true);
+        if (v_thread) {
+          const float v = conv(cv, mv[c], wv, hv, true);
+          if (own) vs[c][j] = v;
+        }
         beta[c] = Sigmoid(br[c]);
         const float g = ssm_a * Softplus(ar[c] + dt_bias);
         decay[c] = __expf(g);
@@ -390,6 +410,7 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
 #pragma unroll
       for (int c = 0; c < CH; ++c) {
         if (c >= nc) break;
+        if (!mine(c)) continue;
         qs[c][j] = qv[c] * rsqrtf(sums[2 * c] + a.p.eps) * rsqrtf(static_cast<float>(DK));
         ks[c][j] = kv[c] * rsqrtf(sums[2 * c + 1] + a.p.eps);
       }
@@ -436,21 +457,22 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
       o[c] = 0.f;
-      if (c < nc && grp == 0 && jv) {
+      if (c < nc && mine(c) && jv) {
 #pragma unroll
         for (int g2 = 0; g2 < NG; ++g2) o[c] += red_o[c][g2][j];
       }
       oss[c] = o[c] * o[c];
     }
     BlockSums<CH>(oss, scratch2);
-    if (grp == 0 && jv) {
+    if (jv) {
 #pragma unroll
       for (int c = 0; c < CH; ++c) {
         if (c >= nc) break;
+        if (!mine(c)) continue;
         const int64_t oi = static_cast<int64_t>(rows[c]) * Hv * dv + h * dv + j;
         const float y = o[c] * rsqrtf(oss[c] / dv + a.p.eps) * norm_w * Silu(zs[c]);
         a.out[oi] = y;
-        if (a.xq) {  // dv % 32 == 0: warp j / 32 of group 0 holds one whole 32-element block
+        if (a.xq) {  // dv % 32 == 0: warp j / 32 of the group holds one whole 32-element block
           const int blk = (rows[c] * Hv + h) * (dv >> 5) + (j >> 5);
           QuantizeBlock32(y, j & 31, a.xq + 32 * blk, a.xd + blk,
                           a.xsum ? a.xsum + 2 * blk : nullptr);
@@ -689,6 +711,9 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
           LaunchMaybeEarly(kernel, grid, threads, bytes, stream, a.early, a);
         } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
           LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
+                           a.early, a);
+        else if (NG > 1 && a.spread_run_tokens && a.run_first)
+          LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly, true>, grid, threads, 0, stream,
                            a.early, a);
         else
           LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly>, grid, threads, 0, stream, a.early,

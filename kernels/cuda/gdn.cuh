@@ -83,6 +83,10 @@ struct GdnDecodeArgs {
   // memory by one bulk copy instead of into registers, three blocks per SM instead of two
   // (sm_90: GdnBulkStateAvailable(); kernels/cuda/README.md "Gated DeltaNet"). The same bits.
   bool bulk_state = false;
+  // Runs (run_first set) of a launch of few blocks: token c of each chunk gets its prologue and
+  // epilogue in thread group c % groups instead of all in group 0 (gdn.cu, GdnDecodeRunKernel's
+  // kSpreadTokens). The same bits.
+  bool spread_run_tokens = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a

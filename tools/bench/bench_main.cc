@@ -33,6 +33,7 @@ constexpr OnOffSwitch<BenchOptions> kOnOff[] = {
     {"--half-regs", &BenchOptions::half_regs},
     {"--gdn-bulk", &BenchOptions::gdn_bulk},
     {"--gdn-state-early", &BenchOptions::gdn_state_early},
+    {"--gdn-spread", &BenchOptions::gdn_spread},
     {"--side-copies", &BenchOptions::side_copies},
     {"--tiled-f16-formats", &BenchOptions::tiled_f16_formats},
     {"--early-launch", &BenchOptions::early_launch},
@@ -187,7 +188,8 @@ int BenchMain(int argc, char** argv) {
           "[--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster "
           "on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] "
           "[--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows "
-          "N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--side-copies on|off] "
+          "N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--gdn-spread on|off] "
+          "[--side-copies on|off] "
           "[--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks "
           "4]\n"
           "  [--tp N [--gpus 0,1|0,0] [--tp-collective custom|staged|nccl]]: N rank "

@@ -47,6 +47,11 @@ struct CudaBackendOptions {
   // early (batch_invariance_test's replay rows failed on an H100); on again since the fixed form
   // passed the whole GPU suite (batch_invariance_test with a case each way) on 2026-12-07.
   bool gdn_state_early = true;
+  // A verify's (or replay's) GDN runs on one block per head (the one-stream form): token c of
+  // each chunk of the run has its conv / norm / gate prologue and its output epilogue in the
+  // block's thread group c % groups instead of all in group 0 (GdnDecodeArgs::spread_run_tokens).
+  // The same bits (spec_kernels_cuda_test). A/B: `bench --gdn-spread off`.
+  bool gdn_spread_run_tokens = true;
   // Copies that need only finished micro-steps (the MTP rollback's state copies,
   // CommitSpeculative, and the next micro-step's index upload, Prepare), queued after a deferred
   // draft chain, run on a second stream beside that chain, and the device's stream waits for them:

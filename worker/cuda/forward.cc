@@ -249,6 +249,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   // of a decode_path run) reads the states the launch just before it is still writing.
   // batch_invariance_test's replay rows 1.. caught that on an H100 (2026-12-07).
   d.state_early = early_launch_ && copts_.gdn_state_early;
+  d.spread_run_tokens = copts_.gdn_spread_run_tokens;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

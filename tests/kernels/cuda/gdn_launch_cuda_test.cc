@@ -331,6 +331,16 @@ TEST(GdnLaunch, FusedInt8OutputMatchesTheSeparateQuantization) {
   run.run_first = d_first.p;
   run.run_len = d_len.p;
   ASSERT_OK(GdnDecode(run, nullptr));
+  // The run again with its tokens' prologues and epilogues spread over the thread groups.
+  Dev<int8_t> xq_s(static_cast<size_t>(kSeqs) * Vw);
+  Dev<float> xd_s(static_cast<size_t>(kSeqs) * Vw / 32);
+  Dev<float> ring_s(start_ring), state_s(start_state), out_s(static_cast<size_t>(kSeqs) * Vw);
+  GdnDecodeArgs spread = fused(args(ring_s, state_s, out_s), xq_s, xd_s);
+  spread.n_seqs = 1;
+  spread.run_first = d_first.p;
+  spread.run_len = d_len.p;
+  spread.spread_run_tokens = true;
+  ASSERT_OK(GdnDecode(spread, nullptr));
   CK(cudaDeviceSynchronize());
 
   const auto o_ref = out_ref.Down(), o_w = out_w.Down();
@@ -339,6 +349,11 @@ TEST(GdnLaunch, FusedInt8OutputMatchesTheSeparateQuantization) {
   EXPECT_EQ(Differing(out_r.Down(), o_w), 0u) << "run vs one by one: outputs";
   EXPECT_EQ(Differing(state_r.Down(), state_w.Down()), 0u) << "run vs one by one: states";
   EXPECT_EQ(Differing(ring_r.Down(), ring_w.Down()), 0u) << "run vs one by one: conv rows";
+  EXPECT_EQ(Differing(out_s.Down(), o_w), 0u) << "spread run vs one by one: outputs";
+  EXPECT_EQ(Differing(state_s.Down(), state_w.Down()), 0u) << "spread run vs one by one: states";
+  EXPECT_EQ(Differing(ring_s.Down(), ring_w.Down()), 0u) << "spread run vs one by one: conv rows";
+  EXPECT_EQ(xq_s.Down(), xq_r.Down()) << "spread run: int8 copies";
+  EXPECT_EQ(Differing(xd_s.Down(), xd_r.Down()), 0u) << "spread run: int8 scales";
   // The int8 copy equals QuantizeActivations of the same output, in both forms.
   Dev<int8_t> xq_q(static_cast<size_t>(kSeqs) * Vw);
   Dev<float> xd_q(static_cast<size_t>(kSeqs) * Vw / 32);

@@ -67,8 +67,9 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   cpu::GdnDims cd{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   const int C = s.channels(), Vw = sc.hv * sc.dv, K = 4;
   // State indices: 0 = the chain's slot, 1 = the in-place copy, 2.. = the chain's entries, then
-  // the entries of the same chain as one run.
-  const int n_idx = 2 + 2 * sc.k;
+  // the entries of the same chain as one run, then as one run with its tokens spread over the
+  // block's thread groups.
+  const int n_idx = 2 + 3 * sc.k;
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(sc.hv) * sc.dk * sc.dv;
   const RandomGdnLayer layer(Rng(), s);
   const std::vector<float>&conv_w = layer.conv_w, &ssm_a = layer.ssm_a, &dt = layer.dt,
@@ -164,43 +165,68 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   EXPECT_EQ(state.Down(stb), state0);
 
   // The same tokens as one run (GdnDecodeArgs::run_first: one launch, one block per head walks
-  // the k tokens with the state in registers) into entries 2 + k ..: outputs, states and conv
-  // rows bit-identical to the chain of one launch per token above.
+  // the k tokens with the state in registers) into entries 2 + k .., then with the tokens'
+  // prologues and epilogues spread over the block's thread groups (spread_run_tokens) into entries
+  // 2 + 2k ..: outputs, states and conv rows bit-identical to the chain of one launch per token
+  // above.
   std::vector<float> mixed, z, b, al;
-  std::vector<int32_t> rows, outs, ins, poss;
   for (int i = 0; i < sc.k; ++i) {
     const Tok& t = toks[i];
     mixed.insert(mixed.end(), t.mixed.begin(), t.mixed.end());
     z.insert(z.end(), t.z.begin(), t.z.end());
     b.insert(b.end(), t.b.begin(), t.b.end());
     al.insert(al.end(), t.al.begin(), t.al.end());
-    rows.push_back(i);
-    outs.push_back(2 + sc.k + i);
-    ins.push_back(i == 0 ? 0 : 2 + sc.k + i - 1);
-    poss.push_back(pos0 + i);
   }
-  Dev<float> dm(mixed), dz(z), db(b), dal(al), o(static_cast<size_t>(sc.k) * Vw);
-  Dev<int32_t> drows(rows), douts(outs), dins(ins), dposs(poss);
-  Dev<int32_t> first(std::vector<int32_t>{0}), len(std::vector<int32_t>{sc.k});
-  GdnDecodeArgs a;
-  a.shape = s; a.p = p; a.n_seqs = 1; a.run_first = first.p; a.run_len = len.p; a.rows = drows.p;
-  a.slots = douts.p; a.in_slots = dins.p; a.pos = dposs.p; a.mixed = dm.p; a.z = dz.p; a.b = db.p;
-  a.alpha = dal.p; a.conv_ring = ring.p; a.state = state.p; a.state_bf16 = bf16; a.out = o.p;
-  ASSERT_TRUE(GdnDecode(a, nullptr).ok());
-  const auto run_out = o.Down();
-  EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
-  const auto all_st = state.Down();
-  const auto all_ring = ring.Down();
-  for (int i = 0; i < sc.k; ++i) {
-    EXPECT_EQ(std::memcmp(all_st.data() + (2 + sc.k + i) * stb, all_st.data() + (2 + i) * stb, stb),
-              0)
-        << "run state after token " << i;
-    EXPECT_EQ(std::memcmp(all_ring.data() + (2 + sc.k + i) * ring1,
-                          all_ring.data() + (2 + i) * ring1, ring1 * 4), 0)
-        << "run conv rows after token " << i;
+  Dev<float> dm(mixed), dz(z), db(b), dal(al);
+  for (const bool spread : {false, true}) {
+    SCOPED_TRACE(spread ? "run, tokens spread over the groups" : "run");
+    const int base = 2 + (spread ? 2 : 1) * sc.k;  // the run's first entry
+    std::vector<int32_t> rows, outs, ins, poss;
+    for (int i = 0; i < sc.k; ++i) {
+      rows.push_back(i);
+      outs.push_back(base + i);
+      ins.push_back(i == 0 ? 0 : base + i - 1);
+      poss.push_back(pos0 + i);
+    }
+    Dev<float> o(static_cast<size_t>(sc.k) * Vw);
+    Dev<int32_t> drows(rows), douts(outs), dins(ins), dposs(poss);
+    Dev<int32_t> first(std::vector<int32_t>{0}), len(std::vector<int32_t>{sc.k});
+    GdnDecodeArgs a;
+    a.shape = s;
+    a.p = p;
+    a.n_seqs = 1;
+    a.run_first = first.p;
+    a.run_len = len.p;
+    a.rows = drows.p;
+    a.slots = douts.p;
+    a.in_slots = dins.p;
+    a.pos = dposs.p;
+    a.mixed = dm.p;
+    a.z = dz.p;
+    a.b = db.p;
+    a.alpha = dal.p;
+    a.conv_ring = ring.p;
+    a.state = state.p;
+    a.state_bf16 = bf16;
+    a.out = o.p;
+    a.spread_run_tokens = spread;
+    ASSERT_TRUE(GdnDecode(a, nullptr).ok());
+    const auto run_out = o.Down();
+    EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
+    const auto all_st = state.Down();
+    const auto all_ring = ring.Down();
+    for (int i = 0; i < sc.k; ++i) {
+      EXPECT_EQ(std::memcmp(all_st.data() + (base + i) * stb, all_st.data() + (2 + i) * stb, stb),
+                0)
+          << "run state after token " << i;
+      EXPECT_EQ(std::memcmp(all_ring.data() + (base + i) * ring1, all_ring.data() + (2 + i) * ring1,
+                            ring1 * 4),
+                0)
+          << "run conv rows after token " << i;
+    }
+    EXPECT_EQ(ring.Down(ring1), ring0);
+    EXPECT_EQ(state.Down(stb), state0);
   }
-  EXPECT_EQ(ring.Down(ring1), ring0);
-  EXPECT_EQ(state.Down(stb), state0);
 }
 
 TEST(GdnSpec, ChainMatchesCpuAndInPlace) {
