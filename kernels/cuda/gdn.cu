@@ -251,11 +251,22 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
 // in) and computes only its own tokens. The same bits: the q/k and output sums of a token have
 // their non-zero warp partials in one aligned group of warps either way, and BlockSums' xor
 // butterfly adds the other warps' zeros exactly.
-template <int DK, typename TS, int CH, bool kStateEarly = false, bool kSpreadTokens = false>
-__global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs a) {
-  constexpr int KPT = KPerThread<DK>(), NG = DK / KPT;
-  __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][128], scratch2[2 * CH][32], red[2][NG][128],
-      red_o[CH][NG][128];
+//
+// kOneGroup (GdnDecodeArgs::one_group_runs; dk = 64): one thread group, each thread holding its
+// whole state column (all NG groups' rows), so the token-by-token update needs no barrier: the
+// thread takes each group's partial sum (u, o) in the group's own order and adds them as the
+// groups' threads would have through shared memory (0 + p_0 + p_1 ...), and BlockSums over fewer
+// warps combines the same non-zero warp partials in the same order. The same bits.
+template <int DK, typename TS, int CH, bool kStateEarly = false, bool kSpreadTokens = false,
+          bool kOneGroup = false>
+__global__ void __launch_bounds__(kOneGroup ? 128 : 512, 1)
+    GdnDecodeRunKernel(const GdnDecodeArgs a) {
+  // NG: the groups of rows whose partial sums the arithmetic adds (GdnDecodeKernel's thread
+  // groups); G: this block's thread groups; PG: the row groups each thread holds.
+  constexpr int KPT = KPerThread<DK>(), NG = DK / KPT, G = kOneGroup ? 1 : NG, PG = NG / G;
+  static_assert(!(kOneGroup && kSpreadTokens), "one group has nothing to spread over");
+  __shared__ float qs[CH][DK], ks[CH][DK], vs[CH][128], scratch2[2 * CH][32],
+      red[G > 1 ? 2 : 1][G][128], red_o[G > 1 ? CH : 1][G][128];
   // Launched early: nothing before this, or with kStateEarly (GdnDecodeArgs::state_early) only
   // the state's loads and the index arrays they need.
   if constexpr (!kStateEarly) {
@@ -263,7 +274,7 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
     AllowDependentLaunch();  // ssm_out's column kernel may start loading its weights
   }
   const GdnShape& d = a.shape;
-  const int dvr = blockDim.x / NG;  // dv rounded up to a warp
+  const int dvr = blockDim.x / G;  // dv rounded up to a warp
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
   const int grp = tid / dvr, j = tid % dvr;
   const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
@@ -276,12 +287,13 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
   const int p0 = a.pos[e0];
   const TS* S_in =
       static_cast<const TS*>(a.state) + (static_cast<int64_t>(in) * Hv + h) * DK * dv + j;
+  const int row0 = grp * PG * KPT;  // this thread's first state row
 
   // Issue the state loads first: they do not depend on the prologue.
-  float st[KPT];
+  float st[PG * KPT];
   if (jv) {
 #pragma unroll
-    for (int k = 0; k < KPT; ++k) st[k] = LoadState(S_in + (grp * KPT + k) * dv);
+    for (int k = 0; k < PG * KPT; ++k) st[k] = LoadState(S_in + (row0 + k) * dv);
   }
   if constexpr (kStateEarly) {
     WaitForPrerequisiteGrids();
@@ -294,7 +306,7 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
   const bool qk_thread = (kSpreadTokens || grp == 0) && j < DK,
              v_thread = (kSpreadTokens || grp == 0) && jv;
   // Whether this thread's group runs token c's prologue and epilogue (c: its place in a chunk).
-  auto mine = [&](int c) { return kSpreadTokens ? c % NG == grp : grp == 0; };
+  auto mine = [&](int c) { return kSpreadTokens ? c % G == grp : grp == 0; };
   float hq[kConvK - 1], hk[kConvK - 1], hv[kConvK - 1];
   {
     const float* ring_in = a.conv_ring + static_cast<int64_t>(in) * kConvK * C;
@@ -418,36 +430,52 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
     __syncthreads();
 
     // ---- the state update, token by token ----
+    float o_own[kOneGroup ? CH : 1][PG];  // kOneGroup: each row group's o partial, by token
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
       if (c >= nc) break;
       TS* S = static_cast<TS*>(a.state) + (static_cast<int64_t>(slots[c]) * Hv + h) * DK * dv + j;
       // red[c & 1]: the next token writes the other half, so one barrier per token suffices
       // (the one after it orders this token's reads before the token after next writes here).
-      float u = 0.f;
+      float ug[PG];
       if (jv) {
 #pragma unroll
-        for (int k = 0; k < KPT; ++k) {
-          st[k] *= decay[c];
-          u = fmaf(st[k], ks[c][grp * KPT + k], u);
+        for (int pg = 0; pg < PG; ++pg) {
+          ug[pg] = 0.f;
+#pragma unroll
+          for (int k = pg * KPT; k < (pg + 1) * KPT; ++k) {
+            st[k] *= decay[c];
+            ug[pg] = fmaf(st[k], ks[c][row0 + k], ug[pg]);
+          }
         }
-        red[c & 1][grp][j] = u;
+        if constexpr (G > 1) red[c & 1][grp][j] = ug[0];
       }
-      __syncthreads();
+      if constexpr (G > 1) __syncthreads();
       if (jv) {
-        u = 0.f;
+        float u = 0.f;
+        if constexpr (G > 1) {
 #pragma unroll
-        for (int g2 = 0; g2 < NG; ++g2) u += red[c & 1][g2][j];
-        const float delta = beta[c] * (vs[c][j] - u);
-        float o = 0.f;
+          for (int g2 = 0; g2 < NG; ++g2) u += red[c & 1][g2][j];
+        } else {
 #pragma unroll
-        for (int k = 0; k < KPT; ++k) {
-          st[k] = fmaf(ks[c][grp * KPT + k], delta, st[k]);
-          o = fmaf(st[k], qs[c][grp * KPT + k], o);
-          StoreState(S + (grp * KPT + k) * dv, st[k]);
-          st[k] = AsStored<TS>(st[k]);  // a run's next token reads the stored state
+          for (int pg = 0; pg < PG; ++pg) u += ug[pg];
         }
-        red_o[c][grp][j] = o;
+        const float delta = beta[c] * (vs[c][j] - u);
+#pragma unroll
+        for (int pg = 0; pg < PG; ++pg) {
+          float o = 0.f;
+#pragma unroll
+          for (int k = pg * KPT; k < (pg + 1) * KPT; ++k) {
+            st[k] = fmaf(ks[c][row0 + k], delta, st[k]);
+            o = fmaf(st[k], qs[c][row0 + k], o);
+            StoreState(S + (row0 + k) * dv, st[k]);
+            st[k] = AsStored<TS>(st[k]);  // a run's next token reads the stored state
+          }
+          if constexpr (G > 1)
+            red_o[c][grp][j] = o;
+          else
+            o_own[c][pg] = o;
+        }
       }
     }
     __syncthreads();
@@ -458,8 +486,13 @@ __global__ void __launch_bounds__(512, 1) GdnDecodeRunKernel(const GdnDecodeArgs
     for (int c = 0; c < CH; ++c) {
       o[c] = 0.f;
       if (c < nc && mine(c) && jv) {
+        if constexpr (G > 1) {
 #pragma unroll
-        for (int g2 = 0; g2 < NG; ++g2) o[c] += red_o[c][g2][j];
+          for (int g2 = 0; g2 < NG; ++g2) o[c] += red_o[c][g2][j];
+        } else {
+#pragma unroll
+          for (int pg = 0; pg < PG; ++pg) o[c] += o_own[c][pg];
+        }
       }
       oss[c] = o[c] * o[c];
     }
@@ -712,6 +745,9 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
           LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
                            a.early, a);
+        else if (DK == 64 && a.one_group_runs)  // dk 128 would hold 128 state rows a thread
+          LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly, false, DK == 64>, grid,
+                           WarpRound(a.shape.v_dim), 0, stream, a.early, a);
         else if (NG > 1 && a.spread_run_tokens && a.run_first)
           LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly, true>, grid, threads, 0, stream,
                            a.early, a);

@@ -87,6 +87,10 @@ struct GdnDecodeArgs {
   // epilogue in thread group c % groups instead of all in group 0 (gdn.cu, GdnDecodeRunKernel's
   // kSpreadTokens). The same bits.
   bool spread_run_tokens = false;
+  // Launches of few blocks (the run kernel, runs or single tokens) at dk = 64: one thread group
+  // per head, each thread holding its whole state column, so no barrier per token
+  // (GdnDecodeRunKernel's kOneGroup). The same bits. Before spread_run_tokens where both apply.
+  bool one_group_runs = false;
   bool state_bf16 = false;         // the state's storage type (see the top of this file)
   const float* mixed = nullptr;    // [T, C]     W_qkv·a
   const float* z = nullptr;        // [T, Hv*dv] W_gate·a

@@ -330,6 +330,7 @@ int RunBench(const BenchOptions& o) {
     co.gdn_bulk_state = o.gdn_bulk;
     co.gdn_state_early = o.gdn_state_early;
     co.gdn_spread_run_tokens = o.gdn_spread;
+    co.gdn_one_group_runs = o.gdn_one_group;
     co.side_copies = o.side_copies;
     co.tiled_f16_formats = o.tiled_f16_formats;
     co.f16_cluster_split = o.f16_cluster;

@@ -34,6 +34,7 @@ constexpr OnOffSwitch<BenchOptions> kOnOff[] = {
     {"--gdn-bulk", &BenchOptions::gdn_bulk},
     {"--gdn-state-early", &BenchOptions::gdn_state_early},
     {"--gdn-spread", &BenchOptions::gdn_spread},
+    {"--gdn-one-group", &BenchOptions::gdn_one_group},
     {"--side-copies", &BenchOptions::side_copies},
     {"--tiled-f16-formats", &BenchOptions::tiled_f16_formats},
     {"--early-launch", &BenchOptions::early_launch},
@@ -189,6 +190,7 @@ int BenchMain(int argc, char** argv) {
           "on|off] [--f16-tail-split on|off] [--f16-split-cost X] [--half-regs on|off] "
           "[--f16-wgmma on|off] [--prefill-fp8 on|off] [--fp8-decode-rows N] [--small-float-rows "
           "N] [--gdn-bulk on|off] [--gdn-state-early on|off] [--gdn-spread on|off] "
+          "[--gdn-one-group on|off] "
           "[--side-copies on|off] "
           "[--tiled-f16-formats on|off] [--fuse-norm on|off] [--overlap on|off] [--overlap-chunks "
           "4]\n"

@@ -250,6 +250,7 @@ absl::Status CudaDevice::GdnMixer(const DLayer& L, int R) {
   // batch_invariance_test's replay rows 1.. caught that on an H100 (2026-12-07).
   d.state_early = early_launch_ && copts_.gdn_state_early;
   d.spread_run_tokens = copts_.gdn_spread_run_tokens;
+  d.one_group_runs = copts_.gdn_one_group_runs;
   if (quant_in_kernel) {
     d.xq = xq_;
     d.xd = xd_;

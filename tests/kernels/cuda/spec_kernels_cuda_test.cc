@@ -3,10 +3,12 @@
 //    speculative tokens, each reading the previous token's entry and writing its own, against
 //    cpu::GdnSequence token by token (outputs, states and conv rows of every entry); the input
 //    slot stays untouched, and the outputs and final state are bit-identical to running the
-//    same tokens in place; the run form (GdnDecodeArgs::run_first: the chain in one launch)
-//    bit-identical to the chain of launches. All of it also with the state stored in bf16
-//    (GdnDecodeArgs::state_bf16) against the CPU's bf16 emulation: the run form then rounds the
-//    state in registers after each token, so it stays bit-identical to the chain.
+//    same tokens in place (run there on one thread group per head, one_group_runs); the run
+//    form (GdnDecodeArgs::run_first: the chain in one launch; plain, with its tokens spread over
+//    the thread groups, on one group) bit-identical to the chain of launches. All of it also with
+//    the state stored in bf16 (GdnDecodeArgs::state_bf16) against the CPU's bf16 emulation: the run
+//    form then rounds the state in registers after each token, so it stays bit-identical to the
+//    chain.
 //  * MaskedAttnDecode (the MTP layer's attention): one query over a paged f16 plane with rows
 //    masked out, against cpu::GatedAttention with the same mask; its device-resident form
 //    (slot / position read on the device, as a captured draft chain runs it) bit-identical.
@@ -67,9 +69,9 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   cpu::GdnDims cd{sc.hk, sc.hv, sc.dk, sc.dv, 4};
   const int C = s.channels(), Vw = sc.hv * sc.dv, K = 4;
   // State indices: 0 = the chain's slot, 1 = the in-place copy, 2.. = the chain's entries, then
-  // the entries of the same chain as one run, then as one run with its tokens spread over the
-  // block's thread groups.
-  const int n_idx = 2 + 3 * sc.k;
+  // the entries of the same chain as one run, then as one run in each other form of the run
+  // kernel (spread, one group).
+  const int n_idx = 2 + 4 * sc.k;
   const size_t ring1 = static_cast<size_t>(K) * C, st1 = static_cast<size_t>(sc.hv) * sc.dk * sc.dv;
   const RandomGdnLayer layer(Rng(), s);
   const std::vector<float>&conv_w = layer.conv_w, &ssm_a = layer.ssm_a, &dt = layer.dt,
@@ -95,15 +97,28 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   auto sync_cpu_state = [&](int in) {
     if (bf16) cpu_state = StateAsF32(state.Down(), in * st1, st1, true);
   };
-  auto gpu_token = [&](const Tok& t, int in, int out, int pos) {
+  // one_group: GdnDecodeArgs::one_group_runs (dk = 64), which must not change a bit.
+  auto gpu_token = [&](const Tok& t, int in, int out, int pos, bool one_group = false) {
     Dev<float> dm(t.mixed), dz(t.z), db(t.b), dal(t.al), o(Vw);
     Dev<int32_t> rows(std::vector<int32_t>{0}), outs(std::vector<int32_t>{out}),
         ins(std::vector<int32_t>{in}), poss(std::vector<int32_t>{pos});
     GdnDecodeArgs a;
-    a.shape = s; a.p = p; a.n_seqs = 1; a.rows = rows.p; a.slots = outs.p;
-    a.in_slots = in == out ? nullptr : ins.p; a.pos = poss.p;
-    a.mixed = dm.p; a.z = dz.p; a.b = db.p; a.alpha = dal.p;
-    a.conv_ring = ring.p; a.state = state.p; a.state_bf16 = bf16; a.out = o.p;
+    a.shape = s;
+    a.p = p;
+    a.n_seqs = 1;
+    a.rows = rows.p;
+    a.slots = outs.p;
+    a.in_slots = in == out ? nullptr : ins.p;
+    a.pos = poss.p;
+    a.mixed = dm.p;
+    a.z = dz.p;
+    a.b = db.p;
+    a.alpha = dal.p;
+    a.conv_ring = ring.p;
+    a.state = state.p;
+    a.state_bf16 = bf16;
+    a.out = o.p;
+    a.one_group_runs = one_group;
     EXPECT_TRUE(GdnDecode(a, nullptr).ok());
     return o.Down();
   };
@@ -139,7 +154,7 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
     sync_cpu_state(i == 0 ? 0 : 2 + i - 1);
     const auto got = gpu_token(t, i == 0 ? 0 : 2 + i - 1, 2 + i, pos);
     gots.insert(gots.end(), got.begin(), got.end());
-    const auto inplace = gpu_token(t, 1, 1, pos);
+    const auto inplace = gpu_token(t, 1, 1, pos, /*one_group=*/true);
     const auto ref = cpu_token(t);
     EXPECT_LT(Rel(got, ref), 2e-4) << "token " << i;
     EXPECT_EQ(std::memcmp(got.data(), inplace.data(), got.size() * 4), 0) << "token " << i;
@@ -167,8 +182,9 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   // The same tokens as one run (GdnDecodeArgs::run_first: one launch, one block per head walks
   // the k tokens with the state in registers) into entries 2 + k .., then with the tokens'
   // prologues and epilogues spread over the block's thread groups (spread_run_tokens) into entries
-  // 2 + 2k ..: outputs, states and conv rows bit-identical to the chain of one launch per token
-  // above.
+  // 2 + 2k .., then on one thread group per head (one_group_runs, dk = 64; the plain form
+  // elsewhere) into entries 2 + 3k ..: outputs, states and conv rows bit-identical to the chain of
+  // one launch per token above.
   std::vector<float> mixed, z, b, al;
   for (int i = 0; i < sc.k; ++i) {
     const Tok& t = toks[i];
@@ -178,9 +194,11 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
     al.insert(al.end(), t.al.begin(), t.al.end());
   }
   Dev<float> dm(mixed), dz(z), db(b), dal(al);
-  for (const bool spread : {false, true}) {
-    SCOPED_TRACE(spread ? "run, tokens spread over the groups" : "run");
-    const int base = 2 + (spread ? 2 : 1) * sc.k;  // the run's first entry
+  for (const int form : {0, 1, 2}) {  // plain, spread, one group
+    SCOPED_TRACE(form == 0   ? "run"
+                 : form == 1 ? "run, tokens spread over the groups"
+                             : "run, one group");
+    const int base = 2 + (1 + form) * sc.k;  // the run's first entry
     std::vector<int32_t> rows, outs, ins, poss;
     for (int i = 0; i < sc.k; ++i) {
       rows.push_back(i);
@@ -209,7 +227,8 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
     a.state = state.p;
     a.state_bf16 = bf16;
     a.out = o.p;
-    a.spread_run_tokens = spread;
+    a.spread_run_tokens = form == 1;
+    a.one_group_runs = form == 2;
     ASSERT_TRUE(GdnDecode(a, nullptr).ok());
     const auto run_out = o.Down();
     EXPECT_EQ(std::memcmp(run_out.data(), gots.data(), gots.size() * 4), 0) << "run outputs";
