@@ -257,8 +257,12 @@ __global__ void __launch_bounds__(512, kMinBlocks) GdnDecodeKernel(const GdnDeco
 // thread takes each group's partial sum (u, o) in the group's own order and adds them as the
 // groups' threads would have through shared memory (0 + p_0 + p_1 ...), and BlockSums over fewer
 // warps combines the same non-zero warp partials in the same order. The same bits.
+//
+// kDv > 0: the value head dim as a constant (a build for dv == dk), so the state rows' addresses
+// are immediate offsets from one base instead of a running pointer: in the one-group form every
+// token stores DK rows per thread, each with its own 64-bit address arithmetic otherwise.
 template <int DK, typename TS, int CH, bool kStateEarly = false, bool kSpreadTokens = false,
-          bool kOneGroup = false>
+          bool kOneGroup = false, int kDv = 0>
 __global__ void __launch_bounds__(kOneGroup ? 128 : 512, 1)
     GdnDecodeRunKernel(const GdnDecodeArgs a) {
   // NG: the groups of rows whose partial sums the arithmetic adds (GdnDecodeKernel's thread
@@ -277,7 +281,7 @@ __global__ void __launch_bounds__(kOneGroup ? 128 : 512, 1)
   const int dvr = blockDim.x / G;  // dv rounded up to a warp
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
   const int grp = tid / dvr, j = tid % dvr;
-  const int C = d.channels(), Kw = d.k_heads * DK, dv = d.v_dim, Hv = d.v_heads;
+  const int C = d.channels(), Kw = d.k_heads * DK, dv = kDv > 0 ? kDv : d.v_dim, Hv = d.v_heads;
   const int kh = h % d.k_heads;
   const bool jv = j < dv;
   // The block's tokens: one (a wave), or a run's, in order.
@@ -745,6 +749,10 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
         } else if (grid.x * grid.y >= kGdnTwoPerSmBlocks)
           LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
                            a.early, a);
+        else if (DK == 64 && a.one_group_runs && a.shape.v_dim == DK)  // see kDv
+          LaunchMaybeEarly(GdnDecodeRunKernel < DK, TS, 4, kEarly, false, DK == 64,
+                           DK == 64 ? DK : 0 >, grid, WarpRound(a.shape.v_dim), 0, stream, a.early,
+                           a);
         else if (DK == 64 && a.one_group_runs)  // dk 128 would hold 128 state rows a thread
           LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly, false, DK == 64>, grid,
                            WarpRound(a.shape.v_dim), 0, stream, a.early, a);

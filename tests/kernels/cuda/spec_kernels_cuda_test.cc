@@ -253,6 +253,7 @@ TEST(GdnSpec, ChainMatchesCpuAndInPlace) {
   RunSpecChain({2, 4, 32, 64, 2, 3});  // fewer warm tokens than conv rows: zero rows carried
   RunSpecChain({2, 6, 64, 64, 0, 5});
   RunSpecChain({2, 4, 64, 64, 6, 8});      // the demo model's shape, runs of two chunks
+  RunSpecChain({2, 4, 64, 128, 3, 5});     // one group with dv != dk (a runtime stride)
   RunSpecChain({16, 48, 128, 128, 3, 4});  // the 27B shape
   RunSpecChain({16, 48, 128, 128, 2, 5});  // a k = 4 verify's runs: a chunk of 4 and one of 1
 }
