@@ -10,7 +10,7 @@
 #   deltaserve ds_kernel_timeline mtp_gpu_test spec_kernels_cuda_test gdn_launch_cuda_test \
 #   batch_invariance_test
 # On the device: DS_CARRY=.devcarry-jc [ROUNDS=2] [CFGS="-;--gdn-one-group off;--gdn-one-group
-#   off --gdn-spread off;--chain-fold off"] [KS="4"] bash tools/device/gdn_spread_check.sh
+#   off --gdn-spread off"] [KS="4"] bash tools/device/gdn_spread_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -19,7 +19,7 @@ mkdir -p "$L"
 for t in ${TESTS-spec_kernels_cuda_test gdn_launch_cuda_test mtp_gpu_test batch_invariance_test}; do
   run_gtest "$t"
 done
-IFS=';' read -ra cfgs <<<"${CFGS:--;--gdn-one-group off;--gdn-one-group off --gdn-spread off;--chain-fold off}"
+IFS=';' read -ra cfgs <<<"${CFGS:--;--gdn-one-group off;--gdn-one-group off --gdn-spread off}"
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for cfg in "${cfgs[@]}"; do
     [ "$cfg" = "-" ] && cfg=""
