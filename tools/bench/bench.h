@@ -39,7 +39,7 @@ struct BenchOptions {
   bool gdn_bulk = true;                      // --gdn-bulk off: CudaBackendOptions::gdn_bulk_state
   bool gdn_state_early = true;  // --gdn-state-early off: CudaBackendOptions::gdn_state_early
   bool gdn_spread = true;       // --gdn-spread off: CudaBackendOptions::gdn_spread_run_tokens (A/B)
-  bool gdn_one_group = true;    // --gdn-one-group off: CudaBackendOptions::gdn_one_group_runs (A/B)
+  bool gdn_one_group = false;   // --gdn-one-group on: CudaBackendOptions::gdn_one_group_runs (A/B)
   bool side_copies = true;      // --side-copies off: CudaBackendOptions::side_copies (A/B)
   bool f16_cluster = true;                   // --f16-cluster off: f16 matmul K split via scratch
   bool f16_tail_split = true;  // --f16-tail-split off: the f16 matmul's last round in the same launch

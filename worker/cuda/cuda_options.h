@@ -54,8 +54,9 @@ struct CudaBackendOptions {
   bool gdn_spread_run_tokens = true;
   // The same launches at dk = 64 (the demo model) on one thread group per head, each thread
   // holding its whole state column: no barrier per token (GdnDecodeArgs::one_group_runs; it
-  // takes precedence over the spread). The same bits. A/B: `bench --gdn-one-group off`.
-  bool gdn_one_group_runs = true;
+  // takes precedence over the spread). The same bits (spec_kernels_cuda_test). Off until measured
+  // on a device (built 2026-12-07 after the last call of that session): `bench --gdn-one-group on`.
+  bool gdn_one_group_runs = false;
   // Copies that need only finished micro-steps (the MTP rollback's state copies,
   // CommitSpeculative, and the next micro-step's index upload, Prepare), queued after a deferred
   // draft chain, run on a second stream beside that chain, and the device's stream waits for them:
