@@ -750,9 +750,9 @@ absl::Status GdnDecode(const GdnDecodeArgs& a, cudaStream_t stream) {
           LaunchMaybeEarly(GdnDecodeKernel<DK, 2, TS, false, kEarly>, grid, threads, 0, stream,
                            a.early, a);
         else if (DK == 64 && a.one_group_runs && a.shape.v_dim == DK)  // see kDv
-          LaunchMaybeEarly(GdnDecodeRunKernel < DK, TS, 4, kEarly, false, DK == 64,
-                           DK == 64 ? DK : 0 >, grid, WarpRound(a.shape.v_dim), 0, stream, a.early,
-                           a);
+          LaunchMaybeEarly(
+              GdnDecodeRunKernel<DK, TS, 4, kEarly, false, DK == 64, (DK == 64 ? DK : 0)>, grid,
+              WarpRound(a.shape.v_dim), 0, stream, a.early, a);
         else if (DK == 64 && a.one_group_runs)  // dk 128 would hold 128 state rows a thread
           LaunchMaybeEarly(GdnDecodeRunKernel<DK, TS, 4, kEarly, false, DK == 64>, grid,
                            WarpRound(a.shape.v_dim), 0, stream, a.early, a);
