@@ -34,29 +34,6 @@ size_t Differing(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
-// The args of a launch over n sequences: device arrays rows / slots / pos [n], the layer's
-// inputs, its conv ring, state (f32 unless set after) and output.
-GdnDecodeArgs DecodeArgs(const GdnShape& s, const GdnLayerParams& p, int n, const int32_t* rows,
-                         const int32_t* slots, const int32_t* pos, const Dev<float>& mixed,
-                         const Dev<float>& z, const Dev<float>& b, const Dev<float>& alpha,
-                         float* ring, void* state, float* out) {
-  GdnDecodeArgs a;
-  a.shape = s;
-  a.p = p;
-  a.n_seqs = n;
-  a.rows = rows;
-  a.slots = slots;
-  a.pos = pos;
-  a.mixed = mixed.p;
-  a.z = z.p;
-  a.b = b.p;
-  a.alpha = alpha.p;
-  a.conv_ring = ring;
-  a.state = state;
-  a.out = out;
-  return a;
-}
-
 // bf16: the state stored in bf16 (its start values rounded to it).
 void RunManyInOneLaunch(bool bf16) {
   std::mt19937 rng(77);

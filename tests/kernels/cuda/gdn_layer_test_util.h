@@ -1,6 +1,7 @@
 // A random Gated DeltaNet layer for the GDN GPU tests (gdn_cuda_test, gdn_launch_cuda_test,
-// spec_kernels_cuda_test): the conv taps, the gates' A (= -exp(.)) and dt bias and the norm
-// weights, kept on the host for the CPU reference and uploaded for the kernels.
+// spec_kernels_cuda_test), and the decode launch's arguments over its buffers (DecodeArgs): the
+// conv taps, the gates' A (= -exp(.)) and dt bias and the norm weights, kept on the host for the
+// CPU reference and uploaded for the kernels.
 #pragma once
 #include <cmath>
 #include <random>
@@ -36,5 +37,28 @@ struct RandomGdnLayer {
     p = GdnLayerParams{d_conv.p, d_a.p, d_dt.p, d_norm.p, 1e-6f};
   }
 };
+
+// The args of a launch over n sequences: device arrays rows / slots / pos [n], the layer's
+// inputs, its conv ring, state (f32 unless set after) and output.
+inline GdnDecodeArgs DecodeArgs(const GdnShape& s, const GdnLayerParams& p, int n,
+                                const int32_t* rows, const int32_t* slots, const int32_t* pos,
+                                const Dev<float>& mixed, const Dev<float>& z, const Dev<float>& b,
+                                const Dev<float>& alpha, float* ring, void* state, float* out) {
+  GdnDecodeArgs a;
+  a.shape = s;
+  a.p = p;
+  a.n_seqs = n;
+  a.rows = rows;
+  a.slots = slots;
+  a.pos = pos;
+  a.mixed = mixed.p;
+  a.z = z.p;
+  a.b = b.p;
+  a.alpha = alpha.p;
+  a.conv_ring = ring;
+  a.state = state;
+  a.out = out;
+  return a;
+}
 
 }  // namespace ds::cuda

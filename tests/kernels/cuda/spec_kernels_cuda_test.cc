@@ -97,33 +97,15 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
   auto sync_cpu_state = [&](int in) {
     if (bf16) cpu_state = StateAsF32(state.Down(), in * st1, st1, true);
   };
-  // The arguments of a launch over the buffers of the layer, the rows' inputs and the output.
-  auto layer_args = [&](const Dev<float>& dm, const Dev<float>& dz, const Dev<float>& db,
-                        const Dev<float>& dal, Dev<float>& o) {
-    GdnDecodeArgs a;
-    a.shape = s;
-    a.p = p;
-    a.n_seqs = 1;
-    a.mixed = dm.p;
-    a.z = dz.p;
-    a.b = db.p;
-    a.alpha = dal.p;
-    a.conv_ring = ring.p;
-    a.state = state.p;
-    a.state_bf16 = bf16;
-    a.out = o.p;
-    return a;
-  };
   // one_group: GdnDecodeArgs::one_group_runs (dk = 64), which must not change a bit.
   auto gpu_token = [&](const Tok& t, int in, int out, int pos, bool one_group = false) {
     Dev<float> dm(t.mixed), dz(t.z), db(t.b), dal(t.al), o(Vw);
     Dev<int32_t> rows(std::vector<int32_t>{0}), outs(std::vector<int32_t>{out}),
         ins(std::vector<int32_t>{in}), poss(std::vector<int32_t>{pos});
-    GdnDecodeArgs a = layer_args(dm, dz, db, dal, o);
-    a.rows = rows.p;
-    a.slots = outs.p;
+    GdnDecodeArgs a =
+        DecodeArgs(s, p, 1, rows.p, outs.p, poss.p, dm, dz, db, dal, ring.p, state.p, o.p);
     a.in_slots = in == out ? nullptr : ins.p;
-    a.pos = poss.p;
+    a.state_bf16 = bf16;
     a.one_group_runs = one_group;
     EXPECT_TRUE(GdnDecode(a, nullptr).ok());
     return o.Down();
@@ -215,13 +197,12 @@ void RunSpecChain(const SpecCase& sc, bool bf16 = false) {
     Dev<float> o(static_cast<size_t>(sc.k) * Vw);
     Dev<int32_t> drows(rows), douts(outs), dins(ins), dposs(poss);
     Dev<int32_t> first(std::vector<int32_t>{0}), len(std::vector<int32_t>{sc.k});
-    GdnDecodeArgs a = layer_args(dm, dz, db, dal, o);
+    GdnDecodeArgs a =
+        DecodeArgs(s, p, 1, drows.p, douts.p, dposs.p, dm, dz, db, dal, ring.p, state.p, o.p);
     a.run_first = first.p;
     a.run_len = len.p;
-    a.rows = drows.p;
-    a.slots = douts.p;
     a.in_slots = dins.p;
-    a.pos = dposs.p;
+    a.state_bf16 = bf16;
     a.spread_run_tokens = form == 1;
     a.one_group_runs = form == 2;
     ASSERT_TRUE(GdnDecode(a, nullptr).ok());
