@@ -329,6 +329,59 @@ __device__ __forceinline__ void NormToShared(float* dst, const float* u, const f
   WarpRmsNorm(dst, dst, w, H, eps);
 }
 
+// RoPE's (cos, sin) of pair i at position pos, in double precision as QkvPrep computes them. Not
+// inlined: pow and sincos in double take many registers, and inlined at each call site of the
+// prep they made ptxas spill in the kernel's other stages.
+__device__ __noinline__ float2 RopeCosSin(int pos, int i, int n_rot, float rope_base) {
+  const double inv_freq = pow(static_cast<double>(rope_base), -2.0 * i / n_rot);
+  double sd, cd;
+  sincos(static_cast<double>(pos) * inv_freq, &sd, &cd);
+  return make_float2(static_cast<float>(cd), static_cast<float>(sd));
+}
+
+// One head's row of q, k or v as QkvPrep computes it, by one warp: src [hd] (a stage output
+// other blocks wrote), RMS-normed with nw (q, k; null: v as it is) and roped at position pos
+// (q, k), staged in `stage` (this warp's hd floats); out(e, value) takes each element.
+template <bool RES, typename Out>
+__device__ __forceinline__ void PrepHeadRow(const float* src, const float* nw, int pos,
+                                            const AttnShape& s, float* stage, Out out) {
+  const int lane = threadIdx.x & 31, hd = s.hd, half = s.n_rot / 2;
+  float ss = 0.f;
+  for (int e = lane; e < hd; e += 32) {
+    const float x = Rd<RES>(src + e);
+    stage[e] = x;
+    ss += x * x;
+  }
+  ss = WarpSum(ss);
+  const float inv = nw ? rsqrtf(ss / hd + s.eps) : 1.f;
+  __syncwarp();
+  for (int e = lane; e < hd; e += 32) stage[e] = nw ? stage[e] * inv * nw[e] : stage[e];
+  __syncwarp();
+  for (int e = lane; e < hd; e += 32) {
+    float val = stage[e];
+    if (nw && e < s.n_rot) {
+      const float2 cs_sn = RopeCosSin(pos, e < half ? e : e - half, s.n_rot, s.rope_base);
+      const float cs = cs_sn.x, sn = cs_sn.y;
+      if (e < half)
+        val = stage[e] * cs - stage[e + half] * sn;
+      else
+        val = stage[e - half] * sn + stage[e] * cs;
+    }
+    out(e, val);
+  }
+  __syncwarp();
+}
+
+// PrepHeadRow's output for a K (is_k) or V row: f16 into the plane at (slot, pos), KV head kvh.
+struct PlaneRowWriter {
+  uint16_t* row;
+  __device__ PlaneRowWriter(const KvCacheView& kv, bool is_k, int slot, int pos, int kvh, int hd)
+      : row(static_cast<uint16_t*>(is_k ? kv.k : kv.v) + (KvRow(kv, slot, pos) + kvh) * hd) {}
+  __device__ void operator()(int e, float val) const {
+    row[e] = __half_as_ushort(__float2half_rn(val));
+  }
+};
+
 // Shared memory (floats): xs [xs_floats] | hs [H] | stage [kWarps][hd] | best | tok; then, in
 // the resident form, this block's copies of the stage vectors (ResFloats) and its weights.
 struct Smem {
@@ -550,10 +603,13 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     StageSync();
 
     // ---- S2: q / k norms and RoPE (QkvPrep's arithmetic), K/V rows into the plane ----
-    {
+    // The global form with fold_prep does this inside S3 (each attention warp preps its head's q
+    // and the new K/V rows of its split itself): one stage barrier fewer per pass. The resident
+    // form keeps the stage (its q goes to every block's copy).
+    const bool fold = !RES && a.fold_prep;
+    if (!fold) {
       const int n_items = r * 2 * s.n_kv + s.n_head;
       float* stage = sm.stage + warp * hd;
-      const int half = s.n_rot / 2;
       for (int item = gw; item < n_items; item += GW) {
         int c, head;  // head: < n_head query, then n_kv keys, then n_kv values
         if (item < r * 2 * s.n_kv) {
@@ -563,54 +619,20 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
           c = r - 1;
           head = item - r * 2 * s.n_kv;
         }
-        const int pos = pass_pos + c, slot = a.call.slot;
-        const float* src;
-        const float* nw = nullptr;
+        const int pos = pass_pos + c;
         if (head < s.n_head) {
-          src = QG + head * 2 * hd;
-          nw = a.q_norm;
-        } else if (head < s.n_head + s.n_kv) {
-          src = KB + c * kvw + (head - s.n_head) * hd;
-          nw = a.k_norm;
+          PrepHeadRow<RES>(QG + head * 2 * hd, a.q_norm, pos, s, stage,
+                           [&](int e, float val) { PubAll<RES>(Q + head * hd + e, val); });
         } else {
-          src = VB + c * kvw + (head - s.n_head - s.n_kv) * hd;
+          const bool is_k = head < s.n_head + s.n_kv;
+          const int kvh = head - s.n_head - (is_k ? 0 : s.n_kv);
+          const float* src = (is_k ? KB : VB) + c * kvw + kvh * hd;
+          PrepHeadRow<RES>(src, is_k ? a.k_norm : nullptr, pos, s, stage,
+                           PlaneRowWriter(a.kv, is_k, a.call.slot, pos, kvh, hd));
         }
-        float ss = 0.f;
-        for (int e = lane; e < hd; e += 32) {
-          const float x = Rd<RES>(src + e);
-          stage[e] = x;
-          ss += x * x;
-        }
-        ss = WarpSum(ss);
-        const float inv = nw ? rsqrtf(ss / hd + s.eps) : 1.f;
-        __syncwarp();
-        for (int e = lane; e < hd; e += 32) stage[e] = nw ? stage[e] * inv * nw[e] : stage[e];
-        __syncwarp();
-        const int64_t kvrow = head >= s.n_head ? KvRow(a.kv, slot, pos) : 0;
-        for (int e = lane; e < hd; e += 32) {
-          float val = stage[e];
-          if (nw && e < s.n_rot) {
-            const int i = e < half ? e : e - half;
-            const double inv_freq = pow(static_cast<double>(s.rope_base), -2.0 * i / s.n_rot);
-            double sd, cd;
-            sincos(static_cast<double>(pos) * inv_freq, &sd, &cd);
-            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
-            if (e < half) val = stage[e] * cs - stage[e + half] * sn;
-            else val = stage[e - half] * sn + stage[e] * cs;
-          }
-          if (head < s.n_head) {
-            PubAll<RES>(Q + head * hd + e, val);
-          } else {
-            const bool is_k = head < s.n_head + s.n_kv;
-            const int64_t hrow = kvrow + head - s.n_head - (is_k ? 0 : s.n_kv);
-            static_cast<uint16_t*>(is_k ? a.kv.k : a.kv.v)[hrow * hd + e] =
-                __half_as_ushort(__float2half_rn(val));
-          }
-        }
-        __syncwarp();
       }
+      StageSync();
     }
-    StageSync();
 
     // ---- S3: the last row's masked attention over [0, pos], one warp per (head, split) ----
     const int qslot = a.call.slot, qpos = pass_pos + r - 1;
@@ -622,7 +644,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     splits = (n_pos + per - 1) / per;
     {
       const float* qv = Q;
-      if constexpr (!RES) {
+      if (!RES && !fold) {  // S2's q from the global scratch into shared memory
         for (int e = threadIdx.x; e < s.n_head * hd; e += blockDim.x) sm.xs[e] = Coh(a.q + e);
         __syncthreads();
         qv = sm.xs;
@@ -634,7 +656,26 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         const int h = item / splits, sp = item % splits;
         const int j0 = sp * per, j1 = min(n_pos, j0 + per);
         float* part = a.parts + (static_cast<int64_t>(h) * a.max_parts + sp) * (hd + 2);
-        const AttnItem it{qv + h * hd, vmask, qslot, h / group, j0, j1, scale, part};
+        const float* qh = qv + h * hd;
+        if (fold) {
+          // S2's work for this item: the pass's new K/V rows within [j0, j1) of this head's KV
+          // head into the plane (the other heads of its group write the same values), then
+          // this head's q into this warp's part of xs. The same arithmetic as S2.
+          float* stage = sm.stage + warp * hd;
+          const int kvh = h / group;
+          for (int c = max(0, j0 - pass_pos); c < r && pass_pos + c < j1; ++c) {
+            const int pos = pass_pos + c;
+            PrepHeadRow<RES>(KB + c * kvw + kvh * hd, a.k_norm, pos, s, stage,
+                             PlaneRowWriter(a.kv, true, qslot, pos, kvh, hd));
+            PrepHeadRow<RES>(VB + c * kvw + kvh * hd, nullptr, pos, s, stage,
+                             PlaneRowWriter(a.kv, false, qslot, pos, kvh, hd));
+          }
+          float* qw = sm.xs + warp * hd;  // XsFloats >= kWarps * hd (H >= hd)
+          PrepHeadRow<RES>(QG + h * 2 * hd, a.q_norm, qpos, s, stage,
+                           [&](int e, float val) { qw[e] = val; });
+          qh = qw;
+        }
+        const AttnItem it{qh, vmask, qslot, h / group, j0, j1, scale, part};
         switch (hd) {  // MtpChainSupported: 32, 64, 128 or 256
           case 32: AttendSplit<1>(a.kv, it); break;
           case 64: AttendSplit<2>(a.kv, it); break;

@@ -103,6 +103,10 @@ struct MtpChainArgs {
   // barrier and local reads instead of two or three L2 round trips. The same arithmetic in the
   // same order as the global form: the same drafts bit for bit.
   bool resident = false;
+  // The global form: the q / k norms, RoPE and the new K/V rows (stage S2) done by the attention
+  // warps in S3, each for its own head and split, instead of a stage of their own: one cluster
+  // barrier fewer per pass, the same arithmetic (CudaBackendOptions::draft_chain_fold_prep).
+  bool fold_prep = true;
   int smem_bytes = 0;  // dynamic shared memory of the launch (MtpChainConfigure)
 };
 

@@ -31,14 +31,15 @@ std::shared_ptr<const gguf::File> OpenChainModel(bool demo, const Model& m) {
 }
 
 // A CUDA backend with room for one verify of up to 6 tokens, the chain fused (in its resident
-// form or not) or not.
+// form or not; the global form with its S2 stage folded into the attention's or not) or not.
 std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused,
-                                      bool resident = true) {
+                                      bool resident = true, bool fold_prep = true) {
   CudaBackendOptions co;
   co.spec_tokens = 6;
   co.spec_seqs = 1;
   co.fused_draft_chain = fused;
   co.draft_chain_resident = resident;
+  co.draft_chain_fold_prep = fold_prep;
   auto b = CreateCudaBackend(std::move(file), Opts(), co);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
@@ -89,9 +90,10 @@ struct DraftRound {
 // model. Against the per-kernel chain every draft must match; against the CPU (other kernels,
 // other rounding) a draft is compared where the CPU's top two logits are at least 1e-3 of the
 // largest |logit| apart, and a round stops at its first near-tie (both sides then continue from
-// different drafts). The fused kernel runs in both its forms (resident and global, the default),
-// which must give the same drafts bit for bit; the test also checks that each ran
-// (FusedDraftChains, FusedDraftChainResident).
+// different drafts). The fused kernel runs in both its forms (resident and global, the default;
+// the global one also with its q / k prep as a stage of its own, fold_prep off), which must give
+// the same drafts bit for bit; the test also checks that each ran (FusedDraftChains,
+// FusedDraftChainResident).
 TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -107,13 +109,16 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     SCOPED_TRACE(c.name);
     std::shared_ptr<const gguf::File> file = OpenChainModel(c.demo, Model{c.name, c.type, 0});
     ASSERT_TRUE(file);
-    std::unique_ptr<Backend> be[4];  // fused (resident), per kernel, CPU, fused (global)
+    // fused (resident), per kernel, CPU, fused (global), fused (global, S2 a stage of its own)
+    std::unique_ptr<Backend> be[5];
     for (int i = 0; i < 2; ++i) {
       be[i] = ChainBackend(file, /*fused=*/i == 0);
       ASSERT_TRUE(be[i]);
     }
     be[3] = ChainBackend(file, /*fused=*/true, /*resident=*/false);
     ASSERT_TRUE(be[3]);
+    be[4] = ChainBackend(file, /*fused=*/true, /*resident=*/false, /*fold_prep=*/false);
+    ASSERT_TRUE(be[4]);
     {
       auto b = CreateCpuBackend(file, Opts());
       ASSERT_TRUE(b.ok()) << b.status();
@@ -133,8 +138,8 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
       const int n_rows = d.n_rows(), n_drafts = d.n_drafts;
       const int32_t pos0 = d.pos0;
       const std::vector<int32_t>& catchup = d.catchup;
-      std::vector<int32_t> drafts[4];
-      for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> drafts[5];
+      for (int i = 0; i < 5; ++i) {
         if (i != 2) {
           const absl::Status st = d.VerifyThenChain(*be[i], &drafts[i]);
           ASSERT_TRUE(st.ok()) << st;
@@ -164,6 +169,7 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
       }
       EXPECT_EQ(drafts[0], drafts[1]);
       EXPECT_EQ(drafts[0], drafts[3]);
+      EXPECT_EQ(drafts[0], drafts[4]);
       compared += static_cast<int64_t>(drafts[0].size());
       toks.insert(toks.end(), catchup.begin(), catchup.end());
     }
@@ -174,13 +180,15 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     auto* fused = dynamic_cast<cuda::CudaBackend*>(be[0].get());
     auto* plain = dynamic_cast<cuda::CudaBackend*>(be[1].get());
     auto* global = dynamic_cast<cuda::CudaBackend*>(be[3].get());
-    ASSERT_TRUE(fused && plain && global);
+    auto* unfolded = dynamic_cast<cuda::CudaBackend*>(be[4].get());
+    ASSERT_TRUE(fused && plain && global && unfolded);
     // The portable path (the sm_70 kernels forced on this GPU) has no clusters: no fused chain.
     const bool clusters = !ds::testing::ForcePortable();
     EXPECT_EQ(fused->FusedDraftChains(), clusters ? 12 : 0);
     EXPECT_EQ(fused->FusedDraftChainResident(), clusters);
     EXPECT_EQ(global->FusedDraftChains(), clusters ? 12 : 0);
     EXPECT_FALSE(global->FusedDraftChainResident());
+    EXPECT_EQ(unfolded->FusedDraftChains(), clusters ? 12 : 0);
     EXPECT_EQ(plain->FusedDraftChains(), 0);
   }
 }

@@ -41,6 +41,7 @@ constexpr OnOffSwitch<BenchOptions> kOnOff[] = {
     {"--coarse-draft-head", &BenchOptions::coarse_draft_head},
     {"--fused-draft", &BenchOptions::fused_draft},
     {"--draft-resident", &BenchOptions::draft_resident},
+    {"--chain-fold", &BenchOptions::chain_fold},
     {"--gemv-six", &BenchOptions::gemv_six},
     {"--gemv-early-weights", &BenchOptions::gemv_early_weights},
     {"--f16-wgmma", &BenchOptions::f16_wgmma},
@@ -183,7 +184,8 @@ int BenchMain(int argc, char** argv) {
           "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] "
           "[--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] "
           "[--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] "
-          "[--draft-resident on|off] [--gdn-state f32|bf16] [--dense-weights on|off|auto] "
+          "[--draft-resident on|off] [--chain-fold on|off] [--gdn-state f32|bf16] [--dense-weights "
+          "on|off|auto] "
           "[--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] "
           "[--gemv-early-weights on|off] [--fuse-gdn on|off] "
           "[--attn-mma on|off] [--attn-wgmma on|off] [--gdn-scan-mma on|off] [--f16-cluster "

@@ -121,6 +121,7 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
     placed = a;
     if (!MtpChainConfigure(&placed, device_, copts_.fused_draft_blocks).ok()) return absl::OkStatus();
   }
+  placed.fold_prep = copts_.draft_chain_fold_prep;
   mtp_chain_ = placed;
   return absl::OkStatus();
 }
