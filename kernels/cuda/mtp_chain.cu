@@ -420,7 +420,10 @@ __host__ __device__ inline int ResFloats(const MtpChainArgs& a) {
 // JUDGED: pass 0's rows judged on the device (MtpChainCall::sampled), a build of its own: the
 // default build keeps its register allocation (reading pass 0's tokens and count from shared
 // memory in every build made ptxas spill 44 / 128 bytes in the global form).
-template <GgmlType WT, bool RES, bool JUDGED = false>
+//
+// FOLD: the global form's S2 done inside S3 (MtpChainArgs::fold_prep), a build of its own: as a
+// runtime switch both paths in one build made ptxas spill in the default one (0 -> 44 / 92 bytes).
+template <GgmlType WT, bool RES, bool JUDGED = false, bool FOLD = false>
 __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChainArgs a) {
   extern __shared__ float4 smem_raw4[];
   float* smem_raw = reinterpret_cast<float*>(smem_raw4);
@@ -602,33 +605,73 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     }
     StageSync();
 
-    // ---- S2: q / k norms and RoPE (QkvPrep's arithmetic), K/V rows into the plane ----
-    // The global form with fold_prep does this inside S3 (each attention warp preps its head's q
-    // and the new K/V rows of its split itself): one stage barrier fewer per pass. The resident
-    // form keeps the stage (its q goes to every block's copy).
-    const bool fold = !RES && a.fold_prep;
-    if (!fold) {
-      const int n_items = r * 2 * s.n_kv + s.n_head;
-      float* stage = sm.stage + warp * hd;
-      for (int item = gw; item < n_items; item += GW) {
-        int c, head;  // head: < n_head query, then n_kv keys, then n_kv values
-        if (item < r * 2 * s.n_kv) {
-          c = item / (2 * s.n_kv);
-          head = s.n_head + item % (2 * s.n_kv);
-        } else {
-          c = r - 1;
-          head = item - r * 2 * s.n_kv;
-        }
-        const int pos = pass_pos + c;
-        if (head < s.n_head) {
-          PrepHeadRow<RES>(QG + head * 2 * hd, a.q_norm, pos, s, stage,
-                           [&](int e, float val) { PubAll<RES>(Q + head * hd + e, val); });
-        } else {
-          const bool is_k = head < s.n_head + s.n_kv;
-          const int kvh = head - s.n_head - (is_k ? 0 : s.n_kv);
-          const float* src = (is_k ? KB : VB) + c * kvw + kvh * hd;
-          PrepHeadRow<RES>(src, is_k ? a.k_norm : nullptr, pos, s, stage,
-                           PlaneRowWriter(a.kv, is_k, a.call.slot, pos, kvh, hd));
+    // The global form's folded build (FOLD, MtpChainArgs::fold_prep) does S2 inside S3 (each
+    // attention warp preps its head's q and the new K/V rows of its split itself): one stage
+    // barrier fewer per pass. The other builds keep the stage, written as before the fold (in
+    // PrepHeadRow's shape it made ptxas spill in them).
+    constexpr bool fold = !RES && FOLD;
+    if constexpr (!fold) {
+      // ---- S2: q / k norms and RoPE (QkvPrep's arithmetic), K/V rows into the plane ----
+      {
+        const int n_items = r * 2 * s.n_kv + s.n_head;
+        float* stage = sm.stage + warp * hd;
+        const int half = s.n_rot / 2;
+        for (int item = gw; item < n_items; item += GW) {
+          int c, head;  // head: < n_head query, then n_kv keys, then n_kv values
+          if (item < r * 2 * s.n_kv) {
+            c = item / (2 * s.n_kv);
+            head = s.n_head + item % (2 * s.n_kv);
+          } else {
+            c = r - 1;
+            head = item - r * 2 * s.n_kv;
+          }
+          const int pos = pass_pos + c, slot = a.call.slot;
+          const float* src;
+          const float* nw = nullptr;
+          if (head < s.n_head) {
+            src = QG + head * 2 * hd;
+            nw = a.q_norm;
+          } else if (head < s.n_head + s.n_kv) {
+            src = KB + c * kvw + (head - s.n_head) * hd;
+            nw = a.k_norm;
+          } else {
+            src = VB + c * kvw + (head - s.n_head - s.n_kv) * hd;
+          }
+          float ss = 0.f;
+          for (int e = lane; e < hd; e += 32) {
+            const float x = Rd<RES>(src + e);
+            stage[e] = x;
+            ss += x * x;
+          }
+          ss = WarpSum(ss);
+          const float inv = nw ? rsqrtf(ss / hd + s.eps) : 1.f;
+          __syncwarp();
+          for (int e = lane; e < hd; e += 32) stage[e] = nw ? stage[e] * inv * nw[e] : stage[e];
+          __syncwarp();
+          const int64_t kvrow = head >= s.n_head ? KvRow(a.kv, slot, pos) : 0;
+          for (int e = lane; e < hd; e += 32) {
+            float val = stage[e];
+            if (nw && e < s.n_rot) {
+              const int i = e < half ? e : e - half;
+              const double inv_freq = pow(static_cast<double>(s.rope_base), -2.0 * i / s.n_rot);
+              double sd, cd;
+              sincos(static_cast<double>(pos) * inv_freq, &sd, &cd);
+              const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+              if (e < half)
+                val = stage[e] * cs - stage[e + half] * sn;
+              else
+                val = stage[e - half] * sn + stage[e] * cs;
+            }
+            if (head < s.n_head) {
+              PubAll<RES>(Q + head * hd + e, val);
+            } else {
+              const bool is_k = head < s.n_head + s.n_kv;
+              const int64_t hrow = kvrow + head - s.n_head - (is_k ? 0 : s.n_kv);
+              static_cast<uint16_t*>(is_k ? a.kv.k : a.kv.v)[hrow * hd + e] =
+                  __half_as_ushort(__float2half_rn(val));
+            }
+          }
+          __syncwarp();
         }
       }
       StageSync();
@@ -644,7 +687,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
     splits = (n_pos + per - 1) / per;
     {
       const float* qv = Q;
-      if (!RES && !fold) {  // S2's q from the global scratch into shared memory
+      if constexpr (!RES && !fold) {  // S2's q from the global scratch into shared memory
         for (int e = threadIdx.x; e < s.n_head * hd; e += blockDim.x) sm.xs[e] = Coh(a.q + e);
         __syncthreads();
         qv = sm.xs;
@@ -657,7 +700,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         const int j0 = sp * per, j1 = min(n_pos, j0 + per);
         float* part = a.parts + (static_cast<int64_t>(h) * a.max_parts + sp) * (hd + 2);
         const float* qh = qv + h * hd;
-        if (fold) {
+        if constexpr (fold) {
           // S2's work for this item: the pass's new K/V rows within [j0, j1) of this head's KV
           // head into the plane (the other heads of its group write the same values), then
           // this head's q into this warp's part of xs. The same arithmetic as S2.
@@ -780,21 +823,24 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   }
 }
 
-template <bool RES, bool JUDGED>
+template <bool RES, bool JUDGED, bool FOLD = false>
 void (*KernelOf(GgmlType t))(const MtpChainArgs) {
   switch (t) {
     case GgmlType::F32:
-      return MtpChainKernel<GgmlType::F32, RES, JUDGED>;
+      return MtpChainKernel<GgmlType::F32, RES, JUDGED, FOLD>;
     case GgmlType::BF16:
-      return MtpChainKernel<GgmlType::BF16, RES, JUDGED>;
+      return MtpChainKernel<GgmlType::BF16, RES, JUDGED, FOLD>;
     default:
-      return MtpChainKernel<GgmlType::F16, RES, JUDGED>;
+      return MtpChainKernel<GgmlType::F16, RES, JUDGED, FOLD>;
   }
 }
 
-// The judged build exists for the global form only (MtpChain refuses it with the resident one).
-void (*Kernel(GgmlType t, bool resident, bool judged = false))(const MtpChainArgs) {
+// The judged and folded builds exist for the global form only (MtpChain refuses judging with the
+// resident one; fold_prep is ignored there).
+void (*Kernel(GgmlType t, bool resident, bool judged = false,
+              bool fold = false))(const MtpChainArgs) {
   if (resident) return KernelOf<true, false>(t);
+  if (fold) return judged ? KernelOf<false, true, true>(t) : KernelOf<false, false, true>(t);
   return judged ? KernelOf<false, true>(t) : KernelOf<false, false>(t);
 }
 
@@ -889,9 +935,11 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resid
   // The largest cluster up to `want` (default kMtpChainMaxCluster) the device can place (16 needs
   // the non-portable opt-in).
   (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (!resident)  // the judged build launches in the same configuration
-    (void)cudaFuncSetAttribute(Kernel(a->type, false, true),
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (!resident)  // the judged and folded builds launch in the same configuration
+    for (const bool judged : {false, true})
+      for (const bool fold : {false, true})
+        (void)cudaFuncSetAttribute(Kernel(a->type, false, judged, fold),
+                                   cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   for (int b = want > 0 ? std::min(want, kMtpChainMaxCluster) : kMtpChainMaxCluster; b >= 1; b /= 2) {
     MtpChainArgs t = *a;
     t.blocks = b;
@@ -927,8 +975,8 @@ absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError("fused MTP chain: bad launch arguments");
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);
-  const cudaError_t e =
-      cudaLaunchKernelEx(&cfg, Kernel(a.type, a.resident, a.call.sampled != nullptr), a);
+  const cudaError_t e = cudaLaunchKernelEx(
+      &cfg, Kernel(a.type, a.resident, a.call.sampled != nullptr, a.fold_prep), a);
   if (e != cudaSuccess)
     return absl::InternalError(absl::StrCat("fused MTP chain launch: ", cudaGetErrorString(e)));
   return LastLaunchStatus("fused MTP chain");

@@ -106,7 +106,7 @@ struct MtpChainArgs {
   // The global form: the q / k norms, RoPE and the new K/V rows (stage S2) done by the attention
   // warps in S3, each for its own head and split, instead of a stage of their own: one cluster
   // barrier fewer per pass, the same arithmetic (CudaBackendOptions::draft_chain_fold_prep).
-  bool fold_prep = true;
+  bool fold_prep = false;
   int smem_bytes = 0;  // dynamic shared memory of the launch (MtpChainConfigure)
 };
 

@@ -33,7 +33,7 @@ std::shared_ptr<const gguf::File> OpenChainModel(bool demo, const Model& m) {
 // A CUDA backend with room for one verify of up to 6 tokens, the chain fused (in its resident
 // form or not; the global form with its S2 stage folded into the attention's or not) or not.
 std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused,
-                                      bool resident = true, bool fold_prep = true) {
+                                      bool resident = true, bool fold_prep = false) {
   CudaBackendOptions co;
   co.spec_tokens = 6;
   co.spec_seqs = 1;
@@ -91,8 +91,8 @@ struct DraftRound {
 // other rounding) a draft is compared where the CPU's top two logits are at least 1e-3 of the
 // largest |logit| apart, and a round stops at its first near-tie (both sides then continue from
 // different drafts). The fused kernel runs in both its forms (resident and global, the default;
-// the global one also with its q / k prep as a stage of its own, fold_prep off), which must give
-// the same drafts bit for bit; the test also checks that each ran (FusedDraftChains,
+// the global one also with its q / k prep folded into the attention stage, fold_prep), which must
+// give the same drafts bit for bit; the test also checks that each ran (FusedDraftChains,
 // FusedDraftChainResident).
 TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -109,7 +109,7 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     SCOPED_TRACE(c.name);
     std::shared_ptr<const gguf::File> file = OpenChainModel(c.demo, Model{c.name, c.type, 0});
     ASSERT_TRUE(file);
-    // fused (resident), per kernel, CPU, fused (global), fused (global, S2 a stage of its own)
+    // fused (resident), per kernel, CPU, fused (global), fused (global, S2 folded into S3)
     std::unique_ptr<Backend> be[5];
     for (int i = 0; i < 2; ++i) {
       be[i] = ChainBackend(file, /*fused=*/i == 0);
@@ -117,7 +117,7 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     }
     be[3] = ChainBackend(file, /*fused=*/true, /*resident=*/false);
     ASSERT_TRUE(be[3]);
-    be[4] = ChainBackend(file, /*fused=*/true, /*resident=*/false, /*fold_prep=*/false);
+    be[4] = ChainBackend(file, /*fused=*/true, /*resident=*/false, /*fold_prep=*/true);
     ASSERT_TRUE(be[4]);
     {
       auto b = CreateCpuBackend(file, Opts());
@@ -180,15 +180,15 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     auto* fused = dynamic_cast<cuda::CudaBackend*>(be[0].get());
     auto* plain = dynamic_cast<cuda::CudaBackend*>(be[1].get());
     auto* global = dynamic_cast<cuda::CudaBackend*>(be[3].get());
-    auto* unfolded = dynamic_cast<cuda::CudaBackend*>(be[4].get());
-    ASSERT_TRUE(fused && plain && global && unfolded);
+    auto* folded = dynamic_cast<cuda::CudaBackend*>(be[4].get());
+    ASSERT_TRUE(fused && plain && global && folded);
     // The portable path (the sm_70 kernels forced on this GPU) has no clusters: no fused chain.
     const bool clusters = !ds::testing::ForcePortable();
     EXPECT_EQ(fused->FusedDraftChains(), clusters ? 12 : 0);
     EXPECT_EQ(fused->FusedDraftChainResident(), clusters);
     EXPECT_EQ(global->FusedDraftChains(), clusters ? 12 : 0);
     EXPECT_FALSE(global->FusedDraftChainResident());
-    EXPECT_EQ(unfolded->FusedDraftChains(), clusters ? 12 : 0);
+    EXPECT_EQ(folded->FusedDraftChains(), clusters ? 12 : 0);
     EXPECT_EQ(plain->FusedDraftChains(), 0);
   }
 }

@@ -9,8 +9,8 @@
 # Here: DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-jc bash tools/device/pack.sh \
 #   deltaserve ds_kernel_timeline mtp_gpu_test spec_kernels_cuda_test gdn_launch_cuda_test \
 #   batch_invariance_test
-# On the device: DS_CARRY=.devcarry-jc [ROUNDS=2] [CFGS="-;--gdn-one-group on;--gdn-spread off"]
-#   [KS="4"] bash tools/device/gdn_spread_check.sh
+# On the device: DS_CARRY=.devcarry-jc [ROUNDS=2] [CFGS="-;--gdn-one-group on;--gdn-spread off;
+#   --chain-fold on"] [KS="4"] bash tools/device/gdn_spread_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -19,7 +19,7 @@ mkdir -p "$L"
 for t in ${TESTS-spec_kernels_cuda_test gdn_launch_cuda_test mtp_gpu_test batch_invariance_test}; do
   run_gtest "$t"
 done
-IFS=';' read -ra cfgs <<<"${CFGS:--;--gdn-one-group on;--gdn-spread off}"
+IFS=';' read -ra cfgs <<<"${CFGS:--;--gdn-one-group on;--gdn-spread off;--chain-fold on}"
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for cfg in "${cfgs[@]}"; do
     [ "$cfg" = "-" ] && cfg=""

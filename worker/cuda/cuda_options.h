@@ -160,8 +160,8 @@ struct CudaBackendOptions {
   bool draft_chain_resident = false;
   // The fused chain's global form with its q / k norms, RoPE and new K/V rows done by the
   // attention warps (MtpChainArgs::fold_prep): one cluster barrier fewer per draft. The same
-  // drafts. A/B: `bench --chain-fold off`.
-  bool draft_chain_fold_prep = true;
+  // drafts. Off until measured on a device: `bench --chain-fold on`.
+  bool draft_chain_fold_prep = false;
   // The GDN delta-rule state ([n_states, Hv, dk, dv] per layer: 151 MB per sequence on the 27B in
   // f32) stored in bf16 between steps, rounded to nearest even; every kernel loads it into f32
   // and does all its arithmetic in f32 (kernels/cuda/gdn.cuh: a decode step rounds after each
