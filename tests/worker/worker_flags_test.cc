@@ -104,6 +104,14 @@ TEST(WorkerFlags, DraftResidentOnOff) {
   ExpectOnOffFlag("--draft-resident", &DeviceTuning::draft_chain_resident, false);
 }
 
+TEST(WorkerFlags, ChainFoldOnOff) {
+  ExpectOnOffFlag("--chain-fold", &DeviceTuning::draft_chain_fold_prep, false);
+}
+
+TEST(WorkerFlags, GdnOneGroupOnOff) {
+  ExpectOnOffFlag("--gdn-one-group", &DeviceTuning::gdn_one_group_runs, false);
+}
+
 TEST(WorkerFlags, DeferredDraftsOnOff) {
   ExpectOnOffFlag("--deferred-drafts", &DeviceTuning::deferred_drafts, true);
 }

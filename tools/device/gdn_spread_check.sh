@@ -5,12 +5,13 @@
 # (spec_kernels_cuda_test, gdn_launch_cuda_test), mtp_gpu_test and batch_invariance_test, then the
 # demo's k = 4 verify step and chain cycle with each bench flag set of CFGS (";"-separated, "-" =
 # the defaults) alternated ROUNDS times (one binary), then `generate` with MTP off and at k = 4
-# (and KS) over 256 and 1,024 tokens, the defaults.
+# (and KS) over 256 and 1,024 tokens with each flag set of GEN_CFGS (the same form; default: the
+# defaults only).
 # Here: DS_PACK_XZ=1 DS_PACK_BUILD=build-dev DS_PACK_OUT=.devcarry-jc bash tools/device/pack.sh \
 #   deltaserve ds_kernel_timeline mtp_gpu_test spec_kernels_cuda_test gdn_launch_cuda_test \
 #   batch_invariance_test
 # On the device: DS_CARRY=.devcarry-jc [ROUNDS=2] [CFGS="-;--gdn-one-group on;--gdn-spread off;
-#   --chain-fold on"] [KS="4"] bash tools/device/gdn_spread_check.sh
+#   --chain-fold on"] [GEN_CFGS="-;--gdn-one-group on"] [KS="4"] bash tools/device/gdn_spread_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -30,11 +31,16 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
 done
 grep -B1 -E "^ +k +streams" "$L/b.out" | head -2
 gen=("$BIN/deltaserve" generate --model demo --backend cuda --prompt "The jury said that" --json)
+IFS=';' read -ra gcfgs <<<"${GEN_CFGS:--}"
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for m in off ${KS:-4}; do
-    for n in 256 1024; do
-      timeout 60 "${gen[@]}" --mtp $m --max-tokens $n >"$L/g.json" 2>"$L/g.err" || fail "generate --mtp $m --max-tokens $n"
-      echo "round $r --mtp $m --max-tokens $n: $(gen_summary "$L/g.json")"
+  for gcfg in "${gcfgs[@]}"; do
+    [ "$gcfg" = "-" ] && gcfg=""
+    for m in off ${KS:-4}; do
+      for n in 256 1024; do
+        timeout 60 "${gen[@]}" --mtp $m --max-tokens $n $gcfg >"$L/g.json" 2>"$L/g.err" ||
+          fail "generate --mtp $m --max-tokens $n $gcfg"
+        echo "round $r [${gcfg:-defaults}] --mtp $m --max-tokens $n: $(gen_summary "$L/g.json")"
+      done
     done
   done
 done

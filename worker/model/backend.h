@@ -320,6 +320,12 @@ struct BackendOptions {
   // CUDA: that kernel's resident form (CudaBackendOptions::draft_chain_resident, --draft-resident
   // on; off until measured); the CPU backend ignores it.
   bool draft_chain_resident = false;
+  // CUDA: the fused chain with its q / k prep folded into the attention stage
+  // (CudaBackendOptions::draft_chain_fold_prep, --chain-fold on; off until measured).
+  bool draft_chain_fold_prep = false;
+  // CUDA: the GDN run kernel on one thread group per head at dk = 64
+  // (CudaBackendOptions::gdn_one_group_runs, --gdn-one-group on; off until measured).
+  bool gdn_one_group_runs = false;
   // The GDN recurrent state stored in bf16 between steps (worker/model/gdn_state.h,
   // `--gdn-state bf16`; issue #22, docs/quality.md). CUDA: CudaBackendOptions::gdn_state_bf16
   // (bf16 storage). CPU: an emulation, the f32 state rounded to bf16 after every step

@@ -19,6 +19,8 @@ constexpr OnOffSwitch<DeviceTuning> kOnOff[] = {
     {"--prefill-fp8", &DeviceTuning::prefill_fp8},
     {"--coarse-draft-head", &DeviceTuning::coarse_draft_head},
     {"--draft-resident", &DeviceTuning::draft_chain_resident},
+    {"--chain-fold", &DeviceTuning::draft_chain_fold_prep},
+    {"--gdn-one-group", &DeviceTuning::gdn_one_group_runs},
     {"--deferred-drafts", &DeviceTuning::deferred_drafts},
     {"--judged-chains", &DeviceTuning::judged_chains},
 };
@@ -81,6 +83,8 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->fp8_decode_rows = t.fp8_decode_rows;
   bo->coarse_draft_head = t.coarse_draft_head;
   bo->draft_chain_resident = t.draft_chain_resident;
+  bo->draft_chain_fold_prep = t.draft_chain_fold_prep;
+  bo->gdn_one_group_runs = t.gdn_one_group_runs;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
   bo->judged_chains = t.judged_chains;
 }
