@@ -185,6 +185,25 @@ __device__ __forceinline__ void RowsTimesVector(const MtpChainMatrix& m, int n_r
   }
 }
 
+// Brings the first batch (RowsTimesVector's U = 8 rows: gw, gw + GW, ...) of this warp's rows of
+// m into the SM's L1 (`prefetch.global.L1`, one per 128-byte line, the lanes taking the (row,
+// line) pairs in turn), issued before a stage barrier for the stage after it
+// (MtpChainArgs::prefetch_weights): those rows' loads then hit L1 after the barrier instead of
+// being a second dependent L2 round trip behind the stage's input vector. The arithmetic is not
+// touched. K: the row's width in weights.
+template <GgmlType WT>
+__device__ __forceinline__ void PrefetchRows(const MtpChainMatrix& m, int n_rows, int K, int gw,
+                                             int GW) {
+  constexpr int kBytes = WT == GgmlType::F32 ? 4 : 2, kRows = 8;
+  const int lines = (K * kBytes + 127) / 128;
+  for (int t = threadIdx.x & 31; t < kRows * lines; t += 32) {
+    const int u = t / lines, row = gw + u * GW;
+    if (row >= n_rows) continue;
+    const uint8_t* p = static_cast<const uint8_t*>(Row<WT>(m, row)) + (t - u * lines) * 128;
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+  }
+}
+
 // dst[e] = src[e] * rsqrt(mean(src²) + eps) * w[e] over n values, by one warp (src may alias dst).
 __device__ __forceinline__ void WarpRmsNorm(float* dst, const float* src, const float* w, int n,
                                             float eps) {
@@ -423,7 +442,10 @@ __host__ __device__ inline int ResFloats(const MtpChainArgs& a) {
 //
 // FOLD: the global form's S2 done inside S3 (MtpChainArgs::fold_prep), a build of its own: as a
 // runtime switch both paths in one build made ptxas spill in the default one (0 -> 44 / 92 bytes).
-template <GgmlType WT, bool RES, bool JUDGED = false, bool FOLD = false>
+//
+// PF: the global form's weight prefetch before each stage barrier (MtpChainArgs::prefetch_weights),
+// a build of its own for the same reason (a runtime switch: 0 -> 60 / 152 bytes spilled).
+template <GgmlType WT, bool RES, bool JUDGED = false, bool FOLD = false, bool PF = false>
 __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChainArgs a) {
   extern __shared__ float4 smem_raw4[];
   float* smem_raw = reinterpret_cast<float*>(smem_raw4);
@@ -570,6 +592,13 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       WarpDots<WT, kMtpChainMaxRows, RES>(RowAt<WT, RES>(a.eh, row, wsm), 2 * H, sm.xs, 2 * H, r,
                                           acc);
       for (int c = 0; c < r; ++c) Pub<RES>(U + c * H + row, acc[c]);
+    }
+    if constexpr (PF) {  // S1's rows (the one-row passes' k / v warps as S1 has them)
+      PrefetchRows<WT>(a.wq, qrows, H, gw, GW);
+      if (r == 1) {
+        PrefetchRows<WT>(a.wk, kvw, H, (gw + GW - qrows % GW) % GW, GW);
+        PrefetchRows<WT>(a.wv, kvw, H, ((gw + GW - qrows % GW) % GW + kvw) % GW, GW);
+      }
     }
     StageSync();
 
@@ -727,6 +756,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         }
       }
     }
+    if constexpr (PF) PrefetchRows<WT>(a.wo, H, s.n_head * hd, gw, GW);
     StageSync();
 
     // ---- S4: merge the splits (every block, all heads), gate, u += o_proj · o ----
@@ -756,6 +786,10 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         u_last[row] = Coh(u_last + row) + d;  // one lane reads and writes the scratch
     };
     RowsTimesVector<WT, RES>(a.wo, H, s.n_head * hd, sm.xs, gw, GW, wsm, add_to_u);
+    if constexpr (PF) {
+      PrefetchRows<WT>(a.gate, a.n_ff, H, gw, GW);
+      PrefetchRows<WT>(a.up, a.n_ff, H, gw, GW);
+    }
     StageSync();
 
     // ---- S5: ff = silu(gate · post_norm(u)) * (up · post_norm(u)) ----
@@ -766,6 +800,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
                              [&](int row, float d) { Pub<RES>(FF + row, d); });
     RowsTimesVector<WT, RES>(a.up, a.n_ff, H, sm.xs, gw, GW, wsm,
                              [&](int row, float d) { Pub<RES>(FF + a.n_ff + row, d); });
+    if constexpr (PF) PrefetchRows<WT>(a.down, H, a.n_ff, gw, GW);
     StageSync();
 
     // ---- S6: u += down · ff ----
@@ -773,6 +808,7 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
       sm.xs[e] = Silu(Rd<RES>(FF + e)) * Rd<RES>(FF + a.n_ff + e);
     __syncthreads();
     RowsTimesVector<WT, RES>(a.down, H, a.n_ff, sm.xs, gw, GW, wsm, add_to_u);
+    if constexpr (PF) PrefetchRows<WT>(a.head, a.n_vocab, H, gw, GW);
     StageSync();
 
     // ---- S7: h' = shared_head_norm(u); logits = head · h'; each block's best ----
@@ -798,6 +834,8 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
         PubAll<RES>(best_i + blockIdx.x, __int_as_float(bi));
       }
     }
+    if constexpr (PF)
+      if (j + 1 < a.passes) PrefetchRows<WT>(a.eh, H, 2 * H, gw, GW);
     StageSync();
 
     // ---- S8: every block takes the argmax of the blocks' bests: the next pass's token ----
@@ -823,25 +861,31 @@ __global__ void __launch_bounds__(kMtpChainThreads) MtpChainKernel(const MtpChai
   }
 }
 
-template <bool RES, bool JUDGED, bool FOLD = false>
+template <bool RES, bool JUDGED, bool FOLD = false, bool PF = false>
 void (*KernelOf(GgmlType t))(const MtpChainArgs) {
   switch (t) {
     case GgmlType::F32:
-      return MtpChainKernel<GgmlType::F32, RES, JUDGED, FOLD>;
+      return MtpChainKernel<GgmlType::F32, RES, JUDGED, FOLD, PF>;
     case GgmlType::BF16:
-      return MtpChainKernel<GgmlType::BF16, RES, JUDGED, FOLD>;
+      return MtpChainKernel<GgmlType::BF16, RES, JUDGED, FOLD, PF>;
     default:
-      return MtpChainKernel<GgmlType::F16, RES, JUDGED, FOLD>;
+      return MtpChainKernel<GgmlType::F16, RES, JUDGED, FOLD, PF>;
   }
 }
 
-// The judged and folded builds exist for the global form only (MtpChain refuses judging with the
-// resident one; fold_prep is ignored there).
-void (*Kernel(GgmlType t, bool resident, bool judged = false,
-              bool fold = false))(const MtpChainArgs) {
+template <bool JUDGED, bool FOLD>
+void (*GlobalKernel(GgmlType t, bool prefetch))(const MtpChainArgs) {
+  return prefetch ? KernelOf<false, JUDGED, FOLD, true>(t) : KernelOf<false, JUDGED, FOLD>(t);
+}
+
+// The judged, folded and prefetching builds exist for the global form only (MtpChain refuses
+// judging with the resident one; fold_prep and prefetch_weights are ignored there).
+void (*Kernel(GgmlType t, bool resident, bool judged = false, bool fold = false,
+              bool prefetch = false))(const MtpChainArgs) {
   if (resident) return KernelOf<true, false>(t);
-  if (fold) return judged ? KernelOf<false, true, true>(t) : KernelOf<false, false, true>(t);
-  return judged ? KernelOf<false, true>(t) : KernelOf<false, false>(t);
+  if (fold)
+    return judged ? GlobalKernel<true, true>(t, prefetch) : GlobalKernel<false, true>(t, prefetch);
+  return judged ? GlobalKernel<true, false>(t, prefetch) : GlobalKernel<false, false>(t, prefetch);
 }
 
 }  // namespace
@@ -935,11 +979,12 @@ absl::Status MtpChainConfigure(MtpChainArgs* a, int device, int want, bool resid
   // The largest cluster up to `want` (default kMtpChainMaxCluster) the device can place (16 needs
   // the non-portable opt-in).
   (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (!resident)  // the judged and folded builds launch in the same configuration
+  if (!resident)  // the judged, folded and prefetching builds launch in the same configuration
     for (const bool judged : {false, true})
       for (const bool fold : {false, true})
-        (void)cudaFuncSetAttribute(Kernel(a->type, false, judged, fold),
-                                   cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        for (const bool prefetch : {false, true})
+          (void)cudaFuncSetAttribute(Kernel(a->type, false, judged, fold, prefetch),
+                                     cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   for (int b = want > 0 ? std::min(want, kMtpChainMaxCluster) : kMtpChainMaxCluster; b >= 1; b /= 2) {
     MtpChainArgs t = *a;
     t.blocks = b;
@@ -976,7 +1021,8 @@ absl::Status MtpChain(const MtpChainArgs& a, cudaStream_t stream) {
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = LaunchConfig(a, stream, attr);
   const cudaError_t e = cudaLaunchKernelEx(
-      &cfg, Kernel(a.type, a.resident, a.call.sampled != nullptr, a.fold_prep), a);
+      &cfg, Kernel(a.type, a.resident, a.call.sampled != nullptr, a.fold_prep, a.prefetch_weights),
+      a);
   if (e != cudaSuccess)
     return absl::InternalError(absl::StrCat("fused MTP chain launch: ", cudaGetErrorString(e)));
   return LastLaunchStatus("fused MTP chain");

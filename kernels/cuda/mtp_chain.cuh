@@ -107,6 +107,11 @@ struct MtpChainArgs {
   // warps in S3, each for its own head and split, instead of a stage of their own: one cluster
   // barrier fewer per pass, the same arithmetic (CudaBackendOptions::draft_chain_fold_prep).
   bool fold_prep = false;
+  // The global form: before each stage barrier every warp prefetches into L1 the first rows of
+  // the next stage's matrices it will multiply (PrefetchRows), so that after the barrier their
+  // loads hit L1 instead of following the input vector's L2 round trip. The same arithmetic
+  // (CudaBackendOptions::draft_chain_prefetch).
+  bool prefetch_weights = false;
   int smem_bytes = 0;  // dynamic shared memory of the launch (MtpChainConfigure)
 };
 

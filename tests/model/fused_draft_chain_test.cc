@@ -31,15 +31,18 @@ std::shared_ptr<const gguf::File> OpenChainModel(bool demo, const Model& m) {
 }
 
 // A CUDA backend with room for one verify of up to 6 tokens, the chain fused (in its resident
-// form or not; the global form with its S2 stage folded into the attention's or not) or not.
+// form or not; the global form with its S2 stage folded into the attention's or not, with its
+// weight prefetch or not) or not.
 std::unique_ptr<Backend> ChainBackend(std::shared_ptr<const gguf::File> file, bool fused,
-                                      bool resident = true, bool fold_prep = false) {
+                                      bool resident = true, bool fold_prep = false,
+                                      bool prefetch = false) {
   CudaBackendOptions co;
   co.spec_tokens = 6;
   co.spec_seqs = 1;
   co.fused_draft_chain = fused;
   co.draft_chain_resident = resident;
   co.draft_chain_fold_prep = fold_prep;
+  co.draft_chain_prefetch = prefetch;
   auto b = CreateCudaBackend(std::move(file), Opts(), co);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
@@ -91,7 +94,8 @@ struct DraftRound {
 // other rounding) a draft is compared where the CPU's top two logits are at least 1e-3 of the
 // largest |logit| apart, and a round stops at its first near-tie (both sides then continue from
 // different drafts). The fused kernel runs in both its forms (resident and global, the default;
-// the global one also with its q / k prep folded into the attention stage, fold_prep), which must
+// the global one also with its q / k prep folded into the attention stage, fold_prep, with its
+// weight prefetch, prefetch_weights, and with both), which must
 // give the same drafts bit for bit; the test also checks that each ran (FusedDraftChains,
 // FusedDraftChainResident).
 TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
@@ -109,8 +113,10 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     SCOPED_TRACE(c.name);
     std::shared_ptr<const gguf::File> file = OpenChainModel(c.demo, Model{c.name, c.type, 0});
     ASSERT_TRUE(file);
-    // fused (resident), per kernel, CPU, fused (global), fused (global, S2 folded into S3)
-    std::unique_ptr<Backend> be[5];
+    // fused (resident), per kernel, CPU, fused (global), fused (global, S2 folded into S3),
+    // fused (global, prefetch), fused (global, folded, prefetch)
+    constexpr int kBackends = 7;
+    std::unique_ptr<Backend> be[kBackends];
     for (int i = 0; i < 2; ++i) {
       be[i] = ChainBackend(file, /*fused=*/i == 0);
       ASSERT_TRUE(be[i]);
@@ -119,6 +125,10 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     ASSERT_TRUE(be[3]);
     be[4] = ChainBackend(file, /*fused=*/true, /*resident=*/false, /*fold_prep=*/true);
     ASSERT_TRUE(be[4]);
+    be[5] = ChainBackend(file, true, /*resident=*/false, /*fold_prep=*/false, /*prefetch=*/true);
+    ASSERT_TRUE(be[5]);
+    be[6] = ChainBackend(file, true, /*resident=*/false, /*fold_prep=*/true, /*prefetch=*/true);
+    ASSERT_TRUE(be[6]);
     {
       auto b = CreateCpuBackend(file, Opts());
       ASSERT_TRUE(b.ok()) << b.status();
@@ -138,8 +148,8 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
       const int n_rows = d.n_rows(), n_drafts = d.n_drafts;
       const int32_t pos0 = d.pos0;
       const std::vector<int32_t>& catchup = d.catchup;
-      std::vector<int32_t> drafts[5];
-      for (int i = 0; i < 5; ++i) {
+      std::vector<int32_t> drafts[kBackends];
+      for (int i = 0; i < kBackends; ++i) {
         if (i != 2) {
           const absl::Status st = d.VerifyThenChain(*be[i], &drafts[i]);
           ASSERT_TRUE(st.ok()) << st;
@@ -170,6 +180,8 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
       EXPECT_EQ(drafts[0], drafts[1]);
       EXPECT_EQ(drafts[0], drafts[3]);
       EXPECT_EQ(drafts[0], drafts[4]);
+      EXPECT_EQ(drafts[0], drafts[5]);
+      EXPECT_EQ(drafts[0], drafts[6]);
       compared += static_cast<int64_t>(drafts[0].size());
       toks.insert(toks.end(), catchup.begin(), catchup.end());
     }
@@ -189,6 +201,11 @@ TEST(FusedDraftChain, SameDraftsAsThePerKernelChain) {
     EXPECT_EQ(global->FusedDraftChains(), clusters ? 12 : 0);
     EXPECT_FALSE(global->FusedDraftChainResident());
     EXPECT_EQ(folded->FusedDraftChains(), clusters ? 12 : 0);
+    for (int i : {5, 6}) {
+      auto* prefetching = dynamic_cast<cuda::CudaBackend*>(be[i].get());
+      ASSERT_TRUE(prefetching);
+      EXPECT_EQ(prefetching->FusedDraftChains(), clusters ? 12 : 0);
+    }
     EXPECT_EQ(plain->FusedDraftChains(), 0);
   }
 }

@@ -112,6 +112,10 @@ TEST(WorkerFlags, GdnOneGroupOnOff) {
   ExpectOnOffFlag("--gdn-one-group", &DeviceTuning::gdn_one_group_runs, false);
 }
 
+TEST(WorkerFlags, ChainPrefetchOnOff) {
+  ExpectOnOffFlag("--chain-prefetch", &DeviceTuning::draft_chain_prefetch, false);
+}
+
 TEST(WorkerFlags, DeferredDraftsOnOff) {
   ExpectOnOffFlag("--deferred-drafts", &DeviceTuning::deferred_drafts, true);
 }

@@ -351,6 +351,7 @@ int RunBench(const BenchOptions& o) {
     co.fused_draft_blocks = o.fused_draft_blocks;
     co.draft_chain_resident = o.draft_resident;
     co.draft_chain_fold_prep = o.chain_fold;
+    co.draft_chain_prefetch = o.chain_prefetch;
     co.gdn_state_bf16 = o.gdn_state_bf16;
     // The speculative room (what CreateBackend's SpeculativeRoom sets): entries for spec_tokens
     // x spec_seqs verified tokens and the MTP block.

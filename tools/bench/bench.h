@@ -62,6 +62,8 @@ struct BenchOptions {
   bool fused_draft = true;
   int fused_draft_blocks = 0;
   bool draft_resident = false;  // --draft-resident on: CudaBackendOptions::draft_chain_resident
+  bool chain_prefetch =
+      false;  // --chain-prefetch on: CudaBackendOptions::draft_chain_prefetch (A/B)
   bool chain_fold = false;      // --chain-fold on: CudaBackendOptions::draft_chain_fold_prep (A/B)
   // --gdn-state f32|bf16: CudaBackendOptions::gdn_state_bf16 (the GDN state stored in bf16)
   bool gdn_state_bf16 = false;

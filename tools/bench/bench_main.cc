@@ -42,6 +42,7 @@ constexpr OnOffSwitch<BenchOptions> kOnOff[] = {
     {"--fused-draft", &BenchOptions::fused_draft},
     {"--draft-resident", &BenchOptions::draft_resident},
     {"--chain-fold", &BenchOptions::chain_fold},
+    {"--chain-prefetch", &BenchOptions::chain_prefetch},
     {"--gemv-six", &BenchOptions::gemv_six},
     {"--gemv-early-weights", &BenchOptions::gemv_early_weights},
     {"--f16-wgmma", &BenchOptions::f16_wgmma},
@@ -184,7 +185,8 @@ int BenchMain(int argc, char** argv) {
           "[--no-profile] [--quick] [--sample T,TOP_K,TOP_P] [--tiled on|off] [--portable on|off] "
           "[--mmq on|off] [--f16-mma on|off] [--f16-min-cols 9] [--early-launch on|off] "
           "[--coarse-draft-head on|off] [--fused-draft on|off] [--fused-draft-blocks N] "
-          "[--draft-resident on|off] [--chain-fold on|off] [--gdn-state f32|bf16] [--dense-weights "
+          "[--draft-resident on|off] [--chain-fold on|off] [--chain-prefetch on|off] [--gdn-state "
+          "f32|bf16] [--dense-weights "
           "on|off|auto] "
           "[--batch-invariant on|off] [--gdn-runs on|off] [--gemv-six on|off] "
           "[--gemv-early-weights on|off] [--fuse-gdn on|off] "

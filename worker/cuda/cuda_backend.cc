@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (opts.draft_chain_resident) co.draft_chain_resident = true;
   if (opts.draft_chain_fold_prep) co.draft_chain_fold_prep = true;
   if (opts.gdn_one_group_runs) co.gdn_one_group_runs = true;
+  if (opts.draft_chain_prefetch) co.draft_chain_prefetch = true;
   if (opts.gdn_state_bf16) co.gdn_state_bf16 = true;
   if (opts.prefix_cache_bytes > 0) {
     co.prefix_cache_bytes = opts.prefix_cache_bytes;

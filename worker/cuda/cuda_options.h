@@ -162,6 +162,10 @@ struct CudaBackendOptions {
   // attention warps (MtpChainArgs::fold_prep): one cluster barrier fewer per draft. The same
   // drafts. Off until measured on a device: `bench --chain-fold on`.
   bool draft_chain_fold_prep = false;
+  // The fused chain's global form prefetching into L1, before each stage barrier, the weight rows
+  // each warp multiplies after it (MtpChainArgs::prefetch_weights). The same drafts. Off until
+  // measured on a device: `bench --chain-prefetch on`.
+  bool draft_chain_prefetch = false;
   // The GDN delta-rule state ([n_states, Hv, dk, dv] per layer: 151 MB per sequence on the 27B in
   // f32) stored in bf16 between steps, rounded to nearest even; every kernel loads it into f32
   // and does all its arithmetic in f32 (kernels/cuda/gdn.cuh: a decode step rounds after each

@@ -122,6 +122,7 @@ absl::Status CudaDevice::SetUpFusedDraftChain() {
     if (!MtpChainConfigure(&placed, device_, copts_.fused_draft_blocks).ok()) return absl::OkStatus();
   }
   placed.fold_prep = copts_.draft_chain_fold_prep;
+  placed.prefetch_weights = copts_.draft_chain_prefetch;
   mtp_chain_ = placed;
   return absl::OkStatus();
 }

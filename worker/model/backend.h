@@ -323,6 +323,9 @@ struct BackendOptions {
   // CUDA: the fused chain with its q / k prep folded into the attention stage
   // (CudaBackendOptions::draft_chain_fold_prep, --chain-fold on; off until measured).
   bool draft_chain_fold_prep = false;
+  // CUDA: the fused chain prefetching each stage's weight rows before its barrier
+  // (CudaBackendOptions::draft_chain_prefetch, --chain-prefetch on; off until measured).
+  bool draft_chain_prefetch = false;
   // CUDA: the GDN run kernel on one thread group per head at dk = 64
   // (CudaBackendOptions::gdn_one_group_runs, --gdn-one-group on; off until measured).
   bool gdn_one_group_runs = false;

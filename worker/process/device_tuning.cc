@@ -21,6 +21,7 @@ constexpr OnOffSwitch<DeviceTuning> kOnOff[] = {
     {"--draft-resident", &DeviceTuning::draft_chain_resident},
     {"--chain-fold", &DeviceTuning::draft_chain_fold_prep},
     {"--gdn-one-group", &DeviceTuning::gdn_one_group_runs},
+    {"--chain-prefetch", &DeviceTuning::draft_chain_prefetch},
     {"--deferred-drafts", &DeviceTuning::deferred_drafts},
     {"--judged-chains", &DeviceTuning::judged_chains},
 };
@@ -85,6 +86,7 @@ void ApplyDeviceTuning(const DeviceTuning& t, BackendOptions* bo) {
   bo->draft_chain_resident = t.draft_chain_resident;
   bo->draft_chain_fold_prep = t.draft_chain_fold_prep;
   bo->gdn_one_group_runs = t.gdn_one_group_runs;
+  bo->draft_chain_prefetch = t.draft_chain_prefetch;
   bo->gdn_state_bf16 = t.gdn_state_bf16;
   bo->judged_chains = t.judged_chains;
 }

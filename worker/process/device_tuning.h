@@ -33,6 +33,7 @@ struct DeviceTuning {
   bool draft_chain_resident = BackendDefaults().draft_chain_resident;  // --draft-resident on|off
   bool draft_chain_fold_prep = BackendDefaults().draft_chain_fold_prep;  // --chain-fold on|off
   bool gdn_one_group_runs = BackendDefaults().gdn_one_group_runs;        // --gdn-one-group on|off
+  bool draft_chain_prefetch = BackendDefaults().draft_chain_prefetch;    // --chain-prefetch on|off
   bool gdn_state_bf16 = BackendDefaults().gdn_state_bf16;        // --gdn-state f32|bf16
   bool judged_chains = BackendDefaults().judged_chains;          // --judged-chains on|off
   // --deferred-drafts on|off: draft chains leave their drafts on the device for the slot's next
