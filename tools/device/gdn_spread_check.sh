@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The verify's GDN run forms (issue #15): each token's prologue and epilogue in thread group
 # c % groups (CudaBackendOptions::gdn_spread_run_tokens) and one thread group per head at dk = 64
-# (gdn_one_group_runs, off until measured). The kernel tests that check the forms bit for bit
+# (gdn_one_group_runs, off until measured), and the fused chain's S2 fold and weight prefetch
+# (--chain-fold, --chain-prefetch; off until measured). The kernel tests that check the forms bit for bit
 # (spec_kernels_cuda_test, gdn_launch_cuda_test), mtp_gpu_test and batch_invariance_test, then the
 # demo's k = 4 verify step and chain cycle with each bench flag set of CFGS (";"-separated, "-" =
 # the defaults) alternated ROUNDS times (one binary), then `generate` with MTP off and at k = 4
@@ -11,7 +12,8 @@
 #   deltaserve ds_kernel_timeline mtp_gpu_test spec_kernels_cuda_test gdn_launch_cuda_test \
 #   batch_invariance_test
 # On the device: DS_CARRY=.devcarry-jc [ROUNDS=2] [CFGS="-;--gdn-one-group on;--gdn-spread off;
-#   --chain-fold on"] [GEN_CFGS="-;--gdn-one-group on"] [KS="4"] bash tools/device/gdn_spread_check.sh
+#   --chain-fold on;--chain-prefetch on"] [GEN_CFGS="-;--gdn-one-group on"] [KS="4"]
+#   [TESTS="..."] [GTEST_FILTER=...] bash tools/device/gdn_spread_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/env.sh
@@ -20,7 +22,7 @@ mkdir -p "$L"
 for t in ${TESTS-spec_kernels_cuda_test gdn_launch_cuda_test mtp_gpu_test batch_invariance_test}; do
   run_gtest "$t"
 done
-IFS=';' read -ra cfgs <<<"${CFGS:--;--gdn-one-group on;--gdn-spread off;--chain-fold on}"
+IFS=';' read -ra cfgs <<<"${CFGS:--;--gdn-one-group on;--gdn-spread off;--chain-fold on;--chain-prefetch on}"
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for cfg in "${cfgs[@]}"; do
     [ "$cfg" = "-" ] && cfg=""
